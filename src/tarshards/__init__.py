@@ -1,0 +1,117 @@
+"""tarshards: fast, correct streaming of deep-learning datasets stored as sharded tar files.
+
+``import tarshards`` never imports torch. ``WebDataset``, ``DataPipeline`` and ``WebLoader`` are
+resolved on first access: with torch installed they are ``torch.utils.data.IterableDataset``
+subclasses (from :mod:`tarshards.torch`), otherwise plain iterables.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .codecs import Codec, decode_value, encode_value, register_codec
+from .errors import (
+    DecodeError,
+    DuplicateFieldError,
+    MissingDependencyError,
+    PipeNotAllowedError,
+    ShardFormatError,
+    ShardWriteError,
+    StorageError,
+    TarshardsError,
+    TarshardsWarning,
+    UnsafeCodecError,
+)
+from .format import group_samples, split_name
+from .pipeline import iter_samples, shard_samples
+from .shards import split_by_node, split_by_worker
+from .stages import (
+    batched,
+    decode,
+    default_collation_fn,
+    handle_extension,
+    ignore_and_continue,
+    ignore_and_stop,
+    map_dict,
+    map_tuple,
+    rename,
+    reraise_exception,
+    select,
+    shuffle,
+    to_tuple,
+    unbatched,
+    warn_and_continue,
+    warn_and_stop,
+)
+from .tario import iter_tar
+from .urls import expand_urls, open_url
+from .writer import ShardWriter, TarWriter
+
+__version__ = "0.1.0"
+
+__all__ = sorted([
+    "Codec",
+    "DataPipeline",
+    "DecodeError",
+    "DuplicateFieldError",
+    "MissingDependencyError",
+    "PipeNotAllowedError",
+    "ShardFormatError",
+    "ShardWriteError",
+    "ShardWriter",
+    "StorageError",
+    "TarWriter",
+    "TarshardsError",
+    "TarshardsWarning",
+    "UnsafeCodecError",
+    "WebDataset",
+    "WebLoader",
+    "batched",
+    "decode",
+    "decode_value",
+    "default_collation_fn",
+    "encode_value",
+    "expand_urls",
+    "group_samples",
+    "handle_extension",
+    "ignore_and_continue",
+    "ignore_and_stop",
+    "iter_samples",
+    "iter_tar",
+    "map_dict",
+    "map_tuple",
+    "open_url",
+    "register_codec",
+    "rename",
+    "reraise_exception",
+    "select",
+    "shard_samples",
+    "shuffle",
+    "split_by_node",
+    "split_by_worker",
+    "split_name",
+    "to_tuple",
+    "unbatched",
+    "warn_and_continue",
+    "warn_and_stop",
+])
+
+_LAZY = {"WebDataset", "DataPipeline", "WebLoader"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        try:
+            mod = importlib.import_module("tarshards.torch")
+        except ImportError as exc:
+            if name == "WebLoader" or getattr(exc, "name", "") not in ("torch", None):
+                raise
+            mod = importlib.import_module("tarshards.pipeline")
+        value = getattr(mod, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'tarshards' has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__

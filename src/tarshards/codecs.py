@@ -1,0 +1,432 @@
+"""One registry of codecs: for each extension, how to encode a value and how to decode bytes.
+
+Decoding is chosen by the *last* component of a field's extension (``seg.png`` decodes as ``png``);
+a final ``.gz`` is decompressed first (``seg.png.gz``). Images decode according to a *mode* with
+webdataset's names (``pil``, ``rgb8``, ``torchrgb``...). Codecs that can run arbitrary code (pickle,
+``torch.load``) are marked unsafe and refuse to decode unless the caller opts in.
+
+Heavy or optional libraries (PIL, msgpack, simplejpeg, torch) are imported on first use.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib
+import io
+import json
+import pickle
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from .errors import DecodeError, MissingDependencyError, UnsafeCodecError
+
+__all__ = [
+    "Codec",
+    "IMAGE_EXTENSIONS",
+    "IMAGE_MODES",
+    "codec_for",
+    "decode_value",
+    "encode_sample",
+    "encode_value",
+    "field_decoder",
+    "register_codec",
+    "register_image_mode",
+]
+
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "pgm", "pbm", "pnm", "bmp", "tif", "tiff", "webp",
+                    "gif")
+_JPEG = ("jpg", "jpeg")
+
+
+@dataclass(frozen=True)
+class Codec:
+    """How one family of extensions is written and read.
+
+    ``encode(value, ext) -> bytes`` and ``decode(data, ext) -> value``; ``safe=False`` marks codecs
+    that may execute code when decoding.
+    """
+
+    extensions: tuple[str, ...]
+    encode: Callable[[Any, str], bytes]
+    decode: Callable[[bytes, str], Any]
+    safe: bool = True
+    image: bool = False
+
+
+_REGISTRY: dict[str, Codec] = {}
+
+
+def register_codec(codec: Codec) -> None:
+    """Add (or replace) a codec for its extensions."""
+    for ext in codec.extensions:
+        _REGISTRY[ext.lower()] = codec
+
+
+def codec_for(ext: str) -> Codec | None:
+    """The codec for an extension (by its last component), or ``None``."""
+    return _REGISTRY.get(ext.rpartition(".")[2].lower())
+
+
+def _lazy(module: str, purpose: str, extra: str | None = None):
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        hint = f"pip install 'tarshards[{extra}]'" if extra else f"pip install {module}"
+        raise MissingDependencyError(f"{purpose} needs the {module} package: {hint}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# plain codecs
+# ---------------------------------------------------------------------------------------------
+
+
+def _enc_text(value, ext):
+    return str(value).encode("utf-8")
+
+
+def _dec_text(data, ext):
+    return data.decode("utf-8")
+
+
+def _enc_int(value, ext):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer, str)):
+        if hasattr(value, "item"):
+            value = value.item()
+        else:
+            raise TypeError(f"a .{ext} field holds an int, got {type(value).__name__}")
+    return str(int(value)).encode("ascii")
+
+
+def _dec_int(data, ext):
+    return int(data)
+
+
+def _json_default(obj):
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+
+def _enc_json(value, ext):
+    return json.dumps(value, default=_json_default, separators=(",", ":")).encode("utf-8")
+
+
+def _dec_json(data, ext):
+    return json.loads(data)
+
+
+def _enc_npy(value, ext):
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(value), allow_pickle=False)
+    return buf.getvalue()
+
+
+def _dec_npy(data, ext):
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+def _enc_npz(value, ext):
+    if not isinstance(value, dict):
+        raise TypeError(f"a .{ext} field holds a dict of arrays, got {type(value).__name__}")
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **{k: np.asarray(v) for k, v in value.items()})
+    return buf.getvalue()
+
+
+def _dec_npz(data, ext):
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+def _enc_msgpack(value, ext):
+    return _lazy("msgpack", "the .msgpack codec", "msgpack").packb(value, use_bin_type=True)
+
+
+def _dec_msgpack(data, ext):
+    return _lazy("msgpack", "the .msgpack codec", "msgpack").unpackb(data, raw=False)
+
+
+def _enc_pickle(value, ext):
+    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _dec_pickle(data, ext):
+    return pickle.loads(data)
+
+
+def _torch_io():
+    return importlib.import_module("tarshards.torch")
+
+
+def _enc_pth(value, ext):
+    return _torch_io().save_pth(value)
+
+
+def _dec_pth(data, ext):
+    return _torch_io().load_pth(data)
+
+
+def _enc_gz(value, ext):
+    inner = ext.rpartition(".")[0] if "." in ext else ""
+    raw = encode_value(value, inner) if inner else _as_bytes(value, ext)
+    return gzip.compress(raw, mtime=0)
+
+
+def _dec_gz(data, ext):
+    return gzip.decompress(data)
+
+
+# ---------------------------------------------------------------------------------------------
+# images
+# ---------------------------------------------------------------------------------------------
+
+_PIL_FORMATS = {"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "ppm": "PPM", "pgm": "PPM",
+                "pbm": "PPM", "pnm": "PPM", "bmp": "BMP", "tif": "TIFF", "tiff": "TIFF",
+                "webp": "WEBP", "gif": "GIF"}
+
+
+def _enc_image(value, ext):
+    from PIL import Image
+
+    fmt = _PIL_FORMATS[ext]
+    if isinstance(value, np.ndarray):
+        arr = value
+        if arr.dtype != np.uint8:
+            if np.issubdtype(arr.dtype, np.floating):
+                arr = np.clip(arr * 255.0 + 0.5, 0, 255)
+            arr = arr.astype(np.uint8)
+        if arr.ndim == 3 and arr.shape[0] in (1, 3, 4) and arr.shape[2] not in (1, 3, 4):
+            arr = arr.transpose(1, 2, 0)  # CHW -> HWC
+        if arr.ndim == 3 and arr.shape[2] == 1:
+            arr = arr[:, :, 0]
+        value = Image.fromarray(arr)
+    if not isinstance(value, Image.Image):
+        raise TypeError(f"a .{ext} field holds an image (PIL or ndarray), got "
+                        f"{type(value).__name__}")
+    if fmt == "JPEG" and value.mode not in ("RGB", "L", "CMYK"):
+        value = value.convert("RGB")
+    if ext == "pgm" and value.mode != "L":
+        value = value.convert("L")
+    if ext == "pbm" and value.mode != "1":
+        value = value.convert("1")
+    buf = io.BytesIO()
+    if fmt == "JPEG":
+        value.save(buf, format=fmt, quality=90)
+    else:
+        value.save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def _dec_image_pil(data, ext):
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(data))
+    img.load()
+    return img
+
+
+# mode -> (PIL mode or None, array kind): kind is "pil", "uint8", "float", or a lazy module name
+IMAGE_MODES: dict[str, tuple[str | None, str]] = {
+    "pil": (None, "pil"),
+    "pilrgb": ("RGB", "pil"),
+    "pilrgba": ("RGBA", "pil"),
+    "pill": ("L", "pil"),
+    "l8": ("L", "uint8"),
+    "rgb8": ("RGB", "uint8"),
+    "rgba8": ("RGBA", "uint8"),
+    "l": ("L", "float"),
+    "rgb": ("RGB", "float"),
+    "rgba": ("RGBA", "float"),
+    "torchl8": ("L", "torch-uint8"),
+    "torchrgb8": ("RGB", "torch-uint8"),
+    "torchrgba8": ("RGBA", "torch-uint8"),
+    "torchl": ("L", "torch-float"),
+    "torchrgb": ("RGB", "torch-float"),
+    "torchrgba": ("RGBA", "torch-float"),
+    "torch": ("RGB", "torch-float"),
+}
+
+_EXTRA_MODES: dict[str, Callable[[bytes, str], Any]] = {}
+
+
+def register_image_mode(name: str, fn: Callable[[bytes, str], Any]) -> None:
+    """Add an image decoding mode: ``fn(data, ext) -> value``."""
+    _EXTRA_MODES[name] = fn
+
+
+def _simplejpeg():
+    try:
+        import simplejpeg
+    except ImportError:
+        return None
+    return simplejpeg
+
+
+def _image_array(data: bytes, ext: str, pil_mode: str, size) -> np.ndarray:
+    """Decode to an HxW or HxWxC uint8 array, at ``size=(w, h)`` when given."""
+    if ext in _JPEG and pil_mode in ("RGB", "L"):
+        sj = _simplejpeg()
+        if sj is not None:
+            try:
+                kw = {}
+                if size is not None:
+                    kw = {"min_width": size[0], "min_height": size[1]}
+                arr = sj.decode_jpeg(data, colorspace="GRAY" if pil_mode == "L" else "RGB",
+                                     fastdct=False, fastupsample=False, **kw)
+                if pil_mode == "L":
+                    arr = arr[:, :, 0]
+                if size is not None and (arr.shape[1], arr.shape[0]) != tuple(size):
+                    from PIL import Image
+
+                    arr = np.asarray(Image.fromarray(arr).resize(tuple(size),
+                                                                 Image.Resampling.BILINEAR))
+                return arr
+            except (ValueError, RuntimeError):
+                pass  # unusual JPEGs (CMYK, broken markers): let Pillow have a go
+    img = _pil_open(data, ext, pil_mode, size)
+    return np.asarray(img)
+
+
+def _pil_open(data: bytes, ext: str, pil_mode: str | None, size):
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(data))
+    if size is not None and ext in _JPEG:
+        img.draft(pil_mode or img.mode, tuple(size))
+    img.load()
+    if pil_mode is not None and img.mode != pil_mode:
+        img = img.convert(pil_mode)
+    if size is not None and img.size != tuple(size):
+        img = img.resize(tuple(size), Image.Resampling.BILINEAR)
+    return img
+
+
+def image_decoder(mode: str, size=None) -> Callable[[bytes, str], Any]:
+    """A function ``(data, ext) -> image`` for a decoding mode (see :data:`IMAGE_MODES`)."""
+    if mode in _EXTRA_MODES:
+        return _EXTRA_MODES[mode]
+    if mode not in IMAGE_MODES:
+        raise ValueError(f"unknown image decoding mode {mode!r}; choose one of "
+                         f"{', '.join(sorted(IMAGE_MODES))}")
+    pil_mode, kind = IMAGE_MODES[mode]
+    if size is not None:
+        if isinstance(size, int):
+            size = (size, size)
+        size = (int(size[0]), int(size[1]))
+    if kind == "pil":
+        return lambda data, ext: _pil_open(data, ext, pil_mode, size)
+    if kind == "uint8":
+        return lambda data, ext: _image_array(data, ext, pil_mode, size)
+    if kind == "float":
+        def dec_float(data, ext):
+            return _image_array(data, ext, pil_mode, size).astype(np.float32) / np.float32(255)
+        return dec_float
+    # torch kinds: the torch adapter turns the uint8 array into a CHW tensor
+    to_tensor = _torch_io().image_to_tensor
+    as_float = kind == "torch-float"
+    return lambda data, ext: to_tensor(_image_array(data, ext, pil_mode, size), as_float)
+
+
+# ---------------------------------------------------------------------------------------------
+# the registry
+# ---------------------------------------------------------------------------------------------
+
+for _codec in (
+    Codec(("txt", "text", "transcript"), _enc_text, _dec_text),
+    Codec(("cls", "cls2", "index", "id", "inx"), _enc_int, _dec_int),
+    Codec(("json", "jsn"), _enc_json, _dec_json),
+    Codec(("npy",), _enc_npy, _dec_npy),
+    Codec(("npz",), _enc_npz, _dec_npz),
+    Codec(("msgpack", "mp", "mpk"), _enc_msgpack, _dec_msgpack),
+    Codec(("pyd", "pkl", "pickle"), _enc_pickle, _dec_pickle, safe=False),
+    Codec(("pth",), _enc_pth, _dec_pth, safe=False),
+    Codec(("gz",), _enc_gz, _dec_gz),
+    Codec(IMAGE_EXTENSIONS, _enc_image, _dec_image_pil, image=True),
+):
+    register_codec(_codec)
+
+
+def _as_bytes(value, ext):
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    raise TypeError(f"no codec for extension {ext!r} and value of type {type(value).__name__}; "
+                    f"pass bytes or str, or register a codec")
+
+
+def encode_value(value, ext: str) -> bytes:
+    """Encode one field value for extension ``ext``; bytes and str pass through unchanged."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    last = ext.rpartition(".")[2].lower()
+    codec = _REGISTRY.get(last)
+    if codec is None:
+        return _as_bytes(value, ext)
+    try:
+        return codec.encode(value, ext.lower() if last == "gz" else last)
+    except (TypeError, ValueError, OSError) as exc:
+        raise DecodeError(f"cannot encode a {type(value).__name__} as .{ext}: {exc}") from exc
+
+
+def encode_sample(sample: dict) -> dict:
+    """Encode every non-meta field of a sample dict to bytes (keys stay as they are)."""
+    out = {}
+    for k, v in sample.items():
+        if k.startswith("__"):
+            out[k] = v
+        else:
+            out[k] = encode_value(v, k)
+    return out
+
+
+def field_decoder(ext: str, *, image_mode: str | None = "pil", size=None,
+                  allow_unsafe: bool = False) -> Callable[[bytes], Any] | None:
+    """Return ``decode(data) -> value`` for extension ``ext``, or ``None`` to keep bytes.
+
+    ``image_mode=None`` leaves images as bytes. Unsafe codecs raise :class:`UnsafeCodecError` at
+    decode time unless ``allow_unsafe``.
+    """
+    ext = ext.lower()
+    parts = ext.split(".")
+    if parts[-1] == "gz":
+        inner = ".".join(parts[:-1])
+        inner_dec = field_decoder(inner, image_mode=image_mode, size=size,
+                                  allow_unsafe=allow_unsafe) if inner else None
+        if inner_dec is None:
+            return gzip.decompress
+        return lambda data: inner_dec(gzip.decompress(data))
+    last = parts[-1]
+    codec = _REGISTRY.get(last)
+    if codec is None:
+        return None
+    if codec.image:
+        if image_mode is None:
+            return None
+        img = image_decoder(image_mode, size)
+        return lambda data: img(data, last)
+    if not codec.safe and not allow_unsafe:
+        def refuse(data):
+            raise UnsafeCodecError(
+                f"refusing to decode a .{ext} field: this codec can run arbitrary code. If you "
+                f"trust the data, opt in with allow_unsafe=True (e.g. .decode('pil', "
+                f"allow_unsafe=True)), or keep the raw bytes with .decode(only=[...])")
+        return refuse
+    dec = codec.decode
+    return lambda data: dec(data, last)
+
+
+def decode_value(data: bytes, ext: str, **options) -> Any:
+    """Decode one field (convenience; pipelines cache :func:`field_decoder` per extension)."""
+    dec = field_decoder(ext, **options)
+    return data if dec is None else dec(data)

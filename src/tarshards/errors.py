@@ -1,0 +1,102 @@
+"""The exception and warning hierarchy of tarshards.
+
+Every error raised by the library derives from :class:`TarshardsError` and also from the builtin
+exception that fits, so ``except ValueError`` keeps working for callers that do not know us.
+Data errors carry their context (shard URL, member name, byte offset) as attributes and in the
+message, so a log line alone tells where the problem is.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DecodeError",
+    "DuplicateFieldError",
+    "MissingDependencyError",
+    "PipeNotAllowedError",
+    "ShardFormatError",
+    "ShardWriteError",
+    "StorageError",
+    "TarshardsError",
+    "TarshardsWarning",
+    "UnsafeCodecError",
+]
+
+
+class TarshardsError(Exception):
+    """Base class of every tarshards error.
+
+    ``url``, ``member`` and ``offset`` say where a data error happened (``None`` when unknown).
+    """
+
+    def __init__(self, message: str, *, url=None, member=None, offset=None):
+        self.reason = message
+        self.url = url
+        self.member = member
+        self.offset = offset
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        where = []
+        if self.url is not None:
+            where.append(f"shard {self.url!s}")
+        if self.member is not None:
+            where.append(f"member {self.member!r}")
+        if self.offset is not None:
+            where.append(f"offset {self.offset}")
+        if not where:
+            return self.reason
+        return f"{self.reason} ({', '.join(where)})"
+
+    def with_context(self, *, url=None, member=None, offset=None):
+        """Fill in context that was unknown where the error was raised; returns self."""
+        if url is not None and self.url is None:
+            self.url = url
+        if member is not None and self.member is None:
+            self.member = member
+        if offset is not None and self.offset is None:
+            self.offset = offset
+        self.args = (self._format(),)
+        return self
+
+    def __reduce__(self):  # keep context across pickling (worker processes)
+        return (_rebuild, (type(self), self.reason, self.url, self.member, self.offset))
+
+
+def _rebuild(cls, reason, url, member, offset):
+    return cls(reason, url=url, member=member, offset=offset)
+
+
+class ShardFormatError(TarshardsError, ValueError):
+    """A shard is not a valid tar stream: truncated, bad header, bad compression."""
+
+
+class DuplicateFieldError(ShardFormatError):
+    """Two members of one sample have the same extension."""
+
+
+class DecodeError(TarshardsError, ValueError):
+    """A field's bytes could not be decoded (or a value could not be encoded)."""
+
+
+class UnsafeCodecError(TarshardsError, PermissionError):
+    """A codec that can run arbitrary code (pickle, torch.load) was used without opting in."""
+
+
+class StorageError(TarshardsError, OSError):
+    """A URL could not be opened, read or written."""
+
+
+class ShardWriteError(TarshardsError, OSError):
+    """Writing or committing a shard failed."""
+
+
+class PipeNotAllowedError(TarshardsError, PermissionError):
+    """A ``pipe:`` URL was given but running shell commands was not allowed."""
+
+
+class MissingDependencyError(TarshardsError, ImportError):
+    """An optional dependency is needed for this feature; the message says what to install."""
+
+
+class TarshardsWarning(UserWarning):
+    """Warnings issued by tarshards (skipped shards, fewer shards than workers...)."""

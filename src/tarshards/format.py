@@ -1,0 +1,77 @@
+"""The WebDataset format rules, in one place.
+
+A shard is a tar archive; members whose names share a *key* and sit next to each other form one
+*sample*. For ``dir/n03788365_17158.seg.png`` the key is ``dir/n03788365_17158`` (the path up to the
+first dot of the base name) and the extension is ``seg.png`` (the rest, lower-cased). With
+``last_dot=True`` keys may contain dots and the extension is what follows the last dot.
+
+Skipped members: names with no extension, and names whose base name starts with ``__`` (metadata
+such as ``__index__``). A leading ``./`` (as written by ``tar -C DIR .``) is removed.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+from .errors import DuplicateFieldError
+
+__all__ = ["META_KEYS", "group_samples", "is_meta_key", "split_name"]
+
+META_KEYS = ("__key__", "__url__", "__index__")
+
+
+def is_meta_key(field: str) -> bool:
+    """True for bookkeeping fields such as ``__key__`` and ``__url__``."""
+    return field.startswith("__")
+
+
+def split_name(name: str, last_dot: bool = False) -> tuple[str, str] | None:
+    """Split a member name into ``(key, extension)``; ``None`` when the member is skipped."""
+    if name.startswith("./"):
+        name = name[2:]
+    slash = name.rfind("/") + 1
+    if name.startswith("__", slash):
+        return None
+    dot = name.rfind(".", slash) if last_dot else name.find(".", slash)
+    if dot < 0 or dot == slash or dot == len(name) - 1:
+        return None
+    return name[:dot], name[dot + 1:].lower()
+
+
+def group_samples(members: Iterable[tuple[str, bytes, int]], url=None, *,
+                  last_dot: bool = False) -> Iterator[dict]:
+    """Group consecutive tar members with the same key into sample dicts.
+
+    Each sample is ``{"__key__": key, "__url__": url, ext: bytes, ...}``. A repeated extension
+    within one sample raises :class:`DuplicateFieldError` naming both members.
+    """
+    sample = None
+    key = None
+    for name, data, offset in members:
+        # inlined split_name (hot path)
+        if name.startswith("./"):
+            name = name[2:]
+        slash = name.rfind("/") + 1
+        if name.startswith("__", slash):
+            continue
+        dot = name.rfind(".", slash) if last_dot else name.find(".", slash)
+        if dot <= slash or dot == len(name) - 1:
+            continue
+        k = name[:dot]
+        ext = name[dot + 1:]
+        if not ext.islower():
+            ext = ext.lower()
+        if k != key:
+            if sample is not None:
+                yield sample
+            key = k
+            sample = {"__key__": k, "__url__": url, ext: data}
+        else:
+            if ext in sample:
+                first = f"{k}.{ext}"
+                raise DuplicateFieldError(
+                    f"repeated extension {ext!r} in sample {k!r}: members {first!r} and {name!r}",
+                    url=url, member=name, offset=offset)
+            sample[ext] = data
+    if sample is not None:
+        yield sample

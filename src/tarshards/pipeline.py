@@ -1,0 +1,340 @@
+"""Composing a source of samples with stages, and the fluent ``WebDataset`` API.
+
+``WebDataset`` keeps a list of ``(stage function, args, kwargs)``; its fluent methods are generated
+from the stage functions in :mod:`tarshards.stages`, so there is one implementation of each stage.
+At iteration time the pipeline works out who it is (rank, worker), picks the epoch's shards, and
+runs the stages, passing each stage that takes them a seeded ``rng`` and the dataset's ``handler``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+import os
+from typing import Any, Callable, Iterable, Iterator
+
+from . import stages as _stages
+from .errors import StorageError, TarshardsError
+from .format import group_samples
+from .shards import make_rng, resampled_shards, shard_order, split_shards
+from .stages import reraise_exception
+from .tario import decompressed_chunks, iter_tar, read_chunks
+from .urls import expand_urls, open_url
+
+__all__ = ["DataPipeline", "WebDataset", "iter_samples", "shard_samples"]
+
+_DEFAULT = object()
+
+
+def shard_samples(url: str, *, storage_options: dict | None = None, allow_pipe: bool = False,
+                  last_dot: bool = False, opener: Callable | None = None,
+                  chunk_size: int = 1 << 20) -> Iterator[dict]:
+    """The samples of one shard (any URL :func:`tarshards.urls.open_url` opens).
+
+    Errors are :class:`~tarshards.errors.TarshardsError` subclasses naming the shard, the member
+    and the offset; OS errors while reading become :class:`StorageError`.
+    """
+    url = os.fspath(url)
+    if opener is None:
+        opener = functools.partial(open_url, storage_options=storage_options,
+                                   allow_pipe=allow_pipe)
+    try:
+        with opener(url) as stream:
+            members = iter_tar(decompressed_chunks(read_chunks(stream, chunk_size), url), url)
+            yield from group_samples(members, url, last_dot=last_dot)
+    except TarshardsError as exn:
+        raise exn.with_context(url=url) from None
+    except OSError as exn:
+        raise StorageError(f"read failed: {exn}", url=url) from exn
+
+
+def iter_samples(urls: Iterable[str], *, handler: Callable = reraise_exception,
+                 **options) -> Iterator[dict]:
+    """The samples of several shards in turn; shard errors go to ``handler``.
+
+    With a handler that continues, a bad shard yields the samples before the error, one warning
+    (for ``warn_and_continue``) naming shard and offset, and the stream goes on with the next shard.
+    """
+    for url in urls:
+        try:
+            yield from shard_samples(url, **options)
+        except TarshardsError as exn:
+            if handler(exn):
+                continue
+            return
+
+
+class _Stage:
+    __slots__ = ("fn", "args", "kwargs", "wants_rng", "wants_handler", "label")
+
+    def __init__(self, fn, args, kwargs, label=None):
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+        params = _params(fn)
+        self.wants_rng = "rng" in params and "rng" not in kwargs and "seed" not in kwargs
+        self.wants_handler = "handler" in params and "handler" not in kwargs
+        self.label = label or getattr(fn, "__name__", repr(fn))
+
+    def __repr__(self):
+        parts = [_short(a) for a in self.args]
+        parts += [f"{k}={_short(v)}" for k, v in self.kwargs.items()]
+        return f"{self.label}({', '.join(parts)})"
+
+
+@functools.lru_cache(maxsize=None)
+def _params(fn) -> frozenset:
+    try:
+        return frozenset(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return frozenset()
+
+
+def _short(v) -> str:
+    if callable(v) and hasattr(v, "__name__"):
+        return v.__name__
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+class DataPipeline:
+    """A source of samples followed by stages (plain iterable, no torch needed).
+
+    ``source`` is a function ``(context) -> iterator`` where ``context`` holds ``epoch``,
+    ``rank``, ``world_size``, ``worker``, ``num_workers`` and ``seed``.
+    """
+
+    def __init__(self, source: Callable[[dict], Iterator] | Iterable, *, seed: int = 0,
+                 handler: Callable = reraise_exception):
+        self._source = source
+        self._stages: list[_Stage] = []
+        self.seed = seed
+        self.handler = handler
+        self.epoch = None  # None: counted automatically
+        self._auto_epoch = 0
+        self._nsamples = None  # with_epoch
+        self._length = None  # with_length
+
+    # ---- composition -------------------------------------------------------------------------
+    def compose(self, stage: Callable, *args, **kwargs) -> "DataPipeline":
+        """Append a stage ``stage(samples, *args, **kwargs)``; returns self for chaining."""
+        if not callable(stage):
+            raise TypeError(f"a stage is a generator function, not {stage!r}")
+        self._stages.append(_Stage(stage, args, kwargs))
+        return self
+
+    def with_epoch(self, nsamples: int) -> "DataPipeline":
+        """Make each iteration (per worker) yield at most ``nsamples`` items."""
+        if nsamples < 0:
+            raise ValueError("with_epoch needs a non-negative count")
+        self._nsamples = int(nsamples)
+        return self
+
+    def with_length(self, n: int) -> "DataPipeline":
+        """Give the dataset a ``len()`` (for code that asks; iteration is not affected)."""
+        self._length = int(n)
+        return self
+
+    def __len__(self):
+        if self._length is None:
+            raise TypeError(f"{type(self).__name__} is a stream and has no length; "
+                            "set one with .with_length(n)")
+        return self._length
+
+    def __getitem__(self, index):
+        raise TypeError(f"{type(self).__name__} is a streaming dataset: it can be iterated "
+                        "over (for sample in ds, or DataLoader(ds)), not indexed")
+
+    def set_epoch(self, epoch: int) -> None:
+        """Fix the epoch used to seed shard and sample shuffling (instead of counting)."""
+        self.epoch = int(epoch)
+
+    # ---- environment -------------------------------------------------------------------------
+    def environment(self) -> dict:
+        """Rank and worker of the reader running this iteration (overridden by the torch adapter)."""
+        return {"rank": 0, "world_size": 1, "worker": 0, "num_workers": 1}
+
+    def _context(self) -> dict:
+        ctx = self.environment()
+        if self.epoch is not None:
+            epoch = self.epoch
+        else:
+            epoch = self._auto_epoch
+            self._auto_epoch += 1
+        ctx["epoch"] = epoch
+        ctx["seed"] = self.seed
+        return ctx
+
+    # ---- iteration ---------------------------------------------------------------------------
+    def __iter__(self) -> Iterator:
+        ctx = self._context()
+        src = self._source
+        data = src(ctx) if callable(src) else iter(src)
+        for i, st in enumerate(self._stages):
+            kwargs = st.kwargs
+            if st.wants_rng or st.wants_handler:
+                kwargs = dict(kwargs)
+                if st.wants_rng:
+                    kwargs["rng"] = make_rng("stage", i, ctx["seed"], ctx["epoch"], ctx["rank"],
+                                             ctx["worker"])
+                if st.wants_handler:
+                    kwargs["handler"] = self.handler
+            data = st.fn(data, *st.args, **kwargs)
+        if self._nsamples is not None:
+            data = itertools.islice(data, self._nsamples)
+        return iter(data)
+
+    def __repr__(self):
+        return " | ".join([self._source_repr()] + [repr(s) for s in self._stages])
+
+    def _source_repr(self) -> str:
+        return f"{type(self).__name__}({_short(self._source)})"
+
+
+def _fluent(stage: Callable) -> Callable:
+    """A fluent method that appends ``stage`` (one implementation, documented once)."""
+
+    def method(self, *args, **kwargs):
+        return self.compose(stage, *args, **kwargs)
+
+    method.__name__ = stage.__name__
+    method.__qualname__ = f"DataPipeline.{stage.__name__}"
+    method.__doc__ = stage.__doc__
+    return method
+
+
+for _name in ("shuffle", "decode", "select", "map", "map_dict", "map_tuple", "to_tuple",
+              "rename", "batched", "unbatched", "take", "slice"):
+    setattr(DataPipeline, _name, _fluent(getattr(_stages, _name)))
+
+
+class WebDataset(DataPipeline):
+    """A streaming dataset of samples from tar shards.
+
+    Seed-notebook style: ``WebDataset(urls, extensions="jpg cls", decoder="pil",
+    transforms=[augment, None], shuffle=100)`` yields tuples. Fluent style: ``WebDataset(urls,
+    shardshuffle=True, seed=0).shuffle(1000).decode("pil").to_tuple("jpg", "cls").batched(64)``.
+
+    ``urls``: a shard spec (braces, ``::``-joined specs, globs, lists, a URL list file).
+    ``shardshuffle``: shuffle the shard order each epoch (default: on when ``shuffle`` > 0).
+    ``resampled``: draw shards with replacement forever (bound it with ``.with_epoch(n)``).
+    ``handler``: what a data error does (``reraise_exception``, ``warn_and_continue``...).
+    ``rank``/``world_size``: the node's place (default: from torch.distributed when initialized).
+    ``nodesplitter``/``workersplitter``: functions ``urls -> urls`` replacing the default split.
+    ``empty_check``: raise when this reader was given shards but found no sample in them.
+    ``cache_dir``/``cache_size``: keep remote shards in a local cache.
+    """
+
+    def __init__(self, urls, extensions: str | None = None, decoder: Any = _DEFAULT,
+                 transforms: Any = None, shuffle: int = 0, *, shardshuffle: bool | None = None,
+                 resampled: bool = False, seed: int = 0,
+                 handler: Callable = reraise_exception, nodesplitter: Callable | None = None,
+                 workersplitter: Callable | None = None, empty_check: bool = True,
+                 rank: int | None = None, world_size: int | None = None,
+                 storage_options: dict | None = None, allow_pipe: bool = False,
+                 cache_dir: str | None = None, cache_size: float | None = None,
+                 last_dot: bool = False, decode_size=None, allow_unsafe: bool = False):
+        super().__init__(self._samples, seed=seed, handler=handler)
+        self.urls = expand_urls(urls, storage_options=storage_options)
+        if not self.urls:
+            raise ValueError(f"the shard spec {urls!r} names no shards")
+        self.spec = urls
+        self.resampled = resampled
+        self.shardshuffle = bool(shuffle) if shardshuffle is None else bool(shardshuffle)
+        self.nodesplitter = nodesplitter
+        self.workersplitter = workersplitter
+        self.empty_check = empty_check
+        self.rank = rank
+        self.world_size = world_size
+        self.last_dot = last_dot
+        self.storage_options = storage_options
+        self.allow_pipe = allow_pipe
+        self._opener = None
+        if cache_dir is not None:
+            from .cache import ShardCache
+
+            cache = ShardCache(cache_dir, max_bytes=cache_size, storage_options=storage_options)
+            self._opener = cache.open
+        # the seed notebook's constructor: shuffle, decode, tuple, per-element transforms
+        if shuffle:
+            self.shuffle(shuffle)
+        if decoder is _DEFAULT:
+            decoder = "rgb" if extensions is not None else None
+        if decoder is not None:
+            modes = decoder if isinstance(decoder, (list, tuple)) else [decoder]
+            kw = {"allow_unsafe": allow_unsafe}
+            if decode_size is not None:
+                kw["size"] = decode_size
+            self.decode(*modes, **kw)
+        if extensions is not None:
+            fields = extensions.split() if isinstance(extensions, str) else list(extensions)
+            self.to_tuple(*fields)
+            if transforms is not None:
+                if callable(transforms):
+                    self.map(transforms)
+                else:
+                    self.map_tuple(*transforms)
+        elif transforms is not None:
+            raise ValueError("transforms= applies to the elements of extensions=; with dict "
+                             "samples use .map() or .map_dict()")
+
+    def environment(self) -> dict:
+        env = super().environment()
+        if self.rank is not None:
+            env["rank"] = self.rank
+        if self.world_size is not None:
+            env["world_size"] = self.world_size
+        return env
+
+    def shard_list(self, ctx: dict) -> Iterable[str]:
+        """The shards this reader reads in the epoch described by ``ctx``."""
+        if self.resampled:
+            return resampled_shards(self.urls, seed=ctx["seed"], epoch=ctx["epoch"],
+                                    rank=ctx["rank"] * ctx["num_workers"] + ctx["worker"],
+                                    worker=0)
+        urls = shard_order(self.urls, seed=ctx["seed"], epoch=ctx["epoch"],
+                           shuffle=self.shardshuffle)
+        if self.nodesplitter is not None:
+            urls = _as_urls(self.nodesplitter(urls))
+        if self.workersplitter is not None:
+            urls = _as_urls(self.workersplitter(urls))
+        if self.nodesplitter is None or self.workersplitter is None:
+            rank, world = ((0, 1) if self.nodesplitter is not None
+                           else (ctx["rank"], ctx["world_size"]))
+            worker, nworkers = ((0, 1) if self.workersplitter is not None
+                                else (ctx["worker"], ctx["num_workers"]))
+            urls = split_shards(urls, rank=rank, world_size=world, worker=worker,
+                                num_workers=nworkers)
+        return urls
+
+    def _samples(self, ctx: dict) -> Iterator[dict]:
+        shards = self.shard_list(ctx)
+        options = {"storage_options": self.storage_options, "allow_pipe": self.allow_pipe,
+                   "last_dot": self.last_dot}
+        if self._opener is not None:
+            options["opener"] = self._opener
+        if not self.empty_check or self.resampled:
+            yield from iter_samples(shards, handler=self.handler, **options)
+            return
+        shards = list(shards)
+        count = 0
+        for sample in iter_samples(shards, handler=self.handler, **options):
+            count += 1
+            yield sample
+        if shards and count == 0:
+            raise ValueError(
+                f"no samples found in {len(shards)} shard(s) ({shards[0]}...): are the member "
+                "names KEY.EXT? (pass empty_check=False to allow empty shards)")
+
+    def _source_repr(self) -> str:
+        spec = self.spec if isinstance(self.spec, str) else f"[{len(self.urls)} urls]"
+        return f"{type(self).__name__}({spec!r}, {len(self.urls)} shards)"
+
+
+def _as_urls(items) -> list[str]:
+    out = []
+    for x in items:
+        out.append(x["url"] if isinstance(x, dict) else x)
+    return out
+

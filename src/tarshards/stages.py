@@ -1,0 +1,404 @@
+"""Pipeline stages: plain generator functions over an iterable of samples.
+
+Every stage takes the upstream iterable first and is configured by keyword arguments, so stages
+compose by nesting calls (``batched(to_tuple(decode(samples, "pil"), "jpg", "cls"), 64)``) or through
+the fluent API of :class:`tarshards.WebDataset`, which is a thin layer over these functions.
+
+Stages that can fail on one sample (``decode``, ``map``, ``to_tuple``...) take ``handler=``: a
+function of the exception that returns True to skip the sample, False to stop, or raises.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import random
+import warnings
+from typing import Any, Callable, Iterable, Iterator
+
+import numpy as np
+
+from .codecs import IMAGE_MODES, _EXTRA_MODES, field_decoder
+from .errors import DecodeError, TarshardsError, TarshardsWarning
+
+__all__ = [
+    "batched",
+    "decode",
+    "default_collation_fn",
+    "handle_extension",
+    "ignore_and_continue",
+    "ignore_and_stop",
+    "map",
+    "map_dict",
+    "map_tuple",
+    "rename",
+    "reraise_exception",
+    "select",
+    "shuffle",
+    "slice",
+    "take",
+    "to_tuple",
+    "unbatched",
+    "warn_and_continue",
+    "warn_and_stop",
+]
+
+# ---------------------------------------------------------------------------------------------
+# error handlers (names as in webdataset)
+# ---------------------------------------------------------------------------------------------
+
+
+def reraise_exception(exn: BaseException) -> bool:
+    """Handler: raise the exception (the default)."""
+    raise exn
+
+
+def warn_and_continue(exn: BaseException) -> bool:
+    """Handler: warn (naming shard, member and offset when known) and go on."""
+    warnings.warn(f"skipped: {exn}", TarshardsWarning, stacklevel=2)
+    return True
+
+
+def ignore_and_continue(exn: BaseException) -> bool:
+    """Handler: go on silently."""
+    return True
+
+
+def warn_and_stop(exn: BaseException) -> bool:
+    """Handler: warn and end the stream."""
+    warnings.warn(f"stopping: {exn}", TarshardsWarning, stacklevel=2)
+    return False
+
+
+def ignore_and_stop(exn: BaseException) -> bool:
+    """Handler: end the stream silently."""
+    return False
+
+
+def _context(exn: Exception, sample, field=None) -> Exception:
+    """Attach the sample's URL and member name to a data error."""
+    if isinstance(sample, dict):
+        url = sample.get("__url__")
+        key = sample.get("__key__")
+        member = f"{key}.{field}" if (key is not None and field) else key
+        if isinstance(exn, TarshardsError):
+            return exn.with_context(url=url, member=member)
+        wrapped = DecodeError(f"{type(exn).__name__}: {exn}", url=url, member=member)
+        wrapped.__cause__ = exn
+        return wrapped
+    return exn
+
+
+# ---------------------------------------------------------------------------------------------
+# stages
+# ---------------------------------------------------------------------------------------------
+
+
+def shuffle(samples: Iterable, bufsize: int = 1000, initial: int | None = None,
+            rng: random.Random | None = None, seed: int | None = None) -> Iterator:
+    """Shuffle with a buffer of ``bufsize`` samples; output starts once ``initial`` are held.
+
+    ``rng`` (or ``seed``) makes the order reproducible; pipelines pass a generator seeded from
+    (seed, epoch, rank, worker).
+    """
+    if bufsize < 0:
+        raise ValueError(f"shuffle bufsize must be >= 0, got {bufsize}")
+    if bufsize <= 1:
+        yield from samples
+        return
+    if rng is None:
+        rng = random.Random(seed)
+    initial = bufsize if initial is None else max(1, min(initial, bufsize))
+    randrange = rng.randrange
+    buf: list = []
+    it = iter(samples)
+    for sample in it:
+        buf.append(sample)
+        if len(buf) < bufsize:
+            nxt = next(it, _END)  # grow the buffer two at a time while filling
+            if nxt is not _END:
+                buf.append(nxt)
+        if len(buf) >= initial:
+            i = randrange(len(buf))
+            buf[i], buf[-1] = buf[-1], buf[i]
+            yield buf.pop()
+    rng.shuffle(buf)
+    yield from buf
+
+
+_END = object()
+
+
+class _Handler:
+    """A decoder handler for one extension (webdataset's ``handle_extension``)."""
+
+    def __init__(self, extensions: str, fn: Callable[[bytes], Any]):
+        self.extensions = [e.lower() for e in extensions.split()]
+        self.fn = fn
+
+    def __call__(self, key: str, data: bytes):
+        ext = key.lower()
+        for e in self.extensions:
+            if ext == e or ext.endswith("." + e):
+                return self.fn(data)
+        return None
+
+
+def handle_extension(extensions: str, fn: Callable[[bytes], Any]) -> Callable:
+    """A decode handler applying ``fn(data)`` to fields with one of the space-separated extensions."""
+    return _Handler(extensions, fn)
+
+
+def decode(samples: Iterable[dict], *handlers, only=None, partial: bool = False,
+           size=None, allow_unsafe: bool = False,
+           handler: Callable = reraise_exception) -> Iterator[dict]:
+    """Decode the fields of each sample by extension.
+
+    ``handlers`` are image modes (``"pil"``, ``"rgb8"``, ``"torchrgb"``...; the last one wins) and
+    functions ``f(extension, data)`` that return a value or ``None`` to pass (tried first, in
+    order). With no image mode, images stay bytes. ``only`` limits decoding to some extensions.
+    ``size=(w, h)`` decodes images at that size (JPEGs at reduced scale, much faster).
+    ``partial=True`` passes fields that are already decoded; otherwise those are an error.
+    """
+    image_mode = None
+    custom = []
+    for h in handlers:
+        if isinstance(h, str):
+            if h not in IMAGE_MODES and h not in _EXTRA_MODES:
+                raise ValueError(f"unknown decoding mode {h!r}; choose one of "
+                                 f"{', '.join(sorted(IMAGE_MODES))} or pass a function")
+            image_mode = h
+        elif callable(h):
+            custom.append(h)
+        else:
+            raise TypeError(f"decode handlers are mode names or functions, not {h!r}")
+    if isinstance(only, str):
+        only = only.split()
+    only = None if only is None else {e.lower() for e in only}
+    cache: dict[str, Callable | None] = {}
+
+    def lookup(ext):
+        dec = field_decoder(ext, image_mode=image_mode, size=size, allow_unsafe=allow_unsafe)
+        cache[ext] = dec
+        return dec
+
+    for sample in samples:
+        try:
+            out = {}
+            for k, v in sample.items():
+                if k[0] == "_" and k[:2] == "__":
+                    out[k] = v
+                    continue
+                if only is not None and k not in only:
+                    out[k] = v
+                    continue
+                if not isinstance(v, (bytes, bytearray, memoryview)):
+                    if partial:
+                        out[k] = v
+                        continue
+                    raise DecodeError(f"field {k!r} is already decoded "
+                                      f"({type(v).__name__}); use partial=True to allow this")
+                if custom:
+                    for h in custom:
+                        value = h(k, v)
+                        if value is not None:
+                            out[k] = value
+                            break
+                    else:
+                        dec = cache[k] if k in cache else lookup(k)
+                        out[k] = v if dec is None else dec(v)
+                    continue
+                dec = cache[k] if k in cache else lookup(k)
+                out[k] = v if dec is None else dec(v)
+        except Exception as exn:
+            if handler(_context(exn, sample, k)):
+                continue
+            return
+        yield out
+
+
+def select(samples: Iterable, predicate: Callable[[Any], bool]) -> Iterator:
+    """Keep the samples for which ``predicate(sample)`` is true."""
+    for sample in samples:
+        if predicate(sample):
+            yield sample
+
+
+def map(samples: Iterable, f: Callable, handler: Callable = reraise_exception) -> Iterator:
+    """Apply ``f`` to each sample; ``None`` results are dropped; dict results keep ``__key__``."""
+    for sample in samples:
+        try:
+            result = f(sample)
+        except Exception as exn:
+            if handler(_context(exn, sample)):
+                continue
+            return
+        if result is None:
+            continue
+        if isinstance(result, dict) and isinstance(sample, dict) and "__key__" in sample:
+            result.setdefault("__key__", sample["__key__"])
+        yield result
+
+
+def map_dict(samples: Iterable[dict], handler: Callable = reraise_exception,
+             **fs: Callable) -> Iterator[dict]:
+    """Apply ``fs[field]`` to the named fields of each sample dict."""
+    for sample in samples:
+        try:
+            sample = dict(sample)
+            for k, f in fs.items():
+                if k not in sample:
+                    raise KeyError(f"map_dict: sample has no field {k!r} "
+                                   f"(fields: {', '.join(sorted(sample))})")
+                sample[k] = f(sample[k])
+        except Exception as exn:
+            if handler(_context(exn, sample)):
+                continue
+            return
+        yield sample
+
+
+def map_tuple(samples: Iterable[tuple], *fs: Callable | None,
+              handler: Callable = reraise_exception) -> Iterator[tuple]:
+    """Apply ``fs[i]`` to element ``i`` of each tuple (``None`` leaves it as it is)."""
+    for sample in samples:
+        try:
+            if len(fs) > len(sample):
+                raise ValueError(f"map_tuple got {len(fs)} functions for a tuple of "
+                                 f"{len(sample)} elements")
+            sample = tuple(f(x) if f is not None else x
+                           for f, x in itertools.zip_longest(fs, sample))
+        except Exception as exn:
+            if handler(exn):
+                continue
+            return
+        yield sample
+
+
+def _fields(spec) -> list[list[str]]:
+    return [s.split(";") for s in spec]
+
+
+def to_tuple(samples: Iterable[dict], *fields: str, missing_is_error: bool = True,
+             handler: Callable = reraise_exception) -> Iterator[tuple]:
+    """Turn sample dicts into tuples of the named fields; ``"jpg;png"`` takes the first present.
+
+    A single string with spaces is split (``to_tuple("jpg cls")``).
+    """
+    if len(fields) == 1 and " " in fields[0]:
+        fields = tuple(fields[0].split())
+    options = _fields(fields)
+    for sample in samples:
+        try:
+            out = []
+            for alts in options:
+                for f in alts:
+                    if f in sample:
+                        out.append(sample[f])
+                        break
+                else:
+                    if missing_is_error:
+                        raise KeyError(
+                            f"to_tuple: sample {sample.get('__key__')!r} has none of "
+                            f"{';'.join(alts)!r} (fields: "
+                            f"{', '.join(k for k in sample if not k.startswith('__'))})")
+                    out.append(None)
+        except Exception as exn:
+            if handler(_context(exn, sample)):
+                continue
+            return
+        yield tuple(out)
+
+
+def rename(samples: Iterable[dict], keep: bool = True, handler: Callable = reraise_exception,
+           **names: str) -> Iterator[dict]:
+    """Rename fields: ``rename(image="jpg;png", label="cls")``; ``keep=False`` drops the rest."""
+    options = {new: old.split(";") for new, old in names.items()}
+    for sample in samples:
+        try:
+            if keep:
+                out = dict(sample)
+            else:
+                out = {k: v for k, v in sample.items() if k.startswith("__")}
+            for new, alts in options.items():
+                for old in alts:
+                    if old in sample:
+                        value = sample[old]
+                        out.pop(old, None)
+                        out[new] = value
+                        break
+                else:
+                    raise KeyError(f"rename: sample {sample.get('__key__')!r} has none of "
+                                   f"{';'.join(alts)!r}")
+        except Exception as exn:
+            if handler(_context(exn, sample)):
+                continue
+            return
+        yield out
+
+
+def default_collation_fn(samples: list) -> Any:
+    """Collate a list of samples into a batch.
+
+    Tuples/lists are collated element-wise; dicts key-wise. Tensors are stacked (torch), arrays
+    stacked (numpy), numbers become arrays, everything else becomes a list.
+    """
+    first = samples[0]
+    if isinstance(first, dict):
+        return {k: _collate_column([s[k] for s in samples]) for k in first}
+    if isinstance(first, (tuple, list)):
+        return tuple(_collate_column(list(col)) for col in zip(*samples))
+    return _collate_column(samples)
+
+
+def _collate_column(col: list) -> Any:
+    x = col[0]
+    if isinstance(x, (bool, np.bool_)):
+        return np.array(col, dtype=bool)
+    if isinstance(x, (int, np.integer)):
+        return np.array(col, dtype=np.int64)
+    if isinstance(x, (float, np.floating)):
+        return np.array(col, dtype=np.float64 if isinstance(x, float) else x.dtype)
+    if isinstance(x, np.ndarray):
+        return np.stack(col)
+    if type(x).__module__ == "torch" and type(x).__name__ == "Tensor":
+        return importlib.import_module("tarshards.torch").stack(col)
+    return list(col)
+
+
+def batched(samples: Iterable, batchsize: int, collation_fn: Callable | None =
+            default_collation_fn, partial: bool = True) -> Iterator:
+    """Group samples into batches of ``batchsize``; the last smaller one only when ``partial``."""
+    if batchsize < 1:
+        raise ValueError(f"batchsize must be >= 1, got {batchsize}")
+    batch = []
+    for sample in samples:
+        batch.append(sample)
+        if len(batch) == batchsize:
+            yield collation_fn(batch) if collation_fn is not None else batch
+            batch = []
+    if batch and partial:
+        yield collation_fn(batch) if collation_fn is not None else batch
+
+
+def unbatched(samples: Iterable) -> Iterator:
+    """Undo ``batched``: yield the samples of each batch (tuples of columns are transposed)."""
+    for batch in samples:
+        if isinstance(batch, dict):
+            keys = list(batch)
+            for row in zip(*(batch[k] for k in keys)):
+                yield dict(zip(keys, row))
+        elif isinstance(batch, tuple):
+            yield from zip(*batch)
+        else:
+            yield from batch
+
+
+def take(samples: Iterable, n: int) -> Iterator:
+    """The first ``n`` samples."""
+    yield from itertools.islice(samples, n)
+
+
+def slice(samples: Iterable, *args) -> Iterator:  # noqa: A001 - webdataset's name
+    """``slice(stop)`` or ``slice(start, stop[, step])`` over the stream."""
+    yield from itertools.islice(samples, *args)

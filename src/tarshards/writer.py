@@ -1,0 +1,249 @@
+"""Writing shards: ``TarWriter`` for one tar file, ``ShardWriter`` for a numbered series.
+
+Both write to a temporary name and commit by rename (or upload, for remote URLs) when closed, so
+a crash or an exception never leaves a half-written shard under its final name.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+
+from .codecs import encode_value
+from .tario import BLOCK, TarMemberWriter, is_compressed_name, open_compressed_writer, tar_header
+from .urls import AtomicOutput
+
+__all__ = ["ShardInfo", "ShardWriter", "TarWriter", "sample_members", "shard_name"]
+
+
+def sample_members(sample: dict, encoder: bool = True) -> list[tuple[str, bytes]]:
+    """The ``(member name, bytes)`` list a sample dict becomes, sorted by extension."""
+    if not isinstance(sample, dict):
+        raise TypeError(f"a sample is a dict, not {type(sample).__name__}")
+    key = sample.get("__key__")
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"a sample needs a non-empty string '__key__', got {key!r}")
+    base = key.rpartition("/")[2]
+    if "." in base:
+        raise ValueError(f"sample key {key!r} contains a dot in its base name; readers would "
+                         "split the key there. Use another separator")
+    members = []
+    for ext in sorted(sample):
+        if ext.startswith("__"):
+            continue
+        value = sample[ext]
+        if value is None:
+            continue
+        if encoder:
+            data = encode_value(value, ext)
+        elif isinstance(value, (bytes, bytearray, memoryview)):
+            data = bytes(value)
+        elif isinstance(value, str):
+            data = value.encode("utf-8")
+        else:
+            raise TypeError(f"field {ext!r} of sample {key!r} is a {type(value).__name__}; "
+                            "with encoder=False every field must be bytes or str")
+        members.append((f"{key}.{ext}", data))
+    if not members:
+        raise ValueError(f"sample {key!r} has no fields to write")
+    return members
+
+
+def _member_size(name: str, size: int) -> int:
+    return len(tar_header(name, size)) + size + (-size % BLOCK)
+
+
+class TarWriter:
+    """Write sample dicts to one tar shard.
+
+    ``dest`` is a path, a URL (``s3://...``, through fsspec), ``-`` (stdout) or a binary file
+    object. Each sample needs ``__key__``; other fields starting with ``__`` are not written.
+    bytes and str are written as they are; other values are encoded by extension (PIL image or
+    ndarray -> image formats, int -> cls, dict -> json, ndarray -> npy...) unless
+    ``encoder=False``. Members are sorted by extension within a sample; headers are deterministic
+    (``mtime``, mode 0444, owner 0), so equal samples give byte-identical shards. Compression is
+    chosen by suffix (``.tgz``, ``.tar.gz``, ``.tar.zst``) or by ``compress="gz"|"zst"|None``.
+    """
+
+    def __init__(self, dest, *, encoder: bool = True, compress: str | bool | None = None,
+                 mtime: int = 0, storage_options: dict | None = None, level: int | None = None):
+        self.dest = dest
+        self.encoder = encoder
+        self._out = AtomicOutput(dest, storage_options=storage_options)
+        self.name = self._out.name
+        if compress in (None, False):
+            suffix = self.name if isinstance(self.name, str) and compress is None else ""
+        elif compress is True or compress in ("gz", "gzip"):
+            suffix = ".tgz"
+        elif compress in ("zst", "zstd"):
+            suffix = ".tar.zst"
+        else:
+            raise ValueError(f"compress must be None, 'gz' or 'zst', not {compress!r}")
+        self.compressed = is_compressed_name(suffix)
+        self._stream, self._close_compressor = open_compressed_writer(
+            self._out.stream, suffix, level)
+        self._tar = TarMemberWriter(self._stream, mtime=mtime)
+        self.count = 0
+        self.closed = False
+
+    @property
+    def size(self) -> int:
+        """Uncompressed bytes written so far."""
+        return self._tar.bytes_written
+
+    def encode(self, sample: dict) -> list[tuple[str, bytes]]:
+        """The ``(member name, bytes)`` list one sample becomes."""
+        return sample_members(sample, encoder=self.encoder)
+
+    def write(self, sample: dict) -> int:
+        """Write one sample; returns the uncompressed bytes it took."""
+        return self.write_members(self.encode(sample))
+
+    def write_members(self, members: list[tuple[str, bytes]]) -> int:
+        if self.closed:
+            raise ValueError(f"write to a closed TarWriter ({self.name})")
+        add = self._tar.add
+        n = 0
+        for name, data in members:
+            n += add(name, data)
+        self.count += 1
+        return n
+
+    def close(self) -> None:
+        """Finish the archive and commit it under its final name."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self._tar.finish()
+            self._close_compressor()
+        except BaseException:
+            self._out.abort()
+            raise
+        self._out.commit()
+
+    def abort(self) -> None:
+        """Discard the shard (nothing appears under the final name)."""
+        if not self.closed:
+            self.closed = True
+            self._out.abort()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+        return False
+
+
+def shard_name(pattern: str, index: int) -> str:
+    """Fill a shard pattern: printf style (``out-%06d.tar``) or ``{shard:06d}`` / ``{}``."""
+    if "%" in pattern:
+        return pattern % index
+    if "{" in pattern:
+        return pattern.format(index, shard=index)
+    raise ValueError(f"shard pattern {pattern!r} has no place for the shard number "
+                     "(use out-%06d.tar or out-{shard:06d}.tar)")
+
+
+@dataclass
+class ShardInfo:
+    """One shard written by :class:`ShardWriter`."""
+
+    url: str
+    count: int
+    size: int
+    seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+class ShardWriter:
+    """Write samples to a numbered series of shards, starting a new one by count or size.
+
+    A new shard starts before a sample would take the current one past ``maxcount`` samples or
+    ``maxsize`` (uncompressed) bytes; a single sample larger than ``maxsize`` gets a shard of its
+    own. Each shard is committed atomically when complete; ``shards`` lists what was written and
+    ``post(url)`` is called after each commit.
+    """
+
+    def __init__(self, pattern: str, maxcount: int = 100_000, maxsize: float = 3e9, *,
+                 start_shard: int = 0, verbose: int = 0, post=None,
+                 storage_options: dict | None = None, **tarwriter_options):
+        if maxcount is None or maxcount < 1:
+            raise ValueError(f"maxcount must be >= 1, got {maxcount!r}")
+        if maxsize is None or maxsize <= 0:
+            raise ValueError(f"maxsize must be > 0, got {maxsize!r}")
+        shard_name(pattern, start_shard)  # validate early
+        self.pattern = pattern
+        self.maxcount = int(maxcount)
+        self.maxsize = float(maxsize)
+        self.shard = start_shard
+        self.verbose = verbose
+        self.post = post
+        self.storage_options = storage_options
+        self.tarwriter_options = tarwriter_options
+        self.shards: list[ShardInfo] = []
+        self._writer: TarWriter | None = None
+        self._started = 0.0
+        self.total = 0
+
+    @property
+    def fname(self) -> str | None:
+        """Name of the shard being written (None between shards)."""
+        return self._writer.name if self._writer is not None else None
+
+    def _open_next(self) -> None:
+        name = shard_name(self.pattern, self.shard)
+        self.shard += 1
+        if self.verbose:
+            print(f"# writing {name}", file=sys.stderr)
+        self._writer = TarWriter(name, storage_options=self.storage_options,
+                                 **self.tarwriter_options)
+        self._started = time.monotonic()
+
+    def _finish_current(self) -> None:
+        w = self._writer
+        if w is None:
+            return
+        self._writer = None
+        w.close()
+        info = ShardInfo(w.name, w.count, w.size, time.monotonic() - self._started)
+        self.shards.append(info)
+        if self.post is not None:
+            self.post(w.name)
+
+    def write(self, sample: dict) -> int:
+        """Write one sample, rotating shards as needed; returns its uncompressed size."""
+        w = self._writer
+        members = sample_members(sample, self.tarwriter_options.get("encoder", True))
+        size = sum(_member_size(n, len(d)) for n, d in members)
+        if w is not None and w.count > 0 and (
+                w.count + 1 > self.maxcount or w.size + size + 2 * BLOCK > self.maxsize):
+            self._finish_current()
+        if self._writer is None:
+            self._open_next()
+        self.total += 1
+        return self._writer.write_members(members)
+
+    def close(self) -> None:
+        """Commit the last shard."""
+        self._finish_current()
+
+    def abort(self) -> None:
+        if self._writer is not None:
+            self._writer.abort()
+            self._writer = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+        return False
