@@ -328,8 +328,8 @@ class WebDataset(DataPipeline):
                 "names KEY.EXT? (pass empty_check=False to allow empty shards)")
 
     def _source_repr(self) -> str:
-        spec = self.spec if isinstance(self.spec, str) else f"[{len(self.urls)} urls]"
-        return f"{type(self).__name__}({spec!r}, {len(self.urls)} shards)"
+        spec = repr(self.spec) if isinstance(self.spec, str) else f"[{self.urls[0]!r}, ...]"
+        return f"{type(self).__name__}({spec}, {len(self.urls)} shards)"
 
 
 def _as_urls(items) -> list[str]:

@@ -75,17 +75,25 @@ def ignore_and_stop(exn: BaseException) -> bool:
     return False
 
 
-def _context(exn: Exception, sample, field=None) -> Exception:
-    """Attach the sample's URL and member name to a data error."""
-    if isinstance(sample, dict):
-        url = sample.get("__url__")
-        key = sample.get("__key__")
-        member = f"{key}.{field}" if (key is not None and field) else key
-        if isinstance(exn, TarshardsError):
-            return exn.with_context(url=url, member=member)
+def _context(exn: Exception, sample, field=None, wrap: bool = False) -> Exception:
+    """Attach the sample's shard URL and member name to an error.
+
+    Our own errors get the context as attributes; with ``wrap`` (decoding) other errors become a
+    :class:`DecodeError` caused by them; otherwise they keep their type and get a note.
+    """
+    if not isinstance(sample, dict):
+        return exn
+    url = sample.get("__url__")
+    key = sample.get("__key__")
+    member = f"{key}.{field}" if (key is not None and field) else key
+    if isinstance(exn, TarshardsError):
+        return exn.with_context(url=url, member=member)
+    if wrap:
         wrapped = DecodeError(f"{type(exn).__name__}: {exn}", url=url, member=member)
         wrapped.__cause__ = exn
         return wrapped
+    if hasattr(exn, "add_note"):
+        exn.add_note(f"in sample {key!r} of shard {url}")
     return exn
 
 
@@ -211,7 +219,7 @@ def decode(samples: Iterable[dict], *handlers, only=None, partial: bool = False,
                 dec = cache[k] if k in cache else lookup(k)
                 out[k] = v if dec is None else dec(v)
         except Exception as exn:
-            if handler(_context(exn, sample, k)):
+            if handler(_context(exn, sample, k, wrap=True)):
                 continue
             return
         yield out
