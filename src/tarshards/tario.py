@@ -77,34 +77,36 @@ def decompressed_chunks(chunks: Iterable[bytes], source=None) -> Iterator[bytes]
 
 
 def _gunzip(first: bytes, rest: Iterator[bytes], source) -> Iterator[bytes]:
-    # wbits=31: gzip container; concatenated gzip members (pigz, cat a.gz b.gz) are handled by
-    # starting a new decompressor on the unused data.
+    # wbits=31: gzip container. Concatenated gzip members (pigz, cat a.gz b.gz) are handled by
+    # starting a new decompressor on the data after a finished member, whether that data comes
+    # in the same chunk or in a later one; zero padding after the last member is ignored.
     d = zlib.decompressobj(31)
     pending = first
-    consumed = 0
+    consumed = 0  # compressed bytes handed to the decompressors so far
     try:
         while True:
             while pending:
+                if d.eof:
+                    stripped = pending.lstrip(b"\0")
+                    consumed += len(pending) - len(stripped)
+                    pending = stripped
+                    if not pending:
+                        break
+                    d = zlib.decompressobj(31)
                 out = d.decompress(pending, CHUNK_SIZE * 4)
+                left = d.unused_data if d.eof else d.unconsumed_tail
+                consumed += len(pending) - len(left)
+                pending = left
                 if out:
                     yield out
-                consumed += len(pending) - len(d.unconsumed_tail) - len(d.unused_data)
-                if d.eof:
-                    pending = d.unused_data
-                    if pending.strip(b"\0"):
-                        d = zlib.decompressobj(31)
-                    else:
-                        pending = b""
-                else:
-                    pending = d.unconsumed_tail
             nxt = next(rest, None)
             if nxt is None:
                 break
             pending = nxt
-        tail = d.flush()
-        if tail:
-            yield tail
         if not d.eof:
+            tail = d.flush()
+            if tail:
+                yield tail
             raise ShardFormatError("gzip stream ends early (truncated .tgz?)", url=source,
                                    offset=consumed)
     except zlib.error as exc:
@@ -119,23 +121,27 @@ def _unzstd(first: bytes, rest: Iterator[bytes], source) -> Iterator[bytes]:
         raise MissingDependencyError(
             "reading .tar.zst shards needs the zstandard package: pip install zstandard",
             url=source) from None
-    d = zstandard.ZstdDecompressor().decompressobj()
+    # a zstd decompressobj reads one frame and cannot be reused: a new one for each frame
+    new = zstandard.ZstdDecompressor().decompressobj
+    d = new()
     pending = first
     consumed = 0
     try:
         while True:
             while pending:
+                if d.eof:
+                    stripped = pending.lstrip(b"\0")
+                    consumed += len(pending) - len(stripped)
+                    pending = stripped
+                    if not pending:
+                        break
+                    d = new()
                 out = d.decompress(pending)
+                left = d.unused_data if d.eof else b""
+                consumed += len(pending) - len(left)
+                pending = left
                 if out:
                     yield out
-                consumed += len(pending)
-                pending = b""
-                if d.eof:
-                    pending = d.unused_data
-                    if pending.strip(b"\0"):
-                        d = zstandard.ZstdDecompressor().decompressobj()
-                    else:
-                        pending = b""
             nxt = next(rest, None)
             if nxt is None:
                 break
@@ -312,9 +318,7 @@ def iter_tar(chunks: Iterable[bytes], source=None, *, verify: bool = True,
             b.pos = pos
             if not fill(BLOCK):
                 if b.buf[b.pos:] or start is not None:
-                    raise ShardFormatError(
-                        "truncated tar stream: incomplete header block", url=source,
-                        member=long_name, offset=b.offset())
+                    _eof_in_header(b, source, start, long_name, pax)
                 return  # clean EOF at a block boundary without an end-of-archive marker
             buf = b.buf
             pos = b.pos
@@ -352,9 +356,13 @@ def iter_tar(chunks: Iterable[bytes], source=None, *, verify: bool = True,
             else:
                 end = hdr.find(0, 0, 100)
                 raw = hdr[:end] if end >= 0 else hdr[:100]
-                if hdr[345] != 0 and hdr[257:262] == b"ustar":
+                if hdr[345] != 0 and hdr[257:263] == b"ustar\0":  # POSIX only: GNU keeps atime here
                     raw = _nts(hdr[345:500]) + b"/" + raw
                 name = raw.decode("utf-8", "surrogateescape")
+            if not typeflag and name[-1:] == "/":  # pre-POSIX directory (typeflag NUL)
+                pos += padded
+                long_name = pax = start = None
+                continue
             if len(buf) - pos >= size:
                 data = buf[pos:pos + size]
                 pos += padded
@@ -395,6 +403,20 @@ def iter_tar(chunks: Iterable[bytes], source=None, *, verify: bool = True,
         long_name = None
         pax = None
         start = None
+
+
+def _eof_in_header(b: _Buffer, source, start, long_name, pax) -> None:
+    """Raise the error for a stream that ends inside a header (or after extended headers)."""
+    left = len(b.buf) - b.pos
+    offset = b.offset() if start is None else start
+    if offset == 0 and left:
+        raise ShardFormatError(
+            f"not a tar archive: the stream holds only {left} bytes, less than one "
+            f"{BLOCK}-byte tar header", url=source, offset=0)
+    member = pax.get("path") if pax is not None and "path" in pax else long_name
+    what = "incomplete header block" if left else "extended header without its member"
+    raise ShardFormatError(f"truncated tar stream: {what}", url=source, member=member,
+                           offset=offset)
 
 
 def _size_field(hdr: bytes, source, offset) -> int:

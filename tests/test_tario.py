@@ -1,0 +1,512 @@
+"""The streaming tar reader agrees with ``tarfile`` and GNU tar; compressed and piped streams;
+precise errors on truncated and corrupted shards."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import threading
+
+import pytest
+import zstandard
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from tarshards.errors import ShardFormatError
+from tarshards.pipeline import shard_samples
+from tarshards.tario import (
+    decompressed_chunks,
+    iter_tar,
+    open_tar_bytes,
+    read_chunks,
+    tar_header,
+)
+
+FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
+HAVE_TAR = shutil.which("tar") is not None
+
+
+def read_all(data: bytes, chunk_size: int = 1 << 20, source="mem"):
+    return list(iter_tar(decompressed_chunks(read_chunks(io.BytesIO(data), chunk_size), source),
+                         source))
+
+
+def tarfile_regular(data: bytes):
+    """``(name, bytes, offset)`` of the regular members, as the standard library reads them."""
+    out = []
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tf:
+        for m in tf:
+            if m.isreg():
+                out.append((m.name, tf.extractfile(m).read(), m.offset))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# archives built by tarfile, in every format
+# ---------------------------------------------------------------------------------------------
+
+_segment = st.text(
+    alphabet=st.sampled_from("abcXYZ019_-. " + "éüß中文ʃ🙂"), min_size=1, max_size=12,
+).filter(lambda s: s not in (".", "..") and not s.startswith(" "))
+
+
+@st.composite
+def member_names(draw):
+    kind = draw(st.sampled_from(["short", "short", "long100", "long255"]))
+    parts = draw(st.lists(_segment, min_size=1, max_size=4))
+    if kind == "long100":
+        parts.append("n" * draw(st.integers(90, 140)))
+    elif kind == "long255":
+        parts = ["d" * draw(st.integers(60, 99)) for _ in range(3)] + parts
+    return "/".join(parts)
+
+
+@st.composite
+def archive_entries(draw):
+    n = draw(st.integers(0, 8))
+    entries = []
+    for _ in range(n):
+        kind = draw(st.sampled_from(["file", "file", "file", "empty", "dir", "symlink", "link"]))
+        name = draw(member_names())
+        if kind == "file":
+            size = draw(st.sampled_from([1, 511, 512, 513, 1000, 3000, 70_000]))
+            data = draw(st.binary(min_size=size, max_size=size)) if size < 2000 else os.urandom(
+                size)
+        else:
+            data = b""
+        target = draw(member_names()) if kind in ("symlink", "link") else ""
+        entries.append((kind, name, data, target))
+    return entries
+
+
+def build_tarfile(entries, fmt, pax_global=None):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt, pax_headers=pax_global) as tf:
+        for kind, name, data, target in entries:
+            ti = tarfile.TarInfo(name)
+            ti.mtime = 1_700_000_000
+            if kind in ("file", "empty"):
+                ti.size = len(data)
+                tf.addfile(ti, io.BytesIO(data))
+            elif kind == "dir":
+                ti.type = tarfile.DIRTYPE
+                tf.addfile(ti)
+            else:
+                ti.type = tarfile.SYMTYPE if kind == "symlink" else tarfile.LNKTYPE
+                ti.linkname = target
+                tf.addfile(ti)
+    return buf.getvalue()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(entries=archive_entries(), fmt=st.sampled_from(sorted(FORMATS)),
+       chunk_size=st.sampled_from([1, 7, 100, 512, 513, 4096, 1 << 20]))
+def test_reader_agrees_with_tarfile(entries, fmt, chunk_size):
+    try:
+        data = build_tarfile(entries, FORMATS[fmt])
+    except ValueError:  # ustar cannot hold this name
+        assume(False)
+    expected = tarfile_regular(data)
+    got = read_all(data, chunk_size)
+    assert got == expected
+    assert [n for _, n, _, _ in entries if True] or got == []
+    # every regular entry written is read back, in order
+    assert [(n, d) for n, d, _ in got] == [
+        (n, d) for k, n, d, _ in entries if k in ("file", "empty")]
+
+
+@settings(max_examples=25, deadline=None)
+@given(entries=archive_entries(), data=st.data())
+def test_reader_irregular_chunks(entries, data):
+    """Chunks of arbitrary, varying sizes (as from a network stream) change nothing."""
+    raw = build_tarfile(entries, tarfile.PAX_FORMAT)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(raw)), max_size=30)))
+    pieces = [raw[a:b] for a, b in zip([0] + cuts, cuts + [len(raw)])]
+    pieces = [p for p in pieces if p]
+    assert list(iter_tar(pieces, "x")) == tarfile_regular(raw)
+
+
+def test_pax_global_header_names_and_data():
+    entries = [("file", "a/x.txt", b"hello", ""), ("file", "é" * 120 + ".bin", b"z" * 700, "")]
+    raw = build_tarfile(entries, tarfile.PAX_FORMAT, pax_global={"comment": "made by a test"})
+    got = read_all(raw, 100)
+    assert [(n, d) for n, d, _ in got] == [(n, d) for n, d, _ in tarfile_regular(raw)]
+    assert [(n, d) for n, d, _ in got] == [("a/x.txt", b"hello"), ("é" * 120 + ".bin", b"z" * 700)]
+
+
+def test_pax_size_overrides_header_size():
+    payload = bytes(range(256)) * 4
+    pax = tarfile.TarInfo._create_pax_generic_header(
+        {"size": str(len(payload)), "path": "p/long.bin"}, tarfile.XHDTYPE, "utf-8")
+    ti = tarfile.TarInfo("short")
+    ti.size = 0  # the pax record rules
+    raw = pax + ti.tobuf(tarfile.USTAR_FORMAT) + payload + bytes(-len(payload) % 512) + bytes(1024)
+    assert read_all(raw, 300) == tarfile_regular(raw) == [("p/long.bin", payload, 0)]
+
+
+def test_gnu_base256_size():
+    payload = b"q" * 777
+    ti = tarfile.TarInfo("big.bin")
+    ti.size = len(payload)
+    hdr = bytearray(ti.tobuf(tarfile.GNU_FORMAT))
+    hdr[124:136] = b"\x80" + len(payload).to_bytes(11, "big")
+    hdr[148:156] = b" " * 8
+    hdr[148:156] = b"%06o\0 " % sum(hdr)
+    raw = bytes(hdr) + payload + bytes(-len(payload) % 512) + bytes(1024)
+    assert read_all(raw) == tarfile_regular(raw) == [("big.bin", payload, 0)]
+
+
+def test_gnu_magic_ignores_prefix_field():
+    """Old GNU headers keep atime/ctime where ustar has its prefix: no prefix is applied."""
+    ti = tarfile.TarInfo("x.txt")
+    ti.size = 3
+    hdr = bytearray(ti.tobuf(tarfile.GNU_FORMAT))
+    assert hdr[257:265] == b"ustar  \0"
+    hdr[345:357] = b"14755171432\0"  # a GNU atime
+    hdr[148:156] = b" " * 8
+    hdr[148:156] = b"%06o\0 " % sum(hdr)
+    raw = bytes(hdr) + b"abc" + bytes(509) + bytes(1024)
+    assert read_all(raw) == [("x.txt", b"abc", 0)]
+
+
+def test_v7_directory_with_regular_typeflag_is_skipped():
+    """Pre-POSIX tars mark directories as typeflag NUL with a trailing slash (tarfile agrees)."""
+    d = tarfile.TarInfo("olddir/")
+    d.type = tarfile.AREGTYPE
+    f = tarfile.TarInfo("olddir/f.txt")
+    f.size = 2
+    raw = d.tobuf(tarfile.USTAR_FORMAT) + f.tobuf(tarfile.USTAR_FORMAT) + b"hi" + bytes(510)
+    raw += bytes(1024)
+    assert read_all(raw) == tarfile_regular(raw) == [("olddir/f.txt", b"hi", 512)]
+
+
+def test_end_marker_and_missing_end_marker():
+    raw = build_tarfile([("file", "a.txt", b"1", "")], tarfile.USTAR_FORMAT)
+    # trailing data after the end-of-archive marker is not read as members
+    assert read_all(raw + b"garbage" * 100) == [("a.txt", b"1", 0)]
+    # an archive that stops on a block boundary without the marker is accepted (as tar does)
+    assert read_all(raw[:1024]) == [("a.txt", b"1", 0)]
+    assert read_all(b"") == []
+
+
+# ---------------------------------------------------------------------------------------------
+# GNU tar itself
+# ---------------------------------------------------------------------------------------------
+
+
+def make_tree(root, long_names: bool):
+    (root / "sub" / "deeper").mkdir(parents=True)
+    (root / "emptydir").mkdir()
+    (root / "a.txt").write_bytes(b"alpha")
+    (root / "empty.bin").write_bytes(b"")
+    (root / "sub" / "b.json").write_bytes(json.dumps({"x": 1}).encode())
+    (root / "sub" / "deeper" / "big.bin").write_bytes(os.urandom(300_000))
+    (root / "sub" / "ünï.txt").write_bytes("ünïcödé".encode())
+    (root / "link").symlink_to("a.txt")
+    os.link(root / "a.txt", root / "hard.txt")
+    if long_names:
+        d = root / ("L" * 90) / ("M" * 90) / ("N" * 90)
+        d.mkdir(parents=True)
+        (d / ("f" * 120 + ".dat")).write_bytes(b"long" * 300)
+        (root / ("g" * 150 + ".txt")).write_bytes(b"long base name")
+    else:
+        d = root / ("L" * 90)
+        d.mkdir()
+        (d / ("f" * 95 + ".dat")).write_bytes(b"prefix split" * 50)
+
+
+@pytest.mark.skipif(not HAVE_TAR, reason="GNU tar is not installed")
+@pytest.mark.parametrize("fmt", ["gnu", "posix", "ustar"])
+def test_gnu_tar_archives(tmp_path, fmt):
+    root = tmp_path / "tree"
+    root.mkdir()
+    make_tree(root, long_names=fmt != "ustar")
+    out = tmp_path / "t.tar"
+    subprocess.run(["tar", f"--format={fmt}", "-cf", str(out), "-C", str(root), "."],
+                   check=True, env={**os.environ, "LC_ALL": "C.UTF-8"})
+    raw = out.read_bytes()
+    expected = tarfile_regular(raw)
+    names = {n for n, _, _ in expected}
+    assert "./sub/deeper/big.bin" in names and "./empty.bin" in names
+    assert any(len(n) > 100 for n in names)
+    for chunk_size in (512, 10_000, 1 << 20):
+        assert read_all(raw, chunk_size) == expected
+    # and compressed by the real tools
+    assert read_all(gzip.compress(raw), 4096) == expected
+    if shutil.which("zstd"):
+        zst = subprocess.run(["zstd", "-q", "-c"], input=raw, stdout=subprocess.PIPE,
+                             check=True).stdout
+        assert read_all(zst, 4096) == expected
+
+
+# ---------------------------------------------------------------------------------------------
+# compression
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def plain_tar():
+    entries = [("file", f"s{i:03d}.{ext}", os.urandom(100 + 37 * i), "")
+               for i in range(20) for ext in ("jpg", "cls")]
+    return build_tarfile(entries, tarfile.USTAR_FORMAT)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 64, 4096, 1 << 20])
+def test_gzip_and_zstd_read_the_same(plain_tar, chunk_size):
+    expected = read_all(plain_tar)
+    assert len(expected) == 40
+    gz = gzip.compress(plain_tar)
+    zs = zstandard.ZstdCompressor().compress(plain_tar)
+    assert read_all(gz, chunk_size) == expected
+    assert read_all(zs, chunk_size) == expected
+
+
+@pytest.mark.parametrize("cut", [0, 1, 100, 5000, None])
+def test_concatenated_gzip_and_zstd_members(plain_tar, cut):
+    """``cat a.gz b.gz`` (pigz, multi-member gzip) and multi-frame zstd decode as one stream."""
+    cut = len(plain_tar) // 2 if cut is None else cut
+    a, b = plain_tar[:cut], plain_tar[cut:]
+    gz = gzip.compress(a) + gzip.compress(b)
+    zs = zstandard.ZstdCompressor().compress(a) + zstandard.ZstdCompressor().compress(b)
+    expected = read_all(plain_tar)
+    for data in (gz, zs):
+        for chunk_size in (1, 19, 1000, 1 << 20):
+            assert read_all(data, chunk_size) == expected
+    # the exact chunk boundary at the member boundary
+    assert list(iter_tar(decompressed_chunks([gzip.compress(a), gzip.compress(b)]))) == expected
+
+
+def test_truncated_gzip_raises(plain_tar):
+    gz = gzip.compress(plain_tar)
+    for cut in (len(gz) // 2, len(gz) - 4):
+        with pytest.raises(ShardFormatError) as ei:
+            read_all(gz[:cut], 4096, source="cut.tgz")
+        assert ei.value.url == "cut.tgz" and "cut.tgz" in str(ei.value)
+        assert ei.value.offset is not None and "offset" in str(ei.value)
+
+
+def test_truncated_zstd_raises(plain_tar):
+    zs = zstandard.ZstdCompressor().compress(plain_tar)
+    with pytest.raises(ShardFormatError) as ei:
+        read_all(zs[: len(zs) // 2], 4096, source="cut.tar.zst")
+    assert ei.value.url == "cut.tar.zst"
+
+
+def test_corrupt_gzip_raises(plain_tar):
+    gz = bytearray(gzip.compress(plain_tar))
+    gz[len(gz) // 2] ^= 0xFF
+    gz[len(gz) // 2 + 1] ^= 0xFF
+    with pytest.raises(ShardFormatError, match="bad.tgz"):
+        read_all(bytes(gz), 4096, source="bad.tgz")
+
+
+# ---------------------------------------------------------------------------------------------
+# pipes and stdin
+# ---------------------------------------------------------------------------------------------
+
+CHILD = r"""
+import hashlib, json, sys
+from tarshards.pipeline import shard_samples
+out = [[s["__key__"], {k: hashlib.sha1(v).hexdigest() for k, v in s.items()
+                       if not k.startswith("__")}] for s in shard_samples("-")]
+json.dump(out, sys.stdout)
+"""
+
+
+def _digest(samples):
+    import hashlib
+
+    return [[s["__key__"], {k: hashlib.sha1(v).hexdigest() for k, v in s.items()
+                            if not k.startswith("__")}] for s in samples]
+
+
+@pytest.mark.parametrize("compress", [None, "gzip", "zstd"])
+def test_read_from_stdin_pipe(tmp_path, plain_tar, compress):
+    path = tmp_path / "s.tar"
+    path.write_bytes(plain_tar)
+    expected = _digest(shard_samples(str(path)))
+    assert len(expected) == 20
+    data = plain_tar
+    if compress == "gzip":
+        data = gzip.compress(plain_tar)
+    elif compress == "zstd":
+        data = zstandard.ZstdCompressor().compress(plain_tar)
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE)
+
+    def feed():  # small writes, so the reader sees many short reads from the pipe
+        for i in range(0, len(data), 333):
+            child.stdin.write(data[i:i + 333])
+            child.stdin.flush()
+        child.stdin.close()
+
+    t = threading.Thread(target=feed)
+    t.start()
+    with child.stdout:
+        out = child.stdout.read()
+    t.join()
+    assert child.wait() == 0
+    assert json.loads(out) == expected
+
+
+@pytest.mark.skipif(not HAVE_TAR, reason="GNU tar is not installed")
+def test_gnu_tar_piped_into_stdin(tmp_path):
+    root = tmp_path / "d"
+    root.mkdir()
+    for i in range(5):
+        (root / f"k{i}.txt").write_text(f"text {i}")
+        (root / f"k{i}.cls").write_text(str(i))
+    cmd = f"tar -cf - -C {root} --sort=name . | gzip | {sys.executable} -c '{CHILD}'"
+    res = subprocess.run(cmd, shell=True, stdout=subprocess.PIPE, check=True)
+    got = json.loads(res.stdout)
+    assert [k for k, _ in got] == [f"k{i}" for i in range(5)]
+    assert all(sorted(f) == ["cls", "txt"] for _, f in got)
+
+
+def test_os_pipe_stream():
+    payload = [(f"m{i}.bin", os.urandom(i * 1000)) for i in range(10)]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for n, d in payload:
+            ti = tarfile.TarInfo(n)
+            ti.size = len(d)
+            tf.addfile(ti, io.BytesIO(d))
+    raw = buf.getvalue()
+    r, w = os.pipe()
+
+    def feed():
+        with os.fdopen(w, "wb") as f:
+            f.write(raw)
+
+    t = threading.Thread(target=feed)
+    t.start()
+    with os.fdopen(r, "rb") as f:
+        got = [(n, d) for n, d, _ in open_tar_bytes(f, "pipe", chunk_size=4096)]
+    t.join()
+    assert got == payload
+
+
+# ---------------------------------------------------------------------------------------------
+# truncated and corrupted shards
+# ---------------------------------------------------------------------------------------------
+
+
+def three_member_tar():
+    members = [("a.txt", b"A" * 100), ("b.bin", b"B" * 3000), ("c.txt", b"C" * 10)]
+    raw = b"".join(tar_header(n, len(d)) + d + bytes(-len(d) % 512) for n, d in members)
+    return raw + bytes(1024), [0, 1024, 1024 + 512 + 3072]
+
+
+@pytest.mark.parametrize("chunk_size", [100, 1 << 20])
+def test_truncated_mid_member(tmp_path, chunk_size):
+    raw, offsets = three_member_tar()
+    path = tmp_path / "cut.tar"
+    path.write_bytes(raw[: offsets[1] + 512 + 1000])  # inside b.bin's data
+    got = []
+    with pytest.raises(ShardFormatError), open(path, "rb") as f:
+        for name, _, _ in open_tar_bytes(f, str(path), chunk_size):
+            got.append(name)
+    assert got == ["a.txt"]  # members before the cut are read
+    with pytest.raises(ShardFormatError) as ei:
+        list(shard_samples(str(path), chunk_size=chunk_size))
+    e = ei.value
+    assert e.url == str(path) and e.member == "b.bin" and e.offset == offsets[1]
+    msg = str(e)
+    assert str(path) in msg and "b.bin" in msg and f"offset {offsets[1]}" in msg
+    assert "truncated" in msg
+
+
+@pytest.mark.parametrize("chunk_size", [100, 1 << 20])
+def test_truncated_mid_header(tmp_path, chunk_size):
+    raw, offsets = three_member_tar()
+    path = tmp_path / "cut.tar"
+    path.write_bytes(raw[: offsets[2] + 200])  # inside c.txt's header
+    with pytest.raises(ShardFormatError) as ei:
+        list(shard_samples(str(path), chunk_size=chunk_size))
+    e = ei.value
+    assert e.url == str(path) and e.offset == offsets[2]
+    assert str(path) in str(e) and f"offset {offsets[2]}" in str(e)
+
+
+def test_truncated_after_long_name_header():
+    raw = tar_header("x" * 300 + ".bin", 5) + b"12345" + bytes(507) + bytes(1024)
+    assert read_all(raw) == [("x" * 300 + ".bin", b"12345", 0)]
+    with pytest.raises(ShardFormatError) as ei:
+        read_all(raw[:1024], source="s")  # pax header and ustar header, no data
+    assert ei.value.offset == 0 and ei.value.member == "x" * 300 + ".bin"
+    assert "truncated" in str(ei.value)
+    with pytest.raises(ShardFormatError) as ei:
+        read_all(raw[:1536], source="s")  # the headers, no data
+    assert ei.value.offset == 0 and ei.value.member == "x" * 300 + ".bin"
+    with pytest.raises(ShardFormatError) as ei:
+        read_all(raw[:512], source="s")  # pax header block only: its payload is missing
+    assert ei.value.offset == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(which=st.integers(0, 2), pos=st.integers(0, 511).filter(lambda p: not 148 <= p < 156),
+       flip=st.integers(1, 255), chunk_size=st.sampled_from([64, 512, 1 << 20]))
+def test_corrupted_header_byte(which, pos, flip, chunk_size):
+    raw, offsets = three_member_tar()
+    bad = bytearray(raw)
+    bad[offsets[which] + pos] ^= flip
+    with pytest.raises(ShardFormatError) as ei:
+        read_all(bytes(bad), chunk_size, source="bad.tar")
+    e = ei.value
+    assert e.url == "bad.tar" and e.offset == offsets[which]
+    assert "bad.tar" in str(e) and f"offset {offsets[which]}" in str(e)
+    assert "checksum" in str(e)
+
+
+def test_corrupted_checksum_field():
+    raw, offsets = three_member_tar()
+    for pos, value in ((148, ord("7")), (150, ord("x")), (154, ord("1"))):
+        bad = bytearray(raw)
+        bad[offsets[1] + pos] = value
+        with pytest.raises(ShardFormatError) as ei:
+            read_all(bytes(bad), source="bad.tar")
+        assert ei.value.offset == offsets[1]
+        assert ei.value.member == "b.bin"
+
+
+@pytest.mark.parametrize("content", [
+    b"hello, this is not a tar file\n",
+    b"<html>" + b"x" * 5000,
+    bytes(range(256)) * 10,
+])
+def test_not_a_tar_file(tmp_path, content):
+    path = tmp_path / "notatar.tar"
+    path.write_bytes(content)
+    with pytest.raises(ShardFormatError) as ei:
+        list(shard_samples(str(path)))
+    msg = str(ei.value)
+    assert str(path) in msg and "offset 0" in msg
+    assert "not a tar" in msg
+
+
+def test_truncated_tgz_shard(tmp_path):
+    raw, _ = three_member_tar()
+    gz = gzip.compress(raw)
+    path = tmp_path / "cut.tgz"
+    path.write_bytes(gz[: len(gz) - 10])
+    with pytest.raises(ShardFormatError) as ei:
+        list(shard_samples(str(path)))
+    assert ei.value.url == str(path) and str(path) in str(ei.value)
+    assert "gzip" in str(ei.value) and ei.value.offset is not None
+
+
+def test_error_pickles_with_context():
+    import pickle
+
+    raw, offsets = three_member_tar()
+    with pytest.raises(ShardFormatError) as ei:
+        read_all(raw[:offsets[1] + 600], source="s.tar")
+    e = pickle.loads(pickle.dumps(ei.value))
+    assert (e.url, e.member, e.offset) == ("s.tar", "b.bin", offsets[1])
+    assert isinstance(e, ValueError)
