@@ -1,0 +1,163 @@
+"""``tarcheck``: verify shards and count what is in them.
+
+For every shard: it must be readable to its end (no bad header, no truncated member, an
+end-of-archive marker), no key may be split across non-adjacent members, no sample may repeat an
+extension. Counts of samples, members, bytes and extensions are printed as a table, problems as one
+line each (shard, member, offset); the exit status is 1 when any problem was found.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+import click
+
+from ..errors import TarshardsError
+from ..format import split_name
+from ..tario import decompressed_chunks, iter_tar, read_chunks
+from ..urls import open_url
+from ._common import CONTEXT_SETTINGS, Progress, collect_inputs, handle_errors, print_err
+
+__all__ = ["ShardReport", "check_cmd", "check_shard"]
+
+
+@dataclass
+class ShardReport:
+    url: str
+    samples: int = 0
+    members: int = 0
+    skipped: int = 0  # members that are not sample fields (no extension, __meta__)
+    data_bytes: int = 0
+    stream_bytes: int = 0
+    extensions: collections.Counter = field(default_factory=collections.Counter)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _counted(chunks, counter: list):
+    for chunk in chunks:
+        counter[0] += len(chunk)
+        yield chunk
+
+
+def check_shard(url: str, *, max_problems: int = 20) -> ShardReport:
+    """Read one shard to its end and report what is in it and what is wrong with it."""
+    rep = ShardReport(url)
+    seen: dict[str, int] = {}  # key -> offset of its first member, for finished samples
+    key = None
+    exts: set[str] = set()
+    first_offset = 0
+    last_end = 0
+    total = [0]
+
+    def problem(msg):
+        if len(rep.problems) < max_problems:
+            rep.problems.append(msg)
+
+    try:
+        with open_url(url) as stream:
+            chunks = _counted(decompressed_chunks(read_chunks(stream), url), total)
+            for name, data, offset in iter_tar(chunks, url):
+                rep.members += 1
+                rep.data_bytes += len(data)
+                last_end = offset + 512 + ((len(data) + 511) & ~511)
+                parts = split_name(name)
+                if parts is None:
+                    rep.skipped += 1
+                    continue
+                k, ext = parts
+                if k != key:
+                    if key is not None:
+                        seen[key] = first_offset
+                    if k in seen:
+                        problem(f"key {k!r} split across non-adjacent members: first sample at "
+                                f"offset {seen[k]}, again at (shard {url}, member {name!r}, "
+                                f"offset {offset})")
+                    key, exts, first_offset = k, set(), offset
+                    rep.samples += 1
+                if ext in exts:
+                    problem(f"repeated extension {ext!r} in sample {k!r} (shard {url}, "
+                            f"member {name!r}, offset {offset})")
+                exts.add(ext)
+                rep.extensions[ext] += 1
+        rep.stream_bytes = total[0]
+        if rep.members and total[0] < last_end + 1024:
+            problem(f"no end-of-archive marker: the shard may be truncated at a member "
+                    f"boundary (shard {url}, offset {total[0]})")
+        if rep.members == 0:
+            problem(f"no members: empty shard (shard {url})")
+        elif rep.samples == 0:
+            problem(f"no samples: no member is named KEY.EXT (shard {url})")
+    except TarshardsError as exn:
+        rep.stream_bytes = total[0]
+        problem(str(exn.with_context(url=url)))
+    except OSError as exn:
+        problem(f"read failed: {exn} (shard {url})")
+    return rep
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)  # pragma: no cover
+
+
+def format_table(reports: list[ShardReport]) -> str:
+    rows = [("shard", "samples", "members", "bytes", "extensions", "status")]
+    for r in reports:
+        exts = " ".join(f"{e}:{n}" for e, n in sorted(r.extensions.items()))
+        rows.append((r.url, str(r.samples), str(r.members), _human(r.data_bytes), exts or "-",
+                     "ok" if r.ok else f"{len(r.problems)} problem(s)"))
+    if len(reports) > 1:
+        tot = collections.Counter()
+        for r in reports:
+            tot.update(r.extensions)
+        bad = sum(1 for r in reports if not r.ok)
+        rows.append((f"total ({len(reports)} shards)", str(sum(r.samples for r in reports)),
+                     str(sum(r.members for r in reports)),
+                     _human(sum(r.data_bytes for r in reports)),
+                     " ".join(f"{e}:{n}" for e, n in sorted(tot.items())) or "-",
+                     "ok" if not bad else f"{bad} bad shard(s)"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for j, row in enumerate(rows):
+        cells = [c.ljust(w) if i in (0, 4, 5) else c.rjust(w)
+                 for i, (c, w) in enumerate(zip(row, widths))]
+        lines.append("  ".join(cells).rstrip())
+        if j == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+@click.command("check", context_settings=CONTEXT_SETTINGS, epilog="\b\nExamples:\n"
+               "  tarcheck 'train-{0000..0147}.tar'\n"
+               "  tarcheck -q shards/*.tar && echo all good")
+@click.argument("inputs", nargs=-1, metavar="[INPUTS]...")
+@click.option("-T", "--files-from", "listfile", default=None, metavar="FILE", help="Read shard URLs from FILE, one per line.")
+@click.option("--max-problems", type=click.IntRange(min=1), default=20, show_default=True, help="Problems listed per shard.")
+@click.option("-q", "--quiet", is_flag=True, help="Only problems and the exit status; no table.")
+@handle_errors
+def check_cmd(inputs, listfile, max_problems, quiet):
+    """Verify shards: readable to the end, no truncated member, no split key, no repeated field."""
+    urls = collect_inputs(inputs, listfile)
+    reports = []
+    with Progress(quiet, "tarcheck", unit="shards", total=len(urls)) as bar:
+        for url in urls:
+            reports.append(check_shard(url, max_problems=max_problems))
+            bar.update()
+    if not quiet:
+        click.echo(format_table(reports))
+    problems = [p for r in reports for p in r.problems]
+    prog = click.get_current_context().command_path
+    for p in problems:
+        print_err(f"{prog}: problem: {p}")
+    if problems:
+        bad = sum(1 for r in reports if not r.ok)
+        print_err(f"{prog}: error: {bad} of {len(reports)} shard(s) have problems")
+        click.get_current_context().exit(1)

@@ -1,0 +1,96 @@
+"""``tarpcat``: read several shards at once and interleave their samples.
+
+Each open shard is read by a thread into a small bounded queue; the main thread takes one sample
+from each open shard in turn (round robin), so the output order depends only on the inputs and
+``parallel``. When a shard ends, the next input takes its place. Threads suit this job: the waiting
+is on storage and network, and the samples are passed along as bytes without copies.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Callable, Iterator
+
+from ..errors import TarshardsError
+from ..pipeline import shard_samples
+
+__all__ = ["interleave"]
+
+_END = object()
+_QUEUE_SIZE = 64
+
+
+class _Failed:
+    __slots__ = ("exn",)
+
+    def __init__(self, exn: BaseException):
+        self.exn = exn
+
+
+class _Reader:
+    """A thread reading one shard into a bounded queue."""
+
+    def __init__(self, url: str, stop: threading.Event):
+        self.url = url
+        self.queue: queue.Queue = queue.Queue(_QUEUE_SIZE)
+        self.stop = stop
+        self.thread = threading.Thread(target=self._run, name=f"tarpcat:{url}", daemon=True)
+        self.thread.start()
+
+    def _put(self, item) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        samples = shard_samples(self.url)
+        try:
+            for sample in samples:
+                if not self._put(sample):
+                    return
+            self._put(_END)
+        except BaseException as exn:  # noqa: BLE001 - handed to the main thread
+            self._put(_Failed(exn))
+        finally:
+            samples.close()
+
+
+def interleave(urls: list[str], parallel: int, handler: Callable) -> Iterator[dict]:
+    """Samples of ``urls``, ``parallel`` shards at a time, taken round robin."""
+    if parallel < 1:
+        raise ValueError(f"parallel must be >= 1, got {parallel}")
+    stop = threading.Event()
+    pending = iter(urls)
+    active: list[_Reader] = []
+    try:
+        for url in pending:
+            active.append(_Reader(url, stop))
+            if len(active) >= parallel:
+                break
+        i = 0
+        while active:
+            if i >= len(active):
+                i = 0
+            reader = active[i]
+            item = reader.queue.get()
+            if item is _END or isinstance(item, _Failed):
+                if isinstance(item, _Failed):
+                    if not isinstance(item.exn, TarshardsError):
+                        raise item.exn
+                    if not handler(item.exn):
+                        return
+                nxt = next(pending, None)
+                if nxt is None:
+                    del active[i]
+                else:
+                    active[i] = _Reader(nxt, stop)
+                continue
+            yield item
+            i += 1
+    finally:
+        stop.set()

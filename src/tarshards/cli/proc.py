@@ -1,0 +1,171 @@
+"""``tarproc``: run a shell command on every sample.
+
+Each sample is unpacked into a fresh temporary directory as ``BASE.EXT`` files (``BASE`` is the last
+path component of the key, so ``train/n0123_17`` gives ``n0123_17.jpg``), the command runs there with
+``$KEY`` set to the full key, and the files present afterwards form the output sample under the
+original key: ``BASE.EXT`` becomes field ``EXT``, any other file ``NAME`` becomes field ``NAME``.
+Hidden files, ``__*`` files and subdirectories are not collected.
+
+``-p N`` runs N commands at a time (threads waiting on subprocesses, through
+:mod:`concurrent.futures`) with at most ``2N`` samples in flight, so memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import click
+
+from ..writer import TarWriter
+from ._common import (
+    CONTEXT_SETTINGS,
+    DataError,
+    Progress,
+    check_stdout_not_tty,
+    collect_inputs,
+    handle_errors,
+    print_err,
+)
+
+__all__ = ["CommandFailed", "process_sample", "proc_cmd"]
+
+
+class CommandFailed(Exception):
+    """The command exited with a non-zero status on one sample."""
+
+    def __init__(self, key: str, url, status: int, stderr: bytes):
+        self.key = key
+        self.url = url
+        self.status = status
+        self.stderr = stderr
+        super().__init__(f"command exited with status {status} on sample {key!r} "
+                         f"(shard {url})")
+
+
+def process_sample(sample: dict, command: str, tmpdir: str | None = None,
+                   verbose: bool = False) -> list[tuple[str, bytes]]:
+    """Run ``command`` on one sample; returns the output members (empty: sample dropped)."""
+    key = sample["__key__"]
+    base = key.rpartition("/")[2]
+    work = tempfile.mkdtemp(prefix="tarproc-", dir=tmpdir)
+    try:
+        for ext, data in sample.items():
+            if ext.startswith("__"):
+                continue
+            with open(os.path.join(work, f"{base}.{ext}"), "wb") as f:
+                f.write(data)
+        env = dict(os.environ, KEY=key)
+        result = subprocess.run(command, shell=True, cwd=work, env=env,
+                                stdin=subprocess.DEVNULL, capture_output=True)
+        if result.returncode != 0:
+            raise CommandFailed(key, sample.get("__url__"), result.returncode, result.stderr)
+        if verbose and (result.stdout or result.stderr):
+            sys.stderr.buffer.write(result.stdout + result.stderr)
+            sys.stderr.flush()
+        members = []
+        prefix = base + "."
+        for name in sorted(os.listdir(work)):
+            path = os.path.join(work, name)
+            if name.startswith((".", "__")) or not os.path.isfile(path):
+                continue
+            ext = name[len(prefix):] if name.startswith(prefix) else name
+            if not ext:
+                continue
+            with open(path, "rb") as f:
+                members.append((f"{key}.{ext}", f.read()))
+        return members
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _results(samples, command, parallel, ordered, tmpdir, verbose):
+    """Yield ``(sample, members or CommandFailed)``, keeping input order when ``ordered``."""
+    with cf.ThreadPoolExecutor(max_workers=parallel) as pool:
+        inflight: collections.deque = collections.deque()
+        it = iter(samples)
+
+        def submit() -> bool:
+            sample = next(it, None)
+            if sample is None:
+                return False
+            inflight.append((sample, pool.submit(process_sample, sample, command, tmpdir,
+                                                 verbose)))
+            return True
+
+        try:
+            for _ in range(2 * parallel):
+                if not submit():
+                    break
+            while inflight:
+                if ordered:
+                    sample, fut = inflight.popleft()
+                else:
+                    cf.wait([f for _, f in inflight], return_when=cf.FIRST_COMPLETED)
+                    idx = next(i for i, (_, f) in enumerate(inflight) if f.done())
+                    sample, fut = inflight[idx]
+                    del inflight[idx]
+                try:
+                    outcome = fut.result()
+                except CommandFailed as exn:
+                    outcome = exn
+                yield sample, outcome
+                submit()
+        finally:
+            for _, fut in inflight:
+                fut.cancel()
+
+
+@click.command("proc", context_settings=CONTEXT_SETTINGS, epilog="\b\nExamples:\n"
+               "  tarproc -p 5 -c 'mogrify -resize 256x256 *.jpg' small.tar > out.tar\n"
+               "  tarproc -p 8 -c 'gzip -9 *.json' in.tar -o out.tar   # field json -> json.gz\n"
+               "  tarproc -c 'wc -c < *.txt > $(basename $KEY).len' -e skip in.tar -o out.tar")
+@click.argument("inputs", nargs=-1, metavar="[INPUTS]...")
+@click.option("-c", "--command", required=True, help="Shell command run in each sample's directory.")
+@click.option("-p", "--parallel", type=click.IntRange(min=1), default=1, show_default=True, help="Run N commands at a time.")
+@click.option("--unordered", is_flag=True, help="Write samples as they finish, not in input order.")
+@click.option("-e", "--on-error", type=click.Choice(["abort", "skip"]), default="abort", show_default=True, help="On a failing command: stop, or drop the sample.")
+@click.option("-o", "--output", default="-", show_default=True, help="Output file or URL; - is stdout.")
+@click.option("-n", "--count", type=click.IntRange(min=0), default=None, help="Process at most N samples.")
+@click.option("--tmpdir", default=None, metavar="DIR", help="Where the per-sample directories go.")
+@click.option("-v", "--verbose", is_flag=True, help="Copy the commands' output to stderr.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@handle_errors
+def proc_cmd(inputs, command, parallel, unordered, on_error, output, count, tmpdir, verbose,
+             quiet):
+    """Run a shell command on each sample of INPUTS; the files it leaves form the output sample.
+
+    The sample's fields are files BASE.EXT in a fresh directory, $KEY holds the key.
+    """
+    from .main import read_samples
+
+    urls = collect_inputs(inputs)
+    check_stdout_not_tty(output)
+    samples = read_samples(urls)
+    if count is not None:
+        samples = itertools.islice(samples, count)
+    prog = click.get_current_context().command_path
+    failed = 0
+    with Progress(quiet, "tarproc") as bar, TarWriter(output, encoder=False) as sink:
+        for sample, outcome in _results(samples, command, parallel, not unordered, tmpdir,
+                                        verbose):
+            bar.update()
+            if isinstance(outcome, CommandFailed):
+                tail = outcome.stderr.decode("utf-8", "replace").strip()
+                if tail:
+                    print_err("\n".join(tail.splitlines()[-20:]))
+                if on_error == "abort":
+                    raise DataError(str(outcome))
+                failed += 1
+                print_err(f"{prog}: warning: skipped: {outcome}")
+                continue
+            if outcome:
+                sink.write_members(outcome)
+    if failed:
+        print_err(f"{prog}: {failed} sample(s) skipped because the command failed")
