@@ -47,10 +47,9 @@ def group_samples(members: Iterable[tuple[str, bytes, int]], url=None, *,
     """
     sample = None
     key = None
-    for name, data, offset in members:
+    for member, data, offset in members:
         # inlined split_name (hot path)
-        if name.startswith("./"):
-            name = name[2:]
+        name = member[2:] if member.startswith("./") else member
         slash = name.rfind("/") + 1
         if name.startswith("__", slash):
             continue
@@ -68,10 +67,11 @@ def group_samples(members: Iterable[tuple[str, bytes, int]], url=None, *,
             sample = {"__key__": k, "__url__": url, ext: data}
         else:
             if ext in sample:
-                first = f"{k}.{ext}"
+                # the first member's name is rebuilt (same ./ prefix as the second one)
+                first = f"{member[:len(member) - len(name)]}{k}.{ext}"
                 raise DuplicateFieldError(
-                    f"repeated extension {ext!r} in sample {k!r}: members {first!r} and {name!r}",
-                    url=url, member=name, offset=offset)
+                    f"repeated extension {ext!r} in sample {k!r}: members {first!r} and "
+                    f"{member!r}", url=url, member=member, offset=offset)
             sample[ext] = data
     if sample is not None:
         yield sample

@@ -1,0 +1,129 @@
+"""The WebDataset naming rules: keys, extensions, skipped members, grouping into samples."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tarshards.errors import DuplicateFieldError, ShardFormatError
+from tarshards.format import group_samples, is_meta_key, split_name
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("a.jpg", ("a", "jpg")),
+    ("a.JPG", ("a", "jpg")),
+    ("a.Seg.PNG", ("a", "seg.png")),
+    ("dir/n03788365_17158.seg.png", ("dir/n03788365_17158", "seg.png")),
+    ("a/b/c.jpg", ("a/b/c", "jpg")),
+    ("a.b/c.d.e", ("a.b/c", "d.e")),  # dots in directories do not count
+    ("./x/y.txt", ("x/y", "txt")),
+    ("./y.txt", ("y", "txt")),
+    ("k.tar.gz", ("k", "tar.gz")),
+    ("noext", None),
+    ("dir/noext", None),
+    ("dir.with.dots/noext", None),
+    ("__index__", None),
+    ("__meta__.json", None),
+    ("d/__meta__.json", None),
+    (".hidden", None),
+    ("d/.hidden.txt", None),
+    ("trailing.", None),
+    ("_single.txt", ("_single", "txt")),
+])
+def test_split_name(name, expected):
+    assert split_name(name) == expected
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("a.b.c.jpg", ("a.b.c", "jpg")),
+    ("dir/img.0001.PNG", ("dir/img.0001", "png")),
+    ("x.y/z.txt", ("x.y/z", "txt")),
+    ("./k.v.json", ("k.v", "json")),
+    ("nodot", None),
+    ("d/__x.y.z", None),
+])
+def test_split_name_last_dot(name, expected):
+    assert split_name(name, last_dot=True) == expected
+
+
+def members(*names):
+    return [(n, n.encode(), i * 1024) for i, n in enumerate(names)]
+
+
+def test_group_consecutive_members():
+    got = list(group_samples(members("a.jpg", "a.cls", "b.jpg", "b.CLS", "a.txt"), "u.tar"))
+    assert got == [
+        {"__key__": "a", "__url__": "u.tar", "jpg": b"a.jpg", "cls": b"a.cls"},
+        {"__key__": "b", "__url__": "u.tar", "jpg": b"b.jpg", "cls": b"b.CLS"},
+        # non-consecutive members with the same key form a new sample
+        {"__key__": "a", "__url__": "u.tar", "txt": b"a.txt"},
+    ]
+
+
+def test_group_skips_and_prefixes():
+    got = list(group_samples(members(
+        "./d/a.jpg", "d/a.seg.png", "__index__", "d/__meta__.json", "noext", "d/a.cls",
+        "d/b/c.jpg"), None))
+    assert got == [
+        {"__key__": "d/a", "__url__": None, "jpg": b"./d/a.jpg", "seg.png": b"d/a.seg.png",
+         "cls": b"d/a.cls"},
+        {"__key__": "d/b/c", "__url__": None, "jpg": b"d/b/c.jpg"},
+    ]
+
+
+def test_group_last_dot():
+    got = list(group_samples(members("img.001.jpg", "img.001.json", "img.002.jpg"), "u",
+                             last_dot=True))
+    assert [(s["__key__"], sorted(k for k in s if not is_meta_key(k))) for s in got] == [
+        ("img.001", ["jpg", "json"]), ("img.002", ["jpg"])]
+    # the default splits at the first dot: all three share the key "img"
+    with pytest.raises(DuplicateFieldError):
+        list(group_samples(members("img.001.jpg", "img.002.jpg", "img.001.jpg"), "u"))
+
+
+def test_duplicate_extension_names_both_members():
+    with pytest.raises(DuplicateFieldError) as ei:
+        list(group_samples(members("k.jpg", "k.cls", "k.JPG"), "shard-3.tar"))
+    e = ei.value
+    assert isinstance(e, ShardFormatError) and isinstance(e, ValueError)
+    msg = str(e)
+    assert "'k.jpg'" in msg and "'k.JPG'" in msg  # both members, as named in the tar
+    assert "shard-3.tar" in msg and e.url == "shard-3.tar"
+    assert e.member == "k.JPG" and e.offset == 2048 and "offset 2048" in msg
+
+
+def test_duplicate_with_dot_slash_prefix_names_real_members():
+    with pytest.raises(DuplicateFieldError) as ei:
+        list(group_samples(members("./k.txt", "./k.cls", "./k.txt"), "s.tar"))
+    assert "members './k.txt' and './k.txt'" in str(ei.value)
+    assert ei.value.member == "./k.txt" and ei.value.offset == 2048
+
+
+def test_meta_keys():
+    assert is_meta_key("__key__") and is_meta_key("__url__") and not is_meta_key("jpg")
+
+
+_key = st.from_regex(r"[a-z0-9_][a-z0-9_\-]{0,8}(/[a-z0-9_][a-z0-9_\-]{0,8}){0,2}",
+                     fullmatch=True).filter(lambda k: not k.rpartition("/")[2].startswith("__"))
+_ext = st.from_regex(r"[a-z0-9]{1,5}(\.[a-z0-9]{1,4})?", fullmatch=True)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(_key, st.lists(_ext, min_size=1, max_size=4, unique=True)),
+                max_size=10))
+def test_grouping_property(samples):
+    """Consecutive members of distinct keys always regroup into the samples they came from."""
+    # adjacent samples must have distinct keys to stay apart
+    dedup = []
+    for key, exts in samples:
+        if dedup and dedup[-1][0] == key:
+            continue
+        dedup.append((key, exts))
+    mem = [(f"{k}.{e}", f"{k}|{e}".encode(), 0) for k, exts in dedup for e in exts]
+    got = list(group_samples(mem, "u"))
+    assert [(s["__key__"], {k: v for k, v in s.items() if not is_meta_key(k)}) for s in got] == [
+        (k, {e: f"{k}|{e}".encode() for e in exts}) for k, exts in dedup]
+    for name, _, _ in mem:
+        key, ext = split_name(name)
+        assert f"{key}.{ext}" == name
