@@ -90,8 +90,9 @@ def test_every_doc_has_runnable_blocks():
     assert skipped <= max(3, total // 5), f"{skipped} of {total} blocks are skipped"
 
 
-def _run_python(code: str, where: str, module: types.ModuleType) -> None:
-    exec(compile(code, where, "exec"), module.__dict__)
+def _run_python(code: str, path: Path, line: int, module: types.ModuleType) -> None:
+    # pad so that tracebacks point at the right line of the markdown file
+    exec(compile("\n" * (line - 1) + code, str(path), "exec"), module.__dict__)
 
 
 def _run_shell(code: str, where: str, cwd: Path) -> None:
@@ -120,6 +121,6 @@ def test_doc_blocks_run(path: Path, tmp_path, monkeypatch):
             continue
         where = f"{path.relative_to(ROOT)}:{block['line']}"
         if block["lang"] in RUN_PY:
-            _run_python(block["code"], where, module)
+            _run_python(block["code"], path, block["line"], module)
         else:
             _run_shell(block["code"], where, tmp_path)
