@@ -282,13 +282,13 @@ def _image_array(data: bytes, ext: str, pil_mode: str, size) -> np.ndarray:
                 if size is not None and (arr.shape[1], arr.shape[0]) != tuple(size):
                     from PIL import Image
 
-                    arr = np.asarray(Image.fromarray(arr).resize(tuple(size),
+                    arr = np.array(Image.fromarray(arr).resize(tuple(size),
                                                                  Image.Resampling.BILINEAR))
                 return arr
             except (ValueError, RuntimeError):
                 pass  # unusual JPEGs (CMYK, broken markers): let Pillow have a go
     img = _pil_open(data, ext, pil_mode, size)
-    return np.asarray(img)
+    return np.array(img)  # writable (asarray over PIL bytes is read-only)
 
 
 def _pil_open(data: bytes, ext: str, pil_mode: str | None, size):
@@ -366,6 +366,8 @@ def encode_value(value, ext: str) -> bytes:
     if isinstance(value, bytes):
         return value
     if isinstance(value, str):
+        if ext[-3:].lower() == ".gz" or ext.lower() == "gz":  # text can never be gzip data
+            return gzip.compress(value.encode("utf-8"), mtime=0)
         return value.encode("utf-8")
     if isinstance(value, (bytearray, memoryview)):
         return bytes(value)
