@@ -37,7 +37,6 @@ from typing import Any, Callable, Iterable, Iterator
 
 from . import stages as _stages
 from .errors import DuplicateFieldError, MissingDependencyError, TarshardsError, TarshardsWarning
-from .format import split_name
 from .pipeline import shard_samples
 from .stages import reraise_exception
 from .urls import _fsspec_resolve, expand_urls, is_local, local_path
@@ -847,37 +846,39 @@ def format_summary(reports: list[ShardReport], wall_seconds: float | None = None
 
 
 class ShellSampleFn:
-    """Run a shell command on one sample, as ``tarproc -c`` does.
+    """Run a shell command on one sample, with the semantics of ``tarproc -c``.
 
-    The sample's fields are written to a fresh temporary directory as ``KEY.EXT`` (``KEY`` is the
-    last path component of ``__key__``); the command runs there with ``$KEY`` (the full key) and
-    ``$EXT`` (the sample's extensions, space separated) set. Afterwards every ``NAME.EXT`` file in
-    the directory is a field ``EXT`` of the output sample, which keeps the input's ``__key__``. A
-    non-zero exit status is an error naming the key; the command's output goes to stderr.
+    The sample's fields are written to a fresh temporary directory as ``BASE.EXT`` files (``BASE``
+    is the last path component of ``__key__``); the command runs there with ``$KEY`` set to the
+    full key. The files present afterwards form the output sample under the same key: ``BASE.EXT``
+    becomes field ``EXT``, any other file ``NAME`` becomes field ``NAME``; hidden files, ``__*``
+    files and subdirectories are not collected. No file left: ``None`` (the sample is dropped).
+    A non-zero exit status raises ``RuntimeError`` naming the key and the command's stderr.
     Instances pickle, so they run in worker processes and on Dask workers.
     """
 
-    def __init__(self, cmd: str, *, shell: str | None = None, timeout: float | None = None,
-                 env: dict | None = None):
+    def __init__(self, cmd: str, *, timeout: float | None = None, env: dict | None = None,
+                 verbose: bool = False, tmpdir: str | None = None):
         if not isinstance(cmd, str) or not cmd.strip():
             raise ValueError("the shell command is an empty string")
         self.cmd = cmd
-        self.shell = shell
         self.timeout = timeout
         self.env = dict(env) if env else None
+        self.verbose = verbose
+        self.tmpdir = tmpdir
 
     def __repr__(self):
         return f"ShellSampleFn({self.cmd!r})"
 
-    def __call__(self, sample: dict) -> dict:
+    def __call__(self, sample: dict) -> dict | None:
         key = sample.get("__key__")
         if not isinstance(key, str) or not key:
             raise ValueError(f"a sample needs a string '__key__', got {key!r}")
         base = key.rpartition("/")[2]
-        fields = [k for k in sample if not k.startswith("__")]
-        with tempfile.TemporaryDirectory(prefix="tarshards-sample-") as tmp:
-            for ext in fields:
-                value = sample[ext]
+        with tempfile.TemporaryDirectory(prefix="tarshards-sample-", dir=self.tmpdir) as tmp:
+            for ext, value in sample.items():
+                if ext.startswith("__"):
+                    continue
                 if isinstance(value, str):
                     value = value.encode("utf-8")
                 if not isinstance(value, (bytes, bytearray, memoryview)):
@@ -889,34 +890,35 @@ class ShellSampleFn:
             if self.env:
                 env.update(self.env)
             env["KEY"] = key
-            env["EXT"] = " ".join(fields)
-            proc = subprocess.run(self.cmd, shell=True, cwd=tmp, env=env, executable=self.shell,
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, timeout=self.timeout)
-            if proc.stdout:
-                with contextlib.suppress(Exception):
-                    sys.stderr.write(proc.stdout.decode("utf-8", "replace"))
+            proc = subprocess.run(self.cmd, shell=True, cwd=tmp, env=env,
+                                  stdin=subprocess.DEVNULL, capture_output=True,
+                                  timeout=self.timeout)
             if proc.returncode != 0:
-                tail = proc.stdout.decode("utf-8", "replace").strip()[-500:]
-                raise RuntimeError(f"command exited with status {proc.returncode}: {self.cmd}"
-                                   + (f"\n{tail}" if tail else ""))
+                tail = proc.stderr.decode("utf-8", "replace").strip()[-500:]
+                raise RuntimeError(f"command exited with status {proc.returncode} on sample "
+                                   f"{key!r}: {self.cmd}" + (f": {tail}" if tail else ""))
+            if self.verbose and (proc.stdout or proc.stderr):
+                with contextlib.suppress(Exception):
+                    sys.stderr.write((proc.stdout + proc.stderr).decode("utf-8", "replace"))
             out = {"__key__": key}
             if "__url__" in sample:
                 out["__url__"] = sample["__url__"]
+            prefix = base + "."
             for name in sorted(os.listdir(tmp)):
                 path = os.path.join(tmp, name)
-                if not os.path.isfile(path):
+                if name.startswith((".", "__")) or not os.path.isfile(path):
                     continue
-                parts = split_name(name)
-                if parts is None:
+                ext = name[len(prefix):] if name.startswith(prefix) else name
+                if not ext:
                     continue
-                ext = parts[1]
                 if ext in out:
                     raise DuplicateFieldError(
                         f"the command left two files for field {ext!r} in sample {key!r}",
-                        member=name)
+                        url=sample.get("__url__"), member=name)
                 with open(path, "rb") as f:
                     out[ext] = f.read()
+        if len(out) == (2 if "__url__" in out else 1):
+            return None
         return out
 
 
