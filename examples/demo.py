@@ -18,7 +18,6 @@ Runs in well under 3 minutes on 2 CPU cores.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import shutil
@@ -111,7 +110,7 @@ def run_tool(args: list[str], *, show: int = 40) -> subprocess.CompletedProcess 
     lines = (proc.stdout + proc.stderr).rstrip("\n").splitlines()
     for line in lines[:show]:
         print(f"  {line}")
-    if len(lines) > show:
+    if show and len(lines) > show:
         print(f"  ... ({len(lines) - show} more lines)")
     if proc.returncode != 0:
         print(f"  !! {args[0]} exited with status {proc.returncode}")
@@ -128,7 +127,7 @@ def inspect_shards(out: Path, written: dict) -> dict:
     sheet = out / "contact_sheet.png"
     if sheet.exists():
         sheet.unlink()
-    proc = run_tool(["tarshow", "-c", "64", "--images", str(sheet), first], show=3)
+    proc = run_tool(["tarshow", "-c", "48", "--images", str(sheet), first], show=0)
     if proc is not None and proc.returncode == 0 and sheet.exists():
         with Image.open(sheet) as img:
             print(f"contact sheet: {sheet} ({img.size[0]}x{img.size[1]})")
@@ -256,35 +255,19 @@ def train(written: dict, *, epochs: int, workers: int, seed: int, batch_size: in
 
 
 def upscale_sample(sample: dict) -> dict:
-    """Resize a sample's PNG to 64x64 (runs in worker processes, local or on a Dask cluster)."""
-    img = sample["png"]
-    if isinstance(img, (bytes, bytearray, memoryview)):
-        img = Image.open(io.BytesIO(bytes(img)))
-        img.load()
+    """Resize a sample's image to 64x64 (runs in worker processes, local or on a Dask cluster).
+
+    ``map_shards(..., decode="pil")`` hands it decoded samples (PIL image, int, dict); the result
+    is encoded again by extension when it is written.
+    """
     out = dict(sample)
-    buf = io.BytesIO()
-    img.resize((PROCESSED_SIZE, PROCESSED_SIZE), Image.Resampling.BICUBIC).save(buf, format="PNG")
-    out["png"] = buf.getvalue()
+    out["png"] = sample["png"].resize((PROCESSED_SIZE, PROCESSED_SIZE), Image.Resampling.BICUBIC)
     return out
-
-
-def _report_rows(reports) -> list[dict]:
-    rows = []
-    for r in reports or []:
-        if isinstance(r, dict):
-            rows.append(r)
-        elif hasattr(r, "__dataclass_fields__"):
-            rows.append({k: getattr(r, k) for k in r.__dataclass_fields__})
-        elif hasattr(r, "_asdict"):
-            rows.append(r._asdict())
-        else:
-            rows.append({"report": repr(r)})
-    return rows
 
 
 def process(written: dict, out: Path, engine: str, workers: int) -> dict:
     try:
-        from tarshards.parallel import map_shards
+        from tarshards.parallel import format_summary, map_shards
     except ImportError as exn:
         print(f"!! tarshards.parallel.map_shards is not available ({exn}): SKIPPED")
         return {"ok": False, "dir": None}
@@ -297,20 +280,19 @@ def process(written: dict, out: Path, engine: str, workers: int) -> dict:
     t0 = time.perf_counter()
     try:
         reports = map_shards(upscale_sample, inputs, outputs, engine=engine, workers=workers,
-                             overwrite=True)
+                             decode="pil", progress=False)
     except Exception as exn:  # show the failure, go on with the rest of the demo
         print(f"!! map_shards(engine={engine!r}) failed: {type(exn).__name__}: {exn}")
         return {"ok": False, "dir": dest}
     elapsed = time.perf_counter() - t0
-    rows = _report_rows(reports)
-    errors = [r for r in rows if r.get("error")]
-    nout = sum(int(r.get("samples_out", 0) or 0) for r in rows)
-    print(f"map_shards(engine={engine!r}, workers={workers}): {len(rows)} shards, "
-          f"{nout} samples out, {len(errors)} errors, {elapsed:.1f}s")
-    for r in errors:
-        print(f"  !! {r.get('input')}: {r.get('error')}")
-    ok = verify_processed(outputs) and not errors
-    return {"ok": ok, "dir": dest, "seconds": elapsed, "outputs": outputs}
+    print(f"map_shards(upscale_sample, {len(inputs)} shards, engine={engine!r}, "
+          f"workers={workers}): {elapsed:.1f}s")
+    print(format_summary(reports, elapsed))
+    failed = [r for r in reports if r.status == "failed"]
+    for r in failed:
+        print(f"  !! {r.input}: {r.error}")
+    ok = not failed and verify_processed(outputs)
+    return {"ok": ok, "dir": dest, "seconds": elapsed}
 
 
 def verify_processed(outputs: list[str]) -> bool:
