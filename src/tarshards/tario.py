@@ -559,7 +559,8 @@ def open_compressed_writer(raw: BinaryIO, name: str, level: int | None = None):
     if lower.endswith((".tgz", ".tar.gz", ".gz")):
         import gzip
 
-        gz = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0,
+        # filename="": no file name in the gzip header (it would be the random temporary name)
+        gz = gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0,
                            compresslevel=6 if level is None else level)
         return gz, gz.close
     if lower.endswith((".tar.zst", ".tzst", ".zst")):

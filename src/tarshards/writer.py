@@ -28,6 +28,9 @@ def sample_members(sample: dict, encoder: bool = True) -> list[tuple[str, bytes]
     if "." in base:
         raise ValueError(f"sample key {key!r} contains a dot in its base name; readers would "
                          "split the key there. Use another separator")
+    if not base or base.startswith("__"):
+        raise ValueError(f"sample key {key!r} has an empty base name or one starting with "
+                         "'__'; readers skip such members")
     members = []
     for ext in sorted(sample):
         if ext.startswith("__"):
@@ -35,6 +38,9 @@ def sample_members(sample: dict, encoder: bool = True) -> list[tuple[str, bytes]
         value = sample[ext]
         if value is None:
             continue
+        if not ext or "/" in ext:
+            raise ValueError(f"field {ext!r} of sample {key!r} is not a valid extension "
+                             "(empty, or contains '/'); readers would not find it")
         if encoder:
             data = encode_value(value, ext)
         elif isinstance(value, (bytes, bytearray, memoryview)):
@@ -70,19 +76,25 @@ class TarWriter:
                  mtime: int = 0, storage_options: dict | None = None, level: int | None = None):
         self.dest = dest
         self.encoder = encoder
-        self._out = AtomicOutput(dest, storage_options=storage_options)
-        self.name = self._out.name
         if compress in (None, False):
-            suffix = self.name if isinstance(self.name, str) and compress is None else ""
+            suffix = None
         elif compress is True or compress in ("gz", "gzip"):
             suffix = ".tgz"
         elif compress in ("zst", "zstd"):
             suffix = ".tar.zst"
         else:
             raise ValueError(f"compress must be None, 'gz' or 'zst', not {compress!r}")
+        self._out = AtomicOutput(dest, storage_options=storage_options)
+        self.name = self._out.name
+        if suffix is None:
+            suffix = self.name if isinstance(self.name, str) and compress is None else ""
         self.compressed = is_compressed_name(suffix)
-        self._stream, self._close_compressor = open_compressed_writer(
-            self._out.stream, suffix, level)
+        try:
+            self._stream, self._close_compressor = open_compressed_writer(
+                self._out.stream, suffix, level)
+        except BaseException:
+            self._out.abort()
+            raise
         self._tar = TarMemberWriter(self._stream, mtime=mtime)
         self.count = 0
         self.closed = False

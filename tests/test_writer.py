@@ -1,0 +1,355 @@
+"""TarWriter and ShardWriter: write-then-read, determinism, compatibility, rotation, atomicity."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import tarfile
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from tarshards.pipeline import shard_samples
+from tarshards.tario import iter_tar, read_chunks
+from tarshards.writer import ShardWriter, TarWriter, shard_name
+
+HAVE_TAR = shutil.which("tar") is not None
+
+
+def fields(sample):
+    return {k: v for k, v in sample.items() if not k.startswith("__")}
+
+
+def write(path, samples, **kw):
+    with TarWriter(str(path), **kw) as w:
+        for s in samples:
+            w.write(s)
+    return path
+
+
+_key_part = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_-é中", min_size=1, max_size=30)
+_key = st.lists(_key_part, min_size=1, max_size=3).map("/".join).filter(
+    lambda k: not k.rpartition("/")[2].startswith("__"))
+_ext = st.from_regex(r"[a-z][a-z0-9]{0,5}(\.[a-z0-9]{1,4})?", fullmatch=True)
+_sample = st.builds(
+    lambda key, flds: {"__key__": key, **flds},
+    _key,
+    st.dictionaries(_ext, st.binary(max_size=1500), min_size=1, max_size=4),
+)
+
+
+def distinct_adjacent(samples):
+    out = []
+    for s in samples:
+        if not out or out[-1]["__key__"] != s["__key__"]:
+            out.append(s)
+    return out
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                HealthCheck.function_scoped_fixture])
+@given(samples=st.lists(_sample, max_size=8).map(distinct_adjacent),
+       suffix=st.sampled_from([".tar", ".tgz", ".tar.gz", ".tar.zst"]))
+def test_write_then_read(tmp_path_factory, samples, suffix):
+    path = tmp_path_factory.mktemp("w") / f"out{suffix}"
+    write(path, samples)
+    got = list(shard_samples(str(path), chunk_size=777))
+    assert [(s["__key__"], fields(s)) for s in got] == [
+        (s["__key__"], fields(s)) for s in samples]
+    assert all(s["__url__"] == str(path) for s in got)
+    if suffix == ".tar":  # the standard library reads it too, and members are sorted
+        with tarfile.open(path) as tf:
+            names = tf.getnames()
+            assert [(m.name, tf.extractfile(m).read()) for m in tf.getmembers()] == [
+                (f"{s['__key__']}.{e}", s[e]) for s in samples for e in sorted(fields(s))]
+        assert len(names) == sum(len(fields(s)) for s in samples)
+
+
+@pytest.mark.parametrize("suffix", [".tar", ".tgz", ".tar.gz", ".tar.zst"])
+def test_byte_identical_for_equal_samples(tmp_path, suffix):
+    samples = [{"__key__": f"k{i}", "txt": f"t{i}", "cls": i, "json": {"i": i},
+                "npy": np.arange(i + 1)} for i in range(10)]
+    a = write(tmp_path / f"a{suffix}", samples).read_bytes()
+    b = write(tmp_path / f"b{suffix}", samples).read_bytes()
+    assert a == b
+    # field order in the dict does not matter either
+    reordered = [dict(reversed(list(s.items()))) for s in samples]
+    assert write(tmp_path / f"c{suffix}", reordered).read_bytes() == a
+
+
+def test_headers_are_deterministic_ustar(tmp_path):
+    path = write(tmp_path / "a.tar", [{"__key__": "k", "txt": b"x"}])
+    with tarfile.open(path) as tf:
+        (m,) = tf.getmembers()
+    assert (m.mtime, m.uid, m.gid, m.mode, m.uname, m.gname) == (0, 0, 0, 0o444, "", "")
+    raw = path.read_bytes()
+    assert raw[257:263] == b"ustar\0"
+    assert len(raw) == 512 + 512 + 1024  # header, data block, end marker: no pax header
+
+
+def test_long_and_unicode_names(tmp_path):
+    samples = [
+        {"__key__": "d" * 60 + "/" + "e" * 80, "txt": b"prefix split"},
+        {"__key__": "f" * 200, "txt": b"pax path"},
+        {"__key__": "x/" * 100 + "y", "seg.png": b"very long"},
+        {"__key__": "ünïcödé/中文", "txt": b"unicode"},
+    ]
+    path = write(tmp_path / "long.tar", samples)
+    got = list(shard_samples(str(path)))
+    assert [(s["__key__"], fields(s)) for s in got] == [(s["__key__"], fields(s)) for s in samples]
+    with tarfile.open(path) as tf:
+        assert tf.getnames() == [f"{s['__key__']}.{e}" for s in samples for e in fields(s)]
+
+
+@pytest.mark.skipif(not HAVE_TAR, reason="GNU tar is not installed")
+def test_gnu_tar_lists_our_shards(tmp_path):
+    samples = [{"__key__": "a/b" * 50, "txt": b"x" * 1000}, {"__key__": "k2", "cls": b"1"},
+               {"__key__": "ünï", "json": b"{}"}]
+    for suffix, flag in ((".tar", "-tvf"), (".tgz", "-tzvf"), (".tar.zst", None)):
+        path = write(tmp_path / f"s{suffix}", samples)
+        cmd = ["tar", flag, str(path)] if flag else ["tar", "--zstd", "-tvf", str(path)]
+        if flag is None and not shutil.which("zstd"):
+            continue
+        res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=True,
+                             env={**os.environ, "LC_ALL": "C.UTF-8"})
+        assert res.stderr == b""
+        lines = res.stdout.decode().splitlines()
+        assert len(lines) == 3
+        assert all(line.startswith("-r--r--r-- 0/0") for line in lines)
+        assert lines[0].endswith("a/b" * 50 + ".txt")
+        assert " 1000 1970-01-01 00:00 " in lines[0]
+        assert lines[2].endswith("ünï.json")
+
+
+def test_encodes_values_by_extension(tmp_path):
+    img = Image.fromarray(np.full((8, 9, 3), 200, np.uint8))
+    sample = {"__key__": "s", "png": img, "jpg": img, "cls": 3, "json": {"a": 1},
+              "npy": np.eye(2), "txt": "str", "bin": b"bytes", "__extra__": "not written",
+              "none": None}
+    path = write(tmp_path / "e.tar", [sample])
+    (got,) = shard_samples(str(path))
+    assert sorted(fields(got)) == ["bin", "cls", "jpg", "json", "npy", "png", "txt"]
+    assert got["cls"] == b"3" and got["json"] == b'{"a":1}' and got["txt"] == b"str"
+    assert got["png"].startswith(b"\x89PNG") and got["jpg"].startswith(b"\xff\xd8")
+    np.testing.assert_array_equal(np.load(io.BytesIO(got["npy"])), np.eye(2))
+
+
+def test_encoder_false_requires_bytes(tmp_path):
+    with pytest.raises(TypeError), TarWriter(str(tmp_path / "x.tar"), encoder=False) as w:
+        w.write({"__key__": "k", "cls": 3})
+    assert not (tmp_path / "x.tar").exists()
+
+
+@pytest.mark.parametrize("sample, match", [
+    ({"txt": b"x"}, "__key__"),
+    ({"__key__": "", "txt": b"x"}, "__key__"),
+    ({"__key__": "a.b", "txt": b"x"}, "dot"),
+    ({"__key__": "k"}, "no fields"),
+    ({"__key__": "__k", "txt": b"x"}, "__"),
+    ({"__key__": "dir/", "txt": b"x"}, "base name"),
+    ({"__key__": "k", "a/b": b"x"}, "extension"),
+    ({"__key__": "k", "": b"x"}, "extension"),
+])
+def test_rejects_samples_readers_would_lose(tmp_path, sample, match):
+    with pytest.raises(ValueError, match=match), TarWriter(str(tmp_path / "x.tar")) as w:
+        w.write(sample)
+    assert not (tmp_path / "x.tar").exists()
+    assert os.listdir(tmp_path) == []
+
+
+def test_file_objects_and_stdout(tmp_path):
+    samples = [{"__key__": f"k{i}", "txt": f"{i}"} for i in range(3)]
+    buf = io.BytesIO()
+    with TarWriter(buf) as w:
+        for s in samples:
+            w.write(s)
+    assert not buf.closed
+    path = write(tmp_path / "p.tar", samples)
+    assert buf.getvalue() == path.read_bytes()
+    # to stdout, through a subprocess
+    code = ("from tarshards import TarWriter\n"
+            "with TarWriter('-') as w:\n"
+            "    [w.write({'__key__': f'k{i}', 'txt': f'{i}'}) for i in range(3)]\n")
+    out = subprocess.run([os.sys.executable, "-c", code], stdout=subprocess.PIPE,
+                         check=True).stdout
+    assert out == path.read_bytes()
+    # a compressed file object
+    buf = io.BytesIO()
+    with TarWriter(buf, compress="gz") as w:
+        w.write(samples[0])
+    assert buf.getvalue()[:2] == b"\x1f\x8b"
+    assert [n for n, _, _ in iter_tar([__import__("gzip").decompress(buf.getvalue())])] == [
+        "k0.txt"]
+
+
+def test_write_after_close_fails(tmp_path):
+    w = TarWriter(str(tmp_path / "c.tar"))
+    w.write({"__key__": "a", "txt": "x"})
+    w.close()
+    with pytest.raises(ValueError):
+        w.write({"__key__": "b", "txt": "y"})
+    with pytest.raises(ValueError):
+        TarWriter(str(tmp_path / "d.tar"), compress="lz4")
+    assert sorted(os.listdir(tmp_path)) == ["c.tar"]  # no temporary file left behind
+
+
+def test_exception_leaves_nothing(tmp_path):
+    with pytest.raises(RuntimeError), TarWriter(str(tmp_path / "x.tgz")) as w:
+        w.write({"__key__": "a", "txt": "x"})
+        raise RuntimeError("boom")
+    assert os.listdir(tmp_path) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# ShardWriter
+# ---------------------------------------------------------------------------------------------
+
+
+def sized_samples(n, sizes):
+    return [{"__key__": f"s{i:04d}", "bin": bytes([i % 256]) * sizes[i % len(sizes)]}
+            for i in range(n)]
+
+
+def read_dir(tmp_path, glob="*.tar"):
+    out = []
+    for p in sorted(tmp_path.glob(glob)):
+        out.extend(shard_samples(str(p)))
+    return out
+
+
+def test_shardwriter_maxcount(tmp_path):
+    samples = sized_samples(25, [10])
+    with ShardWriter(str(tmp_path / "out-%06d.tar"), maxcount=10) as sw:
+        for s in samples:
+            sw.write(s)
+    names = sorted(os.listdir(tmp_path))
+    assert names == ["out-000000.tar", "out-000001.tar", "out-000002.tar"]
+    assert [i.count for i in sw.shards] == [10, 10, 5]
+    assert [os.path.basename(i.url) for i in sw.shards] == names
+    assert [i.size for i in sw.shards] == [os.path.getsize(tmp_path / n) for n in names]
+    assert sw.total == 25
+    assert [(s["__key__"], s["bin"]) for s in read_dir(tmp_path)] == [
+        (s["__key__"], s["bin"]) for s in samples]
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sizes=st.lists(st.integers(0, 9000), min_size=1, max_size=30),
+       maxsize=st.integers(3000, 20000), maxcount=st.integers(1, 12))
+def test_shardwriter_limits(tmp_path_factory, sizes, maxsize, maxcount):
+    d = tmp_path_factory.mktemp("sw")
+    samples = sized_samples(len(sizes), sizes)
+    with ShardWriter(str(d / "o-{shard:04d}.tar"), maxcount=maxcount, maxsize=maxsize) as sw:
+        for s in samples:
+            sw.write(s)
+    files = sorted(d.glob("*.tar"))
+    assert [f.name for f in files] == [f"o-{i:04d}.tar" for i in range(len(files))]
+    assert len(files) == len(sw.shards)
+    for f, info in zip(files, sw.shards):
+        assert info.count <= maxcount
+        assert f.stat().st_size == info.size
+        if info.size > maxsize:
+            assert info.count == 1  # only a single oversized sample may pass the limit
+    # shards are filled greedily: the next sample would not have fitted
+    for a, b in zip(sw.shards, sw.shards[1:]):
+        first_of_next = 512 + 512 * -(-len(samples[sum(i.count for i in sw.shards[
+            :sw.shards.index(b)])]["bin"]) // 512)
+        assert a.count == maxcount or a.size + first_of_next > maxsize
+    assert [(s["__key__"], s["bin"]) for s in read_dir(d)] == [
+        (s["__key__"], s["bin"]) for s in samples]
+
+
+def test_shardwriter_patterns():
+    assert shard_name("out-%06d.tar", 7) == "out-000007.tar"
+    assert shard_name("out-{shard:06d}.tgz", 7) == "out-000007.tgz"
+    assert shard_name("out-{}.tar", 3) == "out-3.tar"
+    with pytest.raises(ValueError, match="shard number"):
+        shard_name("out.tar", 1)
+    with pytest.raises(ValueError):
+        ShardWriter("out.tar")
+    with pytest.raises(ValueError):
+        ShardWriter("o-%d.tar", maxcount=0)
+    with pytest.raises(ValueError):
+        ShardWriter("o-%d.tar", maxsize=0)
+
+
+def test_shardwriter_compressed_and_post(tmp_path):
+    posted = []
+    samples = sized_samples(7, [100, 5000])
+    with ShardWriter(str(tmp_path / "z-{shard:03d}.tar.zst"), maxcount=3,
+                     post=posted.append, start_shard=5) as sw:
+        for s in samples:
+            sw.write(s)
+    assert [os.path.basename(p) for p in posted] == ["z-005.tar.zst", "z-006.tar.zst",
+                                                     "z-007.tar.zst"]
+    got = read_dir(tmp_path, "*.tar.zst")
+    assert [s["bin"] for s in got] == [s["bin"] for s in samples]
+
+
+def test_shardwriter_exception_leaves_no_partial_shard(tmp_path):
+    samples = sized_samples(5, [10])
+    with pytest.raises(RuntimeError), ShardWriter(str(tmp_path / "x-%03d.tar"),
+                                                  maxcount=2) as sw:
+        for s in samples:
+            sw.write(s)
+        raise RuntimeError("boom")
+    # the two complete shards are committed; the open one vanished with its temp file
+    assert sorted(os.listdir(tmp_path)) == ["x-000.tar", "x-001.tar"]
+    assert [i.count for i in sw.shards] == [2, 2]
+
+
+def test_shardwriter_bad_sample_leaves_no_partial_shard(tmp_path):
+    with pytest.raises(ValueError), ShardWriter(str(tmp_path / "x-%03d.tar")) as sw:
+        sw.write({"__key__": "ok", "txt": "x"})
+        sw.write({"__key__": "bad.key", "txt": "x"})
+    assert os.listdir(tmp_path) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# upstream webdataset
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")  # upstream leaves its file open
+@pytest.mark.parametrize("suffix", [".tar", ".tgz"])
+def test_reads_upstream_webdataset_shards(tmp_path, suffix):
+    wds = pytest.importorskip("webdataset")
+    samples = [{"__key__": f"dir/sample{i:05d}", "jpg": os.urandom(100 + i * 50),
+                "cls": str(i).encode(), "json": b'{"i": %d}' % i, "seg.png": b"png" * i}
+               for i in range(30)]
+    samples.append({"__key__": "x" * 150, "txt": b"long key"})
+    path = tmp_path / f"up{suffix}"
+    with wds.TarWriter(str(path)) as w:
+        for s in samples:
+            w.write(s)
+    got = list(shard_samples(str(path)))
+    assert [(s["__key__"], fields(s)) for s in got] == [(s["__key__"], fields(s)) for s in samples]
+    # and upstream reads ours
+    ours = write(tmp_path / f"ours{suffix}", samples)
+    theirs = list(wds.WebDataset(str(ours), shardshuffle=False))
+    assert [(s["__key__"], {k: v for k, v in s.items() if not k.startswith("__")})
+            for s in theirs] == [(s["__key__"], fields(s)) for s in samples]
+
+
+def test_upstream_shardwriter_shards(tmp_path):
+    wds = pytest.importorskip("webdataset")
+    samples = sized_samples(12, [100, 2000])
+    with wds.ShardWriter(str(tmp_path / "u-%03d.tar"), maxcount=5, verbose=0) as sw:
+        for s in samples:
+            sw.write(s)
+    assert [(s["__key__"], s["bin"]) for s in read_dir(tmp_path)] == [
+        (s["__key__"], s["bin"]) for s in samples]
+
+
+def test_reader_chunk_size_edges(tmp_path):
+    samples = sized_samples(6, [0, 1, 511, 512, 513, 5000])
+    path = write(tmp_path / "e.tar", samples)
+    for cs in (1, 511, 512, 513, 1 << 20):
+        with open(path, "rb") as f:
+            got = [(n, d) for n, d, _ in iter_tar(read_chunks(f, cs))]
+        assert got == [(f"{s['__key__']}.bin", s["bin"]) for s in samples]
