@@ -39,10 +39,13 @@ class DataError(click.ClickException):
 
     exit_code = 1
 
-    def show(self, file=None) -> None:
+    def __init__(self, message: str):
+        super().__init__(message)
         ctx = click.get_current_context(silent=True)
-        prog = ctx.command_path if ctx is not None else "tarshards"
-        click.echo(f"{prog}: error: {self.format_message()}", file=file or sys.stderr)
+        self.prog = ctx.command_path if ctx is not None else "tarshards"
+
+    def show(self, file=None) -> None:
+        click.echo(f"{self.prog}: error: {self.format_message()}", file=file or sys.stderr)
 
 
 def print_err(message: str) -> None:
@@ -156,6 +159,18 @@ def members_of(sample: dict) -> list[tuple[str, bytes]]:
     key = sample["__key__"]
     return [(f"{key}.{ext}", data) for ext, data in sample.items()
             if not ext.startswith("__")]
+
+
+def output_dest(output: str):
+    """What to give :class:`~tarshards.writer.TarWriter` for ``-o OUTPUT``.
+
+    For stdout, a writer over file descriptor 1 with a 1 MiB buffer (Python's default 8 KiB
+    means one pipe write per 8 KiB); anything else is passed on as it is.
+    """
+    if output != "-":
+        return output
+    sys.stdout.flush()
+    return open(sys.stdout.fileno(), "wb", buffering=1 << 20, closefd=False)
 
 
 def check_stdout_not_tty(output: str) -> None:

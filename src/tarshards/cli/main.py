@@ -23,6 +23,7 @@ from ._common import (
     SIZE,
     Progress,
     check_stdout_not_tty,
+    output_dest,
     collect_inputs,
     handle_errors,
     members_of,
@@ -92,7 +93,7 @@ def cat_cmd(inputs, output, count, skip, shuffle, seed, listfile, on_error, quie
         samples = shuffle_stage(samples, shuffle, seed=seed)
     if skip or count is not None:
         samples = itertools.islice(samples, skip, None if count is None else skip + count)
-    with Progress(quiet, "tarscat") as bar, TarWriter(output, encoder=False) as sink:
+    with Progress(quiet, "tarscat") as bar, TarWriter(output_dest(output), encoder=False) as sink:
         write = sink.write_members
         for sample in bar.wrap(samples):
             write(members_of(sample))
@@ -289,7 +290,8 @@ def contact_sheet(samples: list[dict], path: str, thumb: int = 160) -> int:
                 print_err(f"tarshow: warning: cannot decode {sample['__key__']}.{ext}: {exn}")
                 continue
             img = img.convert("RGB")
-            img.thumbnail((thumb, thumb))
+            scale = min(thumb / img.width, thumb / img.height)
+            img = img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))))
             tiles.append((f"{sample['__key__']}.{ext}", img))
     if not tiles:
         return 0
@@ -371,7 +373,7 @@ def pcat_cmd(inputs, parallel, output, count, shuffle, seed, listfile, on_error,
     if count is not None:
         samples = itertools.islice(samples, count)
     try:
-        with Progress(quiet, "tarpcat") as bar, TarWriter(output, encoder=False) as sink:
+        with Progress(quiet, "tarpcat") as bar, TarWriter(output_dest(output), encoder=False) as sink:
             for sample in bar.wrap(samples):
                 sink.write_members(members_of(sample))
     finally:

@@ -29,6 +29,7 @@ from ._common import (
     DataError,
     Progress,
     check_stdout_not_tty,
+    output_dest,
     collect_inputs,
     handle_errors,
     print_err,
@@ -152,7 +153,7 @@ def proc_cmd(inputs, command, parallel, unordered, on_error, output, count, tmpd
         samples = itertools.islice(samples, count)
     prog = click.get_current_context().command_path
     failed = 0
-    with Progress(quiet, "tarproc") as bar, TarWriter(output, encoder=False) as sink:
+    with Progress(quiet, "tarproc") as bar, TarWriter(output_dest(output), encoder=False) as sink:
         for sample, outcome in _results(samples, command, parallel, not unordered, tmpdir,
                                         verbose):
             bar.update()

@@ -23,6 +23,7 @@ from ._common import (
     CONTEXT_SETTINGS,
     Progress,
     check_stdout_not_tty,
+    output_dest,
     collect_inputs,
     handle_errors,
     members_of,
@@ -148,6 +149,6 @@ def sort_cmd(inputs, field, numeric, reverse, shuffle, seed, output, tmpdir, cac
         ordered = sorted_samples(samples, field=field, numeric=numeric, shuffle=shuffle,
                                  seed=seed, reverse=reverse, tmpdir=tmpdir, cache_mb=cache_mb,
                                  progress=bar)
-        with TarWriter(output, encoder=False) as sink:
+        with TarWriter(output_dest(output), encoder=False) as sink:
             for members in ordered:
                 sink.write_members(members)
