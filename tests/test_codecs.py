@@ -195,6 +195,7 @@ def test_image_modes(mode, ext):
     if kind in ("uint8", "float"):
         assert isinstance(got, np.ndarray)
         assert got.shape == ((30, 40) if channels is None else (30, 40, channels))
+        assert got.flags.writeable  # callers may augment in place
         if kind == "uint8":
             assert got.dtype == np.uint8
         else:
