@@ -316,3 +316,14 @@ def test_inline_processes_zero_needs_no_pickling():
     local = []
     got = list(map_samples(lambda x: local.append(x) or x, range(3), processes=0))
     assert got == [0, 1, 2] and local == [0, 1, 2]
+
+
+def test_dask_engine_missing_gives_install_hint(tmp_path, monkeypatch):
+    import sys
+
+    from tarshards.errors import MissingDependencyError
+
+    paths, _ = write_shards(tmp_path, 1, 2)
+    monkeypatch.setitem(sys.modules, "distributed", None)  # import distributed -> ImportError
+    with pytest.raises(MissingDependencyError, match=r"pip install 'tarshards\[dask\]'"):
+        map_shards(label_plus, paths, [str(tmp_path / "o.tar")], engine="dask")
