@@ -13,19 +13,22 @@ from __future__ import annotations
 
 import contextlib
 import glob as _glob
+import logging
 import os
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from typing import BinaryIO, Iterable, Iterator
 
 import braceexpand
 
-from .errors import MissingDependencyError, PipeNotAllowedError, StorageError
+from .errors import MissingDependencyError, PipeNotAllowedError, StorageError, TarshardsError
 
 __all__ = [
     "AtomicOutput",
+    "ResumingReader",
     "expand_urls",
     "is_local",
     "local_path",
@@ -37,6 +40,8 @@ _INSTALL_HINTS = {
     "s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "http",
 }
 _LIST_SUFFIXES = (".txt", ".shards", ".list")
+
+logger = logging.getLogger(__name__)
 
 
 def url_protocol(url: str) -> str | None:
@@ -181,13 +186,300 @@ class _PipeStream:
                                url=f"pipe:{self.cmd}")
 
 
+# Exceptions that are never worth a retry: the object is not there or not ours to read.
+_FATAL_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+
+def _transient_errors() -> tuple:
+    """Exception types that mean "the connection failed; trying again may work"."""
+    import asyncio
+
+    types: list = [OSError, EOFError, TimeoutError, asyncio.TimeoutError, ConnectionError]
+    try:
+        import aiohttp
+    except ImportError:  # pragma: no cover - http extra not installed
+        pass
+    else:
+        types.append(aiohttp.ClientError)
+    try:
+        import fsspec.exceptions
+    except ImportError:  # pragma: no cover
+        pass
+    else:
+        types.append(fsspec.exceptions.FSTimeoutError)
+    return tuple(types)
+
+
+class _HTTPStream:
+    """One streaming GET of ``url`` from byte ``offset`` on, through fsspec's aiohttp session.
+
+    fsspec's own ``HTTPFile`` fetches a file as a series of range requests (one per block) and
+    ``HTTPStreamFile`` makes a round trip to the event loop for every small network chunk; this
+    reads ``n`` bytes per round trip from one response, so a shard costs one request.
+    ``size`` is the whole object's size when the server says it (``Content-Range`` or
+    ``Content-Length``), else ``None``.
+    """
+
+    def __init__(self, fs, url: str, offset: int = 0):
+        from fsspec.asyn import sync
+
+        self._sync = sync
+        self.loop = fs.loop
+        self.url = url
+        self.r = None
+        self._error = None
+        session = sync(fs.loop, fs.set_session)
+        kwargs = dict(fs.kwargs)
+        headers = dict(kwargs.pop("headers", None) or {})
+        if offset:
+            headers["Range"] = f"bytes={offset}-"
+
+        async def start():
+            return await session.get(fs.encode_url(url), headers=headers, **kwargs)
+
+        self.r = sync(self.loop, start)
+        try:
+            self.size = self._check(offset)
+            skip = offset if (offset and self.r.status == 200) else 0
+            while skip:  # the server ignored the Range header: drop what we already have
+                data = self.read(min(skip, 1 << 20))
+                if not data:
+                    raise EOFError(f"the response ended before byte {offset}")
+                skip -= len(data)
+        except BaseException:
+            self.close()
+            raise
+
+    def _check(self, offset: int):
+        r = self.r
+        status = r.status
+        if status == 404 or status == 410:
+            raise FileNotFoundError(f"HTTP {status}: {self.url}")
+        if status in (401, 403):
+            raise PermissionError(f"HTTP {status}: {self.url}")
+        if status == 429 or status >= 500:
+            raise ConnectionError(f"HTTP {status} from the server")
+        if status == 416:
+            raise StorageError(f"HTTP 416: range from byte {offset} not satisfiable",
+                               url=self.url, offset=offset)
+        if status >= 400 or status not in (200, 206):
+            raise StorageError(f"HTTP {status} {r.reason}", url=self.url, offset=offset)
+        if r.headers.get("Content-Encoding", "identity") not in ("identity", ""):
+            return None  # the length on the wire is not the length we read
+        if status == 206:
+            total = r.headers.get("Content-Range", "").rpartition("/")[2]
+            return int(total) if total.isdigit() else None
+        length = r.headers.get("Content-Length", "")
+        return int(length) if length.isdigit() else None
+
+    def read(self, n: int = -1) -> bytes:
+        content = self.r.content
+        if n is None or n < 0:
+            async def read_all():
+                return await content.read()
+            return self._sync(self.loop, read_all)
+
+        if self._error is not None:  # kept from the last read, which returned what it had
+            exc, self._error = self._error, None
+            raise exc
+
+        async def read_n():
+            parts = []
+            got = 0
+            try:
+                while got < n:
+                    more = await content.read(n - got)
+                    if not more:
+                        break
+                    parts.append(more)
+                    got += len(more)
+            except Exception as exc:
+                # aiohttp refuses to hand out what it had buffered once the connection failed;
+                # take those bytes too (they are good), return them, and raise on the next read
+                salvage = getattr(content, "_read_nowait", None)
+                more = salvage(n - got) if salvage is not None and got < n else b""
+                if not parts and not more:
+                    raise
+                parts.append(more)
+                self._error = exc
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+
+        return self._sync(self.loop, read_n)
+
+    def close(self) -> None:
+        r, self.r = self.r, None
+        if r is not None:
+            async def close():
+                r.close()  # drops the connection (never drains the rest of the body)
+
+            with contextlib.suppress(Exception):
+                self._sync(self.loop, close, timeout=5)
+
+
+class ResumingReader:
+    """A read-only byte stream that survives dropped connections without losing a byte.
+
+    ``open_at(offset)`` returns ``(stream, size)``: a stream positioned at ``offset`` and the whole
+    object's size (or ``None``). When a read fails with a connection error, or the stream ends
+    before ``size``, the reader closes it, sleeps (``backoff`` doubling up to ``max_backoff``
+    seconds), reopens at the offset reached and goes on; each resume is logged on the
+    ``tarshards.urls`` logger. ``retries`` bounds the failures in a row that made no progress;
+    then :class:`~tarshards.errors.StorageError` names the URL and the offset.
+    """
+
+    def __init__(self, url: str, open_at, *, retries: int = 5, backoff: float = 0.1,
+                 max_backoff: float = 2.0):
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, got {retries}")
+        self.url = url
+        self.retries = int(retries)
+        self.backoff = float(backoff)
+        self.max_backoff = float(max_backoff)
+        self.resumes = 0  # total number of reconnections made
+        self._open_at = open_at
+        self._transient = _transient_errors()
+        self._failures = 0  # failures in a row without progress
+        self._stream = None
+        self.size = None
+        self.pos = 0
+        self.closed = False
+        self._connect()
+
+    # -- connection handling ----------------------------------------------------------------
+    def _connect(self) -> None:
+        while True:
+            try:
+                stream, size = self._open_at(self.pos)
+            except TarshardsError:
+                raise
+            except _FATAL_ERRORS as exc:
+                raise StorageError(f"cannot open: {exc}", url=self.url, offset=self.pos) from exc
+            except self._transient as exc:
+                self._failed(exc, "open")
+                continue
+            self._stream = stream
+            if size is not None:
+                if self.size is not None and size != self.size:
+                    stream.close()
+                    raise StorageError(f"the object changed size while being read ({self.size} "
+                                       f"then {size} bytes)", url=self.url, offset=self.pos)
+                self.size = size
+            return
+
+    def _failed(self, exc: BaseException, what: str) -> None:
+        self._failures += 1
+        if self._stream is not None:
+            with contextlib.suppress(Exception):
+                self._stream.close()
+            self._stream = None
+        if self._failures > self.retries:
+            raise StorageError(f"{what} failed after {self.retries} retries: "
+                               f"{type(exc).__name__}: {exc}", url=self.url,
+                               offset=self.pos) from exc
+        delay = min(self.max_backoff, self.backoff * (2 ** (self._failures - 1)))
+        self.resumes += 1
+        logger.warning("%s of %s failed at offset %d (%s: %s); resuming there in %.2fs "
+                       "(retry %d of %d)", what, self.url, self.pos, type(exc).__name__, exc,
+                       delay, self._failures, self.retries)
+        if delay > 0:
+            time.sleep(delay)
+
+    # -- the stream interface -----------------------------------------------------------------
+    def read(self, n: int = -1) -> bytes:
+        if self.closed:
+            raise ValueError("read from a closed stream")
+        if n is None or n < 0:
+            parts = []
+            while True:
+                data = self.read(1 << 22)
+                if not data:
+                    return b"".join(parts)
+                parts.append(data)
+        while True:
+            if self._stream is None:
+                self._connect()
+            try:
+                data = self._stream.read(n)
+            except TarshardsError:
+                raise
+            except _FATAL_ERRORS as exc:
+                raise StorageError(f"read failed: {exc}", url=self.url, offset=self.pos) from exc
+            except self._transient as exc:
+                self._failed(exc, "read")
+                continue
+            if data:
+                self.pos += len(data)
+                self._failures = 0
+                if self.size is not None and self.pos > self.size:
+                    raise StorageError(f"read past the object's size of {self.size} bytes",
+                                       url=self.url, offset=self.pos)
+                return data
+            if n == 0 or self.size is None or self.pos >= self.size:
+                return b""
+            self._failed(EOFError(f"stream ended at {self.pos} of {self.size} bytes"), "read")
+
+    read1 = read
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self.pos
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                stream.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def _remote_reader(url: str, storage_options, *, block_size: int, retries: int,
+                   backoff: float) -> ResumingReader:
+    fs, path, _ = _fsspec_resolve(url, storage_options)
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    if "http" in protocols or "https" in protocols:
+        def open_at(offset):
+            s = _HTTPStream(fs, path, offset)
+            return s, s.size
+    else:
+        def open_at(offset):
+            f = fs.open(path, "rb", block_size=block_size)
+            try:
+                if offset:
+                    f.seek(offset)
+            except BaseException:
+                f.close()
+                raise
+            size = getattr(f, "size", None)
+            return f, (int(size) if isinstance(size, int) else None)
+    return ResumingReader(url, open_at, retries=retries, backoff=backoff)
+
+
 @contextlib.contextmanager
 def open_url(url: str, mode: str = "rb", *, storage_options: dict | None = None,
-             allow_pipe: bool = False, block_size: int = 1 << 20) -> Iterator[BinaryIO]:
+             allow_pipe: bool = False, block_size: int = 8 << 20, retries: int = 5,
+             retry_backoff: float = 0.1) -> Iterator[BinaryIO]:
     """Open a URL as a binary stream (a context manager).
 
     ``-`` is stdin (or stdout for writing) and is not closed. ``pipe:CMD`` needs
-    ``allow_pipe=True``. Other URLs go through fsspec with ``storage_options``.
+    ``allow_pipe=True``. Other URLs go through fsspec with ``storage_options``. Remote URLs are
+    read sequentially (``http(s)``: one streaming GET; object stores: ranges of ``block_size``
+    bytes) by a :class:`ResumingReader`, which reconnects at the byte offset reached when a
+    connection drops, up to ``retries`` times in a row, sleeping ``retry_backoff`` seconds
+    doubling (at most 2 s) in between.
     """
     if not isinstance(url, str):
         url = os.fspath(url)
@@ -218,13 +510,16 @@ def open_url(url: str, mode: str = "rb", *, storage_options: dict | None = None,
         with f:
             yield f
         return
+    if "r" in mode:
+        with _remote_reader(url, storage_options, block_size=block_size, retries=retries,
+                            backoff=retry_backoff) as reader:
+            yield reader
+        return
     fs, path, _ = _fsspec_resolve(url, storage_options)
     try:
         f = fs.open(path, mode, block_size=block_size)
-    except FileNotFoundError:
-        raise StorageError("no such shard", url=url) from None
     except OSError as exc:
-        raise StorageError(f"cannot open: {exc}", url=url) from exc
+        raise StorageError(f"cannot open for writing: {exc}", url=url) from exc
     with f:
         yield f
 
