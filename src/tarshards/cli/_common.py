@@ -169,8 +169,12 @@ def output_dest(output: str):
     """
     if output != "-":
         return output
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced stdout (tests, notebooks)
+        return "-"
     sys.stdout.flush()
-    return open(sys.stdout.fileno(), "wb", buffering=1 << 20, closefd=False)
+    return open(fd, "wb", buffering=1 << 20, closefd=False)
 
 
 def check_stdout_not_tty(output: str) -> None:
