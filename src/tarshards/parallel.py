@@ -741,7 +741,9 @@ def _run_dask(job, pairs, todo, workers, address, retries, client, finished) -> 
                     {"distributed.scheduler.allowed-failures": retries}))
                 cluster = stack.enter_context(distributed.LocalCluster(
                     n_workers=max(1, workers), threads_per_worker=1, processes=True,
-                    host="127.0.0.1", dashboard_address=None, silence_logs=40))
+                    host="127.0.0.1", dashboard_address=None, silence_logs=40,
+                    # no dashboard; the scheduler's small HTTP server on a free local port
+                    scheduler_kwargs={"dashboard_address": "127.0.0.1:0"}))
                 client = stack.enter_context(distributed.Client(cluster))
             else:
                 client = stack.enter_context(distributed.Client(address))

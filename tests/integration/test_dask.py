@@ -54,8 +54,8 @@ def read_all(paths):
 @pytest.fixture(scope="module")
 def cluster():
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  host="127.0.0.1", dashboard_address=None,
-                                  silence_logs=50) as c:
+                                  host="127.0.0.1", dashboard_address=None, silence_logs=50,
+                                  scheduler_kwargs={"dashboard_address": "127.0.0.1:0"}) as c:
         yield c
 
 
