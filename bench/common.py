@@ -1,0 +1,187 @@
+"""Shared helpers for the benchmark: synthetic shards, timing, machine description.
+
+The data lives in ``bench/_data/`` (git-ignored) and is made once with a fixed seed; a small
+manifest records the parameters so that a changed layout is rebuilt and an unchanged one reused.
+
+* ``small``: ~4 KB JPEGs (96x96, q=90, noisy smooth fields) + ``cls`` + ``json`` per sample.
+* ``large``: ~100 KB ImageNet-like JPEGs (500x375, q=90) + ``cls``.
+
+To keep generation quick, a pool of distinct images (fixed seed) is encoded once and cycled
+through the samples; decoding cost does not depend on whether two samples share bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tarfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.join(HERE, "_data")
+SEED = 20240501
+
+# name -> layout; "quick" shrinks the data for --quick runs
+LAYOUTS = {
+    "small": dict(shards=8, per_shard=2500, size=(96, 96), noise=4.0, pool=3000, json=True),
+    "large": dict(shards=8, per_shard=500, size=(500, 375), noise=13.0, pool=300, json=False),
+}
+QUICK = {
+    "small": dict(shards=4, per_shard=1500),
+    "large": dict(shards=4, per_shard=300),
+}
+
+
+def layout(name: str, quick: bool = False) -> dict:
+    lay = dict(LAYOUTS[name])
+    if quick:
+        lay.update(QUICK[name])
+    return lay
+
+
+def _jpeg_pool(rng: np.random.Generator, n: int, size, noise: float) -> list[bytes]:
+    from PIL import Image
+
+    w, h = size
+    pool = []
+    for _ in range(n):
+        base = (rng.random((h // 8 + 2, w // 8 + 2, 3)) * 255).astype(np.uint8)
+        img = np.asarray(Image.fromarray(base).resize((w, h), Image.Resampling.BICUBIC),
+                         dtype=np.float32)
+        img = img + rng.normal(0.0, noise, img.shape).astype(np.float32)
+        buf = io.BytesIO()
+        Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(buf, "JPEG", quality=90)
+        pool.append(buf.getvalue())
+    return pool
+
+
+def _write_plain_tar(path: str, samples) -> None:
+    """Write a plain ustar shard with the standard library (neutral: neither side's writer)."""
+    tmp = path + ".tmp"
+    with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tf:
+        for key, fields in samples:
+            for ext, data in fields:
+                ti = tarfile.TarInfo(f"{key}.{ext}")
+                ti.size = len(data)
+                ti.mtime = 1_700_000_000
+                ti.mode = 0o444
+                tf.addfile(ti, io.BytesIO(data))
+    os.replace(tmp, path)
+
+
+def make_dataset(name: str, quick: bool = False) -> list[str]:
+    """Make (or reuse) the shards of one layout; returns their paths."""
+    lay = layout(name, quick)
+    tag = f"{name}-q" if quick else name
+    outdir = os.path.join(DATA, tag)
+    manifest = os.path.join(outdir, "manifest.json")
+    want = json.loads(json.dumps(dict(lay, seed=SEED, version=1)))
+    paths = [os.path.join(outdir, f"{name}-{i:04d}.tar") for i in range(lay["shards"])]
+    try:
+        with open(manifest) as f:
+            if json.load(f) == want and all(os.path.exists(p) for p in paths):
+                return paths
+    except (OSError, ValueError):
+        pass
+    os.makedirs(outdir, exist_ok=True)
+    t0 = time.time()
+    rng = np.random.default_rng([SEED, len(name)])
+    pool = _jpeg_pool(rng, lay["pool"], lay["size"], lay["noise"])
+    labels = rng.integers(0, 1000, size=lay["shards"] * lay["per_shard"])
+    k = 0
+    for i, path in enumerate(paths):
+        samples = []
+        for _ in range(lay["per_shard"]):
+            fields = [("cls", str(int(labels[k])).encode())]
+            fields.append(("jpg", pool[k % len(pool)]))
+            if lay["json"]:
+                meta = {"index": k, "label": int(labels[k]), "source": "synthetic",
+                        "width": lay["size"][0], "height": lay["size"][1]}
+                fields.append(("json", json.dumps(meta).encode()))
+            samples.append((f"{name}_{k:08d}", sorted(fields)))
+            k += 1
+        _write_plain_tar(path, samples)
+    with open(manifest, "w") as f:
+        json.dump(want, f)
+    total = sum(os.path.getsize(p) for p in paths)
+    print(f"made {name} shards: {len(paths)} x {lay['per_shard']} samples, "
+          f"{total / 1e6:.0f} MB, {time.time() - t0:.1f} s", file=sys.stderr)
+    return paths
+
+
+def total_bytes(paths) -> int:
+    return sum(os.path.getsize(p) for p in paths)
+
+
+def warm_cache(paths) -> None:
+    """Read the files once so that every measurement sees them page-cached."""
+    for p in paths:
+        with open(p, "rb") as f:
+            while f.read(1 << 22):
+                pass
+
+
+def rss_bytes() -> int:
+    """Current resident set size of this process."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far (ru_maxrss, KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def machine_info() -> dict:
+    info = {
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "nproc": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        nproc = subprocess.run(["nproc"], capture_output=True, text=True, check=True)
+        info["nproc"] = int(nproc.stdout.strip())
+    except (OSError, subprocess.CalledProcessError, ValueError):
+        pass
+    versions = {}
+    for mod in ("tarshards", "webdataset", "torch", "numpy", "PIL", "simplejpeg"):
+        try:
+            m = __import__(mod)
+            versions[mod] = getattr(m, "__version__", "?")
+        except ImportError:
+            versions[mod] = "not installed"
+    info["versions"] = versions
+    return info
+
+
+def timed_passes(fn, min_time: float, max_passes: int = 50):
+    """Run ``fn()`` (returns ``(items, nbytes)``) until ``min_time`` seconds have passed.
+
+    Returns totals over all passes: ``{"items", "bytes", "seconds", "passes"}``.
+    """
+    items = nbytes = passes = 0
+    t0 = time.perf_counter()
+    while True:
+        n, b = fn()
+        items += n
+        nbytes += b
+        passes += 1
+        elapsed = time.perf_counter() - t0
+        if elapsed >= min_time or passes >= max_passes:
+            return {"items": items, "bytes": nbytes, "seconds": elapsed, "passes": passes}
