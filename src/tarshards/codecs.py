@@ -266,20 +266,38 @@ def _simplejpeg():
     return simplejpeg
 
 
-def _image_array(data: bytes, ext: str, pil_mode: str, size) -> np.ndarray:
-    """Decode to an HxW or HxWxC uint8 array, at ``size=(w, h)`` when given."""
+def _pow2_scale_dims(data: bytes, sj, size) -> dict:
+    """simplejpeg arguments for the smallest 1/1, 1/2, 1/4 or 1/8 scale at least ``size``.
+
+    libjpeg-turbo has SIMD inverse DCTs for these scales only; a 5/8 scale can be slower than
+    a full decode, and the resize after it (in torch) costs about the same either way.
+    """
+    h, w = sj.decode_jpeg_header(data)[:2]
+    s = 8
+    while s > 1 and (w // s < size[0] or h // s < size[1]):
+        s //= 2
+    return {"min_width": -(-w // s), "min_height": -(-h // s)}
+
+
+def _image_array(data: bytes, ext: str, pil_mode: str, size, exact: bool = True) -> np.ndarray:
+    """Decode to an HxW or HxWxC uint8 array, at ``size=(w, h)`` when given.
+
+    ``exact=False``: JPEGs come back at a reduced scale no smaller than ``size`` (the caller
+    resizes); other images at their own size.
+    """
     if ext in _JPEG and pil_mode in ("RGB", "L"):
         sj = _simplejpeg()
         if sj is not None:
             try:
                 kw = {}
                 if size is not None:
-                    kw = {"min_width": size[0], "min_height": size[1]}
+                    kw = ({"min_width": size[0], "min_height": size[1]} if exact
+                          else _pow2_scale_dims(data, sj, size))
                 arr = sj.decode_jpeg(data, colorspace="GRAY" if pil_mode == "L" else "RGB",
                                      fastdct=False, fastupsample=False, **kw)
                 if pil_mode == "L":
                     arr = arr[:, :, 0]
-                if size is not None and (arr.shape[1], arr.shape[0]) != tuple(size):
+                if exact and size is not None and (arr.shape[1], arr.shape[0]) != tuple(size):
                     from PIL import Image
 
                     arr = np.array(Image.fromarray(arr).resize(tuple(size),
@@ -287,13 +305,58 @@ def _image_array(data: bytes, ext: str, pil_mode: str, size) -> np.ndarray:
                 return arr
             except (ValueError, RuntimeError):
                 pass  # unusual JPEGs (CMYK, broken markers): let Pillow have a go
-    img = _pil_open(data, ext, pil_mode, size)
+    img = _pil_open(data, ext, pil_mode, size if exact else None)
     return np.array(img)  # writable (asarray over PIL bytes is read-only)
+
+
+# libjpeg colour spaces that simplejpeg decodes exactly as Pillow does -> (simplejpeg, PIL mode)
+_SJ_NATIVE = {"YCbCr": ("RGB", "RGB"), "RGB": ("RGB", "RGB"), "Gray": ("GRAY", "L")}
+
+
+def _jpeg_has_metadata(data: bytes) -> bool:
+    """True when the JPEG carries EXIF (APP1) or an ICC profile (APP2) before its tables."""
+    pos, n = 2, len(data)
+    while pos + 4 <= n and data[pos] == 0xFF:
+        marker = data[pos + 1]
+        if marker in (0xE1, 0xE2):
+            return True
+        if not (0xE0 <= marker <= 0xEF or marker == 0xFE):
+            return False
+        pos += 2 + ((data[pos + 2] << 8) | data[pos + 3])
+    return False
+
+
+def _pil_jpeg_fast(data: bytes, pil_mode: str | None, size):
+    """A PIL image of a plain JPEG decoded by simplejpeg (pixel-identical to Pillow, ~40% less
+    time for small images), or ``None`` to let Pillow do it (no simplejpeg, CMYK, a mode change,
+    EXIF/ICC metadata that callers may read from ``img.info``)."""
+    sj = _simplejpeg()
+    if sj is None or _jpeg_has_metadata(data):
+        return None
+    try:
+        native = _SJ_NATIVE.get(sj.decode_jpeg_header(data)[2])
+        if native is None or (pil_mode is not None and pil_mode != native[1]):
+            return None
+        kw = {} if size is None else {"min_width": size[0], "min_height": size[1]}
+        arr = sj.decode_jpeg(data, colorspace=native[0], fastdct=False, fastupsample=False, **kw)
+    except (ValueError, RuntimeError):
+        return None
+    from PIL import Image
+
+    img = Image.fromarray(arr[:, :, 0] if native[1] == "L" else arr)
+    img.format = "JPEG"
+    if size is not None and img.size != tuple(size):
+        img = img.resize(tuple(size), Image.Resampling.BILINEAR)
+    return img
 
 
 def _pil_open(data: bytes, ext: str, pil_mode: str | None, size):
     from PIL import Image
 
+    if ext in _JPEG:
+        img = _pil_jpeg_fast(data, pil_mode, size)
+        if img is not None:
+            return img
     img = Image.open(io.BytesIO(data))
     if size is not None and ext in _JPEG:
         img.draft(pil_mode or img.mode, tuple(size))
@@ -328,6 +391,9 @@ def image_decoder(mode: str, size=None) -> Callable[[bytes, str], Any]:
     # torch kinds: the torch adapter turns the uint8 array into a CHW tensor
     to_tensor = _torch_io().image_to_tensor
     as_float = kind == "torch-float"
+    if size is not None:  # decode at a reduced JPEG scale, resize in torch (faster than PIL)
+        return lambda data, ext: to_tensor(_image_array(data, ext, pil_mode, size, exact=False),
+                                           as_float, size=size)
     return lambda data, ext: to_tensor(_image_array(data, ext, pil_mode, size), as_float)
 
 

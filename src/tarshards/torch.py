@@ -99,9 +99,17 @@ class WebLoader(DataLoader):
         return super().__iter__()
 
 
-def image_to_tensor(arr: np.ndarray, as_float: bool) -> torch.Tensor:
-    """HxWxC (or HxW) uint8 array -> CxHxW (or HxW) tensor, float in [0, 1] when ``as_float``."""
+def image_to_tensor(arr: np.ndarray, as_float: bool, size=None) -> torch.Tensor:
+    """HxWxC (or HxW) uint8 array -> CxHxW (or HxW) tensor, float in [0, 1] when ``as_float``.
+
+    ``size=(w, h)`` resizes when needed (bilinear, antialiased, on uint8: torch's fast path).
+    """
     t = torch.from_numpy(np.ascontiguousarray(arr))
+    if size is not None and (t.shape[1], t.shape[0]) != (size[0], size[1]):
+        x = t.permute(2, 0, 1)[None] if t.ndim == 3 else t[None, None]
+        x = torch.nn.functional.interpolate(x, size=(size[1], size[0]), mode="bilinear",
+                                            align_corners=False, antialias=True)
+        t = x[0].permute(1, 2, 0) if t.ndim == 3 else x[0, 0]
     if t.ndim == 3:
         t = t.permute(2, 0, 1).contiguous()
     if as_float:
