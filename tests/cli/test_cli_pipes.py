@@ -1,4 +1,4 @@
-"""The installed command-line tools as real processes in shell pipelines, as in the seed notebook."""
+"""The installed command-line tools as real processes in shell pipelines, as in the seed."""
 
 from __future__ import annotations
 

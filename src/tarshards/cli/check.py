@@ -139,8 +139,10 @@ def format_table(reports: list[ShardReport]) -> str:
                "  tarcheck 'train-{0000..0147}.tar'\n"
                "  tarcheck -q shards/*.tar && echo all good")
 @click.argument("inputs", nargs=-1, metavar="[INPUTS]...")
-@click.option("-T", "--files-from", "listfile", default=None, metavar="FILE", help="Read shard URLs from FILE, one per line.")
-@click.option("--max-problems", type=click.IntRange(min=1), default=20, show_default=True, help="Problems listed per shard.")
+@click.option("-T", "--files-from", "listfile", default=None, metavar="FILE",
+              help="Read shard URLs from FILE, one per line.")
+@click.option("--max-problems", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Problems listed per shard.")
 @click.option("-q", "--quiet", is_flag=True, help="Only problems and the exit status; no table.")
 @handle_errors
 def check_cmd(inputs, listfile, max_problems, quiet):

@@ -75,13 +75,19 @@ def _examples(*lines: str) -> str:
     "tarscat 'train-{0000..0009}.tar' --shuffle 1000 --seed 1 -o mixed.tar",
     "curl -s URL | tarscat -s 100 -c 10 | tar tvf -"))
 @click.argument("inputs", nargs=-1, metavar="[INPUTS]...")
-@click.option("-o", "--output", default="-", show_default=True, help="Output file or URL; - is stdout.")
-@click.option("-c", "--count", type=click.IntRange(min=0), default=None, help="Write at most N samples.")
-@click.option("-s", "--skip", type=click.IntRange(min=0), default=0, help="Skip the first N samples.")
-@click.option("--shuffle", type=click.IntRange(min=0), default=0, metavar="N", help="Shuffle with a buffer of N samples.")
+@click.option("-o", "--output", default="-", show_default=True,
+              help="Output file or URL; - is stdout.")
+@click.option("-c", "--count", type=click.IntRange(min=0), default=None,
+              help="Write at most N samples.")
+@click.option("-s", "--skip", type=click.IntRange(min=0), default=0,
+              help="Skip the first N samples.")
+@click.option("--shuffle", type=click.IntRange(min=0), default=0, metavar="N",
+              help="Shuffle with a buffer of N samples.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed for --shuffle.")
-@click.option("-T", "--files-from", "listfile", default=None, metavar="FILE", help="Read input URLs from FILE, one per line.")
-@click.option("-e", "--on-error", type=_ON_ERROR, default="abort", show_default=True, help="On a bad shard: stop, or skip its rest.")
+@click.option("-T", "--files-from", "listfile", default=None, metavar="FILE",
+              help="Read input URLs from FILE, one per line.")
+@click.option("-e", "--on-error", type=_ON_ERROR, default="abort", show_default=True,
+              help="On a bad shard: stop, or skip its rest.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @handle_errors
 def cat_cmd(inputs, output, count, skip, shuffle, seed, listfile, on_error, quiet):
@@ -93,7 +99,8 @@ def cat_cmd(inputs, output, count, skip, shuffle, seed, listfile, on_error, quie
         samples = shuffle_stage(samples, shuffle, seed=seed)
     if skip or count is not None:
         samples = itertools.islice(samples, skip, None if count is None else skip + count)
-    with Progress(quiet, "tarscat") as bar, TarWriter(output_dest(output), encoder=False) as sink:
+    with Progress(quiet, "tarscat") as bar, \
+            TarWriter(output_dest(output), encoder=False) as sink:
         write = sink.write_members
         for sample in bar.wrap(samples):
             write(members_of(sample))
@@ -139,12 +146,15 @@ def _pick(sample: dict, alternatives: list[str]):
     "tar2tsv -f cls small.tar",
     "tar2tsv -f 'jpg;png cls json' --noheader 'train-{0000..0003}.tar' > table.tsv"))
 @click.argument("inputs", nargs=-1, metavar="[INPUTS]...")
-@click.option("-f", "--fields", default=None, help="Fields to show, space separated; a;b = first present.")
-@click.option("-c", "--count", type=click.IntRange(min=0), default=None, help="Show at most N samples.")
+@click.option("-f", "--fields", default=None,
+              help="Fields to show, space separated; a;b = first present.")
+@click.option("-c", "--count", type=click.IntRange(min=0), default=None,
+              help="Show at most N samples.")
 @click.option("--nokey", is_flag=True, help="Leave out the __key__ column.")
 @click.option("--noheader", is_flag=True, help="Leave out the header line.")
 @click.option("-o", "--output", default="-", show_default=True, help="Output file; - is stdout.")
-@click.option("-e", "--on-error", type=_ON_ERROR, default="abort", show_default=True, help="On a bad shard: stop, or skip its rest.")
+@click.option("-e", "--on-error", type=_ON_ERROR, default="abort", show_default=True,
+              help="On a bad shard: stop, or skip its rest.")
 @handle_errors
 def tsv_cmd(inputs, fields, count, nokey, noheader, output, on_error):
     """Tabulate fields of samples: text fields as text, binary fields as their size in bytes."""
@@ -193,17 +203,22 @@ class _MaxShardsReached(Exception):
     "tarsplit -n 1000 -z -o shards/part big.tar   # shards/part-000000.tgz ...",
     "tarscat 'in-{000..099}.tar' | tarsplit -s 500M --maxshards 2 -o sample"))
 @click.argument("inputs", nargs=-1, metavar="[INPUTS]...")
-@click.option("-o", "--output", "prefix", default="shard", show_default=True, help="Output prefix (or a pattern like out-%06d.tar).")
-@click.option("-s", "--maxsize", type=SIZE, default="3e9", show_default=True, help="Largest shard (uncompressed): 1e9, 500M, 2G.")
-@click.option("-n", "--maxcount", type=click.IntRange(min=1), default=100_000, show_default=True, help="Most samples per shard.")
-@click.option("--maxshards", type=click.IntRange(min=1), default=None, help="Stop after writing N shards.")
-@click.option("--start", type=click.IntRange(min=0), default=0, show_default=True, help="Number of the first shard.")
+@click.option("-o", "--output", "prefix", default="shard", show_default=True,
+              help="Output prefix (or a pattern like out-%06d.tar).")
+@click.option("-s", "--maxsize", type=SIZE, default="3e9", show_default=True,
+              help="Largest shard (uncompressed): 1e9, 500M, 2G.")
+@click.option("-n", "--maxcount", type=click.IntRange(min=1), default=100_000, show_default=True,
+              help="Most samples per shard.")
+@click.option("--maxshards", type=click.IntRange(min=1), default=None,
+              help="Stop after writing N shards.")
+@click.option("--start", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Number of the first shard.")
 @click.option("-z", "--gzip", "gz", is_flag=True, help="Write gzip-compressed shards (.tgz).")
 @click.option("--zstd", is_flag=True, help="Write zstd-compressed shards (.tar.zst).")
 @click.option("-q", "--quiet", is_flag=True, help="Do not list the shards being written.")
 @handle_errors
 def split_cmd(inputs, prefix, maxsize, maxcount, maxshards, start, gz, zstd, quiet):
-    """Split a tar stream (default stdin) into shards PREFIX-000000.tar..., never splitting a sample."""
+    """Split a tar stream (default stdin) into shards PREFIX-000000.tar..., samples kept whole."""
     if gz and zstd:
         raise click.UsageError("choose one of -z/--gzip and --zstd")
     urls = collect_inputs(inputs)
@@ -313,11 +328,15 @@ def contact_sheet(samples: list[dict], path: str, thumb: int = 160) -> int:
     "tarshow -c 2 small.tar",
     "tarshow -c 24 --images grid.png 'train-{0000..0147}.tar'"))
 @click.argument("inputs", nargs=-1, metavar="[INPUTS]...")
-@click.option("-c", "--count", type=click.IntRange(min=0), default=3, show_default=True, help="Show the first N samples.")
-@click.option("-s", "--skip", type=click.IntRange(min=0), default=0, help="Skip the first N samples.")
+@click.option("-c", "--count", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Show the first N samples.")
+@click.option("-s", "--skip", type=click.IntRange(min=0), default=0,
+              help="Skip the first N samples.")
 @click.option("-f", "--fields", default=None, help="Only these fields, space separated.")
-@click.option("-w", "--width", type=click.IntRange(min=20), default=72, show_default=True, help="Width of a field preview.")
-@click.option("--images", "grid", default=None, metavar="PNG", help="Write a contact sheet of the images to PNG.")
+@click.option("-w", "--width", type=click.IntRange(min=20), default=72, show_default=True,
+              help="Width of a field preview.")
+@click.option("--images", "grid", default=None, metavar="PNG",
+              help="Write a contact sheet of the images to PNG.")
 @handle_errors
 def show_cmd(inputs, count, skip, fields, width, grid):
     """Show the first samples of INPUTS: each field with a short preview."""
@@ -340,7 +359,8 @@ def show_cmd(inputs, count, skip, fields, width, grid):
         samples.close()
     if grid:
         n = contact_sheet([s for s in shown if s is not None], grid)
-        print_err(f"# {n} images in {grid}" if n else "# no image fields: contact sheet not written")
+        print_err(f"# {n} images in {grid}" if n
+                  else "# no image fields: contact sheet not written")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -352,13 +372,19 @@ def show_cmd(inputs, count, skip, fields, width, grid):
     "tarpcat -p 8 'https://host/data-{0000..0099}.tar' > all.tar",
     "tarpcat -p 4 --shuffle 5000 --seed 3 'train-{00..15}.tar' | tarsplit -s 1e9 -o mixed"))
 @click.argument("inputs", nargs=-1, metavar="[INPUTS]...")
-@click.option("-p", "--parallel", type=click.IntRange(min=1), default=4, show_default=True, help="Read N inputs at a time.")
-@click.option("-o", "--output", default="-", show_default=True, help="Output file or URL; - is stdout.")
-@click.option("-c", "--count", type=click.IntRange(min=0), default=None, help="Write at most N samples.")
-@click.option("--shuffle", type=click.IntRange(min=0), default=0, metavar="N", help="Shuffle with a buffer of N samples.")
+@click.option("-p", "--parallel", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Read N inputs at a time.")
+@click.option("-o", "--output", default="-", show_default=True,
+              help="Output file or URL; - is stdout.")
+@click.option("-c", "--count", type=click.IntRange(min=0), default=None,
+              help="Write at most N samples.")
+@click.option("--shuffle", type=click.IntRange(min=0), default=0, metavar="N",
+              help="Shuffle with a buffer of N samples.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed for --shuffle.")
-@click.option("-T", "--files-from", "listfile", default=None, metavar="FILE", help="Read input URLs from FILE, one per line.")
-@click.option("-e", "--on-error", type=_ON_ERROR, default="abort", show_default=True, help="On a bad shard: stop, or skip its rest.")
+@click.option("-T", "--files-from", "listfile", default=None, metavar="FILE",
+              help="Read input URLs from FILE, one per line.")
+@click.option("-e", "--on-error", type=_ON_ERROR, default="abort", show_default=True,
+              help="On a bad shard: stop, or skip its rest.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @handle_errors
 def pcat_cmd(inputs, parallel, output, count, shuffle, seed, listfile, on_error, quiet):
@@ -373,7 +399,8 @@ def pcat_cmd(inputs, parallel, output, count, shuffle, seed, listfile, on_error,
     if count is not None:
         samples = itertools.islice(samples, count)
     try:
-        with Progress(quiet, "tarpcat") as bar, TarWriter(output_dest(output), encoder=False) as sink:
+        with Progress(quiet, "tarpcat") as bar, \
+                TarWriter(output_dest(output), encoder=False) as sink:
             for sample in bar.wrap(samples):
                 sink.write_members(members_of(sample))
     finally:

@@ -1,10 +1,10 @@
 """``tarproc``: run a shell command on every sample.
 
-Each sample is unpacked into a fresh temporary directory as ``BASE.EXT`` files (``BASE`` is the last
-path component of the key, so ``train/n0123_17`` gives ``n0123_17.jpg``), the command runs there with
-``$KEY`` set to the full key, and the files present afterwards form the output sample under the
-original key: ``BASE.EXT`` becomes field ``EXT``, any other file ``NAME`` becomes field ``NAME``.
-Hidden files, ``__*`` files and subdirectories are not collected.
+Each sample is unpacked into a fresh temporary directory as ``BASE.EXT`` files (``BASE`` is the
+last path component of the key, so ``train/n0123_17`` gives ``n0123_17.jpg``), the command runs
+there with ``$KEY`` set to the full key, and the files present afterwards form the output sample
+under the original key: ``BASE.EXT`` becomes field ``EXT``, any other file ``NAME`` becomes field
+``NAME``. Hidden files, ``__*`` files and subdirectories are not collected.
 
 ``-p N`` runs N commands at a time (threads waiting on subprocesses, through
 :mod:`concurrent.futures`) with at most ``2N`` samples in flight, so memory stays bounded.
@@ -128,12 +128,19 @@ def _results(samples, command, parallel, ordered, tmpdir, verbose):
                "  tarproc -p 8 -c 'gzip -9 *.json' in.tar -o out.tar   # field json -> json.gz\n"
                "  tarproc -c 'wc -c < *.txt > $(basename $KEY).len' -e skip in.tar -o out.tar")
 @click.argument("inputs", nargs=-1, metavar="[INPUTS]...")
-@click.option("-c", "--command", required=True, help="Shell command run in each sample's directory.")
-@click.option("-p", "--parallel", type=click.IntRange(min=1), default=1, show_default=True, help="Run N commands at a time.")
-@click.option("--unordered", is_flag=True, help="Write samples as they finish, not in input order.")
-@click.option("-e", "--on-error", type=click.Choice(["abort", "skip"]), default="abort", show_default=True, help="On a failing command: stop, or drop the sample.")
-@click.option("-o", "--output", default="-", show_default=True, help="Output file or URL; - is stdout.")
-@click.option("-n", "--count", type=click.IntRange(min=0), default=None, help="Process at most N samples.")
+@click.option("-c", "--command", required=True,
+              help="Shell command run in each sample's directory.")
+@click.option("-p", "--parallel", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Run N commands at a time.")
+@click.option("--unordered", is_flag=True,
+              help="Write samples as they finish, not in input order.")
+@click.option("-e", "--on-error", type=click.Choice(["abort", "skip"]), default="abort",
+              show_default=True,
+              help="On a failing command: stop, or drop the sample.")
+@click.option("-o", "--output", default="-", show_default=True,
+              help="Output file or URL; - is stdout.")
+@click.option("-n", "--count", type=click.IntRange(min=0), default=None,
+              help="Process at most N samples.")
 @click.option("--tmpdir", default=None, metavar="DIR", help="Where the per-sample directories go.")
 @click.option("-v", "--verbose", is_flag=True, help="Copy the commands' output to stderr.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")

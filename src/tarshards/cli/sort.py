@@ -126,14 +126,18 @@ def sorted_samples(samples, *, field: str | None = None, numeric: bool = False,
                "  tarsort -k cls -n 'train-{0000..0009}.tar' -o by-class.tar\n"
                "  tarsort --shuffle --seed 7 in.tar | tarsplit -n 1000 -o shuffled")
 @click.argument("inputs", nargs=-1, metavar="[INPUTS]...")
-@click.option("-k", "--field", default=None, metavar="EXT", help="Sort by this text field (default: the key).")
+@click.option("-k", "--field", default=None, metavar="EXT",
+              help="Sort by this text field (default: the key).")
 @click.option("-n", "--numeric", is_flag=True, help="Compare sort values as numbers.")
 @click.option("-r", "--reverse", is_flag=True, help="Largest first.")
-@click.option("--shuffle", is_flag=True, help="Shuffle instead of sorting (all samples, uniformly).")
+@click.option("--shuffle", is_flag=True,
+              help="Shuffle instead of sorting (all samples, uniformly).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed for --shuffle.")
-@click.option("-o", "--output", default="-", show_default=True, help="Output file or URL; - is stdout.")
+@click.option("-o", "--output", default="-", show_default=True,
+              help="Output file or URL; - is stdout.")
 @click.option("--tmpdir", default=None, metavar="DIR", help="Where the temporary database goes.")
-@click.option("--cache-mb", type=click.IntRange(min=1), default=64, show_default=True, help="SQLite cache size (memory bound).")
+@click.option("--cache-mb", type=click.IntRange(min=1), default=64, show_default=True,
+              help="SQLite cache size (memory bound).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @handle_errors
 def sort_cmd(inputs, field, numeric, reverse, shuffle, seed, output, tmpdir, cache_mb, quiet):
