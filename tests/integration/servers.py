@@ -153,14 +153,16 @@ class HTTPFileServer:
 class CuttingProxy:
     """A TCP proxy to ``target`` (host, port) that resets connections after ``cut_after`` bytes.
 
-    The first ``cuts`` connections that carry more than ``cut_after`` bytes from the server to the
-    client are reset (RST) at that point; later ones pass through. ``cut_count`` says how many
-    were cut.
+    The first ``cuts`` connections that carry more than their limit from the server to the client
+    are reset (RST) at that point; later ones pass through. ``cut_after`` is one limit for all,
+    or a list: the i-th connection gets ``cut_after[i]`` (the last one repeats), so ``[50_000, 0]``
+    lets one connection make progress and cuts every later one before its first byte.
+    ``cut_count`` says how many were cut.
     """
 
-    def __init__(self, target: tuple[str, int], *, cut_after: int, cuts: int):
+    def __init__(self, target: tuple[str, int], *, cut_after, cuts: int):
         self.target = target
-        self.cut_after = cut_after
+        self.cut_after = list(cut_after) if isinstance(cut_after, (list, tuple)) else [cut_after]
         self.cuts_left = cuts
         self.cut_count = 0
         self.connections = 0
@@ -197,11 +199,12 @@ class CuttingProxy:
                 client.close()
                 return
             with self._lock:
+                limit = self.cut_after[min(self.connections, len(self.cut_after) - 1)]
                 self.connections += 1
             upstream = socket.create_connection(self.target)
             threading.Thread(target=self._pipe, args=(client, upstream, None),
                              daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, client, self.cut_after),
+            threading.Thread(target=self._pipe, args=(upstream, client, limit),
                              daemon=True).start()
 
     def _take_cut(self) -> bool:
