@@ -53,9 +53,17 @@ def reraise_exception(exn: BaseException) -> bool:
     raise exn
 
 
+def _describe(exn: BaseException) -> str:
+    text = str(exn)
+    if not isinstance(exn, TarshardsError):
+        text = f"{type(exn).__name__}: {text}"
+    notes = getattr(exn, "__notes__", None)
+    return f"{text} ({'; '.join(notes)})" if notes else text
+
+
 def warn_and_continue(exn: BaseException) -> bool:
     """Handler: warn (naming shard, member and offset when known) and go on."""
-    warnings.warn(f"skipped: {exn}", TarshardsWarning, stacklevel=2)
+    warnings.warn(f"skipped: {_describe(exn)}", TarshardsWarning, stacklevel=2)
     return True
 
 
@@ -66,7 +74,7 @@ def ignore_and_continue(exn: BaseException) -> bool:
 
 def warn_and_stop(exn: BaseException) -> bool:
     """Handler: warn and end the stream."""
-    warnings.warn(f"stopping: {exn}", TarshardsWarning, stacklevel=2)
+    warnings.warn(f"stopping: {_describe(exn)}", TarshardsWarning, stacklevel=2)
     return False
 
 
