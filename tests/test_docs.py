@@ -110,12 +110,10 @@ def _run_shell(code: str, where: str, cwd: Path) -> None:
 def test_doc_blocks_run(path: Path, tmp_path, monkeypatch):
     blocks = extract_blocks(path.read_text())
     monkeypatch.chdir(tmp_path)
-    # a real module, so functions defined in the doc can be pickled to worker processes
-    name = "tarshards_doc_" + re.sub(r"\W", "_", path.stem)
-    module = types.ModuleType(name)
-    module.__file__ = str(tmp_path / f"{name}.py")
-    monkeypatch.setitem(sys.modules, name, module)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    # a module object that is *not* in sys.modules: plain pickle cannot find the doc's functions
+    # by reference, so worker processes (local or Dask) receive them by value through cloudpickle
+    module = types.ModuleType("tarshards_doc_" + re.sub(r"\W", "_", path.stem))
+    module.__file__ = str(path)
     for block in blocks:
         if block["skip"] or block["lang"] not in RUN_PY | RUN_SH:
             continue
