@@ -15,9 +15,11 @@ import contextlib
 import glob as _glob
 import logging
 import os
+import queue
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from typing import BinaryIO, Iterable, Iterator
@@ -210,24 +212,37 @@ def _transient_errors() -> tuple:
     return tuple(types)
 
 
+_EOF = object()
+
+
 class _HTTPStream:
     """One streaming GET of ``url`` from byte ``offset`` on, through fsspec's aiohttp session.
 
     fsspec's own ``HTTPFile`` fetches a file as a series of range requests (one per block) and
-    ``HTTPStreamFile`` makes a round trip to the event loop for every small network chunk; this
-    reads ``n`` bytes per round trip from one response, so a shard costs one request.
+    ``HTTPStreamFile`` makes a round trip to the event loop for every read; here a task on
+    fsspec's event loop reads the response ahead (at most ``prefetch`` bytes) into a queue that
+    :meth:`read` takes from, so network and parsing overlap and a shard costs one request.
     ``size`` is the whole object's size when the server says it (``Content-Range`` or
     ``Content-Length``), else ``None``.
     """
 
-    def __init__(self, fs, url: str, offset: int = 0):
+    def __init__(self, fs, url: str, offset: int = 0, *, prefetch: int = 8 << 20):
+        import asyncio
+
         from fsspec.asyn import sync
 
         self._sync = sync
         self.loop = fs.loop
         self.url = url
         self.r = None
-        self._error = None
+        self._task = None
+        self._queue = queue.SimpleQueue()
+        self._pending = b""
+        self._done = False
+        self._lock = threading.Lock()
+        self._inflight = 0
+        self._waiting = False
+        self._prefetch = prefetch
         session = sync(fs.loop, fs.set_session)
         kwargs = dict(fs.kwargs)
         headers = dict(kwargs.pop("headers", None) or {})
@@ -240,6 +255,12 @@ class _HTTPStream:
         self.r = sync(self.loop, start)
         try:
             self.size = self._check(offset)
+
+            async def start_pump():
+                self._room = asyncio.Event()
+                return asyncio.ensure_future(self._pump())
+
+            self._task = sync(self.loop, start_pump)
             skip = offset if (offset and self.r.status == 200) else 0
             while skip:  # the server ignored the Range header: drop what we already have
                 data = self.read(min(skip, 1 << 20))
@@ -272,44 +293,82 @@ class _HTTPStream:
         length = r.headers.get("Content-Length", "")
         return int(length) if length.isdigit() else None
 
-    def read(self, n: int = -1) -> bytes:
+    async def _pump(self):
+        """On the event loop: move the body into the queue, at most ``prefetch`` bytes ahead."""
+        import asyncio
+
         content = self.r.content
+        put = self._queue.put
+        try:
+            while True:
+                data = await content.read(1 << 20)
+                if not data:
+                    put(_EOF)
+                    return
+                with self._lock:
+                    self._inflight += len(data)
+                    full = self._waiting = self._inflight >= self._prefetch
+                if full:
+                    self._room.clear()
+                put(data)
+                if full:
+                    await self._room.wait()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # aiohttp refuses to hand out what it had buffered once the connection failed;
+            # pass those bytes on too (they are good), then the error
+            salvage = getattr(content, "_read_nowait", None)
+            with contextlib.suppress(Exception):
+                data = salvage(-1) if salvage is not None else b""
+                if data:
+                    put(data)
+            put(exc)
+
+    def _taken(self, n: int) -> None:
+        with self._lock:
+            self._inflight -= n
+            wake = self._waiting and self._inflight < self._prefetch // 2
+            if wake:
+                self._waiting = False
+        if wake:
+            self.loop.call_soon_threadsafe(self._room.set)
+
+    def read(self, n: int = -1) -> bytes:
         if n is None or n < 0:
-            async def read_all():
-                return await content.read()
-            return self._sync(self.loop, read_all)
-
-        if self._error is not None:  # kept from the last read, which returned what it had
-            exc, self._error = self._error, None
-            raise exc
-
-        async def read_n():
             parts = []
-            got = 0
-            try:
-                while got < n:
-                    more = await content.read(n - got)
-                    if not more:
-                        break
-                    parts.append(more)
-                    got += len(more)
-            except Exception as exc:
-                # aiohttp refuses to hand out what it had buffered once the connection failed;
-                # take those bytes too (they are good), return them, and raise on the next read
-                salvage = getattr(content, "_read_nowait", None)
-                more = salvage(n - got) if salvage is not None and got < n else b""
-                if not parts and not more:
-                    raise
-                parts.append(more)
-                self._error = exc
-            return parts[0] if len(parts) == 1 else b"".join(parts)
-
-        return self._sync(self.loop, read_n)
+            while True:
+                data = self.read(1 << 22)
+                if not data:
+                    return b"".join(parts)
+                parts.append(data)
+        if not self._pending:
+            if self._done or n == 0:
+                return b""
+            item = self._queue.get()
+            if item is _EOF:
+                self._done = True
+                return b""
+            if isinstance(item, BaseException):
+                self._done = True
+                raise item
+            self._taken(len(item))
+            self._pending = item
+        data = self._pending
+        if len(data) <= n:
+            self._pending = b""
+            return data
+        self._pending = data[n:]
+        return data[:n]
 
     def close(self) -> None:
         r, self.r = self.r, None
+        task, self._task = self._task, None
+        self._done = True
         if r is not None:
             async def close():
+                if task is not None:
+                    task.cancel()
                 r.close()  # drops the connection (never drains the rest of the body)
 
             with contextlib.suppress(Exception):
