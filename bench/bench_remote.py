@@ -106,6 +106,7 @@ def main():
                 results[f"cache epoch {epoch}"] = r[1]
                 print(f"  {'http + cache, epoch ' + str(epoch):<34} {r[1]:8.0f} MB/s  "
                       f"({r[0]} samples, {r[2]:.2f}s)")
+            best("local disk (again)", lambda: WebDataset(paths, shardshuffle=False))
             best("http + cache, later epochs",
                  lambda: WebDataset(urls, shardshuffle=False, cache_dir=cache))
             print(f"  GET requests to the server: {srv.gets()}")
