@@ -38,40 +38,44 @@ def split_name(name: str, last_dot: bool = False) -> tuple[str, str] | None:
     return name[:dot], name[dot + 1:].lower()
 
 
-def group_samples(members: Iterable[tuple[str, bytes, int]], url=None, *,
-                  last_dot: bool = False) -> Iterator[dict]:
+def group_samples(members: Iterable, url=None, *, last_dot: bool = False,
+                  batched: bool = False) -> Iterator[dict]:
     """Group consecutive tar members with the same key into sample dicts.
 
-    Each sample is ``{"__key__": key, "__url__": url, ext: bytes, ...}``. A repeated extension
-    within one sample raises :class:`DuplicateFieldError` naming both members.
+    ``members`` yields ``(name, data, offset)``, or lists of them with ``batched=True`` (as
+    :func:`tarshards.tario.iter_tar_batches` gives). Each sample is ``{"__key__": key,
+    "__url__": url, ext: bytes, ...}``. A repeated extension within one sample raises
+    :class:`DuplicateFieldError` naming both members.
     """
+    batches = members if batched else (members,)
     sample = None
     key = None
-    for member, data, offset in members:
-        # inlined split_name (hot path)
-        name = member[2:] if member.startswith("./") else member
-        slash = name.rfind("/") + 1
-        if name.startswith("__", slash):
-            continue
-        dot = name.rfind(".", slash) if last_dot else name.find(".", slash)
-        if dot <= slash or dot == len(name) - 1:
-            continue
-        k = name[:dot]
-        ext = name[dot + 1:]
-        if not ext.islower():
-            ext = ext.lower()
-        if k != key:
-            if sample is not None:
-                yield sample
-            key = k
-            sample = {"__key__": k, "__url__": url, ext: data}
-        else:
-            if ext in sample:
-                # the first member's name is rebuilt (same ./ prefix as the second one)
-                first = f"{member[:len(member) - len(name)]}{k}.{ext}"
-                raise DuplicateFieldError(
-                    f"repeated extension {ext!r} in sample {k!r}: members {first!r} and "
-                    f"{member!r}", url=url, member=member, offset=offset)
-            sample[ext] = data
+    for batch in batches:
+        for member, data, offset in batch:
+            # inlined split_name (hot path)
+            name = member[2:] if member.startswith("./") else member
+            slash = name.rfind("/") + 1
+            if name.startswith("__", slash):
+                continue
+            dot = name.rfind(".", slash) if last_dot else name.find(".", slash)
+            if dot <= slash or dot == len(name) - 1:
+                continue
+            k = name[:dot]
+            ext = name[dot + 1:]
+            if not ext.islower():
+                ext = ext.lower()
+            if k != key:
+                if sample is not None:
+                    yield sample
+                key = k
+                sample = {"__key__": k, "__url__": url, ext: data}
+            else:
+                if ext in sample:
+                    # the first member's name is rebuilt (same ./ prefix as the second one)
+                    first = f"{member[:len(member) - len(name)]}{k}.{ext}"
+                    raise DuplicateFieldError(
+                        f"repeated extension {ext!r} in sample {k!r}: members {first!r} and "
+                        f"{member!r}", url=url, member=member, offset=offset)
+                sample[ext] = data
     if sample is not None:
         yield sample

@@ -23,6 +23,7 @@ __all__ = [
     "TarMemberWriter",
     "decompressed_chunks",
     "iter_tar",
+    "iter_tar_batches",
     "open_tar_bytes",
     "read_chunks",
     "tar_header",
@@ -38,7 +39,8 @@ _GNU_LONGNAME = 0x4C  # 'L'
 _GNU_LONGLINK = 0x4B  # 'K'
 _PAX = 0x78  # 'x'
 _PAX_GLOBAL = 0x67  # 'g'
-_MAX_META = 1 << 20  # longest accepted long-name / pax payload
+_MAX_META = 1 << 20
+_OCTAL_WEIGHTS = tuple(8 ** k for k in range(5, -1, -1))  # longest accepted long-name / pax payload
 _DRAIN_LIMIT = 1 << 20  # bytes of trailing padding read after the end-of-archive marker
 
 
@@ -205,6 +207,25 @@ def _chk_value(hdr: bytes) -> int:
         return -1
 
 
+def _first_bad_header(headers: list) -> int:
+    """Index of the first header whose checksum is wrong, or -1 (all headers checked at once)."""
+    import numpy as np
+
+    rows = np.frombuffer(b"".join(headers), np.uint8).reshape(len(headers), BLOCK)
+    field = rows[:, 148:156]
+    digits = field[:, :6].astype(np.int64) - 48
+    stored = digits @ _OCTAL_WEIGHTS
+    sums = rows.sum(axis=1, dtype=np.int64) - field.sum(axis=1, dtype=np.int64) + 256
+    ok = (sums == stored) & (digits >= 0).all(axis=1) & (digits < 8).all(axis=1) & (
+        (field[:, 6] == 0) | (field[:, 6] == 32))
+    if ok.all():
+        return -1
+    for i in np.flatnonzero(~ok):  # unusual formatting of the field: decide exactly
+        if not _checksum_ok(headers[i]):
+            return int(i)
+    return -1
+
+
 def _parse_pax(payload: bytes, source, offset) -> dict:
     """Parse pax records ``"%d %s=%s\\n"`` into a dict of str -> str."""
     out = {}
@@ -302,6 +323,19 @@ def iter_tar(chunks: Iterable[bytes], source=None, *, verify: bool = True,
     A truncated or malformed stream raises :class:`ShardFormatError` naming ``source``, the member
     and the byte offset.
     """
+    for batch in iter_tar_batches(chunks, source, verify=verify, drain=drain):
+        yield from batch
+
+
+def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = True,
+                     drain: bool = True) -> Iterator[list[tuple[str, bytes, int]]]:
+    """Like :func:`iter_tar`, but yields the members in lists (one list per buffer's worth).
+
+    This is the reader's hot path. Plain ustar members that lie wholly inside the current buffer
+    are parsed in a tight loop and their header checksums verified together (vectorised) before
+    any of them is handed out; everything else (extended headers, links, members that span
+    buffers, the end of the archive) goes through the general path one header at a time.
+    """
     b = _Buffer(chunks)
     long_name = None
     pax: dict | None = None
@@ -314,6 +348,38 @@ def iter_tar(chunks: Iterable[bytes], source=None, *, verify: bool = True,
     regular = _REGULAR
     zero = _ZERO_BLOCK
     while True:
+        if pax is None and long_name is None and len(buf) - pos >= BLOCK:
+            # fast path: plain members wholly inside the buffer
+            batch = []
+            headers = []
+            n = len(buf)
+            while n - pos >= BLOCK:
+                hdr = buf[pos:pos + BLOCK]
+                if hdr[156] != 0x30 or hdr[135] or hdr[345]:
+                    break  # not a plain regular member with a canonical size field
+                try:
+                    size = int(hdr[124:135], 8)
+                except ValueError:
+                    break
+                if size < 0 or n - pos - BLOCK < size:
+                    break
+                end = hdr.find(0, 0, 100)
+                name = (hdr[:end] if end >= 0 else hdr[:100]).decode("utf-8", "surrogateescape")
+                batch.append((name, buf[pos + BLOCK:pos + BLOCK + size], base + pos))
+                headers.append(hdr)
+                pos += BLOCK + ((size + 511) & ~511)
+            if batch:
+                bad = _first_bad_header(headers) if verify else -1
+                if bad >= 0:
+                    if bad:
+                        yield batch[:bad]
+                    hdr = headers[bad]
+                    raise ShardFormatError(
+                        "bad tar header checksum (not a tar file, or a corrupted header)",
+                        url=source, member=_nts(hdr[:100]).decode("utf-8", "replace") or None,
+                        offset=batch[bad][2])
+                yield batch
+                continue
         if len(buf) - pos < BLOCK:
             b.pos = pos
             if not fill(BLOCK):
@@ -372,7 +438,7 @@ def iter_tar(chunks: Iterable[bytes], source=None, *, verify: bool = True,
                 buf = b.buf
                 pos = b.pos
                 base = b.base
-            yield name, data, start
+            yield [(name, data, start)]
             if pax is not None or long_name is not None:
                 long_name = None
                 pax = None
@@ -520,6 +586,32 @@ def tar_header(name: str, size: int, *, mtime: int = DEFAULT_MTIME, mode: int = 
     return out + bytes(hdr)
 
 
+def header_size(name: str, size: int) -> int:
+    """Bytes of header blocks :func:`tar_header` writes for a member (512 unless pax is needed)."""
+    if len(name) <= 100 and size < 8 ** 11 and name.isascii():
+        return BLOCK
+    return len(tar_header(name, size))
+
+
+class _HeaderTemplate:
+    """The fixed parts of our ustar headers, so a plain header costs a join and two sums."""
+
+    __slots__ = ("mid", "mtime", "tail", "const")
+
+    def __init__(self, mtime: int, mode: int):
+        self.mid = _octal(mode, 8) + _octal(0, 8) + _octal(0, 8)
+        self.mtime = _octal(mtime, 12)
+        self.tail = (b"0" + bytes(100) + b"ustar\0" + b"00" + bytes(64) + _octal(0, 8) * 2
+                     + bytes(155 + 12))
+        self.const = sum(self.mid) + sum(self.mtime) + sum(self.tail) + 8 * 32
+
+    def header(self, raw: bytes, size: int) -> bytes:
+        size_field = b"%011o\0" % size
+        chk = self.const + sum(raw) + sum(size_field)
+        return b"".join((raw, bytes(100 - len(raw)), self.mid, size_field, self.mtime,
+                         b"%06o\0 " % chk, self.tail))
+
+
 class TarMemberWriter:
     """Write regular members to a binary stream as a tar archive (no compression here)."""
 
@@ -529,11 +621,15 @@ class TarMemberWriter:
         self.mtime = mtime
         self.mode = mode
         self.bytes_written = 0
+        self._template = _HeaderTemplate(mtime, mode)
 
     def add(self, name: str, data: bytes) -> int:
         """Append one member; returns the number of bytes written."""
         size = len(data)
-        hdr = tar_header(name, size, mtime=self.mtime, mode=self.mode)
+        if len(name) <= 100 and size < 8 ** 11 and name.isascii():
+            hdr = self._template.header(name.encode("ascii"), size)
+        else:
+            hdr = tar_header(name, size, mtime=self.mtime, mode=self.mode)
         pad = -size % BLOCK
         write = self.stream.write
         write(hdr)

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from .codecs import encode_value
-from .tario import BLOCK, TarMemberWriter, is_compressed_name, open_compressed_writer, tar_header
+from .tario import BLOCK, TarMemberWriter, header_size, is_compressed_name, open_compressed_writer
 from .urls import AtomicOutput
 
 __all__ = ["ShardInfo", "ShardWriter", "TarWriter", "sample_members", "shard_name"]
@@ -57,7 +57,7 @@ def sample_members(sample: dict, encoder: bool = True) -> list[tuple[str, bytes]
 
 
 def _member_size(name: str, size: int) -> int:
-    return len(tar_header(name, size)) + size + (-size % BLOCK)
+    return header_size(name, size) + size + (-size % BLOCK)
 
 
 class TarWriter:
