@@ -106,6 +106,7 @@ def _run_shell(code: str, where: str, cwd: Path) -> None:
                              f"--- stderr\n{proc.stderr[-3000:]}")
 
 
+@pytest.mark.filterwarnings("ignore::ResourceWarning:webdataset.*")
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_doc_blocks_run(path: Path, tmp_path, monkeypatch):
     blocks = extract_blocks(path.read_text())
