@@ -16,6 +16,7 @@ which renders as nothing. Keep those few.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -123,3 +124,52 @@ def test_doc_blocks_run(path: Path, tmp_path, monkeypatch):
             _run_python(block["code"], path, block["line"], module)
         else:
             _run_shell(block["code"], where, tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# the example scripts
+# ---------------------------------------------------------------------------------------------
+
+
+def _run_example(args: list[str], cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable] + args, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, f"{args[0]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def test_imagefolder_to_shards(tmp_path):
+    from PIL import Image
+
+    from tarshards import WebDataset
+
+    root = tmp_path / "folder"
+    names = {"cat": 5, "dog": 4, "emu": 3}
+    for name, n in names.items():
+        (root / name).mkdir(parents=True)
+        for i in range(n):
+            Image.new("RGB", (40 + i, 30), (i * 20, 100, 50)).save(root / name / f"{i}.v1.jpg")
+    Image.new("L", (20, 20), 7).save(root / "dog" / "0.v1.png")  # same stem, other suffix
+    out = tmp_path / "shards" / "pets-%04d.tar"
+    _run_example([str(ROOT / "examples" / "imagefolder_to_shards.py"), str(root), "-o", str(out),
+                  "-n", "5", "--resize", "16"], tmp_path)
+    shards = sorted((tmp_path / "shards").glob("pets-*.tar"))
+    assert len(shards) == 3                                     # 13 images, 5 per shard
+    samples = list(WebDataset([str(p) for p in shards]).decode("pil"))
+    assert len(samples) == 13
+    assert len({s["__key__"] for s in samples}) == 13
+    listing = json.loads((tmp_path / "shards" / "classes.json").read_text())
+    assert listing["classes"] == ["cat", "dog", "emu"]
+    for s in samples:
+        image = s.get("jpg") or s.get("png")
+        assert min(image.size) == 16
+        assert listing["classes"][s["cls"]] == s["json"]["class"] == s["__key__"].split("/")[0]
+    counts = {c: sum(1 for s in samples if s["json"]["class"] == c) for c in names}
+    assert counts == {"cat": 5, "dog": 5, "emu": 3}
+
+
+def test_seed_notebook_example(tmp_path):
+    proc = _run_example([str(ROOT / "examples" / "seed_notebook.py"), "--out",
+                         str(tmp_path / "seed"), "--workers", "2"], tmp_path)
+    assert "torch.Size([16, 3, 224, 224]) torch.Size([16])" in proc.stdout
+    assert "rescaled image sizes: {(256, 256)}" in proc.stdout
