@@ -46,6 +46,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 RESULTS = os.path.join(common.HERE, "RESULTS.md")
+# hand-written analysis below this line in RESULTS.md survives a re-run
+NOTES_MARK = "<!-- notes: kept when run.py rewrites this file -->"
 
 # ---------------------------------------------------------------------------------------------
 # child side: one measurement, printed as JSON on the last line of stdout
@@ -449,8 +451,17 @@ def write_results(text_table: str, res: dict, info: dict, args, runtime: float) 
         "</details>",
         "",
     ]
+    notes = ""
+    try:
+        with open(RESULTS) as f:
+            old = f.read()
+        if NOTES_MARK in old:
+            notes = old[old.index(NOTES_MARK):]
+    except OSError:
+        pass
     with open(RESULTS, "w") as f:
         f.write("\n".join(doc))
+        f.write(notes or NOTES_MARK + "\n")
 
 
 def main(argv=None) -> int:
