@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 
+from .cache import ShardCache
 from .codecs import Codec, decode_value, encode_value, register_codec
 from .errors import (
     DecodeError,
@@ -23,6 +24,7 @@ from .errors import (
     UnsafeCodecError,
 )
 from .format import group_samples, split_name
+from .parallel import map_samples, map_shard_files, map_shards
 from .pipeline import iter_samples, shard_samples
 from .shards import split_by_node, split_by_worker
 from .stages import (
@@ -56,6 +58,7 @@ __all__ = sorted([
     "DuplicateFieldError",
     "MissingDependencyError",
     "PipeNotAllowedError",
+    "ShardCache",
     "ShardFormatError",
     "ShardWriteError",
     "ShardWriter",
@@ -79,6 +82,9 @@ __all__ = sorted([
     "iter_samples",
     "iter_tar",
     "map_dict",
+    "map_samples",
+    "map_shard_files",
+    "map_shards",
     "map_tuple",
     "open_url",
     "register_codec",

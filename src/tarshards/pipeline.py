@@ -29,8 +29,10 @@ _DEFAULT = object()
 
 def shard_samples(url: str, *, storage_options: dict | None = None, allow_pipe: bool = False,
                   last_dot: bool = False, opener: Callable | None = None,
-                  chunk_size: int = 1 << 20) -> Iterator[dict]:
+                  chunk_size: int = 1 << 20, retries: int = 5) -> Iterator[dict]:
     """The samples of one shard (any URL :func:`tarshards.urls.open_url` opens).
+
+    ``retries``: reconnections after a dropped connection, resuming at the byte offset reached.
 
     Errors are :class:`~tarshards.errors.TarshardsError` subclasses naming the shard, the member
     and the offset; OS errors while reading become :class:`StorageError`.
@@ -38,7 +40,7 @@ def shard_samples(url: str, *, storage_options: dict | None = None, allow_pipe: 
     url = os.fspath(url)
     if opener is None:
         opener = functools.partial(open_url, storage_options=storage_options,
-                                   allow_pipe=allow_pipe)
+                                   allow_pipe=allow_pipe, retries=retries)
     try:
         with opener(url) as stream:
             batches = iter_tar_batches(
@@ -224,7 +226,9 @@ class WebDataset(DataPipeline):
     ``rank``/``world_size``: the node's place (default: from torch.distributed when initialized).
     ``nodesplitter``/``workersplitter``: functions ``urls -> urls`` replacing the default split.
     ``empty_check``: raise when this reader was given shards but found no sample in them.
-    ``cache_dir``/``cache_size``: keep remote shards in a local cache.
+    ``cache_dir``/``cache_size``: keep remote shards in a local cache (size like ``"20GB"``).
+    ``retries``: reconnections per shard after a dropped connection (resumes at the offset).
+    ``decode_size=(w, h)``: with ``decoder=``, decode images at that size (fast for JPEG).
     """
 
     def __init__(self, urls, extensions: str | None = None, decoder: Any = _DEFAULT,
@@ -234,8 +238,9 @@ class WebDataset(DataPipeline):
                  workersplitter: Callable | None = None, empty_check: bool = True,
                  rank: int | None = None, world_size: int | None = None,
                  storage_options: dict | None = None, allow_pipe: bool = False,
-                 cache_dir: str | None = None, cache_size: float | None = None,
-                 last_dot: bool = False, decode_size=None, allow_unsafe: bool = False):
+                 cache_dir: str | None = None, cache_size: float | str | None = None,
+                 retries: int = 5, last_dot: bool = False, decode_size=None,
+                 allow_unsafe: bool = False):
         super().__init__(self._samples, seed=seed, handler=handler)
         self.urls = expand_urls(urls, storage_options=storage_options)
         if not self.urls:
@@ -251,11 +256,13 @@ class WebDataset(DataPipeline):
         self.last_dot = last_dot
         self.storage_options = storage_options
         self.allow_pipe = allow_pipe
+        self.retries = retries
         self._opener = None
         if cache_dir is not None:
             from .cache import ShardCache
 
-            cache = ShardCache(cache_dir, max_bytes=cache_size, storage_options=storage_options)
+            cache = ShardCache(cache_dir, max_bytes=cache_size, storage_options=storage_options,
+                               retries=retries, allow_pipe=allow_pipe)
             self._opener = cache.open
         # the seed notebook's constructor: shuffle, decode, tuple, per-element transforms
         if shuffle:
@@ -312,7 +319,7 @@ class WebDataset(DataPipeline):
     def _samples(self, ctx: dict) -> Iterator[dict]:
         shards = self.shard_list(ctx)
         options = {"storage_options": self.storage_options, "allow_pipe": self.allow_pipe,
-                   "last_dot": self.last_dot}
+                   "last_dot": self.last_dot, "retries": self.retries}
         if self._opener is not None:
             options["opener"] = self._opener
         if not self.empty_check or self.resampled:

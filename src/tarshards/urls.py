@@ -226,7 +226,8 @@ class _HTTPStream:
     ``Content-Length``), else ``None``.
     """
 
-    def __init__(self, fs, url: str, offset: int = 0, *, prefetch: int = 8 << 20):
+    def __init__(self, fs, url: str, offset: int = 0, *, prefetch: int = 8 << 20,
+                 timeout: float | None = 60.0):
         import asyncio
 
         from fsspec.asyn import sync
@@ -248,6 +249,12 @@ class _HTTPStream:
         headers = dict(kwargs.pop("headers", None) or {})
         if offset:
             headers["Range"] = f"bytes={offset}-"
+        if timeout is not None and "timeout" not in kwargs:
+            import aiohttp
+
+            # a server that stops answering becomes a (retried) error instead of a hang
+            kwargs["timeout"] = aiohttp.ClientTimeout(total=None, sock_connect=timeout,
+                                                      sock_read=timeout)
 
         async def start():
             return await session.get(fs.encode_url(url), headers=headers, **kwargs)
@@ -506,12 +513,12 @@ class ResumingReader:
 
 
 def _remote_reader(url: str, storage_options, *, block_size: int, retries: int,
-                   backoff: float) -> ResumingReader:
+                   backoff: float, timeout: float | None = 60.0) -> ResumingReader:
     fs, path, _ = _fsspec_resolve(url, storage_options)
     protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
     if "http" in protocols or "https" in protocols:
         def open_at(offset):
-            s = _HTTPStream(fs, path, offset)
+            s = _HTTPStream(fs, path, offset, timeout=timeout)
             return s, s.size
     else:
         def open_at(offset):
@@ -530,7 +537,7 @@ def _remote_reader(url: str, storage_options, *, block_size: int, retries: int,
 @contextlib.contextmanager
 def open_url(url: str, mode: str = "rb", *, storage_options: dict | None = None,
              allow_pipe: bool = False, block_size: int = 8 << 20, retries: int = 5,
-             retry_backoff: float = 0.1) -> Iterator[BinaryIO]:
+             retry_backoff: float = 0.1, timeout: float | None = 60.0) -> Iterator[BinaryIO]:
     """Open a URL as a binary stream (a context manager).
 
     ``-`` is stdin (or stdout for writing) and is not closed. ``pipe:CMD`` needs
@@ -538,7 +545,8 @@ def open_url(url: str, mode: str = "rb", *, storage_options: dict | None = None,
     read sequentially (``http(s)``: one streaming GET; object stores: ranges of ``block_size``
     bytes) by a :class:`ResumingReader`, which reconnects at the byte offset reached when a
     connection drops, up to ``retries`` times in a row, sleeping ``retry_backoff`` seconds
-    doubling (at most 2 s) in between.
+    doubling (at most 2 s) in between. An HTTP server silent for ``timeout`` seconds counts as a
+    dropped connection.
     """
     if not isinstance(url, str):
         url = os.fspath(url)
@@ -571,7 +579,7 @@ def open_url(url: str, mode: str = "rb", *, storage_options: dict | None = None,
         return
     if "r" in mode:
         with _remote_reader(url, storage_options, block_size=block_size, retries=retries,
-                            backoff=retry_backoff) as reader:
+                            backoff=retry_backoff, timeout=timeout) as reader:
             yield reader
         return
     fs, path, _ = _fsspec_resolve(url, storage_options)

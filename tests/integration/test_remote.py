@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from conftest import make_samples
+
+# a stuck connection must fail the test, not hold up the whole suite
+pytestmark = pytest.mark.timeout(180)
 from tarshards import ShardWriter, StorageError, TarWriter, WebDataset
 from tarshards.pipeline import iter_samples
 from tarshards.stages import warn_and_continue
@@ -223,7 +226,7 @@ def test_retries_exhausted_names_url_and_offset(http_remote):
     with servers.CuttingProxy(("127.0.0.1", srv.port), cut_after=[50_000, 0], cuts=100) as proxy:
         bad = urls[0].replace(srv.url, proxy.url)
         with pytest.raises(StorageError) as info:
-            with open_url(bad, retries=2, retry_backoff=0.01) as f:
+            with open_url(bad, retries=2, retry_backoff=0.01, timeout=10) as f:
                 while f.read(1 << 16):
                     pass
         err = info.value
@@ -231,7 +234,7 @@ def test_retries_exhausted_names_url_and_offset(http_remote):
         assert err.offset is not None and err.offset > 0 and f"offset {err.offset}" in str(err)
         assert "2 retries" in str(err)
         # the pipeline's handler decides: warn and go on with the next shard
-        opener = functools.partial(open_url, retries=1, retry_backoff=0.01)
+        opener = functools.partial(open_url, retries=1, retry_backoff=0.01, timeout=10)
         with pytest.warns(Warning, match="offset"):
             got = list(iter_samples([bad, urls[1]], handler=warn_and_continue, opener=opener))
     keys = [s["__key__"] for s in got]
@@ -256,3 +259,35 @@ def test_http_reads_one_request_per_shard(http_remote):
         assert after[path] - before[path] == 1
     heads = [r for r in srv.requests if r[0] == "HEAD"]
     assert not heads, "reading should not need a HEAD request"
+
+
+def test_silent_http_server_times_out_instead_of_hanging():
+    pytest.importorskip("aiohttp")
+    import socket
+    import threading
+    import time
+
+    sock = socket.create_server(("127.0.0.1", 0))
+    held = []
+
+    def accept():
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            held.append(conn)  # read nothing, answer nothing
+
+    threading.Thread(target=accept, daemon=True).start()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/shard.tar"
+    started = time.monotonic()
+    try:
+        with pytest.raises(StorageError) as info:
+            with open_url(url, retries=1, retry_backoff=0.01, timeout=0.5):
+                pass
+        assert url in str(info.value)
+        assert time.monotonic() - started < 30
+    finally:
+        sock.close()
+        for c in held:
+            c.close()
