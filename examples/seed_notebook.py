@@ -54,15 +54,15 @@ def make_image(rng: np.random.Generator) -> Image.Image:
     return Image.fromarray(small).resize((w, h), Image.Resampling.BICUBIC)
 
 
-def make_shards(out: Path, seed: int = 0) -> str:
+def make_shards(out: Path, seed: int = 0, per_shard: int = PER_SHARD) -> str:
     rng = np.random.default_rng(seed)
     classes = sorted(CLASSES)
     for s in range(NSHARDS):
         with TarWriter(str(out / f"imagenet_train-{s:04d}.tgz")) as sink:
-            for i in range(PER_SHARD):
+            for i in range(per_shard):
                 cls = classes[int(rng.integers(len(classes)))]
                 synset = f"n{3000000 + cls * 1000:08d}"
-                key = f"{synset}_{s * PER_SHARD + i}"
+                key = f"{synset}_{s * per_shard + i}"
                 sink.write({
                     "__key__": key,
                     "jpg": make_image(rng),
@@ -141,6 +141,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="seed_out", help="working directory (default seed_out)")
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers/processes")
+    parser.add_argument("--per-shard", type=int, default=PER_SHARD,
+                        help=f"samples per shard (default {PER_SHARD}, at least 16)")
     parser.add_argument("--dask", action="store_true",
                         help="also run the per-shard job on a local Dask cluster")
     args = parser.parse_args(argv)
@@ -152,7 +154,9 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
 
     cell("make ImageNet-like shards: imagenet_train-{0000..0003}.tgz (jpg, cls, json)")
-    urls = make_shards(out)
+    if args.per_shard < 16:
+        parser.error("--per-shard must be at least 16 (a batch of 16 is drawn from one shard)")
+    urls = make_shards(out, per_shard=args.per_shard)
     first = str(out / "imagenet_train-0000.tgz")
     sh(f"tar -ztvf {first} | sed 5q", out)
 
