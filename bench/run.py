@@ -20,8 +20,9 @@ Methodology per row (both sides do the same work on the same files):
    samples/s and the size of the output.
 4. ``pil_small``: ``.decode("pil").to_tuple("jpg", "cls")`` on small samples.
 5. ``t224_large``: ImageNet-like JPEG (500x375) to a 3x224x224 float tensor in [0, 1].
-   Ours: ``.decode("torchrgb", size=(224, 224)).to_tuple("jpg", "cls")`` (reduced-size JPEG
-   decoding). Upstream, two typical pipelines, the faster one is the reference:
+   Ours: ``.decode("torchrgb", size=(224, 224)).to_tuple("jpg", "cls")`` (JPEG decoded at a
+   1/2^k scale no smaller than 224x224, then an antialiased bilinear resize in torch).
+   Upstream, two typical pipelines, the faster one is the reference:
    ``torchrgb+interp``: ``.decode("torchrgb")`` then ``F.interpolate(bilinear, antialias=False)``;
    ``pil+resize``: ``.decode("pil")`` then ``PIL resize((224, 224), BILINEAR)`` then to-tensor.
 6. ``loader_small``: ``DataLoader(ds, num_workers=2, batch_size=64)`` over
@@ -443,9 +444,9 @@ def write_results(text_table: str, res: dict, info: dict, args, runtime: float) 
         "How each row is measured: see the docstring of `bench/run.py`. Row 5 compares with the "
         "faster of two typical upstream pipelines (`.decode(\"torchrgb\")` + "
         "`F.interpolate(bilinear)`, or `.decode(\"pil\")` + `PIL.resize(BILINEAR)` + to-tensor); "
-        "ours uses reduced-size JPEG decoding (simplejpeg/libjpeg-turbo scaling, then a bilinear "
-        "resize to exactly 224x224). Row 6 counts samples from the first batch on (worker "
-        "start-up excluded); the rate including start-up is shown in brackets. Row 7: ru_maxrss "
+        "ours uses reduced-size JPEG decoding (libjpeg-turbo 1/2^k scaling through simplejpeg, "
+        "then an antialiased bilinear resize on uint8 in torch to exactly 224x224). Row 6 counts "
+        "samples from the first batch on (worker start-up excluded); the rate including start-up is shown in brackets. Row 7: ru_maxrss "
         "minus the RSS after imports and dataset construction (torch imported in both).",
         "",
         "<details><summary>raw figures</summary>",
