@@ -447,7 +447,8 @@ def write_results(text_table: str, res: dict, info: dict, args, runtime: float) 
         "ours uses reduced-size JPEG decoding (libjpeg-turbo 1/2^k scaling through simplejpeg, "
         "then an antialiased bilinear resize on uint8 in torch to exactly 224x224). Row 6 counts "
         "samples from the first batch on (worker start-up excluded); the rate including start-up "
-        "is shown in brackets. Row 7: ru_maxrss minus the RSS after imports and dataset construction (torch imported in both).",
+        "is shown in brackets. Row 7: ru_maxrss minus the RSS after imports and dataset "
+        "construction (torch imported in both).",
         "",
         "<details><summary>raw figures</summary>",
         "",
