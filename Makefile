@@ -8,11 +8,12 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py src/tarshards/_speedups.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install "torch==2.13.0"
 	$(PY) -m pip install -e ".[all,dev]"
+	$(PY) -c "import tarshards._speedups" || echo "note: the C accelerator did not build; using the pure Python reader"
 	touch $(STAMP)
 
 demo: $(STAMP)

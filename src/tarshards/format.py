@@ -15,6 +15,11 @@ from typing import Iterable, Iterator
 
 from .errors import DuplicateFieldError
 
+try:  # optional C accelerator (see _speedups.c); the Python loop below is the reference
+    from ._speedups import group_members as _group_members
+except ImportError:  # pragma: no cover - built by default; pure Python works the same
+    _group_members = None
+
 __all__ = ["META_KEYS", "group_samples", "is_meta_key", "split_name"]
 
 META_KEYS = ("__key__", "__url__", "__index__")
@@ -39,17 +44,39 @@ def split_name(name: str, last_dot: bool = False) -> tuple[str, str] | None:
 
 
 def group_samples(members: Iterable, url=None, *, last_dot: bool = False,
-                  batched: bool = False) -> Iterator[dict]:
+                  batched: bool = False, accelerate: bool = True) -> Iterator[dict]:
     """Group consecutive tar members with the same key into sample dicts.
 
     ``members`` yields ``(name, data, offset)``, or lists of them with ``batched=True`` (as
     :func:`tarshards.tario.iter_tar_batches` gives). Each sample is ``{"__key__": key,
     "__url__": url, ext: bytes, ...}``. A repeated extension within one sample raises
-    :class:`DuplicateFieldError` naming both members.
+    :class:`DuplicateFieldError` naming both members. With ``accelerate`` (default) batches are
+    grouped in C when the extension is built.
     """
-    batches = members if batched else (members,)
+    if batched and accelerate and _group_members is not None:
+        return _group_fast(members, url, last_dot)
+    return _group(members if batched else (members,), url, last_dot)
+
+
+def _group_fast(batches: Iterable[list], url, last_dot: bool) -> Iterator[dict]:
     sample = None
     key = None
+    for batch in batches:
+        if type(batch) is not list:
+            batch = list(batch)
+        samples, sample, key, stop = _group_members(batch, 0, url, last_dot, sample, key)
+        yield from samples
+        if stop >= 0:  # a repeated extension: the reference loop raises the error
+            for _ in _group(([batch[stop]],), url, last_dot, sample, key):
+                pass
+            raise RuntimeError("internal error: C and Python grouping disagree")
+    if sample is not None:
+        yield sample
+
+
+def _group(batches: Iterable, url, last_dot: bool, sample: dict | None = None,
+           key: str | None = None) -> Iterator[dict]:
+    """The reference grouping loop (state ``sample``/``key`` carried in from a caller)."""
     for batch in batches:
         for member, data, offset in batch:
             # inlined split_name (hot path)

@@ -18,6 +18,11 @@ from typing import BinaryIO, Iterable, Iterator
 
 from .errors import MissingDependencyError, ShardFormatError
 
+try:  # optional C accelerator (see _speedups.c); the Python code below is the reference
+    from ._speedups import scan_members as _scan_members
+except ImportError:  # pragma: no cover - built by default; pure Python works the same
+    _scan_members = None
+
 __all__ = [
     "CHUNK_SIZE",
     "TarMemberWriter",
@@ -328,13 +333,15 @@ def iter_tar(chunks: Iterable[bytes], source=None, *, verify: bool = True,
 
 
 def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = True,
-                     drain: bool = True) -> Iterator[list[tuple[str, bytes, int]]]:
+                     drain: bool = True,
+                     accelerate: bool = True) -> Iterator[list[tuple[str, bytes, int]]]:
     """Like :func:`iter_tar`, but yields the members in lists (one list per buffer's worth).
 
     This is the reader's hot path. Plain ustar members that lie wholly inside the current buffer
     are parsed in a tight loop and their header checksums verified together (vectorised) before
     any of them is handed out; everything else (extended headers, links, members that span
     buffers, the end of the archive) goes through the general path one header at a time.
+    With ``accelerate`` (default) the fast loop runs in C when the extension is built.
     """
     b = _Buffer(chunks)
     long_name = None
@@ -347,8 +354,13 @@ def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = Tru
     base = 0
     regular = _REGULAR
     zero = _ZERO_BLOCK
+    scan = _scan_members if accelerate else None
     while True:
-        if pax is None and long_name is None and len(buf) - pos >= BLOCK:
+        if scan is not None and pax is None and long_name is None and len(buf) - pos >= BLOCK:
+            batch, pos = scan(buf, pos, base)  # stops where the general path must decide
+            if batch:
+                yield batch
+        elif pax is None and long_name is None and len(buf) - pos >= BLOCK:
             # fast path: plain members wholly inside the buffer
             batch = []
             headers = []

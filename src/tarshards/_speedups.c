@@ -1,0 +1,259 @@
+/* Optional C accelerator for the two per-member hot loops of tarshards.
+ *
+ * scan_members: the fast path of tario.iter_tar_batches (plain ustar members lying wholly in a
+ *               buffer, header checksums verified exactly).
+ * group_members: the loop of format.group_samples over one batch of members.
+ *
+ * Both stop (rather than raise) at anything unusual, and the pure Python code takes over from
+ * there, so the Python implementation stays the single definition of behaviour and of errors.
+ * tests/test_speedups.py checks that both paths agree.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#define BLOCK 512
+
+static int
+parse_octal(const unsigned char *p, Py_ssize_t len, long long *out)
+{
+    /* canonical field: optional leading spaces, octal digits to the end of the field */
+    Py_ssize_t i = 0;
+    long long v = 0;
+    while (i < len && p[i] == ' ')
+        i++;
+    if (i == len)
+        return 0;
+    for (; i < len; i++) {
+        unsigned char c = p[i];
+        if (c < '0' || c > '7')
+            return 0;
+        v = v * 8 + (c - '0');
+    }
+    *out = v;
+    return 1;
+}
+
+/* scan_members(buf, pos, base) -> (members, pos)
+ * members: list of (name, data, offset) for consecutive plain members; stops at the first header
+ * that is not a canonical '0' member fully inside buf, or whose checksum does not match. */
+static PyObject *
+scan_members(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t pos;
+    long long base;
+    if (!PyArg_ParseTuple(args, "y*nL", &view, &pos, &base))
+        return NULL;
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    Py_ssize_t n = view.len;
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        goto fail;
+    while (n - pos >= BLOCK) {
+        const unsigned char *h = buf + pos;
+        long long size, stored;
+        if (h[156] != '0' || h[135] != 0 || h[345] != 0)
+            break;
+        if (!parse_octal(h + 124, 11, &size))
+            break;
+        if (size > n - pos - BLOCK)
+            break;
+        if (h[154] != 0 && h[154] != ' ')
+            break;
+        if (!parse_octal(h + 148, 6, &stored))
+            break;
+        unsigned long sum = 0;
+        for (int i = 0; i < BLOCK; i++)
+            sum += h[i];
+        for (int i = 148; i < 156; i++)
+            sum -= h[i];
+        sum += 8 * ' ';
+        if ((long long)sum != stored)
+            break; /* the Python path decides (and raises) */
+        const unsigned char *nul = memchr(h, 0, 100);
+        Py_ssize_t namelen = nul ? (Py_ssize_t)(nul - h) : 100;
+        PyObject *name = PyUnicode_DecodeUTF8((const char *)h, namelen, "surrogateescape");
+        if (name == NULL)
+            goto fail;
+        PyObject *data = PyBytes_FromStringAndSize((const char *)h + BLOCK, (Py_ssize_t)size);
+        if (data == NULL) {
+            Py_DECREF(name);
+            goto fail;
+        }
+        PyObject *off = PyLong_FromLongLong(base + pos);
+        if (off == NULL) {
+            Py_DECREF(name);
+            Py_DECREF(data);
+            goto fail;
+        }
+        PyObject *t = PyTuple_Pack(3, name, data, off);
+        Py_DECREF(name);
+        Py_DECREF(data);
+        Py_DECREF(off);
+        if (t == NULL)
+            goto fail;
+        int rc = PyList_Append(out, t);
+        Py_DECREF(t);
+        if (rc < 0)
+            goto fail;
+        pos += BLOCK + ((size + 511) & ~(long long)511);
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(Nn)", out, pos);
+fail:
+    Py_XDECREF(out);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+static PyObject *KEY_STR, *URL_STR;
+
+/* group_members(batch, start, url, last_dot, sample, key) -> (samples, sample, key, stop)
+ * Groups batch[start:] like format.group_samples. stop is the index of a member that repeats an
+ * extension of the current sample (not consumed), or -1. */
+static PyObject *
+group_members(PyObject *self, PyObject *args)
+{
+    PyObject *batch, *url, *sample, *key;
+    Py_ssize_t start;
+    int last_dot;
+    if (!PyArg_ParseTuple(args, "O!nOpOO", &PyList_Type, &batch, &start, &url, &last_dot,
+                          &sample, &key))
+        return NULL;
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    Py_INCREF(sample);
+    Py_INCREF(key);
+    Py_ssize_t stop = -1;
+    Py_ssize_t count = PyList_GET_SIZE(batch);
+    for (Py_ssize_t i = start; i < count; i++) {
+        PyObject *member = PyList_GET_ITEM(batch, i);
+        if (!PyTuple_Check(member) || PyTuple_GET_SIZE(member) != 3) {
+            PyErr_SetString(PyExc_TypeError, "members are (name, data, offset) tuples");
+            goto fail;
+        }
+        PyObject *nameobj = PyTuple_GET_ITEM(member, 0);
+        PyObject *data = PyTuple_GET_ITEM(member, 1);
+        if (!PyUnicode_Check(nameobj)) {
+            PyErr_SetString(PyExc_TypeError, "member names are str");
+            goto fail;
+        }
+        Py_ssize_t len = PyUnicode_GET_LENGTH(nameobj);
+        Py_ssize_t s0 = 0;
+        if (len >= 2 && PyUnicode_READ_CHAR(nameobj, 0) == '.' &&
+            PyUnicode_READ_CHAR(nameobj, 1) == '/')
+            s0 = 2;
+        Py_ssize_t slash = PyUnicode_FindChar(nameobj, '/', s0, len, -1);
+        if (slash == -2)
+            goto fail;
+        Py_ssize_t b = slash >= 0 ? slash + 1 : s0;
+        if (len - b >= 2 && PyUnicode_READ_CHAR(nameobj, b) == '_' &&
+            PyUnicode_READ_CHAR(nameobj, b + 1) == '_')
+            continue;
+        Py_ssize_t dot = PyUnicode_FindChar(nameobj, '.', b, len, last_dot ? -1 : 1);
+        if (dot == -2)
+            goto fail;
+        if (dot <= b || dot == len - 1)
+            continue;
+        PyObject *k = PyUnicode_Substring(nameobj, s0, dot);
+        if (k == NULL)
+            goto fail;
+        PyObject *ext = PyUnicode_Substring(nameobj, dot + 1, len);
+        if (ext == NULL) {
+            Py_DECREF(k);
+            goto fail;
+        }
+        /* lower-case the extension unless it already is */
+        int needs_lower = 0;
+        Py_ssize_t elen = PyUnicode_GET_LENGTH(ext);
+        for (Py_ssize_t j = 0; j < elen; j++) {
+            Py_UCS4 c = PyUnicode_READ_CHAR(ext, j);
+            if (c >= 128 || (c >= 'A' && c <= 'Z')) {
+                needs_lower = 1;
+                break;
+            }
+        }
+        if (needs_lower) {
+            PyObject *low = PyObject_CallMethod(ext, "lower", NULL);
+            Py_DECREF(ext);
+            if (low == NULL) {
+                Py_DECREF(k);
+                goto fail;
+            }
+            ext = low;
+        }
+        int same = 0;
+        if (key != Py_None) {
+            same = PyUnicode_Compare(k, key) == 0;
+            if (PyErr_Occurred()) {
+                Py_DECREF(k);
+                Py_DECREF(ext);
+                goto fail;
+            }
+        }
+        if (same) {
+            int has = PyDict_Contains(sample, ext);
+            if (has != 0) {
+                Py_DECREF(k);
+                Py_DECREF(ext);
+                if (has < 0)
+                    goto fail;
+                stop = i;
+                break;
+            }
+            int rc = PyDict_SetItem(sample, ext, data);
+            Py_DECREF(k);
+            Py_DECREF(ext);
+            if (rc < 0)
+                goto fail;
+        } else {
+            if (sample != Py_None && PyList_Append(out, sample) < 0) {
+                Py_DECREF(k);
+                Py_DECREF(ext);
+                goto fail;
+            }
+            PyObject *d = PyDict_New();
+            if (d == NULL || PyDict_SetItem(d, KEY_STR, k) < 0 ||
+                PyDict_SetItem(d, URL_STR, url) < 0 || PyDict_SetItem(d, ext, data) < 0) {
+                Py_XDECREF(d);
+                Py_DECREF(k);
+                Py_DECREF(ext);
+                goto fail;
+            }
+            Py_DECREF(ext);
+            Py_DECREF(sample);
+            sample = d;
+            Py_DECREF(key);
+            key = k;
+        }
+    }
+    return Py_BuildValue("(NNNn)", out, sample, key, stop);
+fail:
+    Py_DECREF(out);
+    Py_DECREF(sample);
+    Py_DECREF(key);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"scan_members", scan_members, METH_VARARGS,
+     "scan_members(buf, pos, base) -> (members, pos): plain members wholly inside buf."},
+    {"group_members", group_members, METH_VARARGS,
+     "group_members(batch, start, url, last_dot, sample, key) -> (samples, sample, key, stop)."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_speedups",
+                                    "C accelerator for tarshards' reader hot loops.", -1,
+                                    methods};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    KEY_STR = PyUnicode_InternFromString("__key__");
+    URL_STR = PyUnicode_InternFromString("__url__");
+    if (KEY_STR == NULL || URL_STR == NULL)
+        return NULL;
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,89 @@
+"""The optional C accelerator agrees with the pure Python reference, on good and bad input."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from tarshards import format as fmt_mod
+from tarshards import tario
+from tarshards.errors import DuplicateFieldError, ShardFormatError
+from tarshards.format import group_samples
+from tarshards.tario import decompressed_chunks, iter_tar_batches, read_chunks
+
+from test_tario import FORMATS, archive_entries, build_tarfile
+
+pytestmark = pytest.mark.skipif(tario._scan_members is None or fmt_mod._group_members is None,
+                                reason="the C accelerator is not built")
+
+
+def read(data: bytes, chunk_size: int, accelerate: bool, last_dot: bool = False):
+    """Samples (and the error, if any) read with or without the accelerator."""
+    out = []
+    batches = iter_tar_batches(decompressed_chunks(read_chunks(io.BytesIO(data), chunk_size)),
+                               "mem", accelerate=accelerate)
+    try:
+        for s in group_samples(batches, "mem", batched=True, accelerate=accelerate,
+                               last_dot=last_dot):
+            out.append(s)
+    except (ShardFormatError, DuplicateFieldError) as exc:
+        return out, (type(exc), str(exc), exc.offset, exc.member)
+    return out, None
+
+
+def members(data: bytes, chunk_size: int, accelerate: bool):
+    out = []
+    try:
+        for batch in iter_tar_batches(read_chunks(io.BytesIO(data), chunk_size), "mem",
+                                      accelerate=accelerate):
+            out.extend(batch)
+    except ShardFormatError as exc:
+        return out, (str(exc), exc.offset)
+    return out, None
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(entries=archive_entries(), fmt=st.sampled_from(sorted(FORMATS)),
+       chunk_size=st.sampled_from([1, 100, 512, 4096, 1 << 20]), last_dot=st.booleans())
+def test_same_samples_as_python(entries, fmt, chunk_size, last_dot):
+    try:
+        data = build_tarfile(entries, FORMATS[fmt])
+    except ValueError:
+        assume(False)
+    assert read(data, chunk_size, True, last_dot) == read(data, chunk_size, False, last_dot)
+    assert members(data, chunk_size, True) == members(data, chunk_size, False)
+
+
+def _tar(names_and_data):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        for name, data in names_and_data:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    return buf.getvalue()
+
+
+_names = st.lists(st.tuples(
+    st.sampled_from(["a", "./a", "d/a", "b", "__meta__", "d/__x", "noext", "A", "é"]),
+    st.sampled_from(["", ".jpg", ".JPG", ".seg.png", ".cls", ".", ".Ä"])), max_size=12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_names, st.booleans())
+def test_key_rules_and_duplicates_match(names, last_dot):
+    data = _tar([(k + e, f"{k}{e}".encode()) for k, e in names])
+    assert read(data, 1 << 20, True, last_dot) == read(data, 1 << 20, False, last_dot)
+
+
+@settings(max_examples=60, deadline=None)
+@given(pos=st.integers(0, 511), flip=st.integers(1, 255), which=st.integers(0, 2))
+def test_corrupted_headers_give_the_same_error(pos, flip, which):
+    data = bytearray(_tar([("x.cls", b"1"), ("x.jpg", b"2" * 600), ("y.cls", b"3")]))
+    offsets = [0, 1024, 1024 + 512 + 1024]
+    data[offsets[which] + pos] ^= flip
+    assert read(bytes(data), 1 << 20, True) == read(bytes(data), 1 << 20, False)
