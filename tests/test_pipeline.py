@@ -207,3 +207,18 @@ def test_reads_over_http(shards, tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_decode_before_to_tuple_skips_unused_fields(shards, tmp_path):
+    paths, samples = shards
+    from tarshards import TarWriter
+
+    bad = tmp_path / "bad-json.tar"
+    with TarWriter(str(bad)) as w:
+        for s in samples[:3]:
+            w.write(dict(s, json=b"{not json"))
+    # the broken json is never decoded because to_tuple does not ask for it
+    got = list(WebDataset(str(bad)).decode("rgb8").to_tuple("jpg", "cls"))
+    assert [c for _, c in got] == [0, 1, 2]
+    with pytest.raises(Exception, match="json"):
+        list(WebDataset(str(bad)).decode("rgb8"))

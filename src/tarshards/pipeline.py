@@ -174,8 +174,13 @@ class DataPipeline:
         ctx = self._context()
         src = self._source
         data = src(ctx) if callable(src) else iter(src)
-        for i, st in enumerate(self._stages):
+        stages = self._stages
+        for i, st in enumerate(stages):
             kwargs = st.kwargs
+            if (st.fn is _stages.decode and "only" not in kwargs and i + 1 < len(stages)
+                    and stages[i + 1].fn is _stages.to_tuple):
+                # to_tuple keeps only the fields it names: decoding the others is wasted work
+                kwargs = dict(kwargs, only=_tuple_fields(stages[i + 1].args))
             if st.wants_rng or st.wants_handler:
                 kwargs = dict(kwargs)
                 if st.wants_rng:
@@ -193,6 +198,13 @@ class DataPipeline:
 
     def _source_repr(self) -> str:
         return f"{type(self).__name__}({_short(self._source)})"
+
+
+def _tuple_fields(args) -> list[str]:
+    """Every field a ``to_tuple(*args)`` stage may pick (alternatives included)."""
+    if len(args) == 1 and isinstance(args[0], str) and " " in args[0]:
+        args = args[0].split()
+    return [f for spec in args for f in spec.split(";")]
 
 
 def _fluent(stage: Callable) -> Callable:
@@ -318,22 +330,25 @@ class WebDataset(DataPipeline):
 
     def _samples(self, ctx: dict) -> Iterator[dict]:
         shards = self.shard_list(ctx)
+        if not self.resampled:
+            shards = list(shards)
         options = {"storage_options": self.storage_options, "allow_pipe": self.allow_pipe,
                    "last_dot": self.last_dot, "retries": self.retries}
         if self._opener is not None:
             options["opener"] = self._opener
+        samples = iter_samples(shards, handler=self.handler, **options)
         if not self.empty_check or self.resampled:
-            yield from iter_samples(shards, handler=self.handler, **options)
+            yield from samples
             return
-        shards = list(shards)
-        count = 0
-        for sample in iter_samples(shards, handler=self.handler, **options):
-            count += 1
-            yield sample
-        if shards and count == 0:
-            raise ValueError(
-                f"no samples found in {len(shards)} shard(s) ({shards[0]}...): are the member "
-                "names KEY.EXT? (pass empty_check=False to allow empty shards)")
+        first = next(samples, _DEFAULT)  # peek: no per-sample cost for the check
+        if first is _DEFAULT:
+            if shards:
+                raise ValueError(
+                    f"no samples found in {len(shards)} shard(s) ({shards[0]}...): are the "
+                    "member names KEY.EXT? (pass empty_check=False to allow empty shards)")
+            return
+        yield first
+        yield from samples
 
     def _source_repr(self) -> str:
         spec = repr(self.spec) if isinstance(self.spec, str) else f"[{self.urls[0]!r}, ...]"

@@ -11,6 +11,7 @@ where a name or a size does not fit, so equal samples always give byte-identical
 
 from __future__ import annotations
 
+import io
 import struct
 import zlib
 from zlib import adler32
@@ -634,21 +635,40 @@ class TarMemberWriter:
         self.mode = mode
         self.bytes_written = 0
         self._template = _HeaderTemplate(mtime, mode)
+        if isinstance(stream, (io.BufferedWriter, io.BytesIO, io.FileIO)):
+            self._writelines = stream.writelines
+        else:  # e.g. zstandard's writer has no writelines
+            write = stream.write
+
+            def writelines(parts):
+                for part in parts:
+                    write(part)
+
+            self._writelines = writelines
 
     def add(self, name: str, data: bytes) -> int:
         """Append one member; returns the number of bytes written."""
-        size = len(data)
-        if len(name) <= 100 and size < 8 ** 11 and name.isascii():
-            hdr = self._template.header(name.encode("ascii"), size)
-        else:
-            hdr = tar_header(name, size, mtime=self.mtime, mode=self.mode)
-        pad = -size % BLOCK
-        write = self.stream.write
-        write(hdr)
-        write(data)
-        if pad:
-            write(_ZERO_BLOCK[:pad])
-        n = len(hdr) + size + pad
+        return self.add_all(((name, data),))
+
+    def add_all(self, members) -> int:
+        """Append ``(name, data)`` members with one write; returns the number of bytes written."""
+        parts = []
+        append = parts.append
+        n = 0
+        template = self._template
+        for name, data in members:
+            size = len(data)
+            if len(name) <= 100 and size < 8 ** 11 and name.isascii():
+                hdr = template.header(name.encode("ascii"), size)
+            else:
+                hdr = tar_header(name, size, mtime=self.mtime, mode=self.mode)
+            pad = -size % BLOCK
+            append(hdr)
+            append(data)
+            if pad:
+                append(_ZERO_BLOCK[:pad])
+            n += len(hdr) + size + pad
+        self._writelines(parts)
         self.bytes_written += n
         return n
 

@@ -619,7 +619,7 @@ class AtomicOutput:
             d = os.path.dirname(os.path.abspath(path))
             os.makedirs(d, exist_ok=True)
             self._tmp = os.path.join(d, f".{os.path.basename(path)}.{uuid.uuid4().hex[:8]}.tmp")
-            self.stream = open(self._tmp, "wb")
+            self.stream = open(self._tmp, "wb", buffering=1 << 20)
             self._owned = True
         else:
             fd, self._tmp = tempfile.mkstemp(prefix="tarshards-upload-", suffix=".tmp")

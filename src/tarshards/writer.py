@@ -115,10 +115,7 @@ class TarWriter:
     def write_members(self, members: list[tuple[str, bytes]]) -> int:
         if self.closed:
             raise ValueError(f"write to a closed TarWriter ({self.name})")
-        add = self._tar.add
-        n = 0
-        for name, data in members:
-            n += add(name, data)
+        n = self._tar.add_all(members)
         self.count += 1
         return n
 
