@@ -52,7 +52,7 @@ def banner(title: str) -> None:
 def digit_image(pixels: np.ndarray, size: int = IMAGE_SIZE) -> Image.Image:
     """An 8x8 digit (values 0..16) as a size x size grayscale PIL image."""
     arr = (pixels.reshape(8, 8) * (255.0 / 16.0)).clip(0, 255).astype(np.uint8)
-    return Image.fromarray(arr, mode="L").resize((size, size), Image.Resampling.BICUBIC)
+    return Image.fromarray(arr).resize((size, size), Image.Resampling.BICUBIC)
 
 
 def write_shards(out: Path, seed: int) -> dict:
