@@ -44,7 +44,7 @@ def shard_samples(url: str, *, storage_options: dict | None = None, allow_pipe: 
     try:
         with opener(url) as stream:
             batches = iter_tar_batches(
-                decompressed_chunks(read_chunks(stream, chunk_size), url), url)
+                decompressed_chunks(read_chunks(stream, chunk_size, reuse=True), url), url)
             yield from group_samples(batches, url, last_dot=last_dot, batched=True)
     except TarshardsError as exn:
         raise exn.with_context(url=url) from None

@@ -55,8 +55,23 @@ _DRAIN_LIMIT = 1 << 20  # bytes of trailing padding read after the end-of-archiv
 # ---------------------------------------------------------------------------------------------
 
 
-def read_chunks(stream: BinaryIO, chunk_size: int = CHUNK_SIZE) -> Iterator[bytes]:
-    """Yield the bytes of ``stream`` in chunks of up to ``chunk_size`` bytes, until EOF."""
+def read_chunks(stream: BinaryIO, chunk_size: int = CHUNK_SIZE, *,
+                reuse: bool = False) -> Iterator[bytes]:
+    """Yield the bytes of ``stream`` in chunks of up to ``chunk_size`` bytes, until EOF.
+
+    With ``reuse=True`` (streams with ``readinto``) every chunk is a memoryview of one buffer that
+    the next chunk overwrites: a consumer must copy what it keeps before asking for more. This
+    spares a fresh allocation (and its page faults) per chunk.
+    """
+    readinto = (getattr(stream, "readinto1", None) or getattr(stream, "readinto", None)
+                if reuse else None)
+    if readinto is not None:
+        view = memoryview(bytearray(chunk_size))
+        while True:
+            n = readinto(view)
+            if not n:
+                return
+            yield view[:n]
     read = getattr(stream, "read1", None) or stream.read
     while True:
         data = read(chunk_size)
@@ -263,55 +278,51 @@ def _parse_pax(payload: bytes, source, offset) -> dict:
 
 
 class _Buffer:
-    """A window over a chunk iterator with absolute stream offsets."""
+    """A window over a chunk iterator with absolute stream offsets.
+
+    ``buf`` is a bytearray holding the unread input from ``pos`` on; :meth:`fill` drops what was
+    read (cheap at the front of a bytearray) and appends chunks, so a chunk is copied once and the
+    buffer's memory is reused. Data handed out must be copied out as ``bytes``.
+    """
 
     __slots__ = ("it", "buf", "pos", "base")
 
     def __init__(self, chunks: Iterable[bytes]):
         self.it = iter(chunks)
-        self.buf = b""
+        self.buf = bytearray()
         self.pos = 0
         self.base = 0  # stream offset of buf[0]
 
     def fill(self, n: int) -> bool:
         """Make at least ``n`` bytes available at ``pos``; False at EOF before that."""
         buf, pos = self.buf, self.pos
-        have = len(buf) - pos
-        if have >= n:
+        if len(buf) - pos >= n:
             return True
         if pos > len(buf):  # a skip ran past the buffer: discard input
             skip = pos - len(buf)
             self.base += len(buf)
-            buf = b""
-            pos = 0
+            buf.clear()
+            self.pos = 0
             while skip:
                 nxt = next(self.it, None)
                 if nxt is None:
-                    self.buf, self.pos = b"", 0
-                    self.base += 0
                     return n <= 0
                 if len(nxt) <= skip:
                     skip -= len(nxt)
                     self.base += len(nxt)
                 else:
-                    buf, pos = nxt, skip
+                    buf += nxt[skip:]
+                    self.base += skip
                     skip = 0
-            have = len(buf) - pos
-            self.buf, self.pos = buf, pos
-            if have >= n:
-                return True
-        parts = [buf[pos:]] if have else []
-        self.base += pos
-        while have < n:
+        elif pos:
+            del buf[:pos]
+            self.base += pos
+            self.pos = 0
+        while len(buf) < n:
             nxt = next(self.it, None)
             if nxt is None:
-                self.buf = b"".join(parts)
-                self.pos = 0
                 return False
-            parts.append(nxt)
-            have += len(nxt)
-        self.buf = parts[0] if len(parts) == 1 else b"".join(parts)
-        self.pos = 0
+            buf += nxt
         return True
 
     def offset(self) -> int:
@@ -378,7 +389,7 @@ def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = Tru
                     break
                 end = hdr.find(0, 0, 100)
                 name = (hdr[:end] if end >= 0 else hdr[:100]).decode("utf-8", "surrogateescape")
-                batch.append((name, buf[pos + BLOCK:pos + BLOCK + size], base + pos))
+                batch.append((name, bytes(buf[pos + BLOCK:pos + BLOCK + size]), base + pos))
                 headers.append(hdr)
                 pos += BLOCK + ((size + 511) & ~511)
             if batch:
@@ -443,7 +454,7 @@ def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = Tru
                 long_name = pax = start = None
                 continue
             if len(buf) - pos >= size:
-                data = buf[pos:pos + size]
+                data = bytes(buf[pos:pos + size])
                 pos += padded
             else:
                 b.pos = pos
@@ -524,13 +535,13 @@ def _read_data(b: _Buffer, size: int, padded: int, source, name, start) -> bytes
     if not b.fill(padded):
         if b.fill(size) if size != padded else False:
             # data complete but the final block padding is missing: accept, as GNU tar does not
-            data = b.buf[b.pos:b.pos + size]
+            data = bytes(b.buf[b.pos:b.pos + size])
             b.pos += size
             return data
         raise ShardFormatError(
             f"truncated tar stream: member needs {size} bytes, stream ended after "
             f"{len(b.buf) - b.pos}", url=source, member=name, offset=start)
-    data = b.buf[b.pos:b.pos + size]
+    data = bytes(b.buf[b.pos:b.pos + size])
     b.pos += padded
     return data
 
@@ -540,7 +551,7 @@ def _drain(b: _Buffer) -> None:
     total = 0
     for piece in b.it:
         total += len(piece)
-        if total > _DRAIN_LIMIT or piece.strip(b"\0"):
+        if total > _DRAIN_LIMIT or bytes(piece).strip(b"\0"):
             break
 
 
@@ -711,4 +722,5 @@ def is_compressed_name(name: str) -> bool:
 
 def open_tar_bytes(stream: BinaryIO, source=None, chunk_size: int = CHUNK_SIZE):
     """Members ``(name, data, offset)`` of a possibly compressed tar byte stream."""
-    return iter_tar(decompressed_chunks(read_chunks(stream, chunk_size), source), source)
+    return iter_tar(decompressed_chunks(read_chunks(stream, chunk_size, reuse=True), source),
+                    source)
