@@ -366,7 +366,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    torch.set_num_threads(1)  # the 2 DataLoader workers use the other cores
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     timings = {}
