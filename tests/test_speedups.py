@@ -87,3 +87,22 @@ def test_corrupted_headers_give_the_same_error(pos, flip, which):
     offsets = [0, 1024, 1024 + 512 + 1024]
     data[offsets[which] + pos] ^= flip
     assert read(bytes(data), 1 << 20, True) == read(bytes(data), 1 << 20, False)
+
+
+_member = st.tuples(
+    st.one_of(st.from_regex(r"[a-z0-9_/]{1,120}\.[a-z]{1,4}", fullmatch=True),
+              st.text(min_size=1, max_size=30).map(lambda t: t + ".txt")),
+    st.one_of(st.binary(max_size=1500), st.binary(max_size=20).map(bytearray)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_member, max_size=8), st.integers(0, 2**33 - 1), st.sampled_from([0o444, 0o644]))
+def test_writer_bytes_identical_to_python(members, mtime, mode):
+    out = []
+    for accelerate in (True, False):
+        buf = io.BytesIO()
+        w = tario.TarMemberWriter(buf, mtime=mtime, mode=mode)
+        n = w.add_all(members, accelerate=accelerate)
+        assert n == len(buf.getvalue())
+        out.append(buf.getvalue())
+    assert out[0] == out[1]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 
-from .cache import ShardCache
 from .codecs import Codec, decode_value, encode_value, register_codec
 from .errors import (
     DecodeError,
@@ -24,7 +23,6 @@ from .errors import (
     UnsafeCodecError,
 )
 from .format import group_samples, split_name
-from .parallel import map_samples, map_shard_files, map_shards
 from .pipeline import iter_samples, shard_samples
 from .shards import split_by_node, split_by_worker
 from .stages import (
@@ -103,9 +101,16 @@ __all__ = sorted([
 ])
 
 _LAZY = {"WebDataset", "DataPipeline", "WebLoader"}
+# modules imported on first use, to keep `import tarshards` (and CLI start-up) light
+_LAZY_MODULES = {"ShardCache": "cache", "map_samples": "parallel", "map_shard_files": "parallel",
+                 "map_shards": "parallel"}
 
 
 def __getattr__(name: str):
+    if name in _LAZY_MODULES:
+        value = getattr(importlib.import_module(f"tarshards.{_LAZY_MODULES[name]}"), name)
+        globals()[name] = value
+        return value
     if name in _LAZY:
         try:
             mod = importlib.import_module("tarshards.torch")

@@ -237,9 +237,99 @@ fail:
     return NULL;
 }
 
+/* ustar_parts(parts, members, start, mtime, mode) -> (nbytes, stop)
+ * Appends header, data and padding of members[start:] to the list parts, as
+ * tario.TarMemberWriter.add_all does for plain members. Stops (stop = index) at a member the
+ * Python path must write (name not ASCII or longer than 100 bytes, size >= 8**11, data not
+ * bytes); stop = -1 when all were written. */
+static PyObject *ZERO_PAD;
+
+static PyObject *
+ustar_parts(PyObject *self, PyObject *args)
+{
+    PyObject *parts, *members;
+    Py_ssize_t start;
+    long long mtime, mode;
+    if (!PyArg_ParseTuple(args, "O!OnLL", &PyList_Type, &parts, &members, &start, &mtime, &mode))
+        return NULL;
+    PyObject *seq = PySequence_Fast(members, "members must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    long long total = 0;
+    Py_ssize_t stop = -1;
+    char head[BLOCK];
+    memset(head, 0, BLOCK);
+    snprintf(head + 100, 8, "%07llo", mode);
+    memcpy(head + 108, "0000000", 8);
+    memcpy(head + 116, "0000000", 8);
+    snprintf(head + 136, 12, "%011llo", mtime);
+    head[156] = '0';
+    memcpy(head + 257, "ustar", 6);
+    memcpy(head + 263, "00", 2);
+    memcpy(head + 329, "0000000", 8);
+    memcpy(head + 337, "0000000", 8);
+    for (Py_ssize_t i = start; i < count; i++) {
+        PyObject *m = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyTuple_Check(m) || PyTuple_GET_SIZE(m) != 2) {
+            stop = i;
+            break;
+        }
+        PyObject *name = PyTuple_GET_ITEM(m, 0);
+        PyObject *data = PyTuple_GET_ITEM(m, 1);
+        if (!PyUnicode_Check(name) || !PyUnicode_IS_ASCII(name) ||
+            PyUnicode_GET_LENGTH(name) > 100 || !PyBytes_CheckExact(data)) {
+            stop = i;
+            break;
+        }
+        Py_ssize_t size = PyBytes_GET_SIZE(data);
+        if ((long long)size >= (1LL << 33)) {
+            stop = i;
+            break;
+        }
+        char h[BLOCK];
+        memcpy(h, head, BLOCK);
+        Py_ssize_t nlen = PyUnicode_GET_LENGTH(name);
+        memcpy(h, PyUnicode_DATA(name), nlen);
+        snprintf(h + 124, 12, "%011llo", (long long)size);
+        memset(h + 148, ' ', 8);
+        unsigned long sum = 0;
+        for (int j = 0; j < BLOCK; j++)
+            sum += (unsigned char)h[j];
+        snprintf(h + 148, 7, "%06lo", sum);
+        h[154] = 0;
+        h[155] = ' ';
+        PyObject *hdr = PyBytes_FromStringAndSize(h, BLOCK);
+        if (hdr == NULL)
+            goto fail;
+        int rc = PyList_Append(parts, hdr);
+        Py_DECREF(hdr);
+        if (rc < 0 || PyList_Append(parts, data) < 0)
+            goto fail;
+        Py_ssize_t pad = (BLOCK - size % BLOCK) % BLOCK;
+        if (pad) {
+            PyObject *p = PyBytes_FromStringAndSize(PyBytes_AS_STRING(ZERO_PAD), pad);
+            if (p == NULL)
+                goto fail;
+            rc = PyList_Append(parts, p);
+            Py_DECREF(p);
+            if (rc < 0)
+                goto fail;
+        }
+        total += BLOCK + size + pad;
+    }
+    Py_DECREF(seq);
+    return Py_BuildValue("(Ln)", total, stop);
+fail:
+    Py_DECREF(seq);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"scan_members", scan_members, METH_VARARGS,
      "scan_members(buf, pos, base) -> (members, pos): plain members wholly inside buf."},
+    {"ustar_parts", ustar_parts, METH_VARARGS,
+     "ustar_parts(parts, members, start, mtime, mode) -> (nbytes, stop)."},
     {"group_members", group_members, METH_VARARGS,
      "group_members(batch, start, url, last_dot, sample, key) -> (samples, sample, key, stop)."},
     {NULL, NULL, 0, NULL}};
@@ -253,7 +343,10 @@ PyInit__speedups(void)
 {
     KEY_STR = PyUnicode_InternFromString("__key__");
     URL_STR = PyUnicode_InternFromString("__url__");
-    if (KEY_STR == NULL || URL_STR == NULL)
+    ZERO_PAD = PyBytes_FromStringAndSize(NULL, BLOCK);
+    if (ZERO_PAD != NULL)
+        memset(PyBytes_AS_STRING(ZERO_PAD), 0, BLOCK);
+    if (KEY_STR == NULL || URL_STR == NULL || ZERO_PAD == NULL)
         return NULL;
     return PyModule_Create(&module);
 }

@@ -18,9 +18,10 @@ import pickle
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
-
+from ._lazy import LazyModule
 from .errors import DecodeError, MissingDependencyError, UnsafeCodecError
+
+np = LazyModule("numpy", globals(), "np")  # numpy is imported on first use
 
 __all__ = [
     "Codec",

@@ -16,10 +16,11 @@ import random
 import warnings
 from typing import Any, Callable, Iterable, Iterator
 
-import numpy as np
-
+from ._lazy import LazyModule
 from .codecs import IMAGE_MODES, _EXTRA_MODES, field_decoder
 from .errors import DecodeError, TarshardsError, TarshardsWarning
+
+np = LazyModule("numpy", globals(), "np")  # numpy is imported on first use
 
 __all__ = [
     "batched",

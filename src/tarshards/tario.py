@@ -21,8 +21,9 @@ from .errors import MissingDependencyError, ShardFormatError
 
 try:  # optional C accelerator (see _speedups.c); the Python code below is the reference
     from ._speedups import scan_members as _scan_members
+    from ._speedups import ustar_parts as _ustar_parts
 except ImportError:  # pragma: no cover - built by default; pure Python works the same
-    _scan_members = None
+    _scan_members = _ustar_parts = None
 
 __all__ = [
     "CHUNK_SIZE",
@@ -661,9 +662,30 @@ class TarMemberWriter:
         """Append one member; returns the number of bytes written."""
         return self.add_all(((name, data),))
 
-    def add_all(self, members) -> int:
+    def add_all(self, members, accelerate: bool = True) -> int:
         """Append ``(name, data)`` members with one write; returns the number of bytes written."""
+        if not isinstance(members, (list, tuple)):
+            members = list(members)
         parts = []
+        n = 0
+        start = 0
+        fast = _ustar_parts if accelerate else None
+        while True:
+            if fast is not None:
+                added, stop = fast(parts, members, start, self.mtime, self.mode)
+                n += added
+                if stop < 0:
+                    break
+                members = members[stop:]  # the Python path writes members[stop] (and on)
+            n += self._add_python(parts, members[:1] if fast is not None else members)
+            if fast is None or len(members) == 1:
+                break
+            start = 1
+        self._writelines(parts)
+        self.bytes_written += n
+        return n
+
+    def _add_python(self, parts: list, members) -> int:
         append = parts.append
         n = 0
         template = self._template
@@ -679,8 +701,6 @@ class TarMemberWriter:
             if pad:
                 append(_ZERO_BLOCK[:pad])
             n += len(hdr) + size + pad
-        self._writelines(parts)
-        self.bytes_written += n
         return n
 
     def finish(self) -> None:
