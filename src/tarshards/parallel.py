@@ -729,6 +729,20 @@ def _import_distributed():
     return distributed
 
 
+def _run_pickled_job(job_bytes: bytes, inp: str, out: str):
+    """A Dask task: load the job here, so a function the worker cannot import fails this task
+    with a clear error (a function inside the task message would break the worker's connection
+    and leave the task hanging)."""
+    try:
+        job = pickle.loads(job_bytes)
+    except Exception as exn:
+        raise RuntimeError(
+            f"the function could not be loaded on the Dask worker ({type(exn).__name__}: {exn}); "
+            "its module must be importable there (install it on the workers, or define the "
+            "function in the script that calls map_shards)") from exn
+    return job(inp, out)
+
+
 def _run_dask(job, pairs, todo, workers, address, retries, client, finished) -> None:
     distributed = _import_distributed()
     import dask
@@ -749,10 +763,14 @@ def _run_dask(job, pairs, todo, workers, address, retries, client, finished) -> 
                 client = stack.enter_context(distributed.Client(address))
         token = uuid.uuid4().hex[:12]
         futures = {}
+        import cloudpickle  # a dependency of distributed; pickles __main__ functions by value
+
+        job_bytes = client.scatter(cloudpickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL),
+                                   broadcast=True)
         for i in todo:
             inp, out = pairs[i]
-            fut = client.submit(job, inp, out, key=f"tarshards-shard-{token}-{i}", pure=False,
-                                retries=retries)
+            fut = client.submit(_run_pickled_job, job_bytes, inp, out,
+                                key=f"tarshards-shard-{token}-{i}", pure=False, retries=retries)
             futures[fut] = i
         try:
             for fut in distributed.as_completed(futures):

@@ -115,3 +115,31 @@ def test_dask_rerun_after_failure_does_only_the_rest(tmp_path, cluster):
         client.close()
     assert [r.status for r in reports] == ["skipped"] * 3 + ["done"] + ["skipped"] * 4
     assert read_all([str(tmp_path / f"out-{i}.tar") for i in range(8)]) == expected(samples)
+
+
+@pytest.mark.timeout(120)
+def test_function_workers_cannot_import_fails_instead_of_hanging(tmp_path, monkeypatch):
+    """A function from a module only the client can import: each shard fails with a clear
+    error (before, the worker's connection broke and the job waited forever)."""
+    import importlib
+    import sys
+    import warnings
+
+    moddir = tmp_path / "clientonly"
+    moddir.mkdir()
+    (moddir / "client_only_mod.py").write_text("def fn(sample):\n    return sample\n")
+    sys.path.insert(0, str(moddir))
+    try:
+        mod = importlib.import_module("client_only_mod")
+    finally:
+        sys.path.remove(str(moddir))
+    monkeypatch.setitem(sys.modules, "client_only_mod", mod)
+    paths, _ = write_shards(tmp_path, 2, 3)
+    outs = [str(tmp_path / f"out-{i}.tar") for i in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TarshardsWarning)
+        reports = map_shards(mod.fn, paths, outs, engine="dask", workers=1, retries=0)
+    assert [r.status for r in reports] == ["failed", "failed"]
+    assert all("could not be loaded on the Dask worker" in r.error and "client_only_mod" in r.error
+               for r in reports)
+    assert not any(os.path.exists(o) for o in outs)
