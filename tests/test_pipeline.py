@@ -222,3 +222,19 @@ def test_decode_before_to_tuple_skips_unused_fields(shards, tmp_path):
     assert [c for _, c in got] == [0, 1, 2]
     with pytest.raises(Exception, match="json"):
         list(WebDataset(str(bad)).decode("rgb8"))
+
+
+def test_fluent_methods_return_new_pipelines(shards):
+    paths, samples = shards
+    base = WebDataset(paths)
+    tuples = base.to_tuple("__key__", "cls")
+    assert tuples is not base
+    assert isinstance(next(iter(base)), dict)  # base is unchanged
+    assert next(iter(tuples))[0] == samples[0]["__key__"]
+    assert "to_tuple" not in repr(base) and "to_tuple" in repr(tuples)
+
+
+def test_pipe_urls_expand_braces(shards, tmp_path):
+    paths, samples = shards
+    spec = f"pipe:cat {tmp_path}/shard-{{0000..0001}}.tar"
+    assert keys(WebDataset(spec, allow_pipe=True)) == [s["__key__"] for s in samples[:50]]

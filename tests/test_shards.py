@@ -61,3 +61,11 @@ def test_resampled_draws_with_replacement_deterministically():
 def test_make_rng_is_stable():
     assert make_rng(1, 2, 3).random() == make_rng(1, 2, 3).random()
     assert make_rng(1, 2, 3).random() != make_rng(1, 2, 4).random()
+
+
+def test_splitters_default_to_the_single_process():
+    from tarshards.shards import split_by_node, split_by_worker
+
+    urls = [f"s{i}" for i in range(5)]
+    assert split_by_node(urls) == urls and split_by_worker(urls) == urls
+    assert split_by_node(urls, 1, 2) == ["s1", "s3"]

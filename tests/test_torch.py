@@ -98,3 +98,13 @@ def test_fewer_shards_than_workers_warns_not_hangs(six_shards):
         warnings.simplefilter("ignore")
         got = loader_keys(ds, batch_size=4, num_workers=2, timeout=60)
     assert sorted(got) == sorted(s["__key__"] for s in samples[:12])
+
+
+def test_webdataset_style_splitters_discover_workers(six_shards):
+    from tarshards import split_by_node, split_by_worker
+
+    paths, samples = six_shards
+    ds = WebDataset(paths, nodesplitter=split_by_node, workersplitter=split_by_worker).to_tuple(
+        "__key__")
+    got = loader_keys(ds, batch_size=8, num_workers=2)
+    assert sorted(got) == sorted(s["__key__"] for s in samples)  # each shard once, not twice

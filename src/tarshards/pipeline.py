@@ -8,6 +8,7 @@ runs the stages, passing each stage that takes them a seeded ``rng`` and the dat
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import itertools
@@ -121,11 +122,20 @@ class DataPipeline:
 
     # ---- composition -------------------------------------------------------------------------
     def compose(self, stage: Callable, *args, **kwargs) -> "DataPipeline":
-        """Append a stage ``stage(samples, *args, **kwargs)``; returns self for chaining."""
+        """A copy of this pipeline with the stage ``stage(samples, *args, **kwargs)`` appended.
+
+        Like webdataset, fluent methods return a new pipeline and leave this one as it was
+        (``with_epoch``/``with_length``/``set_epoch`` change the pipeline itself).
+        """
+        new = copy.copy(self)
+        new._stages = list(self._stages)
+        new._append(stage, *args, **kwargs)
+        return new
+
+    def _append(self, stage: Callable, *args, **kwargs) -> None:
         if not callable(stage):
             raise TypeError(f"a stage is a generator function, not {stage!r}")
         self._stages.append(_Stage(stage, args, kwargs))
-        return self
 
     def with_epoch(self, nsamples: int) -> "DataPipeline":
         """Make each iteration (per worker) yield at most ``nsamples`` items."""
@@ -278,7 +288,7 @@ class WebDataset(DataPipeline):
             self._opener = cache.open
         # the seed notebook's constructor: shuffle, decode, tuple, per-element transforms
         if shuffle:
-            self.shuffle(shuffle)
+            self._append(_stages.shuffle, shuffle)
         if decoder is _DEFAULT:
             decoder = "rgb" if extensions is not None else None
         if decoder is not None:
@@ -286,15 +296,15 @@ class WebDataset(DataPipeline):
             kw = {"allow_unsafe": allow_unsafe}
             if decode_size is not None:
                 kw["size"] = decode_size
-            self.decode(*modes, **kw)
+            self._append(_stages.decode, *modes, **kw)
         if extensions is not None:
             fields = extensions.split() if isinstance(extensions, str) else list(extensions)
-            self.to_tuple(*fields)
+            self._append(_stages.to_tuple, *fields)
             if transforms is not None:
                 if callable(transforms):
-                    self.map(transforms)
+                    self._append(_stages.map, transforms)
                 else:
-                    self.map_tuple(*transforms)
+                    self._append(_stages.map_tuple, *transforms)
         elif transforms is not None:
             raise ValueError("transforms= applies to the elements of extensions=; with dict "
                              "samples use .map() or .map_dict()")

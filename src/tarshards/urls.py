@@ -101,8 +101,10 @@ def expand_urls(spec, *, storage_options: dict | None = None) -> list[str]:
 
 
 def _expand_one(part: str, storage_options) -> list[str]:
-    if part == "-" or part.startswith("pipe:"):
+    if part == "-":
         return [part]
+    if part.startswith("pipe:"):  # as in webdataset: pipe:curl -s http://h/a-{000..009}.tar
+        return list(braceexpand.braceexpand(part))
     if part.startswith("@"):
         return _read_list(part[1:], storage_options)
     if part.lower().endswith(_LIST_SUFFIXES) and is_local(part) and os.path.isfile(
