@@ -765,8 +765,10 @@ def _run_dask(job, pairs, todo, workers, address, retries, client, finished) -> 
         futures = {}
         import cloudpickle  # a dependency of distributed; pickles __main__ functions by value
 
+        # hash=False: a key of its own, so a job with the same function on the same client
+        # never shares (and loses) data with one that is finishing
         job_bytes = client.scatter(cloudpickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL),
-                                   broadcast=True)
+                                   broadcast=True, hash=False)
         for i in todo:
             inp, out = pairs[i]
             fut = client.submit(_run_pickled_job, job_bytes, inp, out,

@@ -143,3 +143,14 @@ def test_function_workers_cannot_import_fails_instead_of_hanging(tmp_path, monke
     assert all("could not be loaded on the Dask worker" in r.error and "client_only_mod" in r.error
                for r in reports)
     assert not any(os.path.exists(o) for o in outs)
+
+
+def test_same_job_twice_on_one_client(tmp_path, cluster):
+    """Back-to-back jobs with the same function on one client (as a notebook does)."""
+    paths, samples = write_shards(tmp_path, 4, PER_SHARD)
+    with distributed.Client(cluster) as client:
+        for run in range(3):
+            outs = [str(tmp_path / f"run{run}-{i}.tar") for i in range(4)]
+            reports = map_shards(plus_100, paths, outs, engine="dask", client=client)
+            assert [r.status for r in reports] == ["done"] * 4, [r.error for r in reports]
+            assert read_all(outs) == expected(samples)
