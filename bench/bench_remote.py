@@ -3,7 +3,8 @@
     .venv/bin/python bench/bench_remote.py [--shards 8] [--per-shard 400] [--kb 100]
 
 Writes shards of random (incompressible) payloads to a temp dir, serves them on 127.0.0.1 with
-the test server (tests/integration/servers.py: threads, sendfile) and reads every sample
+the test server (tests/integration/servers.py: threads, sendfile; in a process of its own, as a
+real server would be, unless ``--in-process-server``) and reads every sample
 (no decoding) with ``WebDataset``:
 
 1. local disk (warm page cache)
@@ -39,6 +40,46 @@ def _servers():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _serve(root, conn):
+    """Child process: serve ``root`` until told to stop, then report the GET count."""
+    servers = _servers()
+    with servers.HTTPFileServer(root) as srv:
+        conn.send(srv.url)
+        conn.recv()
+        conn.send(srv.gets())
+
+
+class ChildServer:
+    """The test HTTP server in a process of its own (as a real server is: it does not share
+    the reader's interpreter lock). ``.url``; ``.gets()`` once stopped."""
+
+    def __init__(self, root):
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("fork")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve, args=(root, child), daemon=True)
+        self._gets = None
+
+    def __enter__(self):
+        self._proc.start()
+        self.url = self._conn.recv()
+        return self
+
+    def stop(self):
+        if self._gets is None:
+            self._conn.send("stop")
+            self._gets = self._conn.recv()
+            self._proc.join(10)
+
+    def gets(self):
+        self.stop()
+        return self._gets
+
+    def __exit__(self, *exc):
+        self.stop()
 
 
 def make_shards(root, nshards, per_shard, kb):
@@ -79,6 +120,8 @@ def main():
     ap.add_argument("--per-shard", type=int, default=400)
     ap.add_argument("--kb", type=int, default=100, help="payload per sample (KiB)")
     ap.add_argument("--repeat", type=int, default=3, help="best of N runs")
+    ap.add_argument("--in-process-server", action="store_true",
+                    help="run the HTTP server in this process (shares the reader's GIL)")
     args = ap.parse_args()
     servers = _servers()
     root = tempfile.mkdtemp(prefix="bench-remote-")
@@ -96,7 +139,9 @@ def main():
             print(f"  {name:<34} {mbs:8.0f} MB/s  ({n} samples, best {dt:.2f}s)")
 
         best("local disk", lambda: WebDataset(paths, shardshuffle=False))
-        with servers.HTTPFileServer(root) as srv:
+        server = servers.HTTPFileServer if args.in_process_server else ChildServer
+        print(f"  server: {'in this process' if args.in_process_server else 'own process'}")
+        with server(root) as srv:
             urls = [f"{srv.url}/{os.path.basename(p)}" for p in paths]
             best("http (streaming GET)", lambda: WebDataset(urls, shardshuffle=False))
             best("http (fsspec ranges, 5 MiB blocks)", lambda: fsspec_ranges(urls, 5 << 20))
