@@ -11,6 +11,7 @@ import importlib
 
 from .codecs import Codec, decode_value, encode_value, register_codec
 from .errors import (
+    CommandError,
     DecodeError,
     DuplicateFieldError,
     MissingDependencyError,
@@ -51,6 +52,7 @@ __version__ = "0.1.0"
 
 __all__ = sorted([
     "Codec",
+    "CommandError",
     "DataPipeline",
     "DecodeError",
     "DuplicateFieldError",

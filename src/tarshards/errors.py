@@ -9,6 +9,7 @@ message, so a log line alone tells where the problem is.
 from __future__ import annotations
 
 __all__ = [
+    "CommandError",
     "DecodeError",
     "DuplicateFieldError",
     "MissingDependencyError",
@@ -92,6 +93,28 @@ class ShardWriteError(TarshardsError, OSError):
 
 class PipeNotAllowedError(TarshardsError, PermissionError):
     """A ``pipe:`` URL was given but running shell commands was not allowed."""
+
+
+class CommandError(TarshardsError, RuntimeError):
+    """A shell command run on a sample (``tarproc -c``, ``shell_sample_fn``) failed.
+
+    ``status`` is its exit status and ``stderr`` what it wrote there (bytes).
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, stderr: bytes = b"",
+                 **context):
+        self.status = status
+        self.stderr = stderr
+        super().__init__(message, **context)
+
+    def __reduce__(self):
+        return (_rebuild_command, (self.reason, self.status, self.stderr, self.url, self.member,
+                                   self.offset))
+
+
+def _rebuild_command(reason, status, stderr, url, member, offset):
+    return CommandError(reason, status=status, stderr=stderr, url=url, member=member,
+                        offset=offset)
 
 
 class MissingDependencyError(TarshardsError, ImportError):

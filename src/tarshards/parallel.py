@@ -36,7 +36,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
 from . import stages as _stages
-from .errors import DuplicateFieldError, MissingDependencyError, TarshardsError, TarshardsWarning
+from .errors import (
+    CommandError,
+    DuplicateFieldError,
+    MissingDependencyError,
+    TarshardsError,
+    TarshardsWarning,
+)
 from .pipeline import shard_samples
 from .stages import reraise_exception
 from .urls import _fsspec_resolve, expand_urls, is_local, local_path
@@ -875,7 +881,8 @@ class ShellSampleFn:
     full key. The files present afterwards form the output sample under the same key: ``BASE.EXT``
     becomes field ``EXT``, any other file ``NAME`` becomes field ``NAME``; hidden files, ``__*``
     files and subdirectories are not collected. No file left: ``None`` (the sample is dropped).
-    A non-zero exit status raises ``RuntimeError`` naming the key and the command's stderr.
+    A non-zero exit status raises :class:`~tarshards.errors.CommandError` (a ``RuntimeError``)
+    naming the key, the shard and the command's stderr.
     Instances pickle, so they run in worker processes and on Dask workers.
     """
 
@@ -917,8 +924,10 @@ class ShellSampleFn:
                                   timeout=self.timeout)
             if proc.returncode != 0:
                 tail = proc.stderr.decode("utf-8", "replace").strip()[-500:]
-                raise RuntimeError(f"command exited with status {proc.returncode} on sample "
-                                   f"{key!r}: {self.cmd}" + (f": {tail}" if tail else ""))
+                raise CommandError(
+                    f"command exited with status {proc.returncode} on sample {key!r}: "
+                    f"{self.cmd}" + (f": {tail}" if tail else ""), status=proc.returncode,
+                    stderr=proc.stderr, url=sample.get("__url__"))
             if self.verbose and (proc.stdout or proc.stderr):
                 with contextlib.suppress(Exception):
                     sys.stderr.write((proc.stdout + proc.stderr).decode("utf-8", "replace"))

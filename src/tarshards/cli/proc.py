@@ -15,14 +15,11 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import itertools
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
 
 import click
 
+from ..errors import CommandError
+from ..parallel import ShellSampleFn
 from ..writer import TarWriter
 from ._common import (
     CONTEXT_SETTINGS,
@@ -32,58 +29,18 @@ from ._common import (
     output_dest,
     collect_inputs,
     handle_errors,
+    members_of,
     print_err,
 )
 
-__all__ = ["CommandFailed", "process_sample", "proc_cmd"]
-
-
-class CommandFailed(Exception):
-    """The command exited with a non-zero status on one sample."""
-
-    def __init__(self, key: str, url, status: int, stderr: bytes):
-        self.key = key
-        self.url = url
-        self.status = status
-        self.stderr = stderr
-        super().__init__(f"command exited with status {status} on sample {key!r} "
-                         f"(shard {url})")
+__all__ = ["process_sample", "proc_cmd"]
 
 
 def process_sample(sample: dict, command: str, tmpdir: str | None = None,
                    verbose: bool = False) -> list[tuple[str, bytes]]:
     """Run ``command`` on one sample; returns the output members (empty: sample dropped)."""
-    key = sample["__key__"]
-    base = key.rpartition("/")[2]
-    work = tempfile.mkdtemp(prefix="tarproc-", dir=tmpdir)
-    try:
-        for ext, data in sample.items():
-            if ext.startswith("__"):
-                continue
-            with open(os.path.join(work, f"{base}.{ext}"), "wb") as f:
-                f.write(data)
-        env = dict(os.environ, KEY=key)
-        result = subprocess.run(command, shell=True, cwd=work, env=env,
-                                stdin=subprocess.DEVNULL, capture_output=True)
-        if result.returncode != 0:
-            raise CommandFailed(key, sample.get("__url__"), result.returncode, result.stderr)
-        if verbose and (result.stdout or result.stderr):
-            sys.stderr.buffer.write(result.stdout + result.stderr)
-            sys.stderr.flush()
-        members = []
-        prefix = base + "."
-        for name in sorted(os.listdir(work)):
-            path = os.path.join(work, name)
-            if name.startswith((".", "__")) or not os.path.isfile(path):
-                continue
-            ext = name[len(prefix):] if name.startswith(prefix) else name
-            if not ext:
-                continue
-            with open(path, "rb") as f:
-                members.append((f"{key}.{ext}", f.read()))
-        return members
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    out = ShellSampleFn(command, tmpdir=tmpdir, verbose=verbose)(sample)
+    return [] if out is None else members_of(out)
 
 
 def _results(samples, command, parallel, ordered, tmpdir, verbose):
@@ -114,7 +71,7 @@ def _results(samples, command, parallel, ordered, tmpdir, verbose):
                     del inflight[idx]
                 try:
                     outcome = fut.result()
-                except CommandFailed as exn:
+                except CommandError as exn:
                     outcome = exn
                 yield sample, outcome
                 submit()
@@ -164,14 +121,16 @@ def proc_cmd(inputs, command, parallel, unordered, on_error, output, count, tmpd
         for sample, outcome in _results(samples, command, parallel, not unordered, tmpdir,
                                         verbose):
             bar.update()
-            if isinstance(outcome, CommandFailed):
+            if isinstance(outcome, CommandError):
                 tail = outcome.stderr.decode("utf-8", "replace").strip()
                 if tail:
                     print_err("\n".join(tail.splitlines()[-20:]))
+                what = (f"command exited with status {outcome.status} on sample "
+                        f"{sample['__key__']!r} (shard {outcome.url})")
                 if on_error == "abort":
-                    raise DataError(str(outcome))
+                    raise DataError(what)
                 failed += 1
-                print_err(f"{prog}: warning: skipped: {outcome}")
+                print_err(f"{prog}: warning: skipped: {what}")
                 continue
             if outcome:
                 sink.write_members(outcome)
