@@ -310,21 +310,22 @@ def _image_array(data: bytes, ext: str, pil_mode: str, size, exact: bool = True)
     return np.array(img)  # writable (asarray over PIL bytes is read-only)
 
 
-# libjpeg colour spaces that simplejpeg decodes exactly as Pillow does -> (simplejpeg, PIL mode)
-_SJ_NATIVE = {"YCbCr": ("RGB", "RGB"), "RGB": ("RGB", "RGB"), "Gray": ("GRAY", "L")}
+# components of plain JPEGs that simplejpeg decodes exactly as Pillow does -> (simplejpeg, PIL)
+_SJ_NATIVE_BY_COMPONENTS = {3: ("RGB", "RGB"), 1: ("GRAY", "L")}
 
 
-def _jpeg_has_metadata(data: bytes) -> bool:
-    """True when the JPEG carries EXIF (APP1) or an ICC profile (APP2) before its tables."""
+def _jpeg_plain_components(data: bytes) -> int:
+    """Colour components of a JPEG without EXIF (APP1) or an ICC profile (APP2) before its frame
+    header; 0 when it has them or the markers are not what we expect (Pillow then decides)."""
     pos, n = 2, len(data)
-    while pos + 4 <= n and data[pos] == 0xFF:
+    while pos + 9 < n and data[pos] == 0xFF:
         marker = data[pos + 1]
-        if marker in (0xE1, 0xE2):
-            return True
-        if not (0xE0 <= marker <= 0xEF or marker == 0xFE):
-            return False
+        if marker in (0xE1, 0xE2) or marker == 0xDA:
+            return 0
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            return data[pos + 9]  # start of frame: precision, height, width, components
         pos += 2 + ((data[pos + 2] << 8) | data[pos + 3])
-    return False
+    return 0
 
 
 def _pil_jpeg_fast(data: bytes, pil_mode: str | None, size):
@@ -332,19 +333,22 @@ def _pil_jpeg_fast(data: bytes, pil_mode: str | None, size):
     time for small images), or ``None`` to let Pillow do it (no simplejpeg, CMYK, a mode change,
     EXIF/ICC metadata that callers may read from ``img.info``)."""
     sj = _simplejpeg()
-    if sj is None or _jpeg_has_metadata(data):
+    if sj is None:
+        return None
+    native = _SJ_NATIVE_BY_COMPONENTS.get(_jpeg_plain_components(data))
+    if native is None or (pil_mode is not None and pil_mode != native[1]):
         return None
     try:
-        native = _SJ_NATIVE.get(sj.decode_jpeg_header(data)[2])
-        if native is None or (pil_mode is not None and pil_mode != native[1]):
-            return None
         kw = {} if size is None else {"min_width": size[0], "min_height": size[1]}
         arr = sj.decode_jpeg(data, colorspace=native[0], fastdct=False, fastupsample=False, **kw)
     except (ValueError, RuntimeError):
         return None
     from PIL import Image
 
-    img = Image.fromarray(arr[:, :, 0] if native[1] == "L" else arr)
+    if native[1] == "L":
+        arr = np.ascontiguousarray(arr[:, :, 0])
+    # shares the array's memory (read-only image: Pillow copies it before any change)
+    img = Image.frombuffer(native[1], (arr.shape[1], arr.shape[0]), arr, "raw", native[1], 0, 1)
     img.format = "JPEG"
     if size is not None and img.size != tuple(size):
         img = img.resize(tuple(size), Image.Resampling.BILINEAR)
