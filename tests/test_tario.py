@@ -33,8 +33,21 @@ HAVE_TAR = shutil.which("tar") is not None
 
 
 def read_all(data: bytes, chunk_size: int = 1 << 20, source="mem"):
-    return list(iter_tar(decompressed_chunks(read_chunks(io.BytesIO(data), chunk_size), source),
-                         source))
+    """Members read with fresh chunks and with one reused read buffer (the pipeline's way): the
+    two must agree, errors included."""
+    results = []
+    for reuse in (False, True):
+        chunks = read_chunks(io.BytesIO(data), chunk_size, reuse=reuse)
+        try:
+            results.append(list(iter_tar(decompressed_chunks(chunks, source), source)))
+        except ShardFormatError as exc:
+            results.append(exc)
+    plain, reused = results
+    if isinstance(plain, ShardFormatError):
+        assert isinstance(reused, ShardFormatError) and str(reused) == str(plain)
+        raise plain
+    assert reused == plain
+    return plain
 
 
 def tarfile_regular(data: bytes):

@@ -111,7 +111,7 @@ def _gunzip(first: bytes, rest: Iterator[bytes], source) -> Iterator[bytes]:
         while True:
             while pending:
                 if d.eof:
-                    stripped = pending.lstrip(b"\0")
+                    stripped = bytes(pending).lstrip(b"\0")  # may be a reused memoryview
                     consumed += len(pending) - len(stripped)
                     pending = stripped
                     if not pending:
@@ -154,7 +154,7 @@ def _unzstd(first: bytes, rest: Iterator[bytes], source) -> Iterator[bytes]:
         while True:
             while pending:
                 if d.eof:
-                    stripped = pending.lstrip(b"\0")
+                    stripped = bytes(pending).lstrip(b"\0")  # may be a reused memoryview
                     consumed += len(pending) - len(stripped)
                     pending = stripped
                     if not pending:
