@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 from click.testing import CliRunner
-from conftest import make_samples, write_shards
+from conftest import write_shards
 
 from tarshards import TarWriter, shard_samples
 from tarshards.errors import TarshardsError, TarshardsWarning

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tarshards import stages
-from tarshards.errors import DecodeError, TarshardsWarning, UnsafeCodecError
+from tarshards.errors import DecodeError, UnsafeCodecError
 
 
 def _samples(n):

@@ -671,15 +671,3 @@ class AtomicOutput:
         else:
             self.abort()
         return False
-
-
-def copy_stream(src: BinaryIO, dst: BinaryIO, bufsize: int = 1 << 20) -> int:
-    """Copy a stream; returns bytes copied."""
-    n = 0
-    while True:
-        b = src.read(bufsize)
-        if not b:
-            return n
-        dst.write(b)
-        n += len(b)
-
