@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from tarshards.errors import ShardFormatError
 from tarshards.pipeline import shard_samples
 from tarshards.tario import (
+    tar_byte_source,
     decompressed_chunks,
     iter_tar,
     open_tar_bytes,
@@ -35,19 +36,39 @@ HAVE_TAR = shutil.which("tar") is not None
 def read_all(data: bytes, chunk_size: int = 1 << 20, source="mem"):
     """Members read with fresh chunks and with one reused read buffer (the pipeline's way): the
     two must agree, errors included."""
+    sources = [decompressed_chunks(read_chunks(io.BytesIO(data), chunk_size, reuse=reuse), source)
+               for reuse in (False, True)]
+    # and read straight into the reader's buffer, from a stream that returns short reads
+    sources.append(tar_byte_source(Trickle(data, chunk_size), source, chunk_size))
     results = []
-    for reuse in (False, True):
-        chunks = read_chunks(io.BytesIO(data), chunk_size, reuse=reuse)
+    for chunks in sources:
         try:
-            results.append(list(iter_tar(decompressed_chunks(chunks, source), source)))
+            results.append(list(iter_tar(chunks, source)))
         except ShardFormatError as exc:
             results.append(exc)
-    plain, reused = results
+    plain = results[0]
     if isinstance(plain, ShardFormatError):
-        assert isinstance(reused, ShardFormatError) and str(reused) == str(plain)
+        for other in results[1:]:
+            assert isinstance(other, ShardFormatError) and str(other) == str(plain)
         raise plain
-    assert reused == plain
+    assert all(other == plain for other in results[1:])
     return plain
+
+
+class Trickle(io.RawIOBase):
+    """A stream whose reads return at most ``n`` bytes (a pipe or a slow socket)."""
+
+    def __init__(self, data: bytes, n: int):
+        self._data = io.BytesIO(data)
+        self._n = n
+
+    def readable(self):
+        return True
+
+    def readinto(self, view):
+        chunk = self._data.read(min(self._n, len(view)))
+        view[:len(chunk)] = chunk
+        return len(chunk)
 
 
 def tarfile_regular(data: bytes):

@@ -34,19 +34,20 @@ parse_octal(const unsigned char *p, Py_ssize_t len, long long *out)
     return 1;
 }
 
-/* scan_members(buf, pos, base) -> (members, pos)
+/* scan_members(buf, pos, base, end) -> (members, pos)
  * members: list of (name, data, offset) for consecutive plain members; stops at the first header
  * that is not a canonical '0' member fully inside buf, or whose checksum does not match. */
 static PyObject *
 scan_members(PyObject *self, PyObject *args)
 {
     Py_buffer view;
-    Py_ssize_t pos;
+    Py_ssize_t pos, n;
     long long base;
-    if (!PyArg_ParseTuple(args, "y*nL", &view, &pos, &base))
+    if (!PyArg_ParseTuple(args, "y*nLn", &view, &pos, &base, &n))
         return NULL;
     const unsigned char *buf = (const unsigned char *)view.buf;
-    Py_ssize_t n = view.len;
+    if (n > view.len || n < 0)
+        n = view.len;
     PyObject *out = PyList_New(0);
     if (out == NULL)
         goto fail;
@@ -327,7 +328,7 @@ fail:
 
 static PyMethodDef methods[] = {
     {"scan_members", scan_members, METH_VARARGS,
-     "scan_members(buf, pos, base) -> (members, pos): plain members wholly inside buf."},
+     "scan_members(buf, pos, base, end) -> (members, pos): plain members wholly in buf[:end]."},
     {"ustar_parts", ustar_parts, METH_VARARGS,
      "ustar_parts(parts, members, start, mtime, mode) -> (nbytes, stop)."},
     {"group_members", group_members, METH_VARARGS,

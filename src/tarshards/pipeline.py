@@ -20,7 +20,7 @@ from .errors import StorageError, TarshardsError
 from .format import group_samples
 from .shards import make_rng, resampled_shards, shard_order, split_shards
 from .stages import reraise_exception
-from .tario import decompressed_chunks, iter_tar_batches, read_chunks
+from .tario import iter_tar_batches, tar_byte_source
 from .urls import expand_urls, open_url
 
 __all__ = ["DataPipeline", "WebDataset", "iter_samples", "shard_samples"]
@@ -44,8 +44,7 @@ def shard_samples(url: str, *, storage_options: dict | None = None, allow_pipe: 
                                    allow_pipe=allow_pipe, retries=retries)
     try:
         with opener(url) as stream:
-            batches = iter_tar_batches(
-                decompressed_chunks(read_chunks(stream, chunk_size, reuse=True), url), url)
+            batches = iter_tar_batches(tar_byte_source(stream, url, chunk_size), url)
             yield from group_samples(batches, url, last_dot=last_dot, batched=True)
     except TarshardsError as exn:
         raise exn.with_context(url=url) from None

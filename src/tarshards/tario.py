@@ -32,6 +32,7 @@ __all__ = [
     "iter_tar",
     "iter_tar_batches",
     "open_tar_bytes",
+    "tar_byte_source",
     "read_chunks",
     "tar_header",
 ]
@@ -279,55 +280,130 @@ def _parse_pax(payload: bytes, source, offset) -> dict:
 
 
 class _Buffer:
-    """A window over a chunk iterator with absolute stream offsets.
+    """A window over the input with absolute stream offsets.
 
-    ``buf`` is a bytearray holding the unread input from ``pos`` on; :meth:`fill` drops what was
-    read (cheap at the front of a bytearray) and appends chunks, so a chunk is copied once and the
-    buffer's memory is reused. Data handed out must be copied out as ``bytes``.
+    ``buf`` is a reused bytearray; the unread input is ``buf[pos:end]`` (the array itself may be
+    longer). The input is a binary stream with ``readinto`` (read straight into ``buf``: one
+    copy from the kernel) or an iterable of byte chunks (copied in). Data handed out must be
+    copied out as ``bytes``.
     """
 
-    __slots__ = ("it", "buf", "pos", "base")
+    __slots__ = ("it", "readinto", "buf", "pos", "end", "base")
 
-    def __init__(self, chunks: Iterable[bytes]):
-        self.it = iter(chunks)
+    def __init__(self, source):
+        self.readinto = getattr(source, "readinto", None)
+        self.it = None if self.readinto is not None else iter(source)
         self.buf = bytearray()
         self.pos = 0
+        self.end = 0
         self.base = 0  # stream offset of buf[0]
+
+    def _more(self, room: int) -> int:
+        """Append up to ``room`` (or one chunk's worth of) bytes at ``end``; 0 at EOF."""
+        buf, end = self.buf, self.end
+        if self.readinto is not None:
+            if len(buf) - end < room:
+                buf.extend(bytes(end + room - len(buf)))
+            view = memoryview(buf)
+            try:
+                got = self.readinto(view[end:]) or 0
+            finally:
+                view.release()
+        else:
+            chunk = next(self.it, None)
+            if chunk is None:
+                return 0
+            got = len(chunk)
+            if len(buf) - end < got:
+                buf.extend(bytes(end + got - len(buf)))
+            buf[end:end + got] = chunk
+        self.end = end + got
+        return got
 
     def fill(self, n: int) -> bool:
         """Make at least ``n`` bytes available at ``pos``; False at EOF before that."""
-        buf, pos = self.buf, self.pos
-        if len(buf) - pos >= n:
+        pos, end = self.pos, self.end
+        if end - pos >= n:
             return True
-        if pos > len(buf):  # a skip ran past the buffer: discard input
-            skip = pos - len(buf)
-            self.base += len(buf)
-            buf.clear()
-            self.pos = 0
+        if pos > end:  # a skip ran past the buffer: read and discard input
+            skip = pos - end
+            self.base += end
+            self.pos = self.end = 0
             while skip:
-                nxt = next(self.it, None)
-                if nxt is None:
+                got = self._more(CHUNK_SIZE)
+                if not got:
                     return n <= 0
-                if len(nxt) <= skip:
-                    skip -= len(nxt)
-                    self.base += len(nxt)
+                if got <= skip:
+                    skip -= got
+                    self.base += got
+                    self.end = 0
                 else:
-                    buf += nxt[skip:]
-                    self.base += skip
+                    self.pos = skip
                     skip = 0
-        elif pos:
-            del buf[:pos]
+            pos, end = self.pos, self.end
+            if end - pos >= n:
+                return True
+        if pos:  # move the unread tail to the front
+            buf = self.buf
+            buf[:end - pos] = buf[pos:end]
             self.base += pos
             self.pos = 0
-        while len(buf) < n:
-            nxt = next(self.it, None)
-            if nxt is None:
+            self.end = end - pos
+        while self.end < n:
+            if not self._more(max(CHUNK_SIZE, n - self.end)):
                 return False
-            buf += nxt
         return True
+
+    def drain(self, limit: int) -> None:
+        """Read up to ``limit`` bytes of what follows, stopping at the first non-zero data."""
+        total = 0
+        while total <= limit:
+            self.pos = self.end = 0
+            got = self._more(CHUNK_SIZE)
+            if not got or bytes(self.buf[:got]).strip(b"\0"):
+                return
+            total += got
 
     def offset(self) -> int:
         return self.base + self.pos
+
+
+class PlainStream:
+    """The input of a plain (uncompressed) tar stream, read with ``readinto`` straight into the
+    reader's buffer. ``first`` is what was already read to sniff for compression."""
+
+    def __init__(self, stream: BinaryIO, first: bytes = b""):
+        self._first = memoryview(first)
+        self._readinto = (getattr(stream, "readinto1", None) or stream.readinto)
+
+    def readinto(self, view) -> int:
+        if self._first:
+            n = min(len(view), len(self._first))
+            view[:n] = self._first[:n]
+            self._first = self._first[n:]
+            return n
+        return self._readinto(view) or 0
+
+
+def tar_byte_source(stream: BinaryIO, source=None, chunk_size: int = CHUNK_SIZE):
+    """What :func:`iter_tar_batches` reads from ``stream``: gzip and zstd (found by their magic
+    bytes) are decompressed chunk by chunk; a plain tar is read straight into the buffer."""
+    if getattr(stream, "readinto", None) is None:
+        return decompressed_chunks(read_chunks(stream, chunk_size), source)
+    first = b""
+    while len(first) < 4:
+        piece = (getattr(stream, "read1", None) or stream.read)(chunk_size)
+        if not piece:
+            break
+        first += piece
+    if first.startswith((_GZIP_MAGIC, _ZSTD_MAGIC)):
+        return decompressed_chunks(_chain_chunks(first, read_chunks(stream, chunk_size)), source)
+    return PlainStream(stream, first)
+
+
+def _chain_chunks(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
+    yield first
+    yield from rest
 
 
 def iter_tar(chunks: Iterable[bytes], source=None, *, verify: bool = True,
@@ -362,22 +438,23 @@ def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = Tru
     global_pax: dict = {}
     start = None  # offset of the first header of the member being assembled
     fill = b.fill
-    buf = b""
+    buf = b.buf
     pos = 0
+    end = 0
     base = 0
     regular = _REGULAR
     zero = _ZERO_BLOCK
     scan = _scan_members if accelerate else None
     while True:
-        if scan is not None and pax is None and long_name is None and len(buf) - pos >= BLOCK:
-            batch, pos = scan(buf, pos, base)  # stops where the general path must decide
+        if scan is not None and pax is None and long_name is None and end - pos >= BLOCK:
+            batch, pos = scan(buf, pos, base, end)  # stops where the general path must decide
             if batch:
                 yield batch
-        elif pax is None and long_name is None and len(buf) - pos >= BLOCK:
+        elif pax is None and long_name is None and end - pos >= BLOCK:
             # fast path: plain members wholly inside the buffer
             batch = []
             headers = []
-            n = len(buf)
+            n = end
             while n - pos >= BLOCK:
                 hdr = buf[pos:pos + BLOCK]
                 if hdr[156] != 0x30 or hdr[135] or hdr[345]:
@@ -405,20 +482,20 @@ def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = Tru
                         offset=batch[bad][2])
                 yield batch
                 continue
-        if len(buf) - pos < BLOCK:
+        if end - pos < BLOCK:
             b.pos = pos
             if not fill(BLOCK):
-                if b.buf[b.pos:] or start is not None:
+                if b.end > b.pos or start is not None:
                     _eof_in_header(b, source, start, long_name, pax)
                 return  # clean EOF at a block boundary without an end-of-archive marker
-            buf = b.buf
             pos = b.pos
+            end = b.end
             base = b.base
-        hdr = buf[pos:pos + BLOCK]
+        hdr = bytes(buf[pos:pos + BLOCK])
         if hdr == zero:
             b.pos = pos + BLOCK
             if drain:
-                _drain(b)
+                b.drain(_DRAIN_LIMIT)
             return
         if verify and (
                 (adler32(hdr) & 0xFFFF) + 255 - sum(hdr[148:156]) - _chk_value(hdr)) % 65521 \
@@ -454,14 +531,14 @@ def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = Tru
                 pos += padded
                 long_name = pax = start = None
                 continue
-            if len(buf) - pos >= size:
+            if end - pos >= size:
                 data = bytes(buf[pos:pos + size])
                 pos += padded
             else:
                 b.pos = pos
                 data = _read_data(b, size, padded, source, name, start)
-                buf = b.buf
                 pos = b.pos
+                end = b.end
                 base = b.base
             yield [(name, data, start)]
             if pax is not None or long_name is not None:
@@ -476,8 +553,8 @@ def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = Tru
                                        offset=start)
             b.pos = pos
             payload = _read_data(b, size, padded, source, None, start)
-            buf = b.buf
             pos = b.pos
+            end = b.end
             base = b.base
             if typeflag == _GNU_LONGNAME:
                 long_name = _nts(payload).decode("utf-8", "surrogateescape")
@@ -498,7 +575,7 @@ def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = Tru
 
 def _eof_in_header(b: _Buffer, source, start, long_name, pax) -> None:
     """Raise the error for a stream that ends inside a header (or after extended headers)."""
-    left = len(b.buf) - b.pos
+    left = b.end - b.pos
     offset = b.offset() if start is None else start
     if offset == 0 and left:
         raise ShardFormatError(
@@ -541,19 +618,10 @@ def _read_data(b: _Buffer, size: int, padded: int, source, name, start) -> bytes
             return data
         raise ShardFormatError(
             f"truncated tar stream: member needs {size} bytes, stream ended after "
-            f"{len(b.buf) - b.pos}", url=source, member=name, offset=start)
+            f"{b.end - b.pos}", url=source, member=name, offset=start)
     data = bytes(b.buf[b.pos:b.pos + size])
     b.pos += padded
     return data
-
-
-def _drain(b: _Buffer) -> None:
-    """Read the zero padding after the end marker, so a writer on a pipe is not cut off."""
-    total = 0
-    for piece in b.it:
-        total += len(piece)
-        if total > _DRAIN_LIMIT or bytes(piece).strip(b"\0"):
-            break
 
 
 # ---------------------------------------------------------------------------------------------
@@ -742,5 +810,4 @@ def is_compressed_name(name: str) -> bool:
 
 def open_tar_bytes(stream: BinaryIO, source=None, chunk_size: int = CHUNK_SIZE):
     """Members ``(name, data, offset)`` of a possibly compressed tar byte stream."""
-    return iter_tar(decompressed_chunks(read_chunks(stream, chunk_size, reuse=True), source),
-                    source)
+    return iter_tar(tar_byte_source(stream, source, chunk_size), source)
