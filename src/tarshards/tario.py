@@ -475,11 +475,7 @@ def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = Tru
                 if bad >= 0:
                     if bad:
                         yield batch[:bad]
-                    hdr = headers[bad]
-                    raise ShardFormatError(
-                        "bad tar header checksum (not a tar file, or a corrupted header)",
-                        url=source, member=_nts(hdr[:100]).decode("utf-8", "replace") or None,
-                        offset=batch[bad][2])
+                    raise _bad_header(headers[bad], source, batch[bad][2])
                 yield batch
                 continue
         if end - pos < BLOCK:
@@ -500,9 +496,7 @@ def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = Tru
         if verify and (
                 (adler32(hdr) & 0xFFFF) + 255 - sum(hdr[148:156]) - _chk_value(hdr)) % 65521 \
                 and not _checksum_ok(hdr):
-            raise ShardFormatError(
-                "bad tar header checksum (not a tar file, or a corrupted header)", url=source,
-                member=_nts(hdr[:100]).decode("utf-8", "replace") or None, offset=base + pos)
+            raise _bad_header(hdr, source, base + pos)
         try:
             size = int(hdr[124:135], 8) if hdr[135] == 0 else _number(hdr[124:136])
         except ValueError:
@@ -585,6 +579,20 @@ def _eof_in_header(b: _Buffer, source, start, long_name, pax) -> None:
     what = "incomplete header block" if left else "extended header without its member"
     raise ShardFormatError(f"truncated tar stream: {what}", url=source, member=member,
                            offset=offset)
+
+
+def _bad_header(hdr: bytes, source, offset: int) -> ShardFormatError:
+    """The error for a header whose checksum does not match (member named when legible)."""
+    try:
+        name = _nts(hdr[:100]).decode("utf-8")
+    except UnicodeDecodeError:
+        name = ""
+    if offset == 0:
+        reason = "not a tar archive: the first header's checksum does not match"
+    else:
+        reason = "bad tar header checksum (a corrupted header, or data that is not tar)"
+    return ShardFormatError(reason, url=source, member=name if name.isprintable() and name
+                            else None, offset=offset)
 
 
 def _size_field(hdr: bytes, source, offset) -> int:
