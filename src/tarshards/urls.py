@@ -217,6 +217,16 @@ def _transient_errors() -> tuple:
 _EOF = object()
 
 
+def _read_to_end(read) -> bytes:
+    """Everything ``read(n)`` still returns, joined (for ``read()`` / ``read(-1)``)."""
+    parts = []
+    while True:
+        data = read(1 << 22)
+        if not data:
+            return b"".join(parts)
+        parts.append(data)
+
+
 class _HTTPStream:
     """One streaming GET of ``url`` from byte ``offset`` on, through fsspec's aiohttp session.
 
@@ -345,12 +355,7 @@ class _HTTPStream:
 
     def read(self, n: int = -1) -> bytes:
         if n is None or n < 0:
-            parts = []
-            while True:
-                data = self.read(1 << 22)
-                if not data:
-                    return b"".join(parts)
-                parts.append(data)
+            return _read_to_end(self.read)
         if not self._pending:
             if self._done or n == 0:
                 return b""
@@ -457,12 +462,7 @@ class ResumingReader:
         if self.closed:
             raise ValueError("read from a closed stream")
         if n is None or n < 0:
-            parts = []
-            while True:
-                data = self.read(1 << 22)
-                if not data:
-                    return b"".join(parts)
-                parts.append(data)
+            return _read_to_end(self.read)
         while True:
             if self._stream is None:
                 self._connect()
