@@ -8,17 +8,27 @@ message, so a log line alone tells where the problem is.
 
 from __future__ import annotations
 
+import tarfile as _tarfile
+
 __all__ = [
     "CommandError",
+    "CompressionError",
     "DecodeError",
     "DuplicateFieldError",
+    "EncodeError",
+    "HeaderError",
+    "IntegrityError",
     "MissingDependencyError",
+    "MissingFieldError",
     "PipeNotAllowedError",
+    "ResumeError",
     "ShardFormatError",
+    "ShardNotFoundError",
     "ShardWriteError",
     "StorageError",
     "TarshardsError",
     "TarshardsWarning",
+    "TruncatedShardError",
     "UnsafeCodecError",
 ]
 
@@ -67,8 +77,28 @@ def _rebuild(cls, reason, url, member, offset):
     return cls(reason, url=url, member=member, offset=offset)
 
 
-class ShardFormatError(TarshardsError, ValueError):
-    """A shard is not a valid tar stream: truncated, bad header, bad compression."""
+class ShardFormatError(TarshardsError, ValueError, _tarfile.ReadError):
+    """A shard is not a valid tar stream: truncated, bad header, bad compression.
+
+    Also a ``tarfile.ReadError`` (and ``ValueError``), so code written for ``tarfile`` or
+    webdataset that catches those keeps working. The subclasses tell the causes apart.
+    """
+
+
+class TruncatedShardError(ShardFormatError, EOFError):
+    """The shard ends before its data does (inside a header, a member or the compression)."""
+
+
+class HeaderError(ShardFormatError):
+    """A tar header is malformed: bad checksum, bad number field, bad pax/GNU extension."""
+
+
+class CompressionError(ShardFormatError):
+    """The gzip/zstd layer is corrupt (bad data, bad checksum, bad trailer)."""
+
+
+class IntegrityError(ShardFormatError):
+    """A shard or member does not match what the manifest/index recorded (hash, size, count)."""
 
 
 class DuplicateFieldError(ShardFormatError):
@@ -76,7 +106,22 @@ class DuplicateFieldError(ShardFormatError):
 
 
 class DecodeError(TarshardsError, ValueError):
-    """A field's bytes could not be decoded (or a value could not be encoded)."""
+    """A field's bytes could not be decoded."""
+
+
+class EncodeError(TarshardsError, ValueError):
+    """A sample's value could not be encoded for writing (no codec, wrong type...)."""
+
+
+class MissingFieldError(TarshardsError, KeyError, ValueError):
+    """A stage asked for a field that the sample does not have (also ``KeyError``/``ValueError``)."""
+
+    def __str__(self):  # KeyError would quote the message
+        return self.args[0] if self.args else ""
+
+
+class ResumeError(TarshardsError, ValueError):
+    """A saved state does not fit this pipeline or data (other data, seed or plan)."""
 
 
 class UnsafeCodecError(TarshardsError, PermissionError):
@@ -85,6 +130,10 @@ class UnsafeCodecError(TarshardsError, PermissionError):
 
 class StorageError(TarshardsError, OSError):
     """A URL could not be opened, read or written."""
+
+
+class ShardNotFoundError(StorageError, FileNotFoundError):
+    """A shard (or manifest, index) does not exist at its URL."""
 
 
 class ShardWriteError(TarshardsError, OSError):
