@@ -18,10 +18,11 @@ from typing import Any, Callable, Iterable, Iterator
 from . import stages as _stages
 from .errors import StorageError, TarshardsError
 from .format import group_samples
+from .prefetch import ShardPrefetcher, given_stream
 from .shards import make_rng, resampled_shards, shard_order, split_shards
 from .stages import reraise_exception
 from .tario import iter_tar_batches, tar_byte_source
-from .urls import expand_urls, open_url
+from .urls import expand_urls, is_local, open_url
 
 __all__ = ["DataPipeline", "WebDataset", "iter_samples", "shard_samples"]
 
@@ -53,19 +54,40 @@ def shard_samples(url: str, *, storage_options: dict | None = None, allow_pipe: 
 
 
 def iter_samples(urls: Iterable[str], *, handler: Callable = reraise_exception,
+                 prefetch: int = 0, prefetch_bytes: int = 256 << 20,
                  **options) -> Iterator[dict]:
     """The samples of several shards in turn; shard errors go to ``handler``.
 
     With a handler that continues, a bad shard yields the samples before the error, one warning
     (for ``warn_and_continue``) naming shard and offset, and the stream goes on with the next shard.
+
+    ``prefetch=k`` opens the next ``k`` shards while the current one is read, each filled from a
+    thread into a buffer (``prefetch_bytes`` over all of them; at most ``k + 1`` connections):
+    see :mod:`tarshards.prefetch`. Order, samples and errors are the same as without it.
     """
-    for url in urls:
-        try:
-            yield from shard_samples(url, **options)
-        except TarshardsError as exn:
-            if handler(exn):
-                continue
-            return
+    if not prefetch:
+        for url in urls:
+            try:
+                yield from shard_samples(url, **options)
+            except TarshardsError as exn:
+                if handler(exn):
+                    continue
+                return
+        return
+    opener = options.pop("opener", None)
+    if opener is None:
+        opener = functools.partial(open_url, storage_options=options.get("storage_options"),
+                                   allow_pipe=options.get("allow_pipe", False),
+                                   retries=options.get("retries", 5))
+    with ShardPrefetcher(opener, ahead=prefetch, max_bytes=prefetch_bytes) as prefetcher:
+        for url, stream in prefetcher.streams(urls):
+            try:
+                yield from shard_samples(url, opener=lambda _url, s=stream: given_stream(s),
+                                         **options)
+            except TarshardsError as exn:
+                if handler(exn):
+                    continue
+                return
 
 
 class _Stage:
@@ -250,6 +272,8 @@ class WebDataset(DataPipeline):
     ``cache_dir``/``cache_size``: keep remote shards in a local cache (size like ``"20GB"``).
     ``retries``: reconnections per shard after a dropped connection (resumes at the offset).
     ``decode_size=(w, h)``: with ``decoder=``, decode images at that size (fast for JPEG).
+    ``prefetch``: shards opened ahead of the current one (default: 2 for remote shard lists, 0
+    for local files); ``prefetch_bytes`` bounds the memory they buffer.
     """
 
     def __init__(self, urls, extensions: str | None = None, decoder: Any = _DEFAULT,
@@ -261,7 +285,8 @@ class WebDataset(DataPipeline):
                  storage_options: dict | None = None, allow_pipe: bool = False,
                  cache_dir: str | None = None, cache_size: float | str | None = None,
                  retries: int = 5, last_dot: bool = False, decode_size=None,
-                 allow_unsafe: bool = False):
+                 allow_unsafe: bool = False, prefetch: int | None = None,
+                 prefetch_bytes: int = 256 << 20):
         super().__init__(self._samples, seed=seed, handler=handler)
         self.urls = expand_urls(urls, storage_options=storage_options)
         if not self.urls:
@@ -278,6 +303,12 @@ class WebDataset(DataPipeline):
         self.storage_options = storage_options
         self.allow_pipe = allow_pipe
         self.retries = retries
+        if prefetch is None:
+            prefetch = 2 if any(_is_remote(u) for u in self.urls) else 0
+        if prefetch < 0 or prefetch_bytes < 1:
+            raise ValueError(f"bad prefetch={prefetch!r} / prefetch_bytes={prefetch_bytes!r}")
+        self.prefetch = int(prefetch)
+        self.prefetch_bytes = int(prefetch_bytes)
         self._opener = None
         if cache_dir is not None:
             from .cache import ShardCache
@@ -342,7 +373,8 @@ class WebDataset(DataPipeline):
         if not self.resampled:
             shards = list(shards)
         options = {"storage_options": self.storage_options, "allow_pipe": self.allow_pipe,
-                   "last_dot": self.last_dot, "retries": self.retries}
+                   "last_dot": self.last_dot, "retries": self.retries,
+                   "prefetch": self.prefetch, "prefetch_bytes": self.prefetch_bytes}
         if self._opener is not None:
             options["opener"] = self._opener
         samples = iter_samples(shards, handler=self.handler, **options)
@@ -362,6 +394,11 @@ class WebDataset(DataPipeline):
     def _source_repr(self) -> str:
         spec = repr(self.spec) if isinstance(self.spec, str) else f"[{self.urls[0]!r}, ...]"
         return f"{type(self).__name__}({spec}, {len(self.urls)} shards)"
+
+
+def _is_remote(url: str) -> bool:
+    """A shard read over a network (prefetching pays off), not a file, stdin or a pipe."""
+    return not (is_local(url) or url == "-" or url.startswith("pipe:"))
 
 
 def _as_urls(items) -> list[str]:
