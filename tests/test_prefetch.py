@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import threading
 import time
@@ -11,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_shards
-from tarshards import StorageError, TarshardsWarning, WebDataset
+from conftest import load_servers, write_shards
+from tarshards import StorageError, TarshardsWarning, TarWriter, WebDataset
 from tarshards.pipeline import iter_samples
 from tarshards.prefetch import ShardPrefetcher
 from tarshards.stages import warn_and_continue
@@ -21,12 +20,6 @@ from tarshards.urls import open_url
 pytestmark = pytest.mark.timeout(120)
 
 
-def _servers():
-    path = os.path.join(os.path.dirname(__file__), "integration", "servers.py")
-    spec = importlib.util.spec_from_file_location("tarshards_test_servers", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _prefetch_threads():
@@ -106,8 +99,13 @@ def test_a_continuing_handler_skips_the_bad_shard_only(tmp_path):
 
 
 def test_stopping_early_stops_the_threads(tmp_path):
-    paths, _ = write_shards(tmp_path, 6, 10)
-    it = iter_samples(paths, prefetch=3, prefetch_bytes=4096)
+    paths = []
+    for i in range(6):  # shards larger than a buffer's share: their fillers must wait
+        paths.append(str(tmp_path / f"big-{i}.tar"))
+        with TarWriter(paths[-1]) as w:
+            for j in range(3):
+                w.write({"__key__": f"k{i}_{j}", "bin": os.urandom(1 << 20)})
+    it = iter_samples(paths, prefetch=3, prefetch_bytes=4 << 20)
     next(it)
     assert _prefetch_threads()  # shards ahead are being read
     it.close()
@@ -135,7 +133,7 @@ def test_buffers_stay_within_their_bound(tmp_path):
 def test_webdataset_prefetches_remote_shards_only(tmp_path):
     paths, samples = write_shards(tmp_path, 4, 5)
     assert WebDataset(paths).prefetch == 0
-    servers = _servers()
+    servers = load_servers()
     with servers.HTTPFileServer(tmp_path) as srv:
         urls = [f"{srv.url}/{os.path.basename(p)}" for p in paths]
         ds = WebDataset(urls)
@@ -152,7 +150,7 @@ def test_shards_ahead_are_requested_while_the_first_is_read(tmp_path):
     """While the consumer holds the first sample, the next ``ahead`` shards are already being
     fetched (the server has their GETs), and never more than that."""
     paths, _ = write_shards(tmp_path, 6, 3)
-    servers = _servers()
+    servers = load_servers()
     with servers.HTTPFileServer(tmp_path) as srv:
         urls = [f"{srv.url}/{os.path.basename(p)}" for p in paths]
         it = iter_samples(urls, prefetch=2)
