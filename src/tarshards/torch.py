@@ -8,14 +8,17 @@ epoch each time it is iterated, so shuffles change every epoch even with fresh w
 
 from __future__ import annotations
 
+import inspect
 import io
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, default_collate, default_convert
+from torch.utils.data import get_worker_info
 
 from . import pipeline as _pipeline
+from .transport import Packer, Unpacker
 
 __all__ = ["DataPipeline", "WebDataset", "WebLoader", "image_to_tensor", "torch_environment"]
 
@@ -86,17 +89,103 @@ class DataPipeline(IterableDataset, _TorchMixin, _pipeline.DataPipeline):
 
 
 class WebLoader(DataLoader):
-    """A ``DataLoader`` that calls ``dataset.set_epoch(e)`` before each epoch (e = 0, 1, ...)."""
+    """A ``DataLoader`` that calls ``dataset.set_epoch(e)`` before each epoch (e = 0, 1, ...).
 
-    def __init__(self, dataset, *args, start_epoch: int = 0, **kwargs):
-        super().__init__(dataset, *args, **kwargs)
+    With workers, batches of arrays and tensors travel through shared memory that each worker
+    allocates once (:mod:`tarshards.transport`) instead of a new shared-memory segment per
+    tensor: ``transport="shm"`` (the default, ``"auto"``) or ``None`` for DataLoader's own path.
+    Anything else in a batch (keys, strings) travels as usual; batches without array data, or
+    with very little, pass through unchanged.
+    """
+
+    def __init__(self, dataset, *args, start_epoch: int = 0, transport: str | None = "auto",
+                 **kwargs):
+        if transport not in ("auto", "shm", None):
+            raise ValueError(f"transport is 'auto', 'shm' or None, not {transport!r}")
+        bound = inspect.signature(DataLoader.__init__).bind(self, dataset, *args, **kwargs)
+        options = bound.arguments
+        options.update(options.pop("kwargs", {}) or {})
+        packing = transport is not None and (options.get("num_workers") or 0) > 0
+        if packing:
+            inner = options.get("collate_fn")
+            if inner is None:
+                inner = default_convert if options.get("batch_size", 1) is None \
+                    else default_collate
+            prefetch = options.get("prefetch_factor") or 2
+            packer = Packer(slots=prefetch + 2, to_array=_tensor_to_array)
+            options["collate_fn"] = _PackingCollate(inner, packer)
+        options.pop("self")
+        super().__init__(**options)
         self.epoch = start_epoch
+        self._packing = packing
+        self._unpacker = None
 
     def __iter__(self):
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(self.epoch)
         self.epoch += 1
-        return super().__iter__()
+        it = super().__iter__()
+        if not self._packing:
+            return it
+        if self._unpacker is None or not self.persistent_workers:
+            if self._unpacker is not None:
+                self._unpacker.close()  # the previous epoch's workers (and rings) are gone
+            pinned = self.pin_memory and torch.cuda.is_available()
+            self._unpacker = Unpacker(from_array=_array_to_tensor,
+                                      alloc=_pinned_alloc if pinned else None)
+        return _UnpackingIterator(it, self._unpacker)
+
+
+class _PackingCollate:
+    """Runs in each worker: the usual collation, then the batch into a shared-memory slot."""
+
+    def __init__(self, inner, packer):
+        self.inner = inner
+        self.packer = packer
+
+    def __call__(self, batch):
+        return self.packer(self.inner(batch))
+
+
+class _UnpackingIterator:
+    """The DataLoader's iterator, with each batch copied out of its slot."""
+
+    def __init__(self, it, unpacker):
+        self._it = it
+        self._unpack = unpacker
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self._unpack(next(self._it))
+
+    def __len__(self):
+        return len(self._it)
+
+    def __getattr__(self, name):
+        return getattr(self._it, name)
+
+
+def _tensor_to_array(x):
+    if not isinstance(x, torch.Tensor) or x.device.type != "cpu" or x.requires_grad \
+            or x.layout != torch.strided or x.is_quantized or x.is_conj() or x.is_neg():
+        return None
+    try:
+        arr = x.numpy()
+    except (TypeError, RuntimeError):  # dtypes numpy lacks (bfloat16...)
+        return None
+    return arr, "tensor"
+
+
+def _array_to_tensor(arr, kind):
+    return torch.from_numpy(arr)
+
+
+def _pinned_alloc(shape, dtype, kind):
+    t = torch.empty(shape, dtype=torch.from_numpy(np.empty(0, dtype=dtype)).dtype,
+                    pin_memory=True)
+    return (t if kind == "tensor" else t.numpy()), t.numpy()
 
 
 def image_to_tensor(arr: np.ndarray, as_float: bool, size=None) -> torch.Tensor:
