@@ -159,6 +159,18 @@ def _dec_pickle(data, ext):
     return pickle.loads(data)
 
 
+def _tenbin():
+    return importlib.import_module("tarshards.tenbin")  # numpy, imported on first use
+
+
+def _enc_tenbin(value, ext):
+    return _tenbin().encode_buffer(value if isinstance(value, (list, tuple)) else [value])
+
+
+def _dec_tenbin(data, ext):
+    return _tenbin().decode_buffer(data)
+
+
 def _torch_io():
     return importlib.import_module("tarshards.torch")
 
@@ -416,6 +428,7 @@ for _codec in (
     Codec(("pyd", "pkl", "pickle"), _enc_pickle, _dec_pickle, safe=False),
     Codec(("pth",), _enc_pth, _dec_pth, safe=False),
     Codec(("gz",), _enc_gz, _dec_gz),
+    Codec(("ten", "tb", "tenbin"), _enc_tenbin, _dec_tenbin),
     Codec(IMAGE_EXTENSIONS, _enc_image, _dec_image_pil, image=True),
 ):
     register_codec(_codec)

@@ -158,11 +158,18 @@ class DataPipeline:
             raise TypeError(f"a stage is a generator function, not {stage!r}")
         self._stages.append(_Stage(stage, args, kwargs))
 
-    def with_epoch(self, nsamples: int) -> "DataPipeline":
-        """Make each iteration (per worker) yield at most ``nsamples`` items."""
-        if nsamples < 0:
-            raise ValueError("with_epoch needs a non-negative count")
-        self._nsamples = int(nsamples)
+    def with_epoch(self, nsamples: int | None = None, nbatches: int | None = None
+                   ) -> "DataPipeline":
+        """Make each iteration yield exactly ``nsamples`` items per reader (rank x worker).
+
+        webdataset's meaning: a reader whose data is shorter goes through it again (with fresh
+        shuffles) until it has yielded ``nsamples`` items; a reader with no data at all yields
+        nothing. ``nbatches`` is another name for the same count (items after ``.batched()``).
+        """
+        counts = [n for n in (nsamples, nbatches) if n is not None]
+        if len(counts) != 1 or int(counts[0]) < 0:
+            raise ValueError("with_epoch needs one non-negative count (nsamples or nbatches)")
+        self._nsamples = int(counts[0])
         return self
 
     def with_length(self, n: int) -> "DataPipeline":
@@ -203,6 +210,23 @@ class DataPipeline:
     # ---- iteration ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator:
         ctx = self._context()
+        if self._nsamples is None:
+            return self._run(ctx)
+        return itertools.islice(self._repeated(ctx), self._nsamples)
+
+    def _repeated(self, ctx: dict) -> Iterator:
+        """The epoch's data, run again (pass 1, 2... with their own shuffles) while it lasts."""
+        for again in itertools.count():
+            if again:
+                ctx = dict(ctx, again=again)
+            empty = True
+            for item in self._run(ctx):
+                empty = False
+                yield item
+            if empty:
+                return
+
+    def _run(self, ctx: dict) -> Iterator:
         src = self._source
         data = src(ctx) if callable(src) else iter(src)
         stages = self._stages
@@ -215,13 +239,12 @@ class DataPipeline:
             if st.wants_rng or st.wants_handler:
                 kwargs = dict(kwargs)
                 if st.wants_rng:
+                    again = (ctx["again"],) if ctx.get("again") else ()
                     kwargs["rng"] = make_rng("stage", i, ctx["seed"], ctx["epoch"], ctx["rank"],
-                                             ctx["worker"])
+                                             ctx["worker"], *again)
                 if st.wants_handler:
                     kwargs["handler"] = self.handler
             data = st.fn(data, *st.args, **kwargs)
-        if self._nsamples is not None:
-            data = itertools.islice(data, self._nsamples)
         return iter(data)
 
     def __repr__(self):

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from ._lazy import LazyModule
 from .codecs import IMAGE_MODES, _EXTRA_MODES, field_decoder
-from .errors import DecodeError, TarshardsError, TarshardsWarning
+from .errors import DecodeError, MissingFieldError, TarshardsError, TarshardsWarning
 
 np = LazyModule("numpy", globals(), "np")  # numpy is imported on first use
 
@@ -265,8 +265,8 @@ def map_dict(samples: Iterable[dict], handler: Callable = reraise_exception,
             sample = dict(sample)
             for k, f in fs.items():
                 if k not in sample:
-                    raise KeyError(f"map_dict: sample has no field {k!r} "
-                                   f"(fields: {', '.join(sorted(sample))})")
+                    raise MissingFieldError(f"map_dict: sample has no field {k!r} "
+                                            f"(fields: {', '.join(sorted(sample))})")
                 sample[k] = f(sample[k])
         except Exception as exn:
             if handler(_context(exn, sample)):
@@ -315,7 +315,7 @@ def to_tuple(samples: Iterable[dict], *fields: str, missing_is_error: bool = Tru
                         break
                 else:
                     if missing_is_error:
-                        raise KeyError(
+                        raise MissingFieldError(
                             f"to_tuple: sample {sample.get('__key__')!r} has none of "
                             f"{';'.join(alts)!r} (fields: "
                             f"{', '.join(k for k in sample if not k.startswith('__'))})")
@@ -345,8 +345,8 @@ def rename(samples: Iterable[dict], keep: bool = True, handler: Callable = rerai
                         out[new] = value
                         break
                 else:
-                    raise KeyError(f"rename: sample {sample.get('__key__')!r} has none of "
-                                   f"{';'.join(alts)!r}")
+                    raise MissingFieldError(f"rename: sample {sample.get('__key__')!r} has none "
+                                            f"of {';'.join(alts)!r}")
         except Exception as exn:
             if handler(_context(exn, sample)):
                 continue

@@ -1,0 +1,5 @@
+"""webdataset's ``tenbin`` module: tarshards' implementation (:mod:`tarshards.tenbin`)."""
+
+from ..tenbin import MAGIC, decode_buffer, encode_buffer, load, read, save, write  # noqa: F401
+
+__all__ = ["decode_buffer", "encode_buffer", "load", "read", "save", "write"]
