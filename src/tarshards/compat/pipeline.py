@@ -200,32 +200,15 @@ class FluidInterface:
         return self.compose(filters.Cached())
 
 
-class DataPipeline(_CompatMixin, FluidInterface, TSDataPipeline):
-    """``DataPipeline(source, stage, stage, ...)``: webdataset's composable pipeline.
+class _Source:
+    """Opens a pipeline's first stage (kept apart from the pipeline: no reference cycle, so a
+    pipeline over a DataLoader with persistent workers shuts them down promptly)."""
 
-    ``seed`` (keyword) seeds every shuffle in the pipeline together with the epoch, rank and
-    worker; ``handler`` (keyword) is the error policy handed to stages that take one.
-    """
+    def __init__(self):
+        self.stage = None
 
-    def __init__(self, *args, seed: int = 0, handler=reraise_exception):
-        TSDataPipeline.__init__(self, self._open_source, seed=seed, handler=handler)
-        self._init_compat()
-        self._first = None
-        for stage in _flatten(args):
-            self.append(stage)
-
-    def append(self, stage) -> None:
-        if not self.pipeline:
-            if isinstance(stage, Curried):
-                raise ValueError(f"{stage!r} is a filter, not a source: put a shard list or an "
-                                 "iterable first")
-            self._first = stage
-            self.pipeline.append(stage)
-            return
-        _CompatMixin.append(self, stage)
-
-    def _open_source(self, ctx: dict) -> Iterator:
-        src = self._first
+    def __call__(self, ctx: dict) -> Iterator:
+        src = self.stage
         if src is None:
             raise ValueError("this DataPipeline has no stages")
         if hasattr(src, "_pipeline_source"):
@@ -238,15 +221,32 @@ class DataPipeline(_CompatMixin, FluidInterface, TSDataPipeline):
             return iter(src())
         raise ValueError(f"{src!r}: not a valid pipeline source")
 
+    def __repr__(self):
+        return repr(self.stage)
+
+
+class DataPipeline(_CompatMixin, FluidInterface, TSDataPipeline):
+    """``DataPipeline(source, stage, stage, ...)``: webdataset's composable pipeline.
+
+    ``seed`` (keyword) seeds every shuffle in the pipeline together with the epoch, rank and
+    worker; ``handler`` (keyword) is the error policy handed to stages that take one.
+    """
+
+    def __init__(self, *args, seed: int = 0, handler=reraise_exception):
+        TSDataPipeline.__init__(self, _Source(), seed=seed, handler=handler)
+        self._init_compat()
+        for stage in _flatten(args):
+            self.append(stage)
+
+    def append(self, stage) -> None:
+        if not self.pipeline:
+            if isinstance(stage, Curried):
+                raise ValueError(f"{stage!r} is a filter, not a source: put a shard list or an "
+                                 "iterable first")
+            self._source.stage = stage
+            self.pipeline.append(stage)
+            return
+        _CompatMixin.append(self, stage)
+
     def _source_repr(self) -> str:
-        return f"DataPipeline({self._first!r})"
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state.pop("_source", None)  # a bound method of self: rebuilt on unpickling
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._source = self._open_source
-
+        return f"DataPipeline({self._source.stage!r})"

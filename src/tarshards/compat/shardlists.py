@@ -9,11 +9,13 @@ back. ``ResampledShards(urls, deterministic=True)`` draws shards from a generato
 
 from __future__ import annotations
 
+import glob
 import itertools
 import os
 import random
 import re
 import sys
+import time
 from typing import Iterable, Iterator
 
 from ..shards import make_rng
@@ -22,7 +24,7 @@ from .filters import pipelinefilter
 from .utils import pytorch_worker_info, pytorch_worker_seed
 from ._base import IterableDataset
 
-__all__ = ["ResampledShardList", "ResampledShards", "SimpleShardList", "envsubst",
+__all__ = ["DirectoryShardList", "ResampledShardList", "ResampledShards", "SimpleShardList", "envsubst",
            "expand_source", "expand_urls", "non_empty", "resampled", "shardspec",
            "single_node_only", "split_by_node", "split_by_worker"]
 
@@ -199,3 +201,95 @@ def shardspec(spec: str, *, expand_env: bool = False):
         raise ValueError("yaml dataset specs are not supported by tarshards.compat; list the "
                          "shards instead")
     return SimpleShardList(spec, expand_env=expand_env)
+
+
+def _alternatives(pattern: str) -> list[str]:
+    """``"*.{tar,tgz}"`` -> ``["*.tar", "*.tgz"]`` (comma alternatives in braces)."""
+    m = re.search(r"\{([^{}]*,[^{}]*)\}", pattern)
+    if m is None:
+        return [pattern]
+    return [alt for choice in m.group(1).split(",")
+            for alt in _alternatives(pattern[:m.start()] + choice + pattern[m.end():])]
+
+
+def _pid_of(fname: str) -> int | None:
+    m = re.match(r"^.*\._(\d+)_$", fname)
+    return int(m.group(1)) if m else None
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+class DirectoryShardList(IterableDataset):
+    """Shards taken from a directory as they appear (a work queue shared by processes).
+
+    Each shard is claimed by renaming it to ``NAME._PID_`` (so no two processes take it), handed
+    out as ``{"url": ...}``, and after use deleted (``mode="unlink"``), renamed ``NAME._done_``
+    (``"keep"``) or put back (``"resample"``). ``select``: ``"random"`` or ``"oldest"``. With
+    ``poll=None`` the iteration ends when the directory has no shard left; otherwise it waits
+    ``poll`` seconds between looks, for at most ``timeout`` seconds.
+    """
+
+    def __init__(self, path: str, pattern: str = "*.{tar,tgz,tar.tgz}", poll=1,
+                 timeout: float = 1e12, mode: str = "resample", select: str = "random",
+                 fate=None):
+        if not path.endswith("/") or not os.path.isdir(path):
+            raise ValueError(f"DirectoryShardList needs an existing directory ending in '/': "
+                             f"{path!r}")
+        if mode not in ("unlink", "keep", "resample"):
+            raise ValueError(f"mode must be unlink, keep or resample, not {mode!r}")
+        if select not in ("random", "oldest"):
+            raise ValueError(f"select must be random or oldest, not {select!r}")
+        self.path, self.pattern, self.poll, self.timeout = path, pattern, poll, timeout
+        self.mode, self.select, self.fate = mode, select, fate
+
+    def _candidates(self) -> list[str]:
+        names = set()
+        for pat in _alternatives(self.pattern):
+            names.update(glob.glob(os.path.join(self.path, pat)))
+        return sorted(names)
+
+    def recycle(self, activename: str) -> None:
+        """Dispose of a claimed shard according to ``mode``."""
+        base = re.sub(r"\._\d+_$", "", activename)
+        if self.mode == "unlink":
+            os.unlink(activename)
+        elif self.mode == "keep":
+            os.rename(activename, base + "._done_")
+        else:
+            os.rename(activename, base)
+
+    def cleanup_files_without_processes(self) -> None:
+        """Recycle shards claimed by processes that no longer run."""
+        for fname in glob.glob(os.path.join(self.path, "*._*_")):
+            pid = _pid_of(fname)
+            if pid is not None and not _running(pid):
+                self.recycle(fname)
+
+    def __iter__(self) -> Iterator[dict]:
+        start = time.monotonic()
+        rng = random.Random()
+        while time.monotonic() - start < self.timeout:
+            candidates = self._candidates()
+            if not candidates:
+                if self.poll is None:
+                    return
+                time.sleep(self.poll)
+                continue
+            if self.select == "oldest":
+                candidate = min(candidates, key=lambda f: os.stat(f).st_mtime)
+            else:
+                candidate = rng.choice(candidates)
+            active = f"{candidate}._{os.getpid()}_"
+            try:
+                os.rename(candidate, active)
+            except FileNotFoundError:  # another process claimed it first
+                continue
+            yield {"url": active}
+            self.recycle(active)
+            self.cleanup_files_without_processes()
