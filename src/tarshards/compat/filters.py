@@ -16,10 +16,9 @@ import io
 import numbers
 import pickle
 import random
-import re
 import sys
 from fnmatch import fnmatch
-from typing import Any, Callable, Iterable, Iterator
+from typing import Callable
 
 from .. import stages as _st
 from ..errors import MissingFieldError
@@ -62,7 +61,7 @@ class Curried:
 
 
 class _Filter:
-    """What ``pipelinefilter(f)`` returns: calling it with the arguments gives a :class:`Curried`."""
+    """What ``pipelinefilter(f)`` returns: called with arguments, it gives a :class:`Curried`."""
 
     def __init__(self, fn: Callable):
         self.fn = fn

@@ -24,7 +24,8 @@ from .filters import pipelinefilter
 from .utils import pytorch_worker_info, pytorch_worker_seed
 from ._base import IterableDataset
 
-__all__ = ["DirectoryShardList", "ResampledShardList", "ResampledShards", "SimpleShardList", "envsubst",
+__all__ = ["DirectoryShardList", "ResampledShardList", "ResampledShards", "SimpleShardList",
+           "envsubst",
            "expand_source", "expand_urls", "non_empty", "resampled", "shardspec",
            "single_node_only", "split_by_node", "split_by_worker"]
 
