@@ -353,3 +353,110 @@ def test_reader_chunk_size_edges(tmp_path):
         with open(path, "rb") as f:
             got = [(n, d) for n, d, _ in iter_tar(read_chunks(f, cs))]
         assert got == [(f"{s['__key__']}.bin", s["bin"]) for s in samples]
+
+
+# ---------------------------------------------------------------------------------------------
+# header fields that do not fit (issue 10, defect 4): never truncated, C and Python equal
+# ---------------------------------------------------------------------------------------------
+
+from tarshards import tario  # noqa: E402
+from tarshards.errors import EncodeError  # noqa: E402
+
+_names = st.one_of(
+    st.from_regex(r"[a-z0-9_/]{1,130}\.[a-z]{1,4}", fullmatch=True),
+    st.text(min_size=1, max_size=60).filter(lambda t: "\0" not in t).map(lambda t: t + ".txt"),
+    st.binary(min_size=1, max_size=40).filter(lambda b: b"\0" not in b).map(
+        lambda b: b.decode("utf-8", "surrogateescape") + ".bin"),
+)
+
+
+def _write_members(members, mtime, mode, accelerate):
+    buf = io.BytesIO()
+    w = tario.TarMemberWriter(buf, mtime=mtime, mode=mode)
+    n = w.add_all(members, accelerate=accelerate)
+    w.finish()
+    assert n + 1024 == len(buf.getvalue())
+    return buf.getvalue()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(_names, st.binary(max_size=700)), max_size=6),
+       st.one_of(st.integers(0, 2**33 - 1), st.integers(2**33 - 3, 2**33 + 3),
+                 st.integers(-(2**70), 2**70), st.just(1_700_000_000_123)),
+       st.one_of(st.sampled_from([0o444, 0o644]), st.integers(-3, 2**21 + 3)))
+def test_header_fields_c_equals_python_and_never_truncate(members, mtime, mode):
+    fits = 0 <= mtime < 8 ** 11 and 0 <= mode < 8 ** 7
+    outs = []
+    for accelerate in (True, False):
+        if not fits:
+            with pytest.raises(EncodeError, match="mtime|mode"):
+                _write_members(members, mtime, mode, accelerate)
+            continue
+        outs.append(_write_members(members, mtime, mode, accelerate))
+    if not fits:
+        return
+    assert outs[0] == outs[1]
+    raw = outs[0]
+    assert len(raw) % 512 == 0
+    with tarfile.open(fileobj=io.BytesIO(raw), errors="surrogateescape") as tf:
+        got = [(m.name, m.mtime, m.mode, tf.extractfile(m).read()) for m in tf.getmembers()]
+    assert got == [(n, mtime, mode, d) for n, d in members]
+    assert [(n, d) for n, d, _ in iter_tar(iter([raw]))] == [(n, d) for n, d in members]
+
+
+def test_c_header_writer_stops_at_fields_that_do_not_fit():
+    if tario._ustar_parts is None:
+        pytest.skip("the C extension is not built")
+    members = [("a.txt", b"x"), ("b\0c.txt", b"y")]
+    for mtime, mode in ((8 ** 11, 0o444), (-1, 0o444), (0, 8 ** 7), (0, -1)):
+        parts = []
+        assert tario._ustar_parts(parts, members, 0, mtime, mode) == (0, 0)
+        assert parts == []
+    parts = []
+    assert tario._ustar_parts(parts, members, 0, 0, 0o444) == (1024, 1)  # stops at the NUL
+
+
+@pytest.mark.parametrize("mtime", [1_700_000_000_000, 8 ** 11, -1, 2 ** 64])
+def test_out_of_range_mtime_raises_encode_error(tmp_path, mtime):
+    with pytest.raises(EncodeError, match=f"mtime={mtime} does not fit"):
+        TarWriter(str(tmp_path / "a.tar"), mtime=mtime)
+    with pytest.raises(EncodeError, match="mtime"):
+        tario.tar_header("a.txt", 1, mtime=mtime)
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(EncodeError, match="milliseconds"):
+        TarWriter(io.BytesIO(), mtime=1_700_000_000_000)
+
+
+def test_float_mtime_is_whole_seconds_and_largest_mtime_fits(tmp_path):
+    path = write(tmp_path / "f.tar", [{"__key__": "k", "txt": b"x"}], mtime=1_700_000_000.75)
+    with tarfile.open(path) as tf:
+        assert tf.getmembers()[0].mtime == 1_700_000_000
+    path = write(tmp_path / "g.tar", [{"__key__": "k", "txt": b"x"}], mtime=8 ** 11 - 1)
+    raw = path.read_bytes()
+    assert len(raw) == 2048 and raw[136:148] == b"77777777777\0"
+    with tarfile.open(path) as tf:
+        assert tf.getmembers()[0].mtime == 8 ** 11 - 1
+
+
+def test_huge_size_and_long_names_get_pax_and_whole_blocks():
+    hdr = tario.tar_header("a.bin", 8 ** 11 + 5)
+    assert len(hdr) == 3 * 512
+    assert b"size=8589934597\n" in hdr[512:1024]
+    assert tario.header_size("a.bin", 8 ** 11 + 5) == 3 * 512
+    for name in ("x" * 101, "é" * 80, "d/" * 100 + "f", "a" * 100):
+        h = tario.tar_header(name, 3)
+        assert len(h) % 512 == 0 and len(h) == tario.header_size(name, 3)
+        members = list(iter_tar(iter([h + b"abc" + bytes(509) + bytes(1024)])))
+        assert [(n, d) for n, d, _ in members] == [(name, b"abc")]
+
+
+def test_names_that_cannot_be_written_raise_encode_error(tmp_path):
+    with pytest.raises(EncodeError, match="NUL"):
+        tario.tar_header("a\0b.txt", 1)
+    with pytest.raises(EncodeError, match="cannot be encoded"):
+        tario.tar_header("\ud800.txt", 1)
+    w = TarWriter(str(tmp_path / "n.tar"), encoder=False)
+    with pytest.raises(EncodeError, match="NUL"):
+        w.write_members([("ok.txt", b"1"), ("a\0b.txt", b"2")])
+    w.abort()
+    assert os.listdir(tmp_path) == []
