@@ -460,3 +460,163 @@ def test_names_that_cannot_be_written_raise_encode_error(tmp_path):
         w.write_members([("ok.txt", b"1"), ("a\0b.txt", b"2")])
     w.abort()
     assert os.listdir(tmp_path) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# pipe: outputs (issue 10, defect 4)
+# ---------------------------------------------------------------------------------------------
+
+from tarshards.errors import PipeNotAllowedError, StorageError  # noqa: E402
+
+
+def test_pipe_output_needs_allow_pipe(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PipeNotAllowedError, match="allow_pipe=True"):
+        TarWriter("pipe:gzip > out.tgz")
+    with pytest.raises(PipeNotAllowedError, match="allow_pipe=True"):
+        ShardWriter("pipe:gzip > out-%02d.tgz")
+    assert os.listdir(tmp_path) == []  # no file named 'pipe:gzip > out.tgz', no temporary
+
+
+@pytest.mark.skipif(shutil.which("gzip") is None, reason="needs gzip")
+def test_pipe_output_runs_the_command(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    samples = [{"__key__": f"k{i}", "txt": f"t{i}".encode()} for i in range(5)]
+    write("pipe:gzip > out.tgz", samples, allow_pipe=True)
+    assert sorted(os.listdir(tmp_path)) == ["out.tgz"]
+    with tarfile.open(tmp_path / "out.tgz") as tf:  # gzip once, by the command, not twice
+        assert [m.name for m in tf.getmembers()] == [f"k{i}.txt" for i in range(5)]
+    got = list(shard_samples(str(tmp_path / "out.tgz")))
+    assert [fields(s) for s in got] == [fields(s) for s in samples]
+    with ShardWriter("pipe:cat > s-%02d.tar", maxcount=2, allow_pipe=True) as sink:
+        for s in samples:
+            sink.write(s)
+    assert sorted(p for p in os.listdir(tmp_path) if p.startswith("s-")) == [
+        "s-00.tar", "s-01.tar", "s-02.tar"]
+    assert [s["__key__"] for p in ("s-00.tar", "s-01.tar", "s-02.tar")
+            for s in shard_samples(str(tmp_path / p))] == [s["__key__"] for s in samples]
+
+
+def test_pipe_output_failing_command_raises(tmp_path):
+    with pytest.raises(StorageError, match="status 3"):
+        write("pipe:cat > /dev/null; exit 3", [{"__key__": "a", "txt": b"x"}], allow_pipe=True)
+    w = TarWriter(f"pipe:cat > {tmp_path}/never.tar; exit 0", allow_pipe=True)
+    w.write({"__key__": "a", "txt": b"x"})
+    w.abort()  # kills the command; nothing to commit
+
+
+# ---------------------------------------------------------------------------------------------
+# temporary files: owned, locked, removed when their writer died (issue 10, defect 5)
+# ---------------------------------------------------------------------------------------------
+
+import signal  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+from tarshards import urls  # noqa: E402
+
+
+def tmp_files(directory):
+    return sorted(n for n in os.listdir(directory) if n.endswith(".tmp"))
+
+
+_HOLD = """
+import sys
+from tarshards import TarWriter
+w = TarWriter(sys.argv[1])
+w.write({"__key__": "a", "bin": b"x" * 100000})
+print("ready", flush=True)
+sys.stdin.readline()
+w.write({"__key__": "b", "bin": b"y" * 1000})
+w.close()
+"""
+
+
+def hold_writer(path):
+    """A writer in another process, stopped in the middle of its shard until told to go on."""
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(path)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def test_temporary_name_names_its_owner(tmp_path):
+    w = TarWriter(str(tmp_path / "a.tar"))
+    (name,) = tmp_files(tmp_path)
+    m = urls._TEMP_RE.fullmatch(name)
+    assert m and m["base"] == "a.tar" and int(m["pid"]) == os.getpid()
+    assert not urls.is_stale_temporary(str(tmp_path / name))  # our own, and locked
+    w.close()
+    assert os.listdir(tmp_path) == ["a.tar"]
+
+
+def test_a_live_writers_temporary_is_kept_and_a_dead_ones_removed(tmp_path):
+    live = hold_writer(tmp_path / "live.tar")
+    dead = hold_writer(tmp_path / "dead.tar")
+    try:
+        dead.kill()
+        dead.wait()
+        assert len(tmp_files(tmp_path)) == 2
+        # another writer into the same directory: removes the dead one's temporary only
+        with ShardWriter(str(tmp_path / "other-%02d.tar"), maxcount=1) as sink:
+            sink.write({"__key__": "o", "txt": b"1"})
+        (left,) = tmp_files(tmp_path)
+        assert left.startswith(".live.tar.")
+        write(tmp_path / "more.tar", [{"__key__": "m", "txt": b"2"}])  # TarWriter: same
+        assert tmp_files(tmp_path) == [left]
+        out, _ = live.communicate("go\n", timeout=60)
+        assert live.returncode == 0
+    finally:
+        for p in (live, dead):
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+    assert tmp_files(tmp_path) == []
+    assert [s["__key__"] for s in shard_samples(str(tmp_path / "live.tar"))] == ["a", "b"]
+    assert not (tmp_path / "dead.tar").exists()
+
+
+def test_stale_rules_for_reused_pids_and_other_hosts(tmp_path):
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        start = urls._process_start(sleeper.pid)
+        host = urls._host_tag()
+        other = "0" * 8 if host != "0" * 8 else "1" * 8
+        names = {
+            "alive": f".x.tar.{sleeper.pid}-{host}-{start}-00000001.tmp",
+            "reused": f".x.tar.{sleeper.pid}-{host}-{start + 1 if start else 0}-00000002.tmp",
+            "far_fresh": f".x.tar.123-{other}-5-00000003.tmp",
+            "far_old": f".x.tar.123-{other}-5-00000004.tmp",
+            "far_locked": f".x.tar.123-{other}-5-00000005.tmp",
+            "not_ours": ".x.tar.abcdef12.tmp",
+        }
+        for n in names.values():
+            (tmp_path / n).write_bytes(b"partial")
+        old = time.time() - urls.STALE_AFTER - 10
+        for key in ("far_old", "far_locked"):
+            os.utime(tmp_path / names[key], (old, old))
+        import fcntl
+
+        with open(tmp_path / names["far_locked"], "rb") as held:
+            fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+            removed = urls.remove_stale_temporaries(str(tmp_path))
+        expect_removed = {"far_old"} | ({"reused"} if start else set())
+        assert sorted(os.path.basename(p) for p in removed) == sorted(
+            names[k] for k in expect_removed)
+        assert sorted(os.listdir(tmp_path)) == sorted(
+            n for k, n in names.items() if k not in expect_removed)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # the sleeper is gone now: its temporaries are stale
+    urls.remove_stale_temporaries(str(tmp_path))
+    assert names["alive"] not in os.listdir(tmp_path)
+
+
+def test_commit_fsyncs_before_the_rename(tmp_path, monkeypatch):
+    calls = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (calls.append("rename"), real_replace(a, b))[1])
+    write(tmp_path / "f.tar", [{"__key__": "a", "txt": b"x"}])
+    assert calls == ["fsync", "rename", "fsync"]  # the file, the rename, the directory
