@@ -353,3 +353,270 @@ def test_reader_chunk_size_edges(tmp_path):
         with open(path, "rb") as f:
             got = [(n, d) for n, d, _ in iter_tar(read_chunks(f, cs))]
         assert got == [(f"{s['__key__']}.bin", s["bin"]) for s in samples]
+
+
+# ---------------------------------------------------------------------------------------------
+# header fields that do not fit (issue 10, defect 4): never truncated, C and Python equal
+# ---------------------------------------------------------------------------------------------
+
+from tarshards import tario  # noqa: E402
+from tarshards.errors import EncodeError  # noqa: E402
+
+_names = st.one_of(
+    st.from_regex(r"[a-z0-9_/]{1,130}\.[a-z]{1,4}", fullmatch=True),
+    st.text(min_size=1, max_size=60).filter(lambda t: "\0" not in t).map(lambda t: t + ".txt"),
+    st.binary(min_size=1, max_size=40).filter(lambda b: b"\0" not in b).map(
+        lambda b: b.decode("utf-8", "surrogateescape") + ".bin"),
+)
+
+
+def _write_members(members, mtime, mode, accelerate):
+    buf = io.BytesIO()
+    w = tario.TarMemberWriter(buf, mtime=mtime, mode=mode)
+    n = w.add_all(members, accelerate=accelerate)
+    w.finish()
+    assert n + 1024 == len(buf.getvalue())
+    return buf.getvalue()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(_names, st.binary(max_size=700)), max_size=6),
+       st.one_of(st.integers(0, 2**33 - 1), st.integers(2**33 - 3, 2**33 + 3),
+                 st.integers(-(2**70), 2**70), st.just(1_700_000_000_123)),
+       st.one_of(st.sampled_from([0o444, 0o644]), st.integers(-3, 2**21 + 3)))
+def test_header_fields_c_equals_python_and_never_truncate(members, mtime, mode):
+    fits = 0 <= mtime < 8 ** 11 and 0 <= mode < 8 ** 7
+    outs = []
+    for accelerate in (True, False):
+        if not fits:
+            with pytest.raises(EncodeError, match="mtime|mode"):
+                _write_members(members, mtime, mode, accelerate)
+            continue
+        outs.append(_write_members(members, mtime, mode, accelerate))
+    if not fits:
+        return
+    assert outs[0] == outs[1]
+    raw = outs[0]
+    assert len(raw) % 512 == 0
+    with tarfile.open(fileobj=io.BytesIO(raw), errors="surrogateescape") as tf:
+        got = [(m.name, m.mtime, m.mode, tf.extractfile(m).read()) for m in tf.getmembers()]
+    assert got == [(n, mtime, mode, d) for n, d in members]
+    assert [(n, d) for n, d, _ in iter_tar(iter([raw]))] == [(n, d) for n, d in members]
+
+
+def test_c_header_writer_stops_at_fields_that_do_not_fit():
+    if tario._ustar_parts is None:
+        pytest.skip("the C extension is not built")
+    members = [("a.txt", b"x"), ("b\0c.txt", b"y")]
+    for mtime, mode in ((8 ** 11, 0o444), (-1, 0o444), (0, 8 ** 7), (0, -1)):
+        parts = []
+        assert tario._ustar_parts(parts, members, 0, mtime, mode) == (0, 0)
+        assert parts == []
+    parts = []
+    assert tario._ustar_parts(parts, members, 0, 0, 0o444) == (1024, 1)  # stops at the NUL
+
+
+@pytest.mark.parametrize("mtime", [1_700_000_000_000, 8 ** 11, -1, 2 ** 64])
+def test_out_of_range_mtime_raises_encode_error(tmp_path, mtime):
+    with pytest.raises(EncodeError, match=f"mtime={mtime} does not fit"):
+        TarWriter(str(tmp_path / "a.tar"), mtime=mtime)
+    with pytest.raises(EncodeError, match="mtime"):
+        tario.tar_header("a.txt", 1, mtime=mtime)
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(EncodeError, match="milliseconds"):
+        TarWriter(io.BytesIO(), mtime=1_700_000_000_000)
+
+
+def test_float_mtime_is_whole_seconds_and_largest_mtime_fits(tmp_path):
+    path = write(tmp_path / "f.tar", [{"__key__": "k", "txt": b"x"}], mtime=1_700_000_000.75)
+    with tarfile.open(path) as tf:
+        assert tf.getmembers()[0].mtime == 1_700_000_000
+    path = write(tmp_path / "g.tar", [{"__key__": "k", "txt": b"x"}], mtime=8 ** 11 - 1)
+    raw = path.read_bytes()
+    assert len(raw) == 2048 and raw[136:148] == b"77777777777\0"
+    with tarfile.open(path) as tf:
+        assert tf.getmembers()[0].mtime == 8 ** 11 - 1
+
+
+def test_huge_size_and_long_names_get_pax_and_whole_blocks():
+    hdr = tario.tar_header("a.bin", 8 ** 11 + 5)
+    assert len(hdr) == 3 * 512
+    assert b"size=8589934597\n" in hdr[512:1024]
+    assert tario.header_size("a.bin", 8 ** 11 + 5) == 3 * 512
+    for name in ("x" * 101, "é" * 80, "d/" * 100 + "f", "a" * 100):
+        h = tario.tar_header(name, 3)
+        assert len(h) % 512 == 0 and len(h) == tario.header_size(name, 3)
+        members = list(iter_tar(iter([h + b"abc" + bytes(509) + bytes(1024)])))
+        assert [(n, d) for n, d, _ in members] == [(name, b"abc")]
+
+
+def test_names_that_cannot_be_written_raise_encode_error(tmp_path):
+    with pytest.raises(EncodeError, match="NUL"):
+        tario.tar_header("a\0b.txt", 1)
+    with pytest.raises(EncodeError, match="cannot be encoded"):
+        tario.tar_header("\ud800.txt", 1)
+    w = TarWriter(str(tmp_path / "n.tar"), encoder=False)
+    with pytest.raises(EncodeError, match="NUL"):
+        w.write_members([("ok.txt", b"1"), ("a\0b.txt", b"2")])
+    w.abort()
+    assert os.listdir(tmp_path) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# pipe: outputs (issue 10, defect 4)
+# ---------------------------------------------------------------------------------------------
+
+from tarshards.errors import PipeNotAllowedError, StorageError  # noqa: E402
+
+
+def test_pipe_output_needs_allow_pipe(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PipeNotAllowedError, match="allow_pipe=True"):
+        TarWriter("pipe:gzip > out.tgz")
+    with pytest.raises(PipeNotAllowedError, match="allow_pipe=True"):
+        ShardWriter("pipe:gzip > out-%02d.tgz")
+    assert os.listdir(tmp_path) == []  # no file named 'pipe:gzip > out.tgz', no temporary
+
+
+@pytest.mark.skipif(shutil.which("gzip") is None, reason="needs gzip")
+def test_pipe_output_runs_the_command(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    samples = [{"__key__": f"k{i}", "txt": f"t{i}".encode()} for i in range(5)]
+    write("pipe:gzip > out.tgz", samples, allow_pipe=True)
+    assert sorted(os.listdir(tmp_path)) == ["out.tgz"]
+    with tarfile.open(tmp_path / "out.tgz") as tf:  # gzip once, by the command, not twice
+        assert [m.name for m in tf.getmembers()] == [f"k{i}.txt" for i in range(5)]
+    got = list(shard_samples(str(tmp_path / "out.tgz")))
+    assert [fields(s) for s in got] == [fields(s) for s in samples]
+    with ShardWriter("pipe:cat > s-%02d.tar", maxcount=2, allow_pipe=True) as sink:
+        for s in samples:
+            sink.write(s)
+    assert sorted(p for p in os.listdir(tmp_path) if p.startswith("s-")) == [
+        "s-00.tar", "s-01.tar", "s-02.tar"]
+    assert [s["__key__"] for p in ("s-00.tar", "s-01.tar", "s-02.tar")
+            for s in shard_samples(str(tmp_path / p))] == [s["__key__"] for s in samples]
+
+
+def test_pipe_output_failing_command_raises(tmp_path):
+    with pytest.raises(StorageError, match="status 3"):
+        write("pipe:cat > /dev/null; exit 3", [{"__key__": "a", "txt": b"x"}], allow_pipe=True)
+    w = TarWriter(f"pipe:cat > {tmp_path}/never.tar; exit 0", allow_pipe=True)
+    w.write({"__key__": "a", "txt": b"x"})
+    w.abort()  # kills the command; nothing to commit
+
+
+# ---------------------------------------------------------------------------------------------
+# temporary files: owned, locked, removed when their writer died (issue 10, defect 5)
+# ---------------------------------------------------------------------------------------------
+
+import signal  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+from tarshards import urls  # noqa: E402
+
+
+def tmp_files(directory):
+    return sorted(n for n in os.listdir(directory) if n.endswith(".tmp"))
+
+
+_HOLD = """
+import sys
+from tarshards import TarWriter
+w = TarWriter(sys.argv[1])
+w.write({"__key__": "a", "bin": b"x" * 100000})
+print("ready", flush=True)
+sys.stdin.readline()
+w.write({"__key__": "b", "bin": b"y" * 1000})
+w.close()
+"""
+
+
+def hold_writer(path):
+    """A writer in another process, stopped in the middle of its shard until told to go on."""
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(path)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def test_temporary_name_names_its_owner(tmp_path):
+    w = TarWriter(str(tmp_path / "a.tar"))
+    (name,) = tmp_files(tmp_path)
+    m = urls._TEMP_RE.fullmatch(name)
+    assert m and m["base"] == "a.tar" and int(m["pid"]) == os.getpid()
+    assert not urls.is_stale_temporary(str(tmp_path / name))  # our own, and locked
+    w.close()
+    assert os.listdir(tmp_path) == ["a.tar"]
+
+
+def test_a_live_writers_temporary_is_kept_and_a_dead_ones_removed(tmp_path):
+    live = hold_writer(tmp_path / "live.tar")
+    dead = hold_writer(tmp_path / "dead.tar")
+    try:
+        dead.kill()
+        dead.wait()
+        assert len(tmp_files(tmp_path)) == 2
+        # another writer into the same directory: removes the dead one's temporary only
+        with ShardWriter(str(tmp_path / "other-%02d.tar"), maxcount=1) as sink:
+            sink.write({"__key__": "o", "txt": b"1"})
+        (left,) = tmp_files(tmp_path)
+        assert left.startswith(".live.tar.")
+        write(tmp_path / "more.tar", [{"__key__": "m", "txt": b"2"}])  # TarWriter: same
+        assert tmp_files(tmp_path) == [left]
+        out, _ = live.communicate("go\n", timeout=60)
+        assert live.returncode == 0
+    finally:
+        for p in (live, dead):
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+    assert tmp_files(tmp_path) == []
+    assert [s["__key__"] for s in shard_samples(str(tmp_path / "live.tar"))] == ["a", "b"]
+    assert not (tmp_path / "dead.tar").exists()
+
+
+def test_stale_rules_for_reused_pids_and_other_hosts(tmp_path):
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        start = urls._process_start(sleeper.pid)
+        host = urls._host_tag()
+        other = "0" * 8 if host != "0" * 8 else "1" * 8
+        names = {
+            "alive": f".x.tar.{sleeper.pid}-{host}-{start}-00000001.tmp",
+            "reused": f".x.tar.{sleeper.pid}-{host}-{start + 1 if start else 0}-00000002.tmp",
+            "far_fresh": f".x.tar.123-{other}-5-00000003.tmp",
+            "far_old": f".x.tar.123-{other}-5-00000004.tmp",
+            "far_locked": f".x.tar.123-{other}-5-00000005.tmp",
+            "not_ours": ".x.tar.abcdef12.tmp",
+        }
+        for n in names.values():
+            (tmp_path / n).write_bytes(b"partial")
+        old = time.time() - urls.STALE_AFTER - 10
+        for key in ("far_old", "far_locked"):
+            os.utime(tmp_path / names[key], (old, old))
+        import fcntl
+
+        with open(tmp_path / names["far_locked"], "rb") as held:
+            fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+            removed = urls.remove_stale_temporaries(str(tmp_path))
+        expect_removed = {"far_old"} | ({"reused"} if start else set())
+        assert sorted(os.path.basename(p) for p in removed) == sorted(
+            names[k] for k in expect_removed)
+        assert sorted(os.listdir(tmp_path)) == sorted(
+            n for k, n in names.items() if k not in expect_removed)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # the sleeper is gone now: its temporaries are stale
+    urls.remove_stale_temporaries(str(tmp_path))
+    assert names["alive"] not in os.listdir(tmp_path)
+
+
+def test_commit_fsyncs_before_the_rename(tmp_path, monkeypatch):
+    calls = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (calls.append("rename"), real_replace(a, b))[1])
+    write(tmp_path / "f.tar", [{"__key__": "a", "txt": b"x"}])
+    assert calls == ["fsync", "rename", "fsync"]  # the file, the rename, the directory

@@ -241,8 +241,9 @@ fail:
 /* ustar_parts(parts, members, start, mtime, mode) -> (nbytes, stop)
  * Appends header, data and padding of members[start:] to the list parts, as
  * tario.TarMemberWriter.add_all does for plain members. Stops (stop = index) at a member the
- * Python path must write (name not ASCII or longer than 100 bytes, size >= 8**11, data not
- * bytes); stop = -1 when all were written. */
+ * Python path must write (name not ASCII, longer than 100 bytes or holding a NUL, size >= 8**11,
+ * data not bytes); stop = -1 when all were written. An mtime or mode that does not fit its
+ * header field stops at the first member, so the Python path raises (never a truncated field). */
 static PyObject *ZERO_PAD;
 
 static PyObject *
@@ -259,6 +260,10 @@ ustar_parts(PyObject *self, PyObject *args)
     Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
     long long total = 0;
     Py_ssize_t stop = -1;
+    if (mtime < 0 || mtime >= (1LL << 33) || mode < 0 || mode >= (1LL << 21)) {
+        Py_DECREF(seq);
+        return Py_BuildValue("(Ln)", 0LL, start < count ? start : (Py_ssize_t)-1);
+    }
     char head[BLOCK];
     memset(head, 0, BLOCK);
     snprintf(head + 100, 8, "%07llo", mode);
@@ -279,7 +284,8 @@ ustar_parts(PyObject *self, PyObject *args)
         PyObject *name = PyTuple_GET_ITEM(m, 0);
         PyObject *data = PyTuple_GET_ITEM(m, 1);
         if (!PyUnicode_Check(name) || !PyUnicode_IS_ASCII(name) ||
-            PyUnicode_GET_LENGTH(name) > 100 || !PyBytes_CheckExact(data)) {
+            PyUnicode_GET_LENGTH(name) > 100 || !PyBytes_CheckExact(data) ||
+            memchr(PyUnicode_DATA(name), 0, PyUnicode_GET_LENGTH(name)) != NULL) {
             stop = i;
             break;
         }

@@ -23,7 +23,6 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
-import re
 import signal
 import subprocess
 import sys
@@ -45,7 +44,7 @@ from .errors import (
 )
 from .pipeline import shard_samples
 from .stages import reraise_exception
-from .urls import _fsspec_resolve, expand_urls, is_local, local_path
+from .urls import _fsspec_resolve, expand_urls, is_local, local_path, remove_stale_temporaries
 from .writer import TarWriter
 
 __all__ = [
@@ -800,31 +799,11 @@ def _run_dask(job, pairs, todo, workers, address, retries, client, finished) -> 
                     client.cancel(pending)
 
 
-_TEMP_RE = r"\.[0-9a-f]{8}\.tmp"  # tarshards.urls.AtomicOutput: ".NAME.<8 hex>.tmp" beside NAME
-
-
 def _remove_stale_temps(outputs) -> int:
     """Remove temporary files left beside local ``outputs`` by attempts whose worker died."""
-    by_dir: dict[str, set] = collections.defaultdict(set)
-    for out in outputs:
-        if is_local(out) and out != "-":
-            path = os.path.abspath(local_path(out))
-            by_dir[os.path.dirname(path)].add(os.path.basename(path))
-    removed = 0
-    for d, names in by_dir.items():
-        try:
-            entries = os.listdir(d)
-        except OSError:
-            continue
-        for entry in entries:
-            if not entry.startswith(".") or not entry.endswith(".tmp"):
-                continue
-            m = re.fullmatch(r"\.(.+)" + _TEMP_RE, entry)
-            if m and m.group(1) in names:
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(d, entry))
-                    removed += 1
-    return removed
+    dirs = {os.path.dirname(os.path.abspath(local_path(out))) for out in outputs
+            if is_local(out) and out != "-"}
+    return sum(len(remove_stale_temporaries(d)) for d in sorted(dirs))
 
 
 # ---------------------------------------------------------------------------------------------

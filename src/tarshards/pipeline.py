@@ -400,17 +400,29 @@ class WebDataset(DataPipeline):
                    "prefetch": self.prefetch, "prefetch_bytes": self.prefetch_bytes}
         if self._opener is not None:
             options["opener"] = self._opener
-        samples = iter_samples(shards, handler=self.handler, **options)
         if not self.empty_check or self.resampled:
-            yield from samples
+            yield from iter_samples(shards, handler=self.handler, **options)
             return
+        skipped: list = []  # errors the handler let pass, to name the real cause below
+
+        def handler(exn):
+            skipped.append(exn)
+            return self.handler(exn)
+
+        samples = iter_samples(shards, handler=handler, **options)
         first = next(samples, _DEFAULT)  # peek: no per-sample cost for the check
         if first is _DEFAULT:
+            if shards and skipped:
+                raise ValueError(
+                    f"no samples found in {len(shards)} shard(s) ({shards[0]}...): the handler "
+                    f"skipped {len(skipped)} shard error(s), the first: {skipped[0]}"
+                ) from skipped[0]
             if shards:
                 raise ValueError(
                     f"no samples found in {len(shards)} shard(s) ({shards[0]}...): are the "
                     "member names KEY.EXT? (pass empty_check=False to allow empty shards)")
             return
+        del skipped[:]
         yield first
         yield from samples
 

@@ -12,12 +12,13 @@ where a name or a size does not fit, so equal samples always give byte-identical
 from __future__ import annotations
 
 import io
+import operator
 import struct
 import zlib
 from zlib import adler32
 from typing import BinaryIO, Iterable, Iterator
 
-from .errors import MissingDependencyError, ShardFormatError
+from .errors import EncodeError, MissingDependencyError, ShardFormatError
 
 try:  # optional C accelerator (see _speedups.c); the Python code below is the reference
     from ._speedups import scan_members as _scan_members
@@ -641,24 +642,79 @@ DEFAULT_MTIME = 0
 DEFAULT_MODE = 0o444
 
 
+_MAX_MTIME = 8 ** 11  # 11 octal digits: seconds before the year 2242
+_MAX_MODE = 8 ** 7
+_MAX_SIZE = 8 ** 11  # larger members get a pax size record
+
+
 def _octal(value: int, width: int) -> bytes:
     return b"%0*o\0" % (width - 1, value)
 
 
-def _pax_record(key: str, value: str) -> bytes:
-    body = f" {key}={value}\n".encode("utf-8")
+def header_number(value, limit: int, what: str) -> int:
+    """``value`` as an int that fits a tar header field below ``limit``; else :class:`EncodeError`.
+
+    Floats are truncated to whole seconds as ``tarfile`` does; a value that does not fit is never
+    cut short (a millisecond timestamp would become a wrong date, or an unreadable header).
+    """
+    if isinstance(value, float) and value == value and abs(value) != float("inf"):
+        value = int(value)
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise EncodeError(f"{what} must be an integer, not {type(value).__name__} "
+                          f"{value!r}") from None
+    if 0 <= number < limit:
+        return number
+    hint = ("; it looks like milliseconds or nanoseconds: pass seconds"
+            if what == "mtime" and number >= 10 ** 11 else "")
+    raise EncodeError(f"{what}={number} does not fit a tar header field (0 <= {what} < "
+                      f"{limit}){hint}")
+
+
+def _name_bytes(name: str) -> bytes:
+    if "\0" in name:
+        raise EncodeError(f"member name {name!r} contains a NUL character; tar readers would "
+                          "cut it there")
+    if not name:
+        raise EncodeError("empty member name")
+    try:
+        return name.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as exn:
+        raise EncodeError(f"member name {name!r} cannot be encoded: {exn.reason}") from None
+
+
+def _pax_record(key: str, value) -> bytes:
+    if isinstance(value, str):
+        value = value.encode("utf-8", "surrogateescape")
+    body = b" " + key.encode("ascii") + b"=" + value + b"\n"
     n = len(body) + 1
     while len(str(n)) + len(body) != n:
         n = len(str(n)) + len(body)
     return str(n).encode() + body
 
 
+def _is_plain(name: str, size: int) -> bool:
+    """A member whose name and size fit one ustar header block as they are."""
+    return len(name) <= 100 and size < _MAX_SIZE and name.isascii() and "\0" not in name
+
+
 def tar_header(name: str, size: int, *, mtime: int = DEFAULT_MTIME, mode: int = DEFAULT_MODE,
                typeflag: bytes = b"0") -> bytes:
-    """Header block(s) for a regular member: plain ustar, with a pax header only when needed."""
-    raw = name.encode("utf-8")
+    """Header block(s) for a regular member: plain ustar, with a pax header only when needed.
+
+    The result is a whole number of 512-byte blocks: one ustar block, preceded by a pax header
+    and its records when the name is not ASCII or too long, or the size needs more than 11 octal
+    digits. ``mtime`` and ``mode`` must fit their fields (:class:`EncodeError` otherwise).
+    """
+    mtime = header_number(mtime, _MAX_MTIME, "mtime")
+    mode = header_number(mode, _MAX_MODE, "mode")
+    if size < 0:
+        raise EncodeError(f"negative member size {size}")
+    raw = _name_bytes(name)
     pax = []
     prefix = b""
+    binary = not _is_utf8(raw)
     if len(raw) > 100:
         # split into prefix/name at a slash if that fits, otherwise a pax path record
         cut = raw.rfind(b"/", 0, 156)
@@ -667,10 +723,12 @@ def tar_header(name: str, size: int, *, mtime: int = DEFAULT_MTIME, mode: int = 
         else:
             pax.append(_pax_record("path", name))
             raw = raw[:100]
-    if not name.isascii() and not pax:
+    if not name.isascii() and not pax and not binary:
         pax.append(_pax_record("path", name))
-    size_field = _octal(size, 12) if size < 8 ** 11 else _octal(0, 12)
-    if size >= 8 ** 11:
+    if binary and pax:  # not UTF-8 (bytes read with surrogateescape): say so, as POSIX asks
+        pax.insert(0, _pax_record("hdrcharset", "BINARY"))
+    size_field = _octal(size, 12) if size < _MAX_SIZE else _octal(0, 12)
+    if size >= _MAX_SIZE:
         pax.append(_pax_record("size", str(size)))
     out = b""
     if pax:
@@ -687,9 +745,17 @@ def tar_header(name: str, size: int, *, mtime: int = DEFAULT_MTIME, mode: int = 
     return out + bytes(hdr)
 
 
+def _is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def header_size(name: str, size: int) -> int:
     """Bytes of header blocks :func:`tar_header` writes for a member (512 unless pax is needed)."""
-    if len(name) <= 100 and size < 8 ** 11 and name.isascii():
+    if _is_plain(name, size):
         return BLOCK
     return len(tar_header(name, size))
 
@@ -700,13 +766,14 @@ class _HeaderTemplate:
     __slots__ = ("mid", "mtime", "tail", "const")
 
     def __init__(self, mtime: int, mode: int):
-        self.mid = _octal(mode, 8) + _octal(0, 8) + _octal(0, 8)
-        self.mtime = _octal(mtime, 12)
+        self.mid = _octal(header_number(mode, _MAX_MODE, "mode"), 8) + _octal(0, 8) + _octal(0, 8)
+        self.mtime = _octal(header_number(mtime, _MAX_MTIME, "mtime"), 12)
         self.tail = (b"0" + bytes(100) + b"ustar\0" + b"00" + bytes(64) + _octal(0, 8) * 2
                      + bytes(155 + 12))
         self.const = sum(self.mid) + sum(self.mtime) + sum(self.tail) + 8 * 32
 
     def header(self, raw: bytes, size: int) -> bytes:
+        """The ustar block of a plain member (``raw`` ASCII, at most 100 bytes; size < 8**11)."""
         size_field = b"%011o\0" % size
         chk = self.const + sum(raw) + sum(size_field)
         return b"".join((raw, bytes(100 - len(raw)), self.mid, size_field, self.mtime,
@@ -719,10 +786,10 @@ class TarMemberWriter:
     def __init__(self, stream: BinaryIO, *, mtime: int = DEFAULT_MTIME,
                  mode: int = DEFAULT_MODE):
         self.stream = stream
-        self.mtime = mtime
-        self.mode = mode
+        self._mtime = header_number(mtime, _MAX_MTIME, "mtime")  # EncodeError if it does not fit
+        self._mode = header_number(mode, _MAX_MODE, "mode")
         self.bytes_written = 0
-        self._template = _HeaderTemplate(mtime, mode)
+        self._template = _HeaderTemplate(self._mtime, self._mode)
         if isinstance(stream, (io.BufferedWriter, io.BytesIO, io.FileIO)):
             self._writelines = stream.writelines
         else:  # e.g. zstandard's writer has no writelines
@@ -733,6 +800,14 @@ class TarMemberWriter:
                     write(part)
 
             self._writelines = writelines
+
+    @property
+    def mtime(self) -> int:
+        return self._mtime
+
+    @property
+    def mode(self) -> int:
+        return self._mode
 
     def add(self, name: str, data: bytes) -> int:
         """Append one member; returns the number of bytes written."""
@@ -767,7 +842,7 @@ class TarMemberWriter:
         template = self._template
         for name, data in members:
             size = len(data)
-            if len(name) <= 100 and size < 8 ** 11 and name.isascii():
+            if _is_plain(name, size):
                 hdr = template.header(name.encode("ascii"), size)
             else:
                 hdr = tar_header(name, size, mtime=self.mtime, mode=self.mode)

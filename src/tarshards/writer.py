@@ -11,8 +11,16 @@ import time
 from dataclasses import dataclass, field
 
 from .codecs import encode_value
-from .tario import BLOCK, TarMemberWriter, header_size, is_compressed_name, open_compressed_writer
-from .urls import AtomicOutput
+from .errors import PipeNotAllowedError
+from .tario import (
+    BLOCK,
+    TarMemberWriter,
+    header_number,
+    header_size,
+    is_compressed_name,
+    open_compressed_writer,
+)
+from .urls import AtomicOutput, remove_stale_temporaries, temporary_directory
 
 __all__ = ["ShardInfo", "ShardWriter", "TarWriter", "sample_members", "shard_name"]
 
@@ -63,17 +71,26 @@ def _member_size(name: str, size: int) -> int:
 class TarWriter:
     """Write sample dicts to one tar shard.
 
-    ``dest`` is a path, a URL (``s3://...``, through fsspec), ``-`` (stdout) or a binary file
-    object. Each sample needs ``__key__``; other fields starting with ``__`` are not written.
+    ``dest`` is a path, a URL (``s3://...``, through fsspec), ``-`` (stdout), a binary file
+    object, or ``pipe:CMD`` (the tar stream goes to the stdin of a shell command; only with
+    ``allow_pipe=True``, and not atomic: the command writes what it writes). Each sample needs
+    ``__key__``; other fields starting with ``__`` are not written.
     bytes and str are written as they are; other values are encoded by extension (PIL image or
     ndarray -> image formats, int -> cls, dict -> json, ndarray -> npy...) unless
     ``encoder=False``. Members are sorted by extension within a sample; headers are deterministic
     (``mtime``, mode 0444, owner 0), so equal samples give byte-identical shards. Compression is
-    chosen by suffix (``.tgz``, ``.tar.gz``, ``.tar.zst``) or by ``compress="gz"|"zst"|None``.
+    chosen by suffix (``.tgz``, ``.tar.gz``, ``.tar.zst``; not for ``pipe:``, where the command
+    decides) or by ``compress="gz"|"zst"|None``. An ``mtime`` that does not fit a tar header
+    (negative, or in milliseconds) raises :class:`~tarshards.errors.EncodeError`.
+
+    A local shard is written to a temporary file beside it and appears under its final name only
+    when complete (flushed to disk first); opening also removes temporaries that writers killed
+    earlier left in that directory (``remove_stale=False`` skips that).
     """
 
     def __init__(self, dest, *, encoder: bool = True, compress: str | bool | None = None,
-                 mtime: int = 0, storage_options: dict | None = None, level: int | None = None):
+                 mtime: int = 0, storage_options: dict | None = None, level: int | None = None,
+                 allow_pipe: bool = False, remove_stale: bool = True):
         self.dest = dest
         self.encoder = encoder
         if compress in (None, False):
@@ -84,18 +101,22 @@ class TarWriter:
             suffix = ".tar.zst"
         else:
             raise ValueError(f"compress must be None, 'gz' or 'zst', not {compress!r}")
-        self._out = AtomicOutput(dest, storage_options=storage_options)
+        mtime = header_number(mtime, 8 ** 11, "mtime")  # before anything is created
+        self._out = AtomicOutput(dest, storage_options=storage_options, allow_pipe=allow_pipe,
+                                 remove_stale=remove_stale)
         self.name = self._out.name
-        if suffix is None:
-            suffix = self.name if isinstance(self.name, str) and compress is None else ""
-        self.compressed = is_compressed_name(suffix)
         try:
+            if suffix is None:
+                by_name = (isinstance(self.name, str) and compress is None
+                           and not self.name.startswith("pipe:"))
+                suffix = self.name if by_name else ""
+            self.compressed = is_compressed_name(suffix)
             self._stream, self._close_compressor = open_compressed_writer(
                 self._out.stream, suffix, level)
+            self._tar = TarMemberWriter(self._stream, mtime=mtime)
         except BaseException:
             self._out.abort()
             raise
-        self._tar = TarMemberWriter(self._stream, mtime=mtime)
         self.count = 0
         self.closed = False
 
@@ -186,7 +207,12 @@ class ShardWriter:
             raise ValueError(f"maxcount must be >= 1, got {maxcount!r}")
         if maxsize is None or maxsize <= 0:
             raise ValueError(f"maxsize must be > 0, got {maxsize!r}")
-        shard_name(pattern, start_shard)  # validate early
+        first = shard_name(pattern, start_shard)  # validate early
+        if first.startswith("pipe:") and not tarwriter_options.get("allow_pipe", False):
+            raise PipeNotAllowedError(
+                "pipe: outputs run shell commands and are off by default; pass "
+                "allow_pipe=True (ShardWriter(..., allow_pipe=True)) if you trust the command",
+                url=first)
         self.pattern = pattern
         self.maxcount = int(maxcount)
         self.maxsize = float(maxsize)
@@ -198,6 +224,7 @@ class ShardWriter:
         self.shards: list[ShardInfo] = []
         self._writer: TarWriter | None = None
         self._started = 0.0
+        self._swept: set[str] = set()  # directories cleared of stale temporaries
         self.total = 0
 
     @property
@@ -210,8 +237,12 @@ class ShardWriter:
         self.shard += 1
         if self.verbose:
             print(f"# writing {name}", file=sys.stderr)
-        self._writer = TarWriter(name, storage_options=self.storage_options,
-                                 **self.tarwriter_options)
+        tmpdir = temporary_directory(name)
+        if tmpdir is not None and tmpdir not in self._swept:  # once per directory, not per shard
+            remove_stale_temporaries(tmpdir)
+            self._swept.add(tmpdir)
+        options = {**self.tarwriter_options, "remove_stale": False}
+        self._writer = TarWriter(name, storage_options=self.storage_options, **options)
         self._started = time.monotonic()
 
     def _finish_current(self) -> None:

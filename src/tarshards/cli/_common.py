@@ -1,32 +1,50 @@
-"""What every command-line tool shares: error reporting, exit codes, input lists, output, progress.
+"""What every command-line tool shares: options, error reporting, exit codes, inputs, progress.
 
 Exit codes: 0 success, 1 data error (one line ``PROG: error: MESSAGE`` on stderr, the message
 naming shard, member and offset), 2 usage error (click's own message). A closed stdout
 (``tarscat big.tar | head -c 100``) ends the tool quietly with status 0.
+
+The options that several tools take are defined here once (``inputs_argument``,
+``output_option``, ``on_error_option``...), so each is spelled and explained the same everywhere.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
 import sys
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import click
 
-from ..errors import TarshardsError
+from ..errors import ShardFormatError, TarshardsError, TruncatedShardError
+from ..pipeline import shard_samples
 from ..urls import expand_urls, open_url
 
 __all__ = [
+    "CONTEXT_SETTINGS",
     "DataError",
+    "ON_ERROR",
+    "as_text",
     "SIZE",
     "Progress",
     "collect_inputs",
+    "error_handler",
+    "examples",
+    "files_from_option",
     "handle_errors",
+    "inputs_argument",
     "members_of",
+    "on_error_option",
+    "output_option",
     "parse_size",
     "print_err",
+    "quiet_option",
+    "read_samples",
+    "shard_reader",
+    "shuffle_options",
 ]
 
 EPILOG_WIDTH = 100
@@ -75,6 +93,8 @@ def handle_errors(fn):
             _quiet_exit_on_broken_pipe()
         except TarshardsError as exn:
             raise DataError(str(exn)) from None
+        except (MemoryError, OverflowError) as exn:  # defensive: the reader should not let these out
+            raise DataError(str(as_data_error(exn))) from None
         except OSError as exn:
             if isinstance(exn, BrokenPipeError) or getattr(exn, "errno", None) == 32:
                 _quiet_exit_on_broken_pipe()
@@ -82,6 +102,177 @@ def handle_errors(fn):
             raise DataError(f"{exn.strerror or exn}{where}") from None
 
     return wrapper
+
+
+def as_data_error(exn: BaseException, url: str | None = None) -> TarshardsError:
+    """A MemoryError/OverflowError out of the reader as a data error naming the shard."""
+    if isinstance(exn, TarshardsError):
+        return exn.with_context(url=url)
+    return ShardFormatError(f"cannot read: {type(exn).__name__}{': ' if str(exn) else ''}{exn} "
+                            "(a member may declare an impossible size)", url=url)
+
+
+def examples(*lines: str) -> str:
+    """An ``--help`` epilog listing example command lines (``\\b`` keeps click from rewrapping)."""
+    return "\b\nExamples:\n" + "\n".join(f"  {ln}" for ln in lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# the shared options
+# ---------------------------------------------------------------------------------------------
+
+
+class _OnErrorType(click.ParamType):
+    """``raise`` or ``skip``; the older spellings (``abort``, ``fail``, ``warn``) still work."""
+
+    name = "on-error"
+    choices = ("raise", "skip")
+    aliases = {"abort": "raise", "fail": "raise", "stop": "raise", "warn": "skip"}
+
+    def get_metavar(self, param, *args, **kwargs) -> str:  # click 8.2 adds ctx=
+        return "[raise|skip]"
+
+    def convert(self, value, param, ctx):
+        text = str(value).strip().lower()
+        text = self.aliases.get(text, text)
+        if text not in self.choices:
+            self.fail(f"{value!r} is not one of 'raise', 'skip'", param, ctx)
+        return text
+
+
+ON_ERROR = _OnErrorType()
+
+
+def on_error_option(what: str = "a bad shard", skip: str = "skip its rest"):
+    """``-e/--on-error raise|skip``: stop with the error (exit 1), or warn on stderr and go on.
+
+    ``what`` names the error, ``skip`` what skipping it drops (both short: one help line)."""
+    return click.option("-e", "--on-error", type=ON_ERROR, default="raise",
+                        help=f"On {what}: stop (raise; default) or {skip} (skip).")
+
+
+def inputs_argument(fn):
+    return click.argument("inputs", nargs=-1, metavar="[INPUTS]...")(fn)
+
+
+def output_option(what: str = "file or URL"):
+    return click.option("-o", "--output", default="-", show_default=True,
+                        help=f"Output {what}; - is stdout.")
+
+
+def files_from_option(fn):
+    return click.option("-T", "--files-from", "listfile", default=None, metavar="FILE",
+                        help="Read input URLs from FILE, one per line.")(fn)
+
+
+def quiet_option(help: str = "No progress bar."):
+    return click.option("-q", "--quiet", is_flag=True, help=help)
+
+
+def shuffle_options(fn):
+    fn = click.option("--seed", type=int, default=0, show_default=True,
+                      help="Random seed for --shuffle.")(fn)
+    return click.option("--shuffle", type=click.IntRange(min=0), default=0, metavar="N",
+                        help="Shuffle with a buffer of N samples.")(fn)
+
+
+def count_option(verb: str = "Write", *names: str):
+    return click.option(*(names or ("-c", "--count")), "count", type=click.IntRange(min=0),
+                        default=None, help=f"{verb} at most N samples.")
+
+
+def skip_option(fn):
+    return click.option("-s", "--skip", type=click.IntRange(min=0), default=0,
+                        help="Skip the first N samples.")(fn)
+
+
+# ---------------------------------------------------------------------------------------------
+# reading
+# ---------------------------------------------------------------------------------------------
+
+
+def error_handler(on_error: str, prog: str | None = None) -> Callable[[BaseException], bool]:
+    """The handler for ``--on-error``: ``raise`` re-raises, ``skip`` warns on stderr, goes on."""
+    if on_error == "raise":
+        def reraise(exn):
+            raise exn
+
+        return reraise
+    if prog is None:
+        ctx = click.get_current_context(silent=True)
+        prog = ctx.command_path if ctx is not None else "tarshards"
+
+    def skip(exn) -> bool:
+        print_err(f"{prog}: warning: skipped the rest of a shard: {exn}")
+        return True
+
+    return skip
+
+
+class _Counted:
+    """A read stream that counts the bytes read through it (to tell a 0-byte input)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.nbytes = 0
+        for name in ("read", "read1"):
+            if getattr(stream, name, None) is not None:
+                setattr(self, name, self._reader(getattr(stream, name)))
+        for name in ("readinto", "readinto1"):
+            if getattr(stream, name, None) is not None:
+                setattr(self, name, self._reader_into(getattr(stream, name)))
+
+    def _reader(self, fn):
+        def read(*args):
+            data = fn(*args)
+            self.nbytes += len(data)
+            return data
+
+        return read
+
+    def _reader_into(self, fn):
+        def readinto(buf):
+            n = fn(buf)
+            self.nbytes += n or 0
+            return n
+
+        return readinto
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def shard_reader(url: str) -> Iterator[dict]:
+    """The samples of one input, fields as raw bytes; every failure a TarshardsError naming it.
+
+    An input of 0 bytes is an error (as for tar itself), not an empty dataset.
+    """
+    counted = []
+
+    @contextlib.contextmanager
+    def opener(u):
+        with open_url(u) as stream:
+            c = _Counted(stream)
+            counted.append(c)
+            yield c
+
+    try:
+        yield from shard_samples(url, opener=opener)
+    except (MemoryError, OverflowError) as exn:
+        raise as_data_error(exn, url) from None
+    if counted and counted[0].nbytes == 0:
+        raise TruncatedShardError("empty input (0 bytes): not a tar archive", url=url, offset=0)
+
+
+def read_samples(urls: Iterable[str], on_error: str = "raise") -> Iterator[dict]:
+    """Samples of ``urls`` in turn, fields as raw bytes; bad inputs as ``--on-error`` says."""
+    handler = error_handler(on_error)
+    for url in urls:
+        try:
+            yield from shard_reader(url)
+        except TarshardsError as exn:
+            if not handler(exn):
+                return
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,6 +343,20 @@ def collect_inputs(inputs: Iterable[str], listfile: str | None = None) -> list[s
     if urls.count("-") > 1:
         raise click.BadParameter("stdin ('-') can be read only once", param_hint="INPUTS")
     return urls
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def as_text(data: bytes) -> str | None:
+    """The bytes as text when they are printable UTF-8, else None."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if _CONTROL.search(text):
+        return None
+    return text
 
 
 def members_of(sample: dict) -> list[tuple[str, bytes]]:

@@ -17,7 +17,18 @@ from ..errors import TarshardsError
 from ..format import split_name
 from ..tario import decompressed_chunks, iter_tar, read_chunks
 from ..urls import open_url
-from ._common import CONTEXT_SETTINGS, Progress, collect_inputs, handle_errors, print_err
+from ._common import (
+    CONTEXT_SETTINGS,
+    Progress,
+    as_data_error,
+    collect_inputs,
+    examples,
+    files_from_option,
+    handle_errors,
+    inputs_argument,
+    print_err,
+    quiet_option,
+)
 
 __all__ = ["ShardReport", "check_cmd", "check_shard"]
 
@@ -97,6 +108,8 @@ def check_shard(url: str, *, max_problems: int = 20) -> ShardReport:
         problem(str(exn.with_context(url=url)))
     except OSError as exn:
         problem(f"read failed: {exn} (shard {url})")
+    except (MemoryError, OverflowError) as exn:  # defensive: the reader should not let these out
+        problem(str(as_data_error(exn, url)))
     return rep
 
 
@@ -135,15 +148,14 @@ def format_table(reports: list[ShardReport]) -> str:
     return "\n".join(lines)
 
 
-@click.command("check", context_settings=CONTEXT_SETTINGS, epilog="\b\nExamples:\n"
-               "  tarcheck 'train-{0000..0147}.tar'\n"
-               "  tarcheck -q shards/*.tar && echo all good")
-@click.argument("inputs", nargs=-1, metavar="[INPUTS]...")
-@click.option("-T", "--files-from", "listfile", default=None, metavar="FILE",
-              help="Read shard URLs from FILE, one per line.")
+@click.command("check", context_settings=CONTEXT_SETTINGS, epilog=examples(
+    "tarcheck 'train-{0000..0147}.tar'",
+    "tarcheck -q shards/*.tar && echo all good"))
+@inputs_argument
+@files_from_option
 @click.option("--max-problems", type=click.IntRange(min=1), default=20, show_default=True,
               help="Problems listed per shard.")
-@click.option("-q", "--quiet", is_flag=True, help="Only problems and the exit status; no table.")
+@quiet_option("Only problems and the exit status; no table.")
 @handle_errors
 def check_cmd(inputs, listfile, max_problems, quiet):
     """Verify shards: readable to the end, no truncated member, no split key, no repeated field."""

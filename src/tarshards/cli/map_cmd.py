@@ -19,8 +19,15 @@ import click
 from ..errors import TarshardsError, TarshardsWarning
 from ..parallel import FAILED, format_summary, map_shards, shell_sample_fn
 from ..stages import reraise_exception, warn_and_continue
-from ..urls import expand_urls
-from ._common import CONTEXT_SETTINGS, handle_errors, print_err
+from ..urls import expand_urls, is_local, local_path
+from ._common import (
+    CONTEXT_SETTINGS,
+    DataError,
+    handle_errors,
+    on_error_option,
+    print_err,
+    quiet_option,
+)
 
 __all__ = ["load_function", "map_cmd"]
 
@@ -75,9 +82,8 @@ def load_function(spec: str):
 @click.option("--retries", type=click.IntRange(min=0), default=2, show_default=True,
               help="Extra attempts for a shard whose worker died or that hit an I/O error.")
 @click.option("--overwrite", is_flag=True, help="Redo outputs that already exist.")
-@click.option("-e", "--on-error", type=click.Choice(["fail", "skip"]), default="fail",
-              show_default=True, help="On an error in one sample: fail its shard, or skip it.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@on_error_option("a sample error", "skip the sample")
+@quiet_option()
 @handle_errors
 def map_cmd(inputs, outputs, command, function, decode, engine, address, workers, retries,
             overwrite, on_error, quiet):
@@ -106,6 +112,10 @@ def map_cmd(inputs, outputs, command, function, decode, engine, address, workers
     if len(ins) != len(outs):
         raise click.BadParameter(f"{len(ins)} input shards but -o names {len(outs)}",
                                  param_hint="'-o'")
+    missing = [u for u in ins if is_local(u) and u != "-" and not os.path.exists(local_path(u))]
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise DataError(f"no such input shard: {missing[0]}{more}")
     handler = warn_and_continue if on_error == "skip" else reraise_exception
     t0 = time.monotonic()
     with warnings.catch_warnings():

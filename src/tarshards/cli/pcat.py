@@ -1,4 +1,4 @@
-"""``tarpcat``: read several shards at once and interleave their samples.
+"""``tarpcat``: read several shards at once and interleave their samples into one tar stream.
 
 Each open shard is read by a thread into a small bounded queue; the main thread takes one sample
 from each open shard in turn (round robin), so the output order depends only on the inputs and
@@ -8,14 +8,37 @@ is on storage and network, and the samples are passed along as bytes without cop
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 from typing import Callable, Iterator
 
-from ..errors import TarshardsError
-from ..pipeline import shard_samples
+import click
 
-__all__ = ["interleave"]
+from ..errors import TarshardsError
+from ..stages import shuffle as shuffle_stage
+from ..writer import TarWriter
+from ._common import (
+    CONTEXT_SETTINGS,
+    Progress,
+    check_stdout_not_tty,
+    collect_inputs,
+    count_option,
+    error_handler,
+    examples,
+    files_from_option,
+    handle_errors,
+    inputs_argument,
+    members_of,
+    on_error_option,
+    output_dest,
+    output_option,
+    quiet_option,
+    shard_reader,
+    shuffle_options,
+)
+
+__all__ = ["interleave", "pcat_cmd"]
 
 _END = object()
 _QUEUE_SIZE = 64
@@ -48,7 +71,7 @@ class _Reader:
         return False
 
     def _run(self) -> None:
-        samples = shard_samples(self.url)
+        samples = shard_reader(self.url)
         try:
             for sample in samples:
                 if not self._put(sample):
@@ -94,3 +117,35 @@ def interleave(urls: list[str], parallel: int, handler: Callable) -> Iterator[di
             i += 1
     finally:
         stop.set()
+
+
+@click.command("pcat", context_settings=CONTEXT_SETTINGS, epilog=examples(
+    "tarpcat -p 8 'https://host/data-{0000..0099}.tar' > all.tar",
+    "tarpcat -p 4 --shuffle 5000 --seed 3 'train-{00..15}.tar' | tarsplit -s 1e9 -o mixed"))
+@inputs_argument
+@click.option("-p", "--parallel", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Read N inputs at a time.")
+@output_option()
+@count_option("Write")
+@shuffle_options
+@files_from_option
+@on_error_option()
+@quiet_option()
+@handle_errors
+def pcat_cmd(inputs, parallel, output, count, shuffle, seed, listfile, on_error, quiet):
+    """Read INPUTS N at a time in parallel and interleave their samples into one tar stream."""
+    urls = collect_inputs(inputs, listfile)
+    check_stdout_not_tty(output)
+    source = interleave(urls, parallel, error_handler(on_error))
+    samples = source
+    if shuffle > 1:
+        samples = shuffle_stage(samples, shuffle, seed=seed)
+    if count is not None:
+        samples = itertools.islice(samples, count)
+    try:
+        with Progress(quiet, "tarpcat") as bar, \
+                TarWriter(output_dest(output), encoder=False) as sink:
+            for sample in bar.wrap(samples):
+                sink.write_members(members_of(sample))
+    finally:
+        source.close()  # stops the reader threads

@@ -26,11 +26,18 @@ from ._common import (
     DataError,
     Progress,
     check_stdout_not_tty,
-    output_dest,
     collect_inputs,
+    count_option,
+    examples,
     handle_errors,
+    inputs_argument,
     members_of,
+    on_error_option,
+    output_dest,
+    output_option,
     print_err,
+    quiet_option,
+    read_samples,
 )
 
 __all__ = ["process_sample", "proc_cmd"]
@@ -80,27 +87,23 @@ def _results(samples, command, parallel, ordered, tmpdir, verbose):
                 fut.cancel()
 
 
-@click.command("proc", context_settings=CONTEXT_SETTINGS, epilog="\b\nExamples:\n"
-               "  tarproc -p 5 -c 'mogrify -resize 256x256 *.jpg' small.tar > out.tar\n"
-               "  tarproc -p 8 -c 'gzip -9 *.json' in.tar -o out.tar   # field json -> json.gz\n"
-               "  tarproc -c 'wc -c < *.txt > $(basename $KEY).len' -e skip in.tar -o out.tar")
-@click.argument("inputs", nargs=-1, metavar="[INPUTS]...")
+@click.command("proc", context_settings=CONTEXT_SETTINGS, epilog=examples(
+    "tarproc -p 5 -c 'mogrify -resize 256x256 *.jpg' small.tar > out.tar",
+    "tarproc -p 8 -c 'gzip -9 *.json' in.tar -o out.tar   # field json -> json.gz",
+    "tarproc -c 'wc -c < *.txt > $(basename $KEY).len' -e skip in.tar -o out.tar"))
+@inputs_argument
 @click.option("-c", "--command", required=True,
               help="Shell command run in each sample's directory.")
 @click.option("-p", "--parallel", type=click.IntRange(min=1), default=1, show_default=True,
               help="Run N commands at a time.")
 @click.option("--unordered", is_flag=True,
               help="Write samples as they finish, not in input order.")
-@click.option("-e", "--on-error", type=click.Choice(["abort", "skip"]), default="abort",
-              show_default=True,
-              help="On a failing command: stop, or drop the sample.")
-@click.option("-o", "--output", default="-", show_default=True,
-              help="Output file or URL; - is stdout.")
-@click.option("-n", "--count", type=click.IntRange(min=0), default=None,
-              help="Process at most N samples.")
+@on_error_option("command failure", "drop its sample")
+@output_option()
+@count_option("Process", "-n", "--count")
 @click.option("--tmpdir", default=None, metavar="DIR", help="Where the per-sample directories go.")
 @click.option("-v", "--verbose", is_flag=True, help="Copy the commands' output to stderr.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@quiet_option()
 @handle_errors
 def proc_cmd(inputs, command, parallel, unordered, on_error, output, count, tmpdir, verbose,
              quiet):
@@ -108,11 +111,9 @@ def proc_cmd(inputs, command, parallel, unordered, on_error, output, count, tmpd
 
     The sample's fields are files BASE.EXT in a fresh directory, $KEY holds the key.
     """
-    from .main import read_samples
-
     urls = collect_inputs(inputs)
     check_stdout_not_tty(output)
-    samples = read_samples(urls)
+    samples = read_samples(urls, on_error)
     if count is not None:
         samples = itertools.islice(samples, count)
     prog = click.get_current_context().command_path
@@ -127,7 +128,7 @@ def proc_cmd(inputs, command, parallel, unordered, on_error, output, count, tmpd
                     print_err("\n".join(tail.splitlines()[-20:]))
                 what = (f"command exited with status {outcome.status} on sample "
                         f"{sample['__key__']!r} (shard {outcome.url})")
-                if on_error == "abort":
+                if on_error == "raise":
                     raise DataError(what)
                 failed += 1
                 print_err(f"{prog}: warning: skipped: {what}")

@@ -23,10 +23,16 @@ from ._common import (
     CONTEXT_SETTINGS,
     Progress,
     check_stdout_not_tty,
-    output_dest,
     collect_inputs,
+    examples,
     handle_errors,
+    inputs_argument,
     members_of,
+    on_error_option,
+    output_dest,
+    output_option,
+    quiet_option,
+    read_samples,
 )
 
 __all__ = ["pack_members", "sort_cmd", "sorted_samples", "unpack_members"]
@@ -121,11 +127,11 @@ def sorted_samples(samples, *, field: str | None = None, numeric: bool = False,
                 yield unpack_members(blob)
 
 
-@click.command("sort", context_settings=CONTEXT_SETTINGS, epilog="\b\nExamples:\n"
-               "  tarsort in.tar > by-key.tar\n"
-               "  tarsort -k cls -n 'train-{0000..0009}.tar' -o by-class.tar\n"
-               "  tarsort --shuffle --seed 7 in.tar | tarsplit -n 1000 -o shuffled")
-@click.argument("inputs", nargs=-1, metavar="[INPUTS]...")
+@click.command("sort", context_settings=CONTEXT_SETTINGS, epilog=examples(
+    "tarsort in.tar > by-key.tar",
+    "tarsort -k cls -n 'train-{0000..0009}.tar' -o by-class.tar",
+    "tarsort --shuffle --seed 7 in.tar | tarsplit -n 1000 -o shuffled"))
+@inputs_argument
 @click.option("-k", "--field", default=None, metavar="EXT",
               help="Sort by this text field (default: the key).")
 @click.option("-n", "--numeric", is_flag=True, help="Compare sort values as numbers.")
@@ -133,22 +139,24 @@ def sorted_samples(samples, *, field: str | None = None, numeric: bool = False,
 @click.option("--shuffle", is_flag=True,
               help="Shuffle instead of sorting (all samples, uniformly).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed for --shuffle.")
-@click.option("-o", "--output", default="-", show_default=True,
-              help="Output file or URL; - is stdout.")
+@output_option()
 @click.option("--tmpdir", default=None, metavar="DIR", help="Where the temporary database goes.")
 @click.option("--cache-mb", type=click.IntRange(min=1), default=64, show_default=True,
               help="SQLite cache size (memory bound).")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@on_error_option()
+@quiet_option()
 @handle_errors
-def sort_cmd(inputs, field, numeric, reverse, shuffle, seed, output, tmpdir, cache_mb, quiet):
+def sort_cmd(inputs, field, numeric, reverse, shuffle, seed, output, tmpdir, cache_mb, on_error,
+             quiet):
     """Sort the samples of INPUTS by key or by a field, or shuffle them, out of core."""
-    from .main import read_samples
-
+    if field is not None and (not field.strip() or field.startswith("__")):
+        raise click.BadParameter(f"{field!r} is not a field name (an extension such as cls)",
+                                 param_hint="'-k' / '--field'")
     if shuffle and (field or numeric):
         raise click.UsageError("--shuffle does not take -k/--field or -n/--numeric")
     urls = collect_inputs(inputs)
     check_stdout_not_tty(output)
-    samples = read_samples(urls)
+    samples = read_samples(urls, on_error)
     with Progress(quiet, "tarsort: reading") as bar:
         ordered = sorted_samples(samples, field=field, numeric=numeric, shuffle=shuffle,
                                  seed=seed, reverse=reverse, tmpdir=tmpdir, cache_mb=cache_mb,

@@ -1,0 +1,60 @@
+"""``tarscat``: concatenate the samples of its inputs into one tar stream (take, skip, shuffle)."""
+
+from __future__ import annotations
+
+import itertools
+
+import click
+
+from ..stages import shuffle as shuffle_stage
+from ..writer import TarWriter
+from ._common import (
+    CONTEXT_SETTINGS,
+    Progress,
+    check_stdout_not_tty,
+    collect_inputs,
+    count_option,
+    examples,
+    files_from_option,
+    handle_errors,
+    inputs_argument,
+    members_of,
+    on_error_option,
+    output_dest,
+    output_option,
+    quiet_option,
+    read_samples,
+    shuffle_options,
+    skip_option,
+)
+
+__all__ = ["cat_cmd"]
+
+
+@click.command("cat", context_settings=CONTEXT_SETTINGS, epilog=examples(
+    "tarscat -c 10 imagenet-0000.tar > small.tar",
+    "tarscat 'train-{0000..0009}.tar' --shuffle 1000 --seed 1 -o mixed.tar",
+    "curl -s URL | tarscat -s 100 -c 10 | tar tvf -"))
+@inputs_argument
+@output_option()
+@count_option("Write")
+@skip_option
+@shuffle_options
+@files_from_option
+@on_error_option()
+@quiet_option()
+@handle_errors
+def cat_cmd(inputs, output, count, skip, shuffle, seed, listfile, on_error, quiet):
+    """Concatenate the samples of INPUTS (files, URLs, brace specs; default stdin) into one tar."""
+    urls = collect_inputs(inputs, listfile)
+    check_stdout_not_tty(output)
+    samples = read_samples(urls, on_error)
+    if shuffle > 1:
+        samples = shuffle_stage(samples, shuffle, seed=seed)
+    if skip or count is not None:
+        samples = itertools.islice(samples, skip, None if count is None else skip + count)
+    with Progress(quiet, "tarscat") as bar, \
+            TarWriter(output_dest(output), encoder=False) as sink:
+        write = sink.write_members
+        for sample in bar.wrap(samples):
+            write(members_of(sample))
