@@ -10,6 +10,7 @@ Heavy or optional libraries (PIL, msgpack, simplejpeg, torch) are imported on fi
 
 from __future__ import annotations
 
+import functools
 import gzip
 import importlib
 import io
@@ -271,6 +272,7 @@ def register_image_mode(name: str, fn: Callable[[bytes, str], Any]) -> None:
     _EXTRA_MODES[name] = fn
 
 
+@functools.lru_cache(maxsize=None)
 def _simplejpeg():
     try:
         import simplejpeg
@@ -350,16 +352,23 @@ def _pil_jpeg_fast(data: bytes, pil_mode: str | None, size):
     native = _SJ_NATIVE_BY_COMPONENTS.get(_jpeg_plain_components(data))
     if native is None or (pil_mode is not None and pil_mode != native[1]):
         return None
+    wrap = _rgbx_image_mapper() if native[1] == "RGB" and size is None else None
     try:
         kw = {} if size is None else {"min_width": size[0], "min_height": size[1]}
-        arr = sj.decode_jpeg(data, colorspace=native[0], fastdct=False, fastupsample=False, **kw)
+        arr = sj.decode_jpeg(data, colorspace="RGBX" if wrap is not None else native[0],
+                             fastdct=False, fastupsample=False, **kw)
     except (ValueError, RuntimeError):
         return None
+    if wrap is not None:
+        img = wrap(arr)
+        img.format = "JPEG"
+        return img
     from PIL import Image
 
     if native[1] == "L":
         arr = np.ascontiguousarray(arr[:, :, 0])
-    # shares the array's memory (read-only image: Pillow copies it before any change)
+    # L shares the array's memory (read-only image: Pillow copies it before any change); RGB is
+    # unpacked into Pillow's 4-byte pixels
     img = Image.frombuffer(native[1], (arr.shape[1], arr.shape[0]), arr, "raw", native[1], 0, 1)
     img.format = "JPEG"
     if size is not None and img.size != tuple(size):
@@ -367,13 +376,53 @@ def _pil_jpeg_fast(data: bytes, pil_mode: str | None, size):
     return img
 
 
-def _pil_open(data: bytes, ext: str, pil_mode: str | None, size):
+@functools.lru_cache(maxsize=None)
+def _rgbx_image_mapper() -> Callable[[Any], Any] | None:
+    """``wrap(arr)``: an RGB PIL image over the memory of an HxWx4 RGBX uint8 array, or ``None``.
+
+    Pillow keeps RGB pixels in 4 bytes (the 4th is padding), which is exactly simplejpeg's RGBX
+    output, so the image can share the decoded buffer: no copy and no unpacking (for RGB,
+    ``Image.frombuffer`` falls back to a copying ``frombytes``). This maps the buffer through
+    Pillow's own buffer mapper (what ``frombuffer`` uses for RGBX) under the RGB mode; the image
+    is read-only, so Pillow copies it before any in-place change. Checked once on a probe
+    image; when this Pillow does not give the expected pixels, ``None`` (the copying path).
+    """
     from PIL import Image
 
+    try:
+        map_buffer = Image.core.map_buffer
+        new_image = Image.Image
+        args = ("RGB", 0, 1)
+
+        def wrap(arr):
+            size = (arr.shape[1], arr.shape[0])
+            img = new_image()  # what Image._new does, less its palette and info copies
+            img.im = map_buffer(arr, size, "raw", 0, args)
+            img._mode = "RGB"
+            img._size = size
+            img.readonly = 1
+            return img
+
+        probe = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
+        probe[..., 3] = 255
+        img = wrap(probe)
+        ok = (img.mode == "RGB" and img.size == (3, 2) and img.getpixel((2, 1)) == (20, 21, 22)
+              and np.array_equal(np.asarray(img), probe[..., :3])
+              and img.convert("RGBA").getpixel((1, 0)) == (4, 5, 6, 255))
+        img.putpixel((0, 0), (9, 9, 9))  # copy-on-write: the probe stays as it was
+        ok = ok and img.getpixel((0, 0)) == (9, 9, 9) and probe[0, 0, 0] == 0
+    except Exception:  # noqa: BLE001 - any failure means: use the public, copying path
+        return None
+    return wrap if ok else None
+
+
+def _pil_open(data: bytes, ext: str, pil_mode: str | None, size):
     if ext in _JPEG:
         img = _pil_jpeg_fast(data, pil_mode, size)
         if img is not None:
             return img
+    from PIL import Image
+
     img = Image.open(io.BytesIO(data))
     if size is not None and ext in _JPEG:
         img.draft(pil_mode or img.mode, tuple(size))
@@ -397,21 +446,26 @@ def image_decoder(mode: str, size=None) -> Callable[[bytes, str], Any]:
         if isinstance(size, int):
             size = (size, size)
         size = (int(size[0]), int(size[1]))
+    # partials (not lambdas): field_decoder binds ``ext`` into the same partial, one call less
     if kind == "pil":
-        return lambda data, ext: _pil_open(data, ext, pil_mode, size)
+        return functools.partial(_pil_open, pil_mode=pil_mode, size=size)
     if kind == "uint8":
-        return lambda data, ext: _image_array(data, ext, pil_mode, size)
+        return functools.partial(_image_array, pil_mode=pil_mode, size=size)
     if kind == "float":
         def dec_float(data, ext):
             return _image_array(data, ext, pil_mode, size).astype(np.float32) / np.float32(255)
         return dec_float
     # torch kinds: the torch adapter turns the uint8 array into a CHW tensor
     to_tensor = _torch_io().image_to_tensor
-    as_float = kind == "torch-float"
-    if size is not None:  # decode at a reduced JPEG scale, resize in torch (faster than PIL)
-        return lambda data, ext: to_tensor(_image_array(data, ext, pil_mode, size, exact=False),
-                                           as_float, size=size)
-    return lambda data, ext: to_tensor(_image_array(data, ext, pil_mode, size), as_float)
+    return functools.partial(_tensor_image, to_tensor=to_tensor, pil_mode=pil_mode, size=size,
+                             as_float=kind == "torch-float")
+
+
+def _tensor_image(data: bytes, ext: str, *, to_tensor, pil_mode: str, size, as_float: bool):
+    if size is None:
+        return to_tensor(_image_array(data, ext, pil_mode, None), as_float)
+    # decode at a reduced JPEG scale, resize in torch (faster than PIL)
+    return to_tensor(_image_array(data, ext, pil_mode, size, exact=False), as_float, size=size)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -500,6 +554,8 @@ def field_decoder(ext: str, *, image_mode: str | None = "pil", size=None,
         if image_mode is None:
             return None
         img = image_decoder(image_mode, size)
+        if type(img) is functools.partial:
+            return functools.partial(img, ext=last)  # flattened: one C-level call
         return lambda data: img(data, last)
     if not codec.safe and not allow_unsafe:
         def refuse(data):

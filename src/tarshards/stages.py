@@ -166,6 +166,9 @@ def handle_extension(extensions: str, fn: Callable[[bytes], Any]) -> Callable:
     return _Handler(extensions, fn)
 
 
+_BYTES_LIKE = (bytes, bytearray, memoryview)
+
+
 def decode(samples: Iterable[dict], *handlers, only=None, partial: bool = False,
            size=None, allow_unsafe: bool = False,
            handler: Callable = reraise_exception) -> Iterator[dict]:
@@ -199,8 +202,42 @@ def decode(samples: Iterable[dict], *handlers, only=None, partial: bool = False,
         cache[ext] = dec
         return dec
 
+    # Samples of a dataset mostly share one set of fields: the (field, decoder) pairs to apply
+    # are worked out once per set of fields (a plan), so the per-sample work is a dict copy and
+    # one call per decoded field. Custom handlers, or too many distinct field sets, take the
+    # general loop.
+    plans: dict[tuple, list] = {}
+
+    def plan_for(keys):
+        plan = []
+        for k in keys:
+            if (k[:2] == "__") or (only is not None and k not in only):
+                continue
+            plan.append((k, cache[k] if k in cache else lookup(k)))
+        if len(plans) < 64:
+            plans[keys] = plan
+        return plan
+
     for sample in samples:
+        k = None
         try:
+            if not custom and type(sample) is dict:
+                keys = tuple(sample)
+                plan = plans.get(keys)
+                if plan is None:
+                    plan = plan_for(keys)
+                out = sample.copy()
+                for k, dec in plan:
+                    v = out[k]
+                    if type(v) is not bytes and not isinstance(v, _BYTES_LIKE):
+                        if partial:
+                            continue
+                        raise DecodeError(f"field {k!r} is already decoded "
+                                          f"({type(v).__name__}); use partial=True to allow this")
+                    if dec is not None:
+                        out[k] = dec(v)
+                yield out
+                continue
             out = {}
             for k, v in sample.items():
                 if k[0] == "_" and k[:2] == "__":
@@ -215,18 +252,14 @@ def decode(samples: Iterable[dict], *handlers, only=None, partial: bool = False,
                         continue
                     raise DecodeError(f"field {k!r} is already decoded "
                                       f"({type(v).__name__}); use partial=True to allow this")
-                if custom:
-                    for h in custom:
-                        value = h(k, v)
-                        if value is not None:
-                            out[k] = value
-                            break
-                    else:
-                        dec = cache[k] if k in cache else lookup(k)
-                        out[k] = v if dec is None else dec(v)
-                    continue
-                dec = cache[k] if k in cache else lookup(k)
-                out[k] = v if dec is None else dec(v)
+                for h in custom:
+                    value = h(k, v)
+                    if value is not None:
+                        out[k] = value
+                        break
+                else:
+                    dec = cache[k] if k in cache else lookup(k)
+                    out[k] = v if dec is None else dec(v)
         except Exception as exn:
             if handler(_context(exn, sample, k, wrap=True)):
                 continue
