@@ -58,6 +58,7 @@ __all__ = sorted([
     "DuplicateFieldError",
     "MissingDependencyError",
     "PipeNotAllowedError",
+    "RandomResizedCrop",
     "ShardCache",
     "ShardFormatError",
     "ShardWriteError",
@@ -87,6 +88,7 @@ __all__ = sorted([
     "map_shards",
     "map_tuple",
     "open_url",
+    "random_resized_crop",
     "register_codec",
     "rename",
     "reraise_exception",
@@ -106,6 +108,7 @@ _LAZY = {"WebDataset", "DataPipeline", "WebLoader"}
 # modules imported on first use, to keep `import tarshards` (and CLI start-up) light
 _LAZY_MODULES = {"ShardCache": "cache", "map_samples": "parallel", "map_shard_files": "parallel",
                  "map_shards": "parallel"}
+_LAZY_MODULES.update(RandomResizedCrop="crop", random_resized_crop="crop")
 
 
 def __getattr__(name: str):

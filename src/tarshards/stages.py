@@ -170,8 +170,8 @@ _BYTES_LIKE = (bytes, bytearray, memoryview)
 
 
 def decode(samples: Iterable[dict], *handlers, only=None, partial: bool = False,
-           size=None, allow_unsafe: bool = False,
-           handler: Callable = reraise_exception) -> Iterator[dict]:
+           size=None, allow_unsafe: bool = False, handler: Callable = reraise_exception,
+           rng: random.Random | None = None) -> Iterator[dict]:
     """Decode the fields of each sample by extension.
 
     ``handlers`` are image modes (``"pil"``, ``"rgb8"``, ``"torchrgb"``...; the last one wins) and
@@ -179,6 +179,12 @@ def decode(samples: Iterable[dict], *handlers, only=None, partial: bool = False,
     order). With no image mode, images stay bytes. ``only`` limits decoding to some extensions.
     ``size=(w, h)`` decodes images at that size (JPEGs at reduced scale, much faster).
     ``partial=True`` passes fields that are already decoded; otherwise those are an error.
+
+    Handlers with a true ``wants_rng`` attribute (random augmentations such as
+    :func:`tarshards.random_resized_crop`) are called as ``f(extension, data, rng=r)`` with a
+    generator of the sample's own, seeded from ``rng`` (pipelines pass one seeded from seed,
+    epoch and reader) and the sample's ``__url__`` and ``__key__``: a sample's draws do not
+    depend on the samples before it, so a resumed epoch draws the same.
     """
     image_mode = None
     custom = []
@@ -196,6 +202,10 @@ def decode(samples: Iterable[dict], *handlers, only=None, partial: bool = False,
         only = only.split()
     only = None if only is None else {e.lower() for e in only}
     cache: dict[str, Callable | None] = {}
+    seeded = [bool(getattr(h, "wants_rng", False)) for h in custom]
+    base = None
+    if any(seeded):
+        base = (rng if rng is not None else random.Random()).getrandbits(64)
 
     def lookup(ext):
         dec = field_decoder(ext, image_mode=image_mode, size=size, allow_unsafe=allow_unsafe)
@@ -220,6 +230,7 @@ def decode(samples: Iterable[dict], *handlers, only=None, partial: bool = False,
 
     for sample in samples:
         k = None
+        sample_rng = None
         try:
             if not custom and type(sample) is dict:
                 keys = tuple(sample)
@@ -252,8 +263,14 @@ def decode(samples: Iterable[dict], *handlers, only=None, partial: bool = False,
                         continue
                     raise DecodeError(f"field {k!r} is already decoded "
                                       f"({type(v).__name__}); use partial=True to allow this")
-                for h in custom:
-                    value = h(k, v)
+                for h, wants_rng in zip(custom, seeded):
+                    if wants_rng:
+                        if sample_rng is None:
+                            sample_rng = random.Random(f"{base}/{sample.get('__url__')}/"
+                                                       f"{sample.get('__key__')}")
+                        value = h(k, v, rng=sample_rng)
+                    else:
+                        value = h(k, v)
                     if value is not None:
                         out[k] = value
                         break

@@ -1,0 +1,229 @@
+"""Fused random-resized-crop decoding: pick the crop first, then decode only what it needs.
+
+``random_resized_crop(224)`` is a decode handler (``ds.decode(random_resized_crop(224))``) that
+turns each image field into a random crop resized to ``size``, as torchvision's
+``RandomResizedCrop`` followed by ``RandomHorizontalFlip`` would, with the same crop
+distribution (:func:`crop_params` is torchvision's algorithm: ten tries at a random area and
+log-uniform aspect ratio, then the central crop), but without decoding pixels it then throws away:
+
+1. the JPEG header gives the image size (no decoding);
+2. the crop is drawn from the sample's own random generator (seeded from the pipeline's seed,
+   epoch and reader, and the sample's shard and key, so it does not depend on what the reader
+   did before, and a resumed epoch draws the same crops);
+3. the JPEG is decoded at the smallest of libjpeg-turbo's SIMD DCT scales (1/8, 1/4, 1/2, 1)
+   at which the crop still has at least ``size`` pixels each way: a large crop of a large
+   image decodes at 1/2 or 1/4 of the work;
+4. the crop (a view, no copy) is resized with an antialiased bilinear filter to ``size`` and
+   flipped with probability 1/2.
+
+What bounds it: simplejpeg (and Pillow's ``draft``) expose libjpeg-turbo's scaled decoding but
+not its partial decoding (``jpeg_crop_scanline``/``jpeg_skip_scanlines``), so every JPEG is
+still entropy-decoded whole; the saving is the inverse DCT, colour conversion and upsampling
+of pixels the crop does not need, the copies, and a faster resize. For crops smaller than
+``size`` (most crops of ImageNet-sized images at 224), the scale is 1.
+
+Images other than plain JPEGs (PNG, CMYK JPEGs...) are decoded fully by Pillow and cropped the
+same way. Outputs: ``"torchrgb"`` (float CxHxW tensor in [0, 1], the default), ``"torchrgb8"``
+(uint8 CxHxW tensor), ``"rgb8"`` (HxWx3 uint8 numpy array, no torch needed), ``"pil"``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import math
+import random
+from typing import Any, Sequence
+
+from ._lazy import LazyModule
+from .codecs import IMAGE_EXTENSIONS, _rgbx_image_mapper, _simplejpeg
+from .errors import MissingDependencyError
+
+np = LazyModule("numpy", globals(), "np")  # numpy is imported on first use
+
+__all__ = ["RandomResizedCrop", "crop_params", "random_resized_crop"]
+
+_OUTPUTS = ("torchrgb", "torchrgb8", "rgb8", "pil")
+_JPEG_EXTENSIONS = ("jpg", "jpeg")
+
+
+def crop_params(rng: random.Random, width: int, height: int,
+                scale: Sequence[float] = (0.08, 1.0),
+                ratio: Sequence[float] = (3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
+    """A random crop ``(top, left, height, width)`` of a ``width`` x ``height`` image.
+
+    torchvision's ``RandomResizedCrop.get_params``: up to ten tries at an area drawn uniformly
+    in ``scale`` (fractions of the image's area) and an aspect ratio (w/h) drawn log-uniformly
+    in ``ratio``; the first that fits is placed uniformly at random. When none fits, the
+    central crop of the whole image, with its aspect ratio clamped to ``ratio``.
+    """
+    area = width * height
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    uniform = rng.uniform
+    for _ in range(10):
+        target_area = area * uniform(scale[0], scale[1])
+        aspect = math.exp(uniform(log_lo, log_hi))
+        w = int(round(math.sqrt(target_area * aspect)))
+        h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top = rng.randint(0, height - h)
+            left = rng.randint(0, width - w)
+            return top, left, h, w
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w = width
+        h = int(round(w / min(ratio)))
+    elif in_ratio > max(ratio):
+        h = height
+        w = int(round(h * max(ratio)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def _dct_scale(crop_w: int, crop_h: int, out_w: int, out_h: int) -> int:
+    """The largest divisor d in (8, 4, 2, 1) with the crop at 1/d still >= the output."""
+    d = 8
+    while d > 1 and (crop_w < out_w * d or crop_h < out_h * d):
+        d //= 2
+    return d
+
+
+class RandomResizedCrop:
+    """A decode handler: image fields -> a random crop resized to ``size`` (see the module).
+
+    ``size``: an int (square) or ``(height, width)``, as in torchvision. ``flip``: a horizontal
+    flip with probability 1/2. ``fast``: libjpeg-turbo's fast integer inverse DCT and plain
+    (not "fancy") chroma upsampling (about 10-30% less decoding time; pixel values within a few
+    levels of the exact decode, which the resize then averages), off by default. ``extensions``: the fields it decodes (default: every
+    image extension); other fields fall through to the other decoders.
+
+    Random choices come from the generator the decode stage passes for each sample
+    (``rng=``); called without one, it uses a fresh unseeded generator.
+    """
+
+    wants_rng = True  # the decode stage passes a per-sample generator
+
+    def __init__(self, size: int | Sequence[int] = 224, scale: Sequence[float] = (0.08, 1.0),
+                 ratio: Sequence[float] = (3 / 4, 4 / 3), flip: bool = True,
+                 output: str = "torchrgb", fast: bool = False,
+                 extensions: Sequence[str] | str | None = None):
+        if isinstance(size, int):
+            size = (size, size)
+        if len(size) != 2 or min(size) < 1:
+            raise ValueError(f"size must be an int or (height, width) >= 1, got {size!r}")
+        if not (0 < scale[0] <= scale[1]):
+            raise ValueError(f"scale must be (min, max) with 0 < min <= max, got {scale!r}")
+        if not (0 < ratio[0] <= ratio[1]):
+            raise ValueError(f"ratio must be (min, max) with 0 < min <= max, got {ratio!r}")
+        if output not in _OUTPUTS:
+            raise ValueError(f"output must be one of {', '.join(_OUTPUTS)}, got {output!r}")
+        self.height, self.width = int(size[0]), int(size[1])
+        self.scale = (float(scale[0]), float(scale[1]))
+        self.ratio = (float(ratio[0]), float(ratio[1]))
+        self.flip = bool(flip)
+        self.output = output
+        self.fast = bool(fast)
+        if isinstance(extensions, str):
+            extensions = extensions.split()
+        self.extensions = frozenset(e.lower() for e in (extensions or IMAGE_EXTENSIONS))
+        self._to_tensor = None
+        if output.startswith("torch"):
+            try:
+                self._to_tensor = importlib.import_module("tarshards.torch").resized_crop
+            except ImportError as exc:
+                if getattr(exc, "name", None) != "torch":
+                    raise
+                raise MissingDependencyError(
+                    f"random_resized_crop(output={output!r}) needs torch: pip install "
+                    f"'tarshards[torch]' (or use output='rgb8' for numpy arrays)") from None
+
+    def __repr__(self):
+        return (f"random_resized_crop(size=({self.height}, {self.width}), scale={self.scale}, "
+                f"ratio={self.ratio}, flip={self.flip}, output={self.output!r})")
+
+    def __call__(self, key: str, data: bytes, rng: random.Random | None = None) -> Any:
+        ext = key.rpartition(".")[2].lower()
+        if ext not in self.extensions:
+            return None
+        if rng is None:
+            rng = random.Random()
+        return self.decode(data, rng, jpeg=ext in _JPEG_EXTENSIONS)
+
+    # ---- the work ----------------------------------------------------------------------------
+    def decode(self, data: bytes, rng: random.Random, jpeg: bool = True) -> Any:
+        """Decode one image's bytes to a random resized crop drawn from ``rng``."""
+        sj = _simplejpeg() if jpeg else None
+        if sj is not None:
+            try:
+                height, width = sj.decode_jpeg_header(data)[:2]
+            except (ValueError, RuntimeError):
+                sj = None  # not something simplejpeg reads: Pillow decides
+        if sj is None:
+            return self._decode_pil(data, rng)
+        top, left, ch, cw = crop_params(rng, width, height, self.scale, self.ratio)
+        flip = self.flip and rng.random() < 0.5
+        d = _dct_scale(cw, ch, self.width, self.height)
+        kw = {} if d == 1 else {"min_width": -(-width // d), "min_height": -(-height // d)}
+        # PIL outputs resize an RGB image over simplejpeg's RGBX buffer (no copy)
+        rgbx = self._to_tensor is None and _rgbx_image_mapper() is not None
+        try:
+            arr = sj.decode_jpeg(data, colorspace="RGBX" if rgbx else "RGB",
+                                 fastdct=self.fast, fastupsample=self.fast, **kw)
+        except (ValueError, RuntimeError):  # CMYK, broken markers...: Pillow has a go
+            return self._decode_pil(data, rng, (top, left, ch, cw, flip))
+        box = (left, top, left + cw, top + ch)
+        if d != 1:  # the crop in the scaled image's pixels
+            sy, sx = arr.shape[0] / height, arr.shape[1] / width
+            box = (left * sx, top * sy, (left + cw) * sx, (top + ch) * sy)
+        return self._finish(arr, box, flip)
+
+    def _decode_pil(self, data: bytes, rng: random.Random, drawn=None) -> Any:
+        from PIL import Image
+
+        img = Image.open(io.BytesIO(data))
+        img.load()
+        if img.mode != "RGB":
+            img = img.convert("RGB")
+        if drawn is None:
+            top, left, ch, cw = crop_params(rng, img.width, img.height, self.scale, self.ratio)
+            flip = self.flip and rng.random() < 0.5
+        else:
+            top, left, ch, cw, flip = drawn
+        box = (left, top, left + cw, top + ch)
+        if self._to_tensor is None:
+            return self._finish_pil(img, box, flip)
+        return self._finish(np.asarray(img), box, flip)
+
+    def _finish(self, arr, box, flip: bool) -> Any:
+        """Resize the crop ``box`` (left, upper, right, lower; may be fractional) of an HxWx3
+        (or RGBX HxWx4) uint8 array to the output size, flip, convert."""
+        if self._to_tensor is not None:
+            return self._to_tensor(arr, box, (self.height, self.width), flip,
+                                   self.output == "torchrgb")
+        from PIL import Image
+
+        img = _rgbx_image_mapper()(arr) if arr.shape[2] == 4 else Image.fromarray(arr)
+        return self._finish_pil(img, box, flip)
+
+    def _finish_pil(self, img, box, flip: bool) -> Any:
+        from PIL import Image
+
+        out = img.resize((self.width, self.height), Image.Resampling.BILINEAR, box=box)
+        if flip:
+            out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        if self.output == "pil":
+            return out
+        return np.asarray(out).copy()  # writable
+
+
+def random_resized_crop(size: int | Sequence[int] = 224, scale: Sequence[float] = (0.08, 1.0),
+                        ratio: Sequence[float] = (3 / 4, 4 / 3), flip: bool = True,
+                        output: str = "torchrgb", fast: bool = False,
+                        extensions: Sequence[str] | str | None = None) -> RandomResizedCrop:
+    """A decode handler for training crops: ``ds.decode(random_resized_crop(224))``.
+
+    See :class:`RandomResizedCrop` and the module's description.
+    """
+    return RandomResizedCrop(size, scale=scale, ratio=ratio, flip=flip, output=output,
+                             fast=fast, extensions=extensions)
