@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str | None, str]] = {
     "sort": ("tarsort", "tarshards.cli.sort:sort_cmd"),
     "check": ("tarcheck", "tarshards.cli.check:check_cmd"),
     "map": (None, "tarshards.cli.map_cmd:map_cmd"),
+    "bench": (None, "tarshards.cli.bench:bench_cmd"),
 }
 
 
@@ -74,7 +75,7 @@ class _Commands(MutableMapping):
 def group():
     """Tools for datasets stored as sharded tar files (WebDataset format).
 
-    Each subcommand but map is also installed as its own script: cat=tarscat, tsv=tar2tsv,
+    Each subcommand but map and bench is also installed as its own script: cat=tarscat, tsv=tar2tsv,
     split=tarsplit, show=tarshow, proc=tarproc, pcat=tarpcat, sort=tarsort, check=tarcheck.
     """
 
