@@ -328,28 +328,58 @@ def _image_array(data: bytes, ext: str, pil_mode: str, size, exact: bool = True)
 _SJ_NATIVE_BY_COMPONENTS = {3: ("RGB", "RGB"), 1: ("GRAY", "L")}
 
 
-def _jpeg_plain_components(data: bytes) -> int:
-    """Colour components of a JPEG without EXIF (APP1) or an ICC profile (APP2) before its frame
-    header; 0 when it has them or the markers are not what we expect (Pillow then decides)."""
+def _jpeg_frame(data) -> tuple[int, int]:
+    """``(components, offset of the frame header)`` of a JPEG without EXIF (APP1) or an ICC
+    profile (APP2) before its frame header; ``(0, 0)`` when it has them or the markers are not
+    what we expect (Pillow then decides)."""
     pos, n = 2, len(data)
     while pos + 9 < n and data[pos] == 0xFF:
         marker = data[pos + 1]
         if marker in (0xE1, 0xE2) or marker == 0xDA:
-            return 0
+            return 0, 0
         if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            return data[pos + 9]  # start of frame: precision, height, width, components
+            return data[pos + 9], pos  # start of frame: precision, height, width, components
         pos += 2 + ((data[pos + 2] << 8) | data[pos + 3])
-    return 0
+    return 0, 0
 
 
-def _pil_jpeg_fast(data: bytes, pil_mode: str | None, size):
+def _jpeg_plain_components(data) -> int:
+    return _jpeg_frame(data)[0]
+
+
+class _HeaderMemo:
+    """The bytes before the frame header of the last plain JPEG seen, and where it starts.
+
+    The JPEGs of a dataset mostly come from one encoder at one quality, so they share those
+    bytes (APP0, quantization tables): a file that starts with the same bytes up to and
+    including its frame marker has the same marker layout, and the check is one compare of
+    a few hundred bytes instead of a walk over the markers in Python.
+    """
+
+    __slots__ = ("last",)
+
+    def __init__(self):
+        self.last = (None, 0)  # one tuple, replaced whole: safe to share between threads
+
+    def components(self, data) -> int:
+        prefix, sof = self.last
+        if prefix is not None and data[:len(prefix)] == prefix and len(data) > sof + 9:
+            return data[sof + 9]
+        comps, sof = _jpeg_frame(data)
+        if comps:
+            self.last = (bytes(data[:sof + 2]), sof)
+        return comps
+
+
+def _pil_jpeg_fast(data: bytes, pil_mode: str | None, size, memo: _HeaderMemo | None = None):
     """A PIL image of a plain JPEG decoded by simplejpeg (pixel-identical to Pillow, ~40% less
     time for small images), or ``None`` to let Pillow do it (no simplejpeg, CMYK, a mode change,
     EXIF/ICC metadata that callers may read from ``img.info``)."""
     sj = _simplejpeg()
     if sj is None:
         return None
-    native = _SJ_NATIVE_BY_COMPONENTS.get(_jpeg_plain_components(data))
+    comps = memo.components(data) if memo is not None else _jpeg_plain_components(data)
+    native = _SJ_NATIVE_BY_COMPONENTS.get(comps)
     if native is None or (pil_mode is not None and pil_mode != native[1]):
         return None
     wrap = _rgbx_image_mapper() if native[1] == "RGB" and size is None else None
@@ -416,9 +446,10 @@ def _rgbx_image_mapper() -> Callable[[Any], Any] | None:
     return wrap if ok else None
 
 
-def _pil_open(data: bytes, ext: str, pil_mode: str | None, size):
+def _pil_open(data: bytes, ext: str, pil_mode: str | None, size,
+              memo: _HeaderMemo | None = None):
     if ext in _JPEG:
-        img = _pil_jpeg_fast(data, pil_mode, size)
+        img = _pil_jpeg_fast(data, pil_mode, size, memo)
         if img is not None:
             return img
     from PIL import Image
@@ -448,7 +479,7 @@ def image_decoder(mode: str, size=None) -> Callable[[bytes, str], Any]:
         size = (int(size[0]), int(size[1]))
     # partials (not lambdas): field_decoder binds ``ext`` into the same partial, one call less
     if kind == "pil":
-        return functools.partial(_pil_open, pil_mode=pil_mode, size=size)
+        return functools.partial(_pil_open, pil_mode=pil_mode, size=size, memo=_HeaderMemo())
     if kind == "uint8":
         return functools.partial(_image_array, pil_mode=pil_mode, size=size)
     if kind == "float":

@@ -1,0 +1,215 @@
+"""Decoding rows: per-sample overhead of the image modes, and fused random-resized-crop decoding.
+
+    .venv/bin/python bench/bench_decode.py            # both rows, 5 interleaved repetitions
+    .venv/bin/python bench/bench_decode.py --quick    # fewer samples, 3 repetitions
+    .venv/bin/python bench/bench_decode.py --only crop --json
+
+Every side runs in this one process (``torch.set_num_threads(1)``, as in DataLoader workers),
+sides interleaved (the order reversed every other repetition); the table gives the median
+samples/s over the repetitions, by wall clock and by this process's CPU time (the CPU-time
+figure is the one to read on a loaded machine).
+
+1. ``overhead``: 64x64 JPEGs (q=90) in one shard, ``WebDataset(shard).decode(MODE)
+   .to_tuple("jpg", "cls")`` for ``pil``, ``rgb8`` and ``torchrgb8``, against simplejpeg's
+   decode-only rate on the same bytes (``decode_jpeg(data)`` over the list of them, in memory).
+   Target: >= 0.9.
+2. ``crop``: ImageNet-sized JPEGs (500x375, 640x480, 800x600 and 375x500, q=90) to a
+   RandomResizedCrop(224) + horizontal flip float CxHxW tensor.
+   Ours: ``.decode(random_resized_crop(224)).to_tuple("jpg", "cls")`` (and ``fast=True``).
+   Reference, the torchvision idiom written with PIL and torch ops (torchvision itself does
+   not install beside this torch): ``.to_tuple("jpg", "cls").map_tuple(transform, None)`` where
+   ``transform`` decodes with Pillow (``Image.open(...).convert("RGB")``), draws the crop
+   (torchvision's algorithm, :func:`tarshards.crop.crop_params`), ``img.crop(box).resize((224,
+   224), BILINEAR)``, flips with probability 1/2 (``transpose``), and converts as ``to_tensor``
+   does (``permute(2, 0, 1).contiguous().float().div(255)``). Target: >= 2x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import itertools
+import json
+import os
+import random
+import statistics
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "src"))
+DATA = os.path.join(HERE, "_data", "decode")
+
+
+def _jpeg(rng, w, h, noise):
+    from PIL import Image
+
+    base = (rng.random((h // 8 + 2, w // 8 + 2, 3)) * 255).astype(np.uint8)
+    img = np.asarray(Image.fromarray(base).resize((w, h), Image.Resampling.BICUBIC),
+                     dtype=np.float32)
+    img = img + rng.normal(0.0, noise, img.shape).astype(np.float32)
+    buf = io.BytesIO()
+    Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def make_shard(name, n, sizes, noise, pool) -> str:
+    """One shard of ``n`` samples (jpg + cls) cycling through ``pool`` distinct JPEGs."""
+    from tarshards import TarWriter
+
+    path = os.path.join(DATA, f"{name}-{n}.tar")
+    if os.path.exists(path):
+        return path
+    os.makedirs(DATA, exist_ok=True)
+    rng = np.random.default_rng(20240501)
+    jpgs = [_jpeg(rng, *sizes[i % len(sizes)], noise) for i in range(pool)]
+    tmp = path + ".tmp"
+    with TarWriter(tmp) as w:
+        for i in range(n):
+            w.write({"__key__": f"{name}{i:07d}", "jpg": jpgs[i % pool], "cls": i % 1000})
+    os.replace(tmp, path)
+    return path
+
+
+def run_sides(sides: dict, repeat: int) -> dict:
+    """``{side: fn() -> items}`` -> medians of samples/s (wall and CPU) over interleaved reps."""
+    wall = {k: [] for k in sides}
+    cpu = {k: [] for k in sides}
+    names = list(sides)
+    for rep in range(repeat):
+        for name in (names if rep % 2 == 0 else names[::-1]):
+            t0, c0 = time.perf_counter(), time.process_time()
+            n = sides[name]()
+            t1, c1 = time.perf_counter(), time.process_time()
+            wall[name].append(n / (t1 - t0))
+            cpu[name].append(n / max(c1 - c0, 1e-9))
+    return {k: {"wall": statistics.median(wall[k]), "cpu": statistics.median(cpu[k])}
+            for k in sides}
+
+
+def bench_overhead(quick: bool, repeat: int) -> dict:
+    import simplejpeg
+
+    import tarshards
+
+    path = make_shard("small64", 2000 if quick else 4000, [(64, 64)], 4.0, 500)
+    jpgs = [s["jpg"] for s in tarshards.WebDataset(path)]
+    decode_jpeg = simplejpeg.decode_jpeg
+
+    def simplejpeg_only():
+        for b in jpgs:
+            decode_jpeg(b)
+        return len(jpgs)
+
+    def mode(m):
+        def run():
+            n = 0
+            for _ in tarshards.WebDataset(path).decode(m).to_tuple("jpg", "cls"):
+                n += 1
+            return n
+        return run
+
+    sides = {"simplejpeg decode only": simplejpeg_only}
+    for m in ("pil", "rgb8", "torchrgb8"):
+        sides[f'.decode("{m}")'] = mode(m)
+    res = run_sides(sides, repeat)
+    ref = res["simplejpeg decode only"]
+    for v in res.values():
+        v["vs_wall"] = v["wall"] / ref["wall"]
+        v["vs_cpu"] = v["cpu"] / ref["cpu"]
+    return res
+
+
+def bench_crop(quick: bool, repeat: int) -> dict:
+    import torch
+    from PIL import Image
+
+    import tarshards
+    from tarshards.crop import crop_params
+
+    sizes = [(500, 375), (640, 480), (800, 600), (375, 500)]
+    path = make_shard("imagenet", 120 if quick else 300, sizes, 13.0, 60)
+    limit = 120 if quick else 300
+
+    def reference_transform(data, rng=random.Random(0)):
+        img = Image.open(io.BytesIO(data)).convert("RGB")
+        top, left, h, w = crop_params(rng, img.width, img.height)
+        img = img.crop((left, top, left + w, top + h)).resize((224, 224),
+                                                               Image.Resampling.BILINEAR)
+        if rng.random() < 0.5:
+            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        t = torch.from_numpy(np.array(img, copy=True)).view(224, 224, 3)
+        return t.permute(2, 0, 1).contiguous().float().div(255)
+
+    def count(ds):
+        n = 0
+        for x, _cls in itertools.islice(ds, limit):
+            n += 1
+        assert tuple(x.shape) == (3, 224, 224) and x.dtype == torch.float32
+        return n
+
+    sides = {
+        "reference: PIL decode, crop, resize, flip, to_tensor": lambda: count(
+            tarshards.WebDataset(path).to_tuple("jpg", "cls")
+            .map_tuple(reference_transform, None)),
+        "random_resized_crop(224)": lambda: count(
+            tarshards.WebDataset(path).decode(tarshards.random_resized_crop(224))
+            .to_tuple("jpg", "cls")),
+        "random_resized_crop(224, fast=True)": lambda: count(
+            tarshards.WebDataset(path).decode(tarshards.random_resized_crop(224, fast=True))
+            .to_tuple("jpg", "cls")),
+    }
+    res = run_sides(sides, repeat)
+    ref = res["reference: PIL decode, crop, resize, flip, to_tensor"]
+    for v in res.values():
+        v["vs_wall"] = v["wall"] / ref["wall"]
+        v["vs_cpu"] = v["cpu"] / ref["cpu"]
+    return res
+
+
+def table(title: str, res: dict) -> str:
+    lines = [f"### {title}", "", "| side | samples/s (wall) | samples/s (CPU) | x ref (wall) "
+             "| x ref (CPU) |", "|---|---:|---:|---:|---:|"]
+    for name, v in res.items():
+        lines.append(f"| {name} | {v['wall']:.0f} | {v['cpu']:.0f} | {v['vs_wall']:.2f} "
+                     f"| {v['vs_cpu']:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--repeat", type=int, default=None)
+    parser.add_argument("--only", default="overhead,crop")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = parser.parse_args(argv)
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+    except ImportError:
+        pass
+    repeat = args.repeat or (3 if args.quick else 5)
+    results = {}
+    if "overhead" in args.only:
+        results["overhead"] = bench_overhead(args.quick, repeat)
+    if "crop" in args.only:
+        results["crop"] = bench_crop(args.quick, repeat)
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return 0
+    print(f"(medians of {repeat} interleaved repetitions; {os.cpu_count()} CPUs; "
+          f"{time.strftime('%Y-%m-%d %H:%M %Z')})\n")
+    if "overhead" in results:
+        print(table("decode overhead, 64x64 JPEGs (x ref: of simplejpeg's decode-only rate; "
+                    "target >= 0.9)", results["overhead"]) + "\n")
+    if "crop" in results:
+        print(table("RandomResizedCrop(224) + flip to a float tensor, ImageNet-sized JPEGs "
+                    "(target >= 2x)", results["crop"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
