@@ -149,3 +149,19 @@ def test_cli_usage_errors(shards):
     assert out.returncode == 2 and "unknown decoding mode" in out.stderr
     out = run_bench(shards[0], "--pipeline", "nomodule")
     assert out.returncode == 2 and "MODULE:FUNCTION" in out.stderr
+
+
+def test_remote_shards_are_compared_with_a_plain_get(shards):
+    pytest.importorskip("aiohttp", reason="fsspec's HTTP needs aiohttp (tarshards[http])")
+    from conftest import load_servers
+
+    root = os.path.dirname(shards[0])
+    with load_servers().HTTPFileServer(root) as srv:
+        urls = [f"{srv.url}/{os.path.basename(p)}" for p in shards]
+        report = bench_pipeline(urls, WebDataset(urls).decode("rgb8"), max_samples=30,
+                                seconds_per_stage=2, workers=0)
+        assert srv.gets() >= 2 * len(urls)  # ours and the reference read every shard
+    raw = report["raw_read"]
+    assert raw["reference"] == "GET" and raw["bytes"] == sum(os.path.getsize(p) for p in shards)
+    assert raw["mb_per_s"] > 0 and raw["reference_mb_per_s"] > 0
+    assert [s["name"] for s in report["stages"]] == ["read + group", "decode"]

@@ -29,7 +29,7 @@ import time
 from typing import Any, Callable, Iterable
 
 from .pipeline import DataPipeline, shard_samples
-from .tario import iter_tar
+from .tario import iter_tar_batches, tar_byte_source
 from .urls import expand_urls, open_url
 
 __all__ = ["bench_pipeline", "diagnose", "format_report", "plot_report"]
@@ -244,10 +244,10 @@ def bench_pipeline(spec, dataset: Any = None, *, max_samples: int = 2000,
         members = mbytes = 0
         for url in urls:
             with open_url(url, storage_options=storage_options) as f:
-                for _name, data, *_ in iter_tar(f, url):
-                    members += 1
-                    mbytes += len(data)
-                    bar.update(1)
+                for batch in iter_tar_batches(tar_byte_source(f, url), url):  # the reader's path
+                    members += len(batch)
+                    mbytes += sum(len(m[1]) for m in batch)
+                    bar.update(len(batch))
                     if members >= max_samples * 4 or time.perf_counter() > deadline:
                         break
             if members >= max_samples * 4 or time.perf_counter() > deadline:
