@@ -296,3 +296,47 @@ def test_refusal_does_not_run_the_payload(tmp_path):
     with pytest.raises(UnsafeCodecError):
         decode_value(data, "pkl")
     assert not marker.exists()
+
+
+def test_pil_jpegs_over_the_decoded_buffer_behave_as_pillows_own():
+    """RGB JPEGs come back as images over simplejpeg's RGBX buffer (no copy): the same pixels as
+    Pillow's decoder, and every Pillow operation works on them as on any image."""
+    pytest.importorskip("simplejpeg")
+    rng = np.random.default_rng(3)
+    img = Image.fromarray((rng.random((30, 41, 3)) * 255).astype(np.uint8))
+    data = encode_value(img, "jpg")
+    got = decode_value(data, "jpg", image_mode="pil")
+    own = Image.open(io.BytesIO(data))
+    own.load()
+    assert got.mode == "RGB" and got.size == (41, 30) and got.format == "JPEG"
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(own))
+    assert got.tobytes() == own.tobytes()
+    back = pickle.loads(pickle.dumps(got))
+    np.testing.assert_array_equal(np.asarray(back), np.asarray(own))
+    np.testing.assert_array_equal(np.asarray(got.convert("L")), np.asarray(own.convert("L")))
+    np.testing.assert_array_equal(np.asarray(got.resize((20, 15))),
+                                  np.asarray(own.resize((20, 15))))
+    assert got.convert("RGBA").getpixel((3, 4))[3] == 255
+    other = decode_value(data, "jpg", image_mode="pil")
+    got.putpixel((0, 0), (1, 2, 3))  # copy-on-write: the next image is not touched
+    assert got.getpixel((0, 0)) == (1, 2, 3)
+    assert other.getpixel((0, 0)) == own.getpixel((0, 0))
+    buf = io.BytesIO()
+    got.save(buf, "PNG")
+    assert Image.open(buf).size == (41, 30)
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+def test_torch_uint8_images_are_views_and_batch_contiguously():
+    from tarshards.torch import stack
+
+    data = encode_value(rgb_image(40, 30), "jpg")
+    t = decode_value(data, "jpg", image_mode="torchrgb8")
+    arr = decode_value(data, "jpg", image_mode="rgb8")
+    assert tuple(t.shape) == (3, 30, 40) and not t.is_contiguous()  # a CxHxW view, no copy
+    np.testing.assert_array_equal(t.permute(1, 2, 0).numpy(), arr)
+    batch = stack([t, t.clone(), t])
+    assert tuple(batch.shape) == (3, 3, 30, 40) and batch.is_contiguous()
+    assert torch.equal(batch[1], t) and torch.equal(batch[0], t)
+    f = decode_value(data, "jpg", image_mode="torchrgb")
+    np.testing.assert_allclose(f.permute(1, 2, 0).numpy() * 255, arr, atol=1e-3)
