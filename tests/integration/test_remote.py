@@ -311,5 +311,6 @@ def test_s3_cut_connections_resume_at_the_offset(s3_remote, caplog):
         assert proxy.cut_count == 3
         assert [s["__key__"] for s in got] == [s["__key__"] for s in samples]
         assert all(_fields(a) == _fields(b) for a, b in zip(got, samples))
+        # a cut before the response headers is retried inside s3fs; cuts in a body are ours
         resumes = [r for r in caplog.records if "resuming" in r.getMessage()]
-        assert len(resumes) >= 3 and any("offset 0 " not in r.getMessage() for r in resumes)
+        assert any("offset 0 " not in r.getMessage() for r in resumes)
