@@ -69,3 +69,23 @@ def test_splitters_default_to_the_single_process():
     urls = [f"s{i}" for i in range(5)]
     assert split_by_node(urls) == urls and split_by_worker(urls) == urls
     assert split_by_node(urls, 1, 2) == ["s1", "s3"]
+
+
+def test_split_stages_are_given_the_pipelines_place():
+    """split_by_node/split_by_worker as pipeline stages get the rank and worker the pipeline
+    was given (here by a subclass; in training by the torch adapter), not a guess of their own."""
+    from tarshards.pipeline import DataPipeline
+    from tarshards.shards import split_by_node, split_by_worker
+    from tarshards.types import WorkerInfo
+
+    class Placed(DataPipeline):
+        def worker_info(self):
+            return WorkerInfo(rank=1, world_size=2, worker=1, num_workers=2)
+
+    items = list(range(16))
+    pipe = Placed(lambda ctx: iter(items)).compose(split_by_node).compose(split_by_worker)
+    assert list(pipe) == items[1::2][1::2]
+    # values given explicitly are kept
+    pipe = Placed(lambda ctx: iter(items)).compose(split_by_node, rank=0, world_size=4)
+    assert list(pipe) == items[0::4]
+

@@ -108,3 +108,126 @@ def test_webdataset_style_splitters_discover_workers(six_shards):
         "__key__")
     got = loader_keys(ds, batch_size=8, num_workers=2)
     assert sorted(got) == sorted(s["__key__"] for s in samples)  # each shard once, not twice
+
+
+def epoch_keys(loader, epochs):
+    return [[k for (ks,) in loader for k in ks] for _ in range(epochs)]
+
+
+def make_epoch_ds(paths, seed=11):
+    return WebDataset(paths, shardshuffle=True, seed=seed).shuffle(30).to_tuple("__key__")
+
+
+def test_persistent_workers_new_order_each_epoch_same_again(six_shards):
+    """WebLoader with persistent workers: set_epoch reaches the running workers."""
+    paths, samples = six_shards
+    everything = sorted(s["__key__"] for s in samples)
+
+    def orders():
+        loader = WebLoader(make_epoch_ds(paths), batch_size=8, num_workers=2,
+                           persistent_workers=True, timeout=60)
+        return epoch_keys(loader, 3)
+
+    first = orders()
+    assert all(sorted(e) == everything for e in first)
+    assert len({tuple(e) for e in first}) == 3, "an epoch repeated an order"
+    assert orders() == first
+    # the same orders as fresh workers each epoch: the order is a function of seed and epoch
+    fresh = WebLoader(make_epoch_ds(paths), batch_size=8, num_workers=2, timeout=60)
+    assert epoch_keys(fresh, 3) == first
+
+
+def test_plain_dataloader_persistent_workers_with_set_epoch(six_shards):
+    paths, _ = six_shards
+    ds = make_epoch_ds(paths)
+    loader = DataLoader(ds, batch_size=8, num_workers=2, persistent_workers=True, timeout=60)
+    got = []
+    for epoch in (0, 1, 2):
+        ds.set_epoch(epoch)
+        got.append([k for (ks,) in loader for k in ks])
+    webloader = WebLoader(make_epoch_ds(paths), batch_size=8, num_workers=2, timeout=60)
+    assert got == epoch_keys(webloader, 3)
+    ds.set_epoch(1)  # back to an earlier epoch: its order again
+    assert [k for (ks,) in loader for k in ks] == got[1]
+
+
+def test_persistent_workers_without_set_epoch_count_epochs(six_shards):
+    paths, _ = six_shards
+    loader = DataLoader(make_epoch_ds(paths), batch_size=8, num_workers=2,
+                        persistent_workers=True, timeout=60)
+    got = epoch_keys(loader, 2)
+    webloader = WebLoader(make_epoch_ds(paths), batch_size=8, num_workers=2, timeout=60)
+    assert got == epoch_keys(webloader, 2)
+
+
+def test_no_workers_count_epochs(six_shards):
+    paths, _ = six_shards
+    ds = make_epoch_ds(paths)
+    counted = [[k for (k,) in ds] for _ in range(2)]
+    assert counted[0] != counted[1]
+    loader = WebLoader(make_epoch_ds(paths), batch_size=8, num_workers=0)
+    assert epoch_keys(loader, 2) == counted
+    plain = DataLoader(make_epoch_ds(paths), batch_size=8, num_workers=0)
+    assert epoch_keys(plain, 2) == counted
+
+
+def test_compose_after_set_epoch_keeps_epochs_apart(six_shards):
+    paths, _ = six_shards
+    base = make_epoch_ds(paths)
+    base.set_epoch(3)
+    derived = base.map(lambda t: t)
+    derived.set_epoch(4)
+    loader = DataLoader(base, batch_size=8, num_workers=1, timeout=60)
+    expected = make_epoch_ds(paths)
+    expected.set_epoch(3)
+    assert [k for (ks,) in loader for k in ks] == [k for (k,) in expected]
+
+
+def keys_of(ds):
+    return [k for (k,) in ds]
+
+
+def test_launcher_environment_is_honoured_at_the_top(six_shards, monkeypatch):
+    paths, _ = six_shards
+    built_before = WebDataset(paths, shardshuffle=True, seed=2).to_tuple("__key__")
+    built_before.set_epoch(0)  # iterated twice below: the same epoch both times
+    rank1 = keys_of(WebDataset(paths, rank=1, world_size=2, shardshuffle=True,
+                               seed=2).to_tuple("__key__"))
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert keys_of(built_before) == rank1  # the rank is found when iterating, not building
+    got = [k for (ks,) in DataLoader(built_before, batch_size=4, num_workers=2, timeout=60)
+           for k in ks]
+    assert sorted(got) == sorted(rank1)
+    # an explicit rank wins over the environment
+    assert keys_of(WebDataset(paths, rank=0, world_size=2, shardshuffle=True,
+                              seed=2).to_tuple("__key__")) != rank1
+
+
+def test_bad_launcher_environment_fails_loudly(six_shards, monkeypatch):
+    from tarshards.torch import discover_rank
+
+    paths, _ = six_shards
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="RANK/WORLD_SIZE"):
+        discover_rank()
+    monkeypatch.setenv("RANK", "one")
+    with pytest.raises(ValueError, match="RANK/WORLD_SIZE"):
+        list(WebDataset(paths))
+    monkeypatch.delenv("RANK")
+    assert discover_rank() == (0, 1)  # one of the two alone: not a launcher's
+
+
+def test_nodesplitter_is_given_the_rank(six_shards):
+    from tarshards import split_by_node, split_by_worker
+
+    paths, _ = six_shards
+    plain = keys_of(WebDataset(paths, rank=1, world_size=2, shardshuffle=True,
+                               seed=4).to_tuple("__key__"))
+    styled = WebDataset(paths, rank=1, world_size=2, shardshuffle=True, seed=4,
+                        nodesplitter=split_by_node, workersplitter=split_by_worker)
+    assert keys_of(styled.to_tuple("__key__")) == plain
+    got = [k for (ks,) in DataLoader(styled.to_tuple("__key__"), batch_size=4, num_workers=2,
+                                     timeout=60) for k in ks]
+    assert sorted(got) == sorted(plain)

@@ -2,8 +2,12 @@
 
 ``WebDataset`` keeps a list of ``(stage function, args, kwargs)``; its fluent methods are generated
 from the stage functions in :mod:`tarshards.stages`, so there is one implementation of each stage.
-At iteration time the pipeline works out who it is (rank, worker), picks the epoch's shards, and
-runs the stages, passing each stage that takes them a seeded ``rng`` and the dataset's ``handler``.
+At iteration time the pipeline asks :meth:`DataPipeline.worker_info` where it runs (a
+:class:`~tarshards.types.WorkerInfo`: rank and DataLoader worker), picks the epoch's shards, and
+runs the stages, passing each stage that takes them a seeded ``rng``, the dataset's ``handler`` and
+its place (``rank``, ``world_size``, ``worker``, ``num_workers``, ``worker_info``). This module
+discovers nothing: the core runs as rank 0 of 1, worker 0 of 1 unless told otherwise, and the torch
+adapter (:mod:`tarshards.torch`) overrides ``worker_info`` with what it discovered at the top.
 """
 
 from __future__ import annotations
@@ -22,11 +26,14 @@ from .prefetch import ShardPrefetcher, given_stream
 from .shards import make_rng, resampled_shards, shard_order, split_shards
 from .stages import reraise_exception
 from .tario import iter_tar_batches, tar_byte_source
+from .types import WorkerInfo
 from .urls import expand_urls, is_local, open_url
 
 __all__ = ["DataPipeline", "WebDataset", "iter_samples", "shard_samples"]
 
 _DEFAULT = object()
+# what a stage or a splitter may ask for by naming a parameter so: the reader's place
+_PLACE = ("rank", "world_size", "worker", "num_workers", "worker_info")
 
 
 def shard_samples(url: str, *, storage_options: dict | None = None, allow_pipe: bool = False,
@@ -91,7 +98,7 @@ def iter_samples(urls: Iterable[str], *, handler: Callable = reraise_exception,
 
 
 class _Stage:
-    __slots__ = ("fn", "args", "kwargs", "wants_rng", "wants_handler", "label")
+    __slots__ = ("fn", "args", "kwargs", "wants_rng", "wants_handler", "wants_place", "label")
 
     def __init__(self, fn, args, kwargs, label=None):
         self.fn = fn
@@ -100,6 +107,7 @@ class _Stage:
         params = _params(fn)
         self.wants_rng = "rng" in params and "rng" not in kwargs and "seed" not in kwargs
         self.wants_handler = "handler" in params and "handler" not in kwargs
+        self.wants_place = _wanted(fn, _PLACE, kwargs)
         self.label = label or getattr(fn, "__name__", repr(fn))
 
     def __repr__(self):
@@ -116,6 +124,22 @@ def _params(fn) -> frozenset:
         return frozenset()
 
 
+def _wanted(fn, names, given=()) -> tuple:
+    """Those of ``names`` that ``fn`` takes as parameters and that are not given already (as
+    keywords, or bound by a ``functools.partial``)."""
+    try:
+        params = _params(fn)
+    except TypeError:  # an unhashable callable: not cached
+        params = _params.__wrapped__(fn)
+    bound = fn.keywords if isinstance(fn, functools.partial) else {}
+    return tuple(n for n in names if n in params and n not in given and n not in bound)
+
+
+def _place(info: WorkerInfo) -> dict:
+    return {"rank": info.rank, "world_size": info.world_size, "worker": info.worker,
+            "num_workers": info.num_workers, "worker_info": info}
+
+
 def _short(v) -> str:
     if callable(v) and hasattr(v, "__name__"):
         return v.__name__
@@ -127,7 +151,8 @@ class DataPipeline:
     """A source of samples followed by stages (plain iterable, no torch needed).
 
     ``source`` is a function ``(context) -> iterator`` where ``context`` holds ``epoch``,
-    ``rank``, ``world_size``, ``worker``, ``num_workers`` and ``seed``.
+    ``rank``, ``world_size``, ``worker``, ``num_workers``, ``seed`` and ``worker_info`` (the same
+    place as a :class:`~tarshards.types.WorkerInfo`).
     """
 
     def __init__(self, source: Callable[[dict], Iterator] | Iterable, *, seed: int = 0,
@@ -192,15 +217,26 @@ class DataPipeline:
         self.epoch = int(epoch)
 
     # ---- environment -------------------------------------------------------------------------
+    def worker_info(self) -> WorkerInfo:
+        """Where the reader running this iteration is: rank 0 of 1, worker 0 of 1 here; the torch
+        adapter overrides it with the rank it discovered in the main process and the worker."""
+        return WorkerInfo()
+
     def environment(self) -> dict:
-        """Rank and worker of the reader running this iteration (overridden by the torch adapter)."""
-        return {"rank": 0, "world_size": 1, "worker": 0, "num_workers": 1}
+        """:meth:`worker_info` as a dict (``rank``, ``world_size``, ``worker``, ``num_workers``)."""
+        info = self.worker_info()
+        return {"rank": info.rank, "world_size": info.world_size, "worker": info.worker,
+                "num_workers": info.num_workers}
+
+    def _current_epoch(self) -> int | None:
+        """The epoch set by :meth:`set_epoch` (``None``: count); the torch adapter reads it from
+        memory shared with the main process inside DataLoader workers."""
+        return self.epoch
 
     def _context(self) -> dict:
-        ctx = self.environment()
-        if self.epoch is not None:
-            epoch = self.epoch
-        else:
+        ctx = _place(self.worker_info())
+        epoch = self._current_epoch()
+        if epoch is None:
             epoch = self._auto_epoch
             self._auto_epoch += 1
         ctx["epoch"] = epoch
@@ -236,8 +272,10 @@ class DataPipeline:
                     and stages[i + 1].fn is _stages.to_tuple):
                 # to_tuple keeps only the fields it names: decoding the others is wasted work
                 kwargs = dict(kwargs, only=_tuple_fields(stages[i + 1].args))
-            if st.wants_rng or st.wants_handler:
+            if st.wants_rng or st.wants_handler or st.wants_place:
                 kwargs = dict(kwargs)
+                for name in st.wants_place:
+                    kwargs[name] = ctx[name]
                 if st.wants_rng:
                     again = (ctx["again"],) if ctx.get("again") else ()
                     kwargs["rng"] = make_rng("stage", i, ctx["seed"], ctx["epoch"], ctx["rank"],
@@ -362,16 +400,16 @@ class WebDataset(DataPipeline):
             raise ValueError("transforms= applies to the elements of extensions=; with dict "
                              "samples use .map() or .map_dict()")
 
-    def environment(self) -> dict:
-        env = super().environment()
-        if self.rank is not None:
-            env["rank"] = self.rank
-        if self.world_size is not None:
-            env["world_size"] = self.world_size
-        return env
+    def worker_info(self) -> WorkerInfo:
+        return _explicit_rank(super().worker_info(), self.rank, self.world_size)
 
     def shard_list(self, ctx: dict) -> Iterable[str]:
-        """The shards this reader reads in the epoch described by ``ctx``."""
+        """The shards this reader reads in the epoch described by ``ctx``.
+
+        A ``nodesplitter``/``workersplitter`` that takes parameters named ``rank``,
+        ``world_size``, ``worker``, ``num_workers`` or ``worker_info`` (as :func:`split_by_node`
+        and :func:`split_by_worker` do) is given this reader's values.
+        """
         if self.resampled:
             return resampled_shards(self.urls, seed=ctx["seed"], epoch=ctx["epoch"],
                                     rank=ctx["rank"] * ctx["num_workers"] + ctx["worker"],
@@ -379,9 +417,9 @@ class WebDataset(DataPipeline):
         urls = shard_order(self.urls, seed=ctx["seed"], epoch=ctx["epoch"],
                            shuffle=self.shardshuffle)
         if self.nodesplitter is not None:
-            urls = _as_urls(self.nodesplitter(urls))
+            urls = _as_urls(_call_splitter(self.nodesplitter, urls, ctx))
         if self.workersplitter is not None:
-            urls = _as_urls(self.workersplitter(urls))
+            urls = _as_urls(_call_splitter(self.workersplitter, urls, ctx))
         if self.nodesplitter is None or self.workersplitter is None:
             rank, world = ((0, 1) if self.nodesplitter is not None
                            else (ctx["rank"], ctx["world_size"]))
@@ -434,6 +472,21 @@ class WebDataset(DataPipeline):
 def _is_remote(url: str) -> bool:
     """A shard read over a network (prefetching pays off), not a file, stdin or a pipe."""
     return not (is_local(url) or url == "-" or url.startswith("pipe:"))
+
+
+def _explicit_rank(info: WorkerInfo, rank: int | None, world_size: int | None) -> WorkerInfo:
+    """``info`` with the rank and world size given to the dataset, where given."""
+    if rank is None and world_size is None:
+        return info
+    return info.replace(rank=info.rank if rank is None else rank,
+                        world_size=info.world_size if world_size is None else world_size)
+
+
+def _call_splitter(fn: Callable, urls: list[str], ctx: dict):
+    if "worker_info" not in ctx:  # a context made by hand (rank, world_size... only)
+        ctx = dict(ctx, worker_info=WorkerInfo(ctx["rank"], ctx["world_size"], ctx["worker"],
+                                               ctx["num_workers"]))
+    return fn(urls, **{name: ctx[name] for name in _wanted(fn, _PLACE)})
 
 
 def _as_urls(items) -> list[str]:

@@ -10,7 +10,6 @@ read exactly once per epoch.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import random
 import warnings
 from typing import Iterator, Sequence
@@ -42,26 +41,17 @@ def shard_order(urls: Sequence[str], *, seed: int = 0, epoch: int = 0,
     return urls
 
 
-def _environment() -> dict:
-    """Rank and worker as torch sees them (rank 0 of 1, worker 0 of 1 without torch)."""
-    try:
-        adapter = importlib.import_module("tarshards.torch")
-    except ImportError:
-        return {"rank": 0, "world_size": 1, "worker": 0, "num_workers": 1}
-    return adapter.torch_environment()
-
-
 def split_by_node(urls: Sequence[str], rank: int | None = None,
                   world_size: int | None = None) -> list[str]:
     """The shards of one node: every ``world_size``-th shard starting at ``rank``.
 
-    Left out, rank and world size come from ``torch.distributed`` (when initialized), so this
-    works as webdataset's ``nodesplitter=split_by_node``.
+    This module knows nothing of torch: left out, rank and world size are those of a single
+    process (rank 0 of 1). Given as ``WebDataset(..., nodesplitter=split_by_node)`` (webdataset's
+    style) or used as a pipeline stage, it receives the rank and world size the pipeline was
+    given by the torch adapter, which discovered them in the process that owns the process group.
     """
-    if rank is None or world_size is None:
-        env = _environment()
-        rank = env["rank"] if rank is None else rank
-        world_size = env["world_size"] if world_size is None else world_size
+    rank = 0 if rank is None else rank
+    world_size = 1 if world_size is None else world_size
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"bad rank/world_size: {rank}/{world_size}")
     return list(urls)[rank::world_size]
@@ -69,12 +59,10 @@ def split_by_node(urls: Sequence[str], rank: int | None = None,
 
 def split_by_worker(urls: Sequence[str], worker: int | None = None,
                     num_workers: int | None = None) -> list[str]:
-    """The shards of one DataLoader worker (same rule as :func:`split_by_node`; left out, the
-    worker comes from ``torch.utils.data.get_worker_info()``)."""
-    if worker is None or num_workers is None:
-        env = _environment()
-        worker = env["worker"] if worker is None else worker
-        num_workers = env["num_workers"] if num_workers is None else num_workers
+    """The shards of one DataLoader worker (same rule as :func:`split_by_node`). Left out, the
+    worker is 0 of 1; as ``workersplitter=`` or a pipeline stage, the pipeline passes its own."""
+    worker = 0 if worker is None else worker
+    num_workers = 1 if num_workers is None else num_workers
     if num_workers < 1 or not 0 <= worker < num_workers:
         raise ValueError(f"bad worker/num_workers: {worker}/{num_workers}")
     return list(urls)[worker::num_workers]

@@ -1,15 +1,30 @@
 """The PyTorch adapter: the only module of tarshards that imports torch.
 
 ``WebDataset`` and ``DataPipeline`` here are the pipeline classes made into
-``torch.utils.data.IterableDataset`` subclasses that find their rank (torch.distributed) and
-DataLoader worker by themselves. ``WebLoader`` is a ``DataLoader`` that advances the dataset's
-epoch each time it is iterated, so shuffles change every epoch even with fresh worker processes.
+``torch.utils.data.IterableDataset`` subclasses. This is the top of the stack, where the reader's
+place is discovered and handed down as a :class:`~tarshards.types.WorkerInfo`:
+
+- **rank and world size** are discovered in the process that owns the process group (the main
+  process: where the dataset is iterated, or handed to a DataLoader), each time an iteration or a
+  DataLoader's workers start, so a dataset built before ``init_process_group`` and used after it
+  sees the right rank. ``torch.distributed`` when it is initialized; else a launcher's ``RANK``
+  and ``WORLD_SIZE`` environment variables; else rank 0 of 1. DataLoader workers do not discover
+  it again (``torch.distributed`` is not initialized in a spawned worker): the rank is captured in
+  the main process when the dataset is sent to spawn/forkserver workers, and a forked worker has
+  the main process's own state.
+- **the epoch** set by :meth:`set_epoch` in the main process reaches DataLoader workers through a
+  one-value tensor in shared memory, created in the main process before the workers start, so
+  persistent workers (``persistent_workers=True``) see each new epoch.
+
+``WebLoader`` is a ``DataLoader`` that sets the dataset's epoch each time it is iterated.
 """
 
 from __future__ import annotations
 
 import inspect
 import io
+import multiprocessing.context
+import os
 
 import numpy as np
 import torch
@@ -19,35 +34,107 @@ from torch.utils.data import get_worker_info
 
 from . import pipeline as _pipeline
 from .transport import Packer, Unpacker
+from .types import WorkerInfo
 
-__all__ = ["DataPipeline", "WebDataset", "WebLoader", "image_to_tensor", "torch_environment"]
+__all__ = ["DataPipeline", "WebDataset", "WebLoader", "discover_rank", "image_to_tensor",
+           "torch_environment"]
+
+
+def discover_rank() -> tuple[int, int]:
+    """``(rank, world_size)`` of this process: from ``torch.distributed`` when it is initialized,
+    else from a launcher's ``RANK`` and ``WORLD_SIZE`` environment variables (torchrun, SLURM
+    scripts that export them...), else ``(0, 1)``.
+
+    Call it in the process that owns the process group: inside a DataLoader worker started by
+    ``spawn`` or ``forkserver``, ``torch.distributed`` is not initialized.
+    """
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if rank is None or world is None:
+        return 0, 1
+    try:
+        place = WorkerInfo(rank=int(rank), world_size=int(world))
+    except ValueError:
+        raise ValueError(f"bad RANK/WORLD_SIZE in the environment: {rank!r}/{world!r}") from None
+    return place.rank, place.world_size
 
 
 def torch_environment() -> dict:
-    """Rank/world size from torch.distributed (when initialized) and the DataLoader worker."""
-    env = {"rank": 0, "world_size": 1, "worker": 0, "num_workers": 1}
-    if dist.is_available() and dist.is_initialized():
-        env["rank"] = dist.get_rank()
-        env["world_size"] = dist.get_world_size()
+    """Rank/world size (:func:`discover_rank`) and the DataLoader worker of this process, as a
+    dict. Inside a spawned worker the rank is not known here: datasets carry it from the main
+    process instead (see the module's notes)."""
+    rank, world = discover_rank()
     info = get_worker_info()
-    if info is not None:
-        env["worker"] = info.id
-        env["num_workers"] = info.num_workers
-    return env
+    worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
+    return {"rank": rank, "world_size": world, "worker": worker, "num_workers": num_workers}
 
 
 class _TorchMixin:
-    """Shared overrides: torch discovery, and the pipeline's own item/len/iter behaviour."""
+    """Shared overrides: rank and epoch carried from the main process into DataLoader workers,
+    and the pipeline's own item/len/iter behaviour."""
 
-    def environment(self) -> dict:
-        env = torch_environment()
-        rank = getattr(self, "rank", None)
-        world = getattr(self, "world_size", None)
-        if rank is not None:
-            env["rank"] = rank
-        if world is not None:
-            env["world_size"] = world
-        return env
+    # (rank, world_size) captured in the main process when the dataset was sent to a worker
+    _parent_rank: tuple[int, int] | None = None
+    # the epoch as a shared-memory int64 tensor ([-1]: count epochs), made in the main process
+    _shared_epoch: torch.Tensor | None = None
+
+    def worker_info(self) -> WorkerInfo:
+        info = get_worker_info()
+        if info is None:  # the main process: it owns the process group
+            rank, world = discover_rank()
+            worker, num_workers = 0, 1
+        else:
+            # spawn/forkserver: captured in the main process; fork: the main process's state
+            rank, world = self._parent_rank or discover_rank()
+            worker, num_workers = info.id, info.num_workers
+        place = WorkerInfo(rank, world, worker, num_workers)
+        return _pipeline._explicit_rank(place, getattr(self, "rank", None),
+                                        getattr(self, "world_size", None))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Fix the epoch used to seed shard and sample shuffling (instead of counting).
+
+        Called in the main process, it also reaches DataLoader workers that are already running
+        (``persistent_workers=True``): they read it when their next epoch starts.
+        """
+        _pipeline.DataPipeline.set_epoch(self, epoch)
+        if get_worker_info() is None:
+            self._epoch_cell().fill_(int(epoch))
+
+    def _epoch_cell(self) -> torch.Tensor:
+        cell = self._shared_epoch
+        if cell is None or not cell.is_shared():
+            value = -1 if self.epoch is None else self.epoch
+            cell = torch.full((1,), value, dtype=torch.int64).share_memory_()
+            self._shared_epoch = cell
+        return cell
+
+    def _current_epoch(self) -> int | None:
+        cell = self._shared_epoch
+        if cell is not None and get_worker_info() is not None:
+            value = int(cell[0])
+            if value >= 0:
+                return value
+        return self.epoch
+
+    def compose(self, stage, *args, **kwargs):
+        new = _pipeline.DataPipeline.compose(self, stage, *args, **kwargs)
+        new._shared_epoch = None  # its own epoch from here on (set_epoch makes a new cell)
+        return new
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        if (multiprocessing.context.get_spawning_popen() is not None
+                and get_worker_info() is None):
+            # sent to a new process (a spawn/forkserver DataLoader worker): carry the rank
+            # discovered here, and share the epoch cell with it
+            state["_parent_rank"] = discover_rank()
+            state["_shared_epoch"] = self._epoch_cell()
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
 
     def __iter__(self):
         return _pipeline.DataPipeline.__iter__(self)
@@ -68,7 +155,13 @@ class WebDataset(IterableDataset, _TorchMixin, _pipeline.WebDataset):
     def __init__(self, *args, **kwargs):
         _pipeline.WebDataset.__init__(self, *args, **kwargs)
 
-    environment = _TorchMixin.environment
+    # before IterableDataset's and the core pipeline's methods in the MRO
+    worker_info = _TorchMixin.worker_info
+    set_epoch = _TorchMixin.set_epoch
+    _current_epoch = _TorchMixin._current_epoch
+    compose = _TorchMixin.compose
+    __getstate__ = _TorchMixin.__getstate__
+    __setstate__ = _TorchMixin.__setstate__
     __iter__ = _TorchMixin.__iter__
     __getitem__ = _TorchMixin.__getitem__
     __len__ = _TorchMixin.__len__
@@ -81,7 +174,13 @@ class DataPipeline(IterableDataset, _TorchMixin, _pipeline.DataPipeline):
     def __init__(self, *args, **kwargs):
         _pipeline.DataPipeline.__init__(self, *args, **kwargs)
 
-    environment = _TorchMixin.environment
+    # before IterableDataset's and the core pipeline's methods in the MRO
+    worker_info = _TorchMixin.worker_info
+    set_epoch = _TorchMixin.set_epoch
+    _current_epoch = _TorchMixin._current_epoch
+    compose = _TorchMixin.compose
+    __getstate__ = _TorchMixin.__getstate__
+    __setstate__ = _TorchMixin.__setstate__
     __iter__ = _TorchMixin.__iter__
     __getitem__ = _TorchMixin.__getitem__
     __len__ = _TorchMixin.__len__
@@ -90,6 +189,9 @@ class DataPipeline(IterableDataset, _TorchMixin, _pipeline.DataPipeline):
 
 class WebLoader(DataLoader):
     """A ``DataLoader`` that calls ``dataset.set_epoch(e)`` before each epoch (e = 0, 1, ...).
+
+    With ``persistent_workers=True`` too, each epoch gets a new order: the epoch reaches the
+    running workers through shared memory (see :meth:`WebDataset.set_epoch`).
 
     With workers, batches of arrays and tensors travel through shared memory that each worker
     allocates once (:mod:`tarshards.transport`) instead of a new shared-memory segment per
