@@ -223,7 +223,7 @@ class DataPipeline:
         return WorkerInfo()
 
     def environment(self) -> dict:
-        """:meth:`worker_info` as a dict (``rank``, ``world_size``, ``worker``, ``num_workers``)."""
+        """:meth:`worker_info` as a dict: ``rank``, ``world_size``, ``worker``, ``num_workers``."""
         info = self.worker_info()
         return {"rank": info.rank, "world_size": info.world_size, "worker": info.worker,
                 "num_workers": info.num_workers}

@@ -86,7 +86,7 @@ def launch(world_size: int, out: Path, urls: list[str]):
 
 @pytest.fixture(scope="module")
 def group_run(tmp_path_factory):
-    """Write the shards, run every configuration on 2 ranks; returns (all keys, per-rank results)."""
+    """Write the shards and run every configuration on 2 ranks: (all keys, per-rank results)."""
     root = tmp_path_factory.mktemp("dist")
     urls, all_keys = [], []
     for s in range(NSHARDS):
