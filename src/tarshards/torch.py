@@ -40,16 +40,23 @@ __all__ = ["DataPipeline", "WebDataset", "WebLoader", "discover_rank", "image_to
            "torch_environment"]
 
 
+# In a process started by spawn/forkserver (a DataLoader worker) that was sent a tarshards dataset:
+# the (rank, world_size) its rank's main process discovered, so that code in the worker that asks
+# (webdataset-style stages through tarshards.compat) gets the same answer as the dataset.
+_received_rank: tuple[int, int] | None = None
+
+
 def discover_rank() -> tuple[int, int]:
     """``(rank, world_size)`` of this process: from ``torch.distributed`` when it is initialized,
-    else from a launcher's ``RANK`` and ``WORLD_SIZE`` environment variables (torchrun, SLURM
-    scripts that export them...), else ``(0, 1)``.
-
-    Call it in the process that owns the process group: inside a DataLoader worker started by
-    ``spawn`` or ``forkserver``, ``torch.distributed`` is not initialized.
+    else, in a DataLoader worker started by ``spawn``/``forkserver`` (where ``torch.distributed``
+    is not initialized), the rank the main process discovered and sent with the dataset, else from
+    a launcher's ``RANK`` and ``WORLD_SIZE`` environment variables (torchrun, SLURM scripts that
+    export them...), else ``(0, 1)``.
     """
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
+    if _received_rank is not None:
+        return _received_rank
     rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
     if rank is None or world is None:
         return 0, 1
@@ -134,7 +141,10 @@ class _TorchMixin:
         return state
 
     def __setstate__(self, state):
+        global _received_rank
         self.__dict__.update(state)
+        if state.get("_parent_rank") is not None:  # sent by a rank's main process
+            _received_rank = tuple(state["_parent_rank"])
 
     def __iter__(self):
         return _pipeline.DataPipeline.__iter__(self)

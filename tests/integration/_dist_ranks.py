@@ -46,6 +46,17 @@ def make_dataset(urls, style, seed=7):
     return ds.shuffle(8).to_tuple("__key__")
 
 
+def make_compat_pipeline(urls):
+    """webdataset's composed style through tarshards.compat: the splitters are stages."""
+    import tarshards.compat as wds
+
+    return wds.DataPipeline(wds.SimpleShardList(urls), wds.split_by_node, wds.split_by_worker,
+                            wds.tarfile_to_samples(), wds.shuffle(8), wds.to_tuple("__key__"))
+
+
+COMPAT = [("compat-w2-spawn", 2, "spawn"), ("compat-w2-fork", 2, "fork")]
+
+
 def keys(loader) -> list[str]:
     return [k for (k,) in loader]
 
@@ -75,6 +86,12 @@ def run_rank(rank, world_size, port, out_dir, urls):
                 ds = early[label] if label in early else make_dataset(urls, style)
                 kw = {"multiprocessing_context": context, "timeout": 120} if num_workers else {}
                 loader = DataLoader(ds, batch_size=None, num_workers=num_workers, **kw)
+                results[label] = keys(loader)
+                log(out_dir, rank, label)
+            for label, num_workers, context in COMPAT:
+                loader = DataLoader(make_compat_pipeline(urls), batch_size=None,
+                                    num_workers=num_workers, multiprocessing_context=context,
+                                    timeout=120)
                 results[label] = keys(loader)
                 log(out_dir, rank, label)
             # WebLoader, three epochs per loader; the orders depend on seed, epoch, reader only

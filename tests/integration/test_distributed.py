@@ -120,6 +120,14 @@ def test_ranks_disjoint_and_complete(group_run, config):
     assert_split([r[label] for r in results], all_keys)
 
 
+@pytest.mark.parametrize("label", [c[0] for c in _dist_ranks.COMPAT])
+def test_compat_pipeline_ranks_disjoint_and_complete(group_run, label):
+    """``wds.DataPipeline(SimpleShardList, split_by_node, split_by_worker, ...)``: the splitter
+    stages, which ask tarshards.torch for the rank inside the worker, get the main process's."""
+    all_keys, results = group_run
+    assert_split([r[label] for r in results], all_keys)
+
+
 def test_rank_streams_do_not_depend_on_start_method_or_style(group_run):
     """Each rank's stream is a function of the seed, the epoch and the reader only."""
     _, results = group_run
