@@ -226,7 +226,8 @@ def test_end_marker_and_missing_end_marker():
     assert read_all(raw + b"garbage" * 100) == [("a.txt", b"1", 0)]
     # an archive that stops on a block boundary without the marker is accepted (as tar does)
     assert read_all(raw[:1024]) == [("a.txt", b"1", 0)]
-    assert read_all(b"") == []
+    # an empty archive (the end-of-archive marker alone) is an archive; a 0-byte stream is not
+    assert read_all(bytes(1024)) == read_all(bytes(10240)) == []
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,8 +2,23 @@
 
 The reader is a header parser of our own over large buffered reads: it never seeks, so it works on
 files, pipes, stdin and network streams alike, and it holds at most one chunk plus the member being
-read. It understands ustar, GNU long names/links and pax extended headers, skips everything that is
-not a regular file, and detects gzip and zstd compression by the first bytes of the stream.
+read. It understands ustar, GNU long names/links, GNU sparse members (old GNU and pax 0.0, 0.1 and
+1.0: rebuilt with their holes as zeros) and pax extended and global headers, skips everything that
+is not a regular file, and detects gzip and zstd compression by the first bytes of the stream
+(:mod:`tarshards.compression`).
+
+What the reader accepts and refuses (the same at every read size, in C and in Python):
+
+* a stream that stops on a block boundary after a complete member, without the end-of-archive
+  marker, is accepted (as tar and tarfile do); a stream cut anywhere else (inside a header, inside
+  a member's data, or inside the zero padding after the last member's data) raises
+  :class:`~tarshards.errors.TruncatedShardError` once every complete member has been yielded;
+* a 0-byte shard is not a tar archive (:class:`~tarshards.errors.TruncatedShardError`);
+* a lone zero block followed by more headers does not end the archive: a
+  :class:`~tarshards.errors.TarshardsWarning` says so and the reader goes on (GNU tar's
+  ``--ignore-zeros``), so the members after it are not lost; two zero blocks end the archive;
+* a declared size is never allocated before its bytes have arrived, so a header that claims a
+  terabyte costs no more memory than the bytes that are really there.
 
 The writer emits deterministic ustar headers (fixed mtime, owner and mode) and only adds a pax header
 where a name or a size does not fit, so equal samples always give byte-identical shards.
@@ -14,11 +29,19 @@ from __future__ import annotations
 import io
 import operator
 import struct
-import zlib
+import warnings
 from zlib import adler32
 from typing import BinaryIO, Iterable, Iterator
 
-from .errors import EncodeError, MissingDependencyError, ShardFormatError
+from .compression import by_magic, decompressed_chunks
+from .compression import is_compressed_name, open_compressed_writer  # noqa: F401 (re-exported)
+from .errors import (
+    EncodeError,
+    HeaderError,
+    ShardFormatError,
+    TarshardsWarning,
+    TruncatedShardError,
+)
 
 try:  # optional C accelerator (see _speedups.c); the Python code below is the reference
     from ._speedups import scan_members as _scan_members
@@ -41,16 +64,22 @@ __all__ = [
 BLOCK = 512
 CHUNK_SIZE = 1 << 20
 _ZERO_BLOCK = bytes(BLOCK)
-_GZIP_MAGIC = b"\x1f\x8b"
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _REGULAR = (0x30, 0x00, 0x37)  # '0', '\0', '7' (contiguous file)
+_GNU_SPARSE = 0x53  # 'S'
 _GNU_LONGNAME = 0x4C  # 'L'
 _GNU_LONGLINK = 0x4B  # 'K'
 _PAX = 0x78  # 'x'
 _PAX_GLOBAL = 0x67  # 'g'
-_MAX_META = 1 << 20
-_OCTAL_WEIGHTS = tuple(8 ** k for k in range(5, -1, -1))  # longest accepted long-name / pax payload
+_NO_DATA = (0x31, 0x32, 0x33, 0x34, 0x35, 0x36)  # links, devices, directories, fifos
+_MAX_META = 1 << 20  # longest accepted long-name / pax payload
+_MAX_SPARSE = 1 << 30  # largest real size a sparse member may be rebuilt to
+_OCTAL_WEIGHTS = tuple(8 ** k for k in range(5, -1, -1))
 _DRAIN_LIMIT = 1 << 20  # bytes of trailing padding read after the end-of-archive marker
+# pax keys that change how a member is read: while a global header sets one of them, every
+# member goes through the general path
+_PAX_READ_KEYS = frozenset(("path", "size", "GNU.sparse.name", "GNU.sparse.map", "GNU.sparse.size",
+                            "GNU.sparse.major", "GNU.sparse.minor", "GNU.sparse.realsize"))
+_SPARSE00 = ("GNU.sparse.offset", "GNU.sparse.numbytes")  # repeated records: kept as lists
 
 
 # ---------------------------------------------------------------------------------------------
@@ -83,102 +112,6 @@ def read_chunks(stream: BinaryIO, chunk_size: int = CHUNK_SIZE, *,
         yield data
 
 
-def decompressed_chunks(chunks: Iterable[bytes], source=None) -> Iterator[bytes]:
-    """Detect gzip or zstd by magic bytes and yield the decompressed stream; pass others through."""
-    it = iter(chunks)
-    first = b""
-    for piece in it:  # gather enough bytes to see a magic number
-        first += piece
-        if len(first) >= 4:
-            break
-    if not first:
-        return
-    if first.startswith(_GZIP_MAGIC):
-        yield from _gunzip(first, it, source)
-    elif first.startswith(_ZSTD_MAGIC):
-        yield from _unzstd(first, it, source)
-    else:
-        yield first
-        yield from it
-
-
-def _gunzip(first: bytes, rest: Iterator[bytes], source) -> Iterator[bytes]:
-    # wbits=31: gzip container. Concatenated gzip members (pigz, cat a.gz b.gz) are handled by
-    # starting a new decompressor on the data after a finished member, whether that data comes
-    # in the same chunk or in a later one; zero padding after the last member is ignored.
-    d = zlib.decompressobj(31)
-    pending = first
-    consumed = 0  # compressed bytes handed to the decompressors so far
-    try:
-        while True:
-            while pending:
-                if d.eof:
-                    stripped = bytes(pending).lstrip(b"\0")  # may be a reused memoryview
-                    consumed += len(pending) - len(stripped)
-                    pending = stripped
-                    if not pending:
-                        break
-                    d = zlib.decompressobj(31)
-                out = d.decompress(pending, CHUNK_SIZE * 4)
-                left = d.unused_data if d.eof else d.unconsumed_tail
-                consumed += len(pending) - len(left)
-                pending = left
-                if out:
-                    yield out
-            nxt = next(rest, None)
-            if nxt is None:
-                break
-            pending = nxt
-        if not d.eof:
-            tail = d.flush()
-            if tail:
-                yield tail
-            raise ShardFormatError("gzip stream ends early (truncated .tgz?)", url=source,
-                                   offset=consumed)
-    except zlib.error as exc:
-        raise ShardFormatError(f"corrupt gzip data: {exc}", url=source,
-                               offset=consumed) from None
-
-
-def _unzstd(first: bytes, rest: Iterator[bytes], source) -> Iterator[bytes]:
-    try:
-        import zstandard
-    except ImportError:  # pragma: no cover - zstandard is a core dependency
-        raise MissingDependencyError(
-            "reading .tar.zst shards needs the zstandard package: pip install zstandard",
-            url=source) from None
-    # a zstd decompressobj reads one frame and cannot be reused: a new one for each frame
-    new = zstandard.ZstdDecompressor().decompressobj
-    d = new()
-    pending = first
-    consumed = 0
-    try:
-        while True:
-            while pending:
-                if d.eof:
-                    stripped = bytes(pending).lstrip(b"\0")  # may be a reused memoryview
-                    consumed += len(pending) - len(stripped)
-                    pending = stripped
-                    if not pending:
-                        break
-                    d = new()
-                out = d.decompress(pending)
-                left = d.unused_data if d.eof else b""
-                consumed += len(pending) - len(left)
-                pending = left
-                if out:
-                    yield out
-            nxt = next(rest, None)
-            if nxt is None:
-                break
-            pending = nxt
-        if not d.eof:
-            raise ShardFormatError("zstd stream ends early (truncated .tar.zst?)", url=source,
-                                   offset=consumed)
-    except zstandard.ZstdError as exc:
-        raise ShardFormatError(f"corrupt zstd data: {exc}", url=source, offset=consumed) from None
-
-
 # ---------------------------------------------------------------------------------------------
 # header parsing
 # ---------------------------------------------------------------------------------------------
@@ -202,7 +135,8 @@ def _number(field: bytes) -> int:
 
 
 def _checksum_ok(hdr: bytes) -> bool:
-    """Verify a header checksum (exact; the fast path uses :func:`_checksum_fast`)."""
+    """Verify a header checksum exactly: the unsigned byte sum (with the checksum field counted
+    as spaces), or the signed sum that some old writers stored (tarfile accepts both)."""
     stored = _nts(hdr[148:156]).strip(b" \0")
     if not stored:
         return False
@@ -213,17 +147,22 @@ def _checksum_ok(hdr: bytes) -> bool:
     unsigned = sum(hdr) - sum(hdr[148:156]) + 256
     if unsigned == want:
         return True
-    # some old writers summed signed chars
-    signed = unsigned - 2 * sum(1 for b in hdr if b > 127) + 2 * sum(
-        1 for b in hdr[148:156] if b > 127)
+    signed = unsigned - 256 * (sum(1 for b in hdr if b > 127) - sum(
+        1 for b in hdr[148:156] if b > 127))
     return signed == want
 
 
-# The reader checks header checksums at C speed: the low half of Adler-32 is
-# ``1 + sum(bytes) mod 65521`` and a header's byte sum is below 2 * 65521, so comparing modulo
-# 65521 only confuses sums exactly 65521 apart. Any mismatch is decided by the exact check.
+# The general path checks header checksums at C speed: the low half of Adler-32 is
+# ``1 + sum(bytes) mod 65521``, and the byte sum of a half block (256 bytes) is below 65521, so the
+# two halves give the exact unsigned sum. A mismatch is decided by :func:`_checksum_ok`.
+def _header_sum(hdr: bytes) -> int:
+    """The unsigned checksum of a header block (the checksum field counted as spaces)."""
+    return ((adler32(hdr[:256]) & 0xFFFF) + (adler32(hdr[256:]) & 0xFFFF) + 254
+            - sum(hdr[148:156]))
+
+
 def _chk_value(hdr: bytes) -> int:
-    """The stored checksum (an impossible value when the field is not octal)."""
+    """The stored checksum (an impossible value when the field is not plain octal)."""
     chk = hdr[148:156]
     try:
         return int(chk[:6], 8) if chk[6] in (0, 32) else int(chk.strip(b" \0"), 8)
@@ -251,27 +190,46 @@ def _first_bad_header(headers: list) -> int:
 
 
 def _parse_pax(payload: bytes, source, offset) -> dict:
-    """Parse pax records ``"%d %s=%s\\n"`` into a dict of str -> str."""
-    out = {}
+    """Parse pax records ``"%d %s=%s\\n"`` into a dict of str -> str (an empty value is kept: it
+    deletes the key when merged). GNU sparse 0.0 offsets/numbytes repeat: kept as lists."""
+    out: dict = {}
     pos = 0
     n = len(payload)
     while pos < n:
         if payload[pos] == 0:
             break
-        sp = payload.find(b" ", pos)
+        sp = payload.find(b" ", pos, pos + 21)
         if sp < 0:
-            raise ShardFormatError("malformed pax header record", url=source, offset=offset)
-        try:
-            length = int(payload[pos:sp])
-        except ValueError:
-            raise ShardFormatError("malformed pax header length", url=source,
-                                   offset=offset) from None
+            raise HeaderError("malformed pax header record", url=source, offset=offset)
+        length = payload[pos:sp]
+        if not length.isdigit():
+            raise HeaderError("malformed pax header length", url=source, offset=offset)
+        length = int(length)
         record = payload[sp + 1: pos + length]
-        if length <= 0 or not record.endswith(b"\n") or b"=" not in record:
-            raise ShardFormatError("malformed pax header record", url=source, offset=offset)
+        if pos + length > n or not record.endswith(b"\n") or b"=" not in record:
+            raise HeaderError("malformed pax header record", url=source, offset=offset)
         key, _, value = record[:-1].partition(b"=")
-        out[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+        key = key.decode("utf-8", "surrogateescape")
+        value = value.decode("utf-8", "surrogateescape")
+        if key in _SPARSE00:
+            out.setdefault(key, []).append(value)
+        else:
+            out[key] = value
         pos += length
+    return out
+
+
+def _merge_pax(base: dict, records: dict, keep: dict | None = None) -> dict:
+    """``base`` updated by ``records`` (an empty value deletes the key, as POSIX says); keys of
+    ``keep`` (the records of an earlier extended header for the same member) win."""
+    out = dict(base)
+    for key, value in records.items():
+        if keep is not None and key in keep:
+            continue
+        if value == "":
+            out.pop(key, None)
+        else:
+            out[key] = value
     return out
 
 
@@ -284,9 +242,11 @@ class _Buffer:
     """A window over the input with absolute stream offsets.
 
     ``buf`` is a reused bytearray; the unread input is ``buf[pos:end]`` (the array itself may be
-    longer). The input is a binary stream with ``readinto`` (read straight into ``buf``: one
-    copy from the kernel) or an iterable of byte chunks (copied in). Data handed out must be
-    copied out as ``bytes``.
+    longer). ``pos`` may lie beyond ``end``: the data (or padding) of a member still to be skipped.
+    The input is a binary stream with ``readinto`` (read straight into ``buf``: one copy from the
+    kernel) or an iterable of byte chunks (copied in). Data handed out must be copied out as
+    ``bytes``. The buffer grows by at most its own size per read, so a size declared in a header
+    is never allocated before its bytes exist.
     """
 
     __slots__ = ("it", "readinto", "buf", "pos", "end", "base")
@@ -322,7 +282,11 @@ class _Buffer:
         return got
 
     def fill(self, n: int) -> bool:
-        """Make at least ``n`` bytes available at ``pos``; False at EOF before that."""
+        """Make at least ``n`` bytes available at ``pos``; False at EOF before that.
+
+        When a skip ran past the end of the stream, ``pos > end`` afterwards (and ``base`` is the
+        length of the stream): the caller can tell a cut inside a member from a clean end.
+        """
         pos, end = self.pos, self.end
         if end - pos >= n:
             return True
@@ -333,7 +297,8 @@ class _Buffer:
             while skip:
                 got = self._more(CHUNK_SIZE)
                 if not got:
-                    return n <= 0
+                    self.pos = skip  # beyond end: the stream ends inside the skipped bytes
+                    return False
                 if got <= skip:
                     skip -= got
                     self.base += got
@@ -351,7 +316,8 @@ class _Buffer:
             self.pos = 0
             self.end = end - pos
         while self.end < n:
-            if not self._more(max(CHUNK_SIZE, n - self.end)):
+            # ask for at least a chunk, and for at most as much as is already there
+            if not self._more(max(CHUNK_SIZE, min(n - self.end, self.end))):
                 return False
         return True
 
@@ -397,7 +363,7 @@ def tar_byte_source(stream: BinaryIO, source=None, chunk_size: int = CHUNK_SIZE)
         if not piece:
             break
         first += piece
-    if first.startswith((_GZIP_MAGIC, _ZSTD_MAGIC)):
+    if by_magic(first) is not None:
         return decompressed_chunks(_chain_chunks(first, read_chunks(stream, chunk_size)), source)
     return PlainStream(stream, first)
 
@@ -413,10 +379,12 @@ def iter_tar(chunks: Iterable[bytes], source=None, *, verify: bool = True,
 
     ``chunks`` is an iterable of bytes (see :func:`read_chunks` and :func:`decompressed_chunks`).
     ``offset`` is the position of the member's first header block in the uncompressed stream.
-    Directories, links, devices and other non-regular members are skipped. The stream ends at the
-    end-of-archive marker (or at EOF on a block boundary). ``verify`` checks header checksums.
-    A truncated or malformed stream raises :class:`ShardFormatError` naming ``source``, the member
-    and the byte offset.
+    Directories, links, devices and other non-regular members are skipped; GNU sparse members
+    are rebuilt. The stream ends at the end-of-archive marker (or at EOF on a block boundary).
+    ``verify`` checks header checksums. A truncated or malformed stream raises a
+    :class:`ShardFormatError` (:class:`TruncatedShardError`, :class:`HeaderError`,
+    :class:`CompressionError`) naming ``source``, the member and the byte offset, after every
+    complete member before the damage has been yielded.
     """
     for batch in iter_tar_batches(chunks, source, verify=verify, drain=drain):
         yield from batch
@@ -434,10 +402,13 @@ def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = Tru
     With ``accelerate`` (default) the fast loop runs in C when the extension is built.
     """
     b = _Buffer(chunks)
-    long_name = None
-    pax: dict | None = None
+    long_name = None  # a GNU long name for the member being assembled
+    long_first = False  # the long name came before the member's pax header (it wins)
+    pax: dict | None = None  # the pax keys for the member being assembled (globals included)
     global_pax: dict = {}
+    global_read = False  # the global keys change how members are read: no fast path
     start = None  # offset of the first header of the member being assembled
+    last = None  # the member read or skipped last (for the error when the stream is cut after it)
     fill = b.fill
     buf = b.buf
     pos = 0
@@ -447,56 +418,62 @@ def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = Tru
     zero = _ZERO_BLOCK
     scan = _scan_members if accelerate else None
     while True:
-        if scan is not None and pax is None and long_name is None and end - pos >= BLOCK:
-            batch, pos = scan(buf, pos, base, end)  # stops where the general path must decide
-            if batch:
-                yield batch
-        elif pax is None and long_name is None and end - pos >= BLOCK:
-            # fast path: plain members wholly inside the buffer
-            batch = []
-            headers = []
-            n = end
-            while n - pos >= BLOCK:
-                hdr = buf[pos:pos + BLOCK]
-                if hdr[156] != 0x30 or hdr[135] or hdr[345]:
-                    break  # not a plain regular member with a canonical size field
-                try:
-                    size = int(hdr[124:135], 8)
-                except ValueError:
-                    break
-                if size < 0 or n - pos - BLOCK < size:
-                    break
-                end = hdr.find(0, 0, 100)
-                name = (hdr[:end] if end >= 0 else hdr[:100]).decode("utf-8", "surrogateescape")
-                batch.append((name, bytes(buf[pos + BLOCK:pos + BLOCK + size]), base + pos))
-                headers.append(hdr)
-                pos += BLOCK + ((size + 511) & ~511)
-            if batch:
-                bad = _first_bad_header(headers) if verify else -1
-                if bad >= 0:
-                    if bad:
-                        yield batch[:bad]
-                    raise _bad_header(headers[bad], source, batch[bad][2])
-                yield batch
-                continue
+        if start is None and not global_read and end - pos >= BLOCK:
+            if scan is not None:
+                batch, pos = scan(buf, pos, base, end)  # stops where the general path decides
+                if batch:
+                    last = batch
+                    yield batch
+            else:  # the same fast path in Python: plain members wholly inside the buffer
+                batch = []
+                headers = []
+                while end - pos >= BLOCK:
+                    hdr = buf[pos:pos + BLOCK]
+                    if hdr[156] != 0x30 or hdr[135] or hdr[345]:
+                        break  # not a plain regular member with a canonical size field
+                    try:
+                        size = int(hdr[124:135], 8)
+                    except ValueError:
+                        break
+                    if size < 0 or end - pos - BLOCK < size:
+                        break
+                    nul = hdr.find(0, 0, 100)
+                    name = (hdr[:nul] if nul >= 0 else hdr[:100]).decode("utf-8",
+                                                                         "surrogateescape")
+                    batch.append((name, bytes(buf[pos + BLOCK:pos + BLOCK + size]), base + pos))
+                    headers.append(hdr)
+                    pos += BLOCK + ((size + 511) & ~511)
+                if batch:
+                    bad = _first_bad_header(headers) if verify else -1
+                    if bad >= 0:
+                        if bad:
+                            yield batch[:bad]
+                        raise _bad_header(headers[bad], source, batch[bad][2])
+                    last = batch
+                    yield batch
+                    continue
         if end - pos < BLOCK:
             b.pos = pos
             if not fill(BLOCK):
-                if b.end > b.pos or start is not None:
-                    _eof_in_header(b, source, start, long_name, pax)
-                return  # clean EOF at a block boundary without an end-of-archive marker
+                _at_eof(b, source, start, long_name, pax, last)  # raises unless a clean end
+                return
             pos = b.pos
             end = b.end
             base = b.base
         hdr = bytes(buf[pos:pos + BLOCK])
         if hdr == zero:
+            if start is not None:
+                raise HeaderError("an extended header is followed by the end-of-archive marker "
+                                  "instead of its member", url=source,
+                                  member=_pending_name(long_name, pax), offset=start)
             b.pos = pos + BLOCK
-            if drain:
-                b.drain(_DRAIN_LIMIT)
-            return
-        if verify and (
-                (adler32(hdr) & 0xFFFF) + 255 - sum(hdr[148:156]) - _chk_value(hdr)) % 65521 \
-                and not _checksum_ok(hdr):
+            if _archive_ends(b, source, drain):
+                return
+            pos = b.pos
+            end = b.end
+            base = b.base
+            continue
+        if verify and _header_sum(hdr) != _chk_value(hdr) and not _checksum_ok(hdr):
             raise _bad_header(hdr, source, base + pos)
         try:
             size = int(hdr[124:135], 8) if hdr[135] == 0 else _number(hdr[124:136])
@@ -508,24 +485,25 @@ def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = Tru
         if start is None:
             start = base + pos
         pos += BLOCK
-        if pax is not None and "size" in pax:
-            size = _pax_size(pax, source, start)
+        meta = pax if pax is not None else (global_pax if global_read else None)
+        if meta is not None and "size" in meta:
+            size = _pax_size(meta, source, start)
         padded = (size + 511) & ~511
-        if typeflag in regular:
-            if pax is not None and "path" in pax:
-                name = pax["path"]
-            elif long_name is not None:
-                name = long_name
-            else:
-                end = hdr.find(0, 0, 100)
-                raw = hdr[:end] if end >= 0 else hdr[:100]
-                if hdr[345] != 0 and hdr[257:263] == b"ustar\0":  # POSIX only: GNU keeps atime here
-                    raw = _nts(hdr[345:500]) + b"/" + raw
-                name = raw.decode("utf-8", "surrogateescape")
+        if typeflag in regular or typeflag == _GNU_SPARSE:
+            name = _member_name(hdr, long_name if long_first or meta is None or
+                                "path" not in meta else None, meta)
             if not typeflag and name[-1:] == "/":  # pre-POSIX directory (typeflag NUL)
+                last = (name, start, base + pos + size)
                 pos += padded
                 long_name = pax = start = None
+                long_first = False
                 continue
+            if typeflag == _GNU_SPARSE:
+                b.pos = pos
+                chunks_map, realsize = _old_gnu_sparse_map(hdr, b, source, name, start)
+                pos = b.pos
+                end = b.end
+                base = b.base
             if end - pos >= size:
                 data = bytes(buf[pos:pos + size])
                 pos += padded
@@ -535,51 +513,132 @@ def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = Tru
                 pos = b.pos
                 end = b.end
                 base = b.base
+            if typeflag == _GNU_SPARSE:
+                data = _unsparse(data, chunks_map, realsize, source, name, start)
+            elif meta is not None and ("GNU.sparse.map" in meta or "GNU.sparse.size" in meta
+                                       or "GNU.sparse.major" in meta):
+                data = _pax_unsparse(data, meta, source, name, start)
+            last = (name, start, None)
             yield [(name, data, start)]
-            if pax is not None or long_name is not None:
-                long_name = None
-                pax = None
-            start = None
+            long_name = pax = start = None
+            long_first = False
             continue
         # metadata and non-regular members
         if typeflag in (_GNU_LONGNAME, _GNU_LONGLINK, _PAX, _PAX_GLOBAL):
             if size > _MAX_META:
-                raise ShardFormatError("implausibly large extended header", url=source,
-                                       offset=start)
-            b.pos = pos
-            payload = _read_data(b, size, padded, source, None, start)
-            pos = b.pos
-            end = b.end
-            base = b.base
+                raise HeaderError("implausibly large extended header", url=source,
+                                  offset=start)
+            if end - pos >= size:
+                payload = bytes(buf[pos:pos + size])
+                pos += padded
+            else:
+                b.pos = pos
+                payload = _read_data(b, size, padded, source, None, start)
+                pos = b.pos
+                end = b.end
+                base = b.base
             if typeflag == _GNU_LONGNAME:
-                long_name = _nts(payload).decode("utf-8", "surrogateescape")
+                if long_name is None:  # the first of several long names wins (as in tarfile)
+                    long_name = _nts(payload).decode("utf-8", "surrogateescape")
+                    long_first = pax is None
             elif typeflag == _PAX:
-                pax = dict(global_pax)
-                pax.update(_parse_pax(payload, source, start))
+                records = _parse_pax(payload, source, start)
+                pax = _merge_pax(global_pax, records) if pax is None else _merge_pax(
+                    pax, records, pax)
             elif typeflag == _PAX_GLOBAL:
-                global_pax.update(_parse_pax(payload, source, start))
-                start = None
+                global_pax = _merge_pax(global_pax, _parse_pax(payload, source, start))
+                global_read = not _PAX_READ_KEYS.isdisjoint(global_pax)
+                if pax is None and long_name is None:
+                    last = (None, start, None)
+                    start = None
             continue  # long link names are irrelevant: links are skipped
-        # directories, links, devices, fifos: no data; other types (sparse...): skip their data
-        if typeflag not in (0x31, 0x32, 0x33, 0x34, 0x35, 0x36):
+        # directories, links, devices, fifos: no data; other types: skip their data
+        if typeflag not in _NO_DATA:
+            last = (_member_name(hdr, long_name, meta), start, base + pos + size)
             pos += padded
-        long_name = None
-        pax = None
-        start = None
+        long_name = pax = start = None
+        long_first = False
+
+
+def _member_name(hdr: bytes, long_name, meta) -> str:
+    """The name of a member: its long name, else its pax path, else the header's name field
+    (with the ustar prefix; GNU headers keep atime there and have none)."""
+    if long_name is not None:
+        return long_name
+    if meta is not None:
+        path = meta.get("GNU.sparse.name") or meta.get("path")
+        if path:
+            path = path.rstrip("/")
+            if path:
+                return path
+    nul = hdr.find(0, 0, 100)
+    raw = hdr[:nul] if nul >= 0 else hdr[:100]
+    if hdr[345] != 0 and hdr[257:263] == b"ustar\0":  # POSIX only
+        raw = _nts(hdr[345:500]) + b"/" + raw
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def _pending_name(long_name, pax):
+    if long_name is not None:
+        return long_name
+    return pax.get("path") if pax is not None else None
+
+
+def _archive_ends(b: _Buffer, source, drain: bool) -> bool:
+    """``b.pos`` is just past a zero block: True if the archive ends here (a second zero block or
+    the end of the stream), False for a lone zero block followed by more headers (a warning)."""
+    at = b.offset() - BLOCK
+    if not b.fill(BLOCK):
+        if bytes(b.buf[b.pos:b.end]).strip(b"\0"):
+            raise TruncatedShardError(
+                "truncated tar stream: a zero block, then an incomplete header block",
+                url=source, offset=at + BLOCK)
+        return True
+    if b.buf[b.pos:b.pos + BLOCK] == _ZERO_BLOCK:
+        b.pos += BLOCK
+        if drain:
+            b.drain(_DRAIN_LIMIT)
+        return True
+    warnings.warn(TarshardsWarning(
+        f"a lone zero block at offset {at} of {source or 'a tar stream'}, and more headers after "
+        f"it: reading on (as tar --ignore-zeros does)"), stacklevel=4)
+    return False
+
+
+def _at_eof(b: _Buffer, source, start, long_name, pax, last) -> None:
+    """The stream ended where a header should start: raise unless that is a clean end."""
+    if start is not None or b.end > b.pos:
+        _eof_in_header(b, source, start, long_name, pax)
+    if b.pos > b.end:  # the stream ends inside the data or padding of the last member
+        if isinstance(last, list):  # a batch of plain members
+            name, data, offset = last[-1]
+            data_end = None
+        else:
+            name, offset, data_end = last
+        stream_end = b.base + b.end
+        if data_end is None or stream_end >= data_end:
+            where = "inside the zero padding after the data of the last member"
+        else:
+            where = f"{data_end - stream_end} bytes short of the end of a skipped member's data"
+        raise TruncatedShardError(
+            f"truncated tar stream: it ends {where} (after {stream_end} bytes, without the "
+            "end-of-archive marker)", url=source, member=name, offset=offset)
+    if b.base == 0:
+        raise TruncatedShardError("empty shard: 0 bytes, not a tar archive", url=source,
+                                  offset=0)
 
 
 def _eof_in_header(b: _Buffer, source, start, long_name, pax) -> None:
     """Raise the error for a stream that ends inside a header (or after extended headers)."""
-    left = b.end - b.pos
+    left = max(0, b.end - b.pos)
     offset = b.offset() if start is None else start
     if offset == 0 and left:
-        raise ShardFormatError(
+        raise TruncatedShardError(
             f"not a tar archive: the stream holds only {left} bytes, less than one "
             f"{BLOCK}-byte tar header", url=source, offset=0)
-    member = pax.get("path") if pax is not None and "path" in pax else long_name
     what = "incomplete header block" if left else "extended header without its member"
-    raise ShardFormatError(f"truncated tar stream: {what}", url=source, member=member,
-                           offset=offset)
+    raise TruncatedShardError(f"truncated tar stream: {what}", url=source,
+                              member=_pending_name(long_name, pax), offset=offset)
 
 
 def _bad_header(hdr: bytes, source, offset: int) -> ShardFormatError:
@@ -592,8 +651,8 @@ def _bad_header(hdr: bytes, source, offset: int) -> ShardFormatError:
         reason = "not a tar archive: the first header's checksum does not match"
     else:
         reason = "bad tar header checksum (a corrupted header, or data that is not tar)"
-    return ShardFormatError(reason, url=source, member=name if name.isprintable() and name
-                            else None, offset=offset)
+    return HeaderError(reason, url=source, member=name if name.isprintable() and name
+                       else None, offset=offset)
 
 
 def _size_field(hdr: bytes, source, offset) -> int:
@@ -603,34 +662,143 @@ def _size_field(hdr: bytes, source, offset) -> int:
             return size
     except ValueError:
         pass
-    raise ShardFormatError("bad size field in tar header", url=source,
-                           member=_nts(hdr[:100]).decode("utf-8", "replace"), offset=offset)
+    raise HeaderError("bad size field in tar header", url=source,
+                      member=_nts(hdr[:100]).decode("utf-8", "replace"), offset=offset)
+
+
+def _decimal(value, what: str, source, offset, name=None) -> int:
+    """A non-negative decimal number from a pax value (digits only)."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 20:
+        return int(value)
+    raise HeaderError(f"bad {what} {value!r} in pax header", url=source, member=name,
+                      offset=offset)
 
 
 def _pax_size(pax: dict, source, offset) -> int:
-    try:
-        size = int(pax["size"])
-    except ValueError:
-        size = -1
-    if size < 0:
-        raise ShardFormatError(f"bad size {pax['size']!r} in pax header", url=source,
-                               offset=offset)
-    return size
+    return _decimal(pax["size"], "size", source, offset)
 
 
 def _read_data(b: _Buffer, size: int, padded: int, source, name, start) -> bytes:
-    if not b.fill(padded):
-        if b.fill(size) if size != padded else False:
-            # data complete but the final block padding is missing: accept, as GNU tar does not
-            data = bytes(b.buf[b.pos:b.pos + size])
-            b.pos += size
-            return data
-        raise ShardFormatError(
+    """The ``size`` data bytes at ``b.pos`` (then skip the padding, which may lie beyond the end
+    of the stream: the next read sees that)."""
+    if not b.fill(size):
+        raise TruncatedShardError(
             f"truncated tar stream: member needs {size} bytes, stream ended after "
-            f"{b.end - b.pos}", url=source, member=name, offset=start)
+            f"{max(0, b.end - b.pos)}", url=source, member=name, offset=start)
     data = bytes(b.buf[b.pos:b.pos + size])
     b.pos += padded
     return data
+
+
+# ---------------------------------------------------------------------------------------------
+# GNU sparse members: the stored chunks and a map of where they go; holes are zeros
+# ---------------------------------------------------------------------------------------------
+
+
+def _sparse_entries(block: bytes, first: int, count: int, source, name, start) -> list:
+    out = []
+    for i in range(count):
+        at = first + 24 * i
+        try:
+            offset = _number(block[at:at + 12])
+            numbytes = _number(block[at + 12:at + 24])
+        except ValueError:
+            raise HeaderError("bad GNU sparse map entry", url=source, member=name,
+                              offset=start) from None
+        out.append((offset, numbytes))
+    return out
+
+
+def _old_gnu_sparse_map(hdr: bytes, b: _Buffer, source, name, start):
+    """The map of an old-GNU sparse member ('S'): four entries in the header, 21 in each
+    extension block that follows it (``b.pos`` moves past those)."""
+    chunks = _sparse_entries(hdr, 386, 4, source, name, start)
+    try:
+        realsize = _number(hdr[483:495])
+    except ValueError:
+        raise HeaderError("bad GNU sparse real size", url=source, member=name,
+                          offset=start) from None
+    extended = hdr[482]
+    while extended:
+        block = _read_data(b, BLOCK, BLOCK, source, name, start)
+        chunks.extend(_sparse_entries(block, 0, 21, source, name, start))
+        extended = block[504]
+    return chunks, realsize
+
+
+def _pax_unsparse(data: bytes, meta: dict, source, name, start) -> bytes:
+    """Rebuild a pax GNU sparse member (formats 0.0, 0.1 and 1.0)."""
+    if "GNU.sparse.map" in meta:  # 0.1: "offset,size,offset,size..."
+        fields = meta["GNU.sparse.map"].split(",") if meta["GNU.sparse.map"] else []
+        nums = [_decimal(f, "GNU sparse map", source, start, name) for f in fields]
+        if len(nums) % 2:
+            raise HeaderError("GNU sparse map with an odd count", url=source, member=name,
+                              offset=start)
+        realsize = _decimal(meta.get("GNU.sparse.size"), "GNU.sparse.size", source, start, name)
+        chunks = list(zip(nums[::2], nums[1::2]))
+    elif "GNU.sparse.size" in meta:  # 0.0: repeated offset/numbytes records
+        offsets = meta.get("GNU.sparse.offset", [])
+        sizes = meta.get("GNU.sparse.numbytes", [])
+        if not isinstance(offsets, list) or not isinstance(sizes, list) or len(offsets) != len(
+                sizes):
+            raise HeaderError("GNU sparse 0.0 map: offsets and sizes do not pair up",
+                              url=source, member=name, offset=start)
+        realsize = _decimal(meta["GNU.sparse.size"], "GNU.sparse.size", source, start, name)
+        chunks = [(_decimal(o, "GNU sparse offset", source, start, name),
+                   _decimal(n, "GNU sparse size", source, start, name))
+                  for o, n in zip(offsets, sizes)]
+    elif meta.get("GNU.sparse.major") == "1" and meta.get("GNU.sparse.minor") == "0":
+        realsize = _decimal(meta.get("GNU.sparse.realsize"), "GNU.sparse.realsize", source,
+                            start, name)
+        chunks, skip = _sparse10_map(data, source, name, start)
+        data = data[skip:]
+    else:
+        raise HeaderError(
+            f"unsupported GNU sparse format {meta.get('GNU.sparse.major')}."
+            f"{meta.get('GNU.sparse.minor')}", url=source, member=name, offset=start)
+    return _unsparse(data, chunks, realsize, source, name, start)
+
+
+def _sparse10_map(data: bytes, source, name, start):
+    """The map at the start of a pax 1.0 sparse member's data: a count, then offset/size pairs,
+    one decimal number a line, padded to a block. Returns the pairs and the map's length."""
+    nums: list[int] = []
+    count = -1
+    pos = 0
+    while count < 0 or len(nums) < 2 * count:
+        nl = data.find(b"\n", pos, pos + 21)
+        field = data[pos:nl]
+        if nl < 0 or not field.isdigit():
+            raise HeaderError("bad GNU sparse 1.0 map", url=source, member=name, offset=start)
+        if count < 0:
+            count = int(field)
+            if 4 * count > len(data):
+                raise HeaderError("GNU sparse 1.0 map longer than the member", url=source,
+                                  member=name, offset=start)
+        else:
+            nums.append(int(field))
+        pos = nl + 1
+    return list(zip(nums[::2], nums[1::2])), (pos + 511) & ~511
+
+
+def _unsparse(data: bytes, chunks: list, realsize: int, source, name, start) -> bytes:
+    """Place the stored ``data`` chunks at their offsets in ``realsize`` zero bytes."""
+    if realsize > _MAX_SPARSE:
+        raise HeaderError(f"sparse member of {realsize} bytes: more than the {_MAX_SPARSE} this "
+                          "reader rebuilds in memory", url=source, member=name, offset=start)
+    out = bytearray(realsize)
+    done = 0  # end of the last chunk in the file
+    taken = 0  # stored bytes used
+    for offset, numbytes in chunks:
+        if not numbytes:
+            continue
+        if offset < done or offset + numbytes > realsize or taken + numbytes > len(data):
+            raise HeaderError("inconsistent GNU sparse map (chunks out of order, beyond the "
+                              "file or the stored data)", url=source, member=name, offset=start)
+        out[offset:offset + numbytes] = data[taken:taken + numbytes]
+        taken += numbytes
+        done = offset + numbytes
+    return bytes(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -858,37 +1026,6 @@ class TarMemberWriter:
         """Write the end-of-archive marker (two zero blocks)."""
         self.stream.write(_ZERO_BLOCK * 2)
         self.bytes_written += 2 * BLOCK
-
-
-def open_compressed_writer(raw: BinaryIO, name: str, level: int | None = None):
-    """Wrap ``raw`` in a compressor chosen by the suffix of ``name`` (.tgz, .tar.gz, .tar.zst).
-
-    Returns ``(stream, closer)`` where ``closer()`` flushes the compressor without closing ``raw``.
-    """
-    lower = str(name).lower()
-    if lower.endswith((".tgz", ".tar.gz", ".gz")):
-        import gzip
-
-        # filename="": no file name in the gzip header (it would be the random temporary name)
-        gz = gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0,
-                           compresslevel=6 if level is None else level)
-        return gz, gz.close
-    if lower.endswith((".tar.zst", ".tzst", ".zst")):
-        import zstandard
-
-        cctx = zstandard.ZstdCompressor(level=3 if level is None else level)
-        zw = cctx.stream_writer(raw, closefd=False)
-
-        def close():
-            zw.flush(zstandard.FLUSH_FRAME)
-            zw.close()
-
-        return zw, close
-    return raw, (lambda: None)
-
-
-def is_compressed_name(name: str) -> bool:
-    return str(name).lower().endswith((".tgz", ".tar.gz", ".gz", ".tar.zst", ".tzst", ".zst"))
 
 
 def open_tar_bytes(stream: BinaryIO, source=None, chunk_size: int = CHUNK_SIZE):
