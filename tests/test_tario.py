@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tarfile
 import threading
+import warnings
 
 import pytest
 import zstandard
@@ -545,3 +546,377 @@ def test_error_pickles_with_context():
     e = pickle.loads(pickle.dumps(ei.value))
     assert (e.url, e.member, e.offset) == ("s.tar", "b.bin", offsets[1])
     assert isinstance(e, ValueError)
+
+
+# ---------------------------------------------------------------------------------------------
+# regressions from the fuzz run (issue 10): every path, every read size, the same result
+# ---------------------------------------------------------------------------------------------
+
+from tarshards.errors import (  # noqa: E402
+    CompressionError,
+    HeaderError,
+    TarshardsWarning,
+    TruncatedShardError,
+)
+from tarshards.tario import iter_tar_batches  # noqa: E402
+
+SIZES = (1, 7, 512, 513, 4096, 1 << 20)
+
+
+def _outcome(chunks, accelerate):
+    got = []
+    try:
+        for batch in iter_tar_batches(chunks, "mem", accelerate=accelerate):
+            got.extend(batch)
+    except ShardFormatError as exc:
+        return got, (type(exc), str(exc))
+    return got, None
+
+
+def all_ways(data: bytes, sizes=SIZES):
+    """``(members, (error type, message) or None)``, read at every chunk size, with and without
+    the C path, from fresh chunks, a reused buffer and a short-read stream: all must agree."""
+    first = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TarshardsWarning)
+        for size in sizes:
+            for accelerate in (True, False):
+                sources = [decompressed_chunks(read_chunks(io.BytesIO(data), size, reuse=r), "mem")
+                           for r in (False, True)]
+                sources.append(tar_byte_source(Trickle(data, size), "mem", size))
+                for chunks in sources:
+                    out = _outcome(chunks, accelerate)
+                    if first is None:
+                        first = out
+                    assert out == first, (size, accelerate)
+    return first
+
+
+def _fix_checksum(hdr: bytearray) -> bytearray:
+    hdr[148:156] = b" " * 8
+    hdr[148:156] = b"%06o\0 " % sum(hdr)
+    return hdr
+
+
+def _member(name: str, data: bytes, fmt=tarfile.USTAR_FORMAT, **attrs) -> bytes:
+    ti = tarfile.TarInfo(name)
+    ti.size = len(data)
+    for k, v in attrs.items():
+        setattr(ti, k, v)
+    return ti.tobuf(fmt) + data + bytes(-len(data) % 512)
+
+
+def _declaring(size_field: bytes) -> bytes:
+    """A 10 KB archive whose second member declares the given size field."""
+    hdr = bytearray(tarfile.TarInfo("huge.bin").tobuf(tarfile.GNU_FORMAT))
+    hdr[124:136] = size_field
+    return _member("a.txt", b"first") + bytes(_fix_checksum(hdr)) + os.urandom(7500)
+
+
+def _pax_declaring(size: int) -> bytes:
+    pax = tarfile.TarInfo._create_pax_generic_header({"size": str(size)}, tarfile.XHDTYPE,
+                                                     "utf-8")
+    return _member("a.txt", b"first") + pax + tarfile.TarInfo("huge.bin").tobuf(
+        tarfile.USTAR_FORMAT) + os.urandom(7500)
+
+
+HUGE = {
+    "octal 77777777777": _declaring(b"77777777777\0"),
+    "base-256 1 TB": _declaring(b"\x80" + (1 << 40).to_bytes(11, "big")),
+    "base-256 2**87": _declaring(b"\x80" + ((1 << 87) - 1).to_bytes(11, "big")),
+    "pax size=1 TB": _pax_declaring(1 << 40),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HUGE))
+def test_huge_declared_size_raises_without_allocating(case):
+    import tracemalloc
+
+    data = HUGE[case]
+    assert len(data) <= 10_240
+    tracemalloc.start()
+    try:
+        for accelerate in (True, False):
+            for chunks in (tar_byte_source(io.BytesIO(data), "huge.tar"),
+                           decompressed_chunks(read_chunks(io.BytesIO(data)), "huge.tar")):
+                got = []
+                with pytest.raises(TruncatedShardError) as ei:
+                    for batch in iter_tar_batches(chunks, "huge.tar", accelerate=accelerate):
+                        got.extend(batch)
+                assert [n for n, _, _ in got] == ["a.txt"]
+                assert ei.value.member == "huge.bin" and ei.value.offset == 1024, ei.value
+                assert isinstance(ei.value, ShardFormatError)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 10 << 20, f"{peak} bytes allocated reading a {len(data)}-byte file"
+    assert all_ways(data, (100, 4096))[1][0] is TruncatedShardError
+
+
+def test_huge_declared_size_rss(tmp_path):
+    """The same through the pipeline from a file, measured as the process's RSS growth."""
+    resource = pytest.importorskip("resource")
+    path = tmp_path / "huge.tar"
+    path.write_bytes(HUGE["base-256 1 TB"])
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(TruncatedShardError) as ei:
+        list(shard_samples(str(path)))
+    growth_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert growth_kb < 10 * 1024
+    assert ei.value.url == str(path) and str(path) in str(ei.value)
+
+
+def test_huge_size_of_skipped_and_extended_members():
+    hdr = bytearray(tarfile.TarInfo("dev").tobuf(tarfile.GNU_FORMAT))
+    hdr[156] = ord("V")  # a type we skip, declaring 8 GB of data
+    hdr[124:136] = b"77777777777\0"
+    data = bytes(_fix_checksum(hdr)) + bytes(5000)
+    got, err = all_ways(data, (512, 1 << 20))
+    assert got == [] and err[0] is TruncatedShardError and "skipped" in err[1]
+    hdr[156] = ord("L")
+    data = bytes(_fix_checksum(hdr)) + bytes(5000)
+    got, err = all_ways(data, (512, 1 << 20))
+    assert err[0] is HeaderError and "implausibly large" in err[1]
+
+
+def test_cut_after_the_last_members_data_is_the_same_at_every_size():
+    raw = _member("a.txt", b"A" * 700) + _member("b.txt", b"B" * 100) + bytes(1024)
+    data_end = 1536 + 512 + 100
+    for cut in (data_end, data_end + 1, data_end + 200, data_end + 411):
+        got, err = all_ways(raw[:cut])
+        # every member whose data is there is handed out, then the cut is reported
+        assert [(n, d) for n, d, _ in got] == [("a.txt", b"A" * 700), ("b.txt", b"B" * 100)]
+        assert err is not None and err[0] is TruncatedShardError
+        assert "zero padding" in err[1] and "'b.txt'" in err[1]
+    # cut on the block boundary after the padding: a clean end without the marker
+    assert all_ways(raw[:data_end + 412])[1] is None
+    # cut inside the data: the member is not handed out
+    got, err = all_ways(raw[:data_end - 1])
+    assert [n for n, _, _ in got] == ["a.txt"] and err[0] is TruncatedShardError
+
+
+def test_lone_zero_block_warns_and_reads_on():
+    a, b = _member("a.txt", b"1"), _member("b.txt", b"2")
+    raw = a + bytes(512) + b + bytes(1024)
+    with pytest.warns(TarshardsWarning, match="lone zero block at offset 1024"):
+        got = list(iter_tar([raw], "z.tar"))
+    assert [(n, d, o) for n, d, o in got] == [("a.txt", b"1", 0), ("b.txt", b"2", 1536)]
+    assert all_ways(raw) == (got, None)
+    # a zero block, then a header that is not one: the checksum decides, loudly
+    got, err = all_ways(a + bytes(512) + b"x" * 512 + bytes(1024))
+    assert [n for n, _, _ in got] == ["a.txt"] and err[0] is HeaderError
+    # a zero block, then less than a block of non-zero bytes
+    got, err = all_ways(a + bytes(512) + b"xyz")
+    assert err[0] is TruncatedShardError
+    # two zero blocks end the archive whatever follows; so does one zero block and the end
+    assert all_ways(a + bytes(1024) + b + bytes(1024)) == ([("a.txt", b"1", 0)], None)
+    assert all_ways(a + bytes(512)) == ([("a.txt", b"1", 0)], None)
+    assert all_ways(a + bytes(700)) == ([("a.txt", b"1", 0)], None)
+
+
+def _high_byte_header(name: str, size: int, extra: int) -> bytearray:
+    """A GNU header (no prefix field) whose unused fields are 0xFF: a byte sum above 65521."""
+    hdr = bytearray(tarfile.TarInfo(name).tobuf(tarfile.GNU_FORMAT))
+    hdr[124:136] = b"%011o\0" % size
+    hdr[157:257] = b"\xff" * 100  # linkname
+    hdr[265:329] = b"\xff" * 64  # uname, gname
+    hdr[345:345 + extra] = b"\xff" * extra  # GNU atime/ctime area
+    return _fix_checksum(hdr)
+
+
+@pytest.mark.parametrize("kind", ["plain", "high-sum"])
+@pytest.mark.parametrize("delta", [65521, -65521, 2 * 65521])
+def test_checksum_off_by_65521_rejected_by_every_path(kind, delta):
+    if kind == "plain":
+        hdr = bytearray(tarfile.TarInfo("b.bin").tobuf(tarfile.USTAR_FORMAT))
+        hdr[124:136] = b"%011o\0" % 600
+        hdr = _fix_checksum(hdr)
+    else:
+        hdr = _high_byte_header("b.bin", 600, 120)
+    good = int(hdr[148:154], 8)
+    assert (good >= 65521) == (kind == "high-sum")
+    if not 0 <= good + delta < 8 ** 6:
+        pytest.skip("not representable")
+    raw = _member("a.txt", b"1") + bytes(hdr) + b"x" * 600 + bytes(424) + bytes(1024)
+    got, err = all_ways(raw)
+    assert err is None and [n for n, _, _ in got] == ["a.txt", "b.bin"]  # the good one reads
+    bad = bytearray(hdr)
+    bad[148:156] = b"%06o\0 " % (good + delta)
+    raw = _member("a.txt", b"1") + bytes(bad) + b"x" * 600 + bytes(424) + bytes(1024)
+    got, err = all_ways(raw)
+    assert [n for n, _, _ in got] == ["a.txt"]
+    assert err[0] is HeaderError and "checksum" in err[1] and "offset 1024" in err[1]
+
+
+def test_signed_checksum_accepted_by_every_path():
+    """Old writers summed signed chars; tarfile accepts that sum, and so do all our paths."""
+    name = "ü" * 20 + ".txt"
+    hdr = bytearray(tarfile.TarInfo(name).tobuf(tarfile.USTAR_FORMAT))
+    hdr[124:136] = b"%011o\0" % 3
+    hdr[148:156] = b" " * 8
+    signed = sum(b - 256 if b > 127 else b for b in hdr)
+    hdr[148:156] = b"%06o\0 " % signed
+    raw = bytes(hdr) + b"abc" + bytes(509) + bytes(1024)
+    assert all_ways(raw) == ([(name, b"abc", 0)], None)
+    assert tarfile_regular(raw) == [(name, b"abc", 0)]
+
+
+def test_member_after_gnu_long_link_reports_its_offset():
+    entries = [("symlink", "s.lnk", b"", "t" * 150), ("file", "a.txt", b"1" * 10, ""),
+               ("file", "big.bin", os.urandom(70_000), ""), ("link", "h.lnk", b"", "h" * 130),
+               ("file", "z.txt", b"zz", "")]
+    raw = build_tarfile(entries, tarfile.GNU_FORMAT)
+    assert b"././@LongLink" in raw
+    expected = tarfile_regular(raw)
+    assert all_ways(raw, (512, 4096, 1 << 20)) == (expected, None)
+    # a K header directly before a regular member: the member starts at the K header
+    k = raw.index(b"././@LongLink", raw.index(b"big.bin"))
+    link = k + 1024  # K header, its payload, then the hard link's header
+    patched = bytearray(raw)
+    patched[link + 156] = ord("0")
+    patched[link:link + 512] = _fix_checksum(patched[link:link + 512])
+    expected = tarfile_regular(bytes(patched))
+    assert ("h.lnk", b"", k) in expected
+    assert all_ways(bytes(patched), (512, 4096, 1 << 20)) == (expected, None)
+
+
+def _sparse_file(path, size=3_000_000, chunks=((0, 5000), (200_000, 40), (1_000_000, 8192),
+                                               (1_500_000, 3), (2_000_000, 20_000),
+                                               (2_500_000, 1000))):
+    with open(path, "wb") as f:
+        f.truncate(size)
+        for offset, n in chunks:
+            f.seek(offset)
+            f.write(os.urandom(n))
+    return path.read_bytes()
+
+
+@pytest.mark.skipif(not HAVE_TAR, reason="GNU tar is not installed")
+@pytest.mark.parametrize("fmt, version, marker", [
+    ("gnu", None, None), ("posix", "0.0", b"GNU.sparse.offset="),
+    ("posix", "0.1", b"GNU.sparse.map="), ("posix", "1.0", b"GNU.sparse.major=1"),
+])
+@pytest.mark.parametrize("tail_hole", [False, True])
+def test_gnu_tar_sparse_members_are_rebuilt(tmp_path, fmt, version, marker, tail_hole):
+    root = tmp_path / "d"
+    root.mkdir()
+    content = _sparse_file(root / "sparse.bin", size=3_000_000 if tail_hole else 2_501_000)
+    (root / "plain.txt").write_bytes(b"plain")
+    out = tmp_path / "s.tar"
+    cmd = ["tar", f"--format={fmt}", "--sparse", "--hole-detection=raw", "-cf", str(out),
+           "-C", str(root), "sparse.bin", "plain.txt"]
+    if version:
+        cmd.insert(3, f"--sparse-version={version}")
+    subprocess.run(cmd, check=True)
+    raw = out.read_bytes()
+    if marker:
+        assert marker in raw
+    else:
+        assert raw[156:157] == b"S" and raw[482] == 1  # old GNU sparse, with extension blocks
+    assert len(raw) < len(content) // 4  # really stored sparse
+    expected = tarfile_regular(raw)
+    assert [(n, d) for n, d, _ in expected] == [("sparse.bin", content), ("plain.txt", b"plain")]
+    assert all_ways(raw, (512, 10_000, 1 << 20)) == (expected, None)
+    assert read_all(gzip.compress(raw), 4096) == expected
+
+
+def test_unsupported_or_inconsistent_sparse_raises():
+    def pax_member(records, data):
+        pax = tarfile.TarInfo._create_pax_generic_header(records, tarfile.XHDTYPE, "utf-8")
+        return pax + _member("GNUSparseFile.0/f", data) + bytes(1024)
+
+    got, err = all_ways(pax_member({"GNU.sparse.major": "2", "GNU.sparse.minor": "0",
+                                    "GNU.sparse.name": "f", "GNU.sparse.realsize": "10"}, b"x"))
+    assert got == [] and err[0] is HeaderError and "unsupported GNU sparse format 2.0" in err[1]
+    got, err = all_ways(pax_member({"GNU.sparse.map": "0,5,3,5", "GNU.sparse.size": "20",
+                                    "GNU.sparse.name": "f"}, b"x" * 10))
+    assert err[0] is HeaderError and "inconsistent GNU sparse map" in err[1]
+    got, err = all_ways(pax_member({"GNU.sparse.map": "0,5", "GNU.sparse.size": str(1 << 40),
+                                    "GNU.sparse.name": "f"}, b"x" * 5))
+    assert err[0] is HeaderError and "sparse member of" in err[1]
+    got, err = all_ways(pax_member({"GNU.sparse.map": "0,5,10,3", "GNU.sparse.size": "20",
+                                    "GNU.sparse.name": "f"}, b"abcdeXYZ"))
+    assert got == [("f", b"abcde" + bytes(5) + b"XYZ" + bytes(7), 0)] and err is None
+
+
+def test_zero_byte_shard_raises(tmp_path):
+    path = tmp_path / "empty.tar"
+    path.write_bytes(b"")
+    with pytest.raises(TruncatedShardError) as ei:
+        list(shard_samples(str(path)))
+    assert ei.value.url == str(path) and str(path) in str(ei.value) and "empty" in str(ei.value)
+    for data in (b"", gzip.compress(b""), zstandard.ZstdCompressor().compress(b"")):
+        got, err = all_ways(data)
+        assert got == [] and err[0] is TruncatedShardError and "0 bytes" in err[1]
+    with pytest.raises(tarfile.ReadError):  # the reference agrees
+        tarfile.open(fileobj=io.BytesIO(b""))
+
+
+@pytest.mark.parametrize("where", [-8, -6, -5, -4, -1])  # CRC32 bytes, then ISIZE bytes
+def test_gzip_trailer_bit_flip_keeps_the_valid_prefix(plain_tar, where):
+    gz = bytearray(gzip.compress(plain_tar))
+    gz[where] ^= 0x10
+    expected = read_all(plain_tar)
+    got, err = all_ways(bytes(gz), (1, 64, 4096, 1 << 20))
+    assert got == expected  # every member decompressed before the trailer
+    assert err[0] is CompressionError and "gzip" in err[1]
+    offset = int(err[1].rsplit("offset ", 1)[1].rstrip(")"))
+    assert len(gz) - 8 <= offset < len(gz)
+
+
+def test_gzip_corruption_midway_keeps_what_came_before(plain_tar):
+    """A damaged second gzip member: everything the first one held is handed out."""
+    cut = len(plain_tar) // 2
+    first = gzip.compress(plain_tar[:cut])
+    second = bytearray(gzip.compress(plain_tar[cut:]))
+    second[0] ^= 0xFF  # no gzip magic where the next member should start
+    expected = read_all(plain_tar)
+    got, err = all_ways(first + bytes(second), (64, 4096, 1 << 20))
+    assert err[0] is CompressionError
+    assert got == [m for m in expected if m[2] + 512 + len(m[1]) <= cut]
+    offset = int(err[1].rsplit("offset ", 1)[1].rstrip(")"))
+    assert len(first) <= offset <= len(first) + 2  # the byte at which the damage shows
+
+
+def test_pax_global_header_applies_without_an_x_header():
+    def g(records):
+        return tarfile.TarInfo._create_pax_generic_header(records, tarfile.XGLTYPE, "utf-8")
+
+    # a global size: the header's size field says 0, the data is 5 bytes (tarfile agrees)
+    raw = g({"size": "5"}) + tarfile.TarInfo("five.bin").tobuf(tarfile.USTAR_FORMAT) + \
+        b"12345" + bytes(507) + bytes(1024)
+    assert all_ways(raw) == (tarfile_regular(raw), None)
+    assert [(n, d) for n, d, _ in tarfile_regular(raw)] == [("five.bin", b"12345")]
+    # a global path names every member after it (tarfile agrees)
+    raw = g({"path": "same.txt"}) + _member("a.txt", b"a") + _member("b.txt", b"b") + bytes(1024)
+    assert all_ways(raw) == (tarfile_regular(raw), None)
+    assert [n for n, _, _ in all_ways(raw)[0]] == ["same.txt", "same.txt"]
+    # the global header alone is no member, and offsets after it are the members' own
+    raw = g({"comment": "x"}) + _member("a.txt", b"a") + bytes(1024)
+    assert all_ways(raw) == ([("a.txt", b"a", 1024)], None) == (tarfile_regular(raw), None)
+
+
+def test_empty_pax_path_deletes_the_keyword():
+    """POSIX: a record with an empty value removes the keyword; the header's name applies."""
+    x = tarfile.TarInfo._create_pax_generic_header({"path": ""}, tarfile.XHDTYPE, "utf-8")
+    raw = x + _member("named.txt", b"n") + bytes(1024)
+    assert all_ways(raw) == ([("named.txt", b"n", 0)], None)
+    gl = tarfile.TarInfo._create_pax_generic_header({"path": "g.txt"}, tarfile.XGLTYPE, "utf-8")
+    raw = gl + x + _member("named.txt", b"n") + _member("other.txt", b"o") + bytes(1024)
+    assert all_ways(raw)[0] == [("named.txt", b"n", 1024), ("g.txt", b"o", 3072)]
+
+
+@pytest.mark.parametrize("kind", ["L", "K", "x"])
+def test_extended_header_before_the_end_marker_raises(kind):
+    if kind == "x":
+        ext = tarfile.TarInfo._create_pax_generic_header({"path": "lost.txt"}, tarfile.XHDTYPE,
+                                                         "utf-8")
+    else:
+        ext = tarfile.TarInfo._create_gnu_long_header("lost" * 40, kind.encode(), "utf-8",
+                                                      "strict")
+    raw = _member("a.txt", b"a") + ext + bytes(1024)
+    got, err = all_ways(raw)
+    assert [n for n, _, _ in got] == ["a.txt"]
+    assert err[0] is HeaderError and "end-of-archive" in err[1] and "offset 1024" in err[1]
+    with pytest.raises(tarfile.ReadError):  # the reference refuses it too
+        tarfile_regular(raw)
