@@ -29,6 +29,7 @@ import re
 import time
 from typing import BinaryIO, Iterator
 
+from .compression import by_magic
 from .errors import StorageError
 from .urls import is_local, open_url
 
@@ -36,8 +37,6 @@ __all__ = ["ShardCache", "parse_size"]
 
 logger = logging.getLogger(__name__)
 
-_GZIP_MAGIC = b"\x1f\x8b"
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _LOCK_DIR = ".locks"
 _PART = ".part"
 _Reopen = -1  # _acquire: the shard appeared while waiting; open it without the lock
@@ -72,7 +71,7 @@ def cache_name(url: str) -> str:
 
 def looks_like_shard(head: bytes) -> bool:
     """Whether the first bytes of a file are those of a tar, gzip or zstd stream."""
-    if head.startswith(_GZIP_MAGIC) or head.startswith(_ZSTD_MAGIC):
+    if by_magic(head) is not None:
         return True
     if len(head) < 512:
         return False

@@ -11,15 +11,9 @@ import time
 from dataclasses import dataclass, field
 
 from .codecs import encode_value
+from .compression import GZIP, ZSTD, is_compressed_name, open_compressed_writer
 from .errors import PipeNotAllowedError
-from .tario import (
-    BLOCK,
-    TarMemberWriter,
-    header_number,
-    header_size,
-    is_compressed_name,
-    open_compressed_writer,
-)
+from .tario import BLOCK, TarMemberWriter, header_number, header_size
 from .urls import AtomicOutput, remove_stale_temporaries, temporary_directory
 
 __all__ = ["ShardInfo", "ShardWriter", "TarWriter", "sample_members", "shard_name"]
@@ -96,9 +90,9 @@ class TarWriter:
         if compress in (None, False):
             suffix = None
         elif compress is True or compress in ("gz", "gzip"):
-            suffix = ".tgz"
+            suffix = GZIP.suffix
         elif compress in ("zst", "zstd"):
-            suffix = ".tar.zst"
+            suffix = ZSTD.suffix
         else:
             raise ValueError(f"compress must be None, 'gz' or 'zst', not {compress!r}")
         mtime = header_number(mtime, 8 ** 11, "mtime")  # before anything is created

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..compression import GZIP, ZSTD
 from ..writer import ShardWriter, shard_name
 from ._common import (
     CONTEXT_SETTINGS,
@@ -50,7 +51,7 @@ def split_cmd(inputs, prefix, maxsize, maxcount, maxshards, start, gz, zstd, on_
     if gz and zstd:
         raise click.UsageError("choose one of -z/--gzip and --zstd")
     urls = collect_inputs(inputs)
-    suffix = ".tgz" if gz else ".tar.zst" if zstd else ".tar"
+    suffix = GZIP.suffix if gz else ZSTD.suffix if zstd else ".tar"
     pattern = prefix if ("%" in prefix or "{" in prefix) else f"{prefix}-%06d{suffix}"
     try:
         shard_name(pattern, start)
