@@ -31,6 +31,7 @@ __all__ = [
 
 _OUT_LIMIT = 4 << 20  # most output bytes one gzip step produces (bounds a decompression bomb)
 _SALVAGE_STEP = 4096  # compressed bytes per step when salvaging the output before a corruption
+_SALVAGE_LIMIT = 64 << 20  # most output salvaged from one failing step
 
 
 @dataclass(frozen=True)
@@ -55,72 +56,171 @@ class Compression:
 # ---------------------------------------------------------------------------------------------
 
 
-class _Decoder:
-    """What the frame loop needs of a decompressor (one member or frame)."""
+class _Damage(Exception):
+    """Raised by a decoder at corrupt input: ``at`` is the offset of the damage in the member or
+    frame, ``out`` what decoded before it (handed out before the error)."""
 
-    name = ""
-    error: type = Exception
+    def __init__(self, message: str, at: int, out: bytes):
+        super().__init__(message)
+        self.at = at
+        self.out = out
+
+
+class _Decoder:
+    """What the frame loop needs of a decompressor (one member or frame).
+
+    ``step(data) -> (output, input left over after the member/frame)``; raises :class:`_Damage`
+    at corrupt input, after decoding everything before the damage (so that what is handed out,
+    and the offset reported, do not depend on how the input was cut into chunks).
+    """
+
+    eof = False
 
     def step(self, data) -> tuple[bytes, bytes]:
-        """Decompress some of ``data``: ``(output, input left over)``; raises ``error``."""
         raise NotImplementedError
-
-    @property
-    def eof(self) -> bool:
-        raise NotImplementedError
-
-    def snapshot(self):
-        """A copy of the state (to replay input after an error), or None when impossible."""
-        return None
 
     def flush(self) -> bytes:
         return b""
 
 
 class _GzipDecoder(_Decoder):
-    name = "gzip"
-    error = zlib.error
-    __slots__ = ("_d",)
+    __slots__ = ("_d", "_fed")
 
-    def __init__(self, d=None):
-        self._d = zlib.decompressobj(31) if d is None else d  # wbits=31: the gzip container
+    def __init__(self):
+        self._d = zlib.decompressobj(31)  # wbits=31: the gzip container, one member
+        self._fed = 0
 
-    def step(self, data, limit: int = _OUT_LIMIT):
+    def step(self, data):
         d = self._d
-        out = d.decompress(data, limit)
-        return out, (d.unused_data if d.eof else d.unconsumed_tail)
+        saved = d.copy()  # to replay the input after an error (a copy of the inflate state)
+        try:
+            out = d.decompress(data, _OUT_LIMIT)
+        except zlib.error as exc:
+            out, bad = _replay(saved, bytes(data))
+            raise _Damage(f"corrupt gzip data: {exc}", self._fed + bad, out) from None
+        left = d.unused_data if d.eof else d.unconsumed_tail
+        self._fed += len(data) - len(left)
+        return out, left
 
     @property
     def eof(self):
         return self._d.eof
-
-    def snapshot(self):
-        return _GzipDecoder(self._d.copy())
 
     def flush(self):
         return self._d.flush()
 
 
+def _replay(d, data: bytes) -> tuple[bytes, int]:
+    """Feed ``data`` again to ``d`` (the state before the failing step): the output up to the
+    damage, and the index of the byte at which it shows. Whole steps first, then a bisection of
+    the failing step for its longest prefix that decodes (an error never goes away with more
+    input, and zlib hands out all it can decode, so the result does not depend on the steps)."""
+    outs = []
+    pos = 0
+    total = 0
+    while True:
+        if pos >= len(data) or total >= _SALVAGE_LIMIT:
+            return b"".join(outs), pos
+        piece = data[pos:pos + _SALVAGE_STEP]
+        saved = d.copy()
+        try:
+            out = d.decompress(piece)
+        except zlib.error:
+            d = saved
+            break
+        outs.append(out)
+        total += len(out)
+        pos += len(piece)
+        if d.eof:  # pragma: no cover - zlib stops at the end of a member
+            return b"".join(outs), pos
+    good, bad, best = 0, len(piece), b""  # piece[:good] decodes, piece[:bad] does not
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        probe = d.copy()
+        try:
+            out = probe.decompress(piece[:mid])
+        except zlib.error:
+            bad = mid
+        else:
+            good, best = mid, out
+    outs.append(best)
+    return b"".join(outs), pos + good
+
+
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
 class _ZstdDecoder(_Decoder):
-    name = "zstd"
-    __slots__ = ("_d",)
+    """One zstd frame, handed to zstandard one unit at a time (the frame header, each block, the
+    checksum), so that an error loses only the unit it is in."""
+
+    __slots__ = ("_d", "_error", "_buf", "_fed", "_state", "_checksum", "_raw")
 
     def __init__(self):
         zstandard = _zstandard()
         self._d = zstandard.ZstdDecompressor().decompressobj()  # one frame; not reusable
-
-    @property
-    def error(self):
-        return _zstandard().ZstdError
-
-    def step(self, data, limit: int = 0):
-        d = self._d
-        out = d.decompress(data)
-        return out, (d.unused_data if d.eof else b"")
+        self._error = zstandard.ZstdError
+        self._buf = b""  # input held back: an incomplete unit
+        self._fed = 0  # bytes of this frame handed to zstandard
+        self._state = 0  # 0: frame header, 1: a block, 2: the checksum, 3: the frame is done
+        self._checksum = False
+        self._raw = False  # a frame we cannot cut into units: handed over as it comes
 
     @property
     def eof(self):
         return self._d.eof
+
+    def _unit(self, buf, pos: int) -> tuple[int, int]:
+        """Length and following state of the unit at ``buf[pos:]``; (0, _) if not known yet."""
+        avail = len(buf) - pos
+        state = self._state
+        if state == 0:
+            if avail < 5:
+                return 0, 0
+            if buf[pos:pos + 4] != _ZSTD_MAGIC:
+                self._raw = True  # a skippable frame or garbage: zstandard decides
+                return avail, 3
+            fhd = buf[pos + 4]
+            single = (fhd >> 5) & 1
+            self._checksum = bool(fhd & 4)
+            return (5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3]
+                    + (single, 2, 4, 8)[fhd >> 6]), 1
+        if state == 1:
+            if avail < 3:
+                return 0, 1
+            head = buf[pos] | buf[pos + 1] << 8 | buf[pos + 2] << 16
+            size = 1 if (head >> 1) & 3 == 1 else head >> 3  # an RLE block holds one byte
+            return 3 + size, ((2 if self._checksum else 3) if head & 1 else 1)
+        if state == 2:
+            return 4, 3
+        return avail, 3  # the frame should be done: zstandard decides
+
+    def step(self, data):
+        buf = self._buf + bytes(data) if self._buf else data
+        pos = 0
+        outs = []
+        d = self._d
+        while not d.eof:
+            if self._raw:
+                n, state = len(buf) - pos, 3
+            else:
+                n, state = self._unit(buf, pos)
+            if not n or pos + n > len(buf):
+                break
+            try:
+                outs.append(d.decompress(buf[pos:pos + n]))
+            except self._error as exc:
+                raise _Damage(f"corrupt zstd data: {exc}", self._fed, b"".join(outs)) from None
+            pos += n
+            self._state = state
+            if d.eof:
+                unused = d.unused_data
+                self._fed += n - len(unused)
+                self._buf = b""
+                return b"".join(outs), unused + bytes(buf[pos:])
+            self._fed += n
+        self._buf = bytes(buf[pos:])
+        return b"".join(outs), b""
 
 
 def _zstandard():
@@ -159,7 +259,7 @@ def _zstd_writer(raw: BinaryIO, level: int | None):
 
 
 GZIP = Compression("gzip", b"\x1f\x8b", (".tgz", ".tar.gz", ".gz"), _GzipDecoder, _gzip_writer)
-ZSTD = Compression("zstd", b"\x28\xb5\x2f\xfd", (".tar.zst", ".tzst", ".zst"), _ZstdDecoder,
+ZSTD = Compression("zstd", _ZSTD_MAGIC, (".tar.zst", ".tzst", ".zst"), _ZstdDecoder,
                    _zstd_writer)
 COMPRESSIONS: tuple[Compression, ...] = (GZIP, ZSTD)
 _MAGIC_LEN = max(len(c.magic) for c in COMPRESSIONS)
@@ -234,6 +334,7 @@ def _frames(comp: Compression, first: bytes, rest: Iterator[bytes], source) -> I
     d = comp.reader()
     pending = first
     consumed = 0  # compressed bytes handed to the decoders so far
+    member = 0  # offset of the current member/frame in the compressed stream
     while True:
         while pending:
             if d.eof:  # a member/frame ended: zero padding, or the next one
@@ -243,15 +344,14 @@ def _frames(comp: Compression, first: bytes, rest: Iterator[bytes], source) -> I
                 if not pending:
                     break
                 d = comp.reader()
-            saved = d.snapshot()
+                member = consumed
             try:
                 out, left = d.step(pending)
-            except d.error as exc:
-                bad = 0
-                if saved is not None:  # replay the input to keep what decoded before the damage
-                    bad = yield from _salvage(saved, pending)
-                raise CompressionError(f"corrupt {comp.name} data: {exc}", url=source,
-                                       offset=consumed + bad) from None
+            except _Damage as damage:
+                if damage.out:
+                    yield damage.out
+                raise CompressionError(str(damage), url=source,
+                                       offset=member + damage.at) from None
             consumed += len(pending) - len(left)
             pending = left
             if out:
@@ -266,25 +366,3 @@ def _frames(comp: Compression, first: bytes, rest: Iterator[bytes], source) -> I
             yield tail
         raise TruncatedShardError(f"{comp.name} stream ends early (truncated file?)", url=source,
                                   offset=consumed)
-
-
-def _salvage(d: _Decoder, data) -> Iterator[bytes]:
-    """Feed ``data`` again to ``d`` (a snapshot from before the failing step), in small steps and
-    then byte by byte, yielding the output up to the damage; returns the damaged byte's index."""
-    data = bytes(data)
-    pos = 0
-    for step in (_SALVAGE_STEP, 1):
-        while pos < len(data):
-            piece = data[pos:pos + step]
-            saved = d.snapshot()
-            try:
-                out, left = d.step(piece, 0)
-            except d.error:
-                d = saved
-                break  # retry this piece in smaller steps
-            if out:
-                yield out
-            pos += len(piece) - len(left)
-            if d.eof:  # this member ended cleanly: the damage is in the next one
-                return pos
-    return pos

@@ -70,6 +70,7 @@ _GNU_LONGNAME = 0x4C  # 'L'
 _GNU_LONGLINK = 0x4B  # 'K'
 _PAX = 0x78  # 'x'
 _PAX_GLOBAL = 0x67  # 'g'
+_META = (_GNU_LONGNAME, _GNU_LONGLINK, _PAX, _PAX_GLOBAL)
 _NO_DATA = (0x31, 0x32, 0x33, 0x34, 0x35, 0x36)  # links, devices, directories, fifos
 _MAX_META = 1 << 20  # longest accepted long-name / pax payload
 _MAX_SPARSE = 1 << 30  # largest real size a sparse member may be rebuilt to
@@ -77,8 +78,10 @@ _OCTAL_WEIGHTS = tuple(8 ** k for k in range(5, -1, -1))
 _DRAIN_LIMIT = 1 << 20  # bytes of trailing padding read after the end-of-archive marker
 # pax keys that change how a member is read: while a global header sets one of them, every
 # member goes through the general path
-_PAX_READ_KEYS = frozenset(("path", "size", "GNU.sparse.name", "GNU.sparse.map", "GNU.sparse.size",
-                            "GNU.sparse.major", "GNU.sparse.minor", "GNU.sparse.realsize"))
+_PAX_READ_KEYS = frozenset(("path", "size"))
+_SPARSE_KEYS = frozenset(("GNU.sparse.map", "GNU.sparse.size", "GNU.sparse.major",
+                          "GNU.sparse.minor", "GNU.sparse.realsize", "GNU.sparse.offset",
+                          "GNU.sparse.numbytes", "GNU.sparse.numblocks"))
 _SPARSE00 = ("GNU.sparse.offset", "GNU.sparse.numbytes")  # repeated records: kept as lists
 
 
@@ -213,8 +216,8 @@ def _parse_pax(payload: bytes, source, offset) -> dict:
         value = value.decode("utf-8", "surrogateescape")
         if key in _SPARSE00:
             out.setdefault(key, []).append(value)
-        else:
-            out[key] = value
+        else:  # GNU.sparse.name is the real path of a sparse member (the later record wins)
+            out["path" if key == "GNU.sparse.name" else key] = value
         pos += length
     return out
 
@@ -322,12 +325,17 @@ class _Buffer:
         return True
 
     def drain(self, limit: int) -> None:
-        """Read up to ``limit`` bytes of what follows, stopping at the first non-zero data."""
-        total = 0
+        """Read and discard what follows, up to ``limit`` bytes (or the end of the stream).
+
+        This lets the decompression layer check its end (a gzip trailer, a truncated frame)
+        after the end-of-archive marker. Whether it is reached depends only on how many bytes
+        follow the marker, never on how the input was cut into chunks.
+        """
+        total = max(0, self.end - self.pos)
         while total <= limit:
             self.pos = self.end = 0
             got = self._more(CHUNK_SIZE)
-            if not got or bytes(self.buf[:got]).strip(b"\0"):
+            if not got:
                 return
             total += got
 
@@ -482,12 +490,13 @@ def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = Tru
         if size < 0:
             size = _size_field(hdr, source, base + pos)
         typeflag = hdr[156]
-        if start is None:
+        fresh = start is None  # this header starts a member (no extended header before it)
+        if fresh:
             start = base + pos
         pos += BLOCK
         meta = pax if pax is not None else (global_pax if global_read else None)
-        if meta is not None and "size" in meta:
-            size = _pax_size(meta, source, start)
+        if meta is not None and "size" in meta and typeflag not in _META:
+            size = _pax_size(meta, source, start)  # (not for the extended headers themselves)
         padded = (size + 511) & ~511
         if typeflag in regular or typeflag == _GNU_SPARSE:
             name = _member_name(hdr, long_name if long_first or meta is None or
@@ -499,6 +508,10 @@ def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = Tru
                 long_first = False
                 continue
             if typeflag == _GNU_SPARSE:
+                if meta is not None and not _SPARSE_KEYS.isdisjoint(meta):
+                    raise HeaderError("an old-GNU sparse member with pax GNU.sparse records "
+                                      "(contradictory sparse maps)", url=source, member=name,
+                                      offset=start)
                 b.pos = pos
                 chunks_map, realsize = _old_gnu_sparse_map(hdr, b, source, name, start)
                 pos = b.pos
@@ -515,8 +528,7 @@ def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = Tru
                 base = b.base
             if typeflag == _GNU_SPARSE:
                 data = _unsparse(data, chunks_map, realsize, source, name, start)
-            elif meta is not None and ("GNU.sparse.map" in meta or "GNU.sparse.size" in meta
-                                       or "GNU.sparse.major" in meta):
+            elif meta is not None and not _SPARSE_KEYS.isdisjoint(meta):
                 data = _pax_unsparse(data, meta, source, name, start)
             last = (name, start, None)
             yield [(name, data, start)]
@@ -524,7 +536,7 @@ def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = Tru
             long_first = False
             continue
         # metadata and non-regular members
-        if typeflag in (_GNU_LONGNAME, _GNU_LONGLINK, _PAX, _PAX_GLOBAL):
+        if typeflag in _META:
             if size > _MAX_META:
                 raise HeaderError("implausibly large extended header", url=source,
                                   offset=start)
@@ -543,12 +555,22 @@ def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = Tru
                     long_first = pax is None
             elif typeflag == _PAX:
                 records = _parse_pax(payload, source, start)
-                pax = _merge_pax(global_pax, records) if pax is None else _merge_pax(
-                    pax, records, pax)
+                if pax is None:
+                    pax = _merge_pax(global_pax, records)
+                else:  # a second pax header for one member: the first one's keys win
+                    if not (_SPARSE_KEYS.isdisjoint(pax) or _SPARSE_KEYS.isdisjoint(records)):
+                        raise HeaderError("two pax headers with GNU.sparse records for one "
+                                          "member (contradictory sparse maps)", url=source,
+                                          member=_pending_name(long_name, pax), offset=start)
+                    pax = _merge_pax(pax, records, pax)
             elif typeflag == _PAX_GLOBAL:
-                global_pax = _merge_pax(global_pax, _parse_pax(payload, source, start))
+                records = _parse_pax(payload, source, start)
+                if not _SPARSE_KEYS.isdisjoint(records):
+                    raise HeaderError("GNU.sparse records in a pax global header (a sparse map "
+                                      "belongs to one member)", url=source, offset=start)
+                global_pax = _merge_pax(global_pax, records)
                 global_read = not _PAX_READ_KEYS.isdisjoint(global_pax)
-                if pax is None and long_name is None:
+                if fresh:  # a global header is no member's first header
                     last = (None, start, None)
                     start = None
             continue  # long link names are irrelevant: links are skipped
@@ -566,7 +588,7 @@ def _member_name(hdr: bytes, long_name, meta) -> str:
     if long_name is not None:
         return long_name
     if meta is not None:
-        path = meta.get("GNU.sparse.name") or meta.get("path")
+        path = meta.get("path")
         if path:
             path = path.rstrip("/")
             if path:
