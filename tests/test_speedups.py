@@ -107,3 +107,54 @@ def test_writer_bytes_identical_to_python(members, mtime, mode):
         assert n == len(buf.getvalue())
         out.append(buf.getvalue())
     assert out[0] == out[1]
+
+
+def _header(name: str, size_field: bytes, delta: int = 0, high: bool = False) -> bytes:
+    hdr = bytearray(tarfile.TarInfo(name).tobuf(tarfile.USTAR_FORMAT))
+    hdr[124:136] = size_field
+    if high:  # fields the C loop does not read, set to 0xFF: a byte sum above 65521
+        hdr[100:124] = b"\xff" * 24
+        hdr[136:148] = b"\xff" * 12
+        hdr[157:257] = b"\xff" * 100
+        hdr[265:345] = b"\xff" * 80
+        hdr[len(name):100] = b"\xff" * (100 - len(name))
+    hdr[148:156] = b" " * 8
+    hdr[148:156] = b"%06o\0 " % (sum(hdr) + delta)
+    return bytes(hdr)
+
+
+@pytest.mark.parametrize("delta", [65521, -65521, 131042, 1])
+def test_c_scan_stops_at_a_checksum_off_by_65521(delta):
+    """The C loop hands a wrong checksum to Python (which raises), whatever the difference."""
+    good = _header("a.txt", b"%011o\0" % 1) + b"1" + bytes(511)
+    bad = _header("b.txt", b"%011o\0" % 1, delta, high=delta < 0) + b"2" + bytes(511)
+    assert 0 <= int(bad[148:154], 8) < 8 ** 6
+    buf = good + bad + bytes(1024)
+    members, pos = tario._scan_members(buf, 0, 0, len(buf))
+    assert [m[0] for m in members] == ["a.txt"] and pos == 1024
+    for accelerate in (True, False):
+        got, err = members_of(buf, accelerate)
+        assert [m[0] for m in got] == ["a.txt"] and err is not None and "checksum" in err[0]
+
+
+@pytest.mark.parametrize("size_field", [b"77777777777\0", b"\x80" + (1 << 40).to_bytes(11, "big")])
+def test_c_scan_stops_at_a_size_beyond_the_buffer(size_field):
+    buf = _header("huge.bin", size_field) + bytes(4096)
+    members, pos = tario._scan_members(buf, 0, 0, len(buf))
+    assert members == [] and pos == 0
+    for accelerate in (True, False):
+        got, err = members_of(buf, accelerate)
+        assert got == [] and "huge.bin" in err[0] and "truncated" in err[0]
+
+
+def members_of(data: bytes, accelerate: bool):
+    return members(data, 1 << 20, accelerate)
+
+
+def test_c_scan_reads_a_header_whose_byte_sum_is_above_65521():
+    hdr = _header("c.txt", b"%011o\0" % 2, 0, high=True)
+    assert int(hdr[148:154], 8) > 65521
+    buf = hdr + b"cc" + bytes(510) + bytes(1024)
+    members, pos = tario._scan_members(buf, 0, 0, len(buf))
+    assert len(members) == 1 and members[0][1:] == (b"cc", 0) and pos == 1024
+    assert members_of(buf, True) == members_of(buf, False) == (members, None)
