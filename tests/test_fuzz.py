@@ -46,6 +46,8 @@ from tarshards.tario import (  # noqa: E402
     tar_byte_source,
 )
 
+from test_tario import Trickle  # noqa: E402
+
 N = int(os.environ.get("TARSHARDS_FUZZ_N", "2500"))
 SEED = int(os.environ.get("TARSHARDS_FUZZ_SEED", "20261201"))
 TARFILE_CAP = 8 << 20  # tarfile's members are read up to this size (a huge declared size)
@@ -307,20 +309,6 @@ def mutate(seeds, plain, rng: random.Random):
 # ---------------------------------------------------------------------------------------------
 # the readers
 # ---------------------------------------------------------------------------------------------
-
-
-class Trickle(io.RawIOBase):
-    def __init__(self, data: bytes, n: int):
-        self._data = io.BytesIO(data)
-        self._n = n
-
-    def readable(self):
-        return True
-
-    def readinto(self, view):
-        chunk = self._data.read(min(self._n, len(view)))
-        view[:len(chunk)] = chunk
-        return len(chunk)
 
 
 def _ways(data: bytes):

@@ -920,3 +920,22 @@ def test_extended_header_before_the_end_marker_raises(kind):
     assert err[0] is HeaderError and "end-of-archive" in err[1] and "offset 1024" in err[1]
     with pytest.raises(tarfile.ReadError):  # the reference refuses it too
         tarfile_regular(raw)
+
+
+def test_name_precedence_across_extended_header_chains():
+    """The outermost header that names the member wins (tarfile applies the chain inside out);
+    a pax header without path= does not take the name from a long name after it (fuzz 6534)."""
+    def x(records):
+        return tarfile.TarInfo._create_pax_generic_header(records, tarfile.XHDTYPE, "utf-8")
+
+    def long(name):
+        return tarfile.TarInfo._create_gnu_long_header(name, tarfile.GNUTYPE_LONGNAME, "utf-8",
+                                                       "strict")
+
+    body = _member("short.txt", b"data")
+    for chain in ([x({"comment": "c"}), long("L" * 120), x({"path": "P" * 110})],
+                  [x({"path": "P" * 110}), long("L" * 120)],
+                  [long("L" * 120), x({"path": "P" * 110})],
+                  [long("L" * 120), long("M" * 120)]):
+        raw = b"".join(chain) + body + bytes(1024)
+        assert all_ways(raw, (512, 1 << 20)) == (tarfile_regular(raw), None)

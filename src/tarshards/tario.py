@@ -552,7 +552,7 @@ def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = Tru
             if typeflag == _GNU_LONGNAME:
                 if long_name is None:  # the first of several long names wins (as in tarfile)
                     long_name = _nts(payload).decode("utf-8", "surrogateescape")
-                    long_first = pax is None
+                    long_first = pax is None or "path" not in pax  # the outer name wins
             elif typeflag == _PAX:
                 records = _parse_pax(payload, source, start)
                 if pax is None:
