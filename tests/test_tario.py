@@ -939,3 +939,28 @@ def test_name_precedence_across_extended_header_chains():
                   [long("L" * 120), long("M" * 120)]):
         raw = b"".join(chain) + body + bytes(1024)
         assert all_ways(raw, (512, 1 << 20)) == (tarfile_regular(raw), None)
+
+
+@pytest.mark.parametrize("kind", ["gzip", "zstd"])
+def test_decompression_steps_are_bounded(kind):
+    """A small stream that expands a thousandfold comes out in bounded pieces (no bomb)."""
+    import tracemalloc
+
+    zeros = bytes(1 << 20)
+    if kind == "gzip":
+        data = gzip.compress(zeros * 64, compresslevel=1)
+    else:
+        out = io.BytesIO()
+        with zstandard.ZstdCompressor().stream_writer(out, closefd=False) as z:
+            for _ in range(64):
+                z.write(zeros)
+        data = out.getvalue()
+    assert len(data) < 1 << 20
+    tracemalloc.start()
+    try:
+        sizes = [len(c) for c in decompressed_chunks([data])]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert sum(sizes) == 64 << 20 and max(sizes) <= 4 << 20
+    assert peak < 24 << 20

@@ -199,8 +199,12 @@ class _ZstdDecoder(_Decoder):
         buf = self._buf + bytes(data) if self._buf else data
         pos = 0
         outs = []
+        total = 0
         d = self._d
         while not d.eof:
+            if total >= _OUT_LIMIT:  # enough for one step: the rest is handed back
+                self._buf = b""
+                return b"".join(outs), bytes(buf[pos:])
             if self._raw:
                 n, state = len(buf) - pos, 3
             else:
@@ -208,9 +212,11 @@ class _ZstdDecoder(_Decoder):
             if not n or pos + n > len(buf):
                 break
             try:
-                outs.append(d.decompress(buf[pos:pos + n]))
+                out = d.decompress(buf[pos:pos + n])
             except self._error as exc:
                 raise _Damage(f"corrupt zstd data: {exc}", self._fed, b"".join(outs)) from None
+            outs.append(out)
+            total += len(out)
             pos += n
             self._state = state
             if d.eof:
