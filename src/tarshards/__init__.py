@@ -56,11 +56,16 @@ __all__ = sorted([
     "DataPipeline",
     "DecodeError",
     "DuplicateFieldError",
+    "IndexedDataset",
+    "IntegrityError",
+    "Manifest",
     "MissingDependencyError",
     "PipeNotAllowedError",
     "RandomResizedCrop",
     "ShardCache",
     "ShardFormatError",
+    "ShardIndex",
+    "ShardRecord",
     "ShardWriteError",
     "ShardWriter",
     "StorageError",
@@ -104,10 +109,13 @@ __all__ = sorted([
     "warn_and_stop",
 ])
 
-_LAZY = {"WebDataset", "DataPipeline", "WebLoader"}
+_LAZY = {"WebDataset", "DataPipeline", "WebLoader", "IndexedDataset"}
+# without torch: where the plain versions of the _LAZY names are
+_PLAIN = {"IndexedDataset": "indexed"}
 # modules imported on first use, to keep `import tarshards` (and CLI start-up) light
 _LAZY_MODULES = {"ShardCache": "cache", "map_samples": "parallel", "map_shard_files": "parallel",
-                 "map_shards": "parallel"}
+                 "map_shards": "parallel", "Manifest": "manifest", "ShardRecord": "manifest",
+                 "ShardIndex": "index", "IntegrityError": "errors"}
 _LAZY_MODULES.update(RandomResizedCrop="crop", random_resized_crop="crop")
 
 
@@ -122,7 +130,7 @@ def __getattr__(name: str):
         except ImportError as exc:
             if name == "WebLoader" or getattr(exc, "name", "") not in ("torch", None):
                 raise
-            mod = importlib.import_module("tarshards.pipeline")
+            mod = importlib.import_module(f"tarshards.{_PLAIN.get(name, 'pipeline')}")
         value = getattr(mod, name)
         globals()[name] = value
         return value

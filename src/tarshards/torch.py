@@ -29,15 +29,17 @@ import os
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, IterableDataset, default_collate, default_convert
+from torch.utils.data import (DataLoader, Dataset, IterableDataset, default_collate,
+                              default_convert)
 from torch.utils.data import get_worker_info
 
+from . import indexed as _indexed
 from . import pipeline as _pipeline
 from .transport import Packer, Unpacker
 from .types import WorkerInfo
 
-__all__ = ["DataPipeline", "WebDataset", "WebLoader", "discover_rank", "image_to_tensor",
-           "torch_environment"]
+__all__ = ["DataPipeline", "IndexedDataset", "WebDataset", "WebLoader", "discover_rank",
+           "image_to_tensor", "torch_environment"]
 
 
 # In a process started by spawn/forkserver (a DataLoader worker) that was sent a tarshards dataset:
@@ -174,7 +176,7 @@ class WebDataset(IterableDataset, _TorchMixin, _pipeline.WebDataset):
     __setstate__ = _TorchMixin.__setstate__
     __iter__ = _TorchMixin.__iter__
     __getitem__ = _TorchMixin.__getitem__
-    __len__ = _TorchMixin.__len__
+    __len__ = _pipeline.WebDataset.__len__  # exact with a manifest
     __repr__ = _TorchMixin.__repr__
 
 
@@ -195,6 +197,19 @@ class DataPipeline(IterableDataset, _TorchMixin, _pipeline.DataPipeline):
     __getitem__ = _TorchMixin.__getitem__
     __len__ = _TorchMixin.__len__
     __repr__ = _TorchMixin.__repr__
+
+
+class IndexedDataset(Dataset, _indexed.IndexedDataset):
+    """:class:`tarshards.indexed.IndexedDataset` as a ``torch.utils.data.Dataset`` (map-style:
+    works with ``DataLoader(shuffle=True, num_workers=N)`` and ``DistributedSampler``)."""
+
+    def __init__(self, *args, **kwargs):
+        _indexed.IndexedDataset.__init__(self, *args, **kwargs)
+
+    __getitem__ = _indexed.IndexedDataset.__getitem__
+    __len__ = _indexed.IndexedDataset.__len__
+    __iter__ = _indexed.IndexedDataset.__iter__
+    __repr__ = _indexed.IndexedDataset.__repr__
 
 
 class WebLoader(DataLoader):

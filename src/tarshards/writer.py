@@ -6,6 +6,7 @@ a crash or an exception never leaves a half-written shard under its final name.
 
 from __future__ import annotations
 
+import io
 import sys
 import time
 from dataclasses import dataclass, field
@@ -84,7 +85,8 @@ class TarWriter:
 
     def __init__(self, dest, *, encoder: bool = True, compress: str | bool | None = None,
                  mtime: int = 0, storage_options: dict | None = None, level: int | None = None,
-                 allow_pipe: bool = False, remove_stale: bool = True):
+                 allow_pipe: bool = False, remove_stale: bool = True,
+                 index: bool | str = False, aligned: bool = False, hash: str | None = None):
         self.dest = dest
         self.encoder = encoder
         if compress in (None, False):
@@ -99,15 +101,22 @@ class TarWriter:
         self._out = AtomicOutput(dest, storage_options=storage_options, allow_pipe=allow_pipe,
                                  remove_stale=remove_stale)
         self.name = self._out.name
+        self.index = None  # the ShardIndex, after close() when recording
+        self._recorder = None
         try:
             if suffix is None:
                 by_name = (isinstance(self.name, str) and compress is None
                            and not self.name.startswith("pipe:"))
                 suffix = self.name if by_name else ""
             self.compressed = is_compressed_name(suffix)
-            self._stream, self._close_compressor = open_compressed_writer(
-                self._out.stream, suffix, level)
+            if index or aligned:
+                self._recorder = _Recorder(self, suffix, level, aligned, hash, index)
+            else:
+                self._stream, self._close_compressor = open_compressed_writer(
+                    self._out.stream, suffix, level)
             self._tar = TarMemberWriter(self._stream, mtime=mtime)
+            if self._recorder is not None:
+                self._recorder.attach(self._tar)
         except BaseException:
             self._out.abort()
             raise
@@ -125,12 +134,19 @@ class TarWriter:
 
     def write(self, sample: dict) -> int:
         """Write one sample; returns the uncompressed bytes it took."""
-        return self.write_members(self.encode(sample))
+        return self.write_members(self.encode(sample), key=sample["__key__"])
 
-    def write_members(self, members: list[tuple[str, bytes]]) -> int:
+    def write_members(self, members: list[tuple[str, bytes]], key: str | None = None) -> int:
+        """Write one sample's ``(name, bytes)`` members (``key``: its key, when the names are
+        ``KEY.EXT`` as :func:`sample_members` makes them)."""
         if self.closed:
             raise ValueError(f"write to a closed TarWriter ({self.name})")
+        rec = self._recorder
+        if rec is not None:
+            rec.before_sample(members, key)
         n = self._tar.add_all(members)
+        if rec is not None:
+            rec.after_sample()
         self.count += 1
         return n
 
@@ -140,12 +156,18 @@ class TarWriter:
             return
         self.closed = True
         try:
+            if self._recorder is not None:
+                self._recorder.before_sample(())
             self._tar.finish()
+            if self._recorder is not None:
+                self._recorder.after_sample()
             self._close_compressor()
         except BaseException:
             self._out.abort()
             raise
         self._out.commit()
+        if self._recorder is not None:
+            self._recorder.finish()
 
     def abort(self) -> None:
         """Discard the shard (nothing appears under the final name)."""
@@ -162,6 +184,155 @@ class TarWriter:
         else:
             self.abort()
         return False
+
+
+class _Recorder:
+    """What ``TarWriter(index=...)`` / ``aligned=True`` adds: the index of what is written (member
+    offsets and checksums, the file's hash), and sample-aligned compression (each sample its own
+    gzip member or zstd frame, so it decompresses alone; still a valid .tar.gz / .tar.zst).
+
+    The hot path records three values per member (name, size, checksum); offsets, keys and
+    samples are worked out when the shard is closed. The file is hashed as it leaves the
+    writer's buffer (one call per MiB)."""
+
+    def __init__(self, writer: "TarWriter", suffix: str, level, aligned: bool, hash, index):
+        import io
+
+        from .hashing import DEFAULT_HASH, MEMBER_HASH, file_hasher, member_checksum_fn
+
+        self.writer = writer
+        self.save_to = index if isinstance(index, str) or hasattr(index, "__fspath__") else None
+        self.algorithm = hash or DEFAULT_HASH
+        self.hasher = file_hasher(self.algorithm)
+        self.member_hash = MEMBER_HASH
+        self.csum = member_checksum_fn(MEMBER_HASH)
+        self.names: list = []
+        self.sizes: list = []
+        self.sums: list = []
+        self.keys: list | None = []  # per write: its key (None once a write came without one)
+        self.counts: list = []
+        self.frames: list = []  # (file offset, tar offset) of each sample's frame (aligned)
+        self.nbytes = 0
+        self.raw = writer._out.stream
+        lower = str(suffix).lower()
+        self.compression = ("gzip" if lower.endswith((".tgz", ".tar.gz", ".gz")) else
+                            "zstd" if lower.endswith((".tar.zst", ".tzst", ".zst")) else "none")
+        self.aligned = aligned and self.compression != "none"
+        self._parts: list = []
+        if self.aligned:
+            self._compress = _frame_compressor(self.compression, level)
+            writer._stream, writer._close_compressor = self, (lambda: None)
+        elif self.compression != "none":
+            writer._stream, writer._close_compressor = open_compressed_writer(
+                _HashingSink(self), suffix, level)
+        else:  # hashed part by part on the way into the output's buffer (no extra copy)
+            writer._stream, writer._close_compressor = _HashingSink(self), (lambda: None)
+
+    def attach(self, tar: TarMemberWriter) -> None:
+        if self.aligned:
+            tar._writelines = self._parts.extend
+        elif self.compression == "none":
+            raw = self.raw
+            raw_writelines = getattr(raw, "writelines", None) or (
+                lambda parts: [raw.write(p) for p in parts])
+            update = self.hasher.update
+
+            def writelines(parts):
+                any(map(update, parts))  # update() returns None: a C loop over every part
+                raw_writelines(parts)
+
+            tar._writelines = writelines
+            self._tar = tar
+
+    def write(self, data) -> int:  # aligned mode: TarMemberWriter.finish() writes here
+        self._parts.append(data)
+        return len(data)
+
+    def write_raw(self, data) -> None:
+        self.hasher.update(data)
+        self.nbytes += len(data)
+        self.raw.write(data)
+
+    def before_sample(self, members, key=None) -> None:
+        if self.aligned:
+            self.frames.append((self.nbytes, self.writer._tar.bytes_written))
+        if not members:
+            return
+        names, datas = zip(*members)
+        self.names += names
+        self.sizes += map(len, datas)
+        self.sums += map(self.csum, datas)
+        if self.keys is not None:
+            if key is None:
+                self.keys = None
+            else:
+                self.keys.append(key)
+                self.counts.append(len(members))
+
+    def after_sample(self) -> None:
+        if self.aligned and self._parts:
+            data = b"".join(self._parts)
+            self._parts.clear()
+            self.write_raw(self._compress(data))
+
+    def finish(self) -> None:
+        from .index import IndexBuilder
+
+        w = self.writer
+        if self.compression == "none":
+            self.nbytes = w._tar.bytes_written
+        builder = IndexBuilder(member_hash=self.member_hash)
+        for file_offset, tar_offset in self.frames:
+            builder.frame(file_offset, tar_offset)
+        builder.add_written(self.names, self.sizes, self.sums, keys=self.keys,
+                            counts=self.counts)
+        index = builder.build(nbytes=self.nbytes,
+                              hash=f"{self.algorithm}:{self.hasher.hexdigest()}",
+                              compression=self.compression,
+                              url=w.name if isinstance(w.name, str) else None)
+        self.names = self.sizes = self.sums = self.frames = []
+        w.index = index
+        if self.save_to is not None:
+            index.save(self.save_to, storage_options=w._out.storage_options)
+
+
+class _HashingSink(io.RawIOBase):
+    """The raw output under a buffer or compressor: hashes and counts the bytes written."""
+
+    def __init__(self, rec: _Recorder):
+        super().__init__()
+        self.rec = rec
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        n = len(data)
+        self.rec.write_raw(data)
+        return n
+
+    def flush(self) -> None:
+        raw = self.rec.raw
+        if not getattr(raw, "closed", False):
+            raw.flush()
+
+
+def _frame_compressor(compression: str, level):
+    """``bytes -> one complete gzip member / zstd frame`` (deterministic: no name, mtime 0)."""
+    if compression == "gzip":
+        import zlib
+
+        lv = 6 if level is None else level
+
+        def gz(data: bytes) -> bytes:
+            c = zlib.compressobj(lv, zlib.DEFLATED, 31)
+            return c.compress(data) + c.flush()
+
+        return gz
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=3 if level is None else level,
+                                    write_content_size=True).compress
 
 
 def shard_name(pattern: str, index: int) -> str:
@@ -196,7 +367,7 @@ class ShardWriter:
 
     def __init__(self, pattern: str, maxcount: int = 100_000, maxsize: float = 3e9, *,
                  start_shard: int = 0, verbose: int = 0, post=None,
-                 storage_options: dict | None = None, **tarwriter_options):
+                 storage_options: dict | None = None, manifest=None, **tarwriter_options):
         if maxcount is None or maxcount < 1:
             raise ValueError(f"maxcount must be >= 1, got {maxcount!r}")
         if maxsize is None or maxsize <= 0:
@@ -215,6 +386,13 @@ class ShardWriter:
         self.post = post
         self.storage_options = storage_options
         self.tarwriter_options = tarwriter_options
+        self.manifest = None  # the Manifest, after close() with manifest=PATH
+        self._manifest = None
+        if manifest is not None:  # record each shard's index and write the manifest at close
+            from .manifest import ManifestRecorder
+
+            self._manifest = ManifestRecorder(manifest, storage_options=storage_options)
+            self.tarwriter_options = dict(tarwriter_options, index=True)
         self.shards: list[ShardInfo] = []
         self._writer: TarWriter | None = None
         self._started = 0.0
@@ -246,6 +424,11 @@ class ShardWriter:
         self._writer = None
         w.close()
         info = ShardInfo(w.name, w.count, w.size, time.monotonic() - self._started)
+        if w.index is not None:
+            info.extra["hash"] = w.index.hash
+            info.extra["nbytes"] = w.index.nbytes
+            if self._manifest is not None:
+                self._manifest.add(w.name, w.index)
         self.shards.append(info)
         if self.post is not None:
             self.post(w.name)
@@ -261,11 +444,18 @@ class ShardWriter:
         if self._writer is None:
             self._open_next()
         self.total += 1
-        return self._writer.write_members(members)
+        return self._writer.write_members(members, sample["__key__"])
 
     def close(self) -> None:
-        """Commit the last shard."""
+        """Commit the last shard (and write the manifest, with ``manifest=``)."""
         self._finish_current()
+        self.save_manifest()
+
+    def save_manifest(self):
+        """Write the manifest of the shards committed so far (with ``manifest=``); returns it."""
+        if self._manifest is not None:
+            self.manifest = self._manifest.save()
+        return self.manifest
 
     def abort(self) -> None:
         if self._writer is not None:

@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str | None, str]] = {
     "check": ("tarcheck", "tarshards.cli.check:check_cmd"),
     "map": (None, "tarshards.cli.map_cmd:map_cmd"),
     "bench": (None, "tarshards.cli.bench:bench_cmd"),
+    "index": (None, "tarshards.cli.index:index_cmd"),
 }
 
 

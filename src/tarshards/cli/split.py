@@ -43,10 +43,15 @@ class _MaxShardsReached(Exception):
               help="Number of the first shard.")
 @click.option("-z", "--gzip", "gz", is_flag=True, help="Write gzip-compressed shards (.tgz).")
 @click.option("--zstd", is_flag=True, help="Write zstd-compressed shards (.tar.zst).")
+@click.option("--aligned", is_flag=True,
+              help="Compress each sample on its own (with -z/--zstd): random access.")
+@click.option("--manifest", default=None, metavar="PATH",
+              help="Write the manifest (and an index per shard) of the shards written.")
 @on_error_option()
 @quiet_option("Do not list the shards being written.")
 @handle_errors
-def split_cmd(inputs, prefix, maxsize, maxcount, maxshards, start, gz, zstd, on_error, quiet):
+def split_cmd(inputs, prefix, maxsize, maxcount, maxshards, start, gz, zstd, on_error, quiet,
+              aligned=False, manifest=None):
     """Split a tar stream (default stdin) into shards PREFIX-000000.tar..., samples kept whole."""
     if gz and zstd:
         raise click.UsageError("choose one of -z/--gzip and --zstd")
@@ -63,7 +68,7 @@ def split_cmd(inputs, prefix, maxsize, maxcount, maxshards, start, gz, zstd, on_
             raise _MaxShardsReached()
 
     sink = ShardWriter(pattern, maxcount=maxcount, maxsize=maxsize, start_shard=start,
-                       post=post, encoder=False)
+                       post=post, encoder=False, manifest=manifest, aligned=aligned)
     current = None
     nsamples = nbytes = 0
     stopped = False
@@ -80,6 +85,7 @@ def split_cmd(inputs, prefix, maxsize, maxcount, maxshards, start, gz, zstd, on_
                 nbytes += n
     except _MaxShardsReached:
         stopped = True
+        sink.save_manifest()  # of the complete shards
     finally:
         samples.close()
     done = sum(s.count for s in sink.shards)
