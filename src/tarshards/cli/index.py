@@ -16,7 +16,8 @@ import click
 from ..hashing import DEFAULT_HASH, HASHES
 from ..index import INDEX_SUFFIX
 from ..manifest import build_manifest, resolve_url
-from ._common import CONTEXT_SETTINGS, collect_inputs, handle_errors, print_err
+from ._common import (CONTEXT_SETTINGS, collect_inputs, files_from_option, handle_errors,
+                      on_error_option, print_err, quiet_option)
 
 __all__ = ["index_cmd"]
 
@@ -28,17 +29,15 @@ __all__ = ["index_cmd"]
 @click.argument("inputs", nargs=-1, metavar="SPEC...")
 @click.option("-o", "--output", required=True, metavar="MANIFEST",
               help="Where the manifest goes (a path or URL ending in .json).")
-@click.option("-T", "--files-from", "listfile", default=None, metavar="FILE",
-              help="Read shard URLs from FILE, one per line.")
+@files_from_option
 @click.option("-p", "--parallel", type=click.IntRange(min=1), default=None,
               help="Shards indexed at once (default: one per CPU).")
 @click.option("--hash", "hash_name", type=click.Choice(HASHES), default=DEFAULT_HASH,
               show_default=True, help="Hash of each shard file.")
 @click.option("--dali", is_flag=True,
               help="Also write DALI's wds2idx index (SHARD.idx) beside each index.")
-@click.option("-e", "--on-error", type=click.Choice(["abort", "skip"]), default="abort",
-              show_default=True, help="What an unreadable shard does: abort, or leave it out.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@on_error_option("an unreadable shard", "leave it out of the manifest")
+@quiet_option()
 @handle_errors
 def index_cmd(inputs, output, listfile, parallel, hash_name, dali, on_error, quiet):
     """Index shards: write MANIFEST (counts, sizes, hashes) and one index per shard."""
