@@ -61,6 +61,8 @@ def _peer_checksum(samples) -> int:
     for s in samples:
         for k in sorted(s):
             v = s[k]
+            if hasattr(v, "getvalue"):  # wids hands out io.BytesIO
+                v = v.getvalue()
             if not k.startswith("__") and isinstance(v, (bytes, bytearray, memoryview)):
                 total = (total + zlib.crc32(bytes(v))) & 0xFFFFFFFF
     return total
@@ -195,10 +197,18 @@ def bench_index_vs_cat(paths, tmp: str, repeat: int) -> dict:
     cmd = [sys.executable, "-c", "from tarshards.cli.main import main; main()", "index", "-q",
            "-p", "1", *paths, "-o", out]
     index = _best_wall(cmd, repeat, env)
+    from tarshards.index import index_url
+
+    inproc = float("inf")
+    for _ in range(repeat):  # the same work without the interpreter's start-up
+        t0 = time.perf_counter()
+        for p in paths:
+            index_url(p)
+        inproc = min(inproc, time.perf_counter() - t0)
     ncpu = os.cpu_count() or 1
     par = _best_wall(cmd[:5] + ["-q", "-p", str(ncpu), *paths, "-o", out], repeat, env)
     return {"bytes": nbytes, "cat_s": cat, "index_s": index, "index_parallel_s": par,
-            "ncpu": ncpu}
+            "ncpu": ncpu, "index_inprocess_s": inproc}
 
 
 def bench_random(manifest, indices, warm, repeat: int) -> dict:
@@ -313,6 +323,9 @@ def report(r: dict, nrandom: int) -> None:
           f"(target >= 0.5)")
     print(f"   tarshards index -p {i['ncpu']:<2d}            {par:8.0f} MB/s   "
           f"{par / cat:.2f}x cat")
+    inproc = mb / i["index_inprocess_s"]
+    print(f"   index_url() in one process       {inproc:8.0f} MB/s   {inproc / cat:.2f}x cat "
+          "(no interpreter start-up)")
     ra = r["random"]
     ours = ra["tarshards"]
     print(f"\n2. {nrandom} random ds[i], raw samples, local shards")

@@ -14,6 +14,7 @@ into DataLoader workers and opened again there on first use.
 
 from __future__ import annotations
 
+import bisect
 import operator
 import os
 from typing import Any, Callable
@@ -25,6 +26,7 @@ from .errors import (IntegrityError, MissingDependencyError, ShardFormatError, S
                      TarshardsError)
 from .manifest import Manifest, as_manifest
 from .seek import read_exact
+from .tario import _checksum_ok, _number
 from .urls import is_local, local_path
 
 __all__ = ["IndexedDataset"]
@@ -139,6 +141,7 @@ class IndexedDataset:
         counts = np.fromiter((r.samples for r in self.manifest.shards), np.int64,
                              len(self.manifest.shards))
         self._starts = np.concatenate([[0], np.cumsum(counts)])
+        self._start_list = self._starts.tolist()
         self.storage_options = storage_options
         self.verify = verify
         self.transform = transform
@@ -169,8 +172,9 @@ class IndexedDataset:
             i += n
         if not 0 <= i < n:
             raise IndexError(f"sample {i} out of range (the data set has {n} samples)")
-        shard = int(np.searchsorted(self._starts, i, side="right")) - 1
-        return shard, i - int(self._starts[shard])
+        starts = self._start_list
+        shard = bisect.bisect_right(starts, i) - 1
+        return shard, i - starts[shard]
 
     def __getitem__(self, i):
         if isinstance(i, slice):
@@ -336,16 +340,26 @@ def _inflate(data: bytes, compression: str, url, offset: int) -> bytes:
 
 def _check_header(data: bytes, at: int, size: int, url, offset: int) -> None:
     """The tar header at ``data[at:]`` must be sound and, when plain, give ``size``."""
-    from .tario import _checksum_ok, _number
-
     hdr = data[at:at + 512]
-    if len(hdr) < 512 or not _checksum_ok(hdr):
+    if len(hdr) < 512:
+        ok = False
+    else:
+        try:  # our writer's (and most) headers: six octal digits; else the exact check
+            ok = sum(hdr) - sum(hdr[148:156]) + 256 == int(hdr[148:154], 8) or _checksum_ok(hdr)
+        except ValueError:
+            ok = _checksum_ok(hdr)
+    if not ok:
         raise IntegrityError("no valid tar header where the index puts this sample (is the "
                              "index for another version of this shard?)", url=url,
                              offset=offset)
-    if hdr[156] in (0x30, 0) and _number(hdr[124:136]) != size:
-        raise IntegrityError("the member's size is not the index's (is the index for another "
-                             "version of this shard?)", url=url, offset=offset)
+    if hdr[156] in (0x30, 0):
+        try:
+            stored = int(hdr[124:135], 8) if hdr[135] == 0 else _number(hdr[124:136])
+        except ValueError:
+            stored = -1
+        if stored != size:
+            raise IntegrityError("the member's size is not the index's (is the index for "
+                                 "another version of this shard?)", url=url, offset=offset)
 
 
 def _check_members(sample: dict, idx, j: int, url) -> None:
