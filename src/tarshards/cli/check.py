@@ -177,11 +177,13 @@ def format_table(reports: list[ShardReport]) -> str:
               help="Problems listed per shard.")
 @quiet_option("Only problems and the exit status; no table.")
 @click.option("--manifest", "manifest_url", default=None, metavar="MANIFEST",
-              help="Also check size, hash and sample count against MANIFEST (its shards are "
-                   "checked when no INPUTS are given).")
+              help="Check sizes, hashes, counts against MANIFEST.")
 @handle_errors
 def check_cmd(inputs, listfile, max_problems, quiet, manifest_url=None):
-    """Verify shards: readable to the end, no truncated member, no split key, no repeated field."""
+    """Verify shards: readable to the end, no truncated member, no split key, no repeated field.
+
+    With --manifest, each shard's size, hash and sample count must be the manifest's too (its
+    shards are checked when no INPUTS are given)."""
     expected = None
     if manifest_url is not None:
         from ..manifest import Manifest

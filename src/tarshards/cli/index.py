@@ -28,15 +28,15 @@ __all__ = ["index_cmd"]
                "  tarshards index --dali shards/*.tar -o shards/manifest.json")
 @click.argument("inputs", nargs=-1, metavar="SPEC...")
 @click.option("-o", "--output", required=True, metavar="MANIFEST",
-              help="Where the manifest goes (a path or URL ending in .json).")
+              help="The manifest to write (path or URL, .json).")
 @files_from_option
 @click.option("-p", "--parallel", type=click.IntRange(min=1), default=None,
-              help="Shards indexed at once (default: one per CPU).")
+              help="Shards at once (default: one per CPU).")
 @click.option("--hash", "hash_name", type=click.Choice(HASHES), default=DEFAULT_HASH,
-              show_default=True, help="Hash of each shard file.")
+              metavar="ALGO", help=f"Shard hash: {', '.join(HASHES)}.")
 @click.option("--dali", is_flag=True,
-              help="Also write DALI's wds2idx index (SHARD.idx) beside each index.")
-@on_error_option("an unreadable shard", "leave it out of the manifest")
+              help="Also write DALI indexes (SHARD.idx).")
+@on_error_option("a bad shard", "leave it out")
 @quiet_option()
 @handle_errors
 def index_cmd(inputs, output, listfile, parallel, hash_name, dali, on_error, quiet):

@@ -43,10 +43,9 @@ class _MaxShardsReached(Exception):
               help="Number of the first shard.")
 @click.option("-z", "--gzip", "gz", is_flag=True, help="Write gzip-compressed shards (.tgz).")
 @click.option("--zstd", is_flag=True, help="Write zstd-compressed shards (.tar.zst).")
-@click.option("--aligned", is_flag=True,
-              help="Compress each sample on its own (with -z/--zstd): random access.")
+@click.option("--aligned", is_flag=True, help="With -z/--zstd: compress samples one by one.")
 @click.option("--manifest", default=None, metavar="PATH",
-              help="Write the manifest (and an index per shard) of the shards written.")
+              help="Write a manifest and shard indexes.")
 @on_error_option()
 @quiet_option("Do not list the shards being written.")
 @handle_errors
