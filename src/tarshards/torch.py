@@ -203,6 +203,7 @@ class WebLoader(DataLoader):
             raise ResumeError("a planned pipeline's state loaded into a loader whose dataset "
                               "has no plan (readers=)")
         self._pending = dict(state)
+        self.epoch = state["epoch"] + (1 if state.get("finished") else 0)
 
     def state_from_step(self, step: int, start_epoch: int = 0) -> dict:
         """The loader state after ``step`` steps from the start of ``start_epoch`` (for
