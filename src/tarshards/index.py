@@ -126,7 +126,11 @@ class ShardIndex:
     @property
     def member_starts(self) -> np.ndarray:
         """``member_starts[i]:member_starts[i+1]`` are the members of sample ``i``."""
-        return np.searchsorted(self.member_sample, np.arange(self.num_samples + 1))
+        cached = self.__dict__.get("_member_starts")
+        if cached is None:
+            cached = np.searchsorted(self.member_sample, np.arange(self.num_samples + 1))
+            object.__setattr__(self, "_member_starts", cached)
+        return cached
 
     def member_names(self, i: int) -> list[str]:
         """The member names of sample ``i`` as they are in the tar."""

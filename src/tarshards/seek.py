@@ -15,7 +15,7 @@ from .errors import ShardFormatError, TruncatedShardError
 from .format import group_samples
 from .tario import decompressed_chunks, iter_tar, read_chunks
 
-__all__ = ["read_exact", "read_sample_at", "samples_from"]
+__all__ = ["read_exact", "read_sample_at", "sample_from_bytes", "samples_from"]
 
 _CHUNK = 1 << 20
 
@@ -64,7 +64,19 @@ def read_sample_at(stream: BinaryIO, offset: int, *, end: int | None = None,
         chunks = [read_exact(stream, end - offset, url, offset)]
     else:
         chunks = read_chunks(stream, _CHUNK)
-    base = offset if tar_offset is None else tar_offset
+    return _first_sample(chunks, offset if tar_offset is None else tar_offset, compression,
+                         url, last_dot, offset)
+
+
+def sample_from_bytes(data: bytes, tar_offset: int, *, compression: str = "none", url=None,
+                      last_dot: bool = False, offset: int | None = None) -> dict:
+    """The sample held by ``data``: the bytes of a shard from a sample's offset to its end (as
+    a ranged read gives them). ``tar_offset`` is where they start in the tar stream."""
+    return _first_sample([data], tar_offset, compression, url, last_dot,
+                         tar_offset if offset is None else offset)
+
+
+def _first_sample(chunks, base: int, compression: str, url, last_dot: bool, offset) -> dict:
     if compression != "none":
         chunks = decompressed_chunks(chunks, url)
     members = _shifted(iter_tar(chunks, url, drain=False), base)
