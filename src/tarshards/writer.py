@@ -391,8 +391,13 @@ class ShardWriter:
     def close(self) -> None:
         """Commit the last shard (and write the manifest, with ``manifest=``)."""
         self._finish_current()
-        if self._manifest is not None and self.manifest is None:
+        self.save_manifest()
+
+    def save_manifest(self):
+        """Write the manifest of the shards committed so far (with ``manifest=``); returns it."""
+        if self._manifest is not None:
             self.manifest = self._manifest.save()
+        return self.manifest
 
     def abort(self) -> None:
         if self._writer is not None:
