@@ -14,15 +14,17 @@ into DataLoader workers and opened again there on first use.
 
 from __future__ import annotations
 
+import operator
 import os
 from typing import Any, Callable
 
 import numpy as np
 
 from . import stages as _stages
-from .errors import IntegrityError, ShardFormatError, StorageError, TarshardsError
+from .errors import (IntegrityError, MissingDependencyError, ShardFormatError, StorageError,
+                     TarshardsError)
 from .manifest import Manifest, as_manifest
-from .seek import sample_from_bytes
+from .seek import read_exact, sample_from_bytes
 from .urls import is_local, local_path
 
 __all__ = ["IndexedDataset"]
@@ -86,6 +88,34 @@ class _RemoteRanges:
         pass
 
 
+class _GzipSeekRanges:
+    """Byte ranges of the *uncompressed* stream of a foreign .tgz (one gzip stream for the
+    whole tar), through the seek points ``indexed_gzip`` builds as it goes (a one-time
+    decompression up to the farthest point read, then about 1 MiB per seek)."""
+
+    __slots__ = ("f", "url")
+
+    def __init__(self, path: str, url: str):
+        try:
+            import indexed_gzip
+        except ImportError:
+            raise MissingDependencyError(
+                "this .tgz is compressed as one gzip stream: reading its samples at random "
+                "needs seek points, from the indexed_gzip package (pip install "
+                "'tarshards[seek]'); or re-write it with sample-aligned compression "
+                "(tarsplit --aligned -z, ShardWriter(..., aligned=True)) or uncompressed",
+                url=url) from None
+        self.f = indexed_gzip.IndexedGzipFile(path, spacing=1 << 20)
+        self.url = url
+
+    def read(self, start: int, end: int) -> bytes:
+        self.f.seek(start)
+        return read_exact(self.f, end - start, self.url, start)
+
+    def close(self) -> None:
+        self.f.close()
+
+
 class IndexedDataset:
     """Map-style access to the samples of a manifest (see the module docstring).
 
@@ -121,7 +151,7 @@ class IndexedDataset:
             kw: dict = {"allow_unsafe": allow_unsafe}
             if decode_size is not None:
                 kw["size"] = decode_size
-            _stages.decode(iter(()), *modes, **kw)  # check the modes now, not in a worker
+            list(_stages.decode(iter(()), *modes, **kw))  # check the modes now, not in a worker
             self._decode = (tuple(modes), kw)
         self._readers: dict = {}
         self._cache = None
@@ -145,7 +175,7 @@ class IndexedDataset:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         try:
-            i = int(i)  # numpy / torch integers too
+            i = operator.index(i)  # numpy / torch integers too
         except TypeError:
             raise TypeError(f"samples are indexed by int, not {type(i).__name__}") from None
         shard, j = self.locate(i)
@@ -173,18 +203,23 @@ class IndexedDataset:
         if j >= idx.num_samples:
             raise IntegrityError(f"the index has {idx.num_samples} samples, the manifest "
                                  f"{self.manifest.shards[shard].samples}", url=url)
-        if not idx.seekable:
+        start = int(idx.sample_offsets[j])
+        end = int(idx.sample_ends[j])
+        compression = idx.compression
+        if idx.seekable:
+            data = self._reader(shard).read(start, end)
+        elif compression == "gzip":  # offsets are in the uncompressed stream
+            data = self._reader(shard, gzip_seek=True).read(start, end)
+            compression = "none"
+        else:
             raise ShardFormatError(
                 f"this {idx.compression} shard is compressed as one stream, so a sample cannot "
                 "be read alone. Re-write it with sample-aligned compression (ShardWriter(..., "
                 "aligned=True), or: tarsplit --aligned), or store it uncompressed; or read it "
                 "sequentially with WebDataset", url=url)
-        start = int(idx.sample_offsets[j])
-        end = int(idx.sample_ends[j])
-        data = self._reader(shard).read(start, end)
         try:
             sample = sample_from_bytes(data, int(idx.tar_offsets[j]),
-                                       compression=idx.compression, url=url,
+                                       compression=compression, url=url,
                                        last_dot=idx.last_dot, offset=start)
         except TarshardsError as exc:
             raise exc.with_context(url=url, offset=start) from None
@@ -196,7 +231,7 @@ class IndexedDataset:
             _check_members(sample, idx, j, url)
         return sample
 
-    def _reader(self, shard: int):
+    def _reader(self, shard: int, gzip_seek: bool = False):
         if os.getpid() != self._pid:  # forked into a worker: do not share descriptors
             self._readers = {}
             self._cache = None
@@ -204,7 +239,18 @@ class IndexedDataset:
         r = self._readers.get(shard)
         if r is None:
             url = self.urls[shard]
-            if is_local(url):
+            if gzip_seek:
+                if is_local(url):
+                    path = local_path(url)
+                elif self.cache_dir is not None:
+                    path = self._shard_cache().fetch(url)
+                else:
+                    raise ShardFormatError(
+                        "this .tgz is compressed as one gzip stream: random access to it needs "
+                        "a local copy (pass cache_dir=) or a re-write with sample-aligned "
+                        "compression (tarsplit --aligned -z)", url=url)
+                r = _GzipSeekRanges(path, url)
+            elif is_local(url):
                 r = _LocalRanges(local_path(url), url)
             elif self.cache_dir is not None:
                 r = _LocalRanges(self._shard_cache().fetch(url), url)
