@@ -25,7 +25,7 @@ import posixpath
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
-from .errors import IntegrityError, ShardFormatError, StorageError, TarshardsError
+from .errors import IntegrityError, ShardFormatError, ShardNotFoundError, TarshardsError
 from .hashing import DEFAULT_HASH, MEMBER_HASH
 from .urls import AtomicOutput, is_local, local_path, open_url, url_protocol
 
@@ -256,11 +256,10 @@ class Manifest:
     def load(cls, url, storage_options: dict | None = None) -> "Manifest":
         """Read a manifest (ours, or a wids ``shardindex.json``) from a path or URL."""
         url = os.fspath(url)
-        try:
-            with open_url(url, storage_options=storage_options) as f:
-                data = f.read()
-        except StorageError as exc:
-            raise exc.with_context(url=url)
+        if is_local(url) and not os.path.exists(local_path(url)):
+            raise ShardNotFoundError("no manifest at this path", url=url)
+        with open_url(url, storage_options=storage_options) as f:
+            data = f.read()
         try:
             obj = json.loads(data)
         except ValueError as exc:

@@ -445,8 +445,12 @@ class WebDataset(DataPipeline):
     def __len__(self):
         """``with_length(n)`` when set; else, with a manifest, the exact sample count of this
         rank (the whole set on one process); see :meth:`num_samples`."""
-        if self._length is not None or self.manifest is None:
-            return DataPipeline.__len__(self)
+        if self._length is not None:
+            return self._length
+        if self.manifest is None:
+            raise TypeError(f"{type(self).__name__} is a stream and has no length without a "
+                            "manifest: pass manifest=M (make one with: tarshards index SPEC -o "
+                            "M) for its exact length, or set one with .with_length(n)")
         return self.num_samples()
 
     def _source_repr(self) -> str:
