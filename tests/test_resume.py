@@ -220,3 +220,22 @@ def test_stateful_dataloader_resumes_exactly(urls, num_workers, persistent):
     _quiet()
     cuts = [(0, 0), (0, 7), (0, 18), (1, 5)]
     check_resume(lambda: _SDLRun(urls, num_workers, persistent), epochs=2, cuts=cuts)
+
+
+def test_manifest_gives_the_plan_without_a_scan(urls, tmp_path):
+    from tarshards.manifest import build_manifest
+    from tarshards.pipeline import WebDataset
+
+    manifest = build_manifest(urls, str(tmp_path / "m.json"), workers=1)
+
+    def make():
+        return (WebDataset(str(tmp_path / "m.json"), shardshuffle=True, seed=1, readers=6)
+                .shuffle(5).decode().to_tuple("__key__", "cls", "__pad__").batched(4))
+
+    ds = make()
+    assert ds.table.counts == tuple(COUNTS) and ds.table.fingerprint == manifest.fingerprint
+    assert len(ds) == 18
+    ref = check_resume(make, epochs=1, cuts=[(0, 7)])
+    # the same batches as the scanned dataset (same counts, same plan)
+    assert ref[0] == run_epochs(make_ds(urls), 1)[0]
+    assert ds.table.sample_offsets(0) is not None  # seeks through the index

@@ -56,10 +56,15 @@ __all__ = sorted([
     "DataPipeline",
     "DecodeError",
     "DuplicateFieldError",
+    "IndexedDataset",
+    "IntegrityError",
+    "Manifest",
     "MissingDependencyError",
     "PipeNotAllowedError",
     "ShardCache",
     "ShardFormatError",
+    "ShardIndex",
+    "ShardRecord",
     "ShardWriteError",
     "ShardWriter",
     "StorageError",
@@ -102,10 +107,13 @@ __all__ = sorted([
     "warn_and_stop",
 ])
 
-_LAZY = {"WebDataset", "DataPipeline", "WebLoader"}
+_LAZY = {"WebDataset", "DataPipeline", "WebLoader", "IndexedDataset"}
+# without torch: where the plain versions of the _LAZY names are
+_PLAIN = {"IndexedDataset": "indexed"}
 # modules imported on first use, to keep `import tarshards` (and CLI start-up) light
 _LAZY_MODULES = {"ShardCache": "cache", "map_samples": "parallel", "map_shard_files": "parallel",
-                 "map_shards": "parallel"}
+                 "map_shards": "parallel", "Manifest": "manifest", "ShardRecord": "manifest",
+                 "ShardIndex": "index", "IntegrityError": "errors"}
 
 
 def __getattr__(name: str):
@@ -119,7 +127,7 @@ def __getattr__(name: str):
         except ImportError as exc:
             if name == "WebLoader" or getattr(exc, "name", "") not in ("torch", None):
                 raise
-            mod = importlib.import_module("tarshards.pipeline")
+            mod = importlib.import_module(f"tarshards.{_PLAIN.get(name, 'pipeline')}")
         value = getattr(mod, name)
         globals()[name] = value
         return value

@@ -29,7 +29,7 @@ import re
 import time
 from typing import BinaryIO, Iterator
 
-from .errors import StorageError
+from .errors import IntegrityError, StorageError
 from .urls import is_local, open_url
 
 __all__ = ["ShardCache", "parse_size"]
@@ -91,9 +91,10 @@ def looks_like_shard(head: bytes) -> bool:
 class _TeeReader:
     """Reads from ``src`` and writes everything read to ``sink``."""
 
-    def __init__(self, src, sink: BinaryIO):
+    def __init__(self, src, sink: BinaryIO, hasher=None):
         self.src = src
         self.sink = sink
+        self.hasher = hasher
         self.nbytes = 0
         self.head = b""
         self.eof = False
@@ -102,6 +103,8 @@ class _TeeReader:
         data = self.src.read(n)
         if data:
             self.sink.write(data)
+            if self.hasher is not None:
+                self.hasher.update(data)
             if len(self.head) < 512:
                 self.head += data[:512 - len(self.head)]
             self.nbytes += len(data)
@@ -127,10 +130,13 @@ class ShardCache:
     ``storage_options``, ``retries``: passed on to :func:`tarshards.urls.open_url`.
     ``lock_timeout``: seconds to wait for another process downloading the same shard before
     reading it directly without the cache (``None``: wait as long as it takes).
+    ``manifest``: a :class:`~tarshards.manifest.Manifest`; a download of one of its shards is
+    kept only when its size and hash are the manifest's (else :class:`IntegrityError`).
     """
 
     def __init__(self, cache_dir, max_bytes=None, storage_options: dict | None = None, *,
-                 retries: int = 5, allow_pipe: bool = False, lock_timeout: float | None = None):
+                 retries: int = 5, allow_pipe: bool = False, lock_timeout: float | None = None,
+                 manifest=None):
         self.cache_dir = os.path.abspath(os.fspath(cache_dir))
         self.max_bytes = parse_size(max_bytes)
         self.storage_options = storage_options
@@ -138,6 +144,8 @@ class ShardCache:
         self.allow_pipe = allow_pipe
         self.lock_timeout = lock_timeout
         self.downloads = 0  # shards this object downloaded (this process)
+        # url -> record with .nbytes and .hash (duck-typed: this layer does not import manifest)
+        self.expected = manifest.records_by_url() if manifest is not None else {}
         os.makedirs(os.path.join(self.cache_dir, _LOCK_DIR), exist_ok=True)
 
     def __repr__(self):
@@ -246,9 +254,16 @@ class ShardCache:
     def _fill(self, url: str, path: str) -> Iterator[BinaryIO]:
         """Stream ``url`` to the caller while writing it to ``path`` (we hold the lock)."""
         tmp = path + _PART
+        record = self.expected.get(url)
+        hasher = None
+        if record is not None and record.hash:
+            from .hashing import file_hasher, split_hash
+
+            algorithm = split_hash(record.hash)[0]
+            hasher = file_hasher(algorithm)
         with open_url(url, storage_options=self.storage_options, retries=self.retries) as src:
             with open(tmp, "wb") as sink:
-                tee = _TeeReader(src, sink)
+                tee = _TeeReader(src, sink, hasher)
                 try:
                     yield tee
                 except BaseException:
@@ -277,6 +292,18 @@ class ShardCache:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
                 return
+            if record is not None:
+                bad = None
+                if record.nbytes is not None and tee.nbytes != record.nbytes:
+                    bad = f"{tee.nbytes} bytes, the manifest says {record.nbytes}"
+                elif hasher is not None and f"{algorithm}:{hasher.hexdigest()}" != record.hash:
+                    bad = (f"hash {algorithm}:{hasher.hexdigest()}, the manifest says "
+                           f"{record.hash}")
+                if bad is not None:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+                    raise IntegrityError(f"the download does not match the manifest ({bad}); "
+                                         "it was not cached", url=url)
             os.replace(tmp, path)
             self.downloads += 1
             logger.debug("cached %s (%d bytes) as %s", url, tee.nbytes, path)

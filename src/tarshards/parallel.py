@@ -437,9 +437,12 @@ class ShardReport:
     error: str | None = None
     attempts: int = 0
     messages: list = field(default_factory=list)
+    index: bytes | None = field(default=None, repr=False)  # the output's index (manifest=)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        out.pop("index", None)
+        return out
 
 
 class _HandlerStop(Exception):
@@ -450,7 +453,10 @@ class _SampleShardJob:
     """Read one input shard, apply ``fn`` to each sample, write the output shard atomically."""
 
     def __init__(self, fn, *, decode=None, handler=reraise_exception, encoder=True,
-                 storage_options=None, compress=None, allow_pipe=False):
+                 storage_options=None, compress=None, allow_pipe=False, record=False,
+                 aligned=False):
+        self.record = record or aligned
+        self.aligned = aligned
         self.fn = fn
         if decode is None or decode is False:
             self.decode = None
@@ -489,7 +495,9 @@ class _SampleShardJob:
         fn = self.fn
         try:
             with TarWriter(out, encoder=self.encoder, compress=self.compress,
-                           storage_options=self.storage_options) as sink:
+                           storage_options=self.storage_options,
+                           index=getattr(self, "record", False),
+                           aligned=getattr(self, "aligned", False)) as sink:
                 try:
                     for sample in samples:
                         try:
@@ -516,6 +524,9 @@ class _SampleShardJob:
         except Exception as exn:
             report.status = FAILED
             report.error = _describe(exn)
+        else:
+            if sink.index is not None:
+                report.index = sink.index.to_bytes()
         report.seconds = time.monotonic() - t0
         return report
 
@@ -576,9 +587,13 @@ def map_shards(fn: Callable, inputs, outputs, *, engine: str = "processes",
                overwrite: bool = False, decode=None, handler: Callable = reraise_exception,
                encoder: bool = True, compress=None, storage_options: dict | None = None,
                allow_pipe: bool = False, progress: bool | None = None, client=None,
-               mp_context=None) -> list[ShardReport]:
+               mp_context=None, manifest=None, aligned: bool = False) -> list[ShardReport]:
     """Apply ``fn(sample) -> sample | None | list of samples`` to every sample of each input shard
     and write the results to the matching output shard.
+
+    ``manifest=PATH``: record each output's index while writing it and write the manifest of
+    the outputs (outputs skipped because they existed are indexed by reading them).
+    ``aligned=True``: compressed outputs get sample-aligned compression (random access).
 
     ``inputs`` and ``outputs`` are shard specs (``"in-{0000..0999}.tar"``) or lists naming the same
     number of shards; outputs are any URL the library writes (local, ``s3://``...). Samples are
@@ -601,11 +616,29 @@ def map_shards(fn: Callable, inputs, outputs, *, engine: str = "processes",
         raise TypeError(f"fn must be callable, not {fn!r}")
     job = _SampleShardJob(fn, decode=decode, handler=handler, encoder=encoder,
                           storage_options=storage_options, compress=compress,
-                          allow_pipe=allow_pipe)
+                          allow_pipe=allow_pipe, record=manifest is not None, aligned=aligned)
     pairs = _pairs(inputs, outputs, storage_options)
-    return _run_shard_jobs(job, pairs, engine=engine, workers=workers, address=address,
-                           retries=retries, overwrite=overwrite, storage_options=storage_options,
-                           progress=progress, client=client, mp_context=mp_context)
+    reports = _run_shard_jobs(job, pairs, engine=engine, workers=workers, address=address,
+                              retries=retries, overwrite=overwrite,
+                              storage_options=storage_options, progress=progress, client=client,
+                              mp_context=mp_context)
+    if manifest is not None:
+        _write_manifest(reports, manifest, storage_options)
+    return reports
+
+
+def _write_manifest(reports, path, storage_options) -> None:
+    """The manifest of the outputs that exist (done, or skipped because they existed)."""
+    from .index import ShardIndex, index_url
+    from .manifest import ManifestRecorder
+
+    recorder = ManifestRecorder(path, storage_options=storage_options)
+    for r in reports:
+        if r.status == DONE and r.index is not None:
+            recorder.add(r.output, ShardIndex.from_bytes(r.index, url=r.output))
+        elif r.status == SKIPPED:
+            recorder.add(r.output, index_url(r.output, storage_options=storage_options))
+    recorder.save()
 
 
 def map_shard_files(fn: Callable, pairs, *, engine: str = "processes",

@@ -16,11 +16,11 @@ import os
 from typing import Any, Callable, Iterable, Iterator
 
 from . import stages as _stages
-from .errors import ResumeError, StorageError, TarshardsError
+from .errors import IntegrityError, ResumeError, StorageError, TarshardsError
 from .format import group_samples
 from .shards import make_rng, resampled_shards, shard_order, split_shards
-from .source import (STATE_FORMAT, PlanConfig, ReaderStream, Schedule, check_state, plan_for,
-                     scan_shards)
+from .source import (STATE_FORMAT, PlanConfig, ReaderStream, Schedule, ShardTable, check_state,
+                     plan_for, scan_shards)
 from .types import WorkerInfo
 from .stages import reraise_exception
 from .tario import iter_tar_batches, tar_byte_source
@@ -33,10 +33,13 @@ _DEFAULT = object()
 
 def shard_samples(url: str, *, storage_options: dict | None = None, allow_pipe: bool = False,
                   last_dot: bool = False, opener: Callable | None = None,
-                  chunk_size: int = 1 << 20, retries: int = 5) -> Iterator[dict]:
+                  chunk_size: int = 1 << 20, retries: int = 5, expect=None) -> Iterator[dict]:
     """The samples of one shard (any URL :func:`tarshards.urls.open_url` opens).
 
     ``retries``: reconnections after a dropped connection, resuming at the byte offset reached.
+    ``expect``: the shard's manifest record (``samples``, ``nbytes``, ``hash``): the shard is
+    hashed as it streams, and after its last sample an :class:`IntegrityError` naming it is
+    raised when its size, hash or sample count differ.
 
     Errors are :class:`~tarshards.errors.TarshardsError` subclasses naming the shard, the member
     and the offset; OS errors while reading become :class:`StorageError`.
@@ -47,6 +50,9 @@ def shard_samples(url: str, *, storage_options: dict | None = None, allow_pipe: 
                                    allow_pipe=allow_pipe, retries=retries)
     try:
         with opener(url) as stream:
+            if expect is not None:
+                yield from _verified_samples(stream, url, expect, chunk_size, last_dot)
+                return
             batches = iter_tar_batches(tar_byte_source(stream, url, chunk_size), url)
             yield from group_samples(batches, url, last_dot=last_dot, batched=True)
     except TarshardsError as exn:
@@ -55,8 +61,27 @@ def shard_samples(url: str, *, storage_options: dict | None = None, allow_pipe: 
         raise StorageError(f"read failed: {exn}", url=url) from exn
 
 
+def _verified_samples(stream, url: str, expect, chunk_size: int, last_dot: bool):
+    from .hashing import HashingReader, check_shard, split_hash
+
+    if not getattr(expect, "hash", None) and getattr(expect, "nbytes", None) is None:
+        raise IntegrityError("verify=True needs the shard's hash or size in the manifest "
+                             "(rebuild it with: tarshards index SPEC -o MANIFEST)", url=url)
+    algorithm = split_hash(expect.hash)[0] if expect.hash else "crc32"
+    reader = HashingReader(stream, algorithm)
+    batches = iter_tar_batches(tar_byte_source(reader, url, chunk_size), url)
+    count = 0
+    for sample in group_samples(batches, url, last_dot=last_dot, batched=True):
+        count += 1
+        yield sample
+    reader.finish()
+    check_shard(url, expected_hash=expect.hash, expected_nbytes=expect.nbytes,
+                got_hash=reader.digest, got_nbytes=reader.nbytes,
+                expected_samples=expect.samples, got_samples=count)
+
+
 def iter_samples(urls: Iterable[str], *, handler: Callable = reraise_exception,
-                 **options) -> Iterator[dict]:
+                 expect: dict | None = None, **options) -> Iterator[dict]:
     """The samples of several shards in turn; shard errors go to ``handler``.
 
     With a handler that continues, a bad shard yields the samples before the error, one warning
@@ -64,7 +89,14 @@ def iter_samples(urls: Iterable[str], *, handler: Callable = reraise_exception,
     """
     for url in urls:
         try:
-            yield from shard_samples(url, **options)
+            if expect is not None:
+                record = expect.get(url)
+                if record is None:
+                    raise IntegrityError("verify=True: this shard is not in the manifest",
+                                         url=url)
+                yield from shard_samples(url, expect=record, **options)
+            else:
+                yield from shard_samples(url, **options)
         except TarshardsError as exn:
             if handler(exn):
                 continue
@@ -324,8 +356,9 @@ class WebDataset(DataPipeline):
                  storage_options: dict | None = None, allow_pipe: bool = False,
                  cache_dir: str | None = None, cache_size: float | str | None = None,
                  retries: int = 5, last_dot: bool = False, decode_size=None,
-                 allow_unsafe: bool = False, readers: int | None = None,
-                 remainder: str = "drop", equal: bool | None = None):
+                 allow_unsafe: bool = False, manifest=None, verify: bool = False,
+                 readers: int | None = None, remainder: str = "drop",
+                 equal: bool | None = None):
         super().__init__(self._samples, seed=seed, handler=handler)
         if readers is None and equal:
             raise ValueError("equal batches per rank need the epoch plan: pass readers=V "
@@ -338,10 +371,24 @@ class WebDataset(DataPipeline):
             PlanConfig(readers=readers, remainder=remainder)  # checks the arguments
             self._plan_config = {"readers": int(readers), "remainder": remainder}
         self._table = None
-        self.urls = expand_urls(urls, storage_options=storage_options)
+        self.manifest = None
+        if manifest is None and _is_manifest_spec(urls):
+            manifest, urls = urls, None
+        if manifest is not None:
+            from .manifest import as_manifest
+
+            self.manifest = as_manifest(manifest, storage_options)
+        if urls is None and self.manifest is not None:
+            self.urls = self.manifest.shard_urls()
+        else:
+            self.urls = expand_urls(urls, storage_options=storage_options)
         if not self.urls:
             raise ValueError(f"the shard spec {urls!r} names no shards")
-        self.spec = urls
+        if verify and self.manifest is None:
+            raise ValueError("verify=True checks shards against a manifest: pass manifest=M "
+                             "(or the manifest as the URL spec)")
+        self.verify = verify
+        self.spec = urls if urls is not None else (self.manifest.url or "<manifest>")
         self.resampled = resampled
         self.shardshuffle = bool(shuffle) if shardshuffle is None else bool(shardshuffle)
         self.nodesplitter = nodesplitter
@@ -358,7 +405,7 @@ class WebDataset(DataPipeline):
             from .cache import ShardCache
 
             cache = ShardCache(cache_dir, max_bytes=cache_size, storage_options=storage_options,
-                               retries=retries, allow_pipe=allow_pipe)
+                               retries=retries, allow_pipe=allow_pipe, manifest=self.manifest)
             self._opener = cache.open
         # the seed notebook's constructor: shuffle, decode, tuple, per-element transforms
         if shuffle:
@@ -388,7 +435,10 @@ class WebDataset(DataPipeline):
     def table(self):
         """The shards' sample counts and offsets (scanned once, when first needed)."""
         if self._table is None:
-            self._table = scan_shards(self.urls, opener=self._open, last_dot=self.last_dot)
+            if self.manifest is not None:
+                self._table = ShardTable.from_manifest(self.manifest, self.urls)
+            else:
+                self._table = scan_shards(self.urls, opener=self._open, last_dot=self.last_dot)
         return self._table
 
     def set_table(self, table) -> None:
@@ -507,6 +557,8 @@ class WebDataset(DataPipeline):
                    "last_dot": self.last_dot, "retries": self.retries}
         if self._opener is not None:
             options["opener"] = self._opener
+        if self.verify:
+            options["expect"] = self.manifest.records_by_url()
         samples = iter_samples(shards, handler=self.handler, **options)
         if not self.empty_check or self.resampled:
             yield from samples
@@ -521,9 +573,65 @@ class WebDataset(DataPipeline):
         yield first
         yield from samples
 
+    # ---- exact lengths from the manifest --------------------------------------------------------
+    def num_samples(self, *, rank: int | None = None, world_size: int | None = None,
+                    worker: int = 0, num_workers: int = 1, epoch: int | None = None) -> int:
+        """The exact number of samples one reader gets in an epoch (from the manifest).
+
+        Left out, ``rank``/``world_size`` are this process's; ``worker``/``num_workers`` default
+        to the whole rank (all its DataLoader workers together). With shard shuffling the
+        shards a rank gets, and so its count, can change with the epoch (default: the next).
+        """
+        if self.manifest is None:
+            raise TypeError("this WebDataset has no manifest, so its length is unknown: pass "
+                            "manifest=M (make one with: tarshards index SPEC -o M), or set a "
+                            "length with .with_length(n)")
+        if self.resampled:
+            raise TypeError("a resampled WebDataset is endless; bound it with .with_epoch(n)")
+        env = self.environment()
+        ctx = {"rank": env["rank"] if rank is None else rank,
+               "world_size": env["world_size"] if world_size is None else world_size,
+               "worker": worker, "num_workers": num_workers, "seed": self.seed,
+               "epoch": (epoch if epoch is not None else
+                         self.epoch if self.epoch is not None else self._auto_epoch)}
+        counts = self.manifest.counts()
+        total = 0
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            shards = list(self.shard_list(ctx))
+        for url in shards:
+            n = counts.get(url)
+            if n is None:
+                raise TypeError(f"shard {url} is not in the manifest; its length is unknown")
+            total += n
+        return total
+
+    def __len__(self):
+        """``with_length(n)`` when set; else, with a manifest, the exact sample count of this
+        rank (the whole set on one process); see :meth:`num_samples`."""
+        if self._length is not None:
+            return self._length
+        if self._plan_config is not None:  # planned: the batches this rank yields
+            return self.steps_per_epoch()
+        if self.manifest is None:
+            raise TypeError(f"{type(self).__name__} is a stream and has no length without a "
+                            "manifest: pass manifest=M (make one with: tarshards index SPEC -o "
+                            "M) for its exact length, or set one with .with_length(n)")
+        return self.num_samples()
+
     def _source_repr(self) -> str:
         spec = repr(self.spec) if isinstance(self.spec, str) else f"[{self.urls[0]!r}, ...]"
         return f"{type(self).__name__}({spec}, {len(self.urls)} shards)"
+
+
+def _is_manifest_spec(spec) -> bool:
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    if isinstance(spec, str):
+        return "::" not in spec and "{" not in spec and spec.lower().endswith(".json")
+    return type(spec).__name__ == "Manifest" and hasattr(spec, "shard_urls")
 
 
 def _as_urls(items) -> list[str]:

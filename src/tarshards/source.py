@@ -79,6 +79,29 @@ class ShardTable:
         self.plain = (list(plain) if plain is not None
                       else [not _compressed(u) for u in self.urls])
         self.fingerprint = fingerprint or _fingerprint(self.urls, self.counts)
+        self._manifest = None
+
+    @classmethod
+    def from_manifest(cls, manifest, urls: Sequence[str] | None = None) -> "ShardTable":
+        """Counts and fingerprint from a :class:`tarshards.manifest.Manifest`; sample offsets
+        from its per-shard indexes, loaded when a shard is first sought."""
+        urls = list(urls) if urls is not None else manifest.shard_urls()
+        table = cls(urls, [r.samples for r in manifest.shards],
+                    fingerprint=manifest.fingerprint)
+        table._manifest = manifest
+        return table
+
+    def sample_offsets(self, shard: int):
+        """Byte offsets of shard ``shard``'s samples in its plain tar file, or ``None``."""
+        offs = self.offsets[shard]
+        if offs is None and self._manifest is not None and self.plain[shard]:
+            offs = False
+            if self._manifest.shards[shard].index is not None:
+                idx = self._manifest.load_index(shard)
+                if getattr(idx, "compression", "none") == "none" and idx.seekable:
+                    offs = idx.sample_offsets
+            self.offsets[shard] = offs
+        return offs if offs is not False else None
 
     @property
     def num_samples(self) -> int:
@@ -458,7 +481,7 @@ class ReaderStream:
     def _read_shard(self, shard: int, a: int, b: int) -> Iterator[dict]:
         table = self.table
         url = table.urls[shard]
-        offsets = table.offsets[shard]
+        offsets = table.sample_offsets(shard)
         seekable = offsets is not None and table.plain[shard] and a > 0
         try:
             with self.opener(url) as stream:
@@ -503,7 +526,7 @@ class ReaderStream:
     def _read_samples(self, shard: int, idxs: list[int]) -> Iterator[tuple[int, dict]]:
         table = self.table
         url = table.urls[shard]
-        offsets = table.offsets[shard]
+        offsets = table.sample_offsets(shard)
         try:
             with self.opener(url) as stream:
                 if offsets is not None and table.plain[shard] and _seekable(stream):

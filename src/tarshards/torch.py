@@ -13,13 +13,15 @@ import io
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
+from . import indexed as _indexed
 from . import pipeline as _pipeline
 from .errors import ResumeError
 from .source import STATE_FORMAT, check_state
 
-__all__ = ["DataPipeline", "WebDataset", "WebLoader", "image_to_tensor", "torch_environment"]
+__all__ = ["DataPipeline", "IndexedDataset", "WebDataset", "WebLoader", "image_to_tensor",
+           "torch_environment"]
 
 
 def torch_environment() -> dict:
@@ -70,7 +72,7 @@ class WebDataset(IterableDataset, _TorchMixin, _pipeline.WebDataset):
     environment = _TorchMixin.environment
     __iter__ = _TorchMixin.__iter__
     __getitem__ = _TorchMixin.__getitem__
-    __len__ = _TorchMixin.__len__
+    __len__ = _pipeline.WebDataset.__len__  # exact with a manifest
     __repr__ = _TorchMixin.__repr__
 
 
@@ -85,6 +87,19 @@ class DataPipeline(IterableDataset, _TorchMixin, _pipeline.DataPipeline):
     __getitem__ = _TorchMixin.__getitem__
     __len__ = _TorchMixin.__len__
     __repr__ = _TorchMixin.__repr__
+
+
+class IndexedDataset(Dataset, _indexed.IndexedDataset):
+    """:class:`tarshards.indexed.IndexedDataset` as a ``torch.utils.data.Dataset`` (map-style:
+    works with ``DataLoader(shuffle=True, num_workers=N)`` and ``DistributedSampler``)."""
+
+    def __init__(self, *args, **kwargs):
+        _indexed.IndexedDataset.__init__(self, *args, **kwargs)
+
+    __getitem__ = _indexed.IndexedDataset.__getitem__
+    __len__ = _indexed.IndexedDataset.__len__
+    __iter__ = _indexed.IndexedDataset.__iter__
+    __repr__ = _indexed.IndexedDataset.__repr__
 
 
 class WebLoader(DataLoader):

@@ -73,7 +73,8 @@ class TarWriter:
     """
 
     def __init__(self, dest, *, encoder: bool = True, compress: str | bool | None = None,
-                 mtime: int = 0, storage_options: dict | None = None, level: int | None = None):
+                 mtime: int = 0, storage_options: dict | None = None, level: int | None = None,
+                 index: bool | str = False, aligned: bool = False, hash: str | None = None):
         self.dest = dest
         self.encoder = encoder
         if compress in (None, False):
@@ -89,13 +90,20 @@ class TarWriter:
         if suffix is None:
             suffix = self.name if isinstance(self.name, str) and compress is None else ""
         self.compressed = is_compressed_name(suffix)
+        self.index = None  # the ShardIndex, after close() when recording
+        self._recorder = None
         try:
-            self._stream, self._close_compressor = open_compressed_writer(
-                self._out.stream, suffix, level)
+            if index or aligned:
+                self._recorder = _Recorder(self, suffix, level, aligned, hash, index)
+            else:
+                self._stream, self._close_compressor = open_compressed_writer(
+                    self._out.stream, suffix, level)
         except BaseException:
             self._out.abort()
             raise
         self._tar = TarMemberWriter(self._stream, mtime=mtime)
+        if self._recorder is not None:
+            self._recorder.attach(self._tar)
         self.count = 0
         self.closed = False
 
@@ -115,7 +123,12 @@ class TarWriter:
     def write_members(self, members: list[tuple[str, bytes]]) -> int:
         if self.closed:
             raise ValueError(f"write to a closed TarWriter ({self.name})")
+        rec = self._recorder
+        if rec is not None:
+            rec.before_sample(members)
         n = self._tar.add_all(members)
+        if rec is not None:
+            rec.after_sample()
         self.count += 1
         return n
 
@@ -125,12 +138,18 @@ class TarWriter:
             return
         self.closed = True
         try:
+            if self._recorder is not None:
+                self._recorder.before_sample(())
             self._tar.finish()
+            if self._recorder is not None:
+                self._recorder.after_sample()
             self._close_compressor()
         except BaseException:
             self._out.abort()
             raise
         self._out.commit()
+        if self._recorder is not None:
+            self._recorder.finish()
 
     def abort(self) -> None:
         """Discard the shard (nothing appears under the final name)."""
@@ -147,6 +166,125 @@ class TarWriter:
         else:
             self.abort()
         return False
+
+
+class _Recorder:
+    """What ``TarWriter(index=...)`` / ``aligned=True`` adds: the index of what is written (member
+    offsets and checksums, the file's hash), and sample-aligned compression (each sample its own
+    gzip member or zstd frame, so it decompresses alone; still a valid .tar.gz / .tar.zst)."""
+
+    def __init__(self, writer: "TarWriter", suffix: str, level, aligned: bool, hash, index):
+        from .hashing import DEFAULT_HASH, file_hasher
+        from .index import IndexBuilder
+
+        self.writer = writer
+        self.save_to = index if isinstance(index, str) or hasattr(index, "__fspath__") else None
+        self.algorithm = hash or DEFAULT_HASH
+        self.hasher = file_hasher(self.algorithm)
+        self.builder = IndexBuilder()
+        self.nbytes = 0
+        self.raw = writer._out.stream
+        lower = str(suffix).lower()
+        self.compression = ("gzip" if lower.endswith((".tgz", ".tar.gz", ".gz")) else
+                            "zstd" if lower.endswith((".tar.zst", ".tzst", ".zst")) else "none")
+        self.aligned = aligned and self.compression != "none"
+        self._parts: list = []
+        if self.aligned:
+            self._compress = _frame_compressor(self.compression, level)
+            writer._stream, writer._close_compressor = self, (lambda: None)
+        elif self.compression != "none":
+            writer._stream, writer._close_compressor = open_compressed_writer(
+                _HashingSink(self), suffix, level)
+        else:
+            writer._stream, writer._close_compressor = self, (lambda: None)
+
+    def attach(self, tar: TarMemberWriter) -> None:
+        if self.aligned:
+            tar._writelines = self._parts.extend
+        elif self.compression == "none":
+            raw_writelines = getattr(self.raw, "writelines", None) or (
+                lambda parts: [self.raw.write(p) for p in parts])
+            update = self.hasher.update
+
+            def writelines(parts):
+                for part in parts:
+                    update(part)
+                    self.nbytes += len(part)
+                raw_writelines(parts)
+
+            tar._writelines = writelines
+
+    # the stream interface TarMemberWriter.finish() uses in aligned mode
+    def write(self, data) -> int:
+        if self.aligned:
+            self._parts.append(data)
+        else:
+            self.hasher.update(data)
+            self.nbytes += len(data)
+            self.raw.write(data)
+        return len(data)
+
+    def write_raw(self, data) -> None:
+        self.hasher.update(data)
+        self.nbytes += len(data)
+        self.raw.write(data)
+
+    def before_sample(self, members) -> None:
+        start = self.writer._tar.bytes_written
+        if self.aligned:
+            self.builder.frame(self.nbytes, start)
+        if members:
+            sizes = [BLOCK if len(n) <= 100 and len(d) < 8 ** 11 and n.isascii()
+                     else header_size(n, len(d)) for n, d in members]
+            self.builder.add_sample_members(members, start, sizes)
+
+    def after_sample(self) -> None:
+        if self.aligned and self._parts:
+            data = b"".join(self._parts)
+            self._parts.clear()
+            self.write_raw(self._compress(data))
+
+    def finish(self) -> None:
+        w = self.writer
+        index = self.builder.build(nbytes=self.nbytes,
+                                   hash=f"{self.algorithm}:{self.hasher.hexdigest()}",
+                                   compression=self.compression,
+                                   url=w.name if isinstance(w.name, str) else None)
+        w.index = index
+        if self.save_to is not None:
+            index.save(self.save_to, storage_options=w._out.storage_options)
+
+
+class _HashingSink:
+    """The raw output under a compressor: hashes and counts the compressed bytes."""
+
+    def __init__(self, rec: _Recorder):
+        self.rec = rec
+
+    def write(self, data) -> int:
+        self.rec.write_raw(data)
+        return len(data)
+
+    def flush(self) -> None:
+        self.rec.raw.flush()
+
+
+def _frame_compressor(compression: str, level):
+    """``bytes -> one complete gzip member / zstd frame`` (deterministic: no name, mtime 0)."""
+    if compression == "gzip":
+        import zlib
+
+        lv = 6 if level is None else level
+
+        def gz(data: bytes) -> bytes:
+            c = zlib.compressobj(lv, zlib.DEFLATED, 31)
+            return c.compress(data) + c.flush()
+
+        return gz
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=3 if level is None else level,
+                                    write_content_size=True).compress
 
 
 def shard_name(pattern: str, index: int) -> str:
@@ -181,7 +319,7 @@ class ShardWriter:
 
     def __init__(self, pattern: str, maxcount: int = 100_000, maxsize: float = 3e9, *,
                  start_shard: int = 0, verbose: int = 0, post=None,
-                 storage_options: dict | None = None, **tarwriter_options):
+                 storage_options: dict | None = None, manifest=None, **tarwriter_options):
         if maxcount is None or maxcount < 1:
             raise ValueError(f"maxcount must be >= 1, got {maxcount!r}")
         if maxsize is None or maxsize <= 0:
@@ -195,6 +333,13 @@ class ShardWriter:
         self.post = post
         self.storage_options = storage_options
         self.tarwriter_options = tarwriter_options
+        self.manifest = None  # the Manifest, after close() with manifest=PATH
+        self._manifest = None
+        if manifest is not None:  # record each shard's index and write the manifest at close
+            from .manifest import ManifestRecorder
+
+            self._manifest = ManifestRecorder(manifest, storage_options=storage_options)
+            self.tarwriter_options = dict(tarwriter_options, index=True)
         self.shards: list[ShardInfo] = []
         self._writer: TarWriter | None = None
         self._started = 0.0
@@ -221,6 +366,11 @@ class ShardWriter:
         self._writer = None
         w.close()
         info = ShardInfo(w.name, w.count, w.size, time.monotonic() - self._started)
+        if w.index is not None:
+            info.extra["hash"] = w.index.hash
+            info.extra["nbytes"] = w.index.nbytes
+            if self._manifest is not None:
+                self._manifest.add(w.name, w.index)
         self.shards.append(info)
         if self.post is not None:
             self.post(w.name)
@@ -239,8 +389,15 @@ class ShardWriter:
         return self._writer.write_members(members)
 
     def close(self) -> None:
-        """Commit the last shard."""
+        """Commit the last shard (and write the manifest, with ``manifest=``)."""
         self._finish_current()
+        self.save_manifest()
+
+    def save_manifest(self):
+        """Write the manifest of the shards committed so far (with ``manifest=``); returns it."""
+        if self._manifest is not None:
+            self.manifest = self._manifest.save()
+        return self.manifest
 
     def abort(self) -> None:
         if self._writer is not None:

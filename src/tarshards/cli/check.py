@@ -15,6 +15,8 @@ import click
 
 from ..errors import TarshardsError
 from ..format import split_name
+from ..hashing import HashingReader, split_hash
+from ..hashing import check_shard as verify_record
 from ..tario import decompressed_chunks, iter_tar, read_chunks
 from ..urls import open_url
 from ._common import CONTEXT_SETTINGS, Progress, collect_inputs, handle_errors, print_err
@@ -44,8 +46,10 @@ def _counted(chunks, counter: list):
         yield chunk
 
 
-def check_shard(url: str, *, max_problems: int = 20) -> ShardReport:
-    """Read one shard to its end and report what is in it and what is wrong with it."""
+def check_shard(url: str, *, max_problems: int = 20, expect=None) -> ShardReport:
+    """Read one shard to its end and report what is in it and what is wrong with it.
+
+    ``expect``: the shard's manifest record; its size, hash and sample count are checked too."""
     rep = ShardReport(url)
     seen: dict[str, int] = {}  # key -> offset of its first member, for finished samples
     key = None
@@ -60,6 +64,8 @@ def check_shard(url: str, *, max_problems: int = 20) -> ShardReport:
 
     try:
         with open_url(url) as stream:
+            if expect is not None:
+                stream = hashed = _hashing_reader(stream, expect)
             chunks = _counted(decompressed_chunks(read_chunks(stream), url), total)
             for name, data, offset in iter_tar(chunks, url):
                 rep.members += 1
@@ -84,10 +90,19 @@ def check_shard(url: str, *, max_problems: int = 20) -> ShardReport:
                             f"member {name!r}, offset {offset})")
                 exts.add(ext)
                 rep.extensions[ext] += 1
+            if expect is not None:
+                hashed.finish()
         rep.stream_bytes = total[0]
         if rep.members and total[0] < last_end + 1024:
             problem(f"no end-of-archive marker: the shard may be truncated at a member "
                     f"boundary (shard {url}, offset {total[0]})")
+        if expect is not None:
+            try:
+                verify_record(url, expected_hash=expect.hash, expected_nbytes=expect.nbytes,
+                              got_hash=hashed.digest, got_nbytes=hashed.nbytes,
+                              expected_samples=expect.samples, got_samples=rep.samples)
+            except TarshardsError as exn:
+                problem(str(exn))
         if rep.members == 0:
             problem(f"no members: empty shard (shard {url})")
         elif rep.samples == 0:
@@ -98,6 +113,11 @@ def check_shard(url: str, *, max_problems: int = 20) -> ShardReport:
     except OSError as exn:
         problem(f"read failed: {exn} (shard {url})")
     return rep
+
+
+def _hashing_reader(stream, expect):
+    algorithm = split_hash(expect.hash)[0] if expect.hash else "crc32"
+    return HashingReader(stream, algorithm)
 
 
 def _human(n: int) -> str:
@@ -144,14 +164,33 @@ def format_table(reports: list[ShardReport]) -> str:
 @click.option("--max-problems", type=click.IntRange(min=1), default=20, show_default=True,
               help="Problems listed per shard.")
 @click.option("-q", "--quiet", is_flag=True, help="Only problems and the exit status; no table.")
+@click.option("--manifest", "manifest_url", default=None, metavar="MANIFEST",
+              help="Also check size, hash and sample count against MANIFEST (its shards are "
+                   "checked when no INPUTS are given).")
 @handle_errors
-def check_cmd(inputs, listfile, max_problems, quiet):
+def check_cmd(inputs, listfile, max_problems, quiet, manifest_url=None):
     """Verify shards: readable to the end, no truncated member, no split key, no repeated field."""
-    urls = collect_inputs(inputs, listfile)
+    expected = None
+    if manifest_url is not None:
+        from ..manifest import Manifest
+
+        manifest = Manifest.load(manifest_url)
+        expected = manifest.records_by_url()
+        urls = collect_inputs(inputs, listfile) if (inputs or listfile) else manifest.shard_urls()
+    else:
+        urls = collect_inputs(inputs, listfile)
     reports = []
     with Progress(quiet, "tarcheck", unit="shards", total=len(urls)) as bar:
         for url in urls:
-            reports.append(check_shard(url, max_problems=max_problems))
+            expect = None
+            if expected is not None:
+                expect = expected.get(url)
+                if expect is None:
+                    rep = ShardReport(url, problems=[f"not in the manifest (shard {url})"])
+                    reports.append(rep)
+                    bar.update()
+                    continue
+            reports.append(check_shard(url, max_problems=max_problems, expect=expect))
             bar.update()
     if not quiet:
         click.echo(format_table(reports))

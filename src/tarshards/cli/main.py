@@ -215,9 +215,14 @@ class _MaxShardsReached(Exception):
               help="Number of the first shard.")
 @click.option("-z", "--gzip", "gz", is_flag=True, help="Write gzip-compressed shards (.tgz).")
 @click.option("--zstd", is_flag=True, help="Write zstd-compressed shards (.tar.zst).")
+@click.option("--aligned", is_flag=True,
+              help="Compress each sample on its own (with -z/--zstd): random access.")
+@click.option("--manifest", default=None, metavar="PATH",
+              help="Write the manifest (and an index per shard) of the shards written.")
 @click.option("-q", "--quiet", is_flag=True, help="Do not list the shards being written.")
 @handle_errors
-def split_cmd(inputs, prefix, maxsize, maxcount, maxshards, start, gz, zstd, quiet):
+def split_cmd(inputs, prefix, maxsize, maxcount, maxshards, start, gz, zstd, quiet, aligned=False,
+              manifest=None):
     """Split a tar stream (default stdin) into shards PREFIX-000000.tar..., samples kept whole."""
     if gz and zstd:
         raise click.UsageError("choose one of -z/--gzip and --zstd")
@@ -234,7 +239,7 @@ def split_cmd(inputs, prefix, maxsize, maxcount, maxshards, start, gz, zstd, qui
             raise _MaxShardsReached()
 
     sink = ShardWriter(pattern, maxcount=maxcount, maxsize=maxsize, start_shard=start,
-                       post=post, encoder=False)
+                       post=post, encoder=False, manifest=manifest, aligned=aligned)
     current = None
     nsamples = nbytes = 0
     stopped = False
@@ -251,6 +256,7 @@ def split_cmd(inputs, prefix, maxsize, maxcount, maxshards, start, gz, zstd, qui
                 nbytes += n
     except _MaxShardsReached:
         stopped = True
+        sink.save_manifest()  # of the complete shards
     finally:
         samples.close()
     done = sum(s.count for s in sink.shards)
@@ -448,6 +454,9 @@ except ImportError:  # pragma: no cover - depends on the checkout
     map_cmd = None
 else:
     group.add_command(map_cmd, "map")
+
+
+from .index import index_cmd; group.add_command(index_cmd, "index")  # noqa: E402,E702
 
 
 def main(argv=None):

@@ -1,0 +1,74 @@
+"""``tarshards index``: the manifest and per-shard indexes of existing shards.
+
+Each shard is read once from its start to its end (local or any URL the library reads; plain,
+gzip or zstd; written by GNU tar, Python's tarfile, webdataset or tarshards), its bytes hashed,
+its samples and members located. The indexes go beside the shards when they lie under the
+manifest's directory, else into ``_index/`` beside the manifest. Shards are indexed in parallel
+(``-p``), with a progress bar on stderr.
+"""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from ..hashing import DEFAULT_HASH, HASHES
+from ..index import INDEX_SUFFIX
+from ..manifest import build_manifest, resolve_url
+from ._common import CONTEXT_SETTINGS, collect_inputs, handle_errors, print_err
+
+__all__ = ["index_cmd"]
+
+
+@click.command("index", context_settings=CONTEXT_SETTINGS, epilog="\b\nExamples:\n"
+               "  tarshards index 'train-{0000..0147}.tar' -o train.json\n"
+               "  tarshards index -p 8 's3://bucket/ds/train-{0000..0999}.tar' -o ds.json\n"
+               "  tarshards index --dali shards/*.tar -o shards/manifest.json")
+@click.argument("inputs", nargs=-1, metavar="SPEC...")
+@click.option("-o", "--output", required=True, metavar="MANIFEST",
+              help="Where the manifest goes (a path or URL ending in .json).")
+@click.option("-T", "--files-from", "listfile", default=None, metavar="FILE",
+              help="Read shard URLs from FILE, one per line.")
+@click.option("-p", "--parallel", type=click.IntRange(min=1), default=None,
+              help="Shards indexed at once (default: one per CPU).")
+@click.option("--hash", "hash_name", type=click.Choice(HASHES), default=DEFAULT_HASH,
+              show_default=True, help="Hash of each shard file.")
+@click.option("--dali", is_flag=True,
+              help="Also write DALI's wds2idx index (SHARD.idx) beside each index.")
+@click.option("-e", "--on-error", type=click.Choice(["abort", "skip"]), default="abort",
+              show_default=True, help="What an unreadable shard does: abort, or leave it out.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@handle_errors
+def index_cmd(inputs, output, listfile, parallel, hash_name, dali, on_error, quiet):
+    """Index shards: write MANIFEST (counts, sizes, hashes) and one index per shard."""
+    if not inputs and listfile is None:
+        raise click.UsageError("name the shards to index (SPEC... or -T FILE)")
+    urls = collect_inputs(inputs, listfile)
+    if "-" in urls:
+        raise click.BadParameter("shards are indexed from files or URLs, not stdin",
+                                 param_hint="SPEC")
+    prog = click.get_current_context().command_path
+    skipped = []
+
+    def report(url, exc):
+        skipped.append(url)
+        print_err(f"{prog}: warning: left out {url}: {exc}")
+
+    manifest = build_manifest(urls, output, hash=hash_name, workers=parallel,
+                              progress=not quiet, on_error="skip" if on_error == "skip" else
+                              "raise", report=report)
+    if dali:
+        for i, rec in enumerate(manifest.shards):
+            idx = manifest.load_index(i)
+            if idx.compression != "none":
+                print_err(f"{prog}: warning: no DALI index for compressed {rec.url}")
+                continue
+            path = resolve_url(rec.index, manifest.base)
+            idx.save_dali(path[:-len(INDEX_SUFFIX)] + ".idx" if path.endswith(INDEX_SUFFIX)
+                          else path + ".idx")
+    if not quiet:
+        print_err(f"# {len(manifest.shards)} shards, {manifest.num_samples} samples -> "
+                  f"{os.fspath(output)}")
+    if skipped:
+        click.get_current_context().exit(1)

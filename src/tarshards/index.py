@@ -1,0 +1,657 @@
+"""The per-shard index: where each sample and member of a shard is, and a checksum per member.
+
+A :class:`ShardIndex` is made while a shard is written (:class:`IndexBuilder`, fed by
+:class:`tarshards.writer.TarWriter`) or by one sequential read of an existing shard
+(:func:`index_stream`). It is stored as a small binary sidecar (``.tsidx``, see
+``docs/format.md``): a JSON header followed by little-endian numpy arrays, read with
+``numpy.frombuffer`` (no pickle).
+
+Offsets: ``tar_offsets[i]`` is where sample ``i``'s first header starts in the (uncompressed) tar
+stream; ``sample_offsets[i]``/``sample_ends[i]`` are the bytes of the *file* to read for sample
+``i`` alone. For plain tar shards the two are the same. For sample-aligned compressed shards
+(each sample its own gzip member or zstd frame, as ``TarWriter(..., aligned=True)`` writes them)
+``sample_offsets`` are the offsets of those frames and ``seekable`` is true. A foreign compressed
+shard (one stream for the whole tar) is indexed too (counts, keys, uncompressed offsets), but it
+is not ``seekable``: random access to it needs a re-write or decompression from the start.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass, field
+from typing import BinaryIO, Iterator, Sequence
+
+import numpy as np
+
+from .errors import CompressionError, HeaderError, IntegrityError, TruncatedShardError
+from .hashing import (DEFAULT_HASH, MEMBER_HASH, file_hasher, member_checksum_fn,
+                      member_hasher_factory)
+
+__all__ = [
+    "DEFAULT_HASH",
+    "INDEX_SUFFIX",
+    "IndexBuilder",
+    "ShardIndex",
+    "index_stream",
+    "index_url",
+]
+
+INDEX_MAGIC = b"TSIDX\x00\r\n"
+INDEX_VERSION = 1
+INDEX_SUFFIX = ".tsidx"
+BLOCK = 512
+_CHUNK = 1 << 20
+_GZIP_MAGIC = b"\x1f\x8b"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+# ---------------------------------------------------------------------------------------------
+# the index value
+# ---------------------------------------------------------------------------------------------
+
+_ARRAYS = (  # name, dtype, per ("samples" | "members" | "samples+1" | "keys")
+    ("sample_offsets", "<i8", "samples"),
+    ("sample_ends", "<i8", "samples"),
+    ("tar_offsets", "<i8", "samples"),
+    ("sample_flags", "u1", "samples"),
+    ("key_offsets", "<i8", "samples+1"),
+    ("member_sample", "<u4", "members"),
+    ("member_ext", "<u2", "members"),
+    ("member_offsets", "<i8", "members"),
+    ("member_data_offsets", "<i8", "members"),
+    ("member_sizes", "<i8", "members"),
+    ("member_checksums", "<u8", "members"),
+    ("key_blob", "u1", "keys"),
+)
+FLAG_DOT_SLASH = 1  # the sample's member names start with "./" (as tar -C DIR . writes them)
+
+
+@dataclass(frozen=True, eq=False)
+class ShardIndex:
+    """Where each sample and member of one shard is (see the module docstring for offsets).
+
+    Per sample: ``keys``, ``sample_offsets``/``sample_ends`` (file byte range), ``tar_offsets``.
+    Per member: ``member_sample`` (its sample number), ``member_ext`` (code into ``extensions``,
+    the extensions as written, case kept), ``member_offsets`` (first header), ``member_data_offsets``,
+    ``member_sizes``, ``member_checksums`` (``member_hash`` of the data). Offsets of members are
+    in the uncompressed tar stream. ``nbytes``/``hash``: the shard file's size and hash.
+    """
+
+    sample_offsets: np.ndarray
+    sample_ends: np.ndarray
+    tar_offsets: np.ndarray
+    sample_flags: np.ndarray
+    key_offsets: np.ndarray
+    key_blob: np.ndarray
+    member_sample: np.ndarray
+    member_ext: np.ndarray
+    member_offsets: np.ndarray
+    member_data_offsets: np.ndarray
+    member_sizes: np.ndarray
+    member_checksums: np.ndarray
+    extensions: tuple = ()
+    compression: str = "none"  # "none", "gzip" or "zstd"
+    seekable: bool = True  # sample_offsets are offsets one can start reading the file at
+    member_hash: str = MEMBER_HASH
+    nbytes: int = 0
+    hash: str | None = None
+    last_dot: bool = False
+    url: str | None = field(default=None, compare=False)
+
+    # ---- derived -----------------------------------------------------------------------------
+    @property
+    def num_samples(self) -> int:
+        return len(self.sample_offsets)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    @property
+    def keys(self) -> list[str]:
+        """The sample keys (as the reader gives them in ``__key__``)."""
+        cached = self.__dict__.get("_keys")
+        if cached is None:
+            blob = self.key_blob.tobytes().decode("utf-8", "surrogateescape")
+            # offsets are in bytes: decode per key when any key is not ASCII
+            raw = self.key_blob.tobytes()
+            offs = self.key_offsets.tolist()
+            if len(blob) == len(raw):
+                cached = [blob[offs[i]:offs[i + 1]] for i in range(len(offs) - 1)]
+            else:
+                cached = [raw[offs[i]:offs[i + 1]].decode("utf-8", "surrogateescape")
+                          for i in range(len(offs) - 1)]
+            object.__setattr__(self, "_keys", cached)
+        return cached
+
+    @property
+    def member_starts(self) -> np.ndarray:
+        """``member_starts[i]:member_starts[i+1]`` are the members of sample ``i``."""
+        cached = self.__dict__.get("_member_starts")
+        if cached is None:
+            cached = np.searchsorted(self.member_sample, np.arange(self.num_samples + 1))
+            object.__setattr__(self, "_member_starts", cached)
+        return cached
+
+    def member_names(self, i: int) -> list[str]:
+        """The member names of sample ``i`` as they are in the tar."""
+        starts = self.member_starts
+        key = self.keys[i]
+        prefix = "./" if self.sample_flags[i] & FLAG_DOT_SLASH else ""
+        return [f"{prefix}{key}.{self.extensions[e]}"
+                for e in self.member_ext[starts[i]:starts[i + 1]].tolist()]
+
+    def __eq__(self, other):
+        if not isinstance(other, ShardIndex):
+            return NotImplemented
+        return self.to_bytes() == other.to_bytes()
+
+    __hash__ = None
+
+    def __repr__(self):
+        return (f"ShardIndex({self.num_samples} samples, {len(self.member_sample)} members, "
+                f"compression={self.compression!r}, seekable={self.seekable}, "
+                f"url={self.url!r})")
+
+    # ---- serialisation -----------------------------------------------------------------------
+    def _meta(self) -> dict:
+        return {
+            "format": "tarshards.index", "version": INDEX_VERSION,
+            "samples": self.num_samples, "members": int(len(self.member_sample)),
+            "key_bytes": int(len(self.key_blob)), "extensions": list(self.extensions),
+            "compression": self.compression, "seekable": bool(self.seekable),
+            "member_hash": self.member_hash, "nbytes": int(self.nbytes), "hash": self.hash,
+            "last_dot": bool(self.last_dot),
+            "arrays": [[name, dtype] for name, dtype, _ in _ARRAYS],
+        }
+
+    def to_bytes(self) -> bytes:
+        """The index file's bytes (deterministic: equal indexes give equal bytes)."""
+        meta = json.dumps(self._meta(), sort_keys=True, separators=(",", ":")).encode()
+        meta += b" " * (-len(meta) % 8)
+        parts = [INDEX_MAGIC, np.array([INDEX_VERSION, len(meta)], "<u4").tobytes(), meta]
+        for name, dtype, _ in _ARRAYS:
+            data = np.ascontiguousarray(getattr(self, name), dtype=dtype).tobytes()
+            parts.append(data)
+            parts.append(bytes(-len(data) % 8))
+        return b"".join(parts)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, url: str | None = None) -> "ShardIndex":
+        """Parse an index file's bytes (raises :class:`IntegrityError` when malformed)."""
+        data = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+        if bytes(data[:8]) != INDEX_MAGIC:
+            raise IntegrityError("not a tarshards index (bad magic bytes)", url=url, offset=0)
+        version, meta_len = np.frombuffer(data, "<u4", 2, 8).tolist()
+        if version != INDEX_VERSION:
+            raise IntegrityError(f"index format version {version} is not supported (this "
+                                 f"tarshards reads version {INDEX_VERSION})", url=url)
+        try:
+            meta = json.loads(bytes(data[16:16 + meta_len]))
+        except ValueError:
+            raise IntegrityError("corrupt index header", url=url, offset=16) from None
+        counts = {"samples": meta["samples"], "members": meta["members"],
+                  "samples+1": meta["samples"] + 1, "keys": meta["key_bytes"]}
+        pos = 16 + meta_len
+        arrays = {}
+        for name, dtype, per in _ARRAYS:
+            n = counts[per]
+            size = np.dtype(dtype).itemsize * n
+            if pos + size > len(data):
+                raise IntegrityError("index file is truncated", url=url, offset=pos)
+            arrays[name] = np.frombuffer(data, dtype, n, pos)
+            pos += size + (-size % 8)
+        return cls(**arrays, extensions=tuple(meta["extensions"]),
+                   compression=meta["compression"], seekable=meta["seekable"],
+                   member_hash=meta["member_hash"], nbytes=meta["nbytes"], hash=meta["hash"],
+                   last_dot=meta.get("last_dot", False), url=url)
+
+    def save(self, path, *, storage_options: dict | None = None) -> None:
+        """Write the index to ``path`` (a path or URL), atomically."""
+        from .urls import AtomicOutput
+
+        with AtomicOutput(path, storage_options=storage_options) as out:
+            out.stream.write(self.to_bytes())
+
+    @classmethod
+    def load(cls, url, *, storage_options: dict | None = None) -> "ShardIndex":
+        """Read an index file from a path or URL."""
+        import os
+
+        from .urls import open_url
+
+        url = os.fspath(url)
+        with open_url(url, storage_options=storage_options) as f:
+            data = f.read()
+        return cls.from_bytes(data, url=url)
+
+    # ---- conversions -------------------------------------------------------------------------
+    def to_dali(self) -> str:
+        """The index as DALI's ``wds2idx`` writes it (version ``v1.2``: one line per sample,
+        ``ext data_offset size name`` per member). Only for uncompressed shards."""
+        if self.compression != "none":
+            raise ValueError("DALI's webdataset reader indexes uncompressed tar files only")
+        lines = [f"v1.2 {self.num_samples}"]
+        starts = self.member_starts.tolist()
+        exts = [e.lower() for e in self.extensions]
+        data_offsets = self.member_data_offsets.tolist()
+        sizes = self.member_sizes.tolist()
+        codes = self.member_ext.tolist()
+        for i in range(self.num_samples):
+            names = self.member_names(i)
+            parts = []
+            for j, name in zip(range(starts[i], starts[i + 1]), names):
+                parts.append(f"{exts[codes[j]]} {data_offsets[j]} {sizes[j]} {name}")
+            lines.append(" ".join(parts))
+        return "\n".join(lines) + "\n"
+
+    def save_dali(self, path) -> None:
+        """Write :meth:`to_dali` to ``path`` (DALI's ``index_paths=``)."""
+        from .urls import AtomicOutput
+
+        with AtomicOutput(path) as out:
+            out.stream.write(self.to_dali().encode("utf-8"))
+
+    def checksum_fn(self):
+        return member_checksum_fn(self.member_hash)
+
+
+# ---------------------------------------------------------------------------------------------
+# building an index: one member at a time (the writer) or from a sequential read
+# ---------------------------------------------------------------------------------------------
+
+
+class IndexBuilder:
+    """Collects members as they are written or read, and makes the :class:`ShardIndex`.
+
+    ``add(name, header_offset, data_offset, size, checksum)`` takes members in tar order (offsets
+    in the uncompressed stream); members the reader skips (no extension, ``__`` names) are
+    ignored, and consecutive members with the same key form a sample, as in
+    :func:`tarshards.format.group_samples`. ``frame(file_offset, tar_offset)`` records the
+    start of a gzip member / zstd frame for compressed shards.
+    """
+
+    def __init__(self, *, member_hash: str = MEMBER_HASH, last_dot: bool = False):
+        self.member_hash = member_hash
+        self.last_dot = last_dot
+        self._key = None
+        self._keys: list[str] = []
+        self._flags: list[int] = []
+        self._tar_offsets: list[int] = []
+        self._ends: list[int] = []  # uncompressed end of each sample's last member (padded)
+        self._m_sample: list[int] = []
+        self._m_ext: list[int] = []
+        self._m_off: list[int] = []
+        self._m_data: list[int] = []
+        self._m_size: list[int] = []
+        self._m_sum: list[int] = []
+        self._ext_codes: dict[str, int] = {}
+        self._frames_file: list[int] = []
+        self._frames_tar: list[int] = []
+
+    @property
+    def count(self) -> int:
+        return len(self._keys)
+
+    def frame(self, file_offset: int, tar_offset: int) -> None:
+        self._frames_file.append(file_offset)
+        self._frames_tar.append(tar_offset)
+
+    def add(self, name: str, header_offset: int, data_offset: int, size: int,
+            checksum: int) -> None:
+        dot_slash = name.startswith("./")
+        if dot_slash:
+            name = name[2:]
+        slash = name.rfind("/") + 1
+        if name.startswith("__", slash):
+            return
+        dot = name.rfind(".", slash) if self.last_dot else name.find(".", slash)
+        if dot <= slash or dot == len(name) - 1:
+            return
+        key = name[:dot]
+        ext = name[dot + 1:]
+        end = data_offset + size + (-size % BLOCK)
+        if key != self._key:
+            self._key = key
+            self._keys.append(key)
+            self._flags.append(FLAG_DOT_SLASH if dot_slash else 0)
+            self._tar_offsets.append(header_offset)
+            self._ends.append(end)
+        else:
+            self._ends[-1] = end
+        code = self._ext_codes.get(ext)
+        if code is None:
+            code = self._ext_codes[ext] = len(self._ext_codes)
+        self._m_sample.append(len(self._keys) - 1)
+        self._m_ext.append(code)
+        self._m_off.append(header_offset)
+        self._m_data.append(data_offset)
+        self._m_size.append(size)
+        self._m_sum.append(checksum)
+
+    def add_sample_members(self, members, start: int, sizes: Sequence[int]) -> None:
+        """Record ``(name, data)`` members written from tar offset ``start`` (the writer's hook)."""
+        csum = member_checksum_fn(self.member_hash)
+        pos = start
+        for (name, data), hsize in zip(members, sizes):
+            n = len(data)
+            self.add(name, pos, pos + hsize, n, csum(data))
+            pos += hsize + n + (-n % BLOCK)
+
+    def build(self, *, nbytes: int, hash: str | None, compression: str = "none",
+              url: str | None = None) -> ShardIndex:
+        tar_offsets = np.array(self._tar_offsets, np.int64)
+        ends = np.array(self._ends, np.int64)
+        seekable = True
+        if compression == "none":
+            sample_offsets, sample_ends = tar_offsets, ends
+        else:
+            ftar = np.array(self._frames_tar, np.int64)
+            ffile = np.array(self._frames_file, np.int64)
+            at = np.searchsorted(ftar, tar_offsets)
+            hit = at < len(ftar)
+            seekable = bool(len(ftar)) and bool(np.all(hit)) and bool(
+                np.all(ftar[np.minimum(at, len(ftar) - 1)] == tar_offsets))
+            if seekable:
+                sample_offsets = ffile[at]
+                after = np.searchsorted(ftar, ends)  # first frame starting at/after the end
+                sample_ends = np.where(after < len(ffile),
+                                       ffile[np.minimum(after, len(ffile) - 1)], nbytes)
+            else:  # offsets into the decompressed stream: not a place to start reading the file
+                sample_offsets, sample_ends = tar_offsets, ends
+        raw_keys = [k.encode("utf-8", "surrogateescape") for k in self._keys]
+        key_offsets = np.zeros(len(raw_keys) + 1, np.int64)
+        if raw_keys:
+            np.cumsum([len(k) for k in raw_keys], out=key_offsets[1:])
+        return ShardIndex(
+            sample_offsets=np.asarray(sample_offsets, np.int64),
+            sample_ends=np.asarray(sample_ends, np.int64),
+            tar_offsets=tar_offsets,
+            sample_flags=np.array(self._flags, np.uint8),
+            key_offsets=key_offsets,
+            key_blob=np.frombuffer(b"".join(raw_keys), np.uint8),
+            member_sample=np.array(self._m_sample, np.uint32),
+            member_ext=np.array(self._m_ext, np.uint16),
+            member_offsets=np.array(self._m_off, np.int64),
+            member_data_offsets=np.array(self._m_data, np.int64),
+            member_sizes=np.array(self._m_size, np.int64),
+            member_checksums=np.array(self._m_sum, np.uint64),
+            extensions=tuple(self._ext_codes),
+            compression=compression, seekable=seekable, member_hash=self.member_hash,
+            nbytes=int(nbytes), hash=hash, last_dot=self.last_dot, url=url)
+
+
+# ---------------------------------------------------------------------------------------------
+# indexing an existing shard: one sequential read, hashing as it goes
+# ---------------------------------------------------------------------------------------------
+
+
+class _RawReader:
+    """Reads the file in chunks, hashing and counting every byte."""
+
+    def __init__(self, stream: BinaryIO, hasher, chunk_size: int = _CHUNK):
+        self.stream = stream
+        self.hasher = hasher
+        self.nbytes = 0
+        self.chunk_size = chunk_size
+
+    def chunks(self) -> Iterator[bytes]:
+        read = getattr(self.stream, "read1", None) or self.stream.read
+        update = self.hasher.update
+        while True:
+            data = read(self.chunk_size)
+            if not data:
+                return
+            update(data)
+            self.nbytes += len(data)
+            yield data
+
+
+def _frames(first: bytes, rest: Iterator[bytes], kind: str, builder: IndexBuilder,
+            url) -> Iterator[bytes]:
+    """Decompress gzip members / zstd frames, recording where each one starts."""
+    if kind == "gzip":
+        new = lambda: zlib.decompressobj(31)  # noqa: E731
+        errors = (zlib.error,)
+    else:
+        import zstandard
+
+        dctx = zstandard.ZstdDecompressor()
+        new = dctx.decompressobj
+        errors = (zstandard.ZstdError,)
+    d = new()
+    pending = first
+    consumed = 0  # compressed bytes consumed
+    produced = 0  # uncompressed bytes produced
+    builder.frame(0, 0)
+    try:
+        while True:
+            while pending:
+                if d.eof:
+                    stripped = pending.lstrip(b"\0")
+                    consumed += len(pending) - len(stripped)
+                    pending = stripped
+                    if not pending:
+                        break
+                    d = new()
+                    builder.frame(consumed, produced)
+                out = d.decompress(pending)
+                left = d.unused_data if d.eof else b""
+                consumed += len(pending) - len(left)
+                pending = left
+                if out:
+                    produced += len(out)
+                    yield out
+            nxt = next(rest, None)
+            if nxt is None:
+                break
+            pending = nxt
+        if not d.eof:
+            raise TruncatedShardError(f"{kind} stream ends early", url=url, offset=consumed)
+    except errors as exc:
+        raise CompressionError(f"corrupt {kind} data: {exc}", url=url, offset=consumed) \
+            from None
+
+
+class _Blocks:
+    """A forward-only window over the uncompressed tar bytes, with absolute offsets."""
+
+    __slots__ = ("it", "buf", "pos", "base")
+
+    def __init__(self, chunks: Iterator[bytes]):
+        self.it = chunks
+        self.buf = b""
+        self.pos = 0
+        self.base = 0
+
+    def take(self, n: int) -> bytes | None:
+        """The next ``n`` bytes (fewer only at EOF; None when nothing is left)."""
+        if len(self.buf) - self.pos < n:
+            parts = [self.buf[self.pos:]]
+            have = len(parts[0])
+            self.base += self.pos
+            while have < n:
+                nxt = next(self.it, None)
+                if nxt is None:
+                    break
+                parts.append(nxt)
+                have += len(nxt)
+            self.buf = b"".join(parts)
+            self.pos = 0
+            if not self.buf:
+                return None
+        out = self.buf[self.pos:self.pos + n]
+        self.pos += len(out)
+        return out
+
+    def feed(self, n: int, update) -> int:
+        """Pass the next ``n`` bytes to ``update`` without keeping them; returns bytes passed."""
+        done = 0
+        while done < n:
+            left = len(self.buf) - self.pos
+            if not left:
+                nxt = next(self.it, None)
+                if nxt is None:
+                    return done
+                self.base += len(self.buf)
+                self.buf = nxt
+                self.pos = 0
+                left = len(nxt)
+            k = min(left, n - done)
+            if update is not None:
+                update(memoryview(self.buf)[self.pos:self.pos + k])
+            self.pos += k
+            done += k
+        return done
+
+    def offset(self) -> int:
+        return self.base + self.pos
+
+
+def _walk(blocks: _Blocks, builder: IndexBuilder, url) -> None:
+    """Read tar headers and record every regular member (the reader's naming rules)."""
+    from .tario import _checksum_ok, _nts, _number, _parse_pax
+
+    new_hasher = member_hasher_factory(builder.member_hash)
+    long_name = None
+    pax = None
+    global_pax: dict = {}
+    start = None
+    while True:
+        off = blocks.offset()
+        hdr = blocks.take(BLOCK)
+        if hdr is None:
+            if start is not None:
+                raise TruncatedShardError("truncated tar stream: extended header without its "
+                                          "member", url=url, offset=start)
+            return
+        if len(hdr) < BLOCK:
+            raise TruncatedShardError("truncated tar stream: incomplete header block", url=url,
+                                      offset=off)
+        if hdr == bytes(BLOCK):
+            return
+        if not _checksum_ok(hdr):
+            raise HeaderError("bad tar header checksum", url=url, offset=off)
+        try:
+            size = _number(hdr[124:136])
+        except ValueError:
+            raise HeaderError("bad size field in tar header", url=url, offset=off) from None
+        if start is None:
+            start = off
+        if pax is not None and "size" in pax:
+            try:
+                size = int(pax["size"])
+            except ValueError:
+                raise HeaderError("bad size in pax header", url=url, offset=start) from None
+        if size < 0:
+            raise HeaderError("negative member size", url=url, offset=start)
+        padded = size + (-size % BLOCK)
+        typeflag = hdr[156]
+        if typeflag in (0x30, 0x00, 0x37):
+            if pax is not None and "path" in pax:
+                name = pax["path"]
+            elif long_name is not None:
+                name = long_name
+            else:
+                raw = _nts(hdr[:100])
+                if hdr[345] != 0 and hdr[257:263] == b"ustar\0":
+                    raw = _nts(hdr[345:500]) + b"/" + raw
+                name = raw.decode("utf-8", "surrogateescape")
+            data_off = blocks.offset()
+            if not typeflag and name[-1:] == "/":
+                blocks.feed(padded, None)
+            else:
+                h = new_hasher()
+                got = blocks.feed(size, h.update)
+                csum = h.intdigest()
+                if got < size:
+                    raise TruncatedShardError(
+                        f"truncated tar stream: member needs {size} bytes, stream ended after "
+                        f"{got}", url=url, member=name, offset=start)
+                blocks.feed(padded - size, None)
+                builder.add(name, start, data_off, size, csum)
+            long_name = pax = start = None
+            continue
+        if typeflag in (0x4C, 0x4B, 0x78, 0x67):  # GNU long name/link, pax, global pax
+            payload = blocks.take(padded)
+            if payload is None or len(payload) < padded:
+                if payload is None or len(payload) < size:
+                    raise TruncatedShardError("truncated tar stream in an extended header",
+                                              url=url, offset=start)
+            payload = payload[:size]
+            if typeflag == 0x4C:
+                long_name = _nts(payload).decode("utf-8", "surrogateescape")
+            elif typeflag == 0x78:
+                pax = dict(global_pax)
+                pax.update(_parse_pax(payload, url, start))
+            elif typeflag == 0x67:
+                global_pax.update(_parse_pax(payload, url, start))
+                start = None
+            continue
+        if typeflag not in (0x31, 0x32, 0x33, 0x34, 0x35, 0x36):
+            blocks.feed(padded, None)
+        long_name = pax = start = None
+
+
+def index_stream(stream: BinaryIO, url=None, *, hash: str = DEFAULT_HASH,
+                 member_hash: str = MEMBER_HASH, last_dot: bool = False,
+                 chunk_size: int = _CHUNK) -> ShardIndex:
+    """Index a shard by reading ``stream`` once from its start to its end.
+
+    The whole file is hashed (``hash``) and each member's data (``member_hash``); gzip and zstd
+    shards are decompressed, and the start of each gzip member / zstd frame is recorded, so a
+    sample-aligned compressed shard comes out ``seekable``.
+    """
+    hasher = file_hasher(hash)
+    raw = _RawReader(stream, hasher, chunk_size)
+    chunks = raw.chunks()
+    first = b""
+    for piece in chunks:
+        first += piece
+        if len(first) >= 4:
+            break
+    builder = IndexBuilder(member_hash=member_hash, last_dot=last_dot)
+    if first.startswith(_GZIP_MAGIC):
+        compression = "gzip"
+    elif first.startswith(_ZSTD_MAGIC):
+        compression = "zstd"
+    else:
+        compression = "none"
+    if compression == "none":
+        data = _chain(first, chunks)
+    else:
+        data = _frames(first, chunks, compression, builder, url)
+    _walk(_Blocks(data), builder, url)
+    for _ in data:  # the rest of the file (zero padding, trailing frames) is hashed too
+        pass
+    for _ in chunks:
+        pass
+    return builder.build(nbytes=raw.nbytes, hash=f"{hash}:{hasher.hexdigest()}",
+                         compression=compression, url=url)
+
+
+def _chain(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
+    if first:
+        yield first
+    yield from rest
+
+
+def index_url(url: str, *, storage_options: dict | None = None, hash: str = DEFAULT_HASH,
+              member_hash: str = MEMBER_HASH, last_dot: bool = False,
+              opener=None) -> ShardIndex:
+    """:func:`index_stream` of the shard at ``url`` (any URL :func:`open_url` opens)."""
+    import os
+
+    from .errors import StorageError, TarshardsError
+    from .urls import open_url
+
+    url = os.fspath(url)
+    try:
+        with (opener(url) if opener is not None
+              else open_url(url, storage_options=storage_options)) as f:
+            return index_stream(f, url, hash=hash, member_hash=member_hash, last_dot=last_dot)
+    except TarshardsError as exc:
+        raise exc.with_context(url=url) from None
+    except OSError as exc:
+        raise StorageError(f"read failed: {exc}", url=url) from exc
+
+

@@ -1,0 +1,309 @@
+"""Random access to a data set through its manifest: ``ds[i]`` reads sample ``i`` alone.
+
+:class:`IndexedDataset` is a map-style dataset (``len(ds)``, ``ds[i]``): sample ``i`` in
+manifest order (shard by shard, in tar order). Each access reads only that sample's bytes, found
+in the shard's index: ``os.pread`` for local shards, one ranged request for ``http(s)://``,
+``s3://``, ``gs://`` (through fsspec), or a local read after the shard cache has fetched the
+whole shard (``cache_dir=``). With torch installed, ``tarshards.IndexedDataset`` is also a
+``torch.utils.data.Dataset`` (see :mod:`tarshards.torch`), so ``DataLoader(shuffle=True,
+num_workers=N)`` and ``DistributedSampler`` work on it as on any map-style dataset.
+
+Open files and network clients are per process: they are dropped when the dataset is pickled
+into DataLoader workers and opened again there on first use.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+from typing import Any, Callable
+
+import numpy as np
+
+from . import stages as _stages
+from .errors import (IntegrityError, MissingDependencyError, ShardFormatError, StorageError,
+                     TarshardsError)
+from .manifest import Manifest, as_manifest
+from .seek import read_exact, sample_from_bytes
+from .urls import is_local, local_path
+
+__all__ = ["IndexedDataset"]
+
+
+class _LocalRanges:
+    __slots__ = ("fd", "url")
+
+    def __init__(self, path: str, url: str):
+        try:
+            self.fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise StorageError("no such shard file", url=url) from None
+        self.url = url
+
+    def read(self, start: int, end: int) -> bytes:
+        n = end - start
+        data = os.pread(self.fd, n, start)
+        if len(data) < n:  # pread may return less (a signal, a huge read): finish the range
+            parts = [data]
+            got = len(data)
+            while got < n:
+                more = os.pread(self.fd, n - got, start + got)
+                if not more:
+                    raise IntegrityError(f"the shard ends before byte {end} (is the index for "
+                                         "another version of this shard?)", url=self.url,
+                                         offset=start + got)
+                parts.append(more)
+                got += len(more)
+            data = b"".join(parts)
+        return data
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class _RemoteRanges:
+    __slots__ = ("fs", "path", "url")
+
+    def __init__(self, url: str, storage_options):
+        from .urls import _fsspec_resolve
+
+        self.fs, self.path, _ = _fsspec_resolve(url, storage_options)
+        self.url = url
+
+    def read(self, start: int, end: int) -> bytes:
+        try:
+            data = self.fs.cat_file(self.path, start=start, end=end)
+        except FileNotFoundError:
+            raise StorageError("no such shard", url=self.url) from None
+        except OSError as exc:
+            raise StorageError(f"ranged read failed: {exc}", url=self.url,
+                               offset=start) from exc
+        if len(data) != end - start:
+            raise IntegrityError(f"asked for bytes {start}-{end}, got {len(data)} bytes (is the "
+                                 "index for another version of this shard?)", url=self.url,
+                                 offset=start)
+        return data
+
+    def close(self) -> None:
+        pass
+
+
+class _GzipSeekRanges:
+    """Byte ranges of the *uncompressed* stream of a foreign .tgz (one gzip stream for the
+    whole tar), through the seek points ``indexed_gzip`` builds as it goes (a one-time
+    decompression up to the farthest point read, then about 1 MiB per seek)."""
+
+    __slots__ = ("f", "url")
+
+    def __init__(self, path: str, url: str):
+        try:
+            import indexed_gzip
+        except ImportError:
+            raise MissingDependencyError(
+                "this .tgz is compressed as one gzip stream: reading its samples at random "
+                "needs seek points, from the indexed_gzip package (pip install "
+                "'tarshards[seek]'); or re-write it with sample-aligned compression "
+                "(tarsplit --aligned -z, ShardWriter(..., aligned=True)) or uncompressed",
+                url=url) from None
+        self.f = indexed_gzip.IndexedGzipFile(path, spacing=1 << 20)
+        self.url = url
+
+    def read(self, start: int, end: int) -> bytes:
+        self.f.seek(start)
+        return read_exact(self.f, end - start, self.url, start)
+
+    def close(self) -> None:
+        self.f.close()
+
+
+class IndexedDataset:
+    """Map-style access to the samples of a manifest (see the module docstring).
+
+    ``manifest``: a :class:`~tarshards.manifest.Manifest` or its path/URL.
+    ``decode``: as ``WebDataset(decoder=...)``: an image mode (``"pil"``, ``"rgb8"``...), a
+    function ``f(ext, data)``, or a list of them; ``None`` (default) gives raw sample dicts, equal
+    to those of a sequential read (``__key__``, ``__url__``, fields as bytes).
+    ``transform``: a function applied to each (decoded) sample.
+    ``verify``: check each member's checksum against the index (``IntegrityError`` naming the
+    shard, member and offset).
+    ``cache_dir``/``cache_size``: fetch remote shards whole into a :class:`ShardCache` and read
+    them locally (a download is verified against the manifest before it is kept).
+    """
+
+    def __init__(self, manifest, *, decode: Any = None, transform: Callable | None = None,
+                 verify: bool = False, storage_options: dict | None = None,
+                 cache_dir=None, cache_size=None, decode_size=None,
+                 allow_unsafe: bool = False):
+        self.manifest: Manifest = as_manifest(manifest, storage_options)
+        self.urls = self.manifest.shard_urls()
+        counts = np.fromiter((r.samples for r in self.manifest.shards), np.int64,
+                             len(self.manifest.shards))
+        self._starts = np.concatenate([[0], np.cumsum(counts)])
+        self.storage_options = storage_options
+        self.verify = verify
+        self.transform = transform
+        self.cache_dir = cache_dir
+        self.cache_size = cache_size
+        if decode is None:
+            self._decode = None
+        else:
+            modes = decode if isinstance(decode, (list, tuple)) else [decode]
+            kw: dict = {"allow_unsafe": allow_unsafe}
+            if decode_size is not None:
+                kw["size"] = decode_size
+            list(_stages.decode(iter(()), *modes, **kw))  # check the modes now, not in a worker
+            self._decode = (tuple(modes), kw)
+        self._readers: dict = {}
+        self._cache = None
+        self._pid = os.getpid()
+
+    # ---- the map-style protocol --------------------------------------------------------------
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def locate(self, i: int) -> tuple[int, int]:
+        """``(shard number, sample number in that shard)`` of global sample ``i``."""
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"sample {i} out of range (the data set has {n} samples)")
+        shard = int(np.searchsorted(self._starts, i, side="right")) - 1
+        return shard, i - int(self._starts[shard])
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        try:
+            i = operator.index(i)  # numpy / torch integers too
+        except TypeError:
+            raise TypeError(f"samples are indexed by int, not {type(i).__name__}") from None
+        shard, j = self.locate(i)
+        sample = self.raw_sample(shard, j)
+        if self._decode is not None:
+            modes, kw = self._decode
+            sample = next(_stages.decode(iter((sample,)), *modes, **kw))
+        if self.transform is not None:
+            sample = self.transform(sample)
+        return sample
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def __repr__(self):
+        return (f"IndexedDataset({len(self)} samples in {len(self.urls)} shards, "
+                f"manifest={self.manifest.url!r})")
+
+    # ---- reading -----------------------------------------------------------------------------
+    def raw_sample(self, shard: int, j: int) -> dict:
+        """Sample ``j`` of shard ``shard`` as raw bytes (no decoding, no transform)."""
+        idx = self.manifest.load_index(shard)
+        url = self.urls[shard]
+        if j >= idx.num_samples:
+            raise IntegrityError(f"the index has {idx.num_samples} samples, the manifest "
+                                 f"{self.manifest.shards[shard].samples}", url=url)
+        start = int(idx.sample_offsets[j])
+        end = int(idx.sample_ends[j])
+        compression = idx.compression
+        if idx.seekable:
+            data = self._reader(shard).read(start, end)
+        elif compression == "gzip":  # offsets are in the uncompressed stream
+            data = self._reader(shard, gzip_seek=True).read(start, end)
+            compression = "none"
+        else:
+            raise ShardFormatError(
+                f"this {idx.compression} shard is compressed as one stream, so a sample cannot "
+                "be read alone. Re-write it with sample-aligned compression (ShardWriter(..., "
+                "aligned=True), or: tarsplit --aligned), or store it uncompressed; or read it "
+                "sequentially with WebDataset", url=url)
+        try:
+            sample = sample_from_bytes(data, int(idx.tar_offsets[j]),
+                                       compression=compression, url=url,
+                                       last_dot=idx.last_dot, offset=start)
+        except TarshardsError as exc:
+            raise exc.with_context(url=url, offset=start) from None
+        if sample["__key__"] != idx.keys[j]:
+            raise IntegrityError(f"expected sample {idx.keys[j]!r} here, found "
+                                 f"{sample['__key__']!r} (the index does not fit this shard)",
+                                 url=url, offset=start)
+        if self.verify:
+            _check_members(sample, idx, j, url)
+        return sample
+
+    def _reader(self, shard: int, gzip_seek: bool = False):
+        if os.getpid() != self._pid:  # forked into a worker: do not share descriptors
+            self._readers = {}
+            self._cache = None
+            self._pid = os.getpid()
+        r = self._readers.get(shard)
+        if r is None:
+            url = self.urls[shard]
+            if gzip_seek:
+                if is_local(url):
+                    path = local_path(url)
+                elif self.cache_dir is not None:
+                    path = self._shard_cache().fetch(url)
+                else:
+                    raise ShardFormatError(
+                        "this .tgz is compressed as one gzip stream: random access to it needs "
+                        "a local copy (pass cache_dir=) or a re-write with sample-aligned "
+                        "compression (tarsplit --aligned -z)", url=url)
+                r = _GzipSeekRanges(path, url)
+            elif is_local(url):
+                r = _LocalRanges(local_path(url), url)
+            elif self.cache_dir is not None:
+                r = _LocalRanges(self._shard_cache().fetch(url), url)
+            else:
+                r = _RemoteRanges(url, self.storage_options)
+            self._readers[shard] = r
+        return r
+
+    def _shard_cache(self):
+        if self._cache is None:
+            from .cache import ShardCache
+
+            self._cache = ShardCache(self.cache_dir, max_bytes=self.cache_size,
+                                     storage_options=self.storage_options,
+                                     manifest=self.manifest)
+        return self._cache
+
+    def close(self) -> None:
+        """Close the open shard files (they reopen on the next access)."""
+        for r in self._readers.values():
+            r.close()
+        self._readers = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_readers"] = {}
+        state["_cache"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._pid = os.getpid()
+
+
+def _check_members(sample: dict, idx, j: int, url) -> None:
+    """Compare each field of sample ``j`` with the checksums the index holds."""
+    starts = idx.member_starts
+    csum = idx.checksum_fn()
+    exts = idx.extensions
+    for m in range(int(starts[j]), int(starts[j + 1])):
+        ext = exts[int(idx.member_ext[m])].lower()
+        data = sample.get(ext)
+        if data is None:
+            raise IntegrityError(f"field {ext!r} of sample {idx.keys[j]!r} is missing", url=url,
+                                 offset=int(idx.member_offsets[m]))
+        if csum(data) != int(idx.member_checksums[m]):
+            raise IntegrityError("member checksum does not match the index", url=url,
+                                 member=idx.member_names(j)[m - int(starts[j])],
+                                 offset=int(idx.member_offsets[m]))

@@ -1,0 +1,259 @@
+"""The per-shard index: offsets agree with tarfile's, the file format round-trips and refuses
+what it cannot read, the writer records what a later read finds, DALI's index is exported."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zstandard
+
+from tarshards import IntegrityError, ShardFormatError, ShardWriter, TarWriter
+from tarshards.hashing import HashingReader, file_hasher, member_checksum_fn
+from tarshards.index import ShardIndex, index_stream, index_url
+from tarshards.pipeline import shard_samples
+from tarshards.seek import read_sample_at, samples_from
+
+
+def _tarfile_shard(path, members, fmt=tarfile.PAX_FORMAT, dirs=()):
+    with tarfile.open(path, "w", format=fmt) as tf:
+        for d in dirs:
+            ti = tarfile.TarInfo(d)
+            ti.type = tarfile.DIRTYPE
+            tf.addfile(ti)
+        for name, data in members:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    return path
+
+
+def _members(n=12, long_every=4):
+    out = []
+    for i in range(n):
+        key = ("d" * 90 + "/" + "k" * 30 if i % long_every == 0 else "dir") + f"/s{i:04d}"
+        out.append((f"{key}.jpg", os.urandom(37 * i + 1)))
+        out.append((f"{key}.cls", str(i).encode()))
+    return out
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_offsets_agree_with_tarfile(tmp_path, fmt):
+    members = _members(long_every=4 if fmt != tarfile.USTAR_FORMAT else 10 ** 9)
+    path = _tarfile_shard(str(tmp_path / "a.tar"), members, fmt, dirs=["dir/"])
+    idx = index_url(path)
+    with tarfile.open(path) as tf:
+        infos = [ti for ti in tf.getmembers() if ti.isreg()]
+    assert idx.member_offsets.tolist() == [ti.offset for ti in infos]
+    assert idx.member_data_offsets.tolist() == [ti.offset_data for ti in infos]
+    assert idx.member_sizes.tolist() == [ti.size for ti in infos]
+    csum = member_checksum_fn(idx.member_hash)
+    assert idx.member_checksums.tolist() == [csum(d) for _, d in members]
+    assert idx.num_samples == len(members) // 2
+    assert idx.keys == [n.rsplit(".", 1)[0] for n, _ in members[::2]]
+    assert [idx.member_names(i) for i in range(2)] == [[members[0][0], members[1][0]],
+                                                       [members[2][0], members[3][0]]]
+    assert idx.nbytes == os.path.getsize(path)
+    h = file_hasher("xxh3_64")
+    h.update(Path(path).read_bytes())
+    assert idx.hash == f"xxh3_64:{h.hexdigest()}"
+
+
+def test_gnu_tar_shard(tmp_path):
+    src = tmp_path / "src"
+    names = []
+    for i in range(5):
+        sub = src / ("long" * 30) if i % 2 else src / "short"
+        sub.mkdir(parents=True, exist_ok=True)
+        for ext, data in (("txt", b"t" * i), ("bin", os.urandom(700))):
+            (sub / f"key{i}.{ext}").write_bytes(data)
+            names.append(os.path.relpath(sub / f"key{i}.{ext}", src))
+    path = tmp_path / "gnu.tar"
+    subprocess.run(["tar", "--format=gnu", "-cf", str(path), "-C", str(src), *names], check=True)
+    idx = index_url(str(path))
+    seq = list(shard_samples(str(path)))
+    assert idx.num_samples == len(seq) == 5
+    with open(path, "rb") as f:
+        for i, want in enumerate(seq):
+            got = read_sample_at(f, int(idx.sample_offsets[i]), end=int(idx.sample_ends[i]),
+                                 url=str(path))
+            assert got == want
+
+
+def test_round_trip_bytes_and_file(tmp_path):
+    path = _tarfile_shard(str(tmp_path / "a.tar"), _members())
+    idx = index_url(path)
+    data = idx.to_bytes()
+    assert len(data) % 8 == 0
+    again = ShardIndex.from_bytes(data)
+    assert again == idx and again.keys == idx.keys and again.extensions == idx.extensions
+    idx.save(str(tmp_path / "a.tar.tsidx"))
+    loaded = ShardIndex.load(str(tmp_path / "a.tar.tsidx"))
+    assert loaded == idx and loaded.url.endswith("a.tar.tsidx")
+    assert loaded.sample_offsets.dtype == np.dtype("<i8")
+
+
+def test_bad_index_files_are_refused(tmp_path):
+    idx = index_url(_tarfile_shard(str(tmp_path / "a.tar"), _members()))
+    data = idx.to_bytes()
+    with pytest.raises(IntegrityError, match="not a tarshards index"):
+        ShardIndex.from_bytes(b"PK\x03\x04" + data[4:])
+    bumped = bytearray(data)
+    bumped[8] = 99
+    with pytest.raises(IntegrityError, match="version 99 is not supported"):
+        ShardIndex.from_bytes(bytes(bumped))
+    with pytest.raises(IntegrityError, match="truncated"):
+        ShardIndex.from_bytes(data[:len(data) - 64])
+
+
+def test_non_ascii_keys_and_skipped_members(tmp_path):
+    members = [("ключ1.txt", b"a"), ("ключ1.json", b"{}"), ("__meta__.json", b"{}"),
+               ("noext", b"x"), ("./dotslash.txt", b"b"), ("./dotslash.cls", b"1")]
+    path = _tarfile_shard(str(tmp_path / "a.tar"), members)
+    idx = index_url(path)
+    assert idx.keys == ["ключ1", "dotslash"]
+    assert idx.member_names(1) == ["./dotslash.txt", "./dotslash.cls"]
+    seq = list(shard_samples(path))
+    with open(path, "rb") as f:
+        for i in range(2):
+            assert read_sample_at(f, int(idx.sample_offsets[i]), end=int(idx.sample_ends[i]),
+                                  url=path) == seq[i]
+        # without the end: read until the next sample starts
+        assert read_sample_at(f, int(idx.sample_offsets[0]), url=path) == seq[0]
+        assert list(samples_from(f, int(idx.sample_offsets[1]), url=path)) == seq[1:]
+
+
+def test_writer_records_what_a_read_finds(tmp_path):
+    samples = [{"__key__": f"s{i}", "txt": "x" * (i * 300), "cls": i,
+                "json": {"i": i}} for i in range(30)]
+    samples[3]["__key__"] = "p/" + "q" * 150 + "/s3"  # a pax header
+    for suffix, aligned in ((".tar", False), (".tar.gz", False), (".tar.zst", False),
+                            (".tar.gz", True), (".tar.zst", True)):
+        path = str(tmp_path / f"w{int(aligned)}{suffix}")
+        with TarWriter(path, index=path + ".tsidx", aligned=aligned) as w:
+            for s in samples:
+                w.write(s)
+        recorded = ShardIndex.load(path + ".tsidx")
+        assert recorded == w.index
+        read = index_url(path)
+        assert read == recorded, suffix
+        assert recorded.seekable == (suffix == ".tar" or aligned)
+        assert recorded.compression == {".tar": "none", ".tar.gz": "gzip",
+                                        ".tar.zst": "zstd"}[suffix]
+
+
+def test_aligned_shards_are_valid_for_other_tools(tmp_path):
+    samples = [{"__key__": f"s{i}", "txt": f"sample {i}"} for i in range(5)]
+    gz = str(tmp_path / "a.tar.gz")
+    with TarWriter(gz, aligned=True) as w:
+        for s in samples:
+            w.write(s)
+    with tarfile.open(gz, "r:gz") as tf:
+        assert [m.name for m in tf.getmembers()] == [f"s{i}.txt" for i in range(5)]
+    assert subprocess.run(["tar", "-tzf", gz], capture_output=True, check=True).stdout.split() \
+        == [f"s{i}.txt".encode() for i in range(5)]
+    zst = str(tmp_path / "a.tar.zst")
+    with TarWriter(zst, aligned=True) as w:
+        for s in samples:
+            w.write(s)
+    with open(zst, "rb") as f:
+        raw = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
+        with tarfile.open(fileobj=raw, mode="r|") as tf:
+            assert [m.name for m in tf] == [f"s{i}.txt" for i in range(5)]
+
+
+def test_foreign_compressed_shard_is_indexed_but_not_seekable(tmp_path):
+    path = _tarfile_shard(str(tmp_path / "a.tar"), _members())
+    tgz = str(tmp_path / "a.tgz")
+    with open(path, "rb") as f, gzip.open(tgz, "wb") as g:
+        g.write(f.read())
+    idx = index_url(tgz)
+    plain = index_url(path)
+    assert idx.compression == "gzip" and not idx.seekable
+    assert idx.keys == plain.keys
+    assert idx.tar_offsets.tolist() == plain.tar_offsets.tolist()
+    assert idx.nbytes == os.path.getsize(tgz)
+
+
+def test_corrupt_shards_raise_with_context(tmp_path):
+    path = _tarfile_shard(str(tmp_path / "a.tar"), _members())
+    data = bytearray(Path(path).read_bytes())
+    cut = str(tmp_path / "cut.tar")
+    Path(cut).write_bytes(data[:3000])
+    with pytest.raises(ShardFormatError, match="truncated") as e:
+        index_url(cut)
+    assert e.value.url == cut
+    bad = str(tmp_path / "bad.tar")
+    at = int(index_url(path).member_offsets[3])  # a plain ustar header
+    data[at + 10] ^= 0xFF
+    Path(bad).write_bytes(bytes(data))
+    with pytest.raises(ShardFormatError, match="checksum"):
+        index_url(bad)
+
+
+def test_dali_export_matches_wds2idx_format(tmp_path):
+    members = _members(6, long_every=10 ** 9)
+    path = _tarfile_shard(str(tmp_path / "a.tar"), members, tarfile.USTAR_FORMAT)
+    idx = index_url(path)
+    text = idx.to_dali()
+    lines = text.splitlines()
+    assert lines[0] == "v1.2 6"
+    with tarfile.open(path) as tf:
+        infos = [ti for ti in tf.getmembers() if ti.isreg()]
+    # each line: ext offset size name, per member of the sample (offset of the data)
+    for line, pair in zip(lines[1:], zip(infos[::2], infos[1::2])):
+        fields = line.split()
+        assert len(fields) == 8
+        for k, ti in enumerate(pair):
+            ext, off, size, name = fields[4 * k:4 * k + 4]
+            assert (ext, int(off), int(size), name) == (ti.name.split(".", 1)[1],
+                                                        ti.offset_data, ti.size, ti.name)
+            with open(path, "rb") as f:
+                f.seek(int(off))
+                assert f.read(int(size)) == dict(members)[ti.name]
+    idx.save_dali(str(tmp_path / "a.idx"))
+    assert (tmp_path / "a.idx").read_text() == text
+
+
+def test_hashing_reader_covers_the_whole_file(tmp_path):
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(3 << 20))
+    with open(path, "rb", buffering=0) as f:
+        r = HashingReader(f, "sha256")
+        view = bytearray(1000)
+        assert r.readinto(view) == 1000
+        r.read(5000)
+        r.finish()
+    import hashlib
+
+    assert r.digest == "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+    assert r.nbytes == 3 << 20
+
+
+def test_index_stream_of_a_non_seekable_stream(tmp_path):
+    path = _tarfile_shard(str(tmp_path / "a.tar"), _members())
+    with subprocess.Popen(["cat", path], stdout=subprocess.PIPE) as proc:
+        idx = index_stream(proc.stdout, "pipe")
+    assert idx == index_url(path)
+
+
+def test_shardwriter_sample_offsets_open_samples(tmp_path):
+    with ShardWriter(str(tmp_path / "s-%02d.tar.zst"), maxcount=10, aligned=True,
+                     manifest=str(tmp_path / "m.json")) as w:
+        for i in range(25):
+            w.write({"__key__": f"k{i}", "txt": "y" * i})
+    m = w.manifest
+    for i, url in enumerate(m.shard_urls()):
+        idx = m.load_index(i)
+        seq = list(shard_samples(url))
+        with open(url, "rb") as f:
+            for j in range(len(idx)):
+                assert list(samples_from(f, int(idx.sample_offsets[j]), compression="zstd",
+                                         tar_offset=int(idx.tar_offsets[j]),
+                                         url=url)) == seq[j:]

@@ -1,0 +1,308 @@
+"""Random access through the manifest: ``ds[i]`` equals the i-th sample of a sequential read, for
+shards written by tarfile (ustar/gnu/pax), GNU tar and ShardWriter, plain, gzip and zstd; exact
+``len()``; IndexedDataset in a real DataLoader and with DistributedSampler."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import io
+import os
+import pickle
+import subprocess
+import tarfile
+import tempfile
+
+import pytest
+import zstandard
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tarshards import IntegrityError, ShardFormatError, ShardWriter, WebDataset
+from tarshards.indexed import IndexedDataset
+from tarshards.manifest import Manifest, build_manifest
+from tarshards.pipeline import iter_samples
+
+HAVE_INDEXED_GZIP = importlib.util.find_spec("indexed_gzip") is not None
+
+_EXTS = ["jpg", "cls", "json", "seg.png", "txt"]
+
+
+@st.composite
+def datasets(draw):
+    n = draw(st.integers(1, 12))
+    samples = []
+    for i in range(n):
+        where = draw(st.sampled_from(["", "dir/", "d" * 120 + "/", "a/b/"]))
+        key = f"{where}k{i:03d}" + draw(st.sampled_from(["", "_" + "x" * 40]))
+        exts = draw(st.lists(st.sampled_from(_EXTS), min_size=1, max_size=3, unique=True))
+        fields = {e: draw(st.binary(max_size=1500)) for e in exts}
+        samples.append((key, fields))
+    cuts = sorted(draw(st.sets(st.integers(1, max(1, n - 1)), max_size=2)))
+    shards, start = [], 0
+    for c in cuts + [n]:
+        if c > start:
+            shards.append(samples[start:c])
+            start = c
+    return shards
+
+
+def _write_tar(path: str, samples, writer: str) -> None:
+    members = [(f"{key}.{ext}", data) for key, fields in samples for ext, data in fields.items()]
+    if writer.startswith("tarfile"):
+        fmt = {"tarfile-ustar": tarfile.USTAR_FORMAT, "tarfile-gnu": tarfile.GNU_FORMAT,
+               "tarfile-pax": tarfile.PAX_FORMAT}[writer]
+        with tarfile.open(path, "w", format=fmt) as tf:
+            for name, data in members:
+                ti = tarfile.TarInfo(name)
+                ti.size = len(data)
+                ti.mtime = 1_700_000_000
+                tf.addfile(ti, io.BytesIO(data))
+        return
+    # GNU tar over a directory of files, in our member order
+    with tempfile.TemporaryDirectory() as src:
+        for name, data in members:
+            os.makedirs(os.path.join(src, os.path.dirname(name)), exist_ok=True)
+            with open(os.path.join(src, name), "wb") as f:
+                f.write(data)
+        fmt = writer.split("-", 1)[1]
+        subprocess.run(["tar", f"--format={fmt}", "--no-recursion", "-cf", path, "-C", src,
+                        *[n for n, _ in members]], check=True, capture_output=True)
+
+
+def _compress(path: str, compression: str) -> str:
+    if compression == "none":
+        return path
+    with open(path, "rb") as f:
+        data = f.read()
+    os.unlink(path)
+    if compression == "gz":
+        out = path + ".gz"
+        with gzip.open(out, "wb") as g:
+            g.write(data)
+    else:
+        out = path + ".zst"
+        with open(out, "wb") as f:
+            f.write(zstandard.ZstdCompressor().compress(data))
+    return out
+
+
+def _check_random_access(manifest: Manifest, expect_seekable: bool | None = None):
+    urls = manifest.shard_urls()
+    seq = list(iter_samples(urls))
+    ds = WebDataset(manifest)
+    assert len(ds) == len(seq) == manifest.num_samples
+    ids = IndexedDataset(manifest)
+    assert len(ids) == len(seq)
+    indexes = [manifest.load_index(i) for i in range(len(urls))]
+    random_ok = all(ix.seekable or (ix.compression == "gzip" and HAVE_INDEXED_GZIP)
+                    for ix in indexes)
+    if expect_seekable is not None:
+        assert all(ix.seekable for ix in indexes) == expect_seekable
+    if random_ok:
+        for i, want in enumerate(seq):
+            assert ids[i] == want, i
+        assert ids[-1] == seq[-1]
+    else:
+        with pytest.raises(ShardFormatError, match="compressed as one stream"):
+            for i in range(len(ids)):
+                ids[i]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shards=datasets(),
+       writer=st.sampled_from(["tarfile-ustar", "tarfile-gnu", "tarfile-pax", "gnutar-gnu",
+                               "gnutar-pax"]),
+       compression=st.sampled_from(["none", "gz", "zst"]))
+def test_foreign_shards_random_access_equals_sequential(shards, writer, compression):
+    with tempfile.TemporaryDirectory() as d:
+        urls = []
+        for s, samples in enumerate(shards):
+            path = os.path.join(d, f"part-{s:03d}.tar")
+            _write_tar(path, samples, writer)
+            urls.append(_compress(path, compression))
+        m = build_manifest(urls, os.path.join(d, "manifest.json"), workers=1)
+        assert [r.samples for r in m.shards] == [len(s) for s in shards]
+        _check_random_access(Manifest.load(os.path.join(d, "manifest.json")))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shards=datasets(), compression=st.sampled_from(["none", "gz", "zst"]),
+       aligned=st.booleans(), maxcount=st.integers(1, 6))
+def test_shardwriter_manifest_equals_index_command(shards, compression, aligned, maxcount):
+    samples = [s for shard in shards for s in shard]
+    suffix = {"none": ".tar", "gz": ".tar.gz", "zst": ".tar.zst"}[compression]
+    with tempfile.TemporaryDirectory() as d:
+        with ShardWriter(os.path.join(d, "out-%04d" + suffix), maxcount=maxcount,
+                         manifest=os.path.join(d, "written.json"), aligned=aligned,
+                         encoder=False) as w:
+            for key, fields in samples:
+                w.write({"__key__": key, **fields})
+        written = Manifest.load(os.path.join(d, "written.json"))
+        assert written == w.manifest
+        indexed = build_manifest(written.shard_urls(), os.path.join(d, "indexed.json"),
+                                 workers=1)
+        assert indexed == written
+        assert indexed.fingerprint == written.fingerprint
+        for i in range(len(written)):
+            assert indexed.load_index(i) == written.load_index(i)
+        # plain and aligned shards are always seekable; others only by chance (one sample)
+        _check_random_access(written, expect_seekable=True if compression == "none" or aligned
+                             else None)
+
+
+def _manifest(tmp_path, n=40, maxcount=9, suffix=".tar", **kw):
+    with ShardWriter(str(tmp_path / f"s-%03d{suffix}"), maxcount=maxcount,
+                     manifest=str(tmp_path / "m.json"), **kw) as w:
+        for i in range(n):
+            w.write({"__key__": f"k{i:04d}", "txt": f"sample {i}" * (i % 7), "cls": i % 10})
+    return w.manifest
+
+
+def test_errors_and_indexing(tmp_path):
+    m = _manifest(tmp_path)
+    ds = IndexedDataset(str(tmp_path / "m.json"))
+    assert len(ds) == 40
+    assert ds[39]["__key__"] == ds[-1]["__key__"] == "k0039"
+    assert [s["__key__"] for s in ds[3:6]] == ["k0003", "k0004", "k0005"]
+    import numpy as np
+
+    assert ds[np.int64(7)]["__key__"] == "k0007"
+    with pytest.raises(IndexError):
+        ds[40]
+    with pytest.raises(TypeError):
+        ds["a"]
+    assert ds.locate(9) == (1, 0)
+    assert repr(ds).startswith("IndexedDataset(40 samples in 5 shards")
+    again = pickle.loads(pickle.dumps(ds))
+    assert again[12] == ds[12]
+    ds.close()
+    assert m.num_samples == 40
+
+
+def test_decode_and_transform(tmp_path):
+    _manifest(tmp_path)
+    ds = IndexedDataset(str(tmp_path / "m.json"), decode="rgb8",
+                        transform=lambda s: (s["txt"], s["cls"]))
+    assert ds[3] == ("sample 3" * 3, 3)
+    with pytest.raises(ValueError, match="unknown decoding mode"):
+        IndexedDataset(str(tmp_path / "m.json"), decode="nonsense")
+
+
+def test_verify_names_the_member(tmp_path):
+    m = _manifest(tmp_path)
+    idx = m.load_index(2)
+    url = m.shard_urls()[2]
+    at = int(idx.member_data_offsets[5])  # a txt member's first data byte
+    with open(url, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([byte ^ 0x20]))
+    plain = IndexedDataset(m)
+    s = 2 * 9 + int(idx.member_sample[5])
+    assert plain[s]["__key__"] == f"k{s:04d}"  # without verify, the changed byte is not seen
+    ds = IndexedDataset(m, verify=True)
+    for i in range(len(ds)):
+        if i != s:
+            ds[i]
+    with pytest.raises(IntegrityError, match="checksum") as e:
+        ds[s]
+    assert e.value.url == url and e.value.member == f"k{s:04d}.txt"
+
+
+def test_index_for_another_shard_is_refused(tmp_path):
+    m = _manifest(tmp_path)
+    url = m.shard_urls()[1]
+    with ShardWriter(url.replace("001", "%03d"), start_shard=1, maxcount=100) as w:
+        for i in range(9):
+            w.write({"__key__": f"other{i}", "txt": "z" * i, "cls": 0})
+    ds = IndexedDataset(m)
+    with pytest.raises(ShardFormatError):
+        for i in range(9, 18):
+            ds[i]
+
+
+def test_foreign_tgz_without_random_access_says_why(tmp_path):
+    samples = [(f"k{i}", {"txt": b"x" * i}) for i in range(5)]
+    path = str(tmp_path / "a.tar")
+    _write_tar(path, samples, "tarfile-pax")
+    zst = _compress(path, "zst")
+    m = build_manifest([zst], str(tmp_path / "m.json"), workers=1)
+    with pytest.raises(ShardFormatError, match="compressed as one stream.*aligned"):
+        IndexedDataset(m)[0]
+
+
+@pytest.mark.skipif(not HAVE_INDEXED_GZIP, reason="indexed_gzip is not installed")
+def test_foreign_tgz_through_gzip_seek_points(tmp_path):
+    samples = [(f"k{i}", {"txt": os.urandom(3000 * i)}) for i in range(30)]
+    path = str(tmp_path / "a.tar")
+    _write_tar(path, samples, "tarfile-gnu")
+    tgz = _compress(path, "gz")
+    m = build_manifest([tgz], str(tmp_path / "m.json"), workers=1)
+    ds = IndexedDataset(m)
+    seq = list(iter_samples([tgz]))
+    for i in reversed(range(len(seq))):
+        assert ds[i] == seq[i]
+
+
+def test_parallel_index_command_and_cli(tmp_path):
+    m = _manifest(tmp_path, n=30, maxcount=5)
+    built = build_manifest(m.shard_urls(), str(tmp_path / "again.json"), workers=2,
+                           progress=False)
+    assert built == m
+    from click.testing import CliRunner
+
+    from tarshards.cli.main import group
+
+    res = CliRunner().invoke(group, ["index", "-q", "--dali", str(tmp_path / "s-*.tar"), "-o",
+                                     str(tmp_path / "cli.json")])
+    assert res.exit_code == 0, res.output
+    assert Manifest.load(str(tmp_path / "cli.json")) == m
+    dali = (tmp_path / "s-000.tar.idx").read_text().splitlines()
+    assert dali[0] == "v1.2 5" and dali[1].startswith("cls ")
+    res = CliRunner().invoke(group, ["index", "-q", str(tmp_path / "missing.tar"), "-o",
+                                     str(tmp_path / "x.json")])
+    assert res.exit_code == 1 and "missing.tar" in res.output
+
+
+torch = pytest.importorskip("torch", reason="the DataLoader tests need torch")
+
+
+def test_dataloader_shuffle_two_workers(tmp_path):
+    from torch.utils.data import DataLoader
+
+    import tarshards
+
+    _manifest(tmp_path, n=50)
+    ds = tarshards.IndexedDataset(str(tmp_path / "m.json"),
+                                  transform=lambda s: (s["__key__"], int(s["cls"])))
+    assert isinstance(ds, torch.utils.data.Dataset)
+    loader = DataLoader(ds, batch_size=8, shuffle=True, num_workers=2,
+                        generator=torch.Generator().manual_seed(0))
+    assert len(loader) == 7
+    keys, labels = [], []
+    for k, c in loader:
+        keys.extend(k)
+        labels.extend(c.tolist())
+    assert sorted(keys) == [f"k{i:04d}" for i in range(50)]
+    assert keys != sorted(keys)  # shuffled
+    assert dict(zip(keys, labels)) == {f"k{i:04d}": i % 10 for i in range(50)}
+
+
+def test_distributed_sampler_splits_exactly(tmp_path):
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    import tarshards
+
+    _manifest(tmp_path, n=42)
+    ds = tarshards.IndexedDataset(str(tmp_path / "m.json"), transform=lambda s: s["__key__"])
+    seen = []
+    for rank in range(3):
+        sampler = DistributedSampler(ds, num_replicas=3, rank=rank, shuffle=True, seed=1)
+        sampler.set_epoch(2)
+        got = [k for batch in DataLoader(ds, batch_size=5, sampler=sampler, num_workers=1)
+               for k in batch]
+        assert len(got) == 14
+        seen.extend(got)
+    assert sorted(seen) == [f"k{i:04d}" for i in range(42)]

@@ -1,0 +1,230 @@
+"""The manifest: file format, relative URLs, fingerprint, wids' shardindex.json; exact len() per
+rank and worker; verify=True and tarcheck --manifest name a shard with one flipped byte."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from tarshards import (IntegrityError, ShardFormatError, ShardWriter, WebDataset,
+                       warn_and_continue)
+from tarshards.cli.main import group
+from tarshards.manifest import (Manifest, ShardRecord, build_manifest, index_path_for,
+                                relative_url, resolve_url)
+from tarshards.pipeline import WebDataset as PlainWebDataset
+from tarshards.pipeline import iter_samples
+
+
+def _write(tmp_path, n=50, maxcount=8, sub="ds", **kw):
+    d = tmp_path / sub
+    d.mkdir(exist_ok=True)
+    with ShardWriter(str(d / "part-%04d.tar"), maxcount=maxcount,
+                     manifest=str(d / "manifest.json"), **kw) as w:
+        for i in range(n):
+            w.write({"__key__": f"s{i:05d}", "txt": f"text {i}" * (i % 5), "cls": i % 3})
+    return w.manifest
+
+
+def _flip(path, at):
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([b ^ 1]))
+
+
+def test_file_format_and_relative_urls(tmp_path):
+    m = _write(tmp_path)
+    obj = json.loads((tmp_path / "ds" / "manifest.json").read_text())
+    assert obj["format"] == "tarshards.manifest" and obj["version"] == 1
+    assert obj["num_samples"] == 50
+    assert obj["shards"][0] == {"url": "part-0000.tar", "samples": 8,
+                                "nbytes": os.path.getsize(tmp_path / "ds" / "part-0000.tar"),
+                                "hash": m.shards[0].hash, "index": "part-0000.tar.tsidx"}
+    assert m.shards[0].hash.startswith("xxh3_64:")
+    # the data set moves as a whole
+    shutil.copytree(tmp_path / "ds", tmp_path / "moved")
+    moved = Manifest.load(str(tmp_path / "moved" / "manifest.json"))
+    assert moved == m and moved.fingerprint == m.fingerprint
+    assert moved.shard_urls()[0] == str(tmp_path / "moved" / "part-0000.tar")
+    assert list(iter_samples(moved.shard_urls())) != []
+    assert moved.load_index(3) == m.load_index(3)
+
+
+def test_fingerprint_and_tampering(tmp_path):
+    m = _write(tmp_path)
+    r = m.shards[0]
+    other = Manifest((ShardRecord(r.url, r.samples + 1, r.nbytes, r.hash, r.index),)
+                     + m.shards[1:])
+    assert other.fingerprint != m.fingerprint and other != m
+    path = tmp_path / "ds" / "manifest.json"
+    obj = json.loads(path.read_text())
+    obj["shards"][1]["samples"] += 1
+    path.write_text(json.dumps(obj))
+    with pytest.raises(IntegrityError, match="fingerprint"):
+        Manifest.load(str(path))
+    path.write_text(json.dumps({"format": "tarshards.manifest", "version": 7, "shards": []}))
+    with pytest.raises(ShardFormatError, match="version 7"):
+        Manifest.load(str(path))
+    path.write_text("{not json")
+    with pytest.raises(ShardFormatError, match="not valid JSON"):
+        Manifest.load(str(path))
+    with pytest.raises(FileNotFoundError):
+        Manifest.load(str(tmp_path / "nope.json"))
+
+
+def test_url_helpers(tmp_path):
+    base = str(tmp_path)
+    assert relative_url(str(tmp_path / "a" / "b.tar"), base) == "a/b.tar"
+    assert relative_url("/elsewhere/b.tar", base) == "/elsewhere/b.tar"
+    assert relative_url("s3://b/x/y.tar", "s3://b/x/") == "y.tar"
+    assert relative_url("s3://b/z/y.tar", "s3://b/x/") == "s3://b/z/y.tar"
+    assert resolve_url("y.tar", "s3://b/x/") == "s3://b/x/y.tar"
+    assert resolve_url("http://h/y.tar", base) == "http://h/y.tar"
+    assert index_path_for("a/b.tar") == "a/b.tar.tsidx"
+    far = index_path_for("s3://bucket/data/train-0001.tar")
+    assert far.startswith("_index/") and far.endswith("-train-0001.tar.tsidx")
+    assert index_path_for("../up.tar").startswith("_index/")
+
+
+def test_index_of_shards_elsewhere(tmp_path):
+    m = _write(tmp_path)
+    out = tmp_path / "meta" / "all.json"
+    built = build_manifest(m.shard_urls(), str(out), workers=1)
+    assert built.shards[0].url == str(tmp_path / "ds" / "part-0000.tar")
+    assert built.shards[0].index.startswith("_index/")
+    assert (out.parent / built.shards[0].index).exists()
+    assert built.load_index(0) == m.load_index(0)
+    assert [r.hash for r in built.shards] == [r.hash for r in m.shards]
+
+
+def test_wids_shardindex_is_read(tmp_path):
+    m = _write(tmp_path)
+    wids = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": "train",
+            "shardlist": [{"url": r.url, "nsamples": r.samples, "filesize": r.nbytes}
+                          for r in m.shards]}
+    path = tmp_path / "ds" / "shardindex.json"
+    path.write_text(json.dumps(wids))
+    w = Manifest.load(str(path))
+    assert [r.samples for r in w.shards] == [r.samples for r in m.shards]
+    assert w.shard_urls() == m.shard_urls()
+    assert w.shards[0].hash is None and w.shards[0].index is None
+    ds = WebDataset(str(path))
+    assert len(ds) == 50 and len(list(ds)) == 50
+    with pytest.raises(ShardFormatError, match="no index"):
+        w.load_index(0)
+
+
+def test_exact_len_per_rank_and_worker(tmp_path):
+    m = _write(tmp_path, n=61, maxcount=7)  # 9 shards of 7, 7, ..., 5
+    url = str(tmp_path / "ds" / "manifest.json")
+    assert len(PlainWebDataset(url)) == 61
+    assert len(PlainWebDataset(m)) == 61
+    assert len(PlainWebDataset(m.shard_urls(), manifest=url)) == 61
+    for shardshuffle in (False, True):
+        for world in (1, 2, 3):
+            total = 0
+            for rank in range(world):
+                ds = PlainWebDataset(url, rank=rank, world_size=world, shardshuffle=shardshuffle,
+                                     seed=5)
+                ds.set_epoch(3)
+                n = len(ds)
+                assert n == len(list(ds)), (world, rank)
+                by_worker = [ds.num_samples(worker=w, num_workers=2) for w in range(2)]
+                assert sum(by_worker) == n
+                total += n
+            assert total == 61
+    ds = PlainWebDataset(url).with_length(10)
+    assert len(ds) == 10
+    with pytest.raises(TypeError, match="without a manifest"):
+        len(PlainWebDataset(m.shard_urls()))
+    with pytest.raises(TypeError, match="endless"):
+        len(PlainWebDataset(url, resampled=True))
+    part = PlainWebDataset(m.shard_urls()[:2] + [str(tmp_path / "x.tar")], manifest=m)
+    with pytest.raises(TypeError, match="not in the manifest"):
+        len(part)
+
+
+def test_verify_names_the_bad_shard(tmp_path):
+    m = _write(tmp_path)
+    url = str(tmp_path / "ds" / "manifest.json")
+    assert len(list(WebDataset(url, verify=True))) == 50
+    bad = m.shard_urls()[3]
+    _flip(bad, 700)  # in the padding of a member: invisible to the tar reader
+    assert len(list(WebDataset(url))) == 50
+    with pytest.raises(IntegrityError) as e:
+        list(WebDataset(url, verify=True))
+    assert e.value.url == bad and "hash" in str(e.value)
+    # a continuing handler skips the shard's check and goes on
+    with pytest.warns(Warning, match="part-0003"):
+        assert len(list(WebDataset(url, verify=True, handler=warn_and_continue))) == 50
+    with pytest.raises(ValueError, match="manifest"):
+        WebDataset(m.shard_urls(), verify=True)
+
+
+def test_verify_catches_a_truncated_or_grown_shard(tmp_path):
+    m = _write(tmp_path)
+    bad = m.shard_urls()[1]
+    with open(bad, "ab") as f:
+        f.write(bytes(512))
+    with pytest.raises(IntegrityError, match="bytes, the manifest says") as e:
+        list(WebDataset(str(tmp_path / "ds" / "manifest.json"), verify=True))
+    assert e.value.url == bad
+
+
+def test_tarcheck_manifest_names_the_shard(tmp_path):
+    m = _write(tmp_path)
+    url = str(tmp_path / "ds" / "manifest.json")
+    res = CliRunner().invoke(group, ["check", "-q", "--manifest", url])
+    assert res.exit_code == 0, res.output
+    bad = m.shard_urls()[5]
+    _flip(bad, 900)
+    res = CliRunner().invoke(group, ["check", "-q", "--manifest", url])
+    assert res.exit_code == 1
+    problems = [ln for ln in res.output.splitlines() if "problem:" in ln]
+    assert len(problems) == 1 and bad in problems[0] and "hash" in problems[0]
+    # INPUTS with --manifest: only those, and one the manifest lacks is a problem
+    res = CliRunner().invoke(group, ["check", "-q", "--manifest", url, m.shard_urls()[0]])
+    assert res.exit_code == 0, res.output
+    stray = tmp_path / "stray.tar"
+    shutil.copy(m.shard_urls()[0], stray)
+    res = CliRunner().invoke(group, ["check", "-q", "--manifest", url, str(stray)])
+    assert res.exit_code == 1 and "not in the manifest" in res.output
+
+
+def test_tarsplit_writes_a_manifest(tmp_path):
+    m = _write(tmp_path, n=20, maxcount=100)
+    out = tmp_path / "split"
+    out.mkdir()
+    res = CliRunner().invoke(group, ["split", "-q", "-n", "6", "-z", "--aligned", "--manifest",
+                                     str(out / "m.json"), "-o", str(out / "p"),
+                                     m.shard_urls()[0]])
+    assert res.exit_code == 0, res.output
+    sm = Manifest.load(str(out / "m.json"))
+    assert [r.samples for r in sm.shards] == [6, 6, 6, 2]
+    assert all(sm.load_index(i).seekable for i in range(4))
+    assert sm == build_manifest(sm.shard_urls(), str(out / "again.json"), workers=1)
+
+
+def test_map_shards_writes_a_manifest(tmp_path):
+    from tarshards.parallel import map_shards
+
+    m = _write(tmp_path, n=30, maxcount=10)
+    outs = [str(tmp_path / f"out-{i}.tar") for i in range(3)]
+    map_shards(_upper, m.shard_urls()[:2], outs[:2], workers=1, progress=False)
+    # the third is new; the first two exist and are indexed by reading them
+    reports = map_shards(_upper, m.shard_urls(), outs, workers=2, progress=False,
+                         manifest=str(tmp_path / "out.json"))
+    assert [r.status for r in reports] == ["skipped", "skipped", "done"]
+    om = Manifest.load(str(tmp_path / "out.json"))
+    assert om.num_samples == 30 and [r.url for r in om.shards] == [
+        "out-0.tar", "out-1.tar", "out-2.tar"]
+    assert om == build_manifest(outs, str(tmp_path / "again.json"), workers=1)
+
+
+def _upper(sample):
+    return {"__key__": sample["__key__"], "txt": sample["txt"].upper()}
