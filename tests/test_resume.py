@@ -239,3 +239,85 @@ def test_manifest_gives_the_plan_without_a_scan(urls, tmp_path):
     # the same batches as the scanned dataset (same counts, same plan)
     assert ref[0] == run_epochs(make_ds(urls), 1)[0]
     assert ds.table.sample_offsets(0) is not None  # seeks through the index
+
+
+# ---- weighted mixing ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_sets(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mix")
+    (d / "a").mkdir()
+    (d / "b").mkdir()
+    return (write_uneven(d / "a", [20, 15, 25], prefix="a"),
+            write_uneven(d / "b", [9, 11], prefix="b"))
+
+
+def make_mix(two_sets, stop="first", torch_ds=False, **kw):
+    if torch_ds:
+        from tarshards.torch import WebDataset, mix
+    else:
+        from tarshards.mix import mix
+        from tarshards.pipeline import WebDataset
+    a_urls, b_urls = two_sets
+    a = WebDataset(a_urls, shardshuffle=True, seed=0).shuffle(4).decode()
+    b = WebDataset(b_urls, shardshuffle=True, seed=0).decode()
+    return (mix({"a": a, "b": b}, weights={"a": 0.7, "b": 0.3}, readers=4, stop=stop, seed=3,
+                **kw)
+            .to_tuple("__key__", "__source__", "__pad__").batched(10))
+
+
+def test_batch_quotas_are_exact():
+    from tarshards.mix import batch_quotas
+
+    q = batch_quotas((0.7, 0.3), 4, (1000, 1000), "first")
+    assert all(sum(x) == 4 and x[0] in (2, 3) and x[1] in (1, 2) for x in q)
+    for n in range(1, len(q)):  # every prefix within one sample of the weights
+        got = sum(x[0] for x in q[:n])
+        assert abs(got - 0.7 * 4 * n) <= 1
+    assert batch_quotas((1, 1, 2), 4, (10, 10, 10), "first")[0] == (1, 1, 2)
+
+
+@pytest.mark.parametrize("stop", ["first", "all", "cycle"])
+def test_mix_quotas_stops_and_resume(two_sets, stop):
+    batches = list(make_mix(two_sets, stop))
+    for keys, sources, pads in batches:
+        assert len(keys) == 10 and list(sources).count("a") == 7  # 10 x 0.7 exactly
+    keys = [k for b in batches for k in b[0]]
+    a_keys = [k for k in keys if k.startswith("a")]
+    b_keys = [k for k in keys if k.startswith("b")]
+    if stop == "first":  # b (20 samples, 5 per reader) runs out first: nothing twice
+        assert len(set(keys)) == len(keys) and len(set(b_keys)) <= 20
+    if stop == "all":  # every sample of both sets at least once
+        assert len(set(a_keys)) == 60 and len(set(b_keys)) == 20
+    if stop == "cycle":
+        assert len(keys) == 80
+    check_resume(lambda: make_mix(two_sets, stop), epochs=2, cuts=[(0, 1), (0, "end"), (1, 1)])
+
+
+def test_mix_through_loader_and_elastic(two_sets):
+    from tarshards.torch import WebLoader
+
+    _quiet()
+    check_resume(lambda: WebLoader(make_mix(two_sets, "all", torch_ds=True), batch_size=None,
+                                   num_workers=2), epochs=1, cuts=[(0, 3)])
+    # 2 ranks -> 4 ranks: every remaining batch once
+    full = [[] for _ in range(2)]
+    saved = None
+    for r in range(2):
+        ds = make_mix(two_sets, "all", rank=r, world_size=2)
+        it = iter(ds)
+        for _ in range(2):
+            full[r].append(next(it))
+        if r == 0:
+            saved = ds.state_dict()
+    after = []
+    for r in range(4):
+        ds = make_mix(two_sets, "all", rank=r, world_size=4)
+        ds.load_state_dict(saved)
+        after.append(list(ds))
+    assert len({len(x) for x in after}) == 1  # equal steps
+    got = [k for b in full[0] + full[1] + [b for x in after for b in x]
+           for k, p in zip(b[0], b[2]) if not p]
+    whole = [k for b in make_mix(two_sets, "all") for k in b[0]]
+    assert sorted(got) == sorted(whole)

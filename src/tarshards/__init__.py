@@ -57,6 +57,7 @@ __all__ = sorted([
     "DecodeError",
     "DuplicateFieldError",
     "IndexedDataset",
+    "MixedDataset",
     "IntegrityError",
     "Manifest",
     "MissingDependencyError",
@@ -91,6 +92,7 @@ __all__ = sorted([
     "map_shard_files",
     "map_shards",
     "map_tuple",
+    "mix",
     "open_url",
     "register_codec",
     "rename",
@@ -107,9 +109,9 @@ __all__ = sorted([
     "warn_and_stop",
 ])
 
-_LAZY = {"WebDataset", "DataPipeline", "WebLoader", "IndexedDataset"}
+_LAZY = {"WebDataset", "DataPipeline", "WebLoader", "IndexedDataset", "MixedDataset", "mix"}
 # without torch: where the plain versions of the _LAZY names are
-_PLAIN = {"IndexedDataset": "indexed"}
+_PLAIN = {"IndexedDataset": "indexed", "MixedDataset": "mix", "mix": "mix"}
 # modules imported on first use, to keep `import tarshards` (and CLI start-up) light
 _LAZY_MODULES = {"ShardCache": "cache", "map_samples": "parallel", "map_shard_files": "parallel",
                  "map_shards": "parallel", "Manifest": "manifest", "ShardRecord": "manifest",

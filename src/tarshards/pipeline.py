@@ -8,6 +8,7 @@ runs the stages, passing each stage that takes them a seeded ``rng`` and the dat
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import inspect
@@ -289,6 +290,40 @@ class DataPipeline:
         if self.epoch is not None:
             self.epoch = int(state["epoch"])
 
+    def plan_state(self, epoch: int, position: int, *, origin: int = 0,
+                   world_size: int | None = None, finished: bool = False) -> dict:
+        """The state at global batch ``position`` of ``epoch`` (see :mod:`tarshards.source`)."""
+        if world_size is None:
+            world_size = self.environment()["world_size"]
+        state = {"format": STATE_FORMAT, "kind": "plan"}
+        state.update(self._plan_identity())
+        state.update({"epoch": int(epoch), "position": int(position), "origin": int(origin),
+                      "world_size": int(world_size), "finished": bool(finished)})
+        return state
+
+    def steps_per_epoch(self, epoch: int | None = None, world_size: int | None = None) -> int:
+        """Batches each rank yields in ``epoch`` (the same on every rank)."""
+        if world_size is None:
+            world_size = self.environment()["world_size"]
+        epoch = self._next_epoch() if epoch is None else epoch
+        prog = self._epoch_program(epoch)
+        Schedule(prog.num_batches, prog.readers, world_size, 0)  # checks world_size
+        return prog.num_batches // world_size
+
+    def state_from_step(self, step: int, world_size: int | None = None,
+                        start_epoch: int = 0) -> dict:
+        """The state after ``step`` global steps counted from the start of ``start_epoch``, for
+        trainers that keep only a step count (every epoch run in full on ``world_size`` ranks)."""
+        if world_size is None:
+            world_size = self.environment()["world_size"]
+        epoch, left = int(start_epoch), int(step)
+        while True:
+            n = self.steps_per_epoch(epoch, world_size)
+            if left < n:
+                return self.plan_state(epoch, left * world_size, world_size=world_size)
+            left -= n
+            epoch += 1
+
     def __getstate__(self):  # the live iteration stays in its process
         state = self.__dict__.copy()
         state["_live"] = None
@@ -485,40 +520,8 @@ class WebDataset(DataPipeline):
     def _plan_identity(self) -> dict:
         return self._plan_parts()[0].identity(self.table.fingerprint)
 
-    def plan_state(self, epoch: int, position: int, *, origin: int = 0,
-                   world_size: int | None = None, finished: bool = False) -> dict:
-        """The state at global batch ``position`` of ``epoch`` (see :mod:`tarshards.source`)."""
-        if world_size is None:
-            world_size = self.environment()["world_size"]
-        state = {"format": STATE_FORMAT, "kind": "plan"}
-        state.update(self._plan_identity())
-        state.update({"epoch": int(epoch), "position": int(position), "origin": int(origin),
-                      "world_size": int(world_size), "finished": bool(finished)})
-        return state
-
-    def steps_per_epoch(self, epoch: int | None = None, world_size: int | None = None) -> int:
-        """Batches each rank yields in ``epoch`` (the same on every rank)."""
-        cfg = self._plan_parts()[0]
-        if world_size is None:
-            world_size = self.environment()["world_size"]
-        epoch = self._next_epoch() if epoch is None else epoch
-        plan = plan_for(self.table, cfg, epoch)
-        Schedule(plan.num_batches, cfg.readers, world_size, 0)  # checks world_size
-        return plan.num_batches // world_size
-
-    def state_from_step(self, step: int, world_size: int | None = None,
-                        start_epoch: int = 0) -> dict:
-        """The state after ``step`` global steps counted from the start of ``start_epoch``, for
-        trainers that keep only a step count (every epoch run in full on ``world_size`` ranks)."""
-        if world_size is None:
-            world_size = self.environment()["world_size"]
-        epoch, left = int(start_epoch), int(step)
-        while True:
-            n = self.steps_per_epoch(epoch, world_size)
-            if left < n:
-                return self.plan_state(epoch, left * world_size, world_size=world_size)
-            left -= n
-            epoch += 1
+    def _epoch_program(self, epoch: int) -> "PlannedProgram":
+        return _SingleProgram(self, epoch)
 
     def environment(self) -> dict:
         env = super().environment()
@@ -649,6 +652,74 @@ def _bind(stage: _Stage) -> dict:
     return dict(bound.arguments)
 
 
+class PlannedProgram:
+    """What one epoch of a planned pipeline is, for :class:`_PlannedIterator`: the number of
+    global batches, the readers, and the chain of batches of each reader (subclassed by the
+    single-source plan below and by :class:`tarshards.mix.MixedDataset`)."""
+
+    num_batches: int
+    readers: int
+    post: list
+
+    def chain(self, it: "_PlannedIterator", reader: int, batches: list[int]):
+        raise NotImplementedError
+
+    def pad_chain(self, it: "_PlannedIterator"):
+        raise NotImplementedError
+
+
+def feed_batches(stream: ReaderStream, batches: list[int], size: int, bufsize: int):
+    """The raw samples of batches ``batches`` (``size`` samples each) of one reader stream,
+    seeking over gaps (or reading through small ones)."""
+    try:
+        for j in batches:
+            p = j * size
+            if p != stream.position:
+                gap = p - stream.position
+                if stream.position == 0 or gap > 2 * bufsize or gap < 0:
+                    stream.seek(p)
+                else:
+                    stream.skip(gap)
+            yield from stream.take(size)
+    finally:
+        stream.close()
+
+
+class _SingleProgram(PlannedProgram):
+    def __init__(self, ds: "WebDataset", epoch: int):
+        cfg, pre, bstage, post = ds._plan_parts()
+        self.ds, self.cfg = ds, cfg
+        self.plan = plan_for(ds.table, cfg, epoch)
+        self.num_batches = self.plan.num_batches
+        self.readers = cfg.readers
+        self.pre, self.bstage, self.post = pre, bstage, post
+
+    def _stream(self, reader: int) -> ReaderStream:
+        ds = self.ds
+        return ReaderStream(ds.table, self.plan, reader, opener=ds._open, last_dot=ds.last_dot)
+
+    def chain(self, it, reader, batches):
+        cfg, ds = self.cfg, self.ds
+        raw = feed_batches(self._stream(reader), batches, cfg.batch_size, cfg.bufsize)
+        ctx = dict(it.ctx, reader=reader)
+        data = ds._run_stages(raw, self.pre, ctx, ("reader", reader), first=1 if cfg.bufsize else 0)
+        return iter(ds._run_stages(data, [self.bstage], ctx, ("reader", reader)))
+
+    def pad_chain(self, it):
+        """One batch of padding: the epoch's first samples again, flagged ``__pad__``."""
+        ds, B = self.ds, self.cfg.batch_size
+        stream = self._stream(0)
+
+        def raw():
+            with contextlib.closing(stream._read_from(0)) as samples:
+                for sample in itertools.islice(samples, B):
+                    sample["__pad__"] = True
+                    yield sample
+
+        data = ds._run_stages(raw(), self.pre, it.ctx, ("pad",))
+        return iter(ds._run_stages(data, [self.bstage], it.ctx, ("pad",)))
+
+
 class _PlannedIterator:
     """One pass of a planned pipeline on one rank and DataLoader worker.
 
@@ -659,23 +730,21 @@ class _PlannedIterator:
     A loaded state is consumed here, at once (never lazily inside a generator body).
     """
 
-    def __init__(self, ds: "WebDataset", pending: dict | None):
+    def __init__(self, ds, pending: dict | None):
         env = ds.environment()
         info = WorkerInfo(env["rank"], env["world_size"], env["worker"], env["num_workers"])
-        cfg, pre, bstage, post = ds._plan_parts()
-        table = ds.table
         self.ds = ds
         self.info = info
-        self.cfg = cfg
         origin, first = 0, None
         if pending is not None:
             epoch = int(pending["epoch"])
             position = int(pending["position"] or 0)
             worker_state = pending.get("num_workers") is not None
-            if pending.get("finished") and not worker_state:
+            finished = pending.get("finished") and not worker_state
+            if finished:
                 epoch, position = epoch + 1, 0  # after StopIteration: the next epoch
-            plan = plan_for(table, cfg, epoch)
-            if pending.get("finished") and not worker_state:
+            prog = ds._epoch_program(epoch)
+            if finished:
                 pass
             elif worker_state:  # one DataLoader worker's own state (StatefulDataLoader)
                 if (pending["num_workers"], pending["world_size"], pending["worker"]) != (
@@ -685,9 +754,8 @@ class _PlannedIterator:
                         f"on {pending['world_size']} ranks loaded into worker "
                         f"{info.worker}/{info.num_workers} on {info.world_size} ranks")
                 origin, first = int(pending["origin"]), int(pending["next_step"])
-            elif position >= plan.num_batches and not pending.get("finished"):
+            elif position >= prog.num_batches:
                 origin, first = position, info.worker  # the epoch's (empty) rest
-                position = plan.num_batches
             elif int(pending["world_size"]) == info.world_size:
                 origin = int(pending["origin"])
                 if (position - origin) % info.world_size:
@@ -698,24 +766,20 @@ class _PlannedIterator:
             if first is None:
                 first = (position - origin) // info.world_size + info.worker
         else:
-            if ds.epoch is not None:
-                epoch = ds.epoch
-            else:
-                epoch = ds._auto_epoch
-            plan = plan_for(table, cfg, epoch)
+            epoch = ds.epoch if ds.epoch is not None else ds._auto_epoch
+            prog = ds._epoch_program(epoch)
             first = info.worker
         if ds.epoch is None:
             ds._auto_epoch = epoch + 1
         self.epoch = epoch
-        self.plan = plan
-        self.sched = Schedule(plan.num_batches, cfg.readers, info.world_size, info.rank, origin)
+        self.prog = prog
+        self.sched = Schedule(prog.num_batches, prog.readers, info.world_size, info.rank, origin)
         self.first = first
         self.next_step = first
         self.finished = False
-        self.ctx = {"seed": cfg.seed, "epoch": epoch, "rank": info.rank,
+        self.ctx = {"seed": ds.seed, "epoch": epoch, "rank": info.rank,
                     "world_size": info.world_size, "worker": info.worker,
                     "num_workers": info.num_workers}
-        self._pre, self._bstage, self._post = pre, bstage, post
         self._gen = self._run()
 
     # ---- state -----------------------------------------------------------------------------
@@ -728,10 +792,8 @@ class _PlannedIterator:
             state.update({"worker": self.info.worker, "num_workers": W,
                           "next_step": self.next_step, "position": None})
         else:
-            state["position"] = min(self.sched.origin + self.next_step * self.info.world_size,
-                                    max(self.plan.num_batches, self.sched.origin))
-            if self.next_step >= self.sched.steps:
-                state["position"] = self.sched.origin + self.sched.steps * self.info.world_size
+            step = min(self.next_step, self.sched.steps)
+            state["position"] = self.sched.origin + step * self.info.world_size
         return state
 
     # ---- iteration -------------------------------------------------------------------------
@@ -746,34 +808,26 @@ class _PlannedIterator:
             raise
 
     def _run(self):
-        plan, sched, cfg = self.plan, self.sched, self.cfg
-        V = cfg.readers
+        prog, sched = self.prog, self.sched
+        V = prog.readers
         steps = range(self.first, sched.steps, self.info.num_workers)
         needed: dict[int, list[int]] = {}
         for k in steps:
             g = sched.global_batch(k)
-            if g < plan.num_batches:
+            if g < prog.num_batches:
                 needed.setdefault(g % V, []).append(g // V)
-        chains = {v: self._chain(v, js) for v, js in needed.items()}
-        post = self._post
-        if post:
-            units = self._units(steps, chains)
-            units = self.ds._run_stages(units, post, self.ctx, ("post",),
-                                        first=len(self.ds._stages) - len(post))
-            for unit in units:
-                yield unit
-            return
-        for unit in self._units(steps, chains):
-            yield unit
+        chains = {v: prog.chain(self, v, js) for v, js in needed.items()}
+        units = self._units(steps, chains)
+        if prog.post:
+            units = self.ds._run_stages(units, prog.post, self.ctx, ("post",),
+                                        first=len(self.ds._stages) - len(prog.post))
+        yield from units
 
     def _units(self, steps, chains):
-        plan, sched, V = self.plan, self.sched, self.cfg.readers
+        prog, sched, V = self.prog, self.sched, self.prog.readers
         for k in steps:
             g = sched.global_batch(k)
-            if g < plan.num_batches:
-                chain = chains[g % V]
-            else:
-                chain = self._pad_chain()
+            chain = chains[g % V] if g < prog.num_batches else prog.pad_chain(self)
             batch = next(chain, _DEFAULT)
             if batch is _DEFAULT:
                 raise TarshardsError(
@@ -783,48 +837,3 @@ class _PlannedIterator:
                     "instead of dropping them")
             self.next_step = k + self.info.num_workers
             yield batch
-
-    def _stream(self, reader: int) -> ReaderStream:
-        ds = self.ds
-        return ReaderStream(ds.table, self.plan, reader, opener=ds._open, last_dot=ds.last_dot)
-
-    def _chain(self, reader: int, batches: list[int]):
-        """The batches ``batches`` of one reader through the pipeline's stages."""
-        B = self.cfg.batch_size
-        stream = self._stream(reader)
-        bufsize = self.cfg.bufsize
-
-        def raw():
-            try:
-                for j in batches:
-                    p = j * B
-                    if p != stream.position:
-                        gap = p - stream.position
-                        if stream.position == 0 or gap > 2 * bufsize or gap < 0:
-                            stream.seek(p)
-                        else:
-                            stream.skip(gap)
-                    yield from stream.take(B)
-            finally:
-                stream.close()
-
-        ctx = dict(self.ctx, reader=reader)
-        data = self.ds._run_stages(raw(), self._pre, ctx, ("reader", reader),
-                                   first=1 if self.cfg.bufsize else 0)
-        return iter(self.ds._run_stages(data, [self._bstage], ctx, ("reader", reader)))
-
-    def _pad_chain(self):
-        """One batch of padding: the epoch's first samples again, flagged ``__pad__``."""
-        B = self.cfg.batch_size
-        stream = self._stream(0)
-
-        def raw():
-            try:
-                for sample in stream._read_from(0):
-                    sample["__pad__"] = True
-                    yield sample
-            finally:
-                stream.close()
-
-        data = self.ds._run_stages(itertools.islice(raw(), B), self._pre, self.ctx, ("pad",))
-        return iter(self.ds._run_stages(data, [self._bstage], self.ctx, ("pad",)))

@@ -16,12 +16,13 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from . import indexed as _indexed
+from . import mix as _mix
 from . import pipeline as _pipeline
 from .errors import ResumeError
 from .source import STATE_FORMAT, check_state
 
-__all__ = ["DataPipeline", "IndexedDataset", "WebDataset", "WebLoader", "image_to_tensor",
-           "torch_environment"]
+__all__ = ["DataPipeline", "IndexedDataset", "MixedDataset", "WebDataset", "WebLoader",
+           "image_to_tensor", "mix", "torch_environment"]
 
 
 def torch_environment() -> dict:
@@ -102,6 +103,24 @@ class IndexedDataset(Dataset, _indexed.IndexedDataset):
     __repr__ = _indexed.IndexedDataset.__repr__
 
 
+class MixedDataset(IterableDataset, _TorchMixin, _mix.MixedDataset):
+    __doc__ = _mix.MixedDataset.__doc__
+
+    def __init__(self, *args, **kwargs):
+        _mix.MixedDataset.__init__(self, *args, **kwargs)
+
+    environment = _TorchMixin.environment
+    __iter__ = _TorchMixin.__iter__
+    __getitem__ = _TorchMixin.__getitem__
+    __len__ = _TorchMixin.__len__
+    __repr__ = _TorchMixin.__repr__
+
+
+def mix(sources, weights=None, **kwargs) -> MixedDataset:
+    """:func:`tarshards.mix.mix` as a torch ``IterableDataset``."""
+    return MixedDataset(sources, weights, **kwargs)
+
+
 class WebLoader(DataLoader):
     """A ``DataLoader`` that runs the dataset's epochs in turn (e = start_epoch, e + 1, ...) and
     can save and restore its place.
@@ -116,6 +135,8 @@ class WebLoader(DataLoader):
 
     def __init__(self, dataset, *args, start_epoch: int = 0, **kwargs):
         super().__init__(dataset, *args, **kwargs)
+        if self._planned():
+            dataset._plan_identity()  # count the shards once here, not in every worker
         self.epoch = start_epoch  # the epoch the next iter() runs
         self._current = None  # the epoch being run, its steps handed out, finished?
         self._step = 0
