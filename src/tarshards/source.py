@@ -486,9 +486,14 @@ class ReaderStream:
         try:
             with self.opener(url) as stream:
                 skip = a
+                src = stream
                 if seekable and _seek(stream, int(offsets[a])):
                     skip = 0
-                batches = iter_tar_batches(tar_byte_source(stream, url), url)
+                    if b < len(offsets):  # stop reading where the segment ends
+                        src = _Window(stream, int(offsets[b]) - int(offsets[a]))
+                elif offsets is not None and table.plain[shard] and b < len(offsets):
+                    src = _Window(stream, int(offsets[b]))
+                batches = iter_tar_batches(tar_byte_source(src, url), url)
                 n = 0
                 for sample in group_samples(batches, url, last_dot=self.last_dot,
                                             batched=True):
@@ -530,18 +535,35 @@ class ReaderStream:
         try:
             with self.opener(url) as stream:
                 if offsets is not None and table.plain[shard] and _seekable(stream):
-                    for idx in idxs:
-                        start = int(offsets[idx])
-                        stream.seek(start)
-                        end = int(offsets[idx + 1]) if idx + 1 < len(offsets) else None
-                        data = stream.read(end - start) if end is not None else stream.read()
+                    # one read per run of nearby samples (gaps of a few samples read through)
+                    n = len(offsets)
+                    runs, start = [], 0
+                    for k in range(1, len(idxs) + 1):
+                        if k == len(idxs) or idxs[k] - idxs[k - 1] > 4:
+                            runs.append(idxs[start:k])
+                            start = k
+                    for run in runs:
+                        lo, hi = run[0], run[-1]
+                        begin = int(offsets[lo])
+                        stream.seek(begin)
+                        if hi + 1 < n:
+                            data = stream.read(int(offsets[hi + 1]) - begin)
+                        else:
+                            data = stream.read()
+                        want = set(run)
                         batches = iter_tar_batches([data], url)
-                        sample = next(group_samples(batches, url, last_dot=self.last_dot,
-                                                    batched=True), None)
-                        if sample is None:
-                            raise TarshardsError(f"no sample at offset {offsets[idx]}",
-                                                 url=url, offset=offsets[idx])
-                        yield idx, sample
+                        got = 0
+                        for i, sample in enumerate(group_samples(batches, url,
+                                                                 last_dot=self.last_dot,
+                                                                 batched=True), lo):
+                            if i in want:
+                                got += 1
+                                yield i, sample
+                            if i >= hi:
+                                break
+                        if got != len(run):
+                            raise TarshardsError(f"samples {lo}..{hi} not found at offset "
+                                                 f"{begin}", url=url, offset=begin)
                     return
                 want = set(idxs)
                 last = idxs[-1]
@@ -555,6 +577,33 @@ class ReaderStream:
         except TarshardsError as exn:
             raise exn.with_context(url=url) from None
         raise TarshardsError("shard has fewer samples than counted", url=url)
+
+
+class _Window:
+    """The next ``size`` bytes of a stream (reads stop there: no parsing past a segment)."""
+
+    def __init__(self, stream, size: int):
+        self._stream = stream
+        self._left = size
+
+    def readinto(self, view) -> int:
+        if self._left <= 0:
+            return 0
+        if len(view) > self._left:
+            view = view[:self._left]
+        got = self._stream.readinto(view) or 0
+        self._left -= got
+        return got
+
+    def read(self, n: int = -1) -> bytes:
+        if self._left <= 0:
+            return b""
+        n = self._left if n is None or n < 0 else min(n, self._left)
+        data = self._stream.read(n)
+        self._left -= len(data)
+        return data
+
+    read1 = read
 
 
 def _seekable(stream) -> bool:
