@@ -52,3 +52,15 @@ def write_shards(directory, nshards: int, per_shard: int, pattern: str = "shard-
 def shards(tmp_path):
     """4 shards x 25 samples (jpg, cls, json): returns (paths, samples)."""
     return write_shards(tmp_path, 4, 25)
+
+
+def load_servers():
+    """tests/integration/servers.py as a module (the real local servers: HTTP, proxies, moto)."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "integration", "servers.py")
+    spec = importlib.util.spec_from_file_location("tarshards_test_servers", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -12,21 +11,15 @@ import time
 
 import pytest
 
-from conftest import make_samples, write_shards
+from conftest import load_servers, make_samples, write_shards
 from tarshards import WebDataset
 from tarshards.cache import ShardCache, cache_name, looks_like_shard, parse_size
 from tarshards.pipeline import shard_samples
 
 
-def _load_servers():
-    path = os.path.join(os.path.dirname(__file__), "integration", "servers.py")
-    spec = importlib.util.spec_from_file_location("tarshards_test_servers", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
-servers = _load_servers()
+servers = load_servers()
 
 
 @pytest.fixture

@@ -19,13 +19,14 @@ from typing import Any, Callable, Iterable, Iterator
 from . import stages as _stages
 from .errors import IntegrityError, ResumeError, StorageError, TarshardsError
 from .format import group_samples
+from .prefetch import ShardPrefetcher, given_stream
 from .shards import make_rng, resampled_shards, shard_order, split_shards
 from .source import (STATE_FORMAT, PlanConfig, ReaderStream, Schedule, ShardTable, check_state,
                      plan_for, scan_shards)
 from .types import WorkerInfo
 from .stages import reraise_exception
 from .tario import iter_tar_batches, tar_byte_source
-from .urls import expand_urls, open_url
+from .urls import expand_urls, is_local, open_url
 
 __all__ = ["DataPipeline", "WebDataset", "iter_samples", "shard_samples"]
 
@@ -82,26 +83,47 @@ def _verified_samples(stream, url: str, expect, chunk_size: int, last_dot: bool)
 
 
 def iter_samples(urls: Iterable[str], *, handler: Callable = reraise_exception,
-                 expect: dict | None = None, **options) -> Iterator[dict]:
+                 expect: dict | None = None, prefetch: int = 0,
+                 prefetch_bytes: int = 256 << 20, **options) -> Iterator[dict]:
     """The samples of several shards in turn; shard errors go to ``handler``.
 
     With a handler that continues, a bad shard yields the samples before the error, one warning
     (for ``warn_and_continue``) naming shard and offset, and the stream goes on with the next shard.
+
+    ``prefetch=k`` opens the next ``k`` shards while the current one is read, each filled from a
+    thread into a buffer (``prefetch_bytes`` over all of them; at most ``k + 1`` connections):
+    see :mod:`tarshards.prefetch`. Order, samples and errors are the same as without it.
     """
-    for url in urls:
-        try:
-            if expect is not None:
-                record = expect.get(url)
-                if record is None:
-                    raise IntegrityError("verify=True: this shard is not in the manifest",
-                                         url=url)
-                yield from shard_samples(url, expect=record, **options)
-            else:
-                yield from shard_samples(url, **options)
-        except TarshardsError as exn:
-            if handler(exn):
-                continue
-            return
+    def one(url, **more):
+        if expect is not None:
+            record = expect.get(url)
+            if record is None:
+                raise IntegrityError("verify=True: this shard is not in the manifest", url=url)
+            return shard_samples(url, expect=record, **more, **options)
+        return shard_samples(url, **more, **options)
+
+    if not prefetch:
+        for url in urls:
+            try:
+                yield from one(url)
+            except TarshardsError as exn:
+                if handler(exn):
+                    continue
+                return
+        return
+    opener = options.pop("opener", None)
+    if opener is None:
+        opener = functools.partial(open_url, storage_options=options.get("storage_options"),
+                                   allow_pipe=options.get("allow_pipe", False),
+                                   retries=options.get("retries", 5))
+    with ShardPrefetcher(opener, ahead=prefetch, max_bytes=prefetch_bytes) as prefetcher:
+        for url, stream in prefetcher.streams(urls):
+            try:
+                yield from one(url, opener=lambda _url, s=stream: given_stream(s))
+            except TarshardsError as exn:
+                if handler(exn):
+                    continue
+                return
 
 
 class _Stage:
@@ -380,6 +402,8 @@ class WebDataset(DataPipeline):
     ``cache_dir``/``cache_size``: keep remote shards in a local cache (size like ``"20GB"``).
     ``retries``: reconnections per shard after a dropped connection (resumes at the offset).
     ``decode_size=(w, h)``: with ``decoder=``, decode images at that size (fast for JPEG).
+    ``prefetch``: shards opened ahead of the current one (default: 2 for remote shard lists, 0
+    for local files); ``prefetch_bytes`` bounds the memory they buffer.
     """
 
     def __init__(self, urls, extensions: str | None = None, decoder: Any = _DEFAULT,
@@ -392,6 +416,7 @@ class WebDataset(DataPipeline):
                  cache_dir: str | None = None, cache_size: float | str | None = None,
                  retries: int = 5, last_dot: bool = False, decode_size=None,
                  allow_unsafe: bool = False, manifest=None, verify: bool = False,
+                 prefetch: int | None = None, prefetch_bytes: int = 256 << 20,
                  readers: int | None = None, remainder: str = "drop",
                  equal: bool | None = None):
         super().__init__(self._samples, seed=seed, handler=handler)
@@ -435,6 +460,12 @@ class WebDataset(DataPipeline):
         self.storage_options = storage_options
         self.allow_pipe = allow_pipe
         self.retries = retries
+        if prefetch is None:
+            prefetch = 2 if any(_is_remote(u) for u in self.urls) else 0
+        if prefetch < 0 or prefetch_bytes < 1:
+            raise ValueError(f"bad prefetch={prefetch!r} / prefetch_bytes={prefetch_bytes!r}")
+        self.prefetch = int(prefetch)
+        self.prefetch_bytes = int(prefetch_bytes)
         self._opener = None
         if cache_dir is not None:
             from .cache import ShardCache
@@ -557,7 +588,8 @@ class WebDataset(DataPipeline):
         if not self.resampled:
             shards = list(shards)
         options = {"storage_options": self.storage_options, "allow_pipe": self.allow_pipe,
-                   "last_dot": self.last_dot, "retries": self.retries}
+                   "last_dot": self.last_dot, "retries": self.retries,
+                   "prefetch": self.prefetch, "prefetch_bytes": self.prefetch_bytes}
         if self._opener is not None:
             options["opener"] = self._opener
         if self.verify:
@@ -635,6 +667,11 @@ def _is_manifest_spec(spec) -> bool:
     if isinstance(spec, str):
         return "::" not in spec and "{" not in spec and spec.lower().endswith(".json")
     return type(spec).__name__ == "Manifest" and hasattr(spec, "shard_urls")
+
+
+def _is_remote(url: str) -> bool:
+    """A shard read over a network (prefetching pays off), not a file, stdin or a pipe."""
+    return not (is_local(url) or url == "-" or url.startswith("pipe:"))
 
 
 def _as_urls(items) -> list[str]:

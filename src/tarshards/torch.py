@@ -8,18 +8,21 @@ epoch each time it is iterated, so shuffles change every epoch even with fresh w
 
 from __future__ import annotations
 
+import inspect
 import io
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
+from torch.utils.data import default_convert, get_worker_info
 
 from . import indexed as _indexed
 from . import mix as _mix
 from . import pipeline as _pipeline
 from .errors import ResumeError
 from .source import STATE_FORMAT, check_state
+from .transport import Packer, Unpacker
 
 __all__ = ["DataPipeline", "IndexedDataset", "MixedDataset", "WebDataset", "WebLoader",
            "image_to_tensor", "mix", "torch_environment"]
@@ -131,10 +134,34 @@ class WebLoader(DataLoader):
     again after a resume); ``load_state_dict()`` makes the next ``iter()`` continue from there.
     With a planned dataset (``WebDataset(..., readers=V)``) resuming seeks to the position,
     works with any ``num_workers`` and another world size, and ``len(loader)`` is exact.
+
+    With workers, batches of arrays and tensors travel through shared memory that each worker
+    allocates once (:mod:`tarshards.transport`) instead of a new shared-memory segment per
+    tensor: ``transport="shm"`` (the default, ``"auto"``) or ``None`` for DataLoader's own path.
+    Anything else in a batch (keys, strings) travels as usual; batches without array data, or
+    with very little, pass through unchanged.
     """
 
-    def __init__(self, dataset, *args, start_epoch: int = 0, **kwargs):
-        super().__init__(dataset, *args, **kwargs)
+    def __init__(self, dataset, *args, start_epoch: int = 0, transport: str | None = "auto",
+                 **kwargs):
+        if transport not in ("auto", "shm", None):
+            raise ValueError(f"transport is 'auto', 'shm' or None, not {transport!r}")
+        bound = inspect.signature(DataLoader.__init__).bind(self, dataset, *args, **kwargs)
+        options = bound.arguments
+        options.update(options.pop("kwargs", {}) or {})
+        packing = transport is not None and (options.get("num_workers") or 0) > 0
+        if packing:
+            inner = options.get("collate_fn")
+            if inner is None:
+                inner = default_convert if options.get("batch_size", 1) is None \
+                    else default_collate
+            prefetch = options.get("prefetch_factor") or 2
+            packer = Packer(slots=prefetch + 2, to_array=_tensor_to_array)
+            options["collate_fn"] = _PackingCollate(inner, packer)
+        options.pop("self")
+        super().__init__(**options)
+        self._packing = packing
+        self._unpacker = None
         if self._planned():
             dataset._plan_identity()  # count the shards once here, not in every worker
         self.epoch = start_epoch  # the epoch the next iter() runs
@@ -182,11 +209,22 @@ class WebLoader(DataLoader):
                 fresh_workers or self._workers_next != epoch):
             self._iterator._shutdown_workers()  # they hold another epoch or position
             self._iterator = None
+            if self._unpacker is not None:
+                self._unpacker.close()
+                self._unpacker = None
         self._workers_next = epoch + 1
         self.epoch = epoch + 1
         self._current, self._step, self._finished = epoch, step, False
         self._origin = origin
         it = super().__iter__()
+        if self._packing:
+            if self._unpacker is None or not self.persistent_workers:
+                if self._unpacker is not None:
+                    self._unpacker.close()  # the previous epoch's workers (and rings) are gone
+                pinned = self.pin_memory and torch.cuda.is_available()
+                self._unpacker = Unpacker(from_array=_array_to_tensor,
+                                          alloc=_pinned_alloc if pinned else None)
+            it = _UnpackingIterator(it, self._unpacker)
         if pending is not None and not self._planned() and step:
             for _ in range(step):  # a plain stream: replay to the position
                 next(it)
@@ -248,6 +286,58 @@ class WebLoader(DataLoader):
         world = inner["world_size"]
         return {"format": STATE_FORMAT, "kind": "loader", "epoch": inner["epoch"],
                 "step": inner["position"] // world, "finished": False, "dataset": inner}
+
+
+class _PackingCollate:
+    """Runs in each worker: the usual collation, then the batch into a shared-memory slot."""
+
+    def __init__(self, inner, packer):
+        self.inner = inner
+        self.packer = packer
+
+    def __call__(self, batch):
+        return self.packer(self.inner(batch))
+
+
+class _UnpackingIterator:
+    """The DataLoader's iterator, with each batch copied out of its slot."""
+
+    def __init__(self, it, unpacker):
+        self._it = it
+        self._unpack = unpacker
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self._unpack(next(self._it))
+
+    def __len__(self):
+        return len(self._it)
+
+    def __getattr__(self, name):
+        return getattr(self._it, name)
+
+
+def _tensor_to_array(x):
+    if not isinstance(x, torch.Tensor) or x.device.type != "cpu" or x.requires_grad \
+            or x.layout != torch.strided or x.is_quantized or x.is_conj() or x.is_neg():
+        return None
+    try:
+        arr = x.numpy()
+    except (TypeError, RuntimeError):  # dtypes numpy lacks (bfloat16...)
+        return None
+    return arr, "tensor"
+
+
+def _array_to_tensor(arr, kind):
+    return torch.from_numpy(arr)
+
+
+def _pinned_alloc(shape, dtype, kind):
+    t = torch.empty(shape, dtype=torch.from_numpy(np.empty(0, dtype=dtype)).dtype,
+                    pin_memory=True)
+    return (t if kind == "tensor" else t.numpy()), t.numpy()
 
 
 def image_to_tensor(arr: np.ndarray, as_float: bool, size=None) -> torch.Tensor:

@@ -288,3 +288,130 @@ def start_gcs(bucket: str):
 
 def gcs_options(endpoint: str) -> dict:
     return {"token": "anon", "endpoint_url": endpoint}
+
+
+class ThrottlingProxy:
+    """A TCP proxy to ``target`` that behaves like a far-away object store.
+
+    Each request (each burst of bytes from the client) waits ``latency`` seconds before it is
+    passed on, and each connection's responses are capped at ``rate`` bytes per second.
+    ``connections`` counts the connections accepted; ``peak`` the most open at once. It runs
+    on an asyncio loop in a thread of its own; benchmarks run it in a process of its own
+    (:func:`serve_throttling_proxy`) so that it does not share the reader's interpreter lock.
+    """
+
+    def __init__(self, target: tuple[str, int], *, latency: float = 0.03,
+                 rate: float = 50e6):
+        import asyncio
+
+        self.target = target
+        self.latency = latency
+        self.rate = rate
+        self.connections = 0
+        self.open = 0
+        self.peak = 0
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.port = None
+        self.url = None
+
+    def _run(self):
+        import asyncio
+
+        asyncio.set_event_loop(self._loop)
+
+        async def start():
+            server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+            self.port = server.sockets[0].getsockname()[1]
+            self.url = f"http://127.0.0.1:{self.port}"
+            self._server = server
+            self._ready.set()
+
+        self._loop.run_until_complete(start())
+        self._loop.run_forever()
+
+    async def _handle(self, creader, cwriter):
+        import asyncio
+
+        self.connections += 1
+        self.open += 1
+        self.peak = max(self.peak, self.open)
+        try:
+            ureader, uwriter = await asyncio.open_connection(*self.target)
+        except OSError:
+            cwriter.close()
+            self.open -= 1
+            return
+
+        async def upstream():  # requests: each one delayed by the latency
+            try:
+                while True:
+                    data = await creader.read(1 << 16)
+                    if not data:
+                        break
+                    await asyncio.sleep(self.latency)
+                    uwriter.write(data)
+                    await uwriter.drain()
+            except OSError:
+                pass
+            finally:
+                uwriter.close()
+
+        async def downstream():  # responses: at most `rate` bytes/s on this connection
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            sent = 0
+            try:
+                while True:
+                    data = await ureader.read(1 << 16)
+                    if not data:
+                        break
+                    now = loop.time()
+                    if now - start > 1.0 and sent < self.rate * (now - start) - self.rate:
+                        start, sent = now, 0  # an idle gap is not saved up as credit
+                    sent += len(data)
+                    ahead = sent / self.rate - (loop.time() - start)
+                    if ahead > 0:
+                        await asyncio.sleep(ahead)
+                    cwriter.write(data)
+                    await cwriter.drain()
+            except OSError:
+                pass
+            finally:
+                cwriter.close()
+
+        try:
+            await asyncio.gather(upstream(), downstream())
+        finally:
+            self.open -= 1
+
+    def start(self):
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def stop(self):
+        async def close():
+            self._server.close()
+
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def serve_throttling_proxy(target, latency, rate, conn):
+    """Process entry point: run a :class:`ThrottlingProxy`, send its URL, stop when told,
+    then send ``(connections, peak)``."""
+    with ThrottlingProxy(tuple(target), latency=latency, rate=rate) as proxy:
+        conn.send(proxy.url)
+        conn.recv()
+        conn.send((proxy.connections, proxy.peak))

@@ -291,3 +291,25 @@ def test_silent_http_server_times_out_instead_of_hanging():
         sock.close()
         for c in held:
             c.close()
+
+
+def test_s3_cut_connections_resume_at_the_offset(s3_remote, caplog):
+    """S3 shards are read with one streaming GetObject each; a dropped connection resumes
+    with a ranged GET at the byte reached, with and without prefetch."""
+    urls, samples = _write(s3_remote, 3, 40)
+    endpoint = s3_remote.storage_options["client_kwargs"]["endpoint_url"]
+    port = int(endpoint.rsplit(":", 1)[1])
+    for prefetch in (0, 2):
+        with servers.CuttingProxy(("127.0.0.1", port), cut_after=[10**9, 70_000],
+                                  cuts=3) as proxy:
+            options = servers.s3_options(proxy.url)
+            options["skip_instance_cache"] = True
+            with caplog.at_level(logging.WARNING, logger="tarshards.urls"):
+                caplog.clear()
+                got = list(WebDataset(urls, shardshuffle=False, storage_options=options,
+                                      prefetch=prefetch))
+        assert proxy.cut_count == 3
+        assert [s["__key__"] for s in got] == [s["__key__"] for s in samples]
+        assert all(_fields(a) == _fields(b) for a, b in zip(got, samples))
+        resumes = [r for r in caplog.records if "resuming" in r.getMessage()]
+        assert len(resumes) >= 3 and any("offset 0 " not in r.getMessage() for r in resumes)
