@@ -140,7 +140,6 @@ def test_mismatched_state_raises(urls, tmp_path):
             other.load_state_dict(state)
     with pytest.raises(ResumeError, match="not a tarshards resume state"):
         ds.load_state_dict({"epoch": 0})
-    plain = make_ds(urls, readers=None) if False else None  # noqa: F841
 
 
 # ---- through real loaders ---------------------------------------------------------------------
@@ -257,7 +256,7 @@ def make_mix(two_sets, stop="first", torch_ds=False, **kw):
     if torch_ds:
         from tarshards.torch import WebDataset, mix
     else:
-        from tarshards.mix import mix
+        from tarshards.mixing import mix
         from tarshards.pipeline import WebDataset
     a_urls, b_urls = two_sets
     a = WebDataset(a_urls, shardshuffle=True, seed=0).shuffle(4).decode()
@@ -268,7 +267,7 @@ def make_mix(two_sets, stop="first", torch_ds=False, **kw):
 
 
 def test_batch_quotas_are_exact():
-    from tarshards.mix import batch_quotas
+    from tarshards.mixing import batch_quotas
 
     q = batch_quotas((0.7, 0.3), 4, (1000, 1000), "first")
     assert all(sum(x) == 4 and x[0] in (2, 3) and x[1] in (1, 2) for x in q)
@@ -321,3 +320,31 @@ def test_mix_through_loader_and_elastic(two_sets):
            for k, p in zip(b[0], b[2]) if not p]
     whole = [k for b in make_mix(two_sets, "all") for k in b[0]]
     assert sorted(got) == sorted(whole)
+
+
+def test_state_from_a_step_count(urls):
+    from tarshards.torch import WebLoader
+
+    def make():
+        return WebLoader(make_ds(urls, torch_ds=True), batch_size=None)
+
+    whole = run_epochs(make(), 2)
+    flat = [d for e in whole for d in e]
+    for step in (0, 5, 18, 25):
+        loader = make()
+        loader.load_state_dict(loader.state_from_step(step))
+        got = [batch_digest(b) for _ in range(loader.epoch, 2) for b in loader]
+        assert got == flat[step:], step
+
+
+def test_plain_stream_webloader_resumes_by_replay(urls):
+    from tarshards.torch import WebDataset, WebLoader
+
+    def make():
+        ds = WebDataset(urls, shardshuffle=True, seed=2).shuffle(5).to_tuple("__key__").batched(4)
+        return WebLoader(ds, batch_size=None)
+
+    check_resume(make, epochs=2, cuts=[(0, 3), (0, "end"), (1, 2)])
+    planned_state = WebLoader(make_ds(urls, torch_ds=True), batch_size=None).state_dict()
+    with pytest.raises(ResumeError, match="no plan"):
+        make().load_state_dict(planned_state)

@@ -111,7 +111,7 @@ __all__ = sorted([
 
 _LAZY = {"WebDataset", "DataPipeline", "WebLoader", "IndexedDataset", "MixedDataset", "mix"}
 # without torch: where the plain versions of the _LAZY names are
-_PLAIN = {"IndexedDataset": "indexed", "MixedDataset": "mix", "mix": "mix"}
+_PLAIN = {"IndexedDataset": "indexed", "MixedDataset": "mixing", "mix": "mixing"}
 # modules imported on first use, to keep `import tarshards` (and CLI start-up) light
 _LAZY_MODULES = {"ShardCache": "cache", "map_samples": "parallel", "map_shard_files": "parallel",
                  "map_shards": "parallel", "Manifest": "manifest", "ShardRecord": "manifest",

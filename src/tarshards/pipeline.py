@@ -402,6 +402,10 @@ class WebDataset(DataPipeline):
     ``cache_dir``/``cache_size``: keep remote shards in a local cache (size like ``"20GB"``).
     ``retries``: reconnections per shard after a dropped connection (resumes at the offset).
     ``decode_size=(w, h)``: with ``decoder=``, decode images at that size (fast for JPEG).
+    ``readers=V``: follow an epoch plan over ``V`` virtual readers (see
+    :mod:`tarshards.source`): exact and elastic mid-epoch resume (``state_dict()``), equal
+    batches on every rank, ``len()`` exact; ``remainder="drop"|"carry"|"pad"`` says what
+    happens to the samples that do not fill ``V x B``; ``equal=True`` asks for it explicitly.
     ``prefetch``: shards opened ahead of the current one (default: 2 for remote shard lists, 0
     for local files); ``prefetch_bytes`` bounds the memory they buffer.
     """
@@ -692,7 +696,7 @@ def _bind(stage: _Stage) -> dict:
 class PlannedProgram:
     """What one epoch of a planned pipeline is, for :class:`_PlannedIterator`: the number of
     global batches, the readers, and the chain of batches of each reader (subclassed by the
-    single-source plan below and by :class:`tarshards.mix.MixedDataset`)."""
+    single-source plan below and by :class:`tarshards.mixing.MixedDataset`)."""
 
     num_batches: int
     readers: int

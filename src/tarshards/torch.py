@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, default_colla
 from torch.utils.data import default_convert, get_worker_info
 
 from . import indexed as _indexed
-from . import mix as _mix
+from . import mixing as _mix
 from . import pipeline as _pipeline
 from .errors import ResumeError
 from .source import STATE_FORMAT, check_state
@@ -120,7 +120,7 @@ class MixedDataset(IterableDataset, _TorchMixin, _mix.MixedDataset):
 
 
 def mix(sources, weights=None, **kwargs) -> MixedDataset:
-    """:func:`tarshards.mix.mix` as a torch ``IterableDataset``."""
+    """:func:`tarshards.mixing.mix` as a torch ``IterableDataset``."""
     return MixedDataset(sources, weights, **kwargs)
 
 
