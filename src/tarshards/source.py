@@ -320,10 +320,6 @@ class Schedule:
         return self.origin + step * self.world_size + self.rank
 
 
-def steps_in_epoch(num_batches: int, world_size: int, origin: int = 0) -> int:
-    return max(0, -(-(num_batches - origin) // world_size))
-
-
 # ---------------------------------------------------------------------------------------------
 # the shuffle buffer, written once for sample positions and for samples
 # ---------------------------------------------------------------------------------------------
