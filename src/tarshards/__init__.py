@@ -57,6 +57,7 @@ __all__ = sorted([
     "DecodeError",
     "DuplicateFieldError",
     "IndexedDataset",
+    "MixedDataset",
     "IntegrityError",
     "Manifest",
     "MissingDependencyError",
@@ -92,6 +93,7 @@ __all__ = sorted([
     "map_shard_files",
     "map_shards",
     "map_tuple",
+    "mix",
     "open_url",
     "random_resized_crop",
     "register_codec",
@@ -109,9 +111,9 @@ __all__ = sorted([
     "warn_and_stop",
 ])
 
-_LAZY = {"WebDataset", "DataPipeline", "WebLoader", "IndexedDataset"}
+_LAZY = {"WebDataset", "DataPipeline", "WebLoader", "IndexedDataset", "MixedDataset", "mix"}
 # without torch: where the plain versions of the _LAZY names are
-_PLAIN = {"IndexedDataset": "indexed"}
+_PLAIN = {"IndexedDataset": "indexed", "MixedDataset": "mixing", "mix": "mixing"}
 # modules imported on first use, to keep `import tarshards` (and CLI start-up) light
 _LAZY_MODULES = {"ShardCache": "cache", "map_samples": "parallel", "map_shard_files": "parallel",
                  "map_shards": "parallel", "Manifest": "manifest", "ShardRecord": "manifest",

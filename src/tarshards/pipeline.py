@@ -12,6 +12,7 @@ adapter (:mod:`tarshards.torch`) overrides ``worker_info`` with what it discover
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import inspect
@@ -20,10 +21,12 @@ import os
 from typing import Any, Callable, Iterable, Iterator
 
 from . import stages as _stages
-from .errors import IntegrityError, StorageError, TarshardsError
+from .errors import IntegrityError, ResumeError, StorageError, TarshardsError
 from .format import group_samples
 from .prefetch import ShardPrefetcher, given_stream
 from .shards import make_rng, resampled_shards, shard_order, split_shards
+from .source import (STATE_FORMAT, PlanConfig, ReaderStream, Schedule, ShardTable, check_state,
+                     plan_for, scan_shards)
 from .stages import reraise_exception
 from .tario import iter_tar_batches, tar_byte_source
 from .types import WorkerInfo
@@ -277,6 +280,15 @@ class DataPipeline:
 
     # ---- iteration ---------------------------------------------------------------------------
     def __iter__(self) -> Iterator:
+        pending, self._pending_state = getattr(self, "_pending_state", None), None
+        if getattr(self, "_plan_config", None) is not None:
+            it = _PlannedIterator(self, pending)
+            self._live = it
+            return it
+        if pending is not None:  # a stream state: it only names the epoch to run
+            self._auto_epoch = pending["epoch"]
+            if self.epoch is not None:
+                self.epoch = pending["epoch"]
         ctx = self._context()
         if self._nsamples is None:
             return self._run(ctx)
@@ -297,25 +309,110 @@ class DataPipeline:
     def _run(self, ctx: dict) -> Iterator:
         src = self._source
         data = src(ctx) if callable(src) else iter(src)
-        stages = self._stages
-        for i, st in enumerate(stages):
+        data = self._run_stages(data, self._stages, ctx, ("stage",))
+        return iter(data)
+
+    def _run_stages(self, data, stages, ctx: dict, rng_tag: tuple, first: int = 0):
+        """Apply ``stages`` (numbered from ``first``) to ``data``; stages that take an ``rng``
+        get one seeded from ``rng_tag``, the stage's number, seed, epoch, rank and worker."""
+        for n, st in enumerate(stages):
+            i = first + n
             kwargs = st.kwargs
-            if (st.fn is _stages.decode and "only" not in kwargs and i + 1 < len(stages)
-                    and stages[i + 1].fn is _stages.to_tuple):
+            if (st.fn is _stages.decode and "only" not in kwargs and n + 1 < len(stages)
+                    and stages[n + 1].fn is _stages.to_tuple):
                 # to_tuple keeps only the fields it names: decoding the others is wasted work
-                kwargs = dict(kwargs, only=_tuple_fields(stages[i + 1].args))
+                kwargs = dict(kwargs, only=_tuple_fields(stages[n + 1].args))
             if st.wants_rng or st.wants_handler or st.wants_place:
                 kwargs = dict(kwargs)
                 for name in st.wants_place:
                     kwargs[name] = ctx[name]
                 if st.wants_rng:
                     again = (ctx["again"],) if ctx.get("again") else ()
-                    kwargs["rng"] = make_rng("stage", i, ctx["seed"], ctx["epoch"], ctx["rank"],
-                                             ctx["worker"], *again)
+                    kwargs["rng"] = make_rng(*rng_tag, i, ctx["seed"], ctx["epoch"],
+                                             ctx["rank"], ctx["worker"], *again)
                 if st.wants_handler:
                     kwargs["handler"] = self.handler
             data = st.fn(data, *st.args, **kwargs)
-        return iter(data)
+        return data
+
+    # ---- state -------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Where this pipeline is: a small dict to save with a checkpoint.
+
+        In a planned pipeline (``WebDataset(..., readers=V)``) it names the epoch and the global
+        batch position reached by the iteration in progress (or, in a DataLoader worker, this
+        worker's next step), plus what the plan depends on, so that :meth:`load_state_dict`
+        can check it. Otherwise it names the epoch the next iteration runs.
+        """
+        if getattr(self, "_plan_config", None) is not None:
+            live = getattr(self, "_live", None)
+            if live is not None:
+                return live.state_dict()
+            if getattr(self, "_pending_state", None) is not None:
+                return dict(self._pending_state)
+            return self.plan_state(self._next_epoch(), 0)
+        return {"format": STATE_FORMAT, "kind": "stream", "seed": self.seed,
+                "epoch": self._next_epoch()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume from a :meth:`state_dict` (or a loader's) at the next ``iter()``.
+
+        A state that does not fit (other data, seed or plan) raises
+        :class:`~tarshards.errors.ResumeError` here, at once.
+        """
+        if isinstance(state, dict) and state.get("kind") == "loader":
+            state = state["dataset"]
+        if getattr(self, "_plan_config", None) is not None:
+            check_state(state, dict(self._plan_identity(), kind="plan"))
+        else:
+            check_state(state, {"kind": "stream", "seed": self.seed})
+        self._live = None
+        self._pending_state = dict(state)
+        self._auto_epoch = int(state["epoch"])
+        if self.epoch is not None:
+            self.epoch = int(state["epoch"])
+
+    def plan_state(self, epoch: int, position: int, *, origin: int = 0,
+                   world_size: int | None = None, finished: bool = False) -> dict:
+        """The state at global batch ``position`` of ``epoch`` (see :mod:`tarshards.source`)."""
+        if world_size is None:
+            world_size = self.environment()["world_size"]
+        state = {"format": STATE_FORMAT, "kind": "plan"}
+        state.update(self._plan_identity())
+        state.update({"epoch": int(epoch), "position": int(position), "origin": int(origin),
+                      "world_size": int(world_size), "finished": bool(finished)})
+        return state
+
+    def steps_per_epoch(self, epoch: int | None = None, world_size: int | None = None) -> int:
+        """Batches each rank yields in ``epoch`` (the same on every rank)."""
+        if world_size is None:
+            world_size = self.environment()["world_size"]
+        epoch = self._next_epoch() if epoch is None else epoch
+        prog = self._epoch_program(epoch)
+        Schedule(prog.num_batches, prog.readers, world_size, 0)  # checks world_size
+        return prog.num_batches // world_size
+
+    def state_from_step(self, step: int, world_size: int | None = None,
+                        start_epoch: int = 0) -> dict:
+        """The state after ``step`` global steps counted from the start of ``start_epoch``, for
+        trainers that keep only a step count (every epoch run in full on ``world_size`` ranks)."""
+        if world_size is None:
+            world_size = self.environment()["world_size"]
+        epoch, left = int(start_epoch), int(step)
+        while True:
+            n = self.steps_per_epoch(epoch, world_size)
+            if left < n:
+                return self.plan_state(epoch, left * world_size, world_size=world_size)
+            left -= n
+            epoch += 1
+
+    def __getstate__(self):  # the live iteration stays in its process
+        state = self.__dict__.copy()
+        state["_live"] = None
+        return state
+
+    def _next_epoch(self) -> int:
+        return self.epoch if self.epoch is not None else self._auto_epoch
 
     def __repr__(self):
         return " | ".join([self._source_repr()] + [repr(s) for s in self._stages])
@@ -365,6 +462,10 @@ class WebDataset(DataPipeline):
     ``cache_dir``/``cache_size``: keep remote shards in a local cache (size like ``"20GB"``).
     ``retries``: reconnections per shard after a dropped connection (resumes at the offset).
     ``decode_size=(w, h)``: with ``decoder=``, decode images at that size (fast for JPEG).
+    ``readers=V``: follow an epoch plan over ``V`` virtual readers (see
+    :mod:`tarshards.source`): exact and elastic mid-epoch resume (``state_dict()``), equal
+    batches on every rank, ``len()`` exact; ``remainder="drop"|"carry"|"pad"`` says what
+    happens to the samples that do not fill ``V x B``; ``equal=True`` asks for it explicitly.
     ``prefetch``: shards opened ahead of the current one (default: 2 for remote shard lists, 0
     for local files); ``prefetch_bytes`` bounds the memory they buffer.
     """
@@ -378,9 +479,22 @@ class WebDataset(DataPipeline):
                  storage_options: dict | None = None, allow_pipe: bool = False,
                  cache_dir: str | None = None, cache_size: float | str | None = None,
                  retries: int = 5, last_dot: bool = False, decode_size=None,
-                 allow_unsafe: bool = False, prefetch: int | None = None,
-                 prefetch_bytes: int = 256 << 20, manifest=None, verify: bool = False):
+                 allow_unsafe: bool = False, manifest=None, verify: bool = False,
+                 prefetch: int | None = None, prefetch_bytes: int = 256 << 20,
+                 readers: int | None = None, remainder: str = "drop",
+                 equal: bool | None = None):
         super().__init__(self._samples, seed=seed, handler=handler)
+        if readers is None and equal:
+            raise ValueError("equal batches per rank need the epoch plan: pass readers=V "
+                             "(virtual readers, e.g. 60)")
+        if readers is not None and equal is False:
+            raise ValueError("a planned pipeline (readers=) always yields equal batches per "
+                             "rank; leave readers= out for the plain shard split")
+        self._plan_config = None
+        if readers is not None:
+            PlanConfig(readers=readers, remainder=remainder)  # checks the arguments
+            self._plan_config = {"readers": int(readers), "remainder": remainder}
+        self._table = None
         self.manifest = None
         if manifest is None and _is_manifest_spec(urls):
             manifest, urls = urls, None
@@ -448,6 +562,64 @@ class WebDataset(DataPipeline):
 
     def worker_info(self) -> WorkerInfo:
         return _explicit_rank(super().worker_info(), self.rank, self.world_size)
+
+    # ---- the epoch plan (readers=) ------------------------------------------------------------
+    @property
+    def table(self):
+        """The shards' sample counts and offsets (scanned once, when first needed)."""
+        if self._table is None:
+            if self.manifest is not None:
+                self._table = ShardTable.from_manifest(self.manifest, self.urls)
+            else:
+                self._table = scan_shards(self.urls, opener=self._open, last_dot=self.last_dot)
+        return self._table
+
+    def set_table(self, table) -> None:
+        """Use known per-shard counts/offsets (a :class:`tarshards.source.ShardTable`)."""
+        if list(table.urls) != list(self.urls):
+            raise ValueError("the table describes other shards than this dataset's")
+        self._table = table
+
+    def _open(self, url):
+        if self._opener is not None:
+            return self._opener(url)
+        return open_url(url, storage_options=self.storage_options, allow_pipe=self.allow_pipe,
+                        retries=self.retries)
+
+    def _plan_parts(self):
+        """(PlanConfig, stages before the batch, the batch stage, stages after it)."""
+        stages = self._stages
+        bufsize, initial, first = 0, None, 0
+        if stages and stages[0].fn is _stages.shuffle:
+            args = _bind(stages[0])
+            if args.get("rng") is not None or args.get("seed") is not None:
+                raise ValueError("in a planned pipeline the shuffle is seeded from the plan; "
+                                 "leave out rng=/seed= (set WebDataset(seed=))")
+            bufsize, initial, first = int(args["bufsize"]), args["initial"], 1
+        if any(st.fn is _stages.shuffle for st in stages[first:]):
+            raise ValueError("a planned pipeline (readers=) shuffles samples first: put "
+                             ".shuffle(n) before every other stage")
+        batch_at = [i for i, st in enumerate(stages) if st.fn is _stages.batched]
+        if not batch_at:
+            raise ValueError("a planned pipeline (readers=) batches inside the dataset: add "
+                             ".batched(B) (and give the loader batch_size=None)")
+        bi = batch_at[0]
+        bargs = _bind(stages[bi])
+        if self._nsamples is not None:
+            raise ValueError("with_epoch() does not apply to a planned pipeline: the plan "
+                             "fixes the epoch (len(loader) is exact)")
+        cfg = PlanConfig(seed=self.seed, readers=self._plan_config["readers"],
+                         batch_size=int(bargs["batchsize"]),
+                         remainder=self._plan_config["remainder"],
+                         shardshuffle=self.shardshuffle, bufsize=bufsize,
+                         initial=None if initial is None else int(initial))
+        return cfg, stages[first:bi], stages[bi], stages[bi + 1:]
+
+    def _plan_identity(self) -> dict:
+        return self._plan_parts()[0].identity(self.table.fingerprint)
+
+    def _epoch_program(self, epoch: int) -> "PlannedProgram":
+        return _SingleProgram(self, epoch)
 
     def shard_list(self, ctx: dict) -> Iterable[str]:
         """The shards this reader reads in the epoch described by ``ctx``.
@@ -553,6 +725,8 @@ class WebDataset(DataPipeline):
         rank (the whole set on one process); see :meth:`num_samples`."""
         if self._length is not None:
             return self._length
+        if self._plan_config is not None:  # planned: the batches this rank yields
+            return self.steps_per_epoch()
         if self.manifest is None:
             raise TypeError(f"{type(self).__name__} is a stream and has no length without a "
                             "manifest: pass manifest=M (make one with: tarshards index SPEC -o "
@@ -562,6 +736,14 @@ class WebDataset(DataPipeline):
     def _source_repr(self) -> str:
         spec = repr(self.spec) if isinstance(self.spec, str) else f"[{self.urls[0]!r}, ...]"
         return f"{type(self).__name__}({spec}, {len(self.urls)} shards)"
+
+
+def _is_manifest_spec(spec) -> bool:
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    if isinstance(spec, str):
+        return "::" not in spec and "{" not in spec and spec.lower().endswith(".json")
+    return type(spec).__name__ == "Manifest" and hasattr(spec, "shard_urls")
 
 
 def _is_remote(url: str) -> bool:
@@ -598,3 +780,197 @@ def _as_urls(items) -> list[str]:
         out.append(x["url"] if isinstance(x, dict) else x)
     return out
 
+
+
+def _bind(stage: _Stage) -> dict:
+    """A stage's arguments by name, defaults filled in."""
+    bound = inspect.signature(stage.fn).bind(None, *stage.args, **stage.kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+class PlannedProgram:
+    """What one epoch of a planned pipeline is, for :class:`_PlannedIterator`: the number of
+    global batches, the readers, and the chain of batches of each reader (subclassed by the
+    single-source plan below and by :class:`tarshards.mixing.MixedDataset`)."""
+
+    num_batches: int
+    readers: int
+    post: list
+
+    def chain(self, it: "_PlannedIterator", reader: int, batches: list[int]):
+        raise NotImplementedError
+
+    def pad_chain(self, it: "_PlannedIterator"):
+        raise NotImplementedError
+
+
+def feed_batches(stream: ReaderStream, batches: list[int], size: int, bufsize: int):
+    """The raw samples of batches ``batches`` (``size`` samples each) of one reader stream,
+    seeking over gaps (or reading through small ones)."""
+    try:
+        for j in batches:
+            p = j * size
+            if p != stream.position:
+                gap = p - stream.position
+                if stream.position == 0 or gap > 2 * bufsize or gap < 0:
+                    stream.seek(p)
+                else:
+                    stream.skip(gap)
+            yield from stream.take(size)
+    finally:
+        stream.close()
+
+
+class _SingleProgram(PlannedProgram):
+    def __init__(self, ds: "WebDataset", epoch: int):
+        cfg, pre, bstage, post = ds._plan_parts()
+        self.ds, self.cfg = ds, cfg
+        self.plan = plan_for(ds.table, cfg, epoch)
+        self.num_batches = self.plan.num_batches
+        self.readers = cfg.readers
+        self.pre, self.bstage, self.post = pre, bstage, post
+
+    def _stream(self, reader: int) -> ReaderStream:
+        ds = self.ds
+        return ReaderStream(ds.table, self.plan, reader, opener=ds._open, last_dot=ds.last_dot)
+
+    def chain(self, it, reader, batches):
+        cfg, ds = self.cfg, self.ds
+        raw = feed_batches(self._stream(reader), batches, cfg.batch_size, cfg.bufsize)
+        ctx = dict(it.ctx, reader=reader)
+        data = ds._run_stages(raw, self.pre, ctx, ("reader", reader), first=1 if cfg.bufsize else 0)
+        return iter(ds._run_stages(data, [self.bstage], ctx, ("reader", reader)))
+
+    def pad_chain(self, it):
+        """One batch of padding: the epoch's first samples again, flagged ``__pad__``."""
+        ds, B = self.ds, self.cfg.batch_size
+        stream = self._stream(0)
+
+        def raw():
+            with contextlib.closing(stream._read_from(0)) as samples:
+                for sample in itertools.islice(samples, B):
+                    sample["__pad__"] = True
+                    yield sample
+
+        data = ds._run_stages(raw(), self.pre, it.ctx, ("pad",))
+        return iter(ds._run_stages(data, [self.bstage], it.ctx, ("pad",)))
+
+
+class _PlannedIterator:
+    """One pass of a planned pipeline on one rank and DataLoader worker.
+
+    Worker ``w`` of ``W`` yields this rank's steps ``k0 + w, k0 + w + W, ...`` (the DataLoader
+    takes the workers in turn, so the rank's stream is the steps in order, whatever ``W``). Step
+    ``k`` is global batch ``g``: batch ``g // V`` of reader ``g % V``, run through the
+    pipeline's stages in a chain of its own per reader (shuffle, per-sample stages, batch).
+    A loaded state is consumed here, at once (never lazily inside a generator body).
+    """
+
+    def __init__(self, ds, pending: dict | None):
+        env = ds.environment()
+        info = WorkerInfo(env["rank"], env["world_size"], env["worker"], env["num_workers"])
+        self.ds = ds
+        self.info = info
+        origin, first = 0, None
+        if pending is not None:
+            epoch = int(pending["epoch"])
+            position = int(pending["position"] or 0)
+            worker_state = pending.get("num_workers") is not None
+            finished = pending.get("finished") and not worker_state
+            if finished:
+                epoch, position = epoch + 1, 0  # after StopIteration: the next epoch
+            prog = ds._epoch_program(epoch)
+            if finished:
+                pass
+            elif worker_state:  # one DataLoader worker's own state (StatefulDataLoader)
+                if (pending["num_workers"], pending["world_size"], pending["worker"]) != (
+                        info.num_workers, info.world_size, info.worker):
+                    raise ResumeError(
+                        f"a worker state of worker {pending['worker']}/{pending['num_workers']} "
+                        f"on {pending['world_size']} ranks loaded into worker "
+                        f"{info.worker}/{info.num_workers} on {info.world_size} ranks")
+                origin, first = int(pending["origin"]), int(pending["next_step"])
+            elif position >= prog.num_batches:
+                origin, first = position, info.worker  # the epoch's (empty) rest
+            elif int(pending["world_size"]) == info.world_size:
+                origin = int(pending["origin"])
+                if (position - origin) % info.world_size:
+                    raise ResumeError(f"position {position} is not a step boundary of "
+                                      f"{info.world_size} ranks from origin {origin}")
+            else:  # elastic: the new world continues the global order from here
+                origin = position
+            if first is None:
+                first = (position - origin) // info.world_size + info.worker
+        else:
+            epoch = ds.epoch if ds.epoch is not None else ds._auto_epoch
+            prog = ds._epoch_program(epoch)
+            first = info.worker
+        if ds.epoch is None:
+            ds._auto_epoch = epoch + 1
+        self.epoch = epoch
+        self.prog = prog
+        self.sched = Schedule(prog.num_batches, prog.readers, info.world_size, info.rank, origin)
+        self.first = first
+        self.next_step = first
+        self.finished = False
+        self.ctx = {"seed": ds.seed, "epoch": epoch, "rank": info.rank,
+                    "world_size": info.world_size, "worker": info.worker,
+                    "num_workers": info.num_workers}
+        self._gen = self._run()
+
+    # ---- state -----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """This worker's position (its next step), in the plan's terms."""
+        state = self.ds.plan_state(self.epoch, 0, origin=self.sched.origin,
+                                   world_size=self.info.world_size, finished=self.finished)
+        W = self.info.num_workers
+        if W > 1 or self.info.worker:
+            state.update({"worker": self.info.worker, "num_workers": W,
+                          "next_step": self.next_step, "position": None})
+        else:
+            step = min(self.next_step, self.sched.steps)
+            state["position"] = self.sched.origin + step * self.info.world_size
+        return state
+
+    # ---- iteration -------------------------------------------------------------------------
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            return next(self._gen)
+        except StopIteration:
+            self.finished = True
+            raise
+
+    def _run(self):
+        prog, sched = self.prog, self.sched
+        V = prog.readers
+        steps = range(self.first, sched.steps, self.info.num_workers)
+        needed: dict[int, list[int]] = {}
+        for k in steps:
+            g = sched.global_batch(k)
+            if g < prog.num_batches:
+                needed.setdefault(g % V, []).append(g // V)
+        chains = {v: prog.chain(self, v, js) for v, js in needed.items()}
+        units = self._units(steps, chains)
+        if prog.post:
+            units = self.ds._run_stages(units, prog.post, self.ctx, ("post",),
+                                        first=len(self.ds._stages) - len(prog.post))
+        yield from units
+
+    def _units(self, steps, chains):
+        prog, sched, V = self.prog, self.sched, self.prog.readers
+        for k in steps:
+            g = sched.global_batch(k)
+            chain = chains[g % V] if g < prog.num_batches else prog.pad_chain(self)
+            batch = next(chain, _DEFAULT)
+            if batch is _DEFAULT:
+                raise TarshardsError(
+                    f"reader {g % V} of epoch {self.epoch} yielded fewer batches than planned: a "
+                    "stage dropped samples (select, a skipping handler, a map returning None). "
+                    "A planned pipeline needs every sample to reach the batch; flag bad samples "
+                    "instead of dropping them")
+            self.next_step = k + self.info.num_workers
+            yield batch

@@ -34,12 +34,15 @@ from torch.utils.data import (DataLoader, Dataset, IterableDataset, default_coll
 from torch.utils.data import get_worker_info
 
 from . import indexed as _indexed
+from . import mixing as _mix
 from . import pipeline as _pipeline
+from .errors import ResumeError
+from .source import STATE_FORMAT, check_state
 from .transport import Packer, Unpacker
 from .types import WorkerInfo
 
-__all__ = ["DataPipeline", "IndexedDataset", "WebDataset", "WebLoader", "discover_rank",
-           "image_to_tensor", "torch_environment"]
+__all__ = ["DataPipeline", "IndexedDataset", "MixedDataset", "WebDataset", "WebLoader",
+           "discover_rank", "image_to_tensor", "mix", "torch_environment"]
 
 
 # In a process started by spawn/forkserver (a DataLoader worker) that was sent a tarshards dataset:
@@ -212,8 +215,34 @@ class IndexedDataset(Dataset, _indexed.IndexedDataset):
     __repr__ = _indexed.IndexedDataset.__repr__
 
 
+class MixedDataset(IterableDataset, _TorchMixin, _mix.MixedDataset):
+    __doc__ = _mix.MixedDataset.__doc__
+
+    def __init__(self, *args, **kwargs):
+        _mix.MixedDataset.__init__(self, *args, **kwargs)
+
+    environment = _TorchMixin.environment
+    __iter__ = _TorchMixin.__iter__
+    __getitem__ = _TorchMixin.__getitem__
+    __len__ = _TorchMixin.__len__
+    __repr__ = _TorchMixin.__repr__
+
+
+def mix(sources, weights=None, **kwargs) -> MixedDataset:
+    """:func:`tarshards.mixing.mix` as a torch ``IterableDataset``."""
+    return MixedDataset(sources, weights, **kwargs)
+
+
 class WebLoader(DataLoader):
-    """A ``DataLoader`` that calls ``dataset.set_epoch(e)`` before each epoch (e = 0, 1, ...).
+    """A ``DataLoader`` that runs the dataset's epochs in turn (e = start_epoch, e + 1, ...) and
+    can save and restore its place.
+
+    Each ``iter(loader)`` runs the next epoch: the dataset counts it (so persistent workers
+    follow too). ``state_dict()`` names the epoch and the number of batches handed out so far
+    (the global step within the epoch: batches prefetched but not handed out are produced
+    again after a resume); ``load_state_dict()`` makes the next ``iter()`` continue from there.
+    With a planned dataset (``WebDataset(..., readers=V)``) resuming seeks to the position,
+    works with any ``num_workers`` and another world size, and ``len(loader)`` is exact.
 
     With ``persistent_workers=True`` too, each epoch gets a new order: the epoch reaches the
     running workers through shared memory (see :meth:`WebDataset.set_epoch`).
@@ -243,24 +272,135 @@ class WebLoader(DataLoader):
             options["collate_fn"] = _PackingCollate(inner, packer)
         options.pop("self")
         super().__init__(**options)
-        self.epoch = start_epoch
         self._packing = packing
         self._unpacker = None
+        if self._planned():
+            dataset._plan_identity()  # count the shards once here, not in every worker
+        self.epoch = start_epoch  # the epoch the next iter() runs
+        self._current = None  # the epoch being run, its steps handed out, finished?
+        self._step = 0
+        self._finished = False
+        self._pending = None
+        self._workers_next = None  # with persistent workers: the epoch they run next
+        self._origin = 0
+
+    def _planned(self) -> bool:
+        return getattr(self.dataset, "_plan_config", None) is not None
 
     def __iter__(self):
-        if hasattr(self.dataset, "set_epoch"):
-            self.dataset.set_epoch(self.epoch)
-        self.epoch += 1
-        it = super().__iter__()
-        if not self._packing:
-            return it
-        if self._unpacker is None or not self.persistent_workers:
+        ds = self.dataset
+        pending, self._pending = self._pending, None
+        fresh_workers = False
+        origin = 0
+        if pending is not None:
+            epoch, step = pending["epoch"], pending["step"]
+            if self._planned():
+                inner = pending["dataset"]
+                world = ds.environment()["world_size"]
+                if inner["world_size"] == world:
+                    origin = inner["origin"]
+                    step = (inner["position"] - origin) // world
+                else:
+                    origin, step = inner["position"], 0
+            if pending["finished"]:
+                epoch, step, origin = epoch + 1, 0, 0
+                pending = None
+            fresh_workers = True
+        else:
+            epoch, step = self.epoch, 0
+        if hasattr(ds, "_auto_epoch"):
+            ds.epoch = None  # counted by the dataset (and by persistent workers' copies)
+            ds._auto_epoch = epoch
+            cell = getattr(ds, "_shared_epoch", None)
+            if cell is not None:
+                cell.fill_(-1)  # an earlier set_epoch() must not pin the workers' epoch
+            ds._pending_state = None
+            if pending is not None and self._planned():
+                ds._pending_state = pending["dataset"]
+                fresh_workers = True
+        elif hasattr(ds, "set_epoch"):
+            ds.set_epoch(epoch)
+        if self.persistent_workers and self._iterator is not None and (
+                fresh_workers or self._workers_next != epoch):
+            self._iterator._shutdown_workers()  # they hold another epoch or position
+            self._iterator = None
             if self._unpacker is not None:
-                self._unpacker.close()  # the previous epoch's workers (and rings) are gone
-            pinned = self.pin_memory and torch.cuda.is_available()
-            self._unpacker = Unpacker(from_array=_array_to_tensor,
-                                      alloc=_pinned_alloc if pinned else None)
-        return _UnpackingIterator(it, self._unpacker)
+                self._unpacker.close()
+                self._unpacker = None
+        self._workers_next = epoch + 1
+        self.epoch = epoch + 1
+        self._current, self._step, self._finished = epoch, step, False
+        self._origin = origin
+        it = super().__iter__()
+        if self._packing:
+            if self._unpacker is None or not self.persistent_workers:
+                if self._unpacker is not None:
+                    self._unpacker.close()  # the previous epoch's workers (and rings) are gone
+                pinned = self.pin_memory and torch.cuda.is_available()
+                self._unpacker = Unpacker(from_array=_array_to_tensor,
+                                          alloc=_pinned_alloc if pinned else None)
+            it = _UnpackingIterator(it, self._unpacker)
+        if pending is not None and not self._planned() and step:
+            for _ in range(step):  # a plain stream: replay to the position
+                next(it)
+        return self._count(it)
+
+    def _count(self, it):
+        for batch in it:
+            self._step += 1
+            yield batch
+        self._finished = True
+
+    def __len__(self):
+        if self._planned():
+            epoch = self._current if self._current is not None else self.epoch
+            return self.dataset.steps_per_epoch(epoch)
+        return super().__len__()
+
+    def state_dict(self) -> dict:
+        """The loader's place: epoch, steps handed out, and the dataset's state there."""
+        if self._pending is not None:
+            return dict(self._pending)
+        if self._current is None:
+            epoch, step, finished = self.epoch, 0, False
+        else:
+            epoch, step, finished = self._current, self._step, self._finished
+        state = {"format": STATE_FORMAT, "kind": "loader", "epoch": epoch, "step": step,
+                 "finished": finished}
+        ds = self.dataset
+        if self._planned():
+            world = ds.environment()["world_size"]
+            origin = self._origin if self._current is not None else 0
+            state["dataset"] = ds.plan_state(epoch, origin + step * world, origin=origin,
+                                             world_size=world, finished=finished)
+        elif hasattr(ds, "state_dict"):
+            state["dataset"] = {"format": STATE_FORMAT, "kind": "stream",
+                                "seed": getattr(ds, "seed", None), "epoch": epoch}
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` at the next ``iter()``; a state that does not fit this
+        dataset raises :class:`~tarshards.errors.ResumeError`."""
+        if not isinstance(state, dict) or state.get("kind") != "loader":
+            raise ResumeError("not a WebLoader state (use dataset.load_state_dict for a "
+                              "dataset's state)")
+        ds = self.dataset
+        if self._planned():
+            inner = state.get("dataset")
+            check_state(inner, dict(ds._plan_identity(), kind="plan"))
+        elif state.get("dataset", {}).get("kind") == "plan":
+            raise ResumeError("a planned pipeline's state loaded into a loader whose dataset "
+                              "has no plan (readers=)")
+        self._pending = dict(state)
+        self.epoch = state["epoch"] + (1 if state.get("finished") else 0)
+
+    def state_from_step(self, step: int, start_epoch: int = 0) -> dict:
+        """The loader state after ``step`` steps from the start of ``start_epoch`` (for
+        trainers that keep a step count), on this world size."""
+        inner = self.dataset.state_from_step(step, start_epoch=start_epoch)
+        world = inner["world_size"]
+        return {"format": STATE_FORMAT, "kind": "loader", "epoch": inner["epoch"],
+                "step": inner["position"] // world, "finished": False, "dataset": inner}
 
 
 class _PackingCollate:
