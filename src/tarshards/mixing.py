@@ -28,8 +28,9 @@ from fractions import Fraction
 from typing import Mapping
 
 from . import stages as _stages
-from .pipeline import DataPipeline, PlannedProgram, _bind
+from .pipeline import DataPipeline, PlannedProgram, _bind, _explicit_rank
 from .source import PlanConfig, ReaderStream, plan_for, reader_rng
+from .types import WorkerInfo
 
 __all__ = ["MixedDataset", "batch_quotas", "mix"]
 
@@ -177,13 +178,8 @@ class MixedDataset(DataPipeline):
     def _epoch_program(self, epoch: int) -> "_MixProgram":
         return _MixProgram(self, epoch)
 
-    def environment(self) -> dict:
-        env = super().environment()
-        if self.rank is not None:
-            env["rank"] = self.rank
-        if self.world_size is not None:
-            env["world_size"] = self.world_size
-        return env
+    def worker_info(self) -> WorkerInfo:
+        return _explicit_rank(super().worker_info(), self.rank, self.world_size)
 
     def _source_repr(self) -> str:
         parts = ", ".join(f"{n}: {w:g}" for n, w in zip(self.names, self.weights))

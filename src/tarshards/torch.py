@@ -221,7 +221,13 @@ class MixedDataset(IterableDataset, _TorchMixin, _mix.MixedDataset):
     def __init__(self, *args, **kwargs):
         _mix.MixedDataset.__init__(self, *args, **kwargs)
 
-    environment = _TorchMixin.environment
+    # before IterableDataset's and the core pipeline's methods in the MRO
+    worker_info = _TorchMixin.worker_info
+    set_epoch = _TorchMixin.set_epoch
+    _current_epoch = _TorchMixin._current_epoch
+    compose = _TorchMixin.compose
+    __getstate__ = _TorchMixin.__getstate__
+    __setstate__ = _TorchMixin.__setstate__
     __iter__ = _TorchMixin.__iter__
     __getitem__ = _TorchMixin.__getitem__
     __len__ = _TorchMixin.__len__
