@@ -32,6 +32,7 @@ from __future__ import annotations
 import bisect
 import functools
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -442,24 +443,21 @@ class ReaderStream:
                 core.buf[:] = [samples[p] for p in held]
         self._it = core.run(self._read_from(core.consumed))
 
-    def take(self, n: int) -> Iterator[dict]:
-        """The next ``n`` samples."""
+    def take(self, n: int) -> list[dict]:
+        """The next ``n`` samples (a list: one batch's worth is taken at C speed)."""
         if self._it is None:
             self.seek(0)
-        it = self._it
-        for _ in range(n):
-            sample = next(it, _END)
-            if sample is _END:
-                raise TarshardsError(
-                    f"reader {self.reader} of epoch {self.plan.epoch} ran out at position "
-                    f"{self.position} of {self.plan.segment_length}: the shards changed since "
-                    "they were counted", url=None)
-            self.position += 1
-            yield sample
+        got = list(itertools.islice(self._it, n))
+        self.position += len(got)
+        if len(got) < n:
+            raise TarshardsError(
+                f"reader {self.reader} of epoch {self.plan.epoch} ran out at position "
+                f"{self.position} of {self.plan.segment_length}: the shards changed since "
+                "they were counted", url=None)
+        return got
 
     def skip(self, n: int) -> None:
-        for _ in self.take(n):
-            pass
+        self.take(n)
 
     def close(self) -> None:
         if self._it is not None:
@@ -470,11 +468,9 @@ class ReaderStream:
     def _read_from(self, position: int) -> Iterator[dict]:
         """The segment's samples in list order from ``position`` on."""
         for shard, a, b, pad in self.plan.segment_runs(self.reader, position):
-            for sample in self._read_shard(shard, a, b):
-                sample["__pad__"] = pad
-                yield sample
+            yield from self._read_shard(shard, a, b, pad)
 
-    def _read_shard(self, shard: int, a: int, b: int) -> Iterator[dict]:
+    def _read_shard(self, shard: int, a: int, b: int, pad: bool = False) -> Iterator[dict]:
         table = self.table
         url = table.urls[shard]
         offsets = table.sample_offsets(shard)
@@ -490,16 +486,13 @@ class ReaderStream:
                 elif offsets is not None and table.plain[shard] and b < len(offsets):
                     src = _Window(stream, int(offsets[b]))
                 batches = iter_tar_batches(tar_byte_source(src, url), url)
+                groups = group_samples(batches, url, last_dot=self.last_dot, batched=True)
                 n = 0
-                for sample in group_samples(batches, url, last_dot=self.last_dot,
-                                            batched=True):
-                    if skip:
-                        skip -= 1
-                        continue
+                for n, sample in enumerate(itertools.islice(groups, skip, skip + b - a), 1):
+                    sample["__pad__"] = pad
                     yield sample
-                    n += 1
-                    if n >= b - a:
-                        return
+                if n == b - a:
+                    return
         except TarshardsError as exn:
             raise exn.with_context(url=url) from None
         raise TarshardsError(f"shard has fewer samples than the {table.counts[shard]} counted "
