@@ -108,7 +108,7 @@ class _Stage:
         return f"{self.label}({', '.join(parts)})"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _params(fn) -> frozenset:
     try:
         return frozenset(inspect.signature(fn).parameters)
@@ -193,7 +193,7 @@ class DataPipeline:
 
     # ---- environment -------------------------------------------------------------------------
     def environment(self) -> dict:
-        """Rank and worker of the reader running this iteration (overridden by the torch adapter)."""
+        """Rank and worker of the reader running this iteration (the torch adapter overrides it)."""
         return {"rank": 0, "world_size": 1, "worker": 0, "num_workers": 1}
 
     def _context(self) -> dict:

@@ -1,8 +1,8 @@
 """Pipeline stages: plain generator functions over an iterable of samples.
 
 Every stage takes the upstream iterable first and is configured by keyword arguments, so stages
-compose by nesting calls (``batched(to_tuple(decode(samples, "pil"), "jpg", "cls"), 64)``) or through
-the fluent API of :class:`tarshards.WebDataset`, which is a thin layer over these functions.
+compose by nesting calls (``batched(to_tuple(decode(samples, "pil"), "jpg", "cls"), 64)``) or
+through the fluent API of :class:`tarshards.WebDataset`, which is a thin layer over these functions.
 
 Stages that can fail on one sample (``decode``, ``map``, ``to_tuple``...) take ``handler=``: a
 function of the exception that returns True to skip the sample, False to stop, or raises.
@@ -162,7 +162,7 @@ class _Handler:
 
 
 def handle_extension(extensions: str, fn: Callable[[bytes], Any]) -> Callable:
-    """A decode handler applying ``fn(data)`` to fields with one of the space-separated extensions."""
+    """A decode handler: ``fn(data)`` for fields with one of the space-separated extensions."""
     return _Handler(extensions, fn)
 
 
@@ -241,7 +241,8 @@ def select(samples: Iterable, predicate: Callable[[Any], bool]) -> Iterator:
             yield sample
 
 
-def map(samples: Iterable, f: Callable, handler: Callable = reraise_exception) -> Iterator:
+def map(samples: Iterable, f: Callable,  # noqa: A001 - webdataset's name
+        handler: Callable = reraise_exception) -> Iterator:
     """Apply ``f`` to each sample; ``None`` results are dropped; dict results keep ``__key__``."""
     for sample in samples:
         try:
