@@ -13,7 +13,7 @@ import pytest
 
 from conftest import load_servers, make_samples, write_shards
 from tarshards import WebDataset
-from tarshards.cache import ShardCache, cache_name, looks_like_shard, parse_size
+from tarshards.cache import ShardCache, cache_name, looks_like_shard
 from tarshards.pipeline import shard_samples
 
 
@@ -193,16 +193,15 @@ def test_looks_like_shard():
     assert not looks_like_shard(b"<html>" + b" " * 600)
 
 
-def test_parse_size():
-    assert parse_size(None) is None
-    assert parse_size(1000) == 1000
-    assert parse_size(1.5e3) == 1500
-    assert parse_size("500M") == 500 << 20
-    assert parse_size("20GB") == 20 << 30
-    assert parse_size("1.5 GiB") == int(1.5 * (1 << 30))
+def test_cache_sizes(tmp_path):
+    """max_bytes= reads sizes with tarshards.format.parse_size: GB decimal, GiB binary."""
+    sizes = {None: None, 1000: 1000, 1.5e3: 1500, "500M": 500 * 10**6, "20GB": 20 * 10**9,
+             "1.5 GiB": int(1.5 * (1 << 30)), 0: 0}
+    for given, expected in sizes.items():
+        assert ShardCache(tmp_path / "cache", max_bytes=given).max_bytes == expected
     with pytest.raises(ValueError):
-        parse_size("lots")
+        ShardCache(tmp_path / "cache", max_bytes="lots")
     with pytest.raises(ValueError):
-        parse_size(-1)
+        ShardCache(tmp_path / "cache", max_bytes=-1)
     with pytest.raises(TypeError):
-        parse_size(True)
+        ShardCache(tmp_path / "cache", max_bytes=True)
