@@ -5,7 +5,11 @@ a final ``.gz`` is decompressed first (``seg.png.gz``). Images decode according 
 webdataset's names (``pil``, ``rgb8``, ``torchrgb``...). Codecs that can run arbitrary code (pickle,
 ``torch.load``) are marked unsafe and refuse to decode unless the caller opts in.
 
-Heavy or optional libraries (PIL, msgpack, simplejpeg, torch) are imported on first use.
+Heavy or optional libraries (PIL, msgpack, simplejpeg, torch) are imported on first use. The parts
+that need torch (the ``torch*`` image modes, ``.pth``) are *optional entries*: their names are
+declared here by the package (:data:`OPTIONAL_CODECS`, :data:`OPTIONAL_ARRAY_KINDS`) and
+:mod:`tarshards.torch` registers them when first used; without torch they raise
+:class:`~tarshards.errors.MissingDependencyError` with the install command.
 """
 
 from __future__ import annotations
@@ -16,12 +20,15 @@ import io
 import json
 import pickle
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from ._lazy import LazyModule
+from ._lazy import LazyModule, OptionalEntries
 from .errors import DecodeError, MissingDependencyError, UnsafeCodecError
 
-np = LazyModule("numpy", globals(), "np")  # numpy is imported on first use
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = LazyModule("numpy", globals(), "np")  # numpy is imported on first use
 
 __all__ = [
     "Codec",
@@ -32,6 +39,7 @@ __all__ = [
     "encode_sample",
     "encode_value",
     "field_decoder",
+    "register_array_kind",
     "register_codec",
     "register_image_mode",
 ]
@@ -57,6 +65,8 @@ class Codec:
 
 
 _REGISTRY: dict[str, Codec] = {}
+# extensions whose codec an optional module registers on first use (``safe=`` known before)
+OPTIONAL_CODECS = OptionalEntries("codec")
 
 
 def register_codec(codec: Codec) -> None:
@@ -65,9 +75,18 @@ def register_codec(codec: Codec) -> None:
         _REGISTRY[ext.lower()] = codec
 
 
+def _optional_codec(last: str) -> Codec | None:
+    """The codec of an optional extension, its module imported now (``None``: not one)."""
+    if last not in OPTIONAL_CODECS:
+        return None
+    OPTIONAL_CODECS.load(last)
+    return _REGISTRY[last]
+
+
 def codec_for(ext: str) -> Codec | None:
     """The codec for an extension (by its last component), or ``None``."""
-    return _REGISTRY.get(ext.rpartition(".")[2].lower())
+    last = ext.rpartition(".")[2].lower()
+    return _REGISTRY.get(last) or _optional_codec(last)
 
 
 def _lazy(module: str, purpose: str, extra: str | None = None):
@@ -171,18 +190,6 @@ def _dec_tenbin(data, ext):
     return _tenbin().decode_buffer(data)
 
 
-def _torch_io():
-    return importlib.import_module("tarshards.torch")
-
-
-def _enc_pth(value, ext):
-    return _torch_io().save_pth(value)
-
-
-def _dec_pth(data, ext):
-    return _torch_io().load_pth(data)
-
-
 def _enc_gz(value, ext):
     inner = ext.rpartition(".")[0] if "." in ext else ""
     raw = encode_value(value, inner) if inner else _as_bytes(value, ext)
@@ -269,6 +276,40 @@ _EXTRA_MODES: dict[str, Callable[[bytes, str], Any]] = {}
 def register_image_mode(name: str, fn: Callable[[bytes, str], Any]) -> None:
     """Add an image decoding mode: ``fn(data, ext) -> value``."""
     _EXTRA_MODES[name] = fn
+
+
+@dataclass(frozen=True)
+class ArrayKind:
+    """What a kind of :data:`IMAGE_MODES` makes of the decoded HxWxC (or HxW) uint8 array:
+    ``convert(array, size)``. With ``resizes``, ``convert`` resizes to ``size=(w, h)`` itself, so
+    JPEGs are decoded at the smallest reduced scale that is at least ``size``."""
+
+    convert: Callable[[Any, Any], Any]
+    resizes: bool = False
+
+
+_ARRAY_KINDS: dict[str, ArrayKind] = {}
+# kinds that an optional module registers on first use ("torch-uint8", "torch-float")
+OPTIONAL_ARRAY_KINDS = OptionalEntries("image mode kind")
+
+
+def register_array_kind(kind: str, convert: Callable[[Any, Any], Any], *,
+                        resizes: bool = False) -> None:
+    """Add (or replace) the kind ``kind`` of image modes: ``convert(uint8_array, size)``."""
+    _ARRAY_KINDS[kind] = ArrayKind(convert, resizes)
+
+
+def _array_kind(kind: str, mode: str) -> ArrayKind:
+    found = _ARRAY_KINDS.get(kind)
+    if found is None:
+        if kind not in OPTIONAL_ARRAY_KINDS:
+            raise ValueError(f"image mode {mode!r}: no converter for its kind {kind!r}")
+        try:
+            OPTIONAL_ARRAY_KINDS.load(kind)
+        except MissingDependencyError as exn:
+            raise MissingDependencyError(f"the image mode {mode!r}: {exn}") from None
+        found = _ARRAY_KINDS[kind]
+    return found
 
 
 def _simplejpeg():
@@ -405,13 +446,13 @@ def image_decoder(mode: str, size=None) -> Callable[[bytes, str], Any]:
         def dec_float(data, ext):
             return _image_array(data, ext, pil_mode, size).astype(np.float32) / np.float32(255)
         return dec_float
-    # torch kinds: the torch adapter turns the uint8 array into a CHW tensor
-    to_tensor = _torch_io().image_to_tensor
-    as_float = kind == "torch-float"
-    if size is not None:  # decode at a reduced JPEG scale, resize in torch (faster than PIL)
-        return lambda data, ext: to_tensor(_image_array(data, ext, pil_mode, size, exact=False),
-                                           as_float, size=size)
-    return lambda data, ext: to_tensor(_image_array(data, ext, pil_mode, size), as_float)
+    # other kinds (torch tensors: registered by tarshards.torch) convert the uint8 array
+    convert = _array_kind(kind, mode).convert
+    if size is not None and _ARRAY_KINDS[kind].resizes:
+        # decode at a reduced JPEG scale, let the converter resize (faster than PIL for torch)
+        return lambda data, ext: convert(_image_array(data, ext, pil_mode, size, exact=False),
+                                         size)
+    return lambda data, ext: convert(_image_array(data, ext, pil_mode, size), None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -426,7 +467,6 @@ for _codec in (
     Codec(("npz",), _enc_npz, _dec_npz),
     Codec(("msgpack", "mp", "mpk"), _enc_msgpack, _dec_msgpack),
     Codec(("pyd", "pkl", "pickle"), _enc_pickle, _dec_pickle, safe=False),
-    Codec(("pth",), _enc_pth, _dec_pth, safe=False),
     Codec(("gz",), _enc_gz, _dec_gz),
     Codec(("ten", "tb", "tenbin"), _enc_tenbin, _dec_tenbin),
     Codec(IMAGE_EXTENSIONS, _enc_image, _dec_image_pil, image=True),
@@ -456,7 +496,7 @@ def encode_value(value, ext: str) -> bytes:
     if isinstance(value, (bytearray, memoryview)):
         return bytes(value)
     last = ext.rpartition(".")[2].lower()
-    codec = _REGISTRY.get(last)
+    codec = _REGISTRY.get(last) or _optional_codec(last)
     if codec is None:
         return _as_bytes(value, ext)
     try:
@@ -494,6 +534,10 @@ def field_decoder(ext: str, *, image_mode: str | None = "pil", size=None,
         return lambda data: inner_dec(gzip.decompress(data))
     last = parts[-1]
     codec = _REGISTRY.get(last)
+    if codec is None and last in OPTIONAL_CODECS:
+        if not OPTIONAL_CODECS.info(last).get("safe", True) and not allow_unsafe:
+            return _refuse(ext)  # refused before its module (torch...) is even imported
+        codec = _optional_codec(last)
     if codec is None:
         return None
     if codec.image:
@@ -502,14 +546,18 @@ def field_decoder(ext: str, *, image_mode: str | None = "pil", size=None,
         img = image_decoder(image_mode, size)
         return lambda data: img(data, last)
     if not codec.safe and not allow_unsafe:
-        def refuse(data):
-            raise UnsafeCodecError(
-                f"refusing to decode a .{ext} field: this codec can run arbitrary code. If you "
-                f"trust the data, opt in with allow_unsafe=True (e.g. .decode('pil', "
-                f"allow_unsafe=True)), or keep the raw bytes with .decode(only=[...])")
-        return refuse
+        return _refuse(ext)
     dec = codec.decode
     return lambda data: dec(data, last)
+
+
+def _refuse(ext: str) -> Callable[[bytes], Any]:
+    def refuse(data):
+        raise UnsafeCodecError(
+            f"refusing to decode a .{ext} field: this codec can run arbitrary code. If you "
+            f"trust the data, opt in with allow_unsafe=True (e.g. .decode('pil', "
+            f"allow_unsafe=True)), or keep the raw bytes with .decode(only=[...])")
+    return refuse
 
 
 def decode_value(data: bytes, ext: str, **options) -> Any:

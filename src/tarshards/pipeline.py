@@ -3,7 +3,8 @@
 ``WebDataset`` keeps a list of ``(stage function, args, kwargs)``; its fluent methods are generated
 from the stage functions in :mod:`tarshards.stages`, so there is one implementation of each stage.
 At iteration time the pipeline works out who it is (rank, worker), picks the epoch's shards, and
-runs the stages, passing each stage that takes them a seeded ``rng`` and the dataset's ``handler``.
+runs the stages, passing each stage that takes them a seeded ``rng`` and the dataset's error
+policy (``on_error``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from .errors import StorageError, TarshardsError
 from .format import group_samples
 from .prefetch import ShardPrefetcher, given_stream
 from .shards import make_rng, resampled_shards, shard_order, split_shards
-from .stages import reraise_exception
+from .on_error import OnError, error_policy
 from .tario import iter_tar_batches, tar_byte_source
 from .urls import expand_urls, is_local, open_url
 
@@ -53,24 +54,26 @@ def shard_samples(url: str, *, storage_options: dict | None = None, allow_pipe: 
         raise StorageError(f"read failed: {exn}", url=url) from exn
 
 
-def iter_samples(urls: Iterable[str], *, handler: Callable = reraise_exception,
-                 prefetch: int = 0, prefetch_bytes: int = 256 << 20,
-                 **options) -> Iterator[dict]:
-    """The samples of several shards in turn; shard errors go to ``handler``.
+def iter_samples(urls: Iterable[str], *, on_error: OnError = "raise",
+                 handler: Callable | None = None, prefetch: int = 0,
+                 prefetch_bytes: int = 256 << 20, **options) -> Iterator[dict]:
+    """The samples of several shards in turn; shard errors go to ``on_error``.
 
-    With a handler that continues, a bad shard yields the samples before the error, one warning
-    (for ``warn_and_continue``) naming shard and offset, and the stream goes on with the next shard.
+    With ``on_error="warn"`` (or ``handler=warn_and_continue``) a bad shard yields the samples
+    before the error, one warning naming shard and offset, and the stream goes on with the next
+    shard. Only tarshards errors reach the policy here (errors of the shard, not of user code).
 
     ``prefetch=k`` opens the next ``k`` shards while the current one is read, each filled from a
     thread into a buffer (``prefetch_bytes`` over all of them; at most ``k + 1`` connections):
     see :mod:`tarshards.prefetch`. Order, samples and errors are the same as without it.
     """
+    policy = error_policy(on_error, handler)
     if not prefetch:
         for url in urls:
             try:
                 yield from shard_samples(url, **options)
             except TarshardsError as exn:
-                if handler(exn):
+                if policy(exn):
                     continue
                 return
         return
@@ -85,13 +88,13 @@ def iter_samples(urls: Iterable[str], *, handler: Callable = reraise_exception,
                 yield from shard_samples(url, opener=lambda _url, s=stream: given_stream(s),
                                          **options)
             except TarshardsError as exn:
-                if handler(exn):
+                if policy(exn):
                     continue
                 return
 
 
 class _Stage:
-    __slots__ = ("fn", "args", "kwargs", "wants_rng", "wants_handler", "label")
+    __slots__ = ("fn", "args", "kwargs", "wants_rng", "wants_policy", "label")
 
     def __init__(self, fn, args, kwargs, label=None):
         self.fn = fn
@@ -99,7 +102,8 @@ class _Stage:
         self.kwargs = kwargs
         params = _params(fn)
         self.wants_rng = "rng" in params and "rng" not in kwargs and "seed" not in kwargs
-        self.wants_handler = "handler" in params and "handler" not in kwargs
+        self.wants_policy = ("on_error" in params and "on_error" not in kwargs
+                             and "handler" not in kwargs)
         self.label = label or getattr(fn, "__name__", repr(fn))
 
     def __repr__(self):
@@ -131,11 +135,11 @@ class DataPipeline:
     """
 
     def __init__(self, source: Callable[[dict], Iterator] | Iterable, *, seed: int = 0,
-                 handler: Callable = reraise_exception):
+                 on_error: OnError = "raise", handler: Callable | None = None):
         self._source = source
         self._stages: list[_Stage] = []
         self.seed = seed
-        self.handler = handler
+        self.on_error = error_policy(on_error, handler)
         self.epoch = None  # None: counted automatically
         self._auto_epoch = 0
         self._nsamples = None  # with_epoch
@@ -236,14 +240,14 @@ class DataPipeline:
                     and stages[i + 1].fn is _stages.to_tuple):
                 # to_tuple keeps only the fields it names: decoding the others is wasted work
                 kwargs = dict(kwargs, only=_tuple_fields(stages[i + 1].args))
-            if st.wants_rng or st.wants_handler:
+            if st.wants_rng or st.wants_policy:
                 kwargs = dict(kwargs)
                 if st.wants_rng:
                     again = (ctx["again"],) if ctx.get("again") else ()
                     kwargs["rng"] = make_rng("stage", i, ctx["seed"], ctx["epoch"], ctx["rank"],
                                              ctx["worker"], *again)
-                if st.wants_handler:
-                    kwargs["handler"] = self.handler
+                if st.wants_policy:
+                    kwargs["on_error"] = self.on_error
             data = st.fn(data, *st.args, **kwargs)
         return iter(data)
 
@@ -261,15 +265,52 @@ def _tuple_fields(args) -> list[str]:
     return [f for spec in args for f in spec.split(";")]
 
 
+# parameters the pipeline fills in (a seeded rng; its error policy): not shown on fluent methods
+_INJECTED = frozenset({"rng", "handler"})
+
+
+def _fluent_signature(stage: Callable) -> inspect.Signature:
+    """``stage``'s signature as a method: ``self`` instead of the samples, without the injected
+    parameters (those after one become keyword-only, so positions stay true), and
+    ``on_error=None`` meaning "the pipeline's policy"."""
+    sig = inspect.signature(stage)
+    shown = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    keyword_only = False
+    for p in list(sig.parameters.values())[1:]:
+        if p.name in _INJECTED:
+            keyword_only = keyword_only or p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+            continue
+        if keyword_only and p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
+            p = p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+        if p.name == "on_error":
+            p = p.replace(default=None)
+        shown.append(p)
+    if keyword_only:  # keep the order Python requires: keyword-only ones after *args
+        shown.sort(key=lambda p: p.kind)
+    return sig.replace(parameters=shown, return_annotation="DataPipeline")
+
+
 def _fluent(stage: Callable) -> Callable:
-    """A fluent method that appends ``stage`` (one implementation, documented once)."""
+    """A fluent method that appends ``stage``: one implementation, with the stage's signature
+    (less the samples and what the pipeline injects) and docstring. Arguments are checked
+    against the signature when the method is called, not at iteration."""
+    sig = _fluent_signature(stage)
 
     def method(self, *args, **kwargs):
+        shown = {k: v for k, v in kwargs.items() if k not in _INJECTED}
+        try:
+            sig.bind(self, *args, **shown)
+        except TypeError as exn:
+            raise TypeError(f".{stage.__name__}(): {exn}") from None
+        if "on_error" in kwargs and kwargs["on_error"] is None:
+            del kwargs["on_error"]  # the pipeline's policy
         return self.compose(stage, *args, **kwargs)
 
     method.__name__ = stage.__name__
     method.__qualname__ = f"DataPipeline.{stage.__name__}"
     method.__doc__ = stage.__doc__
+    method.__module__ = __name__
+    method.__signature__ = sig  # type: ignore[attr-defined]
     return method
 
 
@@ -288,7 +329,9 @@ class WebDataset(DataPipeline):
     ``urls``: a shard spec (braces, ``::``-joined specs, globs, lists, a URL list file).
     ``shardshuffle``: shuffle the shard order each epoch (default: on when ``shuffle`` > 0).
     ``resampled``: draw shards with replacement forever (bound it with ``.with_epoch(n)``).
-    ``handler``: what a data error does (``reraise_exception``, ``warn_and_continue``...).
+    ``on_error``: what a data error does: ``"raise"``, ``"skip"``, ``"warn"``, or a function
+    ``exn -> bool`` (see :mod:`tarshards.on_error`); ``handler=`` is its older name and takes
+    webdataset's handler functions (``warn_and_continue``...).
     ``rank``/``world_size``: the node's place (default: from torch.distributed when initialized).
     ``nodesplitter``/``workersplitter``: functions ``urls -> urls`` replacing the default split.
     ``empty_check``: raise when this reader was given shards but found no sample in them.
@@ -301,8 +344,8 @@ class WebDataset(DataPipeline):
 
     def __init__(self, urls, extensions: str | None = None, decoder: Any = _DEFAULT,
                  transforms: Any = None, shuffle: int = 0, *, shardshuffle: bool | None = None,
-                 resampled: bool = False, seed: int = 0,
-                 handler: Callable = reraise_exception, nodesplitter: Callable | None = None,
+                 resampled: bool = False, seed: int = 0, on_error: OnError = "raise",
+                 handler: Callable | None = None, nodesplitter: Callable | None = None,
                  workersplitter: Callable | None = None, empty_check: bool = True,
                  rank: int | None = None, world_size: int | None = None,
                  storage_options: dict | None = None, allow_pipe: bool = False,
@@ -310,7 +353,7 @@ class WebDataset(DataPipeline):
                  retries: int = 5, last_dot: bool = False, decode_size=None,
                  allow_unsafe: bool = False, prefetch: int | None = None,
                  prefetch_bytes: int = 256 << 20):
-        super().__init__(self._samples, seed=seed, handler=handler)
+        super().__init__(self._samples, seed=seed, on_error=on_error, handler=handler)
         self.urls = expand_urls(urls, storage_options=storage_options)
         if not self.urls:
             raise ValueError(f"the shard spec {urls!r} names no shards")
@@ -401,15 +444,10 @@ class WebDataset(DataPipeline):
         if self._opener is not None:
             options["opener"] = self._opener
         if not self.empty_check or self.resampled:
-            yield from iter_samples(shards, handler=self.handler, **options)
+            yield from iter_samples(shards, on_error=self.on_error, **options)
             return
-        skipped: list = []  # errors the handler let pass, to name the real cause below
-
-        def handler(exn):
-            skipped.append(exn)
-            return self.handler(exn)
-
-        samples = iter_samples(shards, handler=handler, **options)
+        skipped: list = []  # errors the policy let pass, to name the real cause below
+        samples = iter_samples(shards, on_error=self.on_error.observed(skipped.append), **options)
         first = next(samples, _DEFAULT)  # peek: no per-sample cost for the check
         if first is _DEFAULT:
             if shards and skipped:

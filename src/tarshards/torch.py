@@ -18,6 +18,8 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate, defau
 from torch.utils.data import get_worker_info
 
 from . import pipeline as _pipeline
+from .codecs import Codec, register_array_kind, register_codec
+from .stages import register_collation
 from .transport import Packer, Unpacker
 
 __all__ = ["DataPipeline", "WebDataset", "WebLoader", "image_to_tensor", "torch_environment"]
@@ -219,3 +221,16 @@ def save_pth(value) -> bytes:
 
 def load_pth(data: bytes):
     return torch.load(io.BytesIO(data), weights_only=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# the registry entries that need torch (declared by name in tarshards/__init__.py)
+# ---------------------------------------------------------------------------------------------
+
+register_array_kind("torch-uint8", lambda arr, size: image_to_tensor(arr, False, size=size),
+                    resizes=True)
+register_array_kind("torch-float", lambda arr, size: image_to_tensor(arr, True, size=size),
+                    resizes=True)
+register_codec(Codec(("pth",), lambda value, ext: save_pth(value),
+                     lambda data, ext: load_pth(data), safe=False))
+register_collation(torch.Tensor, stack)
