@@ -87,7 +87,8 @@ print(default_collation_fn([(1, "a"), (2, "b")])[1])
 """
     lines = run_python(code).splitlines()
     hint = "pip install 'tarshards[torch]'"
-    assert lines[0].startswith("MissingDependencyError: the image mode 'torchrgb'") and hint in lines[0]
+    assert lines[0].startswith("MissingDependencyError: the image mode 'torchrgb'")
+    assert hint in lines[0]
     assert lines[1].startswith("MissingDependencyError: the image mode 'torch'")
     assert lines[2].startswith("UnsafeCodecError: refusing")  # refused before torch is needed
     assert lines[3].startswith("MissingDependencyError: the codec 'pth' needs the torch")
