@@ -22,9 +22,14 @@ from tarshards.pipeline import shard_samples
 servers = load_servers()
 
 
+def _needs_http():
+    pytest.importorskip("aiohttp", reason="http:// URLs need aiohttp (pip install 'tarshards[http]')")
+
+
 @pytest.fixture
 def served(tmp_path):
     """3 shards x 30 samples served over HTTP: (server, urls, samples, sizes)."""
+    _needs_http()
     root = tmp_path / "www"
     root.mkdir()
     paths, samples = write_shards(root, 3, 30)
@@ -65,6 +70,7 @@ print(json.dumps([s["__key__"] for s in WebDataset(urls, shardshuffle=False, cac
 
 
 def test_four_processes_download_each_shard_once(tmp_path):
+    _needs_http()
     root = tmp_path / "www"
     root.mkdir()
     paths, samples = write_shards(root, 3, 30)
@@ -145,6 +151,7 @@ def test_local_paths_bypass_the_cache(tmp_path):
 
 
 def test_a_file_that_is_not_a_shard_is_not_cached(tmp_path, caplog):
+    _needs_http()
     root = tmp_path / "www"
     root.mkdir()
     (root / "notes.tar").write_bytes(b"these are not the shards you are looking for\n" * 40)
