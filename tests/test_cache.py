@@ -23,7 +23,7 @@ servers = load_servers()
 
 
 def _needs_http():
-    pytest.importorskip("aiohttp", reason="http:// URLs need aiohttp (pip install 'tarshards[http]')")
+    pytest.importorskip("aiohttp", reason="http:// needs aiohttp (pip install 'tarshards[http]')")
 
 
 @pytest.fixture
