@@ -333,7 +333,8 @@ def _pow2_scale_dims(data: bytes, sj, size) -> dict:
     return {"min_width": -(-w // s), "min_height": -(-h // s)}
 
 
-def _image_array(data: bytes, ext: str, pil_mode: str, size, exact: bool = True) -> np.ndarray:
+def _image_array(data: bytes, ext: str, pil_mode: str | None, size,
+                 exact: bool = True) -> np.ndarray:
     """Decode to an HxW or HxWxC uint8 array, at ``size=(w, h)`` when given.
 
     ``exact=False``: JPEGs come back at a reduced scale no smaller than ``size`` (the caller
@@ -343,7 +344,7 @@ def _image_array(data: bytes, ext: str, pil_mode: str, size, exact: bool = True)
         sj = _simplejpeg()
         if sj is not None:
             try:
-                kw = {}
+                kw: dict = {}
                 if size is not None:
                     kw = ({"min_width": size[0], "min_height": size[1]} if exact
                           else _pow2_scale_dims(data, sj, size))

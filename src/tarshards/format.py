@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import decimal
 import re
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from .errors import DuplicateFieldError
 
@@ -112,7 +112,7 @@ def _group_fast(batches: Iterable[list], url, last_dot: bool) -> Iterator[dict]:
         yield sample
 
 
-def _group(batches: Iterable, url, last_dot: bool, sample: dict | None = None,
+def _group(batches: Iterable, url, last_dot: bool, sample: Any = None,
            key: str | None = None) -> Iterator[dict]:
     """The reference grouping loop (state ``sample``/``key`` carried in from a caller)."""
     for batch in batches:

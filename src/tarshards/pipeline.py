@@ -27,7 +27,7 @@ from .urls import expand_urls, is_local, open_url
 
 __all__ = ["DataPipeline", "WebDataset", "iter_samples", "shard_samples"]
 
-_DEFAULT = object()
+_DEFAULT: Any = object()
 
 
 def shard_samples(url: str, *, storage_options: dict | None = None, allow_pipe: bool = False,
@@ -140,10 +140,10 @@ class DataPipeline:
         self._stages: list[_Stage] = []
         self.seed = seed
         self.on_error = error_policy(on_error, handler)
-        self.epoch = None  # None: counted automatically
+        self.epoch: int | None = None  # None: counted automatically
         self._auto_epoch = 0
-        self._nsamples = None  # with_epoch
-        self._length = None  # with_length
+        self._nsamples: int | None = None  # with_epoch
+        self._length: int | None = None  # with_length
 
     # ---- composition -------------------------------------------------------------------------
     def compose(self, stage: Callable, *args, **kwargs) -> "DataPipeline":
@@ -435,12 +435,13 @@ class WebDataset(DataPipeline):
         return urls
 
     def _samples(self, ctx: dict) -> Iterator[dict]:
-        shards = self.shard_list(ctx)
+        shards: Any = self.shard_list(ctx)
         if not self.resampled:
             shards = list(shards)
-        options = {"storage_options": self.storage_options, "allow_pipe": self.allow_pipe,
-                   "last_dot": self.last_dot, "retries": self.retries,
-                   "prefetch": self.prefetch, "prefetch_bytes": self.prefetch_bytes}
+        options: dict[str, Any] = {
+            "storage_options": self.storage_options, "allow_pipe": self.allow_pipe,
+            "last_dot": self.last_dot, "retries": self.retries, "prefetch": self.prefetch,
+            "prefetch_bytes": self.prefetch_bytes}
         if self._opener is not None:
             options["opener"] = self._opener
         if not self.empty_check or self.resampled:

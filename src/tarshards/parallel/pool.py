@@ -59,7 +59,7 @@ def _worker_main(conn, payload: bytes) -> None:
             return
         task_id, args = msg
         try:
-            reply = (task_id, True, fn(*args), None)
+            reply: tuple = (task_id, True, fn(*args), None)
         except Exception as exn:
             reply = (task_id, False, portable_exception(exn), traceback.format_exc())
         try:

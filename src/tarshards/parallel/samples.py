@@ -129,7 +129,7 @@ def _map_samples_pool(fn, source, processes, ordered, chunksize, prefetch, polic
                 cid, start, n = task
                 entry = chunks[cid]
                 if kind == "ok":
-                    outcomes = value
+                    outcomes: list = value
                 else:  # the runner itself failed (e.g. a result that does not pickle)
                     outcomes = [_SampleOutcome(False, remote_cause(value, tb))] * n
                 for j, o in enumerate(outcomes):
@@ -139,8 +139,8 @@ def _map_samples_pool(fn, source, processes, ordered, chunksize, prefetch, polic
             # emit finished chunks
             while True:
                 if ordered:
-                    entry = chunks.get(next_emit)
-                    if entry is None or entry[2] > 0:
+                    ready = chunks.get(next_emit)
+                    if ready is None or ready[2] > 0:
                         break
                     del chunks[next_emit]
                     next_emit += 1
@@ -148,8 +148,8 @@ def _map_samples_pool(fn, source, processes, ordered, chunksize, prefetch, polic
                     done = [c for c, e in chunks.items() if e[2] == 0]
                     if not done:
                         break
-                    entry = chunks.pop(done[0])
-                for o in entry[1]:
+                    ready = chunks.pop(done[0])
+                for o in ready[1]:
                     if o.ok:
                         if o.value is not None:
                             yield o.value

@@ -72,7 +72,7 @@ class ShellSampleFn:
             if self.verbose and (proc.stdout or proc.stderr):
                 with contextlib.suppress(Exception):
                     sys.stderr.write((proc.stdout + proc.stderr).decode("utf-8", "replace"))
-            out = {"__key__": key}
+            out: dict = {"__key__": key}
             if "__url__" in sample:
                 out["__url__"] = sample["__url__"]
             prefix = base + "."
