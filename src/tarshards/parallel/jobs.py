@@ -15,7 +15,7 @@ from ..writer import TarWriter
 from .reports import FAILED, ShardReport
 from .samples import apply_one
 
-__all__ = ["FileShardJob", "SampleShardJob", "attempt"]
+__all__ = ["FileShardJob", "SampleShardJob", "ShardJob", "attempt"]
 
 _MAX_MESSAGES = 20  # errors kept in a report's messages
 
@@ -42,7 +42,18 @@ def attempt(report: ShardReport, work: Callable[[ShardReport], None]) -> ShardRe
     return report
 
 
-class SampleShardJob:
+class ShardJob:
+    """One shard's work: ``job(input_url, output_url) -> ShardReport``, run as one
+    :func:`attempt` (subclasses write ``_run(report)``). Instances pickle (worker processes)."""
+
+    def __call__(self, inp: str, out: str) -> ShardReport:
+        return attempt(ShardReport(inp, out), self._run)
+
+    def _run(self, report: ShardReport) -> None:
+        raise NotImplementedError
+
+
+class SampleShardJob(ShardJob):
     """Read one input shard, apply ``fn`` to each sample, write the output shard atomically."""
 
     def __init__(self, fn, *, decode=None, on_error: OnError = "raise", encoder=True,
@@ -59,9 +70,6 @@ class SampleShardJob:
         self.storage_options = storage_options
         self.compress = compress
         self.allow_pipe = allow_pipe
-
-    def __call__(self, inp: str, out: str) -> ShardReport:
-        return attempt(ShardReport(inp, out), self._run)
 
     def _run(self, report: ShardReport) -> None:
         policy = self.policy
@@ -106,14 +114,11 @@ class SampleShardJob:
                 handle(exn)  # a broken input: keep what came before it if the policy says so
 
 
-class FileShardJob:
+class FileShardJob(ShardJob):
     """Run ``fn(input_url, output_url)``; an int result is the number of samples written."""
 
     def __init__(self, fn):
         self.fn = fn
-
-    def __call__(self, inp: str, out: str) -> ShardReport:
-        return attempt(ShardReport(inp, out), self._run)
 
     def _run(self, report: ShardReport) -> None:
         result = self.fn(report.input, report.output)
