@@ -108,8 +108,8 @@ def _skip_if_needs_missing(where: str, text: str) -> None:
     """Skip (naming the missing packages) when a block failed for want of an optional one."""
     m = _NEEDS.search(text)
     if m and MISSING and (m.group(1) is None or m.group(1).split(".")[0] in MISSING):
-        pytest.skip(f"{where} needs an optional package that is not installed "
-                    f"(missing here: {', '.join(MISSING)})")
+        line = text.strip().splitlines()[0]
+        pytest.skip(f"{where} needs an optional package: {line[:160]}")
 
 
 def _requires(*names: str) -> None:
