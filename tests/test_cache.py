@@ -16,9 +16,6 @@ from tarshards import WebDataset
 from tarshards.cache import ShardCache, cache_name, looks_like_shard
 from tarshards.pipeline import shard_samples
 
-
-
-
 servers = load_servers()
 
 

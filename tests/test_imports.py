@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("codecs", "crop"),                              # the codec registry; image crops
     ("tario",),                                      # tar headers, reader, member writer
     ("specs",),                                      # shard specs
-    ("storage", "urls", "cache"),                    # opening URLs, atomic output, the cache
+    ("storage", "urls", "cache", "prefetch"),        # opening URLs, atomic output, cache, prefetch
     ("writer", "manifest", "index"),                 # writing; the dataset's record and index
     ("shards", "source"),                            # shard lists, the epoch plan and its cursor
     ("stages", "mix"),                               # stages
