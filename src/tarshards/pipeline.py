@@ -145,6 +145,11 @@ class DataPipeline:
         self._nsamples: int | None = None  # with_epoch
         self._length: int | None = None  # with_length
 
+    @property
+    def handler(self):
+        """The error policy (older name of :attr:`on_error`)."""
+        return self.on_error
+
     # ---- composition -------------------------------------------------------------------------
     def compose(self, stage: Callable, *args, **kwargs) -> "DataPipeline":
         """A copy of this pipeline with the stage ``stage(samples, *args, **kwargs)`` appended.
