@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("shards", "source"),                            # shard lists, the epoch plan and its cursor
     ("stages", "mix"),                               # stages
     ("pipeline",),                                   # composition, the fluent API
-    ("torch", "parallel", "compat", "benchmark"),    # adapters and engines
+    ("torch", "transport", "parallel", "compat", "benchmark"),  # adapters and engines
     ("cli",),                                        # the command line
     ("__init__",),                                   # the package itself, above everything
 ]
