@@ -509,7 +509,6 @@ def test_pipe_output_failing_command_raises(tmp_path):
 # temporary files: owned, locked, removed when their writer died (issue 10, defect 5)
 # ---------------------------------------------------------------------------------------------
 
-import signal  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 

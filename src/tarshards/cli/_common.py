@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import sys
 from typing import Callable, Iterable, Iterator
 
@@ -93,7 +94,7 @@ def handle_errors(fn):
             _quiet_exit_on_broken_pipe()
         except TarshardsError as exn:
             raise DataError(str(exn)) from None
-        except (MemoryError, OverflowError) as exn:  # defensive: the reader should not let these out
+        except (MemoryError, OverflowError) as exn:  # defensive: the reader should not raise these
             raise DataError(str(as_data_error(exn))) from None
         except OSError as exn:
             if isinstance(exn, BrokenPipeError) or getattr(exn, "errno", None) == 32:
