@@ -67,8 +67,9 @@ class ShardTable:
     shard is an uncompressed tar (offsets can be sought).
     """
 
-    def __init__(self, urls: Sequence[str], counts: Sequence[int], *, fingerprint: str | None = None,
-                 offsets: Sequence | None = None, plain: Sequence[bool] | None = None):
+    def __init__(self, urls: Sequence[str], counts: Sequence[int], *,
+                 fingerprint: str | None = None, offsets: Sequence | None = None,
+                 plain: Sequence[bool] | None = None):
         self.urls = tuple(os.fspath(u) for u in urls)
         self.counts = tuple(int(c) for c in counts)
         if len(self.urls) != len(self.counts):
@@ -246,7 +247,7 @@ class EpochPlan:
         self.segment_length = q * B
         self.runs = runs
         starts, pos = [], 0
-        for s, a, b, _ in runs:
+        for _, a, b, _ in runs:
             starts.append(pos)
             pos += b - a
         self._starts = starts
