@@ -231,8 +231,9 @@ def bench_pipeline(spec, dataset: Any = None, *, max_samples: int = 2000,
         nbytes, secs = _read_ours(urls, max_read_bytes, time.perf_counter() + seconds_per_stage,
                                   bar, storage_options)
     ref_name, ref_bytes, ref_secs = _read_reference(urls, nbytes, storage_options)
-    raw = {"bytes": nbytes, "seconds": secs, "mb_per_s": nbytes / 1e6 / max(secs, 1e-9),
-           "reference": ref_name, "reference_mb_per_s": ref_bytes / 1e6 / max(ref_secs, 1e-9)}
+    raw: dict[str, Any] = {
+        "bytes": nbytes, "seconds": secs, "mb_per_s": nbytes / 1e6 / max(secs, 1e-9),
+        "reference": ref_name, "reference_mb_per_s": ref_bytes / 1e6 / max(ref_secs, 1e-9)}
     raw["ratio"] = raw["mb_per_s"] / raw["reference_mb_per_s"]
     report["raw_read"] = raw
     say(f"raw read: {raw['mb_per_s']:.0f} MB/s ({ref_name}: {raw['reference_mb_per_s']:.0f})")
@@ -484,7 +485,7 @@ def dataset_from_options(urls, *, shuffle: int = 0, decode: Iterable[str] = (),
     ds = _web_dataset_class()(urls, shardshuffle=bool(shuffle), seed=seed)
     if shuffle:
         ds = ds.shuffle(shuffle)
-    handlers = list(decode)
+    handlers: list[Any] = list(decode)
     if crop:
         from .crop import random_resized_crop
 

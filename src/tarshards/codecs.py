@@ -154,7 +154,8 @@ def _enc_npz(value, ext):
     if not isinstance(value, dict):
         raise TypeError(f"a .{ext} field holds a dict of arrays, got {type(value).__name__}")
     buf = io.BytesIO()
-    np.savez_compressed(buf, **{k: np.asarray(v) for k, v in value.items()})
+    arrays: dict[str, Any] = {k: np.asarray(v) for k, v in value.items()}
+    np.savez_compressed(buf, **arrays)
     return buf.getvalue()
 
 
@@ -401,7 +402,8 @@ class _HeaderMemo:
     __slots__ = ("last",)
 
     def __init__(self):
-        self.last = (None, 0)  # one tuple, replaced whole: safe to share between threads
+        # one tuple, replaced whole: safe to share between threads
+        self.last: tuple[bytes | None, int] = (None, 0)
 
     def components(self, data) -> int:
         prefix, sof = self.last
@@ -538,7 +540,8 @@ def image_decoder(mode: str, size=None) -> Callable[[bytes, str], Any]:
                              size=size, resize=resize)
 
 
-def _converted_image(data: bytes, ext: str, *, convert, pil_mode: str, size, resize: bool):
+def _converted_image(data: bytes, ext: str, *, convert, pil_mode: str | None, size,
+                     resize: bool):
     if resize:
         return convert(_image_array(data, ext, pil_mode, size, exact=False), size)
     return convert(_image_array(data, ext, pil_mode, size), None)

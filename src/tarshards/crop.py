@@ -200,7 +200,7 @@ class RandomResizedCrop:
     def _decode_pil(self, data: bytes, rng: random.Random, drawn=None) -> Any:
         from PIL import Image
 
-        img = Image.open(io.BytesIO(data))
+        img: Any = Image.open(io.BytesIO(data))
         img.load()
         if img.mode != "RGB":
             img = img.convert("RGB")
@@ -222,7 +222,8 @@ class RandomResizedCrop:
                                    self.output == "torchrgb")
         from PIL import Image
 
-        img = _rgbx_image_mapper()(arr) if arr.shape[2] == 4 else Image.fromarray(arr)
+        wrap = _rgbx_image_mapper() if arr.shape[2] == 4 else None
+        img = wrap(arr) if wrap is not None else Image.fromarray(arr)
         return self._finish_pil(img, box, flip)
 
     def _finish_pil(self, img, box, flip: bool) -> Any:

@@ -19,7 +19,7 @@ import functools
 import inspect
 import itertools
 import os
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, cast
 
 from . import stages as _stages
 from .errors import IntegrityError, ResumeError, StorageError, TarshardsError
@@ -78,7 +78,7 @@ def _verified_samples(stream, url: str, expect, chunk_size: int, last_dot: bool)
                              "(rebuild it with: tarshards index SPEC -o MANIFEST)", url=url)
     algorithm = split_hash(expect.hash)[0] if expect.hash else "crc32"
     reader = HashingReader(stream, algorithm)
-    batches = iter_tar_batches(tar_byte_source(reader, url, chunk_size), url)
+    batches = iter_tar_batches(tar_byte_source(cast(BinaryIO, reader), url, chunk_size), url)
     count = 0
     for sample in group_samples(batches, url, last_dot=last_dot, batched=True):
         count += 1
@@ -199,6 +199,12 @@ class DataPipeline:
     ``rank``, ``world_size``, ``worker``, ``num_workers``, ``seed`` and ``worker_info`` (the same
     place as a :class:`~tarshards.types.WorkerInfo`).
     """
+
+    # set by planned pipelines (WebDataset(readers=), MixedDataset): the plan's parameters, a
+    # state to resume from at the next iter(), the iteration in progress
+    _plan_config: dict[str, Any] | None = None
+    _pending_state: dict | None = None
+    _live: Any = None
 
     def __init__(self, source: Callable[[dict], Iterator] | Iterable, *, seed: int = 0,
                  on_error: OnError = "raise", handler: Callable | None = None):
@@ -365,7 +371,7 @@ class DataPipeline:
             live = getattr(self, "_live", None)
             if live is not None:
                 return live.state_dict()
-            if getattr(self, "_pending_state", None) is not None:
+            if self._pending_state is not None:
                 return dict(self._pending_state)
             return self.plan_state(self._next_epoch(), 0)
         return {"format": STATE_FORMAT, "kind": "stream", "seed": self.seed,
@@ -394,7 +400,7 @@ class DataPipeline:
         """The state at global batch ``position`` of ``epoch`` (see :mod:`tarshards.source`)."""
         if world_size is None:
             world_size = self.environment()["world_size"]
-        state = {"format": STATE_FORMAT, "kind": "plan"}
+        state: dict[str, Any] = {"format": STATE_FORMAT, "kind": "plan"}
         state.update(self._plan_identity())
         state.update({"epoch": int(epoch), "position": int(position), "origin": int(origin),
                       "world_size": int(world_size), "finished": bool(finished)})
@@ -422,6 +428,14 @@ class DataPipeline:
                 return self.plan_state(epoch, left * world_size, world_size=world_size)
             left -= n
             epoch += 1
+
+    def _plan_identity(self) -> dict:
+        """What a planned pipeline's state depends on (its data, seed and plan)."""
+        raise TypeError(f"{type(self).__name__} has no epoch plan (WebDataset(readers=V) has)")
+
+    def _epoch_program(self, epoch: int) -> Any:
+        """The epoch's program of batches (planned pipelines)."""
+        raise TypeError(f"{type(self).__name__} has no epoch plan (WebDataset(readers=V) has)")
 
     def __getstate__(self):  # the live iteration stays in its process
         state = self.__dict__.copy()
@@ -550,7 +564,7 @@ class WebDataset(DataPipeline):
         if readers is not None:
             PlanConfig(readers=readers, remainder=remainder)  # checks the arguments
             self._plan_config = {"readers": int(readers), "remainder": remainder}
-        self._table = None
+        self._table: ShardTable | None = None
         self.manifest = None
         if manifest is None and _is_manifest_spec(urls):
             manifest, urls = urls, None
@@ -568,7 +582,8 @@ class WebDataset(DataPipeline):
             raise ValueError("verify=True checks shards against a manifest: pass manifest=M "
                              "(or the manifest as the URL spec)")
         self.verify = verify
-        self.spec = urls if urls is not None else (self.manifest.url or "<manifest>")
+        self.spec = urls if urls is not None else (getattr(self.manifest, "url", None)
+                                                   or "<manifest>")
         self.resampled = resampled
         self.shardshuffle = bool(shuffle) if shardshuffle is None else bool(shardshuffle)
         self.nodesplitter = nodesplitter
@@ -664,9 +679,12 @@ class WebDataset(DataPipeline):
         if self._nsamples is not None:
             raise ValueError("with_epoch() does not apply to a planned pipeline: the plan "
                              "fixes the epoch (len(loader) is exact)")
-        cfg = PlanConfig(seed=self.seed, readers=self._plan_config["readers"],
+        plan = self._plan_config
+        if plan is None:
+            raise TypeError(f"{type(self).__name__} has no epoch plan (WebDataset(readers=V) has)")
+        cfg = PlanConfig(seed=self.seed, readers=plan["readers"],
                          batch_size=int(bargs["batchsize"]),
-                         remainder=self._plan_config["remainder"],
+                         remainder=plan["remainder"],
                          shardshuffle=self.shardshuffle, bufsize=bufsize,
                          initial=None if initial is None else int(initial))
         return cfg, stages[first:bi], stages[bi], stages[bi + 1:]
@@ -713,7 +731,7 @@ class WebDataset(DataPipeline):
             "prefetch_bytes": self.prefetch_bytes}
         if self._opener is not None:
             options["opener"] = self._opener
-        if self.verify:
+        if self.verify and self.manifest is not None:  # verify= needs a manifest (__init__)
             options["expect"] = self.manifest.records_by_url()
         if not self.empty_check or self.resampled:
             yield from iter_samples(shards, on_error=self.on_error, **options)

@@ -36,7 +36,7 @@ import json
 import os
 import random
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Generator, Iterator, Sequence
 
 from ._lazy import LazyModule
 from .errors import ResumeError, TarshardsError
@@ -468,7 +468,7 @@ class ReaderStream:
             self._it = None
 
     # ---- reading ---------------------------------------------------------------------------
-    def _read_from(self, position: int) -> Iterator[dict]:
+    def _read_from(self, position: int) -> Generator[dict, None, None]:
         """The segment's samples in list order from ``position`` on."""
         for shard, a, b, pad in self.plan.segment_runs(self.reader, position):
             for sample in self._read_shard(shard, a, b):

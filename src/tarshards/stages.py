@@ -540,14 +540,14 @@ class Chain:
         self.source = source
         self.stages = list(stages)
         self._it = None
-        self._pending = None
+        self._pending: dict | None = None
 
     def __iter__(self):
         pending, self._pending = self._pending, None
         if pending is None:
             self.source.seek(0)
         else:
-            state = pending
+            state: dict | None = pending
             for st in reversed(self.stages):
                 if state is None:
                     raise ResumeError("the saved chain state is incomplete")
@@ -587,8 +587,8 @@ class Shuffle:
         if bufsize < 0:
             raise ValueError(f"shuffle bufsize must be >= 0, got {bufsize}")
         self.bufsize, self.initial, self.seed = bufsize, initial, seed
-        self._core = None
-        self._pending = None
+        self._core: ShuffleCore | None = None
+        self._pending: dict | None = None
 
     def _rng(self):
         from .source import reader_rng
@@ -625,7 +625,7 @@ class Limit:
         self.n = int(n)
         self.count = 0
         self._upstream = None
-        self._pending = None
+        self._pending: dict | None = None
 
     def __call__(self, upstream) -> Iterator:
         pending, self._pending = self._pending, None
@@ -656,7 +656,7 @@ class Unbatch:
         self._upstream = None
         self._before = None
         self._index = 0
-        self._pending = None
+        self._pending: dict | None = None
 
     def __call__(self, upstream) -> Iterator:
         pending, self._pending = self._pending, None
@@ -702,7 +702,7 @@ class Batch:
         self.batchsize, self.partial = batchsize, partial
         self.collation_fn = collation_fn
         self._upstream = None
-        self._pending = None
+        self._pending: dict | None = None
 
     def __call__(self, upstream) -> Iterator:
         self._pending = None
