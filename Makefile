@@ -1,10 +1,10 @@
-# tarshards: the two commands are `make demo` and `make test`.
+# tarshards: the two commands are `make demo` and `make test` (`make lint` checks the style).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test lint bench clean
 
 setup: $(STAMP)
 
@@ -21,6 +21,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+lint: $(STAMP)
+	$(PY) -m ruff check src tests bench examples setup.py
+	$(PY) -m mypy
 
 bench: $(STAMP)
 	$(PY) bench/run.py

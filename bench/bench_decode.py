@@ -133,7 +133,9 @@ def bench_crop(quick: bool, repeat: int) -> dict:
     path = make_shard("imagenet", 120 if quick else 300, sizes, 13.0, 60)
     limit = 120 if quick else 300
 
-    def reference_transform(data, rng=random.Random(0)):
+    reference_rng = random.Random(0)
+
+    def reference_transform(data, rng=reference_rng):
         img = Image.open(io.BytesIO(data)).convert("RGB")
         top, left, h, w = crop_params(rng, img.width, img.height)
         img = img.crop((left, top, left + w, top + h)).resize((224, 224),

@@ -107,8 +107,8 @@ def main(argv=None) -> int:
                      f"{t * 1e3:.1f} ms ({t / fresh:.2f}x fresh)"))
     rows.append(("state size (JSON)", f"{state_size} bytes"))
     for name, dec in (("raw", False), ("decode rgb8", True)):
-        a = rate(lambda: plain(urls, decode=dec), args.repeat)
-        b = rate(lambda: planned(urls, table, decode=dec), args.repeat)
+        a = rate(lambda dec=dec: plain(urls, decode=dec), args.repeat)
+        b = rate(lambda dec=dec: planned(urls, table, decode=dec), args.repeat)
         rows.append((f"{name}: plain / planned samples/s",
                      f"{a:,.0f} / {b:,.0f} ({(b / a - 1) * 100:+.1f}%)"))
     rows.append(("MosaicML Streaming resume", mosaic_resume(urls)))

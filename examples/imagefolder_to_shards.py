@@ -81,7 +81,8 @@ def convert(root: Path, pattern: str, *, maxcount: int, maxsize: float, seed: in
         random.Random(seed).shuffle(items)
     used: set[str] = set()
     t0 = time.perf_counter()
-    with ShardWriter(pattern, maxcount=maxcount, maxsize=maxsize, verbose=0 if quiet else 1) as sink:
+    verbose = 0 if quiet else 1
+    with ShardWriter(pattern, maxcount=maxcount, maxsize=maxsize, verbose=verbose) as sink:
         for path, index in items:
             ext = IMAGE_SUFFIXES[path.suffix.lower()]
             rel = path.relative_to(root / classes[index])

@@ -13,18 +13,20 @@ import pytest
 
 from conftest import load_servers, make_samples, write_shards
 from tarshards import WebDataset
-from tarshards.cache import ShardCache, cache_name, looks_like_shard, parse_size
+from tarshards.cache import ShardCache, cache_name, looks_like_shard
 from tarshards.pipeline import shard_samples
 
-
-
-
 servers = load_servers()
+
+
+def _needs_http():
+    pytest.importorskip("aiohttp", reason="http:// needs aiohttp (pip install 'tarshards[http]')")
 
 
 @pytest.fixture
 def served(tmp_path):
     """3 shards x 30 samples served over HTTP: (server, urls, samples, sizes)."""
+    _needs_http()
     root = tmp_path / "www"
     root.mkdir()
     paths, samples = write_shards(root, 3, 30)
@@ -65,6 +67,7 @@ print(json.dumps([s["__key__"] for s in WebDataset(urls, shardshuffle=False, cac
 
 
 def test_four_processes_download_each_shard_once(tmp_path):
+    _needs_http()
     root = tmp_path / "www"
     root.mkdir()
     paths, samples = write_shards(root, 3, 30)
@@ -145,6 +148,7 @@ def test_local_paths_bypass_the_cache(tmp_path):
 
 
 def test_a_file_that_is_not_a_shard_is_not_cached(tmp_path, caplog):
+    _needs_http()
     root = tmp_path / "www"
     root.mkdir()
     (root / "notes.tar").write_bytes(b"these are not the shards you are looking for\n" * 40)
@@ -193,16 +197,15 @@ def test_looks_like_shard():
     assert not looks_like_shard(b"<html>" + b" " * 600)
 
 
-def test_parse_size():
-    assert parse_size(None) is None
-    assert parse_size(1000) == 1000
-    assert parse_size(1.5e3) == 1500
-    assert parse_size("500M") == 500 << 20
-    assert parse_size("20GB") == 20 << 30
-    assert parse_size("1.5 GiB") == int(1.5 * (1 << 30))
+def test_cache_sizes(tmp_path):
+    """max_bytes= reads sizes with tarshards.format.parse_size: GB decimal, GiB binary."""
+    sizes = {None: None, 1000: 1000, 1.5e3: 1500, "500M": 500 * 10**6, "20GB": 20 * 10**9,
+             "1.5 GiB": int(1.5 * (1 << 30)), 0: 0}
+    for given, expected in sizes.items():
+        assert ShardCache(tmp_path / "cache", max_bytes=given).max_bytes == expected
     with pytest.raises(ValueError):
-        parse_size("lots")
+        ShardCache(tmp_path / "cache", max_bytes="lots")
     with pytest.raises(ValueError):
-        parse_size(-1)
+        ShardCache(tmp_path / "cache", max_bytes=-1)
     with pytest.raises(TypeError):
-        parse_size(True)
+        ShardCache(tmp_path / "cache", max_bytes=True)

@@ -429,6 +429,20 @@ def test_handlers_are_tarshards_own():
     assert wds.reraise_exception is tarshards.reraise_exception
 
 
+def test_pipeline_handler_reaches_curried_filters():
+    """A curried filter that takes only handler= (webdataset's) gets the pipeline's policy."""
+    def f(x):
+        if x == 2:
+            raise ValueError("bad")
+        return x * 10
+
+    pipeline = wds.DataPipeline(lambda: iter(range(5)), wds.map(f),
+                                handler=wds.ignore_and_continue)
+    assert list(pipeline) == [0, 10, 30, 40]
+    with pytest.raises(ValueError, match="bad"):
+        list(wds.DataPipeline(lambda: iter(range(5)), wds.map(f)))
+
+
 # ---- decoding, writing, tenbin ---------------------------------------------------------------
 
 

@@ -266,8 +266,10 @@ def test_arguments_are_checked():
 def test_numpy_output_needs_no_torch():
     code = ("import sys, random, io, numpy as np\nfrom PIL import Image\n"
             "from tarshards import random_resized_crop\n"
-            "buf = io.BytesIO(); Image.fromarray(np.zeros((50, 60, 3), np.uint8)).save(buf, 'JPEG')\n"
-            "out = random_resized_crop(16, output='rgb8')('jpg', buf.getvalue(), rng=random.Random(1))\n"
+            "buf = io.BytesIO()\n"
+            "Image.fromarray(np.zeros((50, 60, 3), np.uint8)).save(buf, 'JPEG')\n"
+            "out = random_resized_crop(16, output='rgb8')('jpg', buf.getvalue(),\n"
+            "                                             rng=random.Random(1))\n"
             "print(out.shape, 'torch' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["(16,", "16,", "3)", "False"]

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tarshards.errors import DuplicateFieldError, ShardFormatError
-from tarshards.format import group_samples, is_meta_key, split_name
+from tarshards.format import group_samples, is_meta_key, parse_size, split_name
 
 
 @pytest.mark.parametrize("name, expected", [
@@ -127,3 +127,47 @@ def test_grouping_property(samples):
     for name, _, _ in mem:
         key, ext = split_name(name)
         assert f"{key}.{ext}" == name
+
+
+# ---------------------------------------------------------------------------------------------
+# parse_size: one reading of sizes for the cache, the writer and the CLI
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text,value", [
+    ("20GB", 20 * 10**9), ("20GiB", 20 * 2**30), ("20gb", 20 * 10**9), ("20G", 20 * 10**9),
+    ("500M", 500 * 10**6), ("500MiB", 500 * 2**20), ("64KiB", 65536), ("64kB", 64000),
+    ("1.5GB", 1_500_000_000), ("1.5 TiB", 3 * 2**39), ("3e9", 3 * 10**9), ("1000", 1000),
+    ("1000B", 1000), ("2PB", 2 * 10**15), (" 7 ", 7), ("0", 0), (1000, 1000), (1.5e3, 1500),
+])
+def test_parse_size(text, value):
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "G", "GiB", "12Q", "-5M", "1e9e9", "ten", "1 i", "5 GB s"])
+def test_parse_size_rejects_text(text):
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size(text)
+
+
+def test_parse_size_rejects_values():
+    with pytest.raises(ValueError, match=">= 0"):
+        parse_size(-1)
+    with pytest.raises(ValueError, match="> 0"):
+        parse_size("0", positive=True)
+    with pytest.raises(ValueError, match="finite"):
+        parse_size(float("inf"))
+    for bad in (True, None, b"1GB", [1]):
+        with pytest.raises(TypeError):
+            parse_size(bad)
+
+
+def test_one_parse_size_for_cache_and_cli(tmp_path):
+    """``cache_size="20GB"`` and ``tarsplit -s 20GB`` mean the same number of bytes."""
+    from tarshards.cache import ShardCache
+    from tarshards.cli import _common
+
+    for text in ("20GB", "20GiB", "1.5MB"):
+        cli_bytes = _common.SIZE.convert(text, None, None)
+        assert ShardCache(tmp_path / "c", max_bytes=text).max_bytes == cli_bytes
+        assert cli_bytes == parse_size(text)

@@ -53,3 +53,62 @@ def test_torch_modes_need_torch_only_when_used():
             "field_decoder('png', image_mode='rgb8')\nprint('torch' in sys.modules)\n"
             "field_decoder('png', image_mode='torchrgb')\nprint('torch' in sys.modules)\n")
     assert run_python(code).split() == ["False", "True"]
+
+
+# ---- without torch (torch blocked in a subprocess, so these run whether it is installed or not)
+
+NO_TORCH = "import sys\nsys.modules['torch'] = None  # `import torch` now fails as if missing\n"
+
+
+def test_star_import_without_torch():
+    code = NO_TORCH + ("from tarshards import *\n"
+                       "print(WebDataset.__mro__[1].__module__, WebLoader.__name__)\n")
+    assert run_python(code).split() == ["tarshards.pipeline", "WebLoader"]
+
+
+def test_optional_torch_entries_say_what_to_install():
+    code = NO_TORCH + """
+import pickle
+from tarshards import MissingDependencyError, UnsafeCodecError, WebLoader, decode, encode_value
+from tarshards.codecs import field_decoder
+from tarshards.stages import default_collation_fn
+def fails(f, *args, **kw):
+    try:
+        f(*args, **kw)
+    except Exception as exn:
+        return f"{type(exn).__name__}: {exn}"
+print(fails(field_decoder, "png", image_mode="torchrgb"))
+print(fails(lambda: next(decode([{"__key__": "a", "png": b""}], "torch"))))
+print(fails(field_decoder("pth"), b""))
+print(fails(field_decoder, "pth", allow_unsafe=True))
+print(fails(encode_value, object(), "pth"))
+print(fails(WebLoader, []))
+print(default_collation_fn([(1, "a"), (2, "b")])[1])
+"""
+    lines = run_python(code).splitlines()
+    hint = "pip install 'tarshards[torch]'"
+    assert lines[0].startswith("MissingDependencyError: the image mode 'torchrgb'")
+    assert hint in lines[0]
+    assert lines[1].startswith("MissingDependencyError: the image mode 'torch'")
+    assert lines[2].startswith("UnsafeCodecError: refusing")  # refused before torch is needed
+    assert lines[3].startswith("MissingDependencyError: the codec 'pth' needs the torch")
+    assert hint in lines[3] and hint in lines[4]
+    assert lines[5] == f"MissingDependencyError: WebLoader is a torch DataLoader: {hint}"
+    assert lines[6] == "['a', 'b']"
+
+
+def test_torch_entries_registered_on_first_use():
+    pytest.importorskip("torch")
+    code = """
+import sys
+import torch
+from tarshards.codecs import decode_value, encode_value
+from tarshards.stages import default_collation_fn
+print("tarshards.torch" in sys.modules)
+data = encode_value({"w": torch.arange(3)}, "pth")
+print("tarshards.torch" in sys.modules)
+print(decode_value(data, "pth", allow_unsafe=True)["w"].tolist())
+batch = default_collation_fn([(torch.zeros(2), 1), (torch.ones(2), 2)])
+print(type(batch[0]).__name__, tuple(batch[0].shape), batch[1].tolist())
+"""
+    assert run_python(code).splitlines() == ["False", "True", "[0, 1, 2]", "Tensor (2, 2) [1, 2]"]

@@ -11,8 +11,9 @@ from click.testing import CliRunner
 from conftest import write_shards
 
 from tarshards import TarWriter, shard_samples
-from tarshards.errors import TarshardsError, TarshardsWarning
+from tarshards.errors import MissingFieldError, TarshardsError, TarshardsWarning
 from tarshards.parallel import (
+    Engine,
     format_summary,
     map_samples,
     map_shard_files,
@@ -96,6 +97,7 @@ def test_map_samples_unordered_is_a_permutation():
 
 
 def test_map_samples_lambda_and_none_dropped():
+    pytest.importorskip("cloudpickle", reason="lambdas reach worker processes through cloudpickle")
     got = list(map_samples(lambda x: None if x % 2 else x, range(10), processes=2))
     assert got == [0, 2, 4, 6, 8]
 
@@ -206,6 +208,7 @@ def test_map_shards_worker_death_is_retried(tmp_path):
 
 
 def test_map_shards_results_lists_and_none_and_decode(tmp_path):
+    pytest.importorskip("cloudpickle", reason="closures reach worker processes through cloudpickle")
     paths, samples = write_shards(tmp_path, 1, 6)
 
     def split(sample):  # a closure: sent with cloudpickle
@@ -327,3 +330,68 @@ def test_dask_engine_missing_gives_install_hint(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "distributed", None)  # import distributed -> ImportError
     with pytest.raises(MissingDependencyError, match=r"pip install 'tarshards\[dask\]'"):
         map_shards(label_plus, paths, [str(tmp_path / "o.tar")], engine="dask")
+
+
+# ---------------------------------------------------------------------------------------------
+# engines and the error policy
+# ---------------------------------------------------------------------------------------------
+
+
+def missing_on_7(sample):  # a data error (the sample lacks what the function needs)
+    if sample["__key__"].endswith("07"):
+        raise MissingFieldError("no field 'txt'")
+    return label_plus(sample)
+
+
+class InlineEngine:
+    """An engine of our own: the shard jobs in this process, in order."""
+
+    name = "inline"
+
+    def __init__(self):
+        self.ran = []
+
+    def run(self, job, pairs, todo, finished):
+        for i in todo:
+            self.ran.append(i)
+            finished(i, job(*pairs[i]))
+
+
+def test_map_shards_on_an_engine_object(tmp_path):
+    paths, samples = write_shards(tmp_path, 3, 4)
+    outs = [str(tmp_path / f"out-{i}.tar") for i in range(3)]
+    map_shards(label_plus, paths[:1], outs[:1], workers=1)  # the first output exists already
+    engine = InlineEngine()
+    assert isinstance(engine, Engine)
+    reports = map_shards(label_plus, paths, outs, engine=engine)
+    assert engine.ran == [1, 2]
+    assert [r.status for r in reports] == ["skipped", "done", "done"]
+    assert read_all(outs) == expected(samples)
+    with pytest.raises(ValueError, match="engine must be one of"):
+        map_shards(label_plus, paths, outs, engine="threads")
+    with pytest.raises(ValueError, match="retries"):
+        map_shards(label_plus, paths, outs, retries=-1)
+
+
+def test_map_shards_on_error_modes(tmp_path):
+    paths, samples = write_shards(tmp_path, 1, 10)
+    out = str(tmp_path / "a.tar")
+    with pytest.warns(TarshardsWarning, match="1 of 1 shards failed"):
+        [r] = map_shards(missing_on_7, paths, [out], engine=InlineEngine())
+    assert r.status == "failed" and "no field 'txt'" in r.error and not os.path.exists(out)
+    [r] = map_shards(missing_on_7, paths, [out], engine=InlineEngine(), on_error="skip")
+    assert (r.status, r.samples_skipped) == ("done", 1)
+    assert "sample000007" in r.messages[0]
+    # "skip" is for data errors: a bug in the function still fails the shard
+    with pytest.warns(TarshardsWarning, match="1 of 1 shards failed"):
+        [r] = map_shards(fail_on_7, paths, [str(tmp_path / "b.tar")], engine=InlineEngine(),
+                         on_error="skip")
+    assert r.status == "failed" and "ZeroDivisionError: seven" in r.error
+
+
+def test_map_samples_on_error_skip_is_for_data_errors(shards):
+    paths, samples = shards
+    got = list(map_samples(missing_on_7, shard_samples(paths[0]), processes=2, on_error="skip"))
+    assert len(got) == 24
+    with pytest.raises(ZeroDivisionError):
+        list(map_samples(fail_on_7, shard_samples(paths[0]), processes=2, on_error="skip"))

@@ -33,7 +33,8 @@ def test_reads_all_samples_in_order(shards):
 
 def test_brace_spec_and_double_colon(shards, tmp_path):
     paths, samples = shards
-    spec = str(tmp_path / "shard-{0000..0001}.tar") + "::" + str(tmp_path / "shard-{0002..0003}.tar")
+    spec = (str(tmp_path / "shard-{0000..0001}.tar") + "::"
+            + str(tmp_path / "shard-{0002..0003}.tar"))
     assert keys(WebDataset(spec)) == [s["__key__"] for s in samples]
     listfile = tmp_path / "list.txt"
     listfile.write_text("\n".join(paths) + "\n")

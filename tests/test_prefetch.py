@@ -1,4 +1,5 @@
-"""Reading shards ahead: same bytes, same samples, same errors, bounded memory, no leftover threads."""
+"""Reading shards ahead: same bytes, same samples, same errors, bounded memory, no leftover
+threads."""
 
 from __future__ import annotations
 
@@ -133,6 +134,7 @@ def test_buffers_stay_within_their_bound(tmp_path):
 
 
 def test_webdataset_prefetches_remote_shards_only(tmp_path):
+    pytest.importorskip("aiohttp", reason="http:// needs aiohttp (tarshards[http])")
     paths, samples = write_shards(tmp_path, 4, 5)
     assert WebDataset(paths).prefetch == 0
     servers = load_servers()
@@ -151,6 +153,7 @@ def test_webdataset_prefetches_remote_shards_only(tmp_path):
 def test_shards_ahead_are_requested_while_the_first_is_read(tmp_path):
     """While the consumer holds the first sample, the next ``ahead`` shards are already being
     fetched (the server has their GETs), and never more than that."""
+    pytest.importorskip("aiohttp", reason="http:// needs aiohttp (tarshards[http])")
     paths, _ = write_shards(tmp_path, 6, 3)
     servers = load_servers()
     with servers.HTTPFileServer(tmp_path) as srv:

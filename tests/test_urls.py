@@ -17,11 +17,11 @@ DATA = bytes(range(256)) * 400  # 102400 bytes
 class _Flaky:
     """Serves DATA from an offset; the first streams fail after a few bytes."""
 
-    def __init__(self, fail_after=(), exc=ConnectionResetError, short=False, size=len(DATA)):
+    def __init__(self, fail_after=(), exc=ConnectionResetError, short=False, size=None):
         self.fail_after = list(fail_after)
         self.exc = exc
         self.short = short  # end quietly (a short read) instead of raising
-        self.size = size
+        self.size = len(DATA) if size is None else size
         self.opens = []
 
     def __call__(self, offset):

@@ -115,7 +115,7 @@ def test_gnu_tar_lists_our_shards(tmp_path):
         cmd = ["tar", flag, str(path)] if flag else ["tar", "--zstd", "-tvf", str(path)]
         if flag is None and not shutil.which("zstd"):
             continue
-        res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=True,
+        res = subprocess.run(cmd, capture_output=True, check=True,
                              env={**os.environ, "LC_ALL": "C.UTF-8"})
         assert res.stderr == b""
         lines = res.stdout.decode().splitlines()
@@ -509,7 +509,6 @@ def test_pipe_output_failing_command_raises(tmp_path):
 # temporary files: owned, locked, removed when their writer died (issue 10, defect 5)
 # ---------------------------------------------------------------------------------------------
 
-import signal  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 

@@ -2,13 +2,17 @@
 
 ``import tarshards`` never imports torch. ``WebDataset``, ``DataPipeline`` and ``WebLoader`` are
 resolved on first access: with torch installed they are ``torch.utils.data.IterableDataset``
-subclasses (from :mod:`tarshards.torch`), otherwise plain iterables.
+subclasses (from :mod:`tarshards.torch`), otherwise plain iterables (and ``WebLoader`` a stand-in
+that raises :class:`MissingDependencyError` saying what to install).
 """
 
 from __future__ import annotations
 
 import importlib
 
+from . import codecs as _codecs
+from . import crop as _crop
+from . import stages as _stages
 from .codecs import Codec, decode_value, encode_value, register_codec
 from .errors import (
     CommandError,
@@ -23,7 +27,7 @@ from .errors import (
     TarshardsWarning,
     UnsafeCodecError,
 )
-from .format import group_samples, split_name
+from .format import group_samples, parse_size, split_name
 from .pipeline import iter_samples, shard_samples
 from .shards import split_by_node, split_by_worker
 from .stages import (
@@ -49,6 +53,15 @@ from .urls import expand_urls, open_url
 from .writer import ShardWriter, TarWriter
 
 __version__ = "0.1.0"
+
+# The optional entries of the registries, by name: tarshards.torch implements them and registers
+# them when it is imported, which happens the first time one of them is used. The package (the
+# top of the import order) declares them, so that codecs and stages never name a higher module.
+_TORCH = {"module": "tarshards.torch", "extra": "torch"}
+_codecs.OPTIONAL_ARRAY_KINDS.declare(["torch-uint8", "torch-float"], **_TORCH)
+_codecs.OPTIONAL_CODECS.declare(["pth"], **_TORCH, safe=False)
+_stages.OPTIONAL_COLLATION.declare(["torch.Tensor"], **_TORCH)
+_crop.OPTIONAL_CROP_CONVERTERS.declare(["tensor"], **_TORCH)
 
 __all__ = sorted([
     "Codec",
@@ -95,6 +108,7 @@ __all__ = sorted([
     "map_tuple",
     "mix",
     "open_url",
+    "parse_size",
     "random_resized_crop",
     "register_codec",
     "rename",
@@ -130,13 +144,27 @@ def __getattr__(name: str):
         try:
             mod = importlib.import_module("tarshards.torch")
         except ImportError as exc:
-            if name == "WebLoader" or getattr(exc, "name", "") not in ("torch", None):
+            if getattr(exc, "name", "") not in ("torch", None):
                 raise
-            mod = importlib.import_module(f"tarshards.{_PLAIN.get(name, 'pipeline')}")
-        value = getattr(mod, name)
+            value = _no_torch_loader if name == "WebLoader" else getattr(
+                importlib.import_module(f"tarshards.{_PLAIN.get(name, 'pipeline')}"), name)
+        else:
+            value = getattr(mod, name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'tarshards' has no attribute {name!r}")
+
+
+class _no_torch_loader:
+    """``WebLoader`` where torch is not installed: using it says what to install (so that
+    ``from tarshards import *`` works without torch)."""
+
+    def __init__(self, *args, **kwargs):
+        raise MissingDependencyError(
+            "WebLoader is a torch DataLoader: pip install 'tarshards[torch]'")
+
+
+_no_torch_loader.__name__ = _no_torch_loader.__qualname__ = "WebLoader"
 
 
 def __dir__():

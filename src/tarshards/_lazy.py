@@ -1,8 +1,11 @@
-"""Import a heavy module on first use (numpy costs ~0.1 s of start-up, which CLI tools feel)."""
+"""Import a heavy module on first use (numpy costs ~0.1 s of start-up, which CLI tools feel), and
+registry entries implemented by an optional module (torch image modes, ``.pth``, collation)."""
 
 from __future__ import annotations
 
 import importlib
+
+from .errors import MissingDependencyError
 
 
 class LazyModule:
@@ -18,3 +21,47 @@ class LazyModule:
         mod = importlib.import_module(self._module)
         self._namespace[self._alias] = mod
         return getattr(mod, attr)
+
+
+class OptionalEntries:
+    """Names in a registry whose implementation lives in a module imported on first use.
+
+    A higher layer *declares* the names and the module (``declare``); importing that module
+    registers the real entries. So a low module (the codec registry, the collation table) knows
+    the names of optional parts without importing the module that implements them, and a missing
+    dependency becomes a :class:`~tarshards.errors.MissingDependencyError` with an install hint.
+    """
+
+    def __init__(self, what: str):
+        self.what = what  # "image mode", "codec"...: for messages
+        self._declared: dict[str, tuple[str, str | None, dict]] = {}
+
+    def declare(self, names, module: str, *, extra: str | None = None, **info) -> None:
+        """``names`` are implemented by ``module`` (``pip install 'tarshards[extra]'``)."""
+        for name in names:
+            self._declared[name] = (module, extra, info)
+
+    def __len__(self) -> int:
+        return len(self._declared)
+
+    def __contains__(self, name) -> bool:
+        return name in self._declared
+
+    def info(self, name) -> dict:
+        return self._declared[name][2]
+
+    def load(self, name) -> None:
+        """Import the module that implements ``name`` (it registers the real entry)."""
+        module, extra, _ = self._declared[name]
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            missing = getattr(exc, "name", None)
+            if missing is None or missing == module or missing.startswith("tarshards"):
+                raise
+            hint = f"pip install 'tarshards[{extra}]'" if extra else f"pip install {missing}"
+            raise MissingDependencyError(
+                f"the {self.what} {name!r} needs the {missing} package: {hint}") from None
+        # registered now (the module's import registers everything it declares)
+        for other in [n for n, (m, _, _) in self._declared.items() if m == module]:
+            del self._declared[other]

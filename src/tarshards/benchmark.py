@@ -28,7 +28,7 @@ import sys
 import time
 from typing import Any, Callable, Iterable
 
-from .pipeline import DataPipeline, shard_samples
+from .pipeline import DataPipeline
 from .tario import iter_tar_batches, tar_byte_source
 from .urls import expand_urls, open_url
 
@@ -231,8 +231,9 @@ def bench_pipeline(spec, dataset: Any = None, *, max_samples: int = 2000,
         nbytes, secs = _read_ours(urls, max_read_bytes, time.perf_counter() + seconds_per_stage,
                                   bar, storage_options)
     ref_name, ref_bytes, ref_secs = _read_reference(urls, nbytes, storage_options)
-    raw = {"bytes": nbytes, "seconds": secs, "mb_per_s": nbytes / 1e6 / max(secs, 1e-9),
-           "reference": ref_name, "reference_mb_per_s": ref_bytes / 1e6 / max(ref_secs, 1e-9)}
+    raw: dict[str, Any] = {
+        "bytes": nbytes, "seconds": secs, "mb_per_s": nbytes / 1e6 / max(secs, 1e-9),
+        "reference": ref_name, "reference_mb_per_s": ref_bytes / 1e6 / max(ref_secs, 1e-9)}
     raw["ratio"] = raw["mb_per_s"] / raw["reference_mb_per_s"]
     report["raw_read"] = raw
     say(f"raw read: {raw['mb_per_s']:.0f} MB/s ({ref_name}: {raw['reference_mb_per_s']:.0f})")
@@ -298,6 +299,20 @@ def bench_pipeline(spec, dataset: Any = None, *, max_samples: int = 2000,
     report["peak_rss_workers_mb"] = _peak_rss_mb(resource.RUSAGE_CHILDREN)
     report["bottleneck"], report["diagnosis"] = diagnose(report)
     return report
+
+
+def _web_dataset_class():
+    """``WebDataset`` as ``tarshards.WebDataset`` resolves it: the torch adapter's with torch
+    installed, else the plain pipeline (this module sits beside the adapters, below the
+    package)."""
+    try:
+        return importlib.import_module("tarshards.torch").WebDataset
+    except ImportError as exc:
+        if getattr(exc, "name", None) not in ("torch", None):
+            raise
+    from .pipeline import WebDataset
+
+    return WebDataset
 
 
 def _default_dataset(urls):
@@ -414,7 +429,8 @@ def format_report(report: dict) -> str:
     lines.append(f"  raw read      {raw['mb_per_s']:10.1f} MB/s   ({raw['reference']}: "
                  f"{raw['reference_mb_per_s']:.1f} MB/s, {raw['ratio']:.2f}x)")
     tar = report["tar"]
-    lines.append(f"  tar members   {tar['members_per_s']:10.0f} /s     ({tar['mb_per_s']:.1f} MB/s)")
+    lines.append(f"  tar members   {tar['members_per_s']:10.0f} /s     "
+                 f"({tar['mb_per_s']:.1f} MB/s)")
     lines.append(f"  {'stage':<24}{'samples/s':>12}{'stage us/sample':>17}{'stage alone/s':>15}")
     for s in report["stages"]:
         alone = f"{s['stage_samples_per_s']:.0f}" if s["stage_samples_per_s"] else "-"
@@ -466,12 +482,10 @@ def dataset_from_options(urls, *, shuffle: int = 0, decode: Iterable[str] = (),
                          crop: int | None = None, fields: str | None = None,
                          batch_size: int | None = None, seed: int = 0):
     """The pipeline ``tarshards bench`` builds from its options (a WebDataset)."""
-    import tarshards
-
-    ds = tarshards.WebDataset(urls, shardshuffle=bool(shuffle), seed=seed)
+    ds = _web_dataset_class()(urls, shardshuffle=bool(shuffle), seed=seed)
     if shuffle:
         ds = ds.shuffle(shuffle)
-    handlers = list(decode)
+    handlers: list[Any] = list(decode)
     if crop:
         from .crop import random_resized_crop
 

@@ -31,34 +31,16 @@ from typing import BinaryIO, Iterator
 
 from .compression import by_magic
 from .errors import IntegrityError, StorageError
+from .format import parse_size
 from .urls import is_local, open_url
 
-__all__ = ["ShardCache", "parse_size"]
+__all__ = ["ShardCache"]
 
 logger = logging.getLogger(__name__)
 
 _LOCK_DIR = ".locks"
 _PART = ".part"
 _Reopen = -1  # _acquire: the shard appeared while waiting; open it without the lock
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_size(value) -> int | None:
-    """Bytes from a number or a string such as ``"500M"``, ``"20GB"``, ``"1.5 TiB"``."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise TypeError("a cache size is a number of bytes or a string like '20GB'")
-    if isinstance(value, (int, float)):
-        if value < 0:
-            raise ValueError(f"a cache size must be >= 0, got {value}")
-        return int(value)
-    if isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9.]+)\s*([kmgt]?)(?:i?b)?\s*", value.lower())
-        if m:
-            return int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
-        raise ValueError(f"cannot read the size {value!r} (examples: 500M, 20GB)")
-    raise TypeError(f"a cache size is a number of bytes or a string, not {type(value).__name__}")
 
 
 def cache_name(url: str) -> str:
@@ -137,7 +119,7 @@ class ShardCache:
                  retries: int = 5, allow_pipe: bool = False, lock_timeout: float | None = None,
                  manifest=None):
         self.cache_dir = os.path.abspath(os.fspath(cache_dir))
-        self.max_bytes = parse_size(max_bytes)
+        self.max_bytes = None if max_bytes is None else parse_size(max_bytes)
         self.storage_options = storage_options
         self.retries = retries
         self.allow_pipe = allow_pipe

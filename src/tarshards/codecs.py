@@ -5,7 +5,11 @@ a final ``.gz`` is decompressed first (``seg.png.gz``). Images decode according 
 webdataset's names (``pil``, ``rgb8``, ``torchrgb``...). Codecs that can run arbitrary code (pickle,
 ``torch.load``) are marked unsafe and refuse to decode unless the caller opts in.
 
-Heavy or optional libraries (PIL, msgpack, simplejpeg, torch) are imported on first use.
+Heavy or optional libraries (PIL, msgpack, simplejpeg, torch) are imported on first use. The parts
+that need torch (the ``torch*`` image modes, ``.pth``) are *optional entries*: their names are
+declared here by the package (:data:`OPTIONAL_CODECS`, :data:`OPTIONAL_ARRAY_KINDS`) and
+:mod:`tarshards.torch` registers them when first used; without torch they raise
+:class:`~tarshards.errors.MissingDependencyError` with the install command.
 """
 
 from __future__ import annotations
@@ -17,12 +21,15 @@ import io
 import json
 import pickle
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from ._lazy import LazyModule
+from ._lazy import LazyModule, OptionalEntries
 from .errors import DecodeError, MissingDependencyError, UnsafeCodecError
 
-np = LazyModule("numpy", globals(), "np")  # numpy is imported on first use
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = LazyModule("numpy", globals(), "np")  # numpy is imported on first use
 
 __all__ = [
     "Codec",
@@ -33,6 +40,7 @@ __all__ = [
     "encode_sample",
     "encode_value",
     "field_decoder",
+    "register_array_kind",
     "register_codec",
     "register_image_mode",
 ]
@@ -58,6 +66,8 @@ class Codec:
 
 
 _REGISTRY: dict[str, Codec] = {}
+# extensions whose codec an optional module registers on first use (``safe=`` known before)
+OPTIONAL_CODECS = OptionalEntries("codec")
 
 
 def register_codec(codec: Codec) -> None:
@@ -66,9 +76,18 @@ def register_codec(codec: Codec) -> None:
         _REGISTRY[ext.lower()] = codec
 
 
+def _optional_codec(last: str) -> Codec | None:
+    """The codec of an optional extension, its module imported now (``None``: not one)."""
+    if last not in OPTIONAL_CODECS:
+        return None
+    OPTIONAL_CODECS.load(last)
+    return _REGISTRY[last]
+
+
 def codec_for(ext: str) -> Codec | None:
     """The codec for an extension (by its last component), or ``None``."""
-    return _REGISTRY.get(ext.rpartition(".")[2].lower())
+    last = ext.rpartition(".")[2].lower()
+    return _REGISTRY.get(last) or _optional_codec(last)
 
 
 def _lazy(module: str, purpose: str, extra: str | None = None):
@@ -135,7 +154,8 @@ def _enc_npz(value, ext):
     if not isinstance(value, dict):
         raise TypeError(f"a .{ext} field holds a dict of arrays, got {type(value).__name__}")
     buf = io.BytesIO()
-    np.savez_compressed(buf, **{k: np.asarray(v) for k, v in value.items()})
+    arrays: dict[str, Any] = {k: np.asarray(v) for k, v in value.items()}
+    np.savez_compressed(buf, **arrays)
     return buf.getvalue()
 
 
@@ -170,18 +190,6 @@ def _enc_tenbin(value, ext):
 
 def _dec_tenbin(data, ext):
     return _tenbin().decode_buffer(data)
-
-
-def _torch_io():
-    return importlib.import_module("tarshards.torch")
-
-
-def _enc_pth(value, ext):
-    return _torch_io().save_pth(value)
-
-
-def _dec_pth(data, ext):
-    return _torch_io().load_pth(data)
 
 
 def _enc_gz(value, ext):
@@ -272,7 +280,41 @@ def register_image_mode(name: str, fn: Callable[[bytes, str], Any]) -> None:
     _EXTRA_MODES[name] = fn
 
 
-@functools.lru_cache(maxsize=None)
+@dataclass(frozen=True)
+class ArrayKind:
+    """What a kind of :data:`IMAGE_MODES` makes of the decoded HxWxC (or HxW) uint8 array:
+    ``convert(array, size)``. With ``resizes``, ``convert`` resizes to ``size=(w, h)`` itself, so
+    JPEGs are decoded at the smallest reduced scale that is at least ``size``."""
+
+    convert: Callable[[Any, Any], Any]
+    resizes: bool = False
+
+
+_ARRAY_KINDS: dict[str, ArrayKind] = {}
+# kinds that an optional module registers on first use ("torch-uint8", "torch-float")
+OPTIONAL_ARRAY_KINDS = OptionalEntries("image mode kind")
+
+
+def register_array_kind(kind: str, convert: Callable[[Any, Any], Any], *,
+                        resizes: bool = False) -> None:
+    """Add (or replace) the kind ``kind`` of image modes: ``convert(uint8_array, size)``."""
+    _ARRAY_KINDS[kind] = ArrayKind(convert, resizes)
+
+
+def _array_kind(kind: str, mode: str) -> ArrayKind:
+    found = _ARRAY_KINDS.get(kind)
+    if found is None:
+        if kind not in OPTIONAL_ARRAY_KINDS:
+            raise ValueError(f"image mode {mode!r}: no converter for its kind {kind!r}")
+        try:
+            OPTIONAL_ARRAY_KINDS.load(kind)
+        except MissingDependencyError as exn:
+            raise MissingDependencyError(f"the image mode {mode!r}: {exn}") from None
+        found = _ARRAY_KINDS[kind]
+    return found
+
+
+@functools.cache
 def _simplejpeg():
     try:
         import simplejpeg
@@ -294,7 +336,8 @@ def _pow2_scale_dims(data: bytes, sj, size) -> dict:
     return {"min_width": -(-w // s), "min_height": -(-h // s)}
 
 
-def _image_array(data: bytes, ext: str, pil_mode: str, size, exact: bool = True) -> np.ndarray:
+def _image_array(data: bytes, ext: str, pil_mode: str | None, size,
+                 exact: bool = True) -> np.ndarray:
     """Decode to an HxW or HxWxC uint8 array, at ``size=(w, h)`` when given.
 
     ``exact=False``: JPEGs come back at a reduced scale no smaller than ``size`` (the caller
@@ -304,7 +347,7 @@ def _image_array(data: bytes, ext: str, pil_mode: str, size, exact: bool = True)
         sj = _simplejpeg()
         if sj is not None:
             try:
-                kw = {}
+                kw: dict = {}
                 if size is not None:
                     kw = ({"min_width": size[0], "min_height": size[1]} if exact
                           else _pow2_scale_dims(data, sj, size))
@@ -359,7 +402,8 @@ class _HeaderMemo:
     __slots__ = ("last",)
 
     def __init__(self):
-        self.last = (None, 0)  # one tuple, replaced whole: safe to share between threads
+        # one tuple, replaced whole: safe to share between threads
+        self.last: tuple[bytes | None, int] = (None, 0)
 
     def components(self, data) -> int:
         prefix, sof = self.last
@@ -406,7 +450,7 @@ def _pil_jpeg_fast(data: bytes, pil_mode: str | None, size, memo: _HeaderMemo | 
     return img
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _rgbx_image_mapper() -> Callable[[Any], Any] | None:
     """``wrap(arr)``: an RGB PIL image over the memory of an HxWx4 RGBX uint8 array, or ``None``.
 
@@ -486,17 +530,21 @@ def image_decoder(mode: str, size=None) -> Callable[[bytes, str], Any]:
         def dec_float(data, ext):
             return _image_array(data, ext, pil_mode, size).astype(np.float32) / np.float32(255)
         return dec_float
-    # torch kinds: the torch adapter turns the uint8 array into a CHW tensor
-    to_tensor = _torch_io().image_to_tensor
-    return functools.partial(_tensor_image, to_tensor=to_tensor, pil_mode=pil_mode, size=size,
-                             as_float=kind == "torch-float")
+    # other kinds (torch tensors: registered by tarshards.torch) convert the uint8 array;
+    # partials, as above (one C-level call once field_decoder binds ``ext``)
+    found = _array_kind(kind, mode)
+    # with a converter that resizes: decode at a reduced JPEG scale, let it resize (faster
+    # than PIL for torch)
+    resize = size is not None and found.resizes
+    return functools.partial(_converted_image, convert=found.convert, pil_mode=pil_mode,
+                             size=size, resize=resize)
 
 
-def _tensor_image(data: bytes, ext: str, *, to_tensor, pil_mode: str, size, as_float: bool):
-    if size is None:
-        return to_tensor(_image_array(data, ext, pil_mode, None), as_float)
-    # decode at a reduced JPEG scale, resize in torch (faster than PIL)
-    return to_tensor(_image_array(data, ext, pil_mode, size, exact=False), as_float, size=size)
+def _converted_image(data: bytes, ext: str, *, convert, pil_mode: str | None, size,
+                     resize: bool):
+    if resize:
+        return convert(_image_array(data, ext, pil_mode, size, exact=False), size)
+    return convert(_image_array(data, ext, pil_mode, size), None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -511,7 +559,6 @@ for _codec in (
     Codec(("npz",), _enc_npz, _dec_npz),
     Codec(("msgpack", "mp", "mpk"), _enc_msgpack, _dec_msgpack),
     Codec(("pyd", "pkl", "pickle"), _enc_pickle, _dec_pickle, safe=False),
-    Codec(("pth",), _enc_pth, _dec_pth, safe=False),
     Codec(("gz",), _enc_gz, _dec_gz),
     Codec(("ten", "tb", "tenbin"), _enc_tenbin, _dec_tenbin),
     Codec(IMAGE_EXTENSIONS, _enc_image, _dec_image_pil, image=True),
@@ -541,7 +588,7 @@ def encode_value(value, ext: str) -> bytes:
     if isinstance(value, (bytearray, memoryview)):
         return bytes(value)
     last = ext.rpartition(".")[2].lower()
-    codec = _REGISTRY.get(last)
+    codec = _REGISTRY.get(last) or _optional_codec(last)
     if codec is None:
         return _as_bytes(value, ext)
     try:
@@ -579,6 +626,10 @@ def field_decoder(ext: str, *, image_mode: str | None = "pil", size=None,
         return lambda data: inner_dec(gzip.decompress(data))
     last = parts[-1]
     codec = _REGISTRY.get(last)
+    if codec is None and last in OPTIONAL_CODECS:
+        if not OPTIONAL_CODECS.info(last).get("safe", True) and not allow_unsafe:
+            return _refuse(ext)  # refused before its module (torch...) is even imported
+        codec = _optional_codec(last)
     if codec is None:
         return None
     if codec.image:
@@ -589,14 +640,18 @@ def field_decoder(ext: str, *, image_mode: str | None = "pil", size=None,
             return functools.partial(img, ext=last)  # flattened: one C-level call
         return lambda data: img(data, last)
     if not codec.safe and not allow_unsafe:
-        def refuse(data):
-            raise UnsafeCodecError(
-                f"refusing to decode a .{ext} field: this codec can run arbitrary code. If you "
-                f"trust the data, opt in with allow_unsafe=True (e.g. .decode('pil', "
-                f"allow_unsafe=True)), or keep the raw bytes with .decode(only=[...])")
-        return refuse
+        return _refuse(ext)
     dec = codec.decode
     return lambda data: dec(data, last)
+
+
+def _refuse(ext: str) -> Callable[[bytes], Any]:
+    def refuse(data):
+        raise UnsafeCodecError(
+            f"refusing to decode a .{ext} field: this codec can run arbitrary code. If you "
+            f"trust the data, opt in with allow_unsafe=True (e.g. .decode('pil', "
+            f"allow_unsafe=True)), or keep the raw bytes with .decode(only=[...])")
+    return refuse
 
 
 def decode_value(data: bytes, ext: str, **options) -> Any:

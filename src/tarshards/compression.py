@@ -115,7 +115,7 @@ def _replay(d, data: bytes) -> tuple[bytes, int]:
     damage, and the index of the byte at which it shows. Whole steps first, then a bisection of
     the failing step for its longest prefix that decodes (an error never goes away with more
     input, and zlib hands out all it can decode, so the result does not depend on the steps)."""
-    outs = []
+    outs: list[bytes] = []
     pos = 0
     total = 0
     while True:

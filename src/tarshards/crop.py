@@ -29,13 +29,12 @@ same way. Outputs: ``"torchrgb"`` (float CxHxW tensor in [0, 1], the default), `
 
 from __future__ import annotations
 
-import importlib
 import io
 import math
 import random
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-from ._lazy import LazyModule
+from ._lazy import LazyModule, OptionalEntries
 from .codecs import IMAGE_EXTENSIONS, _rgbx_image_mapper, _simplejpeg
 from .errors import MissingDependencyError
 
@@ -45,6 +44,34 @@ __all__ = ["RandomResizedCrop", "crop_params", "random_resized_crop"]
 
 _OUTPUTS = ("torchrgb", "torchrgb8", "rgb8", "pil")
 _JPEG_EXTENSIONS = ("jpg", "jpeg")
+
+# how a tensor output is made from the decoded HxWxC uint8 array:
+# ``fn(arr, box, (height, width), flip, as_float)``. tarshards.torch registers "tensor" (torch
+# is the only module that imports torch); the package declares it, so that this module never
+# names a higher one.
+_CROP_CONVERTERS: dict[str, Callable[..., Any]] = {}
+OPTIONAL_CROP_CONVERTERS = OptionalEntries("crop output")
+
+
+def register_crop_converter(name: str, fn: Callable[..., Any]) -> None:
+    """Add (or replace) the converter ``name`` of crops:
+    ``fn(uint8_array, box, (height, width), flip, as_float)``."""
+    _CROP_CONVERTERS[name] = fn
+
+
+def _tensor_crop(output: str) -> Callable[..., Any]:
+    fn = _CROP_CONVERTERS.get("tensor")
+    if fn is None:
+        if "tensor" not in OPTIONAL_CROP_CONVERTERS:
+            raise ValueError(f"random_resized_crop(output={output!r}): no tensor converter")
+        try:
+            OPTIONAL_CROP_CONVERTERS.load("tensor")
+        except MissingDependencyError:
+            raise MissingDependencyError(
+                f"random_resized_crop(output={output!r}) needs torch: pip install "
+                f"'tarshards[torch]' (or use output='rgb8' for numpy arrays)") from None
+        fn = _CROP_CONVERTERS["tensor"]
+    return fn
 
 
 def crop_params(rng: random.Random, width: int, height: int,
@@ -95,8 +122,9 @@ class RandomResizedCrop:
     ``size``: an int (square) or ``(height, width)``, as in torchvision. ``flip``: a horizontal
     flip with probability 1/2. ``fast``: libjpeg-turbo's fast integer inverse DCT and plain
     (not "fancy") chroma upsampling (about 10-30% less decoding time; pixel values within a few
-    levels of the exact decode, which the resize then averages), off by default. ``extensions``: the fields it decodes (default: every
-    image extension); other fields fall through to the other decoders.
+    levels of the exact decode, which the resize then averages), off by default.
+    ``extensions``: the fields it decodes (default: every image extension); other fields fall
+    through to the other decoders.
 
     Random choices come from the generator the decode stage passes for each sample
     (``rng=``); called without one, it uses a fresh unseeded generator.
@@ -127,16 +155,7 @@ class RandomResizedCrop:
         if isinstance(extensions, str):
             extensions = extensions.split()
         self.extensions = frozenset(e.lower() for e in (extensions or IMAGE_EXTENSIONS))
-        self._to_tensor = None
-        if output.startswith("torch"):
-            try:
-                self._to_tensor = importlib.import_module("tarshards.torch").resized_crop
-            except ImportError as exc:
-                if getattr(exc, "name", None) != "torch":
-                    raise
-                raise MissingDependencyError(
-                    f"random_resized_crop(output={output!r}) needs torch: pip install "
-                    f"'tarshards[torch]' (or use output='rgb8' for numpy arrays)") from None
+        self._to_tensor = _tensor_crop(output) if output.startswith("torch") else None
 
     def __repr__(self):
         return (f"random_resized_crop(size=({self.height}, {self.width}), scale={self.scale}, "
@@ -181,7 +200,7 @@ class RandomResizedCrop:
     def _decode_pil(self, data: bytes, rng: random.Random, drawn=None) -> Any:
         from PIL import Image
 
-        img = Image.open(io.BytesIO(data))
+        img: Any = Image.open(io.BytesIO(data))
         img.load()
         if img.mode != "RGB":
             img = img.convert("RGB")
@@ -203,7 +222,8 @@ class RandomResizedCrop:
                                    self.output == "torchrgb")
         from PIL import Image
 
-        img = _rgbx_image_mapper()(arr) if arr.shape[2] == 4 else Image.fromarray(arr)
+        wrap = _rgbx_image_mapper() if arr.shape[2] == 4 else None
+        img = wrap(arr) if wrap is not None else Image.fromarray(arr)
         return self._finish_pil(img, box, flip)
 
     def _finish_pil(self, img, box, flip: bool) -> Any:

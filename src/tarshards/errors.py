@@ -114,7 +114,8 @@ class EncodeError(TarshardsError, ValueError):
 
 
 class MissingFieldError(TarshardsError, KeyError, ValueError):
-    """A stage asked for a field that the sample does not have (also ``KeyError``/``ValueError``)."""
+    """A stage asked for a field that the sample does not have (also a ``KeyError`` and a
+    ``ValueError``)."""
 
     def __str__(self):  # KeyError would quote the message
         return self.args[0] if self.args else ""

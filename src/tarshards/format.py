@@ -7,11 +7,17 @@ first dot of the base name) and the extension is ``seg.png`` (the rest, lower-ca
 
 Skipped members: names with no extension, and names whose base name starts with ``__`` (metadata
 such as ``__index__``). A leading ``./`` (as written by ``tar -C DIR .``) is removed.
+
+Sizes (shard size limits, cache sizes) are read by one function, :func:`parse_size`: decimal units
+``kB``, ``MB``, ``GB``, ``TB`` are powers of 1000 and binary units ``KiB``, ``MiB``, ``GiB``,
+``TiB`` powers of 1024.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+import decimal
+import re
+from typing import Any, Iterable, Iterator
 
 from .errors import DuplicateFieldError
 
@@ -20,7 +26,7 @@ try:  # optional C accelerator (see _speedups.c); the Python loop below is the r
 except ImportError:  # pragma: no cover - built by default; pure Python works the same
     _group_members = None
 
-__all__ = ["META_KEYS", "group_samples", "is_meta_key", "split_name"]
+__all__ = ["META_KEYS", "group_samples", "is_meta_key", "parse_size", "split_name"]
 
 META_KEYS = ("__key__", "__url__", "__index__")
 
@@ -28,6 +34,38 @@ META_KEYS = ("__key__", "__url__", "__index__")
 def is_meta_key(field: str) -> bool:
     """True for bookkeeping fields such as ``__key__`` and ``__url__``."""
     return field.startswith("__")
+
+
+_SIZE_RE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(?:([kmgtp])(i)?)?(b)?\s*",
+                      re.IGNORECASE)
+_SIZE_POWERS = {"k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
+
+
+def parse_size(value: int | float | str, *, positive: bool = False) -> int:
+    """Bytes from a number or a string: ``"20GB"`` is 20 * 10**9, ``"20GiB"`` 20 * 2**30.
+
+    Units are case-insensitive; ``k``/``M``/``G``/``T``/``P`` with or without ``B`` are decimal,
+    with ``i`` (``KiB``, ``GiB``...) binary; no unit (or ``B``) means bytes, and numbers may have
+    a fraction or an exponent (``"1.5GB"``, ``"3e9"``). Numbers pass through (as ints).
+    Raises ``ValueError`` for anything else, for negative sizes, and for 0 when ``positive``;
+    ``TypeError`` for values that are neither numbers nor strings.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise TypeError(f"a size is a number of bytes or a string like '20GB', not {value!r}")
+    if isinstance(value, str):
+        m = _SIZE_RE.fullmatch(value)
+        if m is None:
+            raise ValueError(f"{value!r} is not a size (examples: 3e9, 500MB, 20GB, 64KiB)")
+        number, unit, binary, _ = m.groups()
+        power = _SIZE_POWERS[unit.lower()] if unit else 0
+        size = int(decimal.Decimal(number) * ((1024 if binary else 1000) ** power))
+    else:
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"a size must be finite, got {value!r}")
+        size = int(value)
+    if size < 0 or (positive and size == 0):
+        raise ValueError(f"a size must be {'> 0' if positive else '>= 0'}, got {value!r}")
+    return size
 
 
 def split_name(name: str, last_dot: bool = False) -> tuple[str, str] | None:
@@ -74,7 +112,7 @@ def _group_fast(batches: Iterable[list], url, last_dot: bool) -> Iterator[dict]:
         yield sample
 
 
-def _group(batches: Iterable, url, last_dot: bool, sample: dict | None = None,
+def _group(batches: Iterable, url, last_dot: bool, sample: Any = None,
            key: str | None = None) -> Iterator[dict]:
     """The reference grouping loop (state ``sample``/``key`` carried in from a caller)."""
     for batch in batches:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import zlib
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from .errors import IntegrityError, MissingDependencyError
 
+_xxhash: Any
 try:
     import xxhash as _xxhash
 except ImportError:  # pragma: no cover - a core dependency; the fallbacks keep working
@@ -123,7 +124,7 @@ class HashingReader:
         if inner is not None:
             self._inner_readinto = inner
         else:
-            self.readinto = None  # the tar reader then uses read()
+            self.readinto = None  # type: ignore[method-assign,assignment]  # tar reader: read()
 
     def read(self, n: int = -1) -> bytes:
         data = self.stream.read(n)

@@ -74,9 +74,10 @@ class ShardIndex:
 
     Per sample: ``keys``, ``sample_offsets``/``sample_ends`` (file byte range), ``tar_offsets``.
     Per member: ``member_sample`` (its sample number), ``member_ext`` (code into ``extensions``,
-    the extensions as written, case kept), ``member_offsets`` (first header), ``member_data_offsets``,
-    ``member_sizes``, ``member_checksums`` (``member_hash`` of the data). Offsets of members are
-    in the uncompressed tar stream. ``nbytes``/``hash``: the shard file's size and hash.
+    the extensions as written, case kept), ``member_offsets`` (first header),
+    ``member_data_offsets``, ``member_sizes``, ``member_checksums`` (``member_hash`` of the
+    data). Offsets of members are in the uncompressed tar stream. ``nbytes``/``hash``: the
+    shard file's size and hash.
     """
 
     sample_offsets: np.ndarray

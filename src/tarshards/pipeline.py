@@ -4,10 +4,11 @@
 from the stage functions in :mod:`tarshards.stages`, so there is one implementation of each stage.
 At iteration time the pipeline asks :meth:`DataPipeline.worker_info` where it runs (a
 :class:`~tarshards.types.WorkerInfo`: rank and DataLoader worker), picks the epoch's shards, and
-runs the stages, passing each stage that takes them a seeded ``rng``, the dataset's ``handler`` and
-its place (``rank``, ``world_size``, ``worker``, ``num_workers``, ``worker_info``). This module
-discovers nothing: the core runs as rank 0 of 1, worker 0 of 1 unless told otherwise, and the torch
-adapter (:mod:`tarshards.torch`) overrides ``worker_info`` with what it discovered at the top.
+runs the stages, passing each stage that takes them a seeded ``rng``, the dataset's error policy
+(``on_error``) and its place (``rank``, ``world_size``, ``worker``, ``num_workers``,
+``worker_info``). This module discovers nothing: the core runs as rank 0 of 1, worker 0 of 1
+unless told otherwise, and the torch adapter (:mod:`tarshards.torch`) overrides ``worker_info``
+with what it discovered at the top.
 """
 
 from __future__ import annotations
@@ -18,23 +19,23 @@ import functools
 import inspect
 import itertools
 import os
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, cast
 
 from . import stages as _stages
 from .errors import IntegrityError, ResumeError, StorageError, TarshardsError
 from .format import group_samples
 from .prefetch import ShardPrefetcher, given_stream
 from .shards import make_rng, resampled_shards, shard_order, split_shards
+from .on_error import OnError, error_policy
 from .source import (STATE_FORMAT, PlanConfig, ReaderStream, Schedule, ShardTable, check_state,
                      plan_for, scan_shards)
-from .stages import reraise_exception
 from .tario import iter_tar_batches, tar_byte_source
 from .types import WorkerInfo
 from .urls import expand_urls, is_local, open_url
 
 __all__ = ["DataPipeline", "WebDataset", "iter_samples", "shard_samples"]
 
-_DEFAULT = object()
+_DEFAULT: Any = object()
 # what a stage or a splitter may ask for by naming a parameter so: the reader's place
 _PLACE = ("rank", "world_size", "worker", "num_workers", "worker_info")
 
@@ -77,7 +78,7 @@ def _verified_samples(stream, url: str, expect, chunk_size: int, last_dot: bool)
                              "(rebuild it with: tarshards index SPEC -o MANIFEST)", url=url)
     algorithm = split_hash(expect.hash)[0] if expect.hash else "crc32"
     reader = HashingReader(stream, algorithm)
-    batches = iter_tar_batches(tar_byte_source(reader, url, chunk_size), url)
+    batches = iter_tar_batches(tar_byte_source(cast(BinaryIO, reader), url, chunk_size), url)
     count = 0
     for sample in group_samples(batches, url, last_dot=last_dot, batched=True):
         count += 1
@@ -88,18 +89,22 @@ def _verified_samples(stream, url: str, expect, chunk_size: int, last_dot: bool)
                 expected_samples=expect.samples, got_samples=count)
 
 
-def iter_samples(urls: Iterable[str], *, handler: Callable = reraise_exception,
-                 prefetch: int = 0, prefetch_bytes: int = 256 << 20,
-                 expect: dict | None = None, **options) -> Iterator[dict]:
-    """The samples of several shards in turn; shard errors go to ``handler``.
+def iter_samples(urls: Iterable[str], *, on_error: OnError = "raise",
+                 handler: Callable | None = None, prefetch: int = 0,
+                 prefetch_bytes: int = 256 << 20, expect: dict | None = None,
+                 **options) -> Iterator[dict]:
+    """The samples of several shards in turn; shard errors go to ``on_error``.
 
-    With a handler that continues, a bad shard yields the samples before the error, one warning
-    (for ``warn_and_continue``) naming shard and offset, and the stream goes on with the next shard.
+    With ``on_error="warn"`` (or ``handler=warn_and_continue``) a bad shard yields the samples
+    before the error, one warning naming shard and offset, and the stream goes on with the next
+    shard. Only tarshards errors reach the policy here (errors of the shard, not of user code).
 
     ``prefetch=k`` opens the next ``k`` shards while the current one is read, each filled from a
     thread into a buffer (``prefetch_bytes`` over all of them; at most ``k + 1`` connections):
     see :mod:`tarshards.prefetch`. Order, samples and errors are the same as without it.
     """
+    policy = error_policy(on_error, handler)
+
     def one(url, **extra):
         if expect is None:
             return shard_samples(url, **options, **extra)
@@ -113,7 +118,7 @@ def iter_samples(urls: Iterable[str], *, handler: Callable = reraise_exception,
             try:
                 yield from one(url)
             except TarshardsError as exn:
-                if handler(exn):
+                if policy(exn):
                     continue
                 return
         return
@@ -127,13 +132,14 @@ def iter_samples(urls: Iterable[str], *, handler: Callable = reraise_exception,
             try:
                 yield from one(url, opener=lambda _url, s=stream: given_stream(s))
             except TarshardsError as exn:
-                if handler(exn):
+                if policy(exn):
                     continue
                 return
 
 
 class _Stage:
-    __slots__ = ("fn", "args", "kwargs", "wants_rng", "wants_handler", "wants_place", "label")
+    __slots__ = ("fn", "args", "kwargs", "wants_rng", "wants_policy", "wants_handler",
+                 "wants_place", "label")
 
     def __init__(self, fn, args, kwargs, label=None):
         self.fn = fn
@@ -141,7 +147,11 @@ class _Stage:
         self.kwargs = kwargs
         params = _params(fn)
         self.wants_rng = "rng" in params and "rng" not in kwargs and "seed" not in kwargs
-        self.wants_handler = "handler" in params and "handler" not in kwargs
+        given = "on_error" in kwargs or "handler" in kwargs
+        # the pipeline's error policy: as on_error= to stages that take it, as handler= to those
+        # that take only webdataset's handler= (tarshards.compat's filters, user stages)
+        self.wants_policy = "on_error" in params and not given
+        self.wants_handler = "handler" in params and "on_error" not in params and not given
         self.wants_place = _wanted(fn, _PLACE, kwargs)
         self.label = label or getattr(fn, "__name__", repr(fn))
 
@@ -151,7 +161,7 @@ class _Stage:
         return f"{self.label}({', '.join(parts)})"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _params(fn) -> frozenset:
     try:
         return frozenset(inspect.signature(fn).parameters)
@@ -190,16 +200,27 @@ class DataPipeline:
     place as a :class:`~tarshards.types.WorkerInfo`).
     """
 
+    # set by planned pipelines (WebDataset(readers=), MixedDataset): the plan's parameters, a
+    # state to resume from at the next iter(), the iteration in progress
+    _plan_config: dict[str, Any] | None = None
+    _pending_state: dict | None = None
+    _live: Any = None
+
     def __init__(self, source: Callable[[dict], Iterator] | Iterable, *, seed: int = 0,
-                 handler: Callable = reraise_exception):
+                 on_error: OnError = "raise", handler: Callable | None = None):
         self._source = source
         self._stages: list[_Stage] = []
         self.seed = seed
-        self.handler = handler
-        self.epoch = None  # None: counted automatically
+        self.on_error = error_policy(on_error, handler)
+        self.epoch: int | None = None  # None: counted automatically
         self._auto_epoch = 0
-        self._nsamples = None  # with_epoch
-        self._length = None  # with_length
+        self._nsamples: int | None = None  # with_epoch
+        self._length: int | None = None  # with_length
+
+    @property
+    def handler(self):
+        """The error policy (older name of :attr:`on_error`)."""
+        return self.on_error
 
     # ---- composition -------------------------------------------------------------------------
     def compose(self, stage: Callable, *args, **kwargs) -> "DataPipeline":
@@ -322,7 +343,7 @@ class DataPipeline:
                     and stages[n + 1].fn is _stages.to_tuple):
                 # to_tuple keeps only the fields it names: decoding the others is wasted work
                 kwargs = dict(kwargs, only=_tuple_fields(stages[n + 1].args))
-            if st.wants_rng or st.wants_handler or st.wants_place:
+            if st.wants_rng or st.wants_policy or st.wants_handler or st.wants_place:
                 kwargs = dict(kwargs)
                 for name in st.wants_place:
                     kwargs[name] = ctx[name]
@@ -330,8 +351,10 @@ class DataPipeline:
                     again = (ctx["again"],) if ctx.get("again") else ()
                     kwargs["rng"] = make_rng(*rng_tag, i, ctx["seed"], ctx["epoch"],
                                              ctx["rank"], ctx["worker"], *again)
+                if st.wants_policy:
+                    kwargs["on_error"] = self.on_error
                 if st.wants_handler:
-                    kwargs["handler"] = self.handler
+                    kwargs["handler"] = self.on_error
             data = st.fn(data, *st.args, **kwargs)
         return data
 
@@ -348,7 +371,7 @@ class DataPipeline:
             live = getattr(self, "_live", None)
             if live is not None:
                 return live.state_dict()
-            if getattr(self, "_pending_state", None) is not None:
+            if self._pending_state is not None:
                 return dict(self._pending_state)
             return self.plan_state(self._next_epoch(), 0)
         return {"format": STATE_FORMAT, "kind": "stream", "seed": self.seed,
@@ -377,7 +400,7 @@ class DataPipeline:
         """The state at global batch ``position`` of ``epoch`` (see :mod:`tarshards.source`)."""
         if world_size is None:
             world_size = self.environment()["world_size"]
-        state = {"format": STATE_FORMAT, "kind": "plan"}
+        state: dict[str, Any] = {"format": STATE_FORMAT, "kind": "plan"}
         state.update(self._plan_identity())
         state.update({"epoch": int(epoch), "position": int(position), "origin": int(origin),
                       "world_size": int(world_size), "finished": bool(finished)})
@@ -406,6 +429,14 @@ class DataPipeline:
             left -= n
             epoch += 1
 
+    def _plan_identity(self) -> dict:
+        """What a planned pipeline's state depends on (its data, seed and plan)."""
+        raise TypeError(f"{type(self).__name__} has no epoch plan (WebDataset(readers=V) has)")
+
+    def _epoch_program(self, epoch: int) -> Any:
+        """The epoch's program of batches (planned pipelines)."""
+        raise TypeError(f"{type(self).__name__} has no epoch plan (WebDataset(readers=V) has)")
+
     def __getstate__(self):  # the live iteration stays in its process
         state = self.__dict__.copy()
         state["_live"] = None
@@ -428,15 +459,52 @@ def _tuple_fields(args) -> list[str]:
     return [f for spec in args for f in spec.split(";")]
 
 
+# parameters the pipeline fills in (a seeded rng; its error policy): not shown on fluent methods
+_INJECTED = frozenset({"rng", "handler"})
+
+
+def _fluent_signature(stage: Callable) -> inspect.Signature:
+    """``stage``'s signature as a method: ``self`` instead of the samples, without the injected
+    parameters (those after one become keyword-only, so positions stay true), and
+    ``on_error=None`` meaning "the pipeline's policy"."""
+    sig = inspect.signature(stage)
+    shown = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    keyword_only = False
+    for p in list(sig.parameters.values())[1:]:
+        if p.name in _INJECTED:
+            keyword_only = keyword_only or p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+            continue
+        if keyword_only and p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
+            p = p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+        if p.name == "on_error":
+            p = p.replace(default=None)
+        shown.append(p)
+    if keyword_only:  # keep the order Python requires: keyword-only ones after *args
+        shown.sort(key=lambda p: p.kind)
+    return sig.replace(parameters=shown, return_annotation="DataPipeline")
+
+
 def _fluent(stage: Callable) -> Callable:
-    """A fluent method that appends ``stage`` (one implementation, documented once)."""
+    """A fluent method that appends ``stage``: one implementation, with the stage's signature
+    (less the samples and what the pipeline injects) and docstring. Arguments are checked
+    against the signature when the method is called, not at iteration."""
+    sig = _fluent_signature(stage)
 
     def method(self, *args, **kwargs):
+        shown = {k: v for k, v in kwargs.items() if k not in _INJECTED}
+        try:
+            sig.bind(self, *args, **shown)
+        except TypeError as exn:
+            raise TypeError(f".{stage.__name__}(): {exn}") from None
+        if "on_error" in kwargs and kwargs["on_error"] is None:
+            del kwargs["on_error"]  # the pipeline's policy
         return self.compose(stage, *args, **kwargs)
 
     method.__name__ = stage.__name__
     method.__qualname__ = f"DataPipeline.{stage.__name__}"
     method.__doc__ = stage.__doc__
+    method.__module__ = __name__
+    method.__signature__ = sig  # type: ignore[attr-defined]
     return method
 
 
@@ -455,7 +523,9 @@ class WebDataset(DataPipeline):
     ``urls``: a shard spec (braces, ``::``-joined specs, globs, lists, a URL list file).
     ``shardshuffle``: shuffle the shard order each epoch (default: on when ``shuffle`` > 0).
     ``resampled``: draw shards with replacement forever (bound it with ``.with_epoch(n)``).
-    ``handler``: what a data error does (``reraise_exception``, ``warn_and_continue``...).
+    ``on_error``: what a data error does: ``"raise"``, ``"skip"``, ``"warn"``, or a function
+    ``exn -> bool`` (see :mod:`tarshards.on_error`); ``handler=`` is its older name and takes
+    webdataset's handler functions (``warn_and_continue``...).
     ``rank``/``world_size``: the node's place (default: from torch.distributed when initialized).
     ``nodesplitter``/``workersplitter``: functions ``urls -> urls`` replacing the default split.
     ``empty_check``: raise when this reader was given shards but found no sample in them.
@@ -472,8 +542,8 @@ class WebDataset(DataPipeline):
 
     def __init__(self, urls, extensions: str | None = None, decoder: Any = _DEFAULT,
                  transforms: Any = None, shuffle: int = 0, *, shardshuffle: bool | None = None,
-                 resampled: bool = False, seed: int = 0,
-                 handler: Callable = reraise_exception, nodesplitter: Callable | None = None,
+                 resampled: bool = False, seed: int = 0, on_error: OnError = "raise",
+                 handler: Callable | None = None, nodesplitter: Callable | None = None,
                  workersplitter: Callable | None = None, empty_check: bool = True,
                  rank: int | None = None, world_size: int | None = None,
                  storage_options: dict | None = None, allow_pipe: bool = False,
@@ -483,7 +553,7 @@ class WebDataset(DataPipeline):
                  prefetch: int | None = None, prefetch_bytes: int = 256 << 20,
                  readers: int | None = None, remainder: str = "drop",
                  equal: bool | None = None):
-        super().__init__(self._samples, seed=seed, handler=handler)
+        super().__init__(self._samples, seed=seed, on_error=on_error, handler=handler)
         if readers is None and equal:
             raise ValueError("equal batches per rank need the epoch plan: pass readers=V "
                              "(virtual readers, e.g. 60)")
@@ -494,7 +564,7 @@ class WebDataset(DataPipeline):
         if readers is not None:
             PlanConfig(readers=readers, remainder=remainder)  # checks the arguments
             self._plan_config = {"readers": int(readers), "remainder": remainder}
-        self._table = None
+        self._table: ShardTable | None = None
         self.manifest = None
         if manifest is None and _is_manifest_spec(urls):
             manifest, urls = urls, None
@@ -512,7 +582,8 @@ class WebDataset(DataPipeline):
             raise ValueError("verify=True checks shards against a manifest: pass manifest=M "
                              "(or the manifest as the URL spec)")
         self.verify = verify
-        self.spec = urls if urls is not None else (self.manifest.url or "<manifest>")
+        self.spec = urls if urls is not None else (getattr(self.manifest, "url", None)
+                                                   or "<manifest>")
         self.resampled = resampled
         self.shardshuffle = bool(shuffle) if shardshuffle is None else bool(shardshuffle)
         self.nodesplitter = nodesplitter
@@ -608,9 +679,12 @@ class WebDataset(DataPipeline):
         if self._nsamples is not None:
             raise ValueError("with_epoch() does not apply to a planned pipeline: the plan "
                              "fixes the epoch (len(loader) is exact)")
-        cfg = PlanConfig(seed=self.seed, readers=self._plan_config["readers"],
+        plan = self._plan_config
+        if plan is None:
+            raise TypeError(f"{type(self).__name__} has no epoch plan (WebDataset(readers=V) has)")
+        cfg = PlanConfig(seed=self.seed, readers=plan["readers"],
                          batch_size=int(bargs["batchsize"]),
-                         remainder=self._plan_config["remainder"],
+                         remainder=plan["remainder"],
                          shardshuffle=self.shardshuffle, bufsize=bufsize,
                          initial=None if initial is None else int(initial))
         return cfg, stages[first:bi], stages[bi], stages[bi + 1:]
@@ -648,26 +722,22 @@ class WebDataset(DataPipeline):
         return urls
 
     def _samples(self, ctx: dict) -> Iterator[dict]:
-        shards = self.shard_list(ctx)
+        shards: Any = self.shard_list(ctx)
         if not self.resampled:
             shards = list(shards)
-        options = {"storage_options": self.storage_options, "allow_pipe": self.allow_pipe,
-                   "last_dot": self.last_dot, "retries": self.retries,
-                   "prefetch": self.prefetch, "prefetch_bytes": self.prefetch_bytes}
+        options: dict[str, Any] = {
+            "storage_options": self.storage_options, "allow_pipe": self.allow_pipe,
+            "last_dot": self.last_dot, "retries": self.retries, "prefetch": self.prefetch,
+            "prefetch_bytes": self.prefetch_bytes}
         if self._opener is not None:
             options["opener"] = self._opener
-        if self.verify:
+        if self.verify and self.manifest is not None:  # verify= needs a manifest (__init__)
             options["expect"] = self.manifest.records_by_url()
         if not self.empty_check or self.resampled:
-            yield from iter_samples(shards, handler=self.handler, **options)
+            yield from iter_samples(shards, on_error=self.on_error, **options)
             return
-        skipped: list = []  # errors the handler let pass, to name the real cause below
-
-        def handler(exn):
-            skipped.append(exn)
-            return self.handler(exn)
-
-        samples = iter_samples(shards, handler=handler, **options)
+        skipped: list = []  # errors the policy let pass, to name the real cause below
+        samples = iter_samples(shards, on_error=self.on_error.observed(skipped.append), **options)
         first = next(samples, _DEFAULT)  # peek: no per-sample cost for the check
         if first is _DEFAULT:
             if shards and skipped:
@@ -764,14 +834,6 @@ def _call_splitter(fn: Callable, urls: list[str], ctx: dict):
         ctx = dict(ctx, worker_info=WorkerInfo(ctx["rank"], ctx["world_size"], ctx["worker"],
                                                ctx["num_workers"]))
     return fn(urls, **{name: ctx[name] for name in _wanted(fn, _PLACE)})
-
-
-def _is_manifest_spec(spec) -> bool:
-    if isinstance(spec, os.PathLike):
-        spec = os.fspath(spec)
-    if isinstance(spec, str):
-        return "::" not in spec and "{" not in spec and spec.lower().endswith(".json")
-    return type(spec).__name__ == "Manifest" and hasattr(spec, "shard_urls")
 
 
 def _as_urls(items) -> list[str]:

@@ -22,12 +22,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
-from typing import Callable, ContextManager, Iterable, Iterator
+from typing import Any, Callable, ContextManager, Iterable, Iterator
 
 __all__ = ["PrefetchedStream", "ShardPrefetcher", "given_stream"]
 
 _CHUNK = 1 << 20
-_END = object()
+_END: Any = object()
 
 
 class PrefetchedStream:
@@ -81,7 +81,7 @@ class PrefetchedStream:
     # -- the reader's side ----------------------------------------------------------------------
     def read(self, n: int = -1) -> bytes:
         if n is None or n < 0:
-            parts = []
+            parts: list[bytes] = []
             while True:
                 data = self.read(1 << 22)
                 if not data:

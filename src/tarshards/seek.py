@@ -9,7 +9,7 @@ gives (same fields, same bytes).
 
 from __future__ import annotations
 
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Iterable, Iterator
 
 from .errors import ShardFormatError, TruncatedShardError
 from .format import group_samples
@@ -58,6 +58,7 @@ def read_sample_at(stream: BinaryIO, offset: int, *, end: int | None = None,
     the uncompressed tar stream (member offsets are reported from there).
     """
     _position(stream, offset)
+    chunks: Iterable[bytes]
     if end is not None:
         if end <= offset:
             raise ValueError(f"a sample's end ({end}) must lie after its offset ({offset})")

@@ -37,7 +37,7 @@ import json
 import os
 import random
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Generator, Iterator, Sequence
 
 from ._lazy import LazyModule
 from .errors import ResumeError, TarshardsError
@@ -68,8 +68,9 @@ class ShardTable:
     shard is an uncompressed tar (offsets can be sought).
     """
 
-    def __init__(self, urls: Sequence[str], counts: Sequence[int], *, fingerprint: str | None = None,
-                 offsets: Sequence | None = None, plain: Sequence[bool] | None = None):
+    def __init__(self, urls: Sequence[str], counts: Sequence[int], *,
+                 fingerprint: str | None = None, offsets: Sequence | None = None,
+                 plain: Sequence[bool] | None = None):
         self.urls = tuple(os.fspath(u) for u in urls)
         self.counts = tuple(int(c) for c in counts)
         if len(self.urls) != len(self.counts):
@@ -247,7 +248,7 @@ class EpochPlan:
         self.segment_length = q * B
         self.runs = runs
         starts, pos = [], 0
-        for s, a, b, _ in runs:
+        for _, a, b, _ in runs:
             starts.append(pos)
             pos += b - a
         self._starts = starts
@@ -465,7 +466,7 @@ class ReaderStream:
             self._it = None
 
     # ---- reading ---------------------------------------------------------------------------
-    def _read_from(self, position: int) -> Iterator[dict]:
+    def _read_from(self, position: int) -> Generator[dict, None, None]:
         """The segment's samples in list order from ``position`` on."""
         for shard, a, b, pad in self.plan.segment_runs(self.reader, position):
             yield from self._read_shard(shard, a, b, pad)

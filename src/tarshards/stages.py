@@ -1,27 +1,39 @@
 """Pipeline stages: plain generator functions over an iterable of samples.
 
 Every stage takes the upstream iterable first and is configured by keyword arguments, so stages
-compose by nesting calls (``batched(to_tuple(decode(samples, "pil"), "jpg", "cls"), 64)``) or through
-the fluent API of :class:`tarshards.WebDataset`, which is a thin layer over these functions.
+compose by nesting calls (``batched(to_tuple(decode(samples, "pil"), "jpg", "cls"), 64)``) or
+through the fluent API of :class:`tarshards.WebDataset`, which is a thin layer over these functions.
 
-Stages that can fail on one sample (``decode``, ``map``, ``to_tuple``...) take ``handler=``: a
-function of the exception that returns True to skip the sample, False to stop, or raises.
+Stages that can fail on one sample (``decode``, ``map``, ``to_tuple``...) take ``on_error=``:
+``"raise"``, ``"skip"`` or ``"warn"`` for data errors, or a function of the exception returning
+True to skip the sample, False to stop, or raising (see :mod:`tarshards.on_error`; ``handler=`` is
+its older name and takes webdataset's handler functions).
 """
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import random
-import warnings
-from typing import Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
-from ._lazy import LazyModule
-from .codecs import IMAGE_MODES, _EXTRA_MODES, field_decoder
-from .errors import DecodeError, MissingFieldError, ResumeError, TarshardsError, TarshardsWarning
+from ._lazy import LazyModule, OptionalEntries
+from .codecs import IMAGE_MODES, _EXTRA_MODES, field_decoder, image_decoder
+from .errors import DecodeError, MissingFieldError, ResumeError, TarshardsError
+from .on_error import (
+    OnError,
+    error_policy,
+    ignore_and_continue,
+    ignore_and_stop,
+    reraise_exception,
+    warn_and_continue,
+    warn_and_stop,
+)
 from .source import ShuffleCore
 
-np = LazyModule("numpy", globals(), "np")  # numpy is imported on first use
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = LazyModule("numpy", globals(), "np")  # numpy is imported on first use
 
 __all__ = [
     "batched",
@@ -33,6 +45,7 @@ __all__ = [
     "map",
     "map_dict",
     "map_tuple",
+    "register_collation",
     "rename",
     "reraise_exception",
     "select",
@@ -44,46 +57,6 @@ __all__ = [
     "warn_and_continue",
     "warn_and_stop",
 ]
-
-# ---------------------------------------------------------------------------------------------
-# error handlers (names as in webdataset)
-# ---------------------------------------------------------------------------------------------
-
-
-def reraise_exception(exn: BaseException) -> bool:
-    """Handler: raise the exception (the default)."""
-    raise exn
-
-
-def _describe(exn: BaseException) -> str:
-    text = str(exn)
-    if not isinstance(exn, TarshardsError):
-        text = f"{type(exn).__name__}: {text}"
-    notes = getattr(exn, "__notes__", None)
-    return f"{text} ({'; '.join(notes)})" if notes else text
-
-
-def warn_and_continue(exn: BaseException) -> bool:
-    """Handler: warn (naming shard, member and offset when known) and go on."""
-    warnings.warn(f"skipped: {_describe(exn)}", TarshardsWarning, stacklevel=2)
-    return True
-
-
-def ignore_and_continue(exn: BaseException) -> bool:
-    """Handler: go on silently."""
-    return True
-
-
-def warn_and_stop(exn: BaseException) -> bool:
-    """Handler: warn and end the stream."""
-    warnings.warn(f"stopping: {_describe(exn)}", TarshardsWarning, stacklevel=2)
-    return False
-
-
-def ignore_and_stop(exn: BaseException) -> bool:
-    """Handler: end the stream silently."""
-    return False
-
 
 def _context(exn: Exception, sample, field=None, wrap: bool = False) -> Exception:
     """Attach the sample's shard URL and member name to an error.
@@ -149,7 +122,7 @@ class _Handler:
 
 
 def handle_extension(extensions: str, fn: Callable[[bytes], Any]) -> Callable:
-    """A decode handler applying ``fn(data)`` to fields with one of the space-separated extensions."""
+    """A decode handler: ``fn(data)`` for fields with one of the space-separated extensions."""
     return _Handler(extensions, fn)
 
 
@@ -157,8 +130,8 @@ _BYTES_LIKE = (bytes, bytearray, memoryview)
 
 
 def decode(samples: Iterable[dict], *handlers, only=None, partial: bool = False,
-           size=None, allow_unsafe: bool = False, handler: Callable = reraise_exception,
-           rng: random.Random | None = None) -> Iterator[dict]:
+           size=None, allow_unsafe: bool = False, on_error: OnError = "raise",
+           handler: Callable | None = None, rng: random.Random | None = None) -> Iterator[dict]:
     """Decode the fields of each sample by extension.
 
     ``handlers`` are image modes (``"pil"``, ``"rgb8"``, ``"torchrgb"``...; the last one wins) and
@@ -166,6 +139,7 @@ def decode(samples: Iterable[dict], *handlers, only=None, partial: bool = False,
     order). With no image mode, images stay bytes. ``only`` limits decoding to some extensions.
     ``size=(w, h)`` decodes images at that size (JPEGs at reduced scale, much faster).
     ``partial=True`` passes fields that are already decoded; otherwise those are an error.
+    ``on_error``: what a field that does not decode does (:mod:`tarshards.on_error`).
 
     Handlers with a true ``wants_rng`` attribute (random augmentations such as
     :func:`tarshards.random_resized_crop`) are called as ``f(extension, data, rng=r)`` with a
@@ -173,6 +147,7 @@ def decode(samples: Iterable[dict], *handlers, only=None, partial: bool = False,
     epoch and reader) and the sample's ``__url__`` and ``__key__``: a sample's draws do not
     depend on the samples before it, so a resumed epoch draws the same.
     """
+    policy = error_policy(on_error, handler)
     image_mode = None
     custom = []
     for h in handlers:
@@ -188,6 +163,8 @@ def decode(samples: Iterable[dict], *handlers, only=None, partial: bool = False,
     if isinstance(only, str):
         only = only.split()
     only = None if only is None else {e.lower() for e in only}
+    if image_mode is not None:
+        image_decoder(image_mode, size)  # a mode whose package is missing fails here, once
     cache: dict[str, Callable | None] = {}
     seeded = [bool(getattr(h, "wants_rng", False)) for h in custom]
     base = None
@@ -265,7 +242,7 @@ def decode(samples: Iterable[dict], *handlers, only=None, partial: bool = False,
                     dec = cache[k] if k in cache else lookup(k)
                     out[k] = v if dec is None else dec(v)
         except Exception as exn:
-            if handler(_context(exn, sample, k, wrap=True)):
+            if policy(_context(exn, sample, k, wrap=True)):
                 continue
             return
         yield out
@@ -278,13 +255,19 @@ def select(samples: Iterable, predicate: Callable[[Any], bool]) -> Iterator:
             yield sample
 
 
-def map(samples: Iterable, f: Callable, handler: Callable = reraise_exception) -> Iterator:
-    """Apply ``f`` to each sample; ``None`` results are dropped; dict results keep ``__key__``."""
+def map(samples: Iterable, f: Callable,  # noqa: A001 - webdataset's name
+        handler: Callable | None = None, *, on_error: OnError = "raise") -> Iterator:
+    """Apply ``f`` to each sample; ``None`` results are dropped; dict results keep ``__key__``.
+
+    An exception in ``f`` is raised (with a note naming the sample) unless ``on_error`` is a
+    function that says otherwise: ``"skip"``/``"warn"`` skip data errors only.
+    """
+    policy = error_policy(on_error, handler)
     for sample in samples:
         try:
             result = f(sample)
         except Exception as exn:
-            if handler(_context(exn, sample)):
+            if policy(_context(exn, sample)):
                 continue
             return
         if result is None:
@@ -294,9 +277,10 @@ def map(samples: Iterable, f: Callable, handler: Callable = reraise_exception) -
         yield result
 
 
-def map_dict(samples: Iterable[dict], handler: Callable = reraise_exception,
-             **fs: Callable) -> Iterator[dict]:
+def map_dict(samples: Iterable[dict], handler: Callable | None = None, *,
+             on_error: OnError = "raise", **fs: Callable) -> Iterator[dict]:
     """Apply ``fs[field]`` to the named fields of each sample dict."""
+    policy = error_policy(on_error, handler)
     for sample in samples:
         try:
             sample = dict(sample)
@@ -306,15 +290,16 @@ def map_dict(samples: Iterable[dict], handler: Callable = reraise_exception,
                                             f"(fields: {', '.join(sorted(sample))})")
                 sample[k] = f(sample[k])
         except Exception as exn:
-            if handler(_context(exn, sample)):
+            if policy(_context(exn, sample)):
                 continue
             return
         yield sample
 
 
 def map_tuple(samples: Iterable[tuple], *fs: Callable | None,
-              handler: Callable = reraise_exception) -> Iterator[tuple]:
+              on_error: OnError = "raise", handler: Callable | None = None) -> Iterator[tuple]:
     """Apply ``fs[i]`` to element ``i`` of each tuple (``None`` leaves it as it is)."""
+    policy = error_policy(on_error, handler)
     for sample in samples:
         try:
             if len(fs) > len(sample):
@@ -323,7 +308,7 @@ def map_tuple(samples: Iterable[tuple], *fs: Callable | None,
             sample = tuple(f(x) if f is not None else x
                            for f, x in itertools.zip_longest(fs, sample))
         except Exception as exn:
-            if handler(exn):
+            if policy(exn):
                 continue
             return
         yield sample
@@ -334,7 +319,7 @@ def _fields(spec) -> list[list[str]]:
 
 
 def to_tuple(samples: Iterable[dict], *fields: str, missing_is_error: bool = True,
-             handler: Callable = reraise_exception) -> Iterator[tuple]:
+             on_error: OnError = "raise", handler: Callable | None = None) -> Iterator[tuple]:
     """Turn sample dicts into tuples of the named fields; ``"jpg;png"`` takes the first present.
 
     A single string with spaces is split (``to_tuple("jpg cls")``).
@@ -342,6 +327,7 @@ def to_tuple(samples: Iterable[dict], *fields: str, missing_is_error: bool = Tru
     if len(fields) == 1 and " " in fields[0]:
         fields = tuple(fields[0].split())
     options = _fields(fields)
+    policy = error_policy(on_error, handler)
     for sample in samples:
         try:
             out = []
@@ -358,16 +344,17 @@ def to_tuple(samples: Iterable[dict], *fields: str, missing_is_error: bool = Tru
                             f"{', '.join(k for k in sample if not k.startswith('__'))})")
                     out.append(None)
         except Exception as exn:
-            if handler(_context(exn, sample)):
+            if policy(_context(exn, sample)):
                 continue
             return
         yield tuple(out)
 
 
-def rename(samples: Iterable[dict], keep: bool = True, handler: Callable = reraise_exception,
-           **names: str) -> Iterator[dict]:
+def rename(samples: Iterable[dict], keep: bool = True, handler: Callable | None = None, *,
+           on_error: OnError = "raise", **names: str) -> Iterator[dict]:
     """Rename fields: ``rename(image="jpg;png", label="cls")``; ``keep=False`` drops the rest."""
     options = {new: old.split(";") for new, old in names.items()}
+    policy = error_policy(on_error, handler)
     for sample in samples:
         try:
             if keep:
@@ -385,7 +372,7 @@ def rename(samples: Iterable[dict], keep: bool = True, handler: Callable = rerai
                     raise MissingFieldError(f"rename: sample {sample.get('__key__')!r} has none "
                                             f"of {';'.join(alts)!r}")
         except Exception as exn:
-            if handler(_context(exn, sample)):
+            if policy(_context(exn, sample)):
                 continue
             return
         yield out
@@ -405,6 +392,30 @@ def default_collation_fn(samples: list) -> Any:
     return _collate_column(samples)
 
 
+# how a column of values of one type is collated, beyond numbers and arrays: registered by the
+# module of the type (tarshards.torch for torch.Tensor); optional types are declared by name
+# ("module.QualName") and their module is imported when such a column is first met
+_COLLATE: dict[type, Callable[[list], Any]] = {}
+OPTIONAL_COLLATION = OptionalEntries("collation of")
+
+
+def register_collation(cls: type, fn: Callable[[list], Any]) -> None:
+    """Collate columns whose first value is a ``cls`` (or a subclass) with ``fn(column)``."""
+    _COLLATE[cls] = fn
+
+
+def _registered_collation(x) -> Callable[[list], Any] | None:
+    for cls in type(x).__mro__:
+        fn = _COLLATE.get(cls)
+        if fn is not None:
+            return fn
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        if name in OPTIONAL_COLLATION:
+            OPTIONAL_COLLATION.load(name)
+            return _COLLATE.get(cls)
+    return None
+
+
 def _collate_column(col: list) -> Any:
     x = col[0]
     if isinstance(x, (bool, np.bool_)):
@@ -415,9 +426,8 @@ def _collate_column(col: list) -> Any:
         return np.array(col, dtype=np.float64 if isinstance(x, float) else x.dtype)
     if isinstance(x, np.ndarray):
         return np.stack(col)
-    if type(x).__module__ == "torch" and type(x).__name__ == "Tensor":
-        return importlib.import_module("tarshards.torch").stack(col)
-    return list(col)
+    fn = _registered_collation(x) if _COLLATE or OPTIONAL_COLLATION else None
+    return list(col) if fn is None else fn(col)
 
 
 def batched(samples: Iterable, batchsize: int, collation_fn: Callable | None =
@@ -530,14 +540,14 @@ class Chain:
         self.source = source
         self.stages = list(stages)
         self._it = None
-        self._pending = None
+        self._pending: dict | None = None
 
     def __iter__(self):
         pending, self._pending = self._pending, None
         if pending is None:
             self.source.seek(0)
         else:
-            state = pending
+            state: dict | None = pending
             for st in reversed(self.stages):
                 if state is None:
                     raise ResumeError("the saved chain state is incomplete")
@@ -577,8 +587,8 @@ class Shuffle:
         if bufsize < 0:
             raise ValueError(f"shuffle bufsize must be >= 0, got {bufsize}")
         self.bufsize, self.initial, self.seed = bufsize, initial, seed
-        self._core = None
-        self._pending = None
+        self._core: ShuffleCore | None = None
+        self._pending: dict | None = None
 
     def _rng(self):
         from .source import reader_rng
@@ -615,7 +625,7 @@ class Limit:
         self.n = int(n)
         self.count = 0
         self._upstream = None
-        self._pending = None
+        self._pending: dict | None = None
 
     def __call__(self, upstream) -> Iterator:
         pending, self._pending = self._pending, None
@@ -646,7 +656,7 @@ class Unbatch:
         self._upstream = None
         self._before = None
         self._index = 0
-        self._pending = None
+        self._pending: dict | None = None
 
     def __call__(self, upstream) -> Iterator:
         pending, self._pending = self._pending, None
@@ -692,7 +702,7 @@ class Batch:
         self.batchsize, self.partial = batchsize, partial
         self.collation_fn = collation_fn
         self._upstream = None
-        self._pending = None
+        self._pending: dict | None = None
 
     def __call__(self, upstream) -> Iterator:
         self._pending = None

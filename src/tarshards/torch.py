@@ -36,8 +36,11 @@ from torch.utils.data import get_worker_info
 from . import indexed as _indexed
 from . import mixing as _mix
 from . import pipeline as _pipeline
+from .codecs import Codec, register_array_kind, register_codec
+from .crop import register_crop_converter
 from .errors import ResumeError
 from .source import STATE_FORMAT, check_state
+from .stages import register_collation
 from .transport import Packer, Unpacker
 from .types import WorkerInfo
 
@@ -523,3 +526,17 @@ def save_pth(value) -> bytes:
 
 def load_pth(data: bytes):
     return torch.load(io.BytesIO(data), weights_only=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# the registry entries that need torch (declared by name in tarshards/__init__.py)
+# ---------------------------------------------------------------------------------------------
+
+register_array_kind("torch-uint8", lambda arr, size: image_to_tensor(arr, False, size=size),
+                    resizes=True)
+register_array_kind("torch-float", lambda arr, size: image_to_tensor(arr, True, size=size),
+                    resizes=True)
+register_codec(Codec(("pth",), lambda value, ext: save_pth(value),
+                     lambda data, ext: load_pth(data), safe=False))
+register_collation(torch.Tensor, stack)
+register_crop_converter("tensor", resized_crop)

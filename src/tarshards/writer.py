@@ -196,8 +196,6 @@ class _Recorder:
     writer's buffer (one call per MiB)."""
 
     def __init__(self, writer: "TarWriter", suffix: str, level, aligned: bool, hash, index):
-        import io
-
         from .hashing import DEFAULT_HASH, MEMBER_HASH, file_hasher, member_checksum_fn
 
         self.writer = writer

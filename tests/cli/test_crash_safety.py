@@ -133,7 +133,7 @@ def test_kill_9_never_publishes_a_partial_shard(writer, big_tar, tmp_path):
     # KILLS kills at random moments; on a loaded machine a run's speed varies, so while none has
     # landed in the middle of a shard yet, try a few more with shorter delays
     while attempts < KILLS or (not caught and attempts < KILLS + 8):
-        left, _ = run_and_kill(cmd, out, lambda: rng.uniform(0, longest))
+        left, _ = run_and_kill(cmd, out, lambda top=longest: rng.uniform(0, top))
         attempts += 1
         caught += left
         if not left:

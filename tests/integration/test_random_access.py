@@ -32,6 +32,7 @@ servers = _load_servers()
 
 @pytest.fixture(scope="module")
 def http(tmp_path_factory):
+    pytest.importorskip("aiohttp", reason="http:// needs aiohttp (tarshards[http])")
     root = tmp_path_factory.mktemp("ra-http")
     srv = servers.HTTPFileServer(root).start()
     try:

@@ -20,6 +20,7 @@ from typing import Callable, Iterable, Iterator
 import click
 
 from ..errors import ShardFormatError, TarshardsError, TruncatedShardError
+from ..format import parse_size as _parse_size
 from ..pipeline import shard_samples
 from ..urls import expand_urls, open_url
 
@@ -93,7 +94,7 @@ def handle_errors(fn):
             _quiet_exit_on_broken_pipe()
         except TarshardsError as exn:
             raise DataError(str(exn)) from None
-        except (MemoryError, OverflowError) as exn:  # defensive: the reader should not let these out
+        except (MemoryError, OverflowError) as exn:  # defensive: the reader should not raise these
             raise DataError(str(as_data_error(exn))) from None
         except OSError as exn:
             if isinstance(exn, BrokenPipeError) or getattr(exn, "errno", None) == 32:
@@ -279,31 +280,15 @@ def read_samples(urls: Iterable[str], on_error: str = "raise") -> Iterator[dict]
 # sizes
 # ---------------------------------------------------------------------------------------------
 
-_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMgGtT]?)(i?[bB])?\s*$")
-_UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
-
-
-def parse_size(text: str) -> int:
-    """``1e9``, ``500M``, ``2G``, ``1.5GB``, ``64KiB`` -> bytes. Raises ValueError."""
-    m = _SIZE_RE.match(str(text))
-    if not m:
-        raise ValueError(f"{text!r} is not a size (examples: 1e9, 500M, 2G, 64KiB)")
-    number, unit, suffix = m.groups()
-    factor = _UNITS[unit.lower()]
-    if suffix and suffix.lower() == "ib" and unit:
-        factor = 1024 ** ("kmgt".index(unit.lower()) + 1)
-    value = int(float(number) * factor)
-    if value <= 0:
-        raise ValueError(f"size {text!r} must be positive")
-    return value
+def parse_size(text) -> int:
+    """A size given on the command line: :func:`tarshards.format.parse_size`, and not 0."""
+    return _parse_size(text, positive=True)
 
 
 class _SizeType(click.ParamType):
     name = "SIZE"
 
     def convert(self, value, param, ctx):
-        if isinstance(value, (int, float)):
-            return int(value)
         try:
             return parse_size(value)
         except ValueError as exn:

@@ -1,0 +1,254 @@
+"""The import graph holds the layer order of shared/DESIGN.md part 2: imports go one way, down.
+
+Every module of ``src/tarshards`` is read (not imported) and its edges collected: ``import`` and
+``from ... import`` statements anywhere in the file (function bodies included), and strings naming
+a tarshards module passed to a call (``importlib.import_module("tarshards.torch")``,
+``LazyModule("tarshards.x", ...)``), since an import at call time is an edge too. An edge from a
+module to one in a higher layer fails, and so does a module the table below does not place.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "tarshards"
+
+# Lowest first. A module may import modules of its own layer and of the layers below it.
+# A name stands for the module and, with a package, everything in it ("tario" covers tario/*).
+LAYERS: list[tuple[str, ...]] = [
+    ("errors", "types", "_lazy", "_speedups"),      # the bottom: no tarshards imports but these
+    ("format", "on_error", "tenbin"),                # naming rules, parse_size; the error policy
+    ("compression", "hashing"),                      # one table of compressions; content hashes
+    ("codecs", "crop"),                              # the codec registry; image crops
+    ("tario",),                                      # tar headers, reader, member writer
+    ("specs",),                                      # shard specs
+    ("storage", "urls", "cache", "prefetch", "seek"),  # opening URLs, cache, prefetch, seeks
+    ("writer", "manifest", "index"),                 # writing; the dataset's record and index
+    ("shards", "source"),                            # shard lists, the epoch plan and its cursor
+    ("stages",),                                     # stages
+    ("pipeline",),                                   # composition, the fluent API
+    ("mixing", "indexed", "testing"),                # mixtures, random access, the resume check
+    ("torch", "transport", "parallel", "compat", "benchmark"),  # adapters and engines
+    ("cli",),                                        # the command line
+    ("__init__",),                                   # the package itself, above everything
+]
+LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
+
+# Upward edges that work under way removes, each with the reason it is still here. An entry whose
+# edge is gone fails test_known_upward_edges_still_exist: delete it then.
+KNOWN_UPWARD: dict[tuple[str, str], str] = {}
+
+_MODULE_STRING = re.compile(r"tarshards(\.[A-Za-z_][A-Za-z0-9_]*)+")
+
+
+def _module_name(path: Path) -> str:
+    """``tarshards.x.y`` for ``src/tarshards/x/y.py`` (a package's ``__init__`` is its name)."""
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_package(path: Path) -> bool:
+    return path.name == "__init__.py"
+
+
+def _resolve(module: str, level: int, current: str, package: bool) -> str:
+    if level == 0:
+        return module
+    base = current.split(".")
+    if not package:
+        base = base[:-1]
+    base = base[:len(base) - (level - 1)] if level > 1 else base
+    return ".".join(base + ([module] if module else []))
+
+
+def _edges(path: Path) -> list[tuple[str, int, str]]:
+    """``(target module, line, how)`` for each tarshards module ``path`` imports."""
+    current = _module_name(path)
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno, "import") for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(node.module or "", node.level, current, _is_package(path))
+            for a in node.names:  # `from . import stages` names a module; keep the longest
+                sub = f"{base}.{a.name}"
+                target = sub if _exists(sub) else base
+                out.append((target, node.lineno, "from-import"))
+        elif isinstance(node, ast.Call):
+            for arg in node.args:
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    text = arg.value
+                    if text.startswith(".") and _call_name(node) == "import_module":
+                        text = _resolve(text.lstrip("."), len(text) - len(text.lstrip(".")),
+                                        current, _is_package(path))
+                    if _MODULE_STRING.fullmatch(text):
+                        out.append((text, node.lineno, f"string in {_call_name(node)}()"))
+    edges = [(t, line, how) for t, line, how in out if t.split(".")[0] == "tarshards"]
+    return list(dict.fromkeys(edges))  # `from x import a, b` is one edge
+
+
+def _call_name(node: ast.Call) -> str:
+    f = node.func
+    return f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "?")
+
+
+def _exists(module: str) -> bool:
+    rel = Path(*module.split(".")[1:])
+    return ((SRC / rel).with_suffix(".py").exists() or (SRC / rel / "__init__.py").exists()
+            or module == "tarshards._speedups")
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    if parts == ["tarshards"]:
+        return LAYER_OF["__init__"]
+    return LAYER_OF.get(parts[1])
+
+
+def _modules() -> list[Path]:
+    return sorted(SRC.rglob("*.py"))
+
+
+def test_every_module_has_a_layer():
+    unplaced = [_module_name(p) for p in _modules() if _layer(_module_name(p)) is None]
+    assert not unplaced, (
+        f"modules without a layer: {', '.join(unplaced)}. Add each to LAYERS in "
+        f"tests/test_imports.py, in the layer of shared/DESIGN.md part 2 it belongs to (a "
+        f"module may import only its own layer and those below)")
+
+
+def test_imports_go_down_the_layers():
+    upward = []
+    for path in _modules():
+        src = _module_name(path)
+        src_layer = _layer(src)
+        if src_layer is None:
+            continue  # reported by test_every_module_has_a_layer
+        for target, line, how in _edges(path):
+            target_layer = _layer(target)
+            if target_layer is None:
+                upward.append(f"{path.relative_to(SRC.parent)}:{line}: {src} -> {target} ({how}): "
+                              f"{target} has no layer; add it to LAYERS in tests/test_imports.py")
+            elif target_layer > src_layer and (src, target) not in KNOWN_UPWARD:
+                upward.append(f"{path.relative_to(SRC.parent)}:{line}: {src} (layer "
+                              f"{src_layer}) -> {target} (layer {target_layer}) ({how})")
+    assert not upward, "imports that go up the layers of DESIGN.md:\n" + "\n".join(upward)
+
+
+def test_known_upward_edges_still_exist():
+    edges = {(_module_name(p), t) for p in _modules() for t, _, _ in _edges(p)}
+    gone = [f"{a} -> {b}" for a, b in KNOWN_UPWARD if (a, b) not in edges]
+    assert not gone, f"remove from KNOWN_UPWARD in tests/test_imports.py: {', '.join(gone)}"
+
+
+# ---- the checker itself: it sees the kinds of edges it claims to see --------------------------
+
+
+def _check(tmp_path, name: str, code: str) -> list[tuple[str, int, str]]:
+    global SRC
+    pkg = tmp_path / "tarshards"
+    (pkg / "cli").mkdir(parents=True, exist_ok=True)
+    for f in ("__init__.py", "torch.py", "stages.py", "cli/__init__.py"):
+        (pkg / f).touch()
+    (pkg / name).write_text(code)
+    old, SRC = SRC, pkg
+    try:
+        return [(t, how.split()[0]) for t, _, how in _edges(pkg / name)]
+    finally:
+        SRC = old
+
+
+@pytest.mark.parametrize("code, target", [
+    ("import tarshards.torch", "tarshards.torch"),
+    ("from .torch import stack", "tarshards.torch"),
+    ("from . import torch as t", "tarshards.torch"),
+    ("def f():\n    from .torch import stack\n", "tarshards.torch"),
+    ("import importlib\nimportlib.import_module('tarshards.torch')", "tarshards.torch"),
+    ("from importlib import import_module\nimport_module('.torch', 'tarshards')",
+     "tarshards.torch"),
+    ("LazyModule('tarshards.torch', globals(), 't')", "tarshards.torch"),
+])
+def test_checker_sees_static_and_string_edges(tmp_path, code, target):
+    edges = _check(tmp_path, "codecs.py", code)
+    assert [t for t, _ in edges] == [target]
+    assert _layer(target) > _layer("tarshards.codecs")
+
+
+def test_checker_resolves_relative_imports_in_packages(tmp_path):
+    assert _check(tmp_path, "cli/x.py", "from ..stages import map\nfrom . import y") == [
+        ("tarshards.stages", "from-import"), ("tarshards.cli", "from-import")]
+
+
+# Cycles between modules (allowed within a layer by the order above, but a cycle means two
+# modules that cannot be understood apart). Known ones, each with the work that removes it
+# (the CLI's main <-> proc/sort were removed by the one-module-per-command split):
+KNOWN_CYCLES: dict[frozenset, str] = {}
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module -> the modules it imports (the known upward edges left out: they are reported,
+    with their reason, by KNOWN_UPWARD)."""
+    graph: dict[str, set[str]] = {}
+    for path in _modules():
+        src = _module_name(path)
+        graph.setdefault(src, set()).update(
+            t for t, _, _ in _edges(path) if t != src and (src, t) not in KNOWN_UPWARD)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> set[frozenset]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: set[frozenset] = set()
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.add(frozenset(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles():
+    cycles = _cycles(_graph())
+    known = set(KNOWN_CYCLES)
+    # a component of several modules is fine only when known pairs make up all of it
+    unexpected = [c for c in cycles if c != frozenset().union(*(p for p in known if p <= c))]
+    assert not unexpected, "import cycles: " + "; ".join(
+        " <-> ".join(sorted(c)) for c in unexpected)
+    stale = [" <-> ".join(sorted(p)) for p in known if not any(p <= c for c in cycles)]
+    assert not stale, f"remove from KNOWN_CYCLES in tests/test_imports.py: {', '.join(stale)}"
+
+
+def test_cycle_finder():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == {frozenset("abc")}
+    assert _cycles({"a": {"b"}, "b": set()}) == set()
