@@ -489,8 +489,9 @@ class ReaderStream:
                 batches = iter_tar_batches(tar_byte_source(src, url), url)
                 groups = group_samples(batches, url, last_dot=self.last_dot, batched=True)
                 n = 0
-                for n, sample in enumerate(itertools.islice(groups, skip, skip + b - a), 1):
+                for sample in itertools.islice(groups, skip, skip + b - a):
                     sample["__pad__"] = pad
+                    n += 1
                     yield sample
                 if n == b - a:
                     return
