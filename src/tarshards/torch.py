@@ -21,6 +21,7 @@ place is discovered and handed down as a :class:`~tarshards.types.WorkerInfo`:
 
 from __future__ import annotations
 
+import abc
 import inspect
 import io
 import multiprocessing.context
@@ -167,42 +168,35 @@ class _TorchMixin:
         return _pipeline.DataPipeline.__repr__(self)
 
 
+_FROM_MIXIN = ("worker_info", "set_epoch", "_current_epoch", "compose", "__getstate__",
+               "__setstate__", "__iter__", "__getitem__", "__len__", "__repr__")
+
+
+def _adapter(cls):
+    """Give ``cls`` the mixin's methods ahead of IterableDataset's and the core pipeline's in
+    the MRO (those the class defines itself stay)."""
+    for name in _FROM_MIXIN:
+        if name not in cls.__dict__:
+            setattr(cls, name, getattr(_TorchMixin, name))
+    return abc.update_abstractmethods(cls)  # IterableDataset's abstract __iter__ is now defined
+
+
+@_adapter
 class WebDataset(IterableDataset, _TorchMixin, _pipeline.WebDataset):
     __doc__ = _pipeline.WebDataset.__doc__
 
     def __init__(self, *args, **kwargs):
         _pipeline.WebDataset.__init__(self, *args, **kwargs)
 
-    # before IterableDataset's and the core pipeline's methods in the MRO
-    worker_info = _TorchMixin.worker_info
-    set_epoch = _TorchMixin.set_epoch
-    _current_epoch = _TorchMixin._current_epoch
-    compose = _TorchMixin.compose
-    __getstate__ = _TorchMixin.__getstate__
-    __setstate__ = _TorchMixin.__setstate__
-    __iter__ = _TorchMixin.__iter__
-    __getitem__ = _TorchMixin.__getitem__
     __len__ = _pipeline.WebDataset.__len__  # exact with a manifest
-    __repr__ = _TorchMixin.__repr__
 
 
+@_adapter
 class DataPipeline(IterableDataset, _TorchMixin, _pipeline.DataPipeline):
     __doc__ = _pipeline.DataPipeline.__doc__
 
     def __init__(self, *args, **kwargs):
         _pipeline.DataPipeline.__init__(self, *args, **kwargs)
-
-    # before IterableDataset's and the core pipeline's methods in the MRO
-    worker_info = _TorchMixin.worker_info
-    set_epoch = _TorchMixin.set_epoch
-    _current_epoch = _TorchMixin._current_epoch
-    compose = _TorchMixin.compose
-    __getstate__ = _TorchMixin.__getstate__
-    __setstate__ = _TorchMixin.__setstate__
-    __iter__ = _TorchMixin.__iter__
-    __getitem__ = _TorchMixin.__getitem__
-    __len__ = _TorchMixin.__len__
-    __repr__ = _TorchMixin.__repr__
 
 
 class IndexedDataset(Dataset, _indexed.IndexedDataset):
@@ -218,23 +212,13 @@ class IndexedDataset(Dataset, _indexed.IndexedDataset):
     __repr__ = _indexed.IndexedDataset.__repr__
 
 
+@_adapter
 class MixedDataset(IterableDataset, _TorchMixin, _mix.MixedDataset):
     __doc__ = _mix.MixedDataset.__doc__
 
     def __init__(self, *args, **kwargs):
         _mix.MixedDataset.__init__(self, *args, **kwargs)
 
-    # before IterableDataset's and the core pipeline's methods in the MRO
-    worker_info = _TorchMixin.worker_info
-    set_epoch = _TorchMixin.set_epoch
-    _current_epoch = _TorchMixin._current_epoch
-    compose = _TorchMixin.compose
-    __getstate__ = _TorchMixin.__getstate__
-    __setstate__ = _TorchMixin.__setstate__
-    __iter__ = _TorchMixin.__iter__
-    __getitem__ = _TorchMixin.__getitem__
-    __len__ = _TorchMixin.__len__
-    __repr__ = _TorchMixin.__repr__
 
 
 def mix(sources, weights=None, **kwargs) -> MixedDataset:
