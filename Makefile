@@ -12,7 +12,9 @@ $(STAMP): pyproject.toml setup.py src/tarshards/_speedups.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install "torch==2.13.0"
-	$(PY) -m pip install -e ".[all,dev]"
+	# torch pinned here too: while pip backtracks over the s3fs/aiobotocore/boto3 pins it would
+	# otherwise try other torch releases (gigabytes of CUDA wheels)
+	$(PY) -m pip install -e ".[all,dev]" "torch==2.13.0"
 	$(PY) -c "import tarshards._speedups" || echo "note: the C accelerator did not build; using the pure Python reader"
 	touch $(STAMP)
 
