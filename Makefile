@@ -26,6 +26,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests bench examples setup.py
+	$(PY) -m ruff format --check src tests bench examples setup.py
 	$(PY) -m mypy
 
 bench: $(STAMP)

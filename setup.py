@@ -4,7 +4,11 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("tarshards._speedups", ["src/tarshards/_speedups.c"], optional=True,
-                  extra_compile_args=["-O2"]),
+        Extension(
+            "tarshards._speedups",
+            ["src/tarshards/_speedups.c"],
+            optional=True,
+            extra_compile_args=["-O2"],
+        ),
     ],
 )

@@ -41,8 +41,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer, smaller shards")
     ap.add_argument("--layout", default="small", choices=sorted(common.LAYOUTS))
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--upstream", default=None, metavar="TARCATS",
-                    help="path of upstream tarproc's tarcats (e.g. installed in another venv)")
+    ap.add_argument(
+        "--upstream",
+        default=None,
+        metavar="TARCATS",
+        help="path of upstream tarproc's tarcats (e.g. installed in another venv)",
+    )
     args = ap.parse_args()
 
     paths = common.make_dataset(args.layout, quick=args.quick)
@@ -62,20 +66,25 @@ def main() -> None:
         ("tarscat -q FILES > /dev/null", f"{tarscat} -q {files} > /dev/null"),
         ("tarscat -q FILES | cat > /dev/null", f"{tarscat} -q {files} | cat > /dev/null"),
         ("tarpcat -q -p 4 FILES > /dev/null", f"{tarpcat} -q -p 4 {files} > /dev/null"),
-        ("python -c 'import tarshards.cli.main'",
-         f"{sys.executable} -c 'import tarshards.cli.main'"),
+        (
+            "python -c 'import tarshards.cli.main'",
+            f"{sys.executable} -c 'import tarshards.cli.main'",
+        ),
     ]
     if args.upstream:
         # tarproc 0.0.6 fails on plain paths under Python >= 3.11 (a regex with a global flag
         # not at the start); its "file:" branch avoids that regex
         up_files = " ".join(f"file:{p}" for p in paths)
-        rows.append(("upstream tarcats FILES > /dev/null",
-                     f"{args.upstream} {up_files} > /dev/null 2>&1"))
+        rows.append(
+            ("upstream tarcats FILES > /dev/null", f"{args.upstream} {up_files} > /dev/null 2>&1")
+        )
 
     info = common.machine_info()
-    print(f"# {args.layout}{' (quick)' if args.quick else ''}: {len(paths)} shards, "
-          f"{nsamples} samples, {nbytes / 1e6:.1f} MB; {info.get('cpu', '?')}, "
-          f"{info['nproc']} CPUs, Python {info['python']}; best of {args.repeat}")
+    print(
+        f"# {args.layout}{' (quick)' if args.quick else ''}: {len(paths)} shards, "
+        f"{nsamples} samples, {nbytes / 1e6:.1f} MB; {info.get('cpu', '?')}, "
+        f"{info['nproc']} CPUs, Python {info['python']}; best of {args.repeat}"
+    )
     results = {}
     for label, cmd in rows:
         results[label] = _best(cmd, args.repeat)
@@ -86,16 +95,20 @@ def main() -> None:
         if label.startswith("python -c"):
             print(f"{'startup: ' + label:<40} {secs:8.3f}")
             continue
-        print(f"{label:<40} {secs:8.3f} {nsamples / secs:11.0f} {nbytes / secs / 1e6:8.0f} "
-              f"{cat_s / secs:7.0%}")
+        print(
+            f"{label:<40} {secs:8.3f} {nsamples / secs:11.0f} {nbytes / secs / 1e6:8.0f} "
+            f"{cat_s / secs:7.0%}"
+        )
     ours = results["tarscat -q FILES > /dev/null"]
     if args.upstream:
         up = results["upstream tarcats FILES > /dev/null"]
         print(f"tarscat vs upstream tarcats: {up / ours:.1f}x the samples/s (target >= 20x)")
-    print(f"tarscat: {nsamples / ours:.0f} samples/s, {nbytes / ours / 1e6:.0f} MB/s = "
-          f"{cat_s / ours:.0%} of cat's MB/s (target >= 50%); "
-          f"without interpreter start-up ({start_s:.2f} s): "
-          f"{nbytes / max(ours - start_s, 1e-9) / 1e6:.0f} MB/s")
+    print(
+        f"tarscat: {nsamples / ours:.0f} samples/s, {nbytes / ours / 1e6:.0f} MB/s = "
+        f"{cat_s / ours:.0%} of cat's MB/s (target >= 50%); "
+        f"without interpreter start-up ({start_s:.2f} s): "
+        f"{nbytes / max(ours - start_s, 1e-9) / 1e6:.0f} MB/s"
+    )
 
 
 if __name__ == "__main__":

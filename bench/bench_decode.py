@@ -47,8 +47,9 @@ def _jpeg(rng, w, h, noise):
     from PIL import Image
 
     base = (rng.random((h // 8 + 2, w // 8 + 2, 3)) * 255).astype(np.uint8)
-    img = np.asarray(Image.fromarray(base).resize((w, h), Image.Resampling.BICUBIC),
-                     dtype=np.float32)
+    img = np.asarray(
+        Image.fromarray(base).resize((w, h), Image.Resampling.BICUBIC), dtype=np.float32
+    )
     img = img + rng.normal(0.0, noise, img.shape).astype(np.float32)
     buf = io.BytesIO()
     Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(buf, "JPEG", quality=90)
@@ -79,14 +80,15 @@ def run_sides(sides: dict, repeat: int) -> dict:
     cpu = {k: [] for k in sides}
     names = list(sides)
     for rep in range(repeat):
-        for name in (names if rep % 2 == 0 else names[::-1]):
+        for name in names if rep % 2 == 0 else names[::-1]:
             t0, c0 = time.perf_counter(), time.process_time()
             n = sides[name]()
             t1, c1 = time.perf_counter(), time.process_time()
             wall[name].append(n / (t1 - t0))
             cpu[name].append(n / max(c1 - c0, 1e-9))
-    return {k: {"wall": statistics.median(wall[k]), "cpu": statistics.median(cpu[k])}
-            for k in sides}
+    return {
+        k: {"wall": statistics.median(wall[k]), "cpu": statistics.median(cpu[k])} for k in sides
+    }
 
 
 def bench_overhead(quick: bool, repeat: int) -> dict:
@@ -109,6 +111,7 @@ def bench_overhead(quick: bool, repeat: int) -> dict:
             for _ in tarshards.WebDataset(path).decode(m).to_tuple("jpg", "cls"):
                 n += 1
             return n
+
         return run
 
     sides = {"simplejpeg decode only": simplejpeg_only}
@@ -138,8 +141,7 @@ def bench_crop(quick: bool, repeat: int) -> dict:
     def reference_transform(data, rng=reference_rng):
         img = Image.open(io.BytesIO(data)).convert("RGB")
         top, left, h, w = crop_params(rng, img.width, img.height)
-        img = img.crop((left, top, left + w, top + h)).resize((224, 224),
-                                                               Image.Resampling.BILINEAR)
+        img = img.crop((left, top, left + w, top + h)).resize((224, 224), Image.Resampling.BILINEAR)
         if rng.random() < 0.5:
             img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         t = torch.from_numpy(np.array(img, copy=True)).view(224, 224, 3)
@@ -154,14 +156,18 @@ def bench_crop(quick: bool, repeat: int) -> dict:
 
     sides = {
         "reference: PIL decode, crop, resize, flip, to_tensor": lambda: count(
-            tarshards.WebDataset(path).to_tuple("jpg", "cls")
-            .map_tuple(reference_transform, None)),
+            tarshards.WebDataset(path).to_tuple("jpg", "cls").map_tuple(reference_transform, None)
+        ),
         "random_resized_crop(224)": lambda: count(
-            tarshards.WebDataset(path).decode(tarshards.random_resized_crop(224))
-            .to_tuple("jpg", "cls")),
+            tarshards.WebDataset(path)
+            .decode(tarshards.random_resized_crop(224))
+            .to_tuple("jpg", "cls")
+        ),
         "random_resized_crop(224, fast=True)": lambda: count(
-            tarshards.WebDataset(path).decode(tarshards.random_resized_crop(224, fast=True))
-            .to_tuple("jpg", "cls")),
+            tarshards.WebDataset(path)
+            .decode(tarshards.random_resized_crop(224, fast=True))
+            .to_tuple("jpg", "cls")
+        ),
     }
     res = run_sides(sides, repeat)
     ref = res["reference: PIL decode, crop, resize, flip, to_tensor"]
@@ -172,11 +178,17 @@ def bench_crop(quick: bool, repeat: int) -> dict:
 
 
 def table(title: str, res: dict) -> str:
-    lines = [f"### {title}", "", "| side | samples/s (wall) | samples/s (CPU) | x ref (wall) "
-             "| x ref (CPU) |", "|---|---:|---:|---:|---:|"]
+    lines = [
+        f"### {title}",
+        "",
+        "| side | samples/s (wall) | samples/s (CPU) | x ref (wall) | x ref (CPU) |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for name, v in res.items():
-        lines.append(f"| {name} | {v['wall']:.0f} | {v['cpu']:.0f} | {v['vs_wall']:.2f} "
-                     f"| {v['vs_cpu']:.2f} |")
+        lines.append(
+            f"| {name} | {v['wall']:.0f} | {v['cpu']:.0f} | {v['vs_wall']:.2f} "
+            f"| {v['vs_cpu']:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -202,14 +214,27 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
-    print(f"(medians of {repeat} interleaved repetitions; {os.cpu_count()} CPUs; "
-          f"{time.strftime('%Y-%m-%d %H:%M %Z')})\n")
+    print(
+        f"(medians of {repeat} interleaved repetitions; {os.cpu_count()} CPUs; "
+        f"{time.strftime('%Y-%m-%d %H:%M %Z')})\n"
+    )
     if "overhead" in results:
-        print(table("decode overhead, 64x64 JPEGs (x ref: of simplejpeg's decode-only rate; "
-                    "target >= 0.9)", results["overhead"]) + "\n")
+        print(
+            table(
+                "decode overhead, 64x64 JPEGs (x ref: of simplejpeg's decode-only rate; "
+                "target >= 0.9)",
+                results["overhead"],
+            )
+            + "\n"
+        )
     if "crop" in results:
-        print(table("RandomResizedCrop(224) + flip to a float tensor, ImageNet-sized JPEGs "
-                    "(target >= 2x)", results["crop"]))
+        print(
+            table(
+                "RandomResizedCrop(224) + flip to a float tensor, ImageNet-sized JPEGs "
+                "(target >= 2x)",
+                results["crop"],
+            )
+        )
     return 0
 
 

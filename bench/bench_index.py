@@ -83,8 +83,11 @@ def peer_wids(job: dict) -> dict:
             got = [ds[i] for i in job["indices"]]
             best = min(best, time.perf_counter() - t0)
         fields = [{k[1:] if k.startswith(".") else k: v for k, v in s.items()} for s in got]
-        return {"seconds": best, "checksum": _peer_checksum(fields), "version": wids.__version__
-                if hasattr(wids, "__version__") else "0.1.11"}
+        return {
+            "seconds": best,
+            "checksum": _peer_checksum(fields),
+            "version": wids.__version__ if hasattr(wids, "__version__") else "0.1.11",
+        }
     finally:
         shutil.rmtree(cache, ignore_errors=True)
 
@@ -116,8 +119,9 @@ def _mds_dir(job: dict) -> str:
                     if k != key and sample:
                         if writer is None:
                             columns = {e: "bytes" for e in sample}
-                            writer = MDSWriter(out=out, columns=columns, compression=None,
-                                               size_limit=1 << 26)
+                            writer = MDSWriter(
+                                out=out, columns=columns, compression=None, size_limit=1 << 26
+                            )
                         writer.write(sample)
                         sample = {}
                     key = k
@@ -161,14 +165,21 @@ def run_peer(python: str, name: str, job: dict, timeout: float = 1200) -> dict:
         json.dump(job, f)
         path = f.name
     try:
-        proc = subprocess.run([python, os.path.abspath(__file__), "--peer", name, path],
-                              capture_output=True, text=True, timeout=timeout,
-                              env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+        proc = subprocess.run(
+            [python, os.path.abspath(__file__), "--peer", name, path],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        )
     finally:
         os.unlink(path)
     if proc.returncode != 0:
-        return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else
-                f"exit {proc.returncode}"}
+        return {
+            "error": proc.stderr.strip().splitlines()[-1]
+            if proc.stderr.strip()
+            else f"exit {proc.returncode}"
+        }
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -181,8 +192,13 @@ def _best_wall(cmd: list[str] | str, repeat: int, env=None) -> float:
     best = float("inf")
     for _ in range(repeat):
         t0 = time.perf_counter()
-        subprocess.run(cmd, shell=isinstance(cmd, str), check=True, env=env,
-                       executable="/bin/bash" if isinstance(cmd, str) else None)
+        subprocess.run(
+            cmd,
+            shell=isinstance(cmd, str),
+            check=True,
+            env=env,
+            executable="/bin/bash" if isinstance(cmd, str) else None,
+        )
         best = min(best, time.perf_counter() - t0)
     return best
 
@@ -194,8 +210,18 @@ def bench_index_vs_cat(paths, tmp: str, repeat: int) -> dict:
     nbytes = common.total_bytes(paths)
     cat = _best_wall("cat " + " ".join(paths) + " > /dev/null", repeat)
     out = os.path.join(tmp, "index-cli", "manifest.json")
-    cmd = [sys.executable, "-c", "from tarshards.cli.main import main; main()", "index", "-q",
-           "-p", "1", *paths, "-o", out]
+    cmd = [
+        sys.executable,
+        "-c",
+        "from tarshards.cli.main import main; main()",
+        "index",
+        "-q",
+        "-p",
+        "1",
+        *paths,
+        "-o",
+        out,
+    ]
     index = _best_wall(cmd, repeat, env)
     from tarshards.index import index_url
 
@@ -207,8 +233,14 @@ def bench_index_vs_cat(paths, tmp: str, repeat: int) -> dict:
         inproc = min(inproc, time.perf_counter() - t0)
     ncpu = os.cpu_count() or 1
     par = _best_wall(cmd[:5] + ["-q", "-p", str(ncpu), *paths, "-o", out], repeat, env)
-    return {"bytes": nbytes, "cat_s": cat, "index_s": index, "index_parallel_s": par,
-            "ncpu": ncpu, "index_inprocess_s": inproc}
+    return {
+        "bytes": nbytes,
+        "cat_s": cat,
+        "index_s": index,
+        "index_parallel_s": par,
+        "ncpu": ncpu,
+        "index_inprocess_s": inproc,
+    }
 
 
 def bench_random(manifest, indices, warm, repeat: int) -> dict:
@@ -232,9 +264,12 @@ def bench_recording(samples, tmp: str, repeat: int) -> dict:
     def once(manifest: bool) -> float:
         d = tempfile.mkdtemp(dir=tmp)
         t0 = time.process_time()
-        with ShardWriter(os.path.join(d, "rec-%05d.tar"), maxcount=max(1, len(samples) // 4),
-                         encoder=False,
-                         manifest=os.path.join(d, "m.json") if manifest else None) as w:
+        with ShardWriter(
+            os.path.join(d, "rec-%05d.tar"),
+            maxcount=max(1, len(samples) // 4),
+            encoder=False,
+            manifest=os.path.join(d, "m.json") if manifest else None,
+        ) as w:
             for s in samples:
                 w.write(s)
         dt = time.process_time() - t0
@@ -276,10 +311,10 @@ def main() -> None:
     repeat = args.repeat or (2 if args.quick else 5)
     paths = common.make_dataset(args.layout, quick=args.quick)
     common.warm_cache(paths)
-    tmp = tempfile.mkdtemp(prefix="bench-index-", dir="/dev/shm" if os.path.isdir("/dev/shm")
-                           else None)
-    results: dict = {"machine": common.machine_info(), "layout": args.layout,
-                     "quick": args.quick}
+    tmp = tempfile.mkdtemp(
+        prefix="bench-index-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+    )
+    results: dict = {"machine": common.machine_info(), "layout": args.layout, "quick": args.quick}
     try:
         # 1. indexing vs cat
         r1 = bench_index_vs_cat(paths, tmp, repeat)
@@ -292,10 +327,16 @@ def main() -> None:
         starts = np.concatenate([[0], np.cumsum([r.samples for r in manifest.shards])])
         warm = [int(s) for s in starts[:-1]]
         ours = bench_random(manifest, indices, warm, repeat)
-        job = {"urls": manifest.shard_urls(), "counts": [r.samples for r in manifest.shards],
-               "indices": indices, "warm": warm, "repeat": repeat,
-               "mds_dir": os.path.join(common.DATA, f"mds-{args.layout}"
-                                       f"{'-quick' if args.quick else ''}")}
+        job = {
+            "urls": manifest.shard_urls(),
+            "counts": [r.samples for r in manifest.shards],
+            "indices": indices,
+            "warm": warm,
+            "repeat": repeat,
+            "mds_dir": os.path.join(
+                common.DATA, f"mds-{args.layout}{'-quick' if args.quick else ''}"
+            ),
+        }
         peers = {name: run_peer(args.peer_python, name, job) for name in ("wids", "streaming")}
         results["random"] = {"tarshards": ours, **peers}
         # 3. recording overhead
@@ -315,17 +356,23 @@ def report(r: dict, nrandom: int) -> None:
     i = r["index"]
     mb = i["bytes"] / 1e6
     cat, ix, par = mb / i["cat_s"], mb / i["index_s"], mb / i["index_parallel_s"]
-    print(f"# bench_index ({r['layout']}{', quick' if r['quick'] else ''}; "
-          f"{r['machine'].get('cpu', '')}; load average {os.getloadavg()[0]:.1f})")
+    print(
+        f"# bench_index ({r['layout']}{', quick' if r['quick'] else ''}; "
+        f"{r['machine'].get('cpu', '')}; load average {os.getloadavg()[0]:.1f})"
+    )
     print(f"\n1. indexing {mb:.0f} MB of plain shards (page cache), hashing on")
     print(f"   cat FILES > /dev/null            {cat:8.0f} MB/s")
-    print(f"   tarshards index -p 1             {ix:8.0f} MB/s   {ix / cat:.2f}x cat "
-          f"(target >= 0.5)")
-    print(f"   tarshards index -p {i['ncpu']:<2d}            {par:8.0f} MB/s   "
-          f"{par / cat:.2f}x cat")
+    print(
+        f"   tarshards index -p 1             {ix:8.0f} MB/s   {ix / cat:.2f}x cat (target >= 0.5)"
+    )
+    print(
+        f"   tarshards index -p {i['ncpu']:<2d}            {par:8.0f} MB/s   {par / cat:.2f}x cat"
+    )
     inproc = mb / i["index_inprocess_s"]
-    print(f"   index_url() in one process       {inproc:8.0f} MB/s   {inproc / cat:.2f}x cat "
-          "(no interpreter start-up)")
+    print(
+        f"   index_url() in one process       {inproc:8.0f} MB/s   {inproc / cat:.2f}x cat "
+        "(no interpreter start-up)"
+    )
     ra = r["random"]
     ours = ra["tarshards"]
     print(f"\n2. {nrandom} random ds[i], raw samples, local shards")
@@ -337,14 +384,18 @@ def report(r: dict, nrandom: int) -> None:
             continue
         same = "same samples" if p["checksum"] == ours["checksum"] else "DIFFERENT samples"
         ratio = p["seconds"] / ours["seconds"]
-        print(f"   {name + ' ' + p.get('version', ''):<32s} {nrandom / p['seconds']:8.0f} "
-              f"samples/s   tarshards {ratio:.2f}x (target >= {target:g}; {same})")
+        print(
+            f"   {name + ' ' + p.get('version', ''):<32s} {nrandom / p['seconds']:8.0f} "
+            f"samples/s   tarshards {ratio:.2f}x (target >= {target:g}; {same})"
+        )
     rec = r["recording"]
     a, b = rec["samples"] / rec["plain_s"], rec["samples"] / rec["manifest_s"]
     print(f"\n3. ShardWriter, {rec['samples']} samples (CPU time)")
     print(f"   without manifest                 {a:8.0f} samples/s")
-    print(f"   manifest=PATH                    {b:8.0f} samples/s   "
-          f"{100 * (a / b - 1):.1f}% slower (target <= 5%)")
+    print(
+        f"   manifest=PATH                    {b:8.0f} samples/s   "
+        f"{100 * (a / b - 1):.1f}% slower (target <= 5%)"
+    )
     print("\n(figures from a loaded machine are noisy; ratios matter)")
 
 

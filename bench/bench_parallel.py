@@ -113,9 +113,11 @@ def main(argv=None):
         inputs = make_shards(d, args.shards, args.per_shard)
         outputs = [os.path.join(d, f"out-{i:04d}.tar") for i in range(args.shards)]
         nsamples = args.shards * args.per_shard
-        print(f"# {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; "
-              f"{args.shards} shards x {args.per_shard} samples, ~{args.ms:g} ms CPU per sample; "
-              f"best of {args.repeat}")
+        print(
+            f"# {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; "
+            f"{args.shards} shards x {args.per_shard} samples, ~{args.ms:g} ms CPU per sample; "
+            f"best of {args.repeat}"
+        )
         rows = []
         t1 = best(lambda: one_process(fn, inputs, outputs), args.repeat)
         rows.append(("1 process", t1))
@@ -129,8 +131,9 @@ def main(argv=None):
         rows.append(("map_samples p=2", best(via_map_samples, args.repeat)))
 
         def via_processes():
-            reports = map_shards(fn, inputs, outputs, engine="processes", workers=2,
-                                 overwrite=True, progress=False)
+            reports = map_shards(
+                fn, inputs, outputs, engine="processes", workers=2, overwrite=True, progress=False
+            )
             assert all(r.status == "done" for r in reports), reports
 
         rows.append(("processes engine w=2", best(via_processes, args.repeat)))
@@ -138,17 +141,29 @@ def main(argv=None):
             import distributed
 
             t = time.perf_counter()
-            cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1,
-                                               processes=True, host="127.0.0.1",
-                                               dashboard_address=None, silence_logs=40,
-                                               scheduler_kwargs={
-                                                   "dashboard_address": "127.0.0.1:0"})
+            cluster = distributed.LocalCluster(
+                n_workers=2,
+                threads_per_worker=1,
+                processes=True,
+                host="127.0.0.1",
+                dashboard_address=None,
+                silence_logs=40,
+                scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
+            )
             client = distributed.Client(cluster)
             startup = time.perf_counter() - t
             try:
+
                 def via_dask():
-                    reports = map_shards(fn, inputs, outputs, engine="dask", client=client,
-                                         overwrite=True, progress=False)
+                    reports = map_shards(
+                        fn,
+                        inputs,
+                        outputs,
+                        engine="dask",
+                        client=client,
+                        overwrite=True,
+                        progress=False,
+                    )
                     assert all(r.status == "done" for r in reports), reports
 
                 td = best(via_dask, args.repeat)

@@ -40,8 +40,9 @@ class ChildProxy:
         ctx = multiprocessing.get_context("fork")
         self._conn, child = ctx.Pipe()
         servers = _servers()
-        self._proc = ctx.Process(target=servers.serve_throttling_proxy,
-                                 args=(target, latency, rate, child), daemon=True)
+        self._proc = ctx.Process(
+            target=servers.serve_throttling_proxy, args=(target, latency, rate, child), daemon=True
+        )
         self.stats = None
 
     def __enter__(self):
@@ -82,8 +83,13 @@ class ChildMoto:
 
 
 def run(urls, total_bytes, ahead, prefetch_bytes, storage_options=None):
-    ds = WebDataset(urls, shardshuffle=False, prefetch=ahead, prefetch_bytes=prefetch_bytes,
-                    storage_options=storage_options)
+    ds = WebDataset(
+        urls,
+        shardshuffle=False,
+        prefetch=ahead,
+        prefetch_bytes=prefetch_bytes,
+        storage_options=storage_options,
+    )
     t = time.perf_counter()
     n = sum(1 for _ in ds)
     dt = time.perf_counter() - t
@@ -92,21 +98,27 @@ def run(urls, total_bytes, ahead, prefetch_bytes, storage_options=None):
 
 def table(name, urls, total, args, storage_options=None):
     rate_mbs = args.rate
-    print(f"{name}: latency {args.latency * 1000:.0f} ms/request, {rate_mbs:.0f} MB/s per "
-          f"connection, prefetch_bytes {args.prefetch_mib} MiB")
+    print(
+        f"{name}: latency {args.latency * 1000:.0f} ms/request, {rate_mbs:.0f} MB/s per "
+        f"connection, prefetch_bytes {args.prefetch_mib} MiB"
+    )
     base = None
     rows = []
     for ahead in [0] + list(args.ahead):
-        runs = [run(urls, total, ahead, args.prefetch_mib << 20, storage_options)
-                for _ in range(args.repeat)]
+        runs = [
+            run(urls, total, ahead, args.prefetch_mib << 20, storage_options)
+            for _ in range(args.repeat)
+        ]
         runs.sort(key=lambda r: r[1])
         n, sps, mbs = runs[len(runs) // 2]  # median
         base = base or sps
         cap = (ahead + 1) * rate_mbs
         rows.append((ahead, sps, mbs, sps / base, mbs / cap))
-        print(f"  prefetch={ahead}: {sps:8.0f} samples/s {mbs:7.0f} MB/s  "
-              f"x{sps / base:4.2f} of no prefetch  {mbs / cap:4.0%} of {cap:.0f} MB/s "
-              f"({ahead + 1} connections)")
+        print(
+            f"  prefetch={ahead}: {sps:8.0f} samples/s {mbs:7.0f} MB/s  "
+            f"x{sps / base:4.2f} of no prefetch  {mbs / cap:4.0%} of {cap:.0f} MB/s "
+            f"({ahead + 1} connections)"
+        )
     return rows
 
 
@@ -126,8 +138,10 @@ def main():
     try:
         paths = make_shards(root, args.shards, args.per_shard, args.kb)
         total = sum(os.path.getsize(p) for p in paths)
-        print(f"{args.shards} shards, {total / 1e6:.0f} MB, {args.shards * args.per_shard} "
-              f"samples of {args.kb} KiB")
+        print(
+            f"{args.shards} shards, {total / 1e6:.0f} MB, {args.shards * args.per_shard} "
+            f"samples of {args.kb} KiB"
+        )
         with ChildServer(root) as srv:
             port = int(srv.url.rsplit(":", 1)[1])
             with ChildProxy(("127.0.0.1", port), args.latency, args.rate * 1e6) as proxy:

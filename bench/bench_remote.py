@@ -89,8 +89,13 @@ def make_shards(root, nshards, per_shard, kb):
         p = os.path.join(root, f"shard-{s:04d}.tar")
         with TarWriter(p) as w:
             for i in range(per_shard):
-                w.write({"__key__": f"s{s:04d}_{i:06d}", "bin": rng.bytes(kb * 1024),
-                         "cls": str(i % 10).encode()})
+                w.write(
+                    {
+                        "__key__": f"s{s:04d}_{i:06d}",
+                        "bin": rng.bytes(kb * 1024),
+                        "cls": str(i % 10).encode(),
+                    }
+                )
         paths.append(p)
     return paths
 
@@ -120,16 +125,21 @@ def main():
     ap.add_argument("--per-shard", type=int, default=400)
     ap.add_argument("--kb", type=int, default=100, help="payload per sample (KiB)")
     ap.add_argument("--repeat", type=int, default=3, help="best of N runs")
-    ap.add_argument("--in-process-server", action="store_true",
-                    help="run the HTTP server in this process (shares the reader's GIL)")
+    ap.add_argument(
+        "--in-process-server",
+        action="store_true",
+        help="run the HTTP server in this process (shares the reader's GIL)",
+    )
     args = ap.parse_args()
     servers = _servers()
     root = tempfile.mkdtemp(prefix="bench-remote-")
     try:
         paths = make_shards(root, args.shards, args.per_shard, args.kb)
         total = sum(os.path.getsize(p) for p in paths)
-        print(f"{args.shards} shards, {total / 1e6:.0f} MB, {args.shards * args.per_shard} "
-              f"samples of {args.kb} KiB")
+        print(
+            f"{args.shards} shards, {total / 1e6:.0f} MB, {args.shards * args.per_shard} "
+            f"samples of {args.kb} KiB"
+        )
         results = {}
 
         def best(name, make):
@@ -149,16 +159,22 @@ def main():
             for epoch in (1, 2):
                 r = timed(WebDataset(urls, shardshuffle=False, cache_dir=cache), total)
                 results[f"cache epoch {epoch}"] = r[1]
-                print(f"  {'http + cache, epoch ' + str(epoch):<34} {r[1]:8.0f} MB/s  "
-                      f"({r[0]} samples, {r[2]:.2f}s)")
+                print(
+                    f"  {'http + cache, epoch ' + str(epoch):<34} {r[1]:8.0f} MB/s  "
+                    f"({r[0]} samples, {r[2]:.2f}s)"
+                )
             best("local disk (again)", lambda: WebDataset(paths, shardshuffle=False))
-            best("http + cache, later epochs",
-                 lambda: WebDataset(urls, shardshuffle=False, cache_dir=cache))
+            best(
+                "http + cache, later epochs",
+                lambda: WebDataset(urls, shardshuffle=False, cache_dir=cache),
+            )
             print(f"  GET requests to the server: {srv.gets()}")
         disk = results["local disk"]
         print(f"http / disk: {results['http (streaming GET)'] / disk:.0%} (target >= 50%)")
-        print(f"cached epoch / disk: {results['http + cache, later epochs'] / disk:.0%} "
-              "(target ~100%)")
+        print(
+            f"cached epoch / disk: {results['http + cache, later epochs'] / disk:.0%} "
+            "(target ~100%)"
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

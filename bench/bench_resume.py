@@ -103,18 +103,28 @@ def main(argv=None) -> int:
         state = make().state_from_step(k, world_size=1)
         state_size = len(json.dumps(state))
         t = min(first_batch_time(make, state) for _ in range(3))
-        rows.append((f"resume@{int(frac * 100)}% (step {k} of {steps}): load to first batch",
-                     f"{t * 1e3:.1f} ms ({t / fresh:.2f}x fresh)"))
+        rows.append(
+            (
+                f"resume@{int(frac * 100)}% (step {k} of {steps}): load to first batch",
+                f"{t * 1e3:.1f} ms ({t / fresh:.2f}x fresh)",
+            )
+        )
     rows.append(("state size (JSON)", f"{state_size} bytes"))
     for name, dec in (("raw", False), ("decode rgb8", True)):
         a = rate(lambda dec=dec: plain(urls, decode=dec), args.repeat)
         b = rate(lambda dec=dec: planned(urls, table, decode=dec), args.repeat)
-        rows.append((f"{name}: plain / planned samples/s",
-                     f"{a:,.0f} / {b:,.0f} ({(b / a - 1) * 100:+.1f}%)"))
+        rows.append(
+            (
+                f"{name}: plain / planned samples/s",
+                f"{a:,.0f} / {b:,.0f} ({(b / a - 1) * 100:+.1f}%)",
+            )
+        )
     rows.append(("MosaicML Streaming resume", mosaic_resume(urls)))
     n = sum(table.counts)
-    print(f"# bench_resume: {len(urls)} shards, {n} samples, readers={READERS}, "
-          f"batch={BATCH}, shuffle={BUF}")
+    print(
+        f"# bench_resume: {len(urls)} shards, {n} samples, readers={READERS}, "
+        f"batch={BATCH}, shuffle={BUF}"
+    )
     for k, v in rows:
         print(f"{k:62s} {v}")
     return 0

@@ -53,8 +53,9 @@ def _jpeg_pool(rng: np.random.Generator, n: int, size, noise: float) -> list[byt
     pool = []
     for _ in range(n):
         base = (rng.random((h // 8 + 2, w // 8 + 2, 3)) * 255).astype(np.uint8)
-        img = np.asarray(Image.fromarray(base).resize((w, h), Image.Resampling.BICUBIC),
-                         dtype=np.float32)
+        img = np.asarray(
+            Image.fromarray(base).resize((w, h), Image.Resampling.BICUBIC), dtype=np.float32
+        )
         img = img + rng.normal(0.0, noise, img.shape).astype(np.float32)
         buf = io.BytesIO()
         Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(buf, "JPEG", quality=90)
@@ -102,8 +103,13 @@ def make_dataset(name: str, quick: bool = False) -> list[str]:
             fields = [("cls", str(int(labels[k])).encode())]
             fields.append(("jpg", pool[k % len(pool)]))
             if lay["json"]:
-                meta = {"index": k, "label": int(labels[k]), "source": "synthetic",
-                        "width": lay["size"][0], "height": lay["size"][1]}
+                meta = {
+                    "index": k,
+                    "label": int(labels[k]),
+                    "source": "synthetic",
+                    "width": lay["size"][0],
+                    "height": lay["size"][1],
+                }
                 fields.append(("json", json.dumps(meta).encode()))
             samples.append((f"{name}_{k:08d}", sorted(fields)))
             k += 1
@@ -111,8 +117,11 @@ def make_dataset(name: str, quick: bool = False) -> list[str]:
     with open(manifest, "w") as f:
         json.dump(want, f)
     total = sum(os.path.getsize(p) for p in paths)
-    print(f"made {name} shards: {len(paths)} x {lay['per_shard']} samples, "
-          f"{total / 1e6:.0f} MB, {time.time() - t0:.1f} s", file=sys.stderr)
+    print(
+        f"made {name} shards: {len(paths)} x {lay['per_shard']} samples, "
+        f"{total / 1e6:.0f} MB, {time.time() - t0:.1f} s",
+        file=sys.stderr,
+    )
     return paths
 
 

@@ -164,11 +164,16 @@ def _t224_pipeline(side, urls):
         import torch.nn.functional as F
 
         def resize(t):
-            return F.interpolate(t[None], size=(224, 224), mode="bilinear",
-                                 align_corners=False, antialias=False)[0]
+            return F.interpolate(
+                t[None], size=(224, 224), mode="bilinear", align_corners=False, antialias=False
+            )[0]
 
-        return (wds.WebDataset(urls, shardshuffle=False).decode("torchrgb")
-                .to_tuple("jpg", "cls").map_tuple(resize, None))
+        return (
+            wds.WebDataset(urls, shardshuffle=False)
+            .decode("torchrgb")
+            .to_tuple("jpg", "cls")
+            .map_tuple(resize, None)
+        )
     if side == "upstream:pil+resize":
         from PIL import Image
 
@@ -177,8 +182,12 @@ def _t224_pipeline(side, urls):
             arr = np.asarray(img)
             return torch.from_numpy(arr).permute(2, 0, 1).float().div_(255)
 
-        return (wds.WebDataset(urls, shardshuffle=False).decode("pil")
-                .to_tuple("jpg", "cls").map_tuple(to_tensor, None))
+        return (
+            wds.WebDataset(urls, shardshuffle=False)
+            .decode("pil")
+            .to_tuple("jpg", "cls")
+            .map_tuple(to_tensor, None)
+        )
     raise ValueError(side)
 
 
@@ -212,9 +221,16 @@ def child_loader(side, urls, opts):
     for x, y in it:
         n += len(y)
     t2 = time.perf_counter()
-    return {"items": n, "bytes": 0, "seconds": t2 - t1, "passes": 1,
-            "startup_s": t1 - t0, "total_items": n + len(first[1]), "total_s": t2 - t0,
-            "batch": [list(first[0].shape), str(first[0].dtype)]}
+    return {
+        "items": n,
+        "bytes": 0,
+        "seconds": t2 - t1,
+        "passes": 1,
+        "startup_s": t1 - t0,
+        "total_items": n + len(first[1]),
+        "total_s": t2 - t0,
+        "batch": [list(first[0].shape), str(first[0].dtype)],
+    }
 
 
 def child_memory(side, urls, opts):
@@ -241,9 +257,17 @@ def child_memory(side, urls, opts):
             peak_sampled = max(peak_sampled, common.rss_bytes())
     elapsed = time.perf_counter() - t0
     peak = common.peak_rss_bytes()
-    return {"items": n, "bytes": size * reps, "seconds": elapsed, "passes": 1,
-            "baseline_rss": base, "peak_rss": peak, "baseline_peak_rss": base_peak,
-            "above_baseline": peak - base, "sampled_above_baseline": peak_sampled - base}
+    return {
+        "items": n,
+        "bytes": size * reps,
+        "seconds": elapsed,
+        "passes": 1,
+        "baseline_rss": base,
+        "peak_rss": peak,
+        "baseline_peak_rss": base_peak,
+        "above_baseline": peak - base,
+        "sampled_above_baseline": peak_sampled - base,
+    }
 
 
 CHILDREN = {
@@ -272,10 +296,20 @@ def run_child(name: str, side: str, quick: bool) -> dict:
 
 def options(quick: bool) -> dict:
     if quick:
-        return {"min_time": 0.5, "write_limit": 3000, "pil_limit": 1500, "t224_limit": 150,
-                "memory_bytes": 400_000_000}
-    return {"min_time": 1.0, "write_limit": 5000, "pil_limit": 4000, "t224_limit": 400,
-            "memory_bytes": 1_000_000_000}
+        return {
+            "min_time": 0.5,
+            "write_limit": 3000,
+            "pil_limit": 1500,
+            "t224_limit": 150,
+            "memory_bytes": 400_000_000,
+        }
+    return {
+        "min_time": 1.0,
+        "write_limit": 5000,
+        "pil_limit": 4000,
+        "t224_limit": 400,
+        "memory_bytes": 1_000_000_000,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,12 +362,19 @@ def measure(names, repeat: int, quick: bool) -> dict:
             if name == "memory":
                 best[side] = min(rs, key=lambda r: r["above_baseline"])
             else:
-                best[side] = max(rs, key=lambda r: r["items"] / r["seconds"] if r["items"]
-                                 else r["bytes"] / r["seconds"])
+                best[side] = max(
+                    rs,
+                    key=lambda r: (
+                        r["items"] / r["seconds"] if r["items"] else r["bytes"] / r["seconds"]
+                    ),
+                )
             best[side]["all"] = [round(rate(r) if r["items"] else mbps(r), 1) for r in rs]
         results[name] = best
-        print(f"  {name}: " + ", ".join(f"{s}={best[s]['all']}" for s in sides), file=sys.stderr,
-              flush=True)
+        print(
+            f"  {name}: " + ", ".join(f"{s}={best[s]['all']}" for s in sides),
+            file=sys.stderr,
+            flush=True,
+        )
     return results
 
 
@@ -355,34 +396,69 @@ def table(res: dict) -> tuple[list[list[str]], bool]:
     if "raw_small" in res:
         o, u = res["raw_small"]["ours"], res["raw_small"]["upstream"]
         r = rate(o) / rate(u)
-        row("1. raw iteration, small samples (samples/s)",
+        row(
+            "1. raw iteration, small samples (samples/s)",
             f"{_fmt(rate(o), 'samples/s')} ({_fmt(mbps(o), 'MB/s')})",
-            f"{_fmt(rate(u), 'samples/s')} ({_fmt(mbps(u), 'MB/s')})", r, ">= 20x", r >= 20)
+            f"{_fmt(rate(u), 'samples/s')} ({_fmt(mbps(u), 'MB/s')})",
+            r,
+            ">= 20x",
+            r >= 20,
+        )
     if "raw_large" in res and "cat_large" in res:
         o, c = res["raw_large"]["ours"], res["cat_large"]["cat"]
         r = mbps(o) / mbps(c)
-        row("2. raw iteration, 100 KB samples (MB/s) vs cat", _fmt(mbps(o), "MB/s"),
-            f"cat: {_fmt(mbps(c), 'MB/s')}", r, ">= 0.40x of cat", r >= 0.40)
+        row(
+            "2. raw iteration, 100 KB samples (MB/s) vs cat",
+            _fmt(mbps(o), "MB/s"),
+            f"cat: {_fmt(mbps(c), 'MB/s')}",
+            r,
+            ">= 0.40x of cat",
+            r >= 0.40,
+        )
     if "raw_large" in res:
         o, u = res["raw_large"]["ours"], res["raw_large"]["upstream"]
         r = mbps(o) / mbps(u)
-        rows.append(["2b. raw iteration, 100 KB samples (MB/s) vs upstream",
-                     f"{_fmt(mbps(o), 'MB/s')} ({_fmt(rate(o), 'samples/s')})",
-                     f"{_fmt(mbps(u), 'MB/s')} ({_fmt(rate(u), 'samples/s')})", f"{r:.2f}x",
-                     "(info)", ""])
+        rows.append(
+            [
+                "2b. raw iteration, 100 KB samples (MB/s) vs upstream",
+                f"{_fmt(mbps(o), 'MB/s')} ({_fmt(rate(o), 'samples/s')})",
+                f"{_fmt(mbps(u), 'MB/s')} ({_fmt(rate(u), 'samples/s')})",
+                f"{r:.2f}x",
+                "(info)",
+                "",
+            ]
+        )
     if "write_small" in res:
         o, u = res["write_small"]["ours"], res["write_small"]["upstream"]
         r = rate(o) / rate(u)
-        row("3. TarWriter, small samples as bytes (samples/s)", _fmt(rate(o), "samples/s"),
-            _fmt(rate(u), "samples/s"), r, ">= 10x", r >= 10)
+        row(
+            "3. TarWriter, small samples as bytes (samples/s)",
+            _fmt(rate(o), "samples/s"),
+            _fmt(rate(u), "samples/s"),
+            r,
+            ">= 10x",
+            r >= 10,
+        )
         r = o["output_bytes"] / u["output_bytes"]
-        row("3b. TarWriter output size, same samples (bytes)",
-            f"{o['output_bytes']:,} B", f"{u['output_bytes']:,} B", r, "<= 0.6x", r <= 0.6)
+        row(
+            "3b. TarWriter output size, same samples (bytes)",
+            f"{o['output_bytes']:,} B",
+            f"{u['output_bytes']:,} B",
+            r,
+            "<= 0.6x",
+            r <= 0.6,
+        )
     if "pil_small" in res:
         o, u = res["pil_small"]["ours"], res["pil_small"]["upstream"]
         r = rate(o) / rate(u)
-        row('4. .decode("pil").to_tuple("jpg","cls"), small (samples/s)',
-            _fmt(rate(o), "samples/s"), _fmt(rate(u), "samples/s"), r, ">= 4x", r >= 4)
+        row(
+            '4. .decode("pil").to_tuple("jpg","cls"), small (samples/s)',
+            _fmt(rate(o), "samples/s"),
+            _fmt(rate(u), "samples/s"),
+            r,
+            ">= 4x",
+            r >= 4,
+        )
     if "t224_large" in res:
         o = res["t224_large"]["ours"]
         ups = {s: v for s, v in res["t224_large"].items() if s != "ours"}
@@ -390,24 +466,44 @@ def table(res: dict) -> tuple[list[list[str]], bool]:
         u = ups[best_side]
         r = rate(o) / rate(u)
         others = "; ".join(f"{s.split(':')[1]}: {_fmt(rate(v), '/s')}" for s, v in ups.items())
-        row("5. ImageNet-like JPEG -> 224x224 float tensor (samples/s)",
-            _fmt(rate(o), "samples/s"), f"{_fmt(rate(u), 'samples/s')} (best of {others})",
-            r, ">= 1.5x", r >= 1.5)
+        row(
+            "5. ImageNet-like JPEG -> 224x224 float tensor (samples/s)",
+            _fmt(rate(o), "samples/s"),
+            f"{_fmt(rate(u), 'samples/s')} (best of {others})",
+            r,
+            ">= 1.5x",
+            r >= 1.5,
+        )
     if "loader_small" in res:
         o, u = res["loader_small"]["ours"], res["loader_small"]["upstream"]
         r = rate(o) / rate(u)
         tot = (o["total_items"] / o["total_s"]) / (u["total_items"] / u["total_s"])
-        def with_startup(x):
-            return (f"{_fmt(rate(x), 'samples/s')} "
-                    f"(incl. start-up {_fmt(x['total_items'] / x['total_s'], '/s')})")
 
-        row("6. DataLoader(num_workers=2, batch_size=64), rgb8 small (samples/s)",
-            with_startup(o), with_startup(u), r, f">= 3x (incl. start-up: {tot:.2f}x)", r >= 3)
+        def with_startup(x):
+            return (
+                f"{_fmt(rate(x), 'samples/s')} "
+                f"(incl. start-up {_fmt(x['total_items'] / x['total_s'], '/s')})"
+            )
+
+        row(
+            "6. DataLoader(num_workers=2, batch_size=64), rgb8 small (samples/s)",
+            with_startup(o),
+            with_startup(u),
+            r,
+            f">= 3x (incl. start-up: {tot:.2f}x)",
+            r >= 3,
+        )
     if "memory" in res:
         o, u = res["memory"]["ours"], res["memory"]["upstream"]
         mo, mu = o["above_baseline"] / 2**20, u["above_baseline"] / 2**20
-        row(f"7. peak RSS above baseline, {o['bytes'] / 1e9:.1f} GB through shuffle(1000)",
-            f"{mo:.0f} MiB", f"{mu:.0f} MiB", mo / mu if mu else 0.0, "< 150 MiB", mo < 150)
+        row(
+            f"7. peak RSS above baseline, {o['bytes'] / 1e9:.1f} GB through shuffle(1000)",
+            f"{mo:.0f} MiB",
+            f"{mu:.0f} MiB",
+            mo / mu if mu else 0.0,
+            "< 150 MiB",
+            mo < 150,
+        )
     return rows, ok_all
 
 
@@ -442,8 +538,8 @@ def write_results(text_table: str, res: dict, info: dict, args, runtime: float) 
         text_table,
         "",
         "How each row is measured: see the docstring of `bench/run.py`. Row 5 compares with the "
-        "faster of two typical upstream pipelines (`.decode(\"torchrgb\")` + "
-        "`F.interpolate(bilinear)`, or `.decode(\"pil\")` + `PIL.resize(BILINEAR)` + to-tensor); "
+        'faster of two typical upstream pipelines (`.decode("torchrgb")` + '
+        '`F.interpolate(bilinear)`, or `.decode("pil")` + `PIL.resize(BILINEAR)` + to-tensor); '
         "ours uses reduced-size JPEG decoding (libjpeg-turbo 1/2^k scaling through simplejpeg, "
         "then an antialiased bilinear resize on uint8 in torch to exactly 224x224). Row 6 counts "
         "samples from the first batch on (worker start-up excluded); the rate including start-up "
@@ -463,7 +559,7 @@ def write_results(text_table: str, res: dict, info: dict, args, runtime: float) 
         with open(RESULTS) as f:
             old = f.read()
         if NOTES_MARK in old:
-            notes = old[old.index(NOTES_MARK):]
+            notes = old[old.index(NOTES_MARK) :]
     except OSError:
         pass
     with open(RESULTS, "w") as f:

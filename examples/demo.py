@@ -75,16 +75,24 @@ def write_shards(out: Path, seed: int) -> dict:
         with ShardWriter(pattern, maxcount=SHARD_SIZE) as sink:
             for i in indices:
                 label = int(digits.target[i])
-                sink.write({
-                    "__key__": f"digit{i:05d}",
-                    "png": digit_image(digits.data[i]),  # encoded as PNG by extension
-                    "cls": label,                         # encoded as "7"
-                    "json": {"index": int(i), "label": label, "split": split,
-                             "source": "sklearn.datasets.load_digits"},
-                })
+                sink.write(
+                    {
+                        "__key__": f"digit{i:05d}",
+                        "png": digit_image(digits.data[i]),  # encoded as PNG by extension
+                        "cls": label,  # encoded as "7"
+                        "json": {
+                            "index": int(i),
+                            "label": label,
+                            "split": split,
+                            "source": "sklearn.datasets.load_digits",
+                        },
+                    }
+                )
         written[split] = [info.url for info in sink.shards]
-        print(f"{split}: {len(indices)} samples in {len(sink.shards)} shards "
-              f"({', '.join(Path(u).name for u in written[split])})")
+        print(
+            f"{split}: {len(indices)} samples in {len(sink.shards)} shards "
+            f"({', '.join(Path(u).name for u in written[split])})"
+        )
     return written
 
 
@@ -93,7 +101,7 @@ def brace_spec(urls: list[str]) -> str:
     if len(urls) == 1:
         return urls[0]
     first, last = urls[0], urls[-1]
-    head = first[:-len("000000.tar")]
+    head = first[: -len("000000.tar")]
     return f"{head}{{{first[-10:-4]}..{last[-10:-4]}}}.tar"
 
 
@@ -173,10 +181,18 @@ def make_model():
     import torch.nn as nn
 
     return nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),   # 16x16
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),  # 8x8
-        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
-        nn.Flatten(), nn.Dropout(0.2), nn.Linear(256, 10),
+        nn.Conv2d(1, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),  # 16x16
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),  # 8x8
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(2),
+        nn.Flatten(),
+        nn.Dropout(0.2),
+        nn.Linear(256, 10),
     )
 
 
@@ -201,10 +217,10 @@ def train(written: dict, *, epochs: int, workers: int, seed: int, batch_size: in
     trainset = (
         WebDataset(train_spec, shardshuffle=True, seed=seed)
         .shuffle(500)
-        .decode("pill")                     # PNG -> grayscale PIL image, cls -> int
+        .decode("pill")  # PNG -> grayscale PIL image, cls -> int
         .to_tuple("png", "cls")
         .map_tuple(augment, None)
-        .batched(batch_size)                # batch in the workers; the loader passes batches on
+        .batched(batch_size)  # batch in the workers; the loader passes batches on
     )
     testset = (
         WebDataset(test_spec)
@@ -215,8 +231,12 @@ def train(written: dict, *, epochs: int, workers: int, seed: int, batch_size: in
     )
     print(f"train: {trainset!r}")
     print(f"test:  {testset!r}")
-    loader = WebLoader(trainset, batch_size=None, num_workers=workers,
-                       worker_init_fn=_worker_init if workers else None)
+    loader = WebLoader(
+        trainset,
+        batch_size=None,
+        num_workers=workers,
+        worker_init_fn=_worker_init if workers else None,
+    )
     model = make_model()
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs)
@@ -244,11 +264,21 @@ def train(written: dict, *, epochs: int, workers: int, seed: int, batch_size: in
                 correct += int((pred == torch.as_tensor(labels)).sum())
                 count += len(labels)
         accuracy = correct / count
-        history.append({"epoch": epoch + 1, "loss": total_loss / seen, "accuracy": accuracy,
-                        "samples": seen, "samples_per_s": seen / elapsed})
-        print(f"epoch {epoch + 1}/{epochs}: loss {total_loss / seen:.4f}  test accuracy "
-              f"{100 * accuracy:.1f}% ({correct}/{count})  {seen} samples in {elapsed:.1f}s = "
-              f"{seen / elapsed:.0f} samples/s", flush=True)
+        history.append(
+            {
+                "epoch": epoch + 1,
+                "loss": total_loss / seen,
+                "accuracy": accuracy,
+                "samples": seen,
+                "samples_per_s": seen / elapsed,
+            }
+        )
+        print(
+            f"epoch {epoch + 1}/{epochs}: loss {total_loss / seen:.4f}  test accuracy "
+            f"{100 * accuracy:.1f}% ({correct}/{count})  {seen} samples in {elapsed:.1f}s = "
+            f"{seen / elapsed:.0f} samples/s",
+            flush=True,
+        )
     return {"accuracy": accuracy, "history": history, "model": model}
 
 
@@ -282,14 +312,23 @@ def process(written: dict, out: Path, engine: str, workers: int) -> dict:
     outputs = [str(dest / Path(u).name) for u in inputs]
     t0 = time.perf_counter()
     try:
-        reports = map_shards(upscale_sample, inputs, outputs, engine=engine, workers=workers,
-                             decode="pil", progress=False)
+        reports = map_shards(
+            upscale_sample,
+            inputs,
+            outputs,
+            engine=engine,
+            workers=workers,
+            decode="pil",
+            progress=False,
+        )
     except Exception as exn:  # show the failure, go on with the rest of the demo
         print(f"!! map_shards(engine={engine!r}) failed: {type(exn).__name__}: {exn}")
         return {"ok": False, "dir": dest}
     elapsed = time.perf_counter() - t0
-    print(f"map_shards(upscale_sample, {len(inputs)} shards, engine={engine!r}, "
-          f"workers={workers}): {elapsed:.1f}s")
+    print(
+        f"map_shards(upscale_sample, {len(inputs)} shards, engine={engine!r}, "
+        f"workers={workers}): {elapsed:.1f}s"
+    )
     print(format_summary(reports, elapsed))
     failed = [r for r in reports if r.status == "failed"]
     for r in failed:
@@ -309,18 +348,35 @@ def process_cli(written: dict, out: Path, workers: int) -> dict:
     exe = BIN / "tarshards"
     in_spec = "::".join([brace_spec(written["train"]), brace_spec(written["test"])])
     out_spec = "::".join(str(dest / Path(brace_spec(written[s])).name) for s in ("train", "test"))
-    args = ["map", "-f", "demo:upscale_sample", "--decode", "pil", "--engine", "dask",
-            "-p", str(workers), in_spec, "-o", out_spec]
-    print(f"$ PYTHONPATH={HERE} tarshards map -f demo:upscale_sample --decode pil --engine dask "
-          f"-p {workers} '{in_spec}' -o '{out_spec}'")
+    args = [
+        "map",
+        "-f",
+        "demo:upscale_sample",
+        "--decode",
+        "pil",
+        "--engine",
+        "dask",
+        "-p",
+        str(workers),
+        in_spec,
+        "-o",
+        out_spec,
+    ]
+    print(
+        f"$ PYTHONPATH={HERE} tarshards map -f demo:upscale_sample --decode pil --engine dask "
+        f"-p {workers} '{in_spec}' -o '{out_spec}'"
+    )
     if not exe.exists():
         print(f"  !! tarshards is not installed in {BIN}: SKIPPED")
         return {"ok": False, "dir": None}
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(HERE)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [str(HERE)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        ),
+    )
     t0 = time.perf_counter()
-    proc = subprocess.run([str(exe)] + args, capture_output=True, text=True, env=env,
-                          timeout=300)
+    proc = subprocess.run([str(exe)] + args, capture_output=True, text=True, env=env, timeout=300)
     elapsed = time.perf_counter() - t0
     for line in (proc.stdout + proc.stderr).rstrip().splitlines()[-12:]:
         print(f"  {line}")
@@ -352,16 +408,25 @@ def verify_processed(outputs: list[str]) -> bool:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", default="demo_out", help="output directory (default demo_out)")
     parser.add_argument("--epochs", type=int, default=12, help="training epochs (default 12)")
-    parser.add_argument("--workers", type=int, default=2,
-                        help="DataLoader workers and parallel processes (default 2)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="DataLoader workers and parallel processes (default 2)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--skip-dask", action="store_true", help="skip the Dask steps")
-    parser.add_argument("--min-accuracy", type=float, default=0.90,
-                        help="fail below this test accuracy (default 0.90)")
+    parser.add_argument(
+        "--min-accuracy",
+        type=float,
+        default=0.90,
+        help="fail below this test accuracy (default 0.90)",
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -388,8 +453,10 @@ def main(argv=None) -> int:
     timings["train"] = time.perf_counter() - t0
     model_path = out / "digits_cnn.pt"
     torch.save(trained["model"].state_dict(), model_path)
-    print(f"ACCURACY: {100 * trained['accuracy']:.1f}% on the test shards after {args.epochs} "
-          f"epochs (target >= 90%)")
+    print(
+        f"ACCURACY: {100 * trained['accuracy']:.1f}% on the test shards after {args.epochs} "
+        f"epochs (target >= 90%)"
+    )
 
     banner("4a. map_shards: resize to 64x64 on local processes")
     t0 = time.perf_counter()
@@ -409,11 +476,17 @@ def main(argv=None) -> int:
         timings["tarshards map dask"] = time.perf_counter() - t0
 
     timings["total"] = time.perf_counter() - start
-    (out / "summary.json").write_text(json.dumps({
-        "accuracy": trained["accuracy"], "history": trained["history"],
-        "timings_s": {k: round(v, 2) for k, v in timings.items()},
-        "shards": written,
-    }, indent=2))
+    (out / "summary.json").write_text(
+        json.dumps(
+            {
+                "accuracy": trained["accuracy"],
+                "history": trained["history"],
+                "timings_s": {k: round(v, 2) for k, v in timings.items()},
+                "shards": written,
+            },
+            indent=2,
+        )
+    )
 
     banner("outputs")
     print(f"train shards:        {brace_spec(written['train'])}")
@@ -430,8 +503,9 @@ def main(argv=None) -> int:
 
     problems = []
     if trained["accuracy"] < args.min_accuracy:
-        problems.append(f"test accuracy {100 * trained['accuracy']:.1f}% < "
-                        f"{100 * args.min_accuracy:.0f}%")
+        problems.append(
+            f"test accuracy {100 * trained['accuracy']:.1f}% < {100 * args.min_accuracy:.0f}%"
+        )
     if inspected.get("tarcheck") not in (0,):
         problems.append("tarcheck did not pass")
     if inspected["sheet"] is None:

@@ -34,8 +34,16 @@ from tarshards import TarWriter, WebDataset
 
 BIN = Path(sys.executable).parent  # the installed command-line tools live next to python
 NSHARDS, PER_SHARD = 4, 40
-CLASSES = {852: "tennis ball", 902: "whistle", 951: "lemon", 34: "leatherback turtle",
-           285: "Egyptian cat", 589: "hand blower", 270: "white wolf", 233: "Bouvier des Flandres"}
+CLASSES = {
+    852: "tennis ball",
+    902: "whistle",
+    951: "lemon",
+    34: "leatherback turtle",
+    285: "Egyptian cat",
+    589: "hand blower",
+    270: "white wolf",
+    233: "Bouvier des Flandres",
+}
 
 
 def cell(title: str) -> None:
@@ -63,13 +71,18 @@ def make_shards(out: Path, seed: int = 0, per_shard: int = PER_SHARD) -> str:
                 cls = classes[int(rng.integers(len(classes)))]
                 synset = f"n{3000000 + cls * 1000:08d}"
                 key = f"{synset}_{s * per_shard + i}"
-                sink.write({
-                    "__key__": key,
-                    "jpg": make_image(rng),
-                    "cls": cls,
-                    "json": {"annotation": {"folder": synset, "filename": key},
-                             "cls": cls, "cname": CLASSES[cls]},
-                })
+                sink.write(
+                    {
+                        "__key__": key,
+                        "jpg": make_image(rng),
+                        "cls": cls,
+                        "json": {
+                            "annotation": {"folder": synset, "filename": key},
+                            "cls": cls,
+                            "cname": CLASSES[cls],
+                        },
+                    }
+                )
     return str(out / f"imagenet_train-{{0000..{NSHARDS - 1:04d}}}.tgz")
 
 
@@ -84,8 +97,9 @@ STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
 def resize_shorter(img: Image.Image, size: int) -> Image.Image:
     w, h = img.size
     scale = size / min(w, h)
-    return img.resize((max(size, round(w * scale)), max(size, round(h * scale))),
-                      Image.Resampling.BILINEAR)
+    return img.resize(
+        (max(size, round(w * scale)), max(size, round(h * scale))), Image.Resampling.BILINEAR
+    )
 
 
 def augment(img: Image.Image) -> torch.Tensor:
@@ -110,9 +124,9 @@ def minus_one(x):
 
 
 def process_sample(sample: dict) -> dict:
-    return dict(__key__=sample["__key__"],
-                png=sample["jpg"].resize((256, 256)),
-                cls=str(sample["cls"]))
+    return dict(
+        __key__=sample["__key__"], png=sample["jpg"].resize((256, 256)), cls=str(sample["cls"])
+    )
 
 
 def process_shard(input_shard: str, output_shard: str) -> dict:
@@ -128,8 +142,9 @@ def process_shard(input_shard: str, output_shard: str) -> dict:
 def sh(cmd: str, cwd: Path) -> None:
     print(f"$ {cmd}")
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-    proc = subprocess.run(cmd, shell=True, cwd=cwd, env=env, capture_output=True, text=True,
-                          executable="/bin/bash")
+    proc = subprocess.run(
+        cmd, shell=True, cwd=cwd, env=env, capture_output=True, text=True, executable="/bin/bash"
+    )
     out = (proc.stdout + proc.stderr).rstrip()
     if out:
         print(out)
@@ -141,10 +156,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="seed_out", help="working directory (default seed_out)")
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers/processes")
-    parser.add_argument("--per-shard", type=int, default=PER_SHARD,
-                        help=f"samples per shard (default {PER_SHARD}, at least 16)")
-    parser.add_argument("--dask", action="store_true",
-                        help="also run the per-shard job on a local Dask cluster")
+    parser.add_argument(
+        "--per-shard",
+        type=int,
+        default=PER_SHARD,
+        help=f"samples per shard (default {PER_SHARD}, at least 16)",
+    )
+    parser.add_argument(
+        "--dask", action="store_true", help="also run the per-shard job on a local Dask cluster"
+    )
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     if out.exists():
@@ -181,22 +201,25 @@ def main(argv=None) -> int:
     print(image.shape, image.min().item(), image.max().item(), image.dtype)
 
     cell('decoder="pil", transforms=[augment, lambda x: x-1]')
-    imagenet = WebDataset(urls, extensions="jpg cls", decoder="pil",
-                          transforms=[augment, minus_one])
+    imagenet = WebDataset(
+        urls, extensions="jpg cls", decoder="pil", transforms=[augment, minus_one]
+    )
     for image, cls in imagenet:
         break
     print(cls, image.shape, image.dtype)
 
     cell("shuffle=100")
-    imagenet = WebDataset(urls, shuffle=100, extensions="jpg cls", decoder="pil",
-                          transforms=[augment, minus_one])
+    imagenet = WebDataset(
+        urls, shuffle=100, extensions="jpg cls", decoder="pil", transforms=[augment, minus_one]
+    )
     for image, cls in imagenet:
         break
     print(cls)
 
     cell(f"DataLoader(imagenet, batch_size=16, num_workers={args.workers})")
-    imagenet = WebDataset(urls, extensions="jpg cls", decoder="pil",
-                          transforms=[augment, minus_one])
+    imagenet = WebDataset(
+        urls, extensions="jpg cls", decoder="pil", transforms=[augment, minus_one]
+    )
     loader = DataLoader(imagenet, batch_size=16, num_workers=args.workers)
     images, classes = next(iter(loader))
     print(images.size(), classes.size())
@@ -209,11 +232,15 @@ def main(argv=None) -> int:
     raw = out / "raw" / "train"
     raw.mkdir(parents=True)
     sh(f"tar -xzf {first} -C raw/train", out)
-    sh("tar -cf - --sort=name -C raw train | tarsplit -s 2e5 -o imagenet_resplit --maxshards 2",
-       out)
+    sh(
+        "tar -cf - --sort=name -C raw train | tarsplit -s 2e5 -o imagenet_resplit --maxshards 2",
+        out,
+    )
     sh("tarshow -c 2 small.tar", out)
-    resize = ('python -c "import glob; from PIL import Image; '
-              '[Image.open(f).resize((256, 256)).save(f) for f in glob.glob(\\"*.jpg\\")]"')
+    resize = (
+        'python -c "import glob; from PIL import Image; '
+        '[Image.open(f).resize((256, 256)).save(f) for f in glob.glob(\\"*.jpg\\")]"'
+    )
     sh(f"tarproc -p 5 -c '{resize}' small.tar > out.tar", out)
     sh("tar2tsv -f jpg -c 3 out.tar", out)
 
@@ -225,8 +252,9 @@ def main(argv=None) -> int:
 
     cell(f"processing from Python: multiprocessing.Pool({args.workers}).imap_unordered")
     with mp.Pool(args.workers) as pool:
-        processed = pool.imap_unordered(process_sample,
-                                        WebDataset(str(out / "small.tar"), decoder="pil"))
+        processed = pool.imap_unordered(
+            process_sample, WebDataset(str(out / "small.tar"), decoder="pil")
+        )
         with TarWriter(str(out / "out2.tar")) as sink:
             for sample in processed:
                 sink.write(sample)
@@ -235,12 +263,20 @@ def main(argv=None) -> int:
     cell("per-shard jobs in parallel: distributed_map_unordered(process_shard, shards)")
     from tarshards.parallel import format_summary, map_shard_files
 
-    shards = [(str(out / f"imagenet_train-{i:04d}.tgz"), str(out / f"rescaled-{i:04d}.tar"))
-              for i in range(NSHARDS)]
+    shards = [
+        (str(out / f"imagenet_train-{i:04d}.tgz"), str(out / f"rescaled-{i:04d}.tar"))
+        for i in range(NSHARDS)
+    ]
     engines = ["processes"] + (["dask"] if args.dask else [])
     for engine in engines:
-        reports = map_shard_files(process_shard, shards, engine=engine, workers=args.workers,
-                                  overwrite=True, progress=False)
+        reports = map_shard_files(
+            process_shard,
+            shards,
+            engine=engine,
+            workers=args.workers,
+            overwrite=True,
+            progress=False,
+        )
         print(f"engine={engine!r}")
         print(format_summary(reports))
     sizes = {s["png"].size for s in WebDataset(str(out / "rescaled-0000.tar"), decoder="pil")}

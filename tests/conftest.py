@@ -24,17 +24,24 @@ def make_samples(n: int, start: int = 0, prefix: str = "sample"):
     """``n`` samples with jpg, cls and json fields (bytes), keys ``{prefix}{i:06d}``."""
     out = []
     for i in range(start, start + n):
-        out.append({
-            "__key__": f"{prefix}{i:06d}",
-            "jpg": make_jpeg(i),
-            "cls": str(i % 10).encode(),
-            "json": json.dumps({"i": i, "label": i % 10}).encode(),
-        })
+        out.append(
+            {
+                "__key__": f"{prefix}{i:06d}",
+                "jpg": make_jpeg(i),
+                "cls": str(i % 10).encode(),
+                "json": json.dumps({"i": i, "label": i % 10}).encode(),
+            }
+        )
     return out
 
 
-def write_shards(directory, nshards: int, per_shard: int, pattern: str = "shard-{:04d}.tar",
-                 prefix: str = "sample"):
+def write_shards(
+    directory,
+    nshards: int,
+    per_shard: int,
+    pattern: str = "shard-{:04d}.tar",
+    prefix: str = "sample",
+):
     """Write ``nshards`` shards of ``per_shard`` samples; returns (paths, samples)."""
     paths, samples = [], []
     for s in range(nshards):

@@ -16,10 +16,19 @@ from tarshards.torch import WebDataset, WebLoader
 
 cfg = json.load(open(sys.argv[1]))
 rank = int(sys.argv[2])
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank,
-                        world_size=cfg["world"], timeout=timedelta(seconds=cfg["timeout"]))
-ds = (WebDataset(cfg["urls"], shardshuffle=True, seed=5, readers=cfg["readers"])
-      .shuffle(4).to_tuple("__key__", "__pad__").batched(cfg["batch"]))
+dist.init_process_group(
+    "gloo",
+    init_method=f"tcp://127.0.0.1:{cfg['port']}",
+    rank=rank,
+    world_size=cfg["world"],
+    timeout=timedelta(seconds=cfg["timeout"]),
+)
+ds = (
+    WebDataset(cfg["urls"], shardshuffle=True, seed=5, readers=cfg["readers"])
+    .shuffle(4)
+    .to_tuple("__key__", "__pad__")
+    .batched(cfg["batch"])
+)
 loader = WebLoader(ds, batch_size=None, num_workers=cfg["num_workers"])
 if cfg.get("load"):
     loader.load_state_dict(torch.load(cfg["load"], weights_only=True))
@@ -37,6 +46,8 @@ state = loader.state_dict()
 if rank == 0 and cfg.get("save"):
     torch.save(state, cfg["save"])
 dist.barrier()
-json.dump({"steps": steps, "keys": keys, "pads": pads, "len": len(loader)},
-          open(cfg["out"].format(rank=rank), "w"))
+json.dump(
+    {"steps": steps, "keys": keys, "pads": pads, "len": len(loader)},
+    open(cfg["out"].format(rank=rank), "w"),
+)
 dist.destroy_process_group()

@@ -51,8 +51,9 @@ def check_report(report, *, stage_names, loader):
 def test_bench_pipeline_measures_each_stage(shards):
     ds = WebDataset(shards).decode("rgb8").to_tuple("jpg", "cls").batched(8)
     report = bench_pipeline(shards, ds, max_samples=60, seconds_per_stage=2, workers=0)
-    check_report(report, stage_names=["read + group", "decode", "to_tuple", "batched"],
-                 loader=False)
+    check_report(
+        report, stage_names=["read + group", "decode", "to_tuple", "batched"], loader=False
+    )
     assert report["stages"][1]["samples"] == 60  # batches of 8 count as 8 samples
     # decoding JPEGs costs more per sample than grouping their bytes
     assert report["stages"][1]["stage_us_per_sample"] > report["stages"][2]["stage_us_per_sample"]
@@ -63,21 +64,24 @@ def test_bench_pipeline_measures_each_stage(shards):
 def test_bench_with_a_loader(shards):
     pytest.importorskip("torch")
     ds = WebDataset(shards).decode("rgb8").to_tuple("jpg", "cls")
-    report = bench_pipeline(shards, ds, max_samples=40, seconds_per_stage=2, workers=1,
-                            batch_size=8)
+    report = bench_pipeline(
+        shards, ds, max_samples=40, seconds_per_stage=2, workers=1, batch_size=8
+    )
     check_report(report, stage_names=["read + group", "decode", "to_tuple"], loader=True)
     assert report["loader"]["batch_size"] == 8
 
 
 def test_any_iterable_is_timed_whole(shards):
-    report = bench_pipeline(shards, list(WebDataset(shards)), max_samples=30,
-                            seconds_per_stage=1, workers=0)
+    report = bench_pipeline(
+        shards, list(WebDataset(shards)), max_samples=30, seconds_per_stage=1, workers=0
+    )
     assert [s["name"] for s in report["stages"]] == ["pipeline"]
 
 
 def test_plot_is_a_png(shards, tmp_path):
-    report = bench_pipeline(shards, WebDataset(shards).decode("pil"), max_samples=20,
-                            seconds_per_stage=1, workers=0)
+    report = bench_pipeline(
+        shards, WebDataset(shards).decode("pil"), max_samples=20, seconds_per_stage=1, workers=0
+    )
     plot_report(report, str(tmp_path / "chart.png"))
     with Image.open(tmp_path / "chart.png") as img:
         assert img.format == "PNG" and img.width > 100
@@ -87,38 +91,66 @@ def test_diagnosis_names_the_slowest_stage():
     def stage(name, us):
         return {"name": name, "stage_us_per_sample": us, "samples_per_s": 1e6 / us}
 
-    base = {"raw_read": {"ratio": 0.9, "reference": "cat", "mb_per_s": 900,
-                         "reference_mb_per_s": 1000}, "loader": None}
-    report = dict(base, stages=[stage("read + group", 5), stage("decode", 200),
-                                stage("to_tuple", 1)])
+    base = {
+        "raw_read": {"ratio": 0.9, "reference": "cat", "mb_per_s": 900, "reference_mb_per_s": 1000},
+        "loader": None,
+    }
+    report = dict(
+        base, stages=[stage("read + group", 5), stage("decode", 200), stage("to_tuple", 1)]
+    )
     name, text = diagnose(report)
     assert name == "decode" and text.startswith("decoding bounds you: add workers")
     report = dict(base, stages=[stage("read + group", 5), stage("map (transforms)", 90)])
     assert diagnose(report)[0] == "transforms"
-    slow_disk = dict(base, raw_read={"ratio": 0.2, "reference": "cat", "mb_per_s": 100,
-                                     "reference_mb_per_s": 500},
-                     stages=[stage("read + group", 50), stage("decode", 10)])
+    slow_disk = dict(
+        base,
+        raw_read={"ratio": 0.2, "reference": "cat", "mb_per_s": 100, "reference_mb_per_s": 500},
+        stages=[stage("read + group", 50), stage("decode", 10)],
+    )
     name, text = diagnose(slow_disk)
     assert name == "read" and "100 MB/s against cat's 500 MB/s" in text
-    loader = dict(base, stages=[stage("read + group", 5), stage("decode", 50)],
-                  loader={"workers": 2, "vs_one_process": 0.5, "batch_size": 64})
+    loader = dict(
+        base,
+        stages=[stage("read + group", 5), stage("decode", 50)],
+        loader={"workers": 2, "vs_one_process": 0.5, "batch_size": 64},
+    )
     name, text = diagnose(loader)
     assert name == "loader" and "batch inside the dataset" in text
 
 
 def run_bench(*args):
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    return subprocess.run([str(BIN / "tarshards"), "bench", *args], capture_output=True,
-                          text=True, env=env, timeout=300)
+    return subprocess.run(
+        [str(BIN / "tarshards"), "bench", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 def test_cli_json(shards):
-    out = run_bench(shards[0], "--decode", "rgb8", "--to-tuple", "jpg cls", "--batch-size", "4",
-                    "-n", "30", "--seconds", "1", "--workers", "0", "--json")
+    out = run_bench(
+        shards[0],
+        "--decode",
+        "rgb8",
+        "--to-tuple",
+        "jpg cls",
+        "--batch-size",
+        "4",
+        "-n",
+        "30",
+        "--seconds",
+        "1",
+        "--workers",
+        "0",
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
-    check_report(report, stage_names=["read + group", "decode", "to_tuple", "batched"],
-                 loader=False)
+    check_report(
+        report, stage_names=["read + group", "decode", "to_tuple", "batched"], loader=False
+    )
 
 
 def test_cli_on_the_demo_shards(tmp_path):
@@ -131,14 +163,35 @@ def test_cli_on_the_demo_shards(tmp_path):
         sys.path.pop(0)
     written = demo.write_shards(tmp_path, 0)
     spec = demo.brace_spec(written["train"])
-    out = run_bench(spec, "--decode", "pil", "--to-tuple", "png cls", "--shuffle", "50", "-n",
-                    "100", "--seconds", "1", "--workers", "0", "--plot",
-                    str(tmp_path / "bench.png"))
+    out = run_bench(
+        spec,
+        "--decode",
+        "pil",
+        "--to-tuple",
+        "png cls",
+        "--shuffle",
+        "50",
+        "-n",
+        "100",
+        "--seconds",
+        "1",
+        "--workers",
+        "0",
+        "--plot",
+        str(tmp_path / "bench.png"),
+    )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].startswith("tarshards bench: ") and "(4 shards)" in lines[0]
-    for name in ("raw read", "read + group", "shuffle", "decode", "to_tuple", "first sample",
-                 "peak memory"):
+    for name in (
+        "raw read",
+        "read + group",
+        "shuffle",
+        "decode",
+        "to_tuple",
+        "first sample",
+        "peak memory",
+    ):
         assert any(line.strip().startswith(name) for line in lines), (name, out.stdout)
     assert lines[-1].strip().startswith("bottleneck") and "bound" in lines[-1]
     assert (tmp_path / "bench.png").stat().st_size > 0
@@ -158,8 +211,9 @@ def test_remote_shards_are_compared_with_a_plain_get(shards):
     root = os.path.dirname(shards[0])
     with load_servers().HTTPFileServer(root) as srv:
         urls = [f"{srv.url}/{os.path.basename(p)}" for p in shards]
-        report = bench_pipeline(urls, WebDataset(urls).decode("rgb8"), max_samples=30,
-                                seconds_per_stage=2, workers=0)
+        report = bench_pipeline(
+            urls, WebDataset(urls).decode("rgb8"), max_samples=30, seconds_per_stage=2, workers=0
+        )
         assert srv.gets() >= 2 * len(urls)  # ours and the reference read every shard
     raw = report["raw_read"]
     assert raw["reference"] == "GET" and raw["bytes"] == sum(os.path.getsize(p) for p in shards)

@@ -75,9 +75,15 @@ def test_four_processes_download_each_shard_once(tmp_path):
     # a slow server, so that the four readers want the same shard at the same time
     with servers.HTTPFileServer(root, delay=0.02, chunk=16 << 10) as srv:
         urls = [f"{srv.url}/{os.path.basename(p)}" for p in paths]
-        procs = [subprocess.Popen([sys.executable, "-c", _READER, json.dumps(urls), cache, go],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for _ in range(4)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", _READER, json.dumps(urls), cache, go],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(4)
+        ]
         time.sleep(0.5)  # let them import
         open(go, "w").close()
         outs = [p.communicate(timeout=120) for p in procs]
@@ -103,12 +109,14 @@ def test_lru_eviction_beyond_the_limit(served, tmp_path):
     assert srv.gets(_path(a)) == 1
     read(c)  # three shards do not fit: b, the least recently used, goes
     assert sorted(os.path.basename(p) for p, _, _ in cache.entries()) == sorted(
-        cache_name(u) for u in (a, c))
+        cache_name(u) for u in (a, c)
+    )
     assert cache.size() <= cache.max_bytes
     assert read(b) == _keys(samples[30:60])
     assert srv.gets(_path(b)) == 2 and srv.gets(_path(c)) == 1
     assert sorted(os.path.basename(p) for p, _, _ in cache.entries()) == sorted(
-        cache_name(u) for u in (c, b))
+        cache_name(u) for u in (c, b)
+    )
 
 
 def test_samples_stream_while_the_shard_is_cached(served, tmp_path):
@@ -122,8 +130,10 @@ def test_samples_stream_while_the_shard_is_cached(served, tmp_path):
     rest = list(it)
     assert len(rest) == 29
     assert os.path.exists(final) and not os.path.exists(final + ".part")
-    with open(final, "rb") as f, open(os.path.join(os.path.dirname(srv.root), "www",
-                                                   "shard-0000.tar"), "rb") as g:
+    with (
+        open(final, "rb") as f,
+        open(os.path.join(os.path.dirname(srv.root), "www", "shard-0000.tar"), "rb") as g,
+    ):
         assert f.read() == g.read()
 
 
@@ -199,8 +209,15 @@ def test_looks_like_shard():
 
 def test_cache_sizes(tmp_path):
     """max_bytes= reads sizes with tarshards.format.parse_size: GB decimal, GiB binary."""
-    sizes = {None: None, 1000: 1000, 1.5e3: 1500, "500M": 500 * 10**6, "20GB": 20 * 10**9,
-             "1.5 GiB": int(1.5 * (1 << 30)), 0: 0}
+    sizes = {
+        None: None,
+        1000: 1000,
+        1.5e3: 1500,
+        "500M": 500 * 10**6,
+        "20GB": 20 * 10**9,
+        "1.5 GiB": int(1.5 * (1 << 30)),
+        0: 0,
+    }
     for given, expected in sizes.items():
         assert ShardCache(tmp_path / "cache", max_bytes=given).max_bytes == expected
     with pytest.raises(ValueError):

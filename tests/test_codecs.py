@@ -55,18 +55,20 @@ def test_int_rejects_non_ints():
 
 @pytest.mark.parametrize("ext", ["json", "jsn"])
 def test_json(ext):
-    value = {"a": [1, 2.5, None, "x"], "b": {"c": True}, "n": np.int32(4),
-             "arr": np.arange(3)}
+    value = {"a": [1, 2.5, None, "x"], "b": {"c": True}, "n": np.int32(4), "arr": np.arange(3)}
     got = decode_value(encode_value(value, ext), ext)
     assert got == {"a": [1, 2.5, None, "x"], "b": {"c": True}, "n": 4, "arr": [0, 1, 2]}
 
 
-@pytest.mark.parametrize("arr", [
-    np.arange(12, dtype=np.float32).reshape(3, 4),
-    np.array([1, 2, 3], dtype=np.uint8),
-    np.zeros((0, 5), dtype=np.int64),
-    np.array(3.5),
-])
+@pytest.mark.parametrize(
+    "arr",
+    [
+        np.arange(12, dtype=np.float32).reshape(3, 4),
+        np.array([1, 2, 3], dtype=np.uint8),
+        np.zeros((0, 5), dtype=np.int64),
+        np.array(3.5),
+    ],
+)
 def test_npy(arr):
     got = decode_value(encode_value(arr, "npy"), "npy")
     assert got.dtype == arr.dtype and got.shape == arr.shape
@@ -314,8 +316,9 @@ def test_pil_jpegs_over_the_decoded_buffer_behave_as_pillows_own():
     back = pickle.loads(pickle.dumps(got))
     np.testing.assert_array_equal(np.asarray(back), np.asarray(own))
     np.testing.assert_array_equal(np.asarray(got.convert("L")), np.asarray(own.convert("L")))
-    np.testing.assert_array_equal(np.asarray(got.resize((20, 15))),
-                                  np.asarray(own.resize((20, 15))))
+    np.testing.assert_array_equal(
+        np.asarray(got.resize((20, 15))), np.asarray(own.resize((20, 15)))
+    )
     assert got.convert("RGBA").getpixel((3, 4))[3] == 255
     other = decode_value(data, "jpg", image_mode="pil")
     got.putpixel((0, 0), (1, 2, 3))  # copy-on-write: the next image is not touched

@@ -132,8 +132,12 @@ class Tag(wds.PipelineStage):
 
 def test_custom_pipeline_stage(eight):
     paths, _ = eight
-    ds = wds.DataPipeline(wds.SimpleShardList(paths[:1]), wds.tarfile_to_samples(), Tag("x"),
-                          wds.to_tuple("tag", "cls"))
+    ds = wds.DataPipeline(
+        wds.SimpleShardList(paths[:1]),
+        wds.tarfile_to_samples(),
+        Tag("x"),
+        wds.to_tuple("tag", "cls"),
+    )
     got = list(ds)
     assert len(got) == 10 and all(t == "x" for t, _ in got)
     assert isinstance(ds.stage(2), Tag)
@@ -165,12 +169,12 @@ def test_own_tarfile_to_samples_from_the_building_blocks(eight):
         files = wds.tar_file_expander(streams, handler=handler)
         return group_by_keys_nothrow(files)
 
-    ds = wds.DataPipeline(wds.SimpleShardList(paths), tarfile_to_samples_nothrow,
-                          wds.to_tuple("__key__"))
+    ds = wds.DataPipeline(
+        wds.SimpleShardList(paths), tarfile_to_samples_nothrow, wds.to_tuple("__key__")
+    )
     assert keys_of(ds) == sorted(s["__key__"] for s in samples)
     assert wds.base_plus_ext("a/b.seg.png") == ("a/b", "seg.png")
-    grouped = list(wds.group_by_keys(wds.tar_file_expander(wds.url_opener(
-        [{"url": paths[0]}]))))
+    grouped = list(wds.group_by_keys(wds.tar_file_expander(wds.url_opener([{"url": paths[0]}]))))
     assert [s["__key__"] for s in grouped] == [s["__key__"] for s in samples[:10]]
 
 
@@ -182,18 +186,26 @@ def openclip_pipeline(urls, *, rank=None, world_size=None, epoch_batches=5, resa
     if resampled:
         stages = [wds.ResampledShards(urls, deterministic=True, seed=3)]
     else:
-        splitter = (wds.split_by_node if rank is None else
-                    functools.partial(wds.split_by_node, rank=rank, world_size=world_size))
-        stages = [wds.SimpleShardList(urls), wds.detshuffle(bufsize=100, initial=10, seed=3),
-                  splitter, wds.split_by_worker]
+        splitter = (
+            wds.split_by_node
+            if rank is None
+            else functools.partial(wds.split_by_node, rank=rank, world_size=world_size)
+        )
+        stages = [
+            wds.SimpleShardList(urls),
+            wds.detshuffle(bufsize=100, initial=10, seed=3),
+            splitter,
+            wds.split_by_worker,
+        ]
     stages += [
         wds.tarfile_to_samples(handler=wds.warn_and_continue),
         wds.shuffle(20, initial=5),
         wds.select(lambda s: "jpg" in s and "json" in s),
         wds.decode("pilrgb", handler=wds.warn_and_continue),
         wds.rename(image="jpg;png;jpeg;webp", text="txt;json", key="__key__"),
-        wds.map_dict(image=lambda im: torch.from_numpy(np.array(im)).permute(2, 0, 1),
-                     text=lambda t: t["i"]),
+        wds.map_dict(
+            image=lambda im: torch.from_numpy(np.array(im)).permute(2, 0, 1), text=lambda t: t["i"]
+        ),
         wds.to_tuple("image", "text", "key"),
         wds.batched(4, partial=False),
     ]
@@ -201,8 +213,9 @@ def openclip_pipeline(urls, *, rank=None, world_size=None, epoch_batches=5, resa
 
 
 def run_loader(pipeline, epochs=1):
-    loader = wds.WebLoader(pipeline, batch_size=None, shuffle=False, num_workers=2,
-                           persistent_workers=True)
+    loader = wds.WebLoader(
+        pipeline, batch_size=None, shuffle=False, num_workers=2, persistent_workers=True
+    )
     out = []
     for _ in range(epochs):
         out.append([batch for batch in loader])
@@ -267,12 +280,20 @@ def test_openclip_pipeline_two_gloo_ranks(eight, tmp_path):
 
     paths, samples = eight
     script = tmp_path / "rank.py"
-    script.write_text(GLOO_SCRIPT.format(tests=os.path.dirname(__file__), port=free_port(),
-                                         paths=paths))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [SRC] + sys.path))
-    procs = [subprocess.Popen([sys.executable, str(script), str(r)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, env=env, text=True) for r in range(2)]
+    script.write_text(
+        GLOO_SCRIPT.format(tests=os.path.dirname(__file__), port=free_port(), paths=paths)
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC] + sys.path))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(r)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        for r in range(2)
+    ]
     results = []
     try:
         for p in procs:
@@ -293,8 +314,12 @@ def test_openclip_pipeline_two_gloo_ranks(eight, tmp_path):
 
 def test_webdataset_fluent_and_context_manager(eight):
     paths, samples = eight
-    with wds.WebDataset(paths, shardshuffle=100).shuffle(5).decode("rgb").to_tuple(
-            "png;jpg", "cls", "__key__") as ds:
+    with (
+        wds.WebDataset(paths, shardshuffle=100)
+        .shuffle(5)
+        .decode("rgb")
+        .to_tuple("png;jpg", "cls", "__key__") as ds
+    ):
         got = list(ds)
     assert sorted(k for *_, k in got) == sorted(s["__key__"] for s in samples)
     assert got[0][0].dtype == np.float32
@@ -319,8 +344,13 @@ def test_webloader_fluent_methods(eight):
 @needs_torch
 def test_dataloader_over_a_pipeline(eight):
     paths, _ = eight
-    ds = wds.DataPipeline(wds.SimpleShardList(paths), wds.split_by_worker,
-                          wds.tarfile_to_samples(), wds.decode(), wds.to_tuple("cls"))
+    ds = wds.DataPipeline(
+        wds.SimpleShardList(paths),
+        wds.split_by_worker,
+        wds.tarfile_to_samples(),
+        wds.decode(),
+        wds.to_tuple("cls"),
+    )
     loader = torch.utils.data.DataLoader(ds, num_workers=2, batch_size=3)
     unbatched = wds.DataPipeline(loader, wds.unbatched())
     assert len(list(unbatched)) == 80
@@ -353,7 +383,9 @@ def test_env_vars_in_specs_only_when_asked(tmp_path, monkeypatch):
     monkeypatch.setenv("WDS_ROOT", str(tmp_path))
     assert wds.SimpleShardList("${ROOT}/a.tar").urls == ["${ROOT}/a.tar"]
     assert wds.SimpleShardList("${ROOT}/a-{0..1}.tar", expand_env=True).urls == [
-        f"{tmp_path}/a-0.tar", f"{tmp_path}/a-1.tar"]
+        f"{tmp_path}/a-0.tar",
+        f"{tmp_path}/a-1.tar",
+    ]
     with pytest.raises(ValueError, match="WDS_NOPE"):
         wds.SimpleShardList("${NOPE}/a.tar", expand_env=True)
 
@@ -378,8 +410,12 @@ def test_corrupt_shard_is_a_tarfile_read_error(tmp_path, eight):
     bad.write_bytes(open(paths[0], "rb").read()[:2500])  # inside a member's data
     with pytest.raises(tarfile.ReadError):
         list(wds.DataPipeline(wds.SimpleShardList([str(bad)]), wds.tarfile_to_samples()))
-    got = list(wds.DataPipeline(wds.SimpleShardList([str(bad), paths[1]]),
-                                wds.tarfile_to_samples(handler=wds.ignore_and_continue)))
+    got = list(
+        wds.DataPipeline(
+            wds.SimpleShardList([str(bad), paths[1]]),
+            wds.tarfile_to_samples(handler=wds.ignore_and_continue),
+        )
+    )
     assert len(got) >= 10
 
 
@@ -398,18 +434,33 @@ def test_pipe_refused_unless_allowed(tmp_path, eight):
         list(wds.WebDataset(f"pipe:cat {paths[0]}", shardshuffle=False))
     # a handler that continues does not swallow the refusal: it is not a data error
     with pytest.raises(PipeNotAllowedError):
-        list(wds.DataPipeline(wds.SimpleShardList(f"pipe:cat {paths[0]}"),
-                              wds.tarfile_to_samples(handler=wds.ignore_and_stop)))
-    assert len(list(wds.WebDataset(f"pipe:cat {paths[0]}", shardshuffle=False,
-                                   allow_pipe=True))) == 10
-    assert len(list(wds.DataPipeline(wds.SimpleShardList(f"pipe:cat {paths[0]}"),
-                                     wds.tarfile_to_samples(allow_pipe=True)))) == 10
+        list(
+            wds.DataPipeline(
+                wds.SimpleShardList(f"pipe:cat {paths[0]}"),
+                wds.tarfile_to_samples(handler=wds.ignore_and_stop),
+            )
+        )
+    assert (
+        len(list(wds.WebDataset(f"pipe:cat {paths[0]}", shardshuffle=False, allow_pipe=True))) == 10
+    )
+    assert (
+        len(
+            list(
+                wds.DataPipeline(
+                    wds.SimpleShardList(f"pipe:cat {paths[0]}"),
+                    wds.tarfile_to_samples(allow_pipe=True),
+                )
+            )
+        )
+        == 10
+    )
     with pytest.raises(PipeNotAllowedError, match="allow_pipe=True"):
         wds.TarWriter(f"pipe:cat > {tmp_path}/p.tar")
     with wds.TarWriter(f"pipe:cat > {tmp_path}/p.tar", allow_pipe=True) as sink:
         sink.write({"__key__": "a", "txt": "hello", "cls": 3})
-    (sample,) = wds.DataPipeline(wds.SimpleShardList(f"{tmp_path}/p.tar"), wds.tarfile_samples,
-                                 wds.decode())
+    (sample,) = wds.DataPipeline(
+        wds.SimpleShardList(f"{tmp_path}/p.tar"), wds.tarfile_samples, wds.decode()
+    )
     assert sample["txt"] == "hello" and sample["cls"] == 3
 
 
@@ -431,13 +482,13 @@ def test_handlers_are_tarshards_own():
 
 def test_pipeline_handler_reaches_curried_filters():
     """A curried filter that takes only handler= (webdataset's) gets the pipeline's policy."""
+
     def f(x):
         if x == 2:
             raise ValueError("bad")
         return x * 10
 
-    pipeline = wds.DataPipeline(lambda: iter(range(5)), wds.map(f),
-                                handler=wds.ignore_and_continue)
+    pipeline = wds.DataPipeline(lambda: iter(range(5)), wds.map(f), handler=wds.ignore_and_continue)
     assert list(pipeline) == [0, 10, 30, 40]
     with pytest.raises(ValueError, match="bad"):
         list(wds.DataPipeline(lambda: iter(range(5)), wds.map(f)))
@@ -449,13 +500,19 @@ def test_pipeline_handler_reaches_curried_filters():
 @needs_torch
 def test_image_handler_and_decode_handlers(eight):
     paths, _ = eight
-    ds = wds.DataPipeline(wds.SimpleShardList(paths[:1]), wds.tarfile_samples,
-                          wds.decode(wds.autodecode.ImageHandler("torchrgb")),
-                          wds.to_tuple("jpg", "cls"))
+    ds = wds.DataPipeline(
+        wds.SimpleShardList(paths[:1]),
+        wds.tarfile_samples,
+        wds.decode(wds.autodecode.ImageHandler("torchrgb")),
+        wds.to_tuple("jpg", "cls"),
+    )
     image, cls = next(iter(ds))
     assert image.shape == (3, 24, 32) and image.dtype == torch.float32 and isinstance(cls, int)
-    ds = wds.WebDataset(paths[:1], shardshuffle=False).decode(
-        wds.handle_extension("jpg", len), wds.imagehandler("l8")).to_tuple("jpg")
+    ds = (
+        wds.WebDataset(paths[:1], shardshuffle=False)
+        .decode(wds.handle_extension("jpg", len), wds.imagehandler("l8"))
+        .to_tuple("jpg")
+    )
     assert isinstance(next(iter(ds))[0], int)
 
 
@@ -494,10 +551,16 @@ def test_shards_written_by_compat_read_by_webdataset(tmp_path):
     with wds.TarWriter(str(tmp_path / "x.tar")) as sink:
         for i in range(5):
             sink.write({"__key__": f"k{i}", "cls": i, "txt": f"t{i}"})
-    theirs = list(real.WebDataset(str(tmp_path / "x.tar"), shardshuffle=False).decode()
-                  .to_tuple("__key__", "cls", "txt"))
-    ours = list(wds.WebDataset(str(tmp_path / "x.tar"), shardshuffle=False).decode()
-                .to_tuple("__key__", "cls", "txt"))
+    theirs = list(
+        real.WebDataset(str(tmp_path / "x.tar"), shardshuffle=False)
+        .decode()
+        .to_tuple("__key__", "cls", "txt")
+    )
+    ours = list(
+        wds.WebDataset(str(tmp_path / "x.tar"), shardshuffle=False)
+        .decode()
+        .to_tuple("__key__", "cls", "txt")
+    )
     assert ours == theirs == [(f"k{i}", i, f"t{i}") for i in range(5)]
 
 
@@ -511,16 +574,25 @@ def test_compat_without_torch(tmp_path, eight):
         f"ds = wds.DataPipeline(wds.SimpleShardList({paths!r}), wds.split_by_node,\n"
         "    wds.split_by_worker, wds.tarfile_to_samples(), wds.shuffle(10), wds.decode('rgb8'),\n"
         "    wds.to_tuple('jpg', 'cls'), wds.batched(5))\n"
-        "print(sum(len(c) for _, c in ds), wds.pytorch_worker_info())\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=dict(os.environ, PYTHONPATH=os.pathsep.join([SRC] + sys.path)))
+        "print(sum(len(c) for _, c in ds), wds.pytorch_worker_info())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join([SRC] + sys.path)),
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split("\n")[0] == "80 (0, 1, 0, 1)"
 
 
 def test_import_tarshards_alone_stays_light():
     code = "import sys, tarshards; print('tarshards.compat' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                             [SRC] + sys.path)))
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join([SRC] + sys.path)),
+    )
     assert out.stdout.strip() == "False"

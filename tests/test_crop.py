@@ -31,8 +31,9 @@ needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
 # ---------------------------------------------------------------------------------------------
 
 
-def reference_get_params(gen: np.random.Generator, n, width, height, scale=(0.08, 1.0),
-                         ratio=(3 / 4, 4 / 3)) -> np.ndarray:
+def reference_get_params(
+    gen: np.random.Generator, n, width, height, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)
+) -> np.ndarray:
     """``n`` crops (top, left, h, w) by torchvision's RandomResizedCrop.get_params as
     documented, vectorized on numpy's generator: ten tries of (area uniform in scale * image
     area, aspect ratio log-uniform in ratio, w = round(sqrt(area * ratio)),
@@ -69,13 +70,16 @@ def ks_statistic(a, b) -> float:
     return float(np.max(np.abs(cdf_a - cdf_b)))
 
 
-@pytest.mark.parametrize("width,height,scale,ratio", [
-    (500, 375, (0.08, 1.0), (3 / 4, 4 / 3)),
-    (375, 500, (0.08, 1.0), (3 / 4, 4 / 3)),
-    (224, 224, (0.5, 1.0), (0.5, 2.0)),
-    (1000, 120, (0.08, 1.0), (3 / 4, 4 / 3)),  # a wide image: the fallback is common
-    (90, 60, (0.9, 1.0), (1.0, 1.0)),  # square crops of 90% or more never fit: mostly fallback
-])
+@pytest.mark.parametrize(
+    "width,height,scale,ratio",
+    [
+        (500, 375, (0.08, 1.0), (3 / 4, 4 / 3)),
+        (375, 500, (0.08, 1.0), (3 / 4, 4 / 3)),
+        (224, 224, (0.5, 1.0), (0.5, 2.0)),
+        (1000, 120, (0.08, 1.0), (3 / 4, 4 / 3)),  # a wide image: the fallback is common
+        (90, 60, (0.9, 1.0), (1.0, 1.0)),  # square crops of 90% or more never fit: mostly fallback
+    ],
+)
 def test_crop_distribution_matches_torchvision_algorithm(width, height, scale, ratio):
     n = 20000
     rng = random.Random(1234)
@@ -90,8 +94,10 @@ def test_crop_distribution_matches_torchvision_algorithm(width, height, scale, r
     for name, col in columns.items():
         d = ks_statistic(ours[:, col], ref[:, col])
         assert d < critical, f"{name}: KS distance {d:.4f} >= {critical:.4f}"
-    for name, f in {"area": lambda c: c[:, 2] * c[:, 3],
-                    "aspect": lambda c: c[:, 3] / c[:, 2]}.items():
+    for name, f in {
+        "area": lambda c: c[:, 2] * c[:, 3],
+        "aspect": lambda c: c[:, 3] / c[:, 2],
+    }.items():
         d = ks_statistic(f(ours), f(ref))
         assert d < critical, f"{name}: KS distance {d:.4f} >= {critical:.4f}"
     # how often the central-crop fallback is taken (binomial, 5 sigma)
@@ -99,6 +105,7 @@ def test_crop_distribution_matches_torchvision_algorithm(width, height, scale, r
 
     def fallback(c):
         return np.mean(np.all(c == center, axis=1))
+
     p_ours, p_ref = fallback(ours), fallback(ref)
     sigma = math.sqrt(max(p_ref * (1 - p_ref), 1 / n) * 2 / n)
     assert abs(p_ours - p_ref) < 5 * sigma + 1e-9, (p_ours, p_ref)
@@ -154,8 +161,10 @@ def photo_like(width, height, seed=0) -> np.ndarray:
     """Smooth structure (gradients and blobs) plus mild noise: a misplaced crop shows."""
     gen = np.random.default_rng(seed)
     y, x = np.mgrid[0:height, 0:width].astype(np.float32)
-    img = np.stack([255 * x / width, 255 * y / height,
-                    127 + 100 * np.sin(x / 23.0) * np.cos(y / 17.0)], axis=-1)
+    img = np.stack(
+        [255 * x / width, 255 * y / height, 127 + 100 * np.sin(x / 23.0) * np.cos(y / 17.0)],
+        axis=-1,
+    )
     img += gen.normal(0, 4, img.shape)
     return np.clip(img, 0, 255).astype(np.uint8)
 
@@ -175,20 +184,30 @@ def reference_crop(data: bytes, seed: int, size, flip=True) -> np.ndarray:
     img = Image.open(io.BytesIO(data)).convert("RGB")
     top, left, h, w = crop_params(rng, img.width, img.height)
     do_flip = flip and rng.random() < 0.5
-    out = img.crop((left, top, left + w, top + h)).resize((size[1], size[0]),
-                                                           Image.Resampling.BILINEAR)
+    out = img.crop((left, top, left + w, top + h)).resize(
+        (size[1], size[0]), Image.Resampling.BILINEAR
+    )
     if do_flip:
         out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     return np.asarray(out).astype(np.float32)
 
 
-@pytest.mark.parametrize("width,height,size", [
-    (500, 375, (224, 224)),  # crops mostly smaller than the output: full-scale decode
-    (1024, 768, (64, 80)),  # crops much larger than the output: decoded at 1/2 .. 1/8
-    (320, 240, (32, 32)),
-])
-@pytest.mark.parametrize("output", ["rgb8", pytest.param("torchrgb", marks=needs_torch),
-                                    pytest.param("torchrgb8", marks=needs_torch)])
+@pytest.mark.parametrize(
+    "width,height,size",
+    [
+        (500, 375, (224, 224)),  # crops mostly smaller than the output: full-scale decode
+        (1024, 768, (64, 80)),  # crops much larger than the output: decoded at 1/2 .. 1/8
+        (320, 240, (32, 32)),
+    ],
+)
+@pytest.mark.parametrize(
+    "output",
+    [
+        "rgb8",
+        pytest.param("torchrgb", marks=needs_torch),
+        pytest.param("torchrgb8", marks=needs_torch),
+    ],
+)
 def test_fused_crop_matches_decode_then_crop(width, height, size, output):
     data = jpeg_bytes(photo_like(width, height))
     crop = random_resized_crop(size, output=output)
@@ -215,9 +234,12 @@ def test_fused_crop_matches_decode_then_crop(width, height, size, output):
 def test_a_misplaced_crop_would_be_seen():
     """The tolerance above is meaningful: the reference against itself with another seed."""
     data = jpeg_bytes(photo_like(500, 375))
-    diffs = [np.abs(reference_crop(data, s, (224, 224)) - reference_crop(data, s + 100,
-                                                                         (224, 224))).mean()
-             for s in range(6)]
+    diffs = [
+        np.abs(
+            reference_crop(data, s, (224, 224)) - reference_crop(data, s + 100, (224, 224))
+        ).mean()
+        for s in range(6)
+    ]
     assert min(diffs) > 10.0, diffs
 
 
@@ -237,8 +259,7 @@ def test_flip_is_a_mirror_of_the_same_crop():
     assert seen == {"same", "flipped"}
 
 
-@pytest.mark.parametrize("ext,mode", [("png", None), ("jpg", "L"), ("jpg", "CMYK"),
-                                      ("webp", None)])
+@pytest.mark.parametrize("ext,mode", [("png", None), ("jpg", "L"), ("jpg", "CMYK"), ("webp", None)])
 def test_other_images_are_cropped_too(ext, mode):
     arr = photo_like(200, 150)
     img = Image.fromarray(arr)
@@ -257,20 +278,27 @@ def test_non_image_fields_fall_through():
 
 
 def test_arguments_are_checked():
-    for kwargs in ({"size": 0}, {"size": (3, 4, 5)}, {"scale": (0.5, 0.1)}, {"ratio": (0, 1)},
-                   {"output": "bgr"}):
+    for kwargs in (
+        {"size": 0},
+        {"size": (3, 4, 5)},
+        {"scale": (0.5, 0.1)},
+        {"ratio": (0, 1)},
+        {"output": "bgr"},
+    ):
         with pytest.raises(ValueError):
             random_resized_crop(**kwargs)
 
 
 def test_numpy_output_needs_no_torch():
-    code = ("import sys, random, io, numpy as np\nfrom PIL import Image\n"
-            "from tarshards import random_resized_crop\n"
-            "buf = io.BytesIO()\n"
-            "Image.fromarray(np.zeros((50, 60, 3), np.uint8)).save(buf, 'JPEG')\n"
-            "out = random_resized_crop(16, output='rgb8')('jpg', buf.getvalue(),\n"
-            "                                             rng=random.Random(1))\n"
-            "print(out.shape, 'torch' in sys.modules)\n")
+    code = (
+        "import sys, random, io, numpy as np\nfrom PIL import Image\n"
+        "from tarshards import random_resized_crop\n"
+        "buf = io.BytesIO()\n"
+        "Image.fromarray(np.zeros((50, 60, 3), np.uint8)).save(buf, 'JPEG')\n"
+        "out = random_resized_crop(16, output='rgb8')('jpg', buf.getvalue(),\n"
+        "                                             rng=random.Random(1))\n"
+        "print(out.shape, 'torch' in sys.modules)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["(16,", "16,", "3)", "False"]
 
@@ -285,8 +313,9 @@ def crop_shard(tmp_path):
     path = str(tmp_path / "crops.tar")
     with TarWriter(path) as w:
         for i in range(12):
-            w.write({"__key__": f"s{i:03d}", "jpg": jpeg_bytes(photo_like(160, 120, seed=i)),
-                     "cls": i})
+            w.write(
+                {"__key__": f"s{i:03d}", "jpg": jpeg_bytes(photo_like(160, 120, seed=i)), "cls": i}
+            )
     return path
 
 
@@ -296,8 +325,11 @@ def crops_of(ds):
 
 def test_pipeline_crops_follow_seed_and_epoch(crop_shard):
     def dataset(seed):
-        return WebDataset(crop_shard, seed=seed).decode(
-            random_resized_crop(24, output="rgb8")).to_tuple("jpg", "cls")
+        return (
+            WebDataset(crop_shard, seed=seed)
+            .decode(random_resized_crop(24, output="rgb8"))
+            .to_tuple("jpg", "cls")
+        )
 
     ds = dataset(0)
     ds.set_epoch(0)

@@ -58,22 +58,26 @@ def extract_blocks(text: str) -> list[dict]:
         k = i + 1
         while k < len(lines) and not lines[k].strip().startswith(fence):
             line = lines[k]
-            body.append(line[len(indent):] if line.startswith(indent) else line.lstrip())
+            body.append(line[len(indent) :] if line.startswith(indent) else line.lstrip())
             k += 1
         if k == len(lines):
             raise ValueError(f"unclosed code fence at line {i + 1}")
-        blocks.append({"lang": lang, "code": "\n".join(body) + "\n", "line": i + 2,
-                       "skip": skip})
+        blocks.append({"lang": lang, "code": "\n".join(body) + "\n", "line": i + 2, "skip": skip})
         i = k + 1
     return blocks
 
 
 def test_extract_blocks():
-    text = ("# t\n\n```python\nx = 1\n```\n\ntext\n<!-- doctest: skip (needs s3) -->\n"
-            "```bash\naws s3 ls\n```\n\n```text\noutput\n```\n")
+    text = (
+        "# t\n\n```python\nx = 1\n```\n\ntext\n<!-- doctest: skip (needs s3) -->\n"
+        "```bash\naws s3 ls\n```\n\n```text\noutput\n```\n"
+    )
     blocks = extract_blocks(text)
     assert [(b["lang"], b["skip"], b["line"]) for b in blocks] == [
-        ("python", False, 4), ("bash", True, 10), ("text", False, 14)]
+        ("python", False, 4),
+        ("bash", True, 10),
+        ("text", False, 14),
+    ]
     assert blocks[0]["code"] == "x = 1\n"
     with pytest.raises(ValueError, match="unclosed"):
         extract_blocks("```python\nx = 1\n")
@@ -83,8 +87,15 @@ def test_every_doc_has_runnable_blocks():
     """Each page shows code, and most of it runs: skipped blocks stay the exception."""
     assert (ROOT / "docs").is_dir()
     names = {p.name for p in DOCS}
-    for required in ("format.md", "dataset.md", "distributed.md", "storage.md", "cli.md",
-                     "processing.md", "migration.md"):
+    for required in (
+        "format.md",
+        "dataset.md",
+        "distributed.md",
+        "storage.md",
+        "cli.md",
+        "processing.md",
+        "migration.md",
+    ):
         assert required in names, f"docs/{required} is missing"
     total = skipped = 0
     for path in DOCS:
@@ -97,11 +108,27 @@ def test_every_doc_has_runnable_blocks():
 
 
 # optional packages the docs and examples use (extras of pyproject.toml, and the dev tools)
-OPTIONAL = ("torch", "dask", "distributed", "aiohttp", "requests", "s3fs", "gcsfs", "msgpack",
-            "simplejpeg", "webdataset", "cloudpickle", "sklearn", "moto", "boto3")
+OPTIONAL = (
+    "torch",
+    "dask",
+    "distributed",
+    "aiohttp",
+    "requests",
+    "s3fs",
+    "gcsfs",
+    "msgpack",
+    "simplejpeg",
+    "webdataset",
+    "cloudpickle",
+    "sklearn",
+    "moto",
+    "boto3",
+)
 MISSING = [name for name in OPTIONAL if importlib.util.find_spec(name) is None]
-_NEEDS = re.compile(r"No module named '([\w.]+)'|MissingDependencyError|pip install 'tarshards\[|"
-                    r"install cloudpickle")
+_NEEDS = re.compile(
+    r"No module named '([\w.]+)'|MissingDependencyError|pip install 'tarshards\[|"
+    r"install cloudpickle"
+)
 
 
 def _skip_if_needs_missing(where: str, text: str) -> None:
@@ -125,12 +152,20 @@ def _run_python(code: str, path: Path, line: int, module: types.ModuleType) -> N
 def _run_shell(code: str, where: str, cwd: Path) -> None:
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", code],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if proc.returncode != 0:
-        raise AssertionError(f"{where}: shell block exited with {proc.returncode}\n"
-                             f"--- code\n{code}--- stdout\n{proc.stdout[-3000:]}"
-                             f"--- stderr\n{proc.stderr[-3000:]}")
+        raise AssertionError(
+            f"{where}: shell block exited with {proc.returncode}\n"
+            f"--- code\n{code}--- stdout\n{proc.stdout[-3000:]}"
+            f"--- stderr\n{proc.stderr[-3000:]}"
+        )
 
 
 @pytest.mark.filterwarnings("ignore::ResourceWarning:webdataset.*")
@@ -162,8 +197,9 @@ def test_doc_blocks_run(path: Path, tmp_path, monkeypatch):
 
 
 def _run_example(args: list[str], cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable] + args, cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable] + args, cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
     assert proc.returncode == 0, f"{args[0]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
 
@@ -181,10 +217,21 @@ def test_imagefolder_to_shards(tmp_path):
             Image.new("RGB", (40 + i, 30), (i * 20, 100, 50)).save(root / name / f"{i}.v1.jpg")
     Image.new("L", (20, 20), 7).save(root / "dog" / "0.v1.png")  # same stem, other suffix
     out = tmp_path / "shards" / "pets-%04d.tar"
-    _run_example([str(ROOT / "examples" / "imagefolder_to_shards.py"), str(root), "-o", str(out),
-                  "-n", "5", "--resize", "16"], tmp_path)
+    _run_example(
+        [
+            str(ROOT / "examples" / "imagefolder_to_shards.py"),
+            str(root),
+            "-o",
+            str(out),
+            "-n",
+            "5",
+            "--resize",
+            "16",
+        ],
+        tmp_path,
+    )
     shards = sorted((tmp_path / "shards").glob("pets-*.tar"))
-    assert len(shards) == 3                                     # 13 images, 5 per shard
+    assert len(shards) == 3  # 13 images, 5 per shard
     samples = list(WebDataset([str(p) for p in shards]).decode("pil"))
     assert len(samples) == 13
     assert len({s["__key__"] for s in samples}) == 13
@@ -200,9 +247,18 @@ def test_imagefolder_to_shards(tmp_path):
 
 def test_seed_notebook_example(tmp_path):
     _requires("torch")
-    proc = _run_example([str(ROOT / "examples" / "seed_notebook.py"), "--out",
-                         str(tmp_path / "seed"), "--workers", "2", "--per-shard", "16"],
-                        tmp_path)
+    proc = _run_example(
+        [
+            str(ROOT / "examples" / "seed_notebook.py"),
+            "--out",
+            str(tmp_path / "seed"),
+            "--workers",
+            "2",
+            "--per-shard",
+            "16",
+        ],
+        tmp_path,
+    )
     assert "torch.Size([16, 3, 224, 224]) torch.Size([16])" in proc.stdout
     assert "rescaled image sizes: {(256, 256)}" in proc.stdout
 
@@ -215,8 +271,20 @@ def test_demo_runs_every_step(tmp_path):
     """
     _requires("torch", "sklearn")
     out = tmp_path / "demo"
-    proc = _run_example([str(ROOT / "examples" / "demo.py"), "--out", str(out), "--epochs", "1",
-                         "--min-accuracy", "0", "--skip-dask"], tmp_path, timeout=300)
+    proc = _run_example(
+        [
+            str(ROOT / "examples" / "demo.py"),
+            "--out",
+            str(out),
+            "--epochs",
+            "1",
+            "--min-accuracy",
+            "0",
+            "--skip-dask",
+        ],
+        tmp_path,
+        timeout=300,
+    )
     assert "DEMO OK" in proc.stdout
     assert (out / "contact_sheet.png").is_file()
     assert len(list((out / "processed-processes").glob("*.tar"))) == 5

@@ -10,39 +10,45 @@ from tarshards.errors import DuplicateFieldError, ShardFormatError
 from tarshards.format import group_samples, is_meta_key, parse_size, split_name
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("a.jpg", ("a", "jpg")),
-    ("a.JPG", ("a", "jpg")),
-    ("a.Seg.PNG", ("a", "seg.png")),
-    ("dir/n03788365_17158.seg.png", ("dir/n03788365_17158", "seg.png")),
-    ("a/b/c.jpg", ("a/b/c", "jpg")),
-    ("a.b/c.d.e", ("a.b/c", "d.e")),  # dots in directories do not count
-    ("./x/y.txt", ("x/y", "txt")),
-    ("./y.txt", ("y", "txt")),
-    ("k.tar.gz", ("k", "tar.gz")),
-    ("noext", None),
-    ("dir/noext", None),
-    ("dir.with.dots/noext", None),
-    ("__index__", None),
-    ("__meta__.json", None),
-    ("d/__meta__.json", None),
-    (".hidden", None),
-    ("d/.hidden.txt", None),
-    ("trailing.", None),
-    ("_single.txt", ("_single", "txt")),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("a.jpg", ("a", "jpg")),
+        ("a.JPG", ("a", "jpg")),
+        ("a.Seg.PNG", ("a", "seg.png")),
+        ("dir/n03788365_17158.seg.png", ("dir/n03788365_17158", "seg.png")),
+        ("a/b/c.jpg", ("a/b/c", "jpg")),
+        ("a.b/c.d.e", ("a.b/c", "d.e")),  # dots in directories do not count
+        ("./x/y.txt", ("x/y", "txt")),
+        ("./y.txt", ("y", "txt")),
+        ("k.tar.gz", ("k", "tar.gz")),
+        ("noext", None),
+        ("dir/noext", None),
+        ("dir.with.dots/noext", None),
+        ("__index__", None),
+        ("__meta__.json", None),
+        ("d/__meta__.json", None),
+        (".hidden", None),
+        ("d/.hidden.txt", None),
+        ("trailing.", None),
+        ("_single.txt", ("_single", "txt")),
+    ],
+)
 def test_split_name(name, expected):
     assert split_name(name) == expected
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("a.b.c.jpg", ("a.b.c", "jpg")),
-    ("dir/img.0001.PNG", ("dir/img.0001", "png")),
-    ("x.y/z.txt", ("x.y/z", "txt")),
-    ("./k.v.json", ("k.v", "json")),
-    ("nodot", None),
-    ("d/__x.y.z", None),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("a.b.c.jpg", ("a.b.c", "jpg")),
+        ("dir/img.0001.PNG", ("dir/img.0001", "png")),
+        ("x.y/z.txt", ("x.y/z", "txt")),
+        ("./k.v.json", ("k.v", "json")),
+        ("nodot", None),
+        ("d/__x.y.z", None),
+    ],
+)
 def test_split_name_last_dot(name, expected):
     assert split_name(name, last_dot=True) == expected
 
@@ -62,21 +68,40 @@ def test_group_consecutive_members():
 
 
 def test_group_skips_and_prefixes():
-    got = list(group_samples(members(
-        "./d/a.jpg", "d/a.seg.png", "__index__", "d/__meta__.json", "noext", "d/a.cls",
-        "d/b/c.jpg"), None))
+    got = list(
+        group_samples(
+            members(
+                "./d/a.jpg",
+                "d/a.seg.png",
+                "__index__",
+                "d/__meta__.json",
+                "noext",
+                "d/a.cls",
+                "d/b/c.jpg",
+            ),
+            None,
+        )
+    )
     assert got == [
-        {"__key__": "d/a", "__url__": None, "jpg": b"./d/a.jpg", "seg.png": b"d/a.seg.png",
-         "cls": b"d/a.cls"},
+        {
+            "__key__": "d/a",
+            "__url__": None,
+            "jpg": b"./d/a.jpg",
+            "seg.png": b"d/a.seg.png",
+            "cls": b"d/a.cls",
+        },
         {"__key__": "d/b/c", "__url__": None, "jpg": b"d/b/c.jpg"},
     ]
 
 
 def test_group_last_dot():
-    got = list(group_samples(members("img.001.jpg", "img.001.json", "img.002.jpg"), "u",
-                             last_dot=True))
+    got = list(
+        group_samples(members("img.001.jpg", "img.001.json", "img.002.jpg"), "u", last_dot=True)
+    )
     assert [(s["__key__"], sorted(k for k in s if not is_meta_key(k))) for s in got] == [
-        ("img.001", ["jpg", "json"]), ("img.002", ["jpg"])]
+        ("img.001", ["jpg", "json"]),
+        ("img.002", ["jpg"]),
+    ]
     # the default splits at the first dot: all three share the key "img"
     with pytest.raises(DuplicateFieldError):
         list(group_samples(members("img.001.jpg", "img.002.jpg", "img.001.jpg"), "u"))
@@ -104,14 +129,14 @@ def test_meta_keys():
     assert is_meta_key("__key__") and is_meta_key("__url__") and not is_meta_key("jpg")
 
 
-_key = st.from_regex(r"[a-z0-9_][a-z0-9_\-]{0,8}(/[a-z0-9_][a-z0-9_\-]{0,8}){0,2}",
-                     fullmatch=True).filter(lambda k: not k.rpartition("/")[2].startswith("__"))
+_key = st.from_regex(
+    r"[a-z0-9_][a-z0-9_\-]{0,8}(/[a-z0-9_][a-z0-9_\-]{0,8}){0,2}", fullmatch=True
+).filter(lambda k: not k.rpartition("/")[2].startswith("__"))
 _ext = st.from_regex(r"[a-z0-9]{1,5}(\.[a-z0-9]{1,4})?", fullmatch=True)
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(_key, st.lists(_ext, min_size=1, max_size=4, unique=True)),
-                max_size=10))
+@given(st.lists(st.tuples(_key, st.lists(_ext, min_size=1, max_size=4, unique=True)), max_size=10))
 def test_grouping_property(samples):
     """Consecutive members of distinct keys always regroup into the samples they came from."""
     # adjacent samples must have distinct keys to stay apart
@@ -123,7 +148,8 @@ def test_grouping_property(samples):
     mem = [(f"{k}.{e}", f"{k}|{e}".encode(), 0) for k, exts in dedup for e in exts]
     got = list(group_samples(mem, "u"))
     assert [(s["__key__"], {k: v for k, v in s.items() if not is_meta_key(k)}) for s in got] == [
-        (k, {e: f"{k}|{e}".encode() for e in exts}) for k, exts in dedup]
+        (k, {e: f"{k}|{e}".encode() for e in exts}) for k, exts in dedup
+    ]
     for name, _, _ in mem:
         key, ext = split_name(name)
         assert f"{key}.{ext}" == name
@@ -134,12 +160,29 @@ def test_grouping_property(samples):
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text,value", [
-    ("20GB", 20 * 10**9), ("20GiB", 20 * 2**30), ("20gb", 20 * 10**9), ("20G", 20 * 10**9),
-    ("500M", 500 * 10**6), ("500MiB", 500 * 2**20), ("64KiB", 65536), ("64kB", 64000),
-    ("1.5GB", 1_500_000_000), ("1.5 TiB", 3 * 2**39), ("3e9", 3 * 10**9), ("1000", 1000),
-    ("1000B", 1000), ("2PB", 2 * 10**15), (" 7 ", 7), ("0", 0), (1000, 1000), (1.5e3, 1500),
-])
+@pytest.mark.parametrize(
+    "text,value",
+    [
+        ("20GB", 20 * 10**9),
+        ("20GiB", 20 * 2**30),
+        ("20gb", 20 * 10**9),
+        ("20G", 20 * 10**9),
+        ("500M", 500 * 10**6),
+        ("500MiB", 500 * 2**20),
+        ("64KiB", 65536),
+        ("64kB", 64000),
+        ("1.5GB", 1_500_000_000),
+        ("1.5 TiB", 3 * 2**39),
+        ("3e9", 3 * 10**9),
+        ("1000", 1000),
+        ("1000B", 1000),
+        ("2PB", 2 * 10**15),
+        (" 7 ", 7),
+        ("0", 0),
+        (1000, 1000),
+        (1.5e3, 1500),
+    ],
+)
 def test_parse_size(text, value):
     assert parse_size(text) == value
 

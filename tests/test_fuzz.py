@@ -61,6 +61,7 @@ TARFILE_CAP = 8 << 20  # tarfile's members are read up to this size (a huge decl
 def _tarfile_archive(fmt, rng, pax_headers=None) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=fmt, pax_headers=pax_headers) as tf:
+
         def add(name, data=b"", kind=tarfile.REGTYPE, link=""):
             ti = tarfile.TarInfo(name)
             ti.mtime = 1_700_000_000
@@ -100,8 +101,20 @@ def _gnu_tar(tmp, fmt, sparse=False) -> bytes:
         (root / "e.bin").write_bytes(b"")
         (root / "ln").symlink_to("a.txt")
     out = tmp / f"{fmt}-{sparse}.tar"
-    cmd = ["tar", f"--format={fmt}", "--sort=name", "--mtime=@0", "--owner=0", "--group=0",
-           "--numeric-owner", "-cf", str(out), "-C", str(root), "."]
+    cmd = [
+        "tar",
+        f"--format={fmt}",
+        "--sort=name",
+        "--mtime=@0",
+        "--owner=0",
+        "--group=0",
+        "--numeric-owner",
+        "-cf",
+        str(out),
+        "-C",
+        str(root),
+        ".",
+    ]
     if sparse:
         cmd[2:2] = ["--sparse", "--hole-detection=raw"]
     if fmt == "posix":
@@ -131,11 +144,15 @@ def build_seeds(tmp):
     out = {name: (data, None) for name, data in plain.items()}
     for name in ("ustar", "pax"):
         out[f"{name}.gz"] = (gzip.compress(plain[name], mtime=0), (name, "gz"))
-        out[f"{name}.zst"] = (zstandard.ZstdCompressor(write_checksum=True).compress(plain[name]),
-                              (name, "zst"))
+        out[f"{name}.zst"] = (
+            zstandard.ZstdCompressor(write_checksum=True).compress(plain[name]),
+            (name, "zst"),
+        )
     half = len(plain["gnu"]) // 2
-    out["gnu.2gz"] = (gzip.compress(plain["gnu"][:half], mtime=0)
-                      + gzip.compress(plain["gnu"][half:], mtime=0), ("gnu", "gz"))
+    out["gnu.2gz"] = (
+        gzip.compress(plain["gnu"][:half], mtime=0) + gzip.compress(plain["gnu"][half:], mtime=0),
+        ("gnu", "gz"),
+    )
     return out, plain
 
 
@@ -148,7 +165,7 @@ def _headers(data: bytes) -> list[int]:
     """Offsets of the blocks that look like tar headers (valid checksum)."""
     out = []
     for off in range(0, len(data) - 511, 512):
-        blk = data[off:off + 512]
+        blk = data[off : off + 512]
         if not blk.strip(b"\0"):
             continue
         try:
@@ -167,9 +184,16 @@ def _fix(block: bytearray) -> bytearray:
 
 
 _TYPES = b"0\x001257LKxgSVDM"
-_HUGE_SIZES = [b"77777777777\0", b"\x80" + (1 << 40).to_bytes(11, "big"),
-               b"\xff" * 12, b"\x80" + b"\xff" * 11, b"00000001000\0", b"-0000000001\0",
-               b"0000000000 \0", b"1_000\0\0\0\0\0\0\0"]
+_HUGE_SIZES = [
+    b"77777777777\0",
+    b"\x80" + (1 << 40).to_bytes(11, "big"),
+    b"\xff" * 12,
+    b"\x80" + b"\xff" * 11,
+    b"00000001000\0",
+    b"-0000000001\0",
+    b"0000000000 \0",
+    b"1_000\0\0\0\0\0\0\0",
+]
 
 
 def _rewrite_field(data: bytes, rng: random.Random, ops: list) -> bytes:
@@ -177,7 +201,7 @@ def _rewrite_field(data: bytes, rng: random.Random, ops: list) -> bytes:
     if not heads:
         return _flip(data, rng, ops)
     off = rng.choice(heads)
-    blk = bytearray(data[off:off + 512])
+    blk = bytearray(data[off : off + 512])
     what = rng.choice(["size", "size", "type", "checksum", "name", "magic", "prefix", "sparse"])
     fix = True
     if what == "size":
@@ -203,7 +227,7 @@ def _rewrite_field(data: bytes, rng: random.Random, ops: list) -> bytes:
     if fix:
         _fix(blk)
     ops.append(f"field {what}@{off}")
-    return data[:off] + bytes(blk) + data[off + 512:]
+    return data[:off] + bytes(blk) + data[off + 512 :]
 
 
 def _pax_block(records: dict, kind=tarfile.XHDTYPE) -> bytes:
@@ -215,13 +239,23 @@ def _rewrite_pax(data: bytes, rng: random.Random, ops: list) -> bytes:
     if not heads:
         return _flip(data, rng, ops)
     off = rng.choice(heads)
-    records = rng.choice([
-        {"size": str(rng.choice([1 << 40, 10 ** 30, 0, 3, 1000]))}, {"path": ""}, {"size": ""},
-        {"path": "p" * rng.randrange(1, 300)}, {"size": "-1"}, {"size": "12abc"},
-        {"GNU.sparse.major": "1", "GNU.sparse.minor": "0", "GNU.sparse.name": "sp",
-         "GNU.sparse.realsize": str(rng.randrange(0, 1 << 20))},
-        {"GNU.sparse.map": "0,3,10,2", "GNU.sparse.size": str(rng.randrange(0, 40))},
-    ])
+    records = rng.choice(
+        [
+            {"size": str(rng.choice([1 << 40, 10**30, 0, 3, 1000]))},
+            {"path": ""},
+            {"size": ""},
+            {"path": "p" * rng.randrange(1, 300)},
+            {"size": "-1"},
+            {"size": "12abc"},
+            {
+                "GNU.sparse.major": "1",
+                "GNU.sparse.minor": "0",
+                "GNU.sparse.name": "sp",
+                "GNU.sparse.realsize": str(rng.randrange(0, 1 << 20)),
+            },
+            {"GNU.sparse.map": "0,3,10,2", "GNU.sparse.size": str(rng.randrange(0, 40))},
+        ]
+    )
     kind = rng.choice([tarfile.XHDTYPE, tarfile.XHDTYPE, tarfile.XGLTYPE])
     ops.append(f"pax {kind!r} {records!r}@{off}")
     return data[:off] + _pax_block(records, kind) + data[off:]
@@ -236,11 +270,14 @@ def _insert_ext(data: bytes, rng: random.Random, ops: list) -> bytes:
         blob = bytes(512)
     elif kind == "dup" and heads:
         src = rng.choice(heads)
-        blob = data[src:src + 512]
+        blob = data[src : src + 512]
     else:
-        blob = tarfile.TarInfo._create_gnu_long_header("x" * rng.randrange(1, 700),
-                                                       kind.encode()[:1] if kind != "dup"
-                                                       else b"L", "utf-8", "strict")
+        blob = tarfile.TarInfo._create_gnu_long_header(
+            "x" * rng.randrange(1, 700),
+            kind.encode()[:1] if kind != "dup" else b"L",
+            "utf-8",
+            "strict",
+        )
     ops.append(f"insert {kind}@{off}")
     return data[:off] + blob + data[off:]
 
@@ -266,8 +303,13 @@ def _truncate(data: bytes, rng: random.Random, ops: list) -> bytes:
     if rng.random() < 0.5:
         cut = rng.randrange(len(data) + 1)
     else:  # near a block boundary
-        cut = max(0, min(len(data), rng.randrange(0, len(data) // 512 + 1) * 512
-                         + rng.choice([-1, 0, 0, 1, 100, 511])))
+        cut = max(
+            0,
+            min(
+                len(data),
+                rng.randrange(0, len(data) // 512 + 1) * 512 + rng.choice([-1, 0, 0, 1, 100, 511]),
+            ),
+        )
     ops.append(f"cut@{cut}")
     return data[:cut]
 
@@ -280,7 +322,7 @@ def _insert_delete(data: bytes, rng: random.Random, ops: list) -> bytes:
         return data[:i] + blob + data[i:]
     n = rng.randrange(1, 700)
     ops.append(f"delete {n}@{i}")
-    return data[:i] + data[i + n:]
+    return data[:i] + data[i + n :]
 
 
 _BYTE_MUTATIONS = [_flip, _flip, _set_byte, _truncate, _insert_delete]
@@ -295,8 +337,11 @@ def mutate(seeds, plain, rng: random.Random):
         inner = plain[compressed[0]]
         for _ in range(rng.choice([1, 1, 2])):
             inner = rng.choice(_TAR_MUTATIONS)(inner, rng, ops) if inner else inner
-        data = (gzip.compress(inner, mtime=0) if compressed[1] == "gz"
-                else zstandard.ZstdCompressor(write_checksum=True).compress(inner))
+        data = (
+            gzip.compress(inner, mtime=0)
+            if compressed[1] == "gz"
+            else zstandard.ZstdCompressor(write_checksum=True).compress(inner)
+        )
         ops.append(f"recompressed {compressed[1]}")
     else:
         muts = _BYTE_MUTATIONS if compressed is not None else _TAR_MUTATIONS
@@ -316,11 +361,17 @@ def _ways(data: bytes):
     yield "file/C", tar_byte_source(io.BytesIO(data), "fuzz"), True
     yield "file/Py", tar_byte_source(io.BytesIO(data), "fuzz"), False
     yield "4096/C", decompressed_chunks(read_chunks(io.BytesIO(data), 4096), "fuzz"), True
-    yield "4096-reuse/Py", decompressed_chunks(
-        read_chunks(io.BytesIO(data), 4096, reuse=True), "fuzz"), False
+    yield (
+        "4096-reuse/Py",
+        decompressed_chunks(read_chunks(io.BytesIO(data), 4096, reuse=True), "fuzz"),
+        False,
+    )
     yield "513/C", decompressed_chunks(read_chunks(io.BytesIO(data), 513), "fuzz"), True
-    yield "64-reuse/C", decompressed_chunks(
-        read_chunks(io.BytesIO(data), 64, reuse=True), "fuzz"), True
+    yield (
+        "64-reuse/C",
+        decompressed_chunks(read_chunks(io.BytesIO(data), 64, reuse=True), "fuzz"),
+        True,
+    )
     yield "trickle100/Py", tar_byte_source(Trickle(data, 100), "fuzz", 100), False
 
 
@@ -342,8 +393,9 @@ def ours(data: bytes):
         if first is None:
             first = out
         elif out != first:
-            raise AssertionError(f"reading {label} differs from file/C: "
-                                 f"{_brief(out)} != {_brief(first)}")
+            raise AssertionError(
+                f"reading {label} differs from file/C: {_brief(out)} != {_brief(first)}"
+            )
     return first
 
 
@@ -362,8 +414,10 @@ def reference(data: bytes):
         data, err = raw
     members = []
     try:
-        with tarfile.open(fileobj=io.BytesIO(data),
-                          mode="r:gz" if comp is not None and comp.name == "gzip" else "r:") as tf:
+        with tarfile.open(
+            fileobj=io.BytesIO(data),
+            mode="r:gz" if comp is not None and comp.name == "gzip" else "r:",
+        ) as tf:
             for m in tf:
                 if not m.isreg():
                     continue
@@ -383,8 +437,9 @@ def _decompress(data: bytes, comp):
     out = io.BytesIO()
     try:
         if comp.name == "zstd":
-            with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data),
-                                                            read_across_frames=True) as r:
+            with zstandard.ZstdDecompressor().stream_reader(
+                io.BytesIO(data), read_across_frames=True
+            ) as r:
                 while chunk := r.read(1 << 16):
                     out.write(chunk)
         else:
@@ -408,8 +463,10 @@ def _deviation(mine, theirs, raw: bytes) -> str | None:
     where tarfile departs from POSIX or GNU tar, checked on the archive's bytes."""
     (n1, d1, o1), (n2, d2, o2) = mine, theirs
     if b" size=" in _global_records(raw):
-        return "tarfile applies a global size= to a member's data but not to where the next " \
-               "header starts (GNU tar applies it to both, as we do)"
+        return (
+            "tarfile applies a global size= to a member's data but not to where the next "
+            "header starts (GNU tar applies it to both, as we do)"
+        )
     if o1 != o2:
         return None
     if n1 != n2 and d1 == d2:
@@ -418,8 +475,10 @@ def _deviation(mine, theirs, raw: bytes) -> str | None:
         if n2 == "" and _EMPTY_PAX.search(raw):
             return "tarfile names a member '' (POSIX: an empty path= deletes the keyword)"
         if n2.startswith(n1) and b"././@LongLink" in raw:
-            return "tarfile reads a GNU long name to the end of its block, not to its " \
-                   "declared size (GNU tar and we read the declared size)"
+            return (
+                "tarfile reads a GNU long name to the end of its block, not to its "
+                "declared size (GNU tar and we read the declared size)"
+            )
         if n2.endswith("/" + n1):
             return "tarfile applies the ustar prefix field to non-POSIX headers (GNU tar does not)"
     if n1 == n2 and d1 != d2:
@@ -434,10 +493,10 @@ def _global_records(raw: bytes) -> bytes:
     for h in _headers(raw):
         if raw[h + 156] == ord("g"):
             try:
-                size = int(raw[h + 124:h + 135], 8)
+                size = int(raw[h + 124 : h + 135], 8)
             except ValueError:
                 continue
-            out.append(raw[h + 512:h + 512 + min(size, 1 << 20)])
+            out.append(raw[h + 512 : h + 512 + min(size, 1 << 20)])
     return b"".join(out)
 
 
@@ -451,20 +510,27 @@ def classify(data: bytes):
         if mine[i] != theirs[i]:
             why = _deviation(mine[i], theirs[i], raw)
             if why is None:
-                raise AssertionError(f"wrong bytes at member {i}: ours {_brief((mine, my_err, 0))}"
-                                     f" tarfile {[(n, len(d), o) for n, d, o in theirs]}")
+                raise AssertionError(
+                    f"wrong bytes at member {i}: ours {_brief((mine, my_err, 0))}"
+                    f" tarfile {[(n, len(d), o) for n, d, o in theirs]}"
+                )
             deviations.append(why)
             break  # the readings part ways here: what follows is not comparable
     if deviations:
         return "deviation: " + deviations[0]
     if len(theirs) > len(mine) and my_err is None:
-        raise AssertionError(f"silent loss: tarfile reads {len(theirs)} members, we yield "
-                             f"{len(mine)} and raise nothing")
+        raise AssertionError(
+            f"silent loss: tarfile reads {len(theirs)} members, we yield "
+            f"{len(mine)} and raise nothing"
+        )
     if my_err is None and their_err is None:
         if len(mine) == len(theirs):
             return "both read, same members"
-        return ("we read more (a lone zero block: tarfile stops there)" if warned
-                else "we read more (tarfile stops early without an error)")
+        return (
+            "we read more (a lone zero block: tarfile stops there)"
+            if warned
+            else "we read more (tarfile stops early without an error)"
+        )
     if my_err is not None and their_err is not None:
         return "both raise"
     if my_err is not None:
@@ -499,9 +565,16 @@ def test_fuzz_reader_against_tarfile(seeds, tmp_path):
     report = os.environ.get("TARSHARDS_FUZZ_REPORT")
     if report:
         with open(report, "w") as f:
-            json.dump({"mutants": N, "seed": SEED, "classes": dict(counts.most_common()),
-                       "failures": [(i, ops, msg) for i, ops, msg, _ in failures[:50]]},
-                      f, indent=1)
+            json.dump(
+                {
+                    "mutants": N,
+                    "seed": SEED,
+                    "classes": dict(counts.most_common()),
+                    "failures": [(i, ops, msg) for i, ops, msg, _ in failures[:50]],
+                },
+                f,
+                indent=1,
+            )
     print(f"\n{N} mutants (seed {SEED}):")
     for cls, k in counts.most_common():
         print(f"  {k:6d}  {cls}")
@@ -509,7 +582,8 @@ def test_fuzz_reader_against_tarfile(seeds, tmp_path):
         (tmp_path / f"mutant-{i}.bin").write_bytes(data)
     assert not failures, "\n".join(
         f"mutant {i} ({' '.join(ops)}; saved as {tmp_path}/mutant-{i}.bin): {msg}"
-        for i, ops, msg, _ in failures[:5])
+        for i, ops, msg, _ in failures[:5]
+    )
     # the mutations reach every kind of outcome that matters
     assert counts["both read, same members"] > N // 20
     assert counts["both raise"] > N // 20

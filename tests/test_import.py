@@ -10,16 +10,19 @@ import pytest
 
 
 def run_python(code: str) -> str:
-    return subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, check=True,
-                          text=True).stdout
+    return subprocess.run(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, check=True, text=True
+    ).stdout
 
 
 def test_import_does_not_import_torch():
-    code = ("import sys, json, tarshards\n"
-            "from tarshards import TarWriter, ShardWriter, iter_tar, shard_samples\n"
-            "import tarshards.codecs, tarshards.tario, tarshards.format, tarshards.writer\n"
-            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('torch', 'click', 'dask', 'msgpack', 's3fs', 'gcsfs'))))\n")
+    code = (
+        "import sys, json, tarshards\n"
+        "from tarshards import TarWriter, ShardWriter, iter_tar, shard_samples\n"
+        "import tarshards.codecs, tarshards.tario, tarshards.format, tarshards.writer\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('torch', 'click', 'dask', 'msgpack', 's3fs', 'gcsfs'))))\n"
+    )
     assert json.loads(run_python(code)) == []
 
 
@@ -29,9 +32,9 @@ def test_reading_and_writing_without_torch(tmp_path):
 import sys
 from tarshards import TarWriter, shard_samples, decode_value
 import numpy as np
-with TarWriter({str(tmp_path / 'a.tgz')!r}) as w:
+with TarWriter({str(tmp_path / "a.tgz")!r}) as w:
     w.write({{"__key__": "k", "png": np.zeros((4, 5, 3), np.uint8), "cls": 1}})
-(s,) = shard_samples({str(tmp_path / 'a.tgz')!r})
+(s,) = shard_samples({str(tmp_path / "a.tgz")!r})
 assert decode_value(s["png"], "png", image_mode="rgb8").shape == (4, 5, 3)
 assert decode_value(s["cls"], "cls") == 1
 print("torch" in sys.modules)
@@ -49,9 +52,11 @@ def test_public_names():
 
 def test_torch_modes_need_torch_only_when_used():
     pytest.importorskip("torch")
-    code = ("import sys\nfrom tarshards.codecs import field_decoder\n"
-            "field_decoder('png', image_mode='rgb8')\nprint('torch' in sys.modules)\n"
-            "field_decoder('png', image_mode='torchrgb')\nprint('torch' in sys.modules)\n")
+    code = (
+        "import sys\nfrom tarshards.codecs import field_decoder\n"
+        "field_decoder('png', image_mode='rgb8')\nprint('torch' in sys.modules)\n"
+        "field_decoder('png', image_mode='torchrgb')\nprint('torch' in sys.modules)\n"
+    )
     assert run_python(code).split() == ["False", "True"]
 
 
@@ -61,13 +66,16 @@ NO_TORCH = "import sys\nsys.modules['torch'] = None  # `import torch` now fails 
 
 
 def test_star_import_without_torch():
-    code = NO_TORCH + ("from tarshards import *\n"
-                       "print(WebDataset.__mro__[1].__module__, WebLoader.__name__)\n")
+    code = NO_TORCH + (
+        "from tarshards import *\nprint(WebDataset.__mro__[1].__module__, WebLoader.__name__)\n"
+    )
     assert run_python(code).split() == ["tarshards.pipeline", "WebLoader"]
 
 
 def test_optional_torch_entries_say_what_to_install():
-    code = NO_TORCH + """
+    code = (
+        NO_TORCH
+        + """
 import pickle
 from tarshards import MissingDependencyError, UnsafeCodecError, WebLoader, decode, encode_value
 from tarshards.codecs import field_decoder
@@ -85,6 +93,7 @@ print(fails(encode_value, object(), "pth"))
 print(fails(WebLoader, []))
 print(default_collation_fn([(1, "a"), (2, "b")])[1])
 """
+    )
     lines = run_python(code).splitlines()
     hint = "pip install 'tarshards[torch]'"
     assert lines[0].startswith("MissingDependencyError: the image mode 'torchrgb'")

@@ -20,21 +20,21 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "tarshards"
 # Lowest first. A module may import modules of its own layer and of the layers below it.
 # A name stands for the module and, with a package, everything in it ("tario" covers tario/*).
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "types", "_lazy", "_speedups"),      # the bottom: no tarshards imports but these
-    ("format", "on_error", "tenbin"),                # naming rules, parse_size; the error policy
-    ("compression", "hashing"),                      # one table of compressions; content hashes
-    ("codecs", "crop"),                              # the codec registry; image crops
-    ("tario",),                                      # tar headers, reader, member writer
-    ("specs",),                                      # shard specs
+    ("errors", "types", "_lazy", "_speedups"),  # the bottom: no tarshards imports but these
+    ("format", "on_error", "tenbin"),  # naming rules, parse_size; the error policy
+    ("compression", "hashing"),  # one table of compressions; content hashes
+    ("codecs", "crop"),  # the codec registry; image crops
+    ("tario",),  # tar headers, reader, member writer
+    ("specs",),  # shard specs
     ("storage", "urls", "cache", "prefetch", "seek"),  # opening URLs, cache, prefetch, seeks
-    ("writer", "manifest", "index"),                 # writing; the dataset's record and index
-    ("shards", "source"),                            # shard lists, the epoch plan and its cursor
-    ("stages",),                                     # stages
-    ("pipeline",),                                   # composition, the fluent API
-    ("mixing", "indexed", "testing"),                # mixtures, random access, the resume check
+    ("writer", "manifest", "index"),  # writing; the dataset's record and index
+    ("shards", "source"),  # shard lists, the epoch plan and its cursor
+    ("stages",),  # stages
+    ("pipeline",),  # composition, the fluent API
+    ("mixing", "indexed", "testing"),  # mixtures, random access, the resume check
     ("torch", "transport", "parallel", "compat", "benchmark"),  # adapters and engines
-    ("cli",),                                        # the command line
-    ("__init__",),                                   # the package itself, above everything
+    ("cli",),  # the command line
+    ("__init__",),  # the package itself, above everything
 ]
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
 
@@ -63,7 +63,7 @@ def _resolve(module: str, level: int, current: str, package: bool) -> str:
     base = current.split(".")
     if not package:
         base = base[:-1]
-    base = base[:len(base) - (level - 1)] if level > 1 else base
+    base = base[: len(base) - (level - 1)] if level > 1 else base
     return ".".join(base + ([module] if module else []))
 
 
@@ -86,8 +86,12 @@ def _edges(path: Path) -> list[tuple[str, int, str]]:
                 if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
                     text = arg.value
                     if text.startswith(".") and _call_name(node) == "import_module":
-                        text = _resolve(text.lstrip("."), len(text) - len(text.lstrip(".")),
-                                        current, _is_package(path))
+                        text = _resolve(
+                            text.lstrip("."),
+                            len(text) - len(text.lstrip(".")),
+                            current,
+                            _is_package(path),
+                        )
                     if _MODULE_STRING.fullmatch(text):
                         out.append((text, node.lineno, f"string in {_call_name(node)}()"))
     edges = [(t, line, how) for t, line, how in out if t.split(".")[0] == "tarshards"]
@@ -101,8 +105,11 @@ def _call_name(node: ast.Call) -> str:
 
 def _exists(module: str) -> bool:
     rel = Path(*module.split(".")[1:])
-    return ((SRC / rel).with_suffix(".py").exists() or (SRC / rel / "__init__.py").exists()
-            or module == "tarshards._speedups")
+    return (
+        (SRC / rel).with_suffix(".py").exists()
+        or (SRC / rel / "__init__.py").exists()
+        or module == "tarshards._speedups"
+    )
 
 
 def _layer(module: str) -> int | None:
@@ -121,7 +128,8 @@ def test_every_module_has_a_layer():
     assert not unplaced, (
         f"modules without a layer: {', '.join(unplaced)}. Add each to LAYERS in "
         f"tests/test_imports.py, in the layer of shared/DESIGN.md part 2 it belongs to (a "
-        f"module may import only its own layer and those below)")
+        f"module may import only its own layer and those below)"
+    )
 
 
 def test_imports_go_down_the_layers():
@@ -134,11 +142,15 @@ def test_imports_go_down_the_layers():
         for target, line, how in _edges(path):
             target_layer = _layer(target)
             if target_layer is None:
-                upward.append(f"{path.relative_to(SRC.parent)}:{line}: {src} -> {target} ({how}): "
-                              f"{target} has no layer; add it to LAYERS in tests/test_imports.py")
+                upward.append(
+                    f"{path.relative_to(SRC.parent)}:{line}: {src} -> {target} ({how}): "
+                    f"{target} has no layer; add it to LAYERS in tests/test_imports.py"
+                )
             elif target_layer > src_layer and (src, target) not in KNOWN_UPWARD:
-                upward.append(f"{path.relative_to(SRC.parent)}:{line}: {src} (layer "
-                              f"{src_layer}) -> {target} (layer {target_layer}) ({how})")
+                upward.append(
+                    f"{path.relative_to(SRC.parent)}:{line}: {src} (layer "
+                    f"{src_layer}) -> {target} (layer {target_layer}) ({how})"
+                )
     assert not upward, "imports that go up the layers of DESIGN.md:\n" + "\n".join(upward)
 
 
@@ -165,16 +177,21 @@ def _check(tmp_path, name: str, code: str) -> list[tuple[str, int, str]]:
         SRC = old
 
 
-@pytest.mark.parametrize("code, target", [
-    ("import tarshards.torch", "tarshards.torch"),
-    ("from .torch import stack", "tarshards.torch"),
-    ("from . import torch as t", "tarshards.torch"),
-    ("def f():\n    from .torch import stack\n", "tarshards.torch"),
-    ("import importlib\nimportlib.import_module('tarshards.torch')", "tarshards.torch"),
-    ("from importlib import import_module\nimport_module('.torch', 'tarshards')",
-     "tarshards.torch"),
-    ("LazyModule('tarshards.torch', globals(), 't')", "tarshards.torch"),
-])
+@pytest.mark.parametrize(
+    "code, target",
+    [
+        ("import tarshards.torch", "tarshards.torch"),
+        ("from .torch import stack", "tarshards.torch"),
+        ("from . import torch as t", "tarshards.torch"),
+        ("def f():\n    from .torch import stack\n", "tarshards.torch"),
+        ("import importlib\nimportlib.import_module('tarshards.torch')", "tarshards.torch"),
+        (
+            "from importlib import import_module\nimport_module('.torch', 'tarshards')",
+            "tarshards.torch",
+        ),
+        ("LazyModule('tarshards.torch', globals(), 't')", "tarshards.torch"),
+    ],
+)
 def test_checker_sees_static_and_string_edges(tmp_path, code, target):
     edges = _check(tmp_path, "codecs.py", code)
     assert [t for t, _ in edges] == [target]
@@ -183,7 +200,9 @@ def test_checker_sees_static_and_string_edges(tmp_path, code, target):
 
 def test_checker_resolves_relative_imports_in_packages(tmp_path):
     assert _check(tmp_path, "cli/x.py", "from ..stages import map\nfrom . import y") == [
-        ("tarshards.stages", "from-import"), ("tarshards.cli", "from-import")]
+        ("tarshards.stages", "from-import"),
+        ("tarshards.cli", "from-import"),
+    ]
 
 
 # Cycles between modules (allowed within a layer by the order above, but a cycle means two
@@ -199,7 +218,8 @@ def _graph() -> dict[str, set[str]]:
     for path in _modules():
         src = _module_name(path)
         graph.setdefault(src, set()).update(
-            t for t, _, _ in _edges(path) if t != src and (src, t) not in KNOWN_UPWARD)
+            t for t, _, _ in _edges(path) if t != src and (src, t) not in KNOWN_UPWARD
+        )
     return graph
 
 
@@ -244,7 +264,8 @@ def test_no_import_cycles():
     # a component of several modules is fine only when known pairs make up all of it
     unexpected = [c for c in cycles if c != frozenset().union(*(p for p in known if p <= c))]
     assert not unexpected, "import cycles: " + "; ".join(
-        " <-> ".join(sorted(c)) for c in unexpected)
+        " <-> ".join(sorted(c)) for c in unexpected
+    )
     stale = [" <-> ".join(sorted(p)) for p in known if not any(p <= c for c in cycles)]
     assert not stale, f"remove from KNOWN_CYCLES in tests/test_imports.py: {', '.join(stale)}"
 

@@ -45,7 +45,7 @@ def _members(n=12, long_every=4):
 
 @pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
 def test_offsets_agree_with_tarfile(tmp_path, fmt):
-    members = _members(long_every=4 if fmt != tarfile.USTAR_FORMAT else 10 ** 9)
+    members = _members(long_every=4 if fmt != tarfile.USTAR_FORMAT else 10**9)
     path = _tarfile_shard(str(tmp_path / "a.tar"), members, fmt, dirs=["dir/"])
     idx = index_url(path)
     with tarfile.open(path) as tf:
@@ -57,8 +57,10 @@ def test_offsets_agree_with_tarfile(tmp_path, fmt):
     assert idx.member_checksums.tolist() == [csum(d) for _, d in members]
     assert idx.num_samples == len(members) // 2
     assert idx.keys == [n.rsplit(".", 1)[0] for n, _ in members[::2]]
-    assert [idx.member_names(i) for i in range(2)] == [[members[0][0], members[1][0]],
-                                                       [members[2][0], members[3][0]]]
+    assert [idx.member_names(i) for i in range(2)] == [
+        [members[0][0], members[1][0]],
+        [members[2][0], members[3][0]],
+    ]
     assert idx.nbytes == os.path.getsize(path)
     h = file_hasher("xxh3_64")
     h.update(Path(path).read_bytes())
@@ -81,8 +83,9 @@ def test_gnu_tar_shard(tmp_path):
     assert idx.num_samples == len(seq) == 5
     with open(path, "rb") as f:
         for i, want in enumerate(seq):
-            got = read_sample_at(f, int(idx.sample_offsets[i]), end=int(idx.sample_ends[i]),
-                                 url=str(path))
+            got = read_sample_at(
+                f, int(idx.sample_offsets[i]), end=int(idx.sample_ends[i]), url=str(path)
+            )
             assert got == want
 
 
@@ -109,12 +112,18 @@ def test_bad_index_files_are_refused(tmp_path):
     with pytest.raises(IntegrityError, match="version 99 is not supported"):
         ShardIndex.from_bytes(bytes(bumped))
     with pytest.raises(IntegrityError, match="truncated"):
-        ShardIndex.from_bytes(data[:len(data) - 64])
+        ShardIndex.from_bytes(data[: len(data) - 64])
 
 
 def test_non_ascii_keys_and_skipped_members(tmp_path):
-    members = [("ключ1.txt", b"a"), ("ключ1.json", b"{}"), ("__meta__.json", b"{}"),
-               ("noext", b"x"), ("./dotslash.txt", b"b"), ("./dotslash.cls", b"1")]
+    members = [
+        ("ключ1.txt", b"a"),
+        ("ключ1.json", b"{}"),
+        ("__meta__.json", b"{}"),
+        ("noext", b"x"),
+        ("./dotslash.txt", b"b"),
+        ("./dotslash.cls", b"1"),
+    ]
     path = _tarfile_shard(str(tmp_path / "a.tar"), members)
     idx = index_url(path)
     assert idx.keys == ["ключ1", "dotslash"]
@@ -122,19 +131,27 @@ def test_non_ascii_keys_and_skipped_members(tmp_path):
     seq = list(shard_samples(path))
     with open(path, "rb") as f:
         for i in range(2):
-            assert read_sample_at(f, int(idx.sample_offsets[i]), end=int(idx.sample_ends[i]),
-                                  url=path) == seq[i]
+            assert (
+                read_sample_at(f, int(idx.sample_offsets[i]), end=int(idx.sample_ends[i]), url=path)
+                == seq[i]
+            )
         # without the end: read until the next sample starts
         assert read_sample_at(f, int(idx.sample_offsets[0]), url=path) == seq[0]
         assert list(samples_from(f, int(idx.sample_offsets[1]), url=path)) == seq[1:]
 
 
 def test_writer_records_what_a_read_finds(tmp_path):
-    samples = [{"__key__": f"s{i}", "txt": "x" * (i * 300), "cls": i,
-                "json": {"i": i}} for i in range(30)]
+    samples = [
+        {"__key__": f"s{i}", "txt": "x" * (i * 300), "cls": i, "json": {"i": i}} for i in range(30)
+    ]
     samples[3]["__key__"] = "p/" + "q" * 150 + "/s3"  # a pax header
-    for suffix, aligned in ((".tar", False), (".tar.gz", False), (".tar.zst", False),
-                            (".tar.gz", True), (".tar.zst", True)):
+    for suffix, aligned in (
+        (".tar", False),
+        (".tar.gz", False),
+        (".tar.zst", False),
+        (".tar.gz", True),
+        (".tar.zst", True),
+    ):
         path = str(tmp_path / f"w{int(aligned)}{suffix}")
         with TarWriter(path, index=path + ".tsidx", aligned=aligned) as w:
             for s in samples:
@@ -144,8 +161,9 @@ def test_writer_records_what_a_read_finds(tmp_path):
         read = index_url(path)
         assert read == recorded, suffix
         assert recorded.seekable == (suffix == ".tar" or aligned)
-        assert recorded.compression == {".tar": "none", ".tar.gz": "gzip",
-                                        ".tar.zst": "zstd"}[suffix]
+        assert (
+            recorded.compression == {".tar": "none", ".tar.gz": "gzip", ".tar.zst": "zstd"}[suffix]
+        )
 
 
 def test_aligned_shards_are_valid_for_other_tools(tmp_path):
@@ -156,8 +174,9 @@ def test_aligned_shards_are_valid_for_other_tools(tmp_path):
             w.write(s)
     with tarfile.open(gz, "r:gz") as tf:
         assert [m.name for m in tf.getmembers()] == [f"s{i}.txt" for i in range(5)]
-    assert subprocess.run(["tar", "-tzf", gz], capture_output=True, check=True).stdout.split() \
-        == [f"s{i}.txt".encode() for i in range(5)]
+    assert subprocess.run(["tar", "-tzf", gz], capture_output=True, check=True).stdout.split() == [
+        f"s{i}.txt".encode() for i in range(5)
+    ]
     zst = str(tmp_path / "a.tar.zst")
     with TarWriter(zst, aligned=True) as w:
         for s in samples:
@@ -198,7 +217,7 @@ def test_corrupt_shards_raise_with_context(tmp_path):
 
 
 def test_dali_export_matches_wds2idx_format(tmp_path):
-    members = _members(6, long_every=10 ** 9)
+    members = _members(6, long_every=10**9)
     path = _tarfile_shard(str(tmp_path / "a.tar"), members, tarfile.USTAR_FORMAT)
     idx = index_url(path)
     text = idx.to_dali()
@@ -211,9 +230,13 @@ def test_dali_export_matches_wds2idx_format(tmp_path):
         fields = line.split()
         assert len(fields) == 8
         for k, ti in enumerate(pair):
-            ext, off, size, name = fields[4 * k:4 * k + 4]
-            assert (ext, int(off), int(size), name) == (ti.name.split(".", 1)[1],
-                                                        ti.offset_data, ti.size, ti.name)
+            ext, off, size, name = fields[4 * k : 4 * k + 4]
+            assert (ext, int(off), int(size), name) == (
+                ti.name.split(".", 1)[1],
+                ti.offset_data,
+                ti.size,
+                ti.name,
+            )
             with open(path, "rb") as f:
                 f.seek(int(off))
                 assert f.read(int(size)) == dict(members)[ti.name]
@@ -244,8 +267,12 @@ def test_index_stream_of_a_non_seekable_stream(tmp_path):
 
 
 def test_shardwriter_sample_offsets_open_samples(tmp_path):
-    with ShardWriter(str(tmp_path / "s-%02d.tar.zst"), maxcount=10, aligned=True,
-                     manifest=str(tmp_path / "m.json")) as w:
+    with ShardWriter(
+        str(tmp_path / "s-%02d.tar.zst"),
+        maxcount=10,
+        aligned=True,
+        manifest=str(tmp_path / "m.json"),
+    ) as w:
         for i in range(25):
             w.write({"__key__": f"k{i}", "txt": "y" * i})
     m = w.manifest
@@ -254,6 +281,15 @@ def test_shardwriter_sample_offsets_open_samples(tmp_path):
         seq = list(shard_samples(url))
         with open(url, "rb") as f:
             for j in range(len(idx)):
-                assert list(samples_from(f, int(idx.sample_offsets[j]), compression="zstd",
-                                         tar_offset=int(idx.tar_offsets[j]),
-                                         url=url)) == seq[j:]
+                assert (
+                    list(
+                        samples_from(
+                            f,
+                            int(idx.sample_offsets[j]),
+                            compression="zstd",
+                            tar_offset=int(idx.tar_offsets[j]),
+                            url=url,
+                        )
+                    )
+                    == seq[j:]
+                )

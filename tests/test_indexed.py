@@ -50,8 +50,11 @@ def datasets(draw):
 def _write_tar(path: str, samples, writer: str) -> None:
     members = [(f"{key}.{ext}", data) for key, fields in samples for ext, data in fields.items()]
     if writer.startswith("tarfile"):
-        fmt = {"tarfile-ustar": tarfile.USTAR_FORMAT, "tarfile-gnu": tarfile.GNU_FORMAT,
-               "tarfile-pax": tarfile.PAX_FORMAT}[writer]
+        fmt = {
+            "tarfile-ustar": tarfile.USTAR_FORMAT,
+            "tarfile-gnu": tarfile.GNU_FORMAT,
+            "tarfile-pax": tarfile.PAX_FORMAT,
+        }[writer]
         with tarfile.open(path, "w", format=fmt) as tf:
             for name, data in members:
                 ti = tarfile.TarInfo(name)
@@ -66,8 +69,20 @@ def _write_tar(path: str, samples, writer: str) -> None:
             with open(os.path.join(src, name), "wb") as f:
                 f.write(data)
         fmt = writer.split("-", 1)[1]
-        subprocess.run(["tar", f"--format={fmt}", "--no-recursion", "-cf", path, "-C", src,
-                        *[n for n, _ in members]], check=True, capture_output=True)
+        subprocess.run(
+            [
+                "tar",
+                f"--format={fmt}",
+                "--no-recursion",
+                "-cf",
+                path,
+                "-C",
+                src,
+                *[n for n, _ in members],
+            ],
+            check=True,
+            capture_output=True,
+        )
 
 
 def _compress(path: str, compression: str) -> str:
@@ -95,8 +110,9 @@ def _check_random_access(manifest: Manifest, expect_seekable: bool | None = None
     ids = IndexedDataset(manifest)
     assert len(ids) == len(seq)
     indexes = [manifest.load_index(i) for i in range(len(urls))]
-    random_ok = all(ix.seekable or (ix.compression == "gzip" and HAVE_INDEXED_GZIP)
-                    for ix in indexes)
+    random_ok = all(
+        ix.seekable or (ix.compression == "gzip" and HAVE_INDEXED_GZIP) for ix in indexes
+    )
     if expect_seekable is not None:
         assert all(ix.seekable for ix in indexes) == expect_seekable
     if random_ok:
@@ -110,10 +126,13 @@ def _check_random_access(manifest: Manifest, expect_seekable: bool | None = None
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(shards=datasets(),
-       writer=st.sampled_from(["tarfile-ustar", "tarfile-gnu", "tarfile-pax", "gnutar-gnu",
-                               "gnutar-pax"]),
-       compression=st.sampled_from(["none", "gz", "zst"]))
+@given(
+    shards=datasets(),
+    writer=st.sampled_from(
+        ["tarfile-ustar", "tarfile-gnu", "tarfile-pax", "gnutar-gnu", "gnutar-pax"]
+    ),
+    compression=st.sampled_from(["none", "gz", "zst"]),
+)
 def test_foreign_shards_random_access_equals_sequential(shards, writer, compression):
     with tempfile.TemporaryDirectory() as d:
         urls = []
@@ -127,33 +146,45 @@ def test_foreign_shards_random_access_equals_sequential(shards, writer, compress
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(shards=datasets(), compression=st.sampled_from(["none", "gz", "zst"]),
-       aligned=st.booleans(), maxcount=st.integers(1, 6))
+@given(
+    shards=datasets(),
+    compression=st.sampled_from(["none", "gz", "zst"]),
+    aligned=st.booleans(),
+    maxcount=st.integers(1, 6),
+)
 def test_shardwriter_manifest_equals_index_command(shards, compression, aligned, maxcount):
     samples = [s for shard in shards for s in shard]
     suffix = {"none": ".tar", "gz": ".tar.gz", "zst": ".tar.zst"}[compression]
     with tempfile.TemporaryDirectory() as d:
-        with ShardWriter(os.path.join(d, "out-%04d" + suffix), maxcount=maxcount,
-                         manifest=os.path.join(d, "written.json"), aligned=aligned,
-                         encoder=False) as w:
+        with ShardWriter(
+            os.path.join(d, "out-%04d" + suffix),
+            maxcount=maxcount,
+            manifest=os.path.join(d, "written.json"),
+            aligned=aligned,
+            encoder=False,
+        ) as w:
             for key, fields in samples:
                 w.write({"__key__": key, **fields})
         written = Manifest.load(os.path.join(d, "written.json"))
         assert written == w.manifest
-        indexed = build_manifest(written.shard_urls(), os.path.join(d, "indexed.json"),
-                                 workers=1)
+        indexed = build_manifest(written.shard_urls(), os.path.join(d, "indexed.json"), workers=1)
         assert indexed == written
         assert indexed.fingerprint == written.fingerprint
         for i in range(len(written)):
             assert indexed.load_index(i) == written.load_index(i)
         # plain and aligned shards are always seekable; others only by chance (one sample)
-        _check_random_access(written, expect_seekable=True if compression == "none" or aligned
-                             else None)
+        _check_random_access(
+            written, expect_seekable=True if compression == "none" or aligned else None
+        )
 
 
 def _manifest(tmp_path, n=40, maxcount=9, suffix=".tar", **kw):
-    with ShardWriter(str(tmp_path / f"s-%03d{suffix}"), maxcount=maxcount,
-                     manifest=str(tmp_path / "m.json"), **kw) as w:
+    with ShardWriter(
+        str(tmp_path / f"s-%03d{suffix}"),
+        maxcount=maxcount,
+        manifest=str(tmp_path / "m.json"),
+        **kw,
+    ) as w:
         for i in range(n):
             w.write({"__key__": f"k{i:04d}", "txt": f"sample {i}" * (i % 7), "cls": i % 10})
     return w.manifest
@@ -182,8 +213,9 @@ def test_errors_and_indexing(tmp_path):
 
 def test_decode_and_transform(tmp_path):
     _manifest(tmp_path)
-    ds = IndexedDataset(str(tmp_path / "m.json"), decode="rgb8",
-                        transform=lambda s: (s["txt"], s["cls"]))
+    ds = IndexedDataset(
+        str(tmp_path / "m.json"), decode="rgb8", transform=lambda s: (s["txt"], s["cls"])
+    )
     assert ds[3] == ("sample 3" * 3, 3)
     with pytest.raises(ValueError, match="unknown decoding mode"):
         IndexedDataset(str(tmp_path / "m.json"), decode="nonsense")
@@ -248,21 +280,23 @@ def test_foreign_tgz_through_gzip_seek_points(tmp_path):
 
 def test_parallel_index_command_and_cli(tmp_path):
     m = _manifest(tmp_path, n=30, maxcount=5)
-    built = build_manifest(m.shard_urls(), str(tmp_path / "again.json"), workers=2,
-                           progress=False)
+    built = build_manifest(m.shard_urls(), str(tmp_path / "again.json"), workers=2, progress=False)
     assert built == m
     from click.testing import CliRunner
 
     from tarshards.cli.main import group
 
-    res = CliRunner().invoke(group, ["index", "-q", "--dali", str(tmp_path / "s-*.tar"), "-o",
-                                     str(tmp_path / "cli.json")])
+    res = CliRunner().invoke(
+        group,
+        ["index", "-q", "--dali", str(tmp_path / "s-*.tar"), "-o", str(tmp_path / "cli.json")],
+    )
     assert res.exit_code == 0, res.output
     assert Manifest.load(str(tmp_path / "cli.json")) == m
     dali = (tmp_path / "s-000.tar.idx").read_text().splitlines()
     assert dali[0] == "v1.2 5" and dali[1].startswith("cls ")
-    res = CliRunner().invoke(group, ["index", "-q", str(tmp_path / "missing.tar"), "-o",
-                                     str(tmp_path / "x.json")])
+    res = CliRunner().invoke(
+        group, ["index", "-q", str(tmp_path / "missing.tar"), "-o", str(tmp_path / "x.json")]
+    )
     assert res.exit_code == 1 and "missing.tar" in res.output
 
 
@@ -275,11 +309,13 @@ def test_dataloader_shuffle_two_workers(tmp_path):
     import tarshards
 
     _manifest(tmp_path, n=50)
-    ds = tarshards.IndexedDataset(str(tmp_path / "m.json"),
-                                  transform=lambda s: (s["__key__"], int(s["cls"])))
+    ds = tarshards.IndexedDataset(
+        str(tmp_path / "m.json"), transform=lambda s: (s["__key__"], int(s["cls"]))
+    )
     assert isinstance(ds, torch.utils.data.Dataset)
-    loader = DataLoader(ds, batch_size=8, shuffle=True, num_workers=2,
-                        generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(
+        ds, batch_size=8, shuffle=True, num_workers=2, generator=torch.Generator().manual_seed(0)
+    )
     assert len(loader) == 7
     keys, labels = [], []
     for k, c in loader:
@@ -301,8 +337,11 @@ def test_distributed_sampler_splits_exactly(tmp_path):
     for rank in range(3):
         sampler = DistributedSampler(ds, num_replicas=3, rank=rank, shuffle=True, seed=1)
         sampler.set_epoch(2)
-        got = [k for batch in DataLoader(ds, batch_size=5, sampler=sampler, num_workers=1)
-               for k in batch]
+        got = [
+            k
+            for batch in DataLoader(ds, batch_size=5, sampler=sampler, num_workers=1)
+            for k in batch
+        ]
         assert len(got) == 14
         seen.extend(got)
     assert sorted(seen) == [f"k{i:04d}" for i in range(42)]

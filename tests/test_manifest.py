@@ -10,11 +10,16 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from tarshards import (IntegrityError, ShardFormatError, ShardWriter, WebDataset,
-                       warn_and_continue)
+from tarshards import IntegrityError, ShardFormatError, ShardWriter, WebDataset, warn_and_continue
 from tarshards.cli.main import group
-from tarshards.manifest import (Manifest, ShardRecord, build_manifest, index_path_for,
-                                relative_url, resolve_url)
+from tarshards.manifest import (
+    Manifest,
+    ShardRecord,
+    build_manifest,
+    index_path_for,
+    relative_url,
+    resolve_url,
+)
 from tarshards.pipeline import WebDataset as PlainWebDataset
 from tarshards.pipeline import iter_samples
 
@@ -22,8 +27,9 @@ from tarshards.pipeline import iter_samples
 def _write(tmp_path, n=50, maxcount=8, sub="ds", **kw):
     d = tmp_path / sub
     d.mkdir(exist_ok=True)
-    with ShardWriter(str(d / "part-%04d.tar"), maxcount=maxcount,
-                     manifest=str(d / "manifest.json"), **kw) as w:
+    with ShardWriter(
+        str(d / "part-%04d.tar"), maxcount=maxcount, manifest=str(d / "manifest.json"), **kw
+    ) as w:
         for i in range(n):
             w.write({"__key__": f"s{i:05d}", "txt": f"text {i}" * (i % 5), "cls": i % 3})
     return w.manifest
@@ -42,9 +48,13 @@ def test_file_format_and_relative_urls(tmp_path):
     obj = json.loads((tmp_path / "ds" / "manifest.json").read_text())
     assert obj["format"] == "tarshards.manifest" and obj["version"] == 1
     assert obj["num_samples"] == 50
-    assert obj["shards"][0] == {"url": "part-0000.tar", "samples": 8,
-                                "nbytes": os.path.getsize(tmp_path / "ds" / "part-0000.tar"),
-                                "hash": m.shards[0].hash, "index": "part-0000.tar.tsidx"}
+    assert obj["shards"][0] == {
+        "url": "part-0000.tar",
+        "samples": 8,
+        "nbytes": os.path.getsize(tmp_path / "ds" / "part-0000.tar"),
+        "hash": m.shards[0].hash,
+        "index": "part-0000.tar.tsidx",
+    }
     assert m.shards[0].hash.startswith("xxh3_64:")
     # the data set moves as a whole
     shutil.copytree(tmp_path / "ds", tmp_path / "moved")
@@ -58,8 +68,7 @@ def test_file_format_and_relative_urls(tmp_path):
 def test_fingerprint_and_tampering(tmp_path):
     m = _write(tmp_path)
     r = m.shards[0]
-    other = Manifest((ShardRecord(r.url, r.samples + 1, r.nbytes, r.hash, r.index),)
-                     + m.shards[1:])
+    other = Manifest((ShardRecord(r.url, r.samples + 1, r.nbytes, r.hash, r.index),) + m.shards[1:])
     assert other.fingerprint != m.fingerprint and other != m
     path = tmp_path / "ds" / "manifest.json"
     obj = json.loads(path.read_text())
@@ -104,9 +113,14 @@ def test_index_of_shards_elsewhere(tmp_path):
 
 def test_wids_shardindex_is_read(tmp_path):
     m = _write(tmp_path)
-    wids = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": "train",
-            "shardlist": [{"url": r.url, "nsamples": r.samples, "filesize": r.nbytes}
-                          for r in m.shards]}
+    wids = {
+        "__kind__": "wids-shard-index-v1",
+        "wids_version": 1,
+        "name": "train",
+        "shardlist": [
+            {"url": r.url, "nsamples": r.samples, "filesize": r.nbytes} for r in m.shards
+        ],
+    }
     path = tmp_path / "ds" / "shardindex.json"
     path.write_text(json.dumps(wids))
     w = Manifest.load(str(path))
@@ -129,8 +143,9 @@ def test_exact_len_per_rank_and_worker(tmp_path):
         for world in (1, 2, 3):
             total = 0
             for rank in range(world):
-                ds = PlainWebDataset(url, rank=rank, world_size=world, shardshuffle=shardshuffle,
-                                     seed=5)
+                ds = PlainWebDataset(
+                    url, rank=rank, world_size=world, shardshuffle=shardshuffle, seed=5
+                )
                 ds.set_epoch(3)
                 n = len(ds)
                 assert n == len(list(ds)), (world, rank)
@@ -200,9 +215,22 @@ def test_tarsplit_writes_a_manifest(tmp_path):
     m = _write(tmp_path, n=20, maxcount=100)
     out = tmp_path / "split"
     out.mkdir()
-    res = CliRunner().invoke(group, ["split", "-q", "-n", "6", "-z", "--aligned", "--manifest",
-                                     str(out / "m.json"), "-o", str(out / "p"),
-                                     m.shard_urls()[0]])
+    res = CliRunner().invoke(
+        group,
+        [
+            "split",
+            "-q",
+            "-n",
+            "6",
+            "-z",
+            "--aligned",
+            "--manifest",
+            str(out / "m.json"),
+            "-o",
+            str(out / "p"),
+            m.shard_urls()[0],
+        ],
+    )
     assert res.exit_code == 0, res.output
     sm = Manifest.load(str(out / "m.json"))
     assert [r.samples for r in sm.shards] == [6, 6, 6, 2]
@@ -217,12 +245,16 @@ def test_map_shards_writes_a_manifest(tmp_path):
     outs = [str(tmp_path / f"out-{i}.tar") for i in range(3)]
     map_shards(_upper, m.shard_urls()[:2], outs[:2], workers=1, progress=False)
     # the third is new; the first two exist and are indexed by reading them
-    reports = map_shards(_upper, m.shard_urls(), outs, workers=2, progress=False,
-                         manifest=str(tmp_path / "out.json"))
+    reports = map_shards(
+        _upper, m.shard_urls(), outs, workers=2, progress=False, manifest=str(tmp_path / "out.json")
+    )
     assert [r.status for r in reports] == ["skipped", "skipped", "done"]
     om = Manifest.load(str(tmp_path / "out.json"))
     assert om.num_samples == 30 and [r.url for r in om.shards] == [
-        "out-0.tar", "out-1.tar", "out-2.tar"]
+        "out-0.tar",
+        "out-1.tar",
+        "out-2.tar",
+    ]
     assert om == build_manifest(outs, str(tmp_path / "again.json"), workers=1)
 
 

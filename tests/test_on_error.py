@@ -30,8 +30,10 @@ from tarshards.pipeline import DataPipeline, WebDataset
 
 
 def _samples(n=4, bad=(1,)):
-    return [{"__key__": f"k{i}", "__url__": "mem", "cls": b"x" if i in bad else str(i).encode()}
-            for i in range(n)]
+    return [
+        {"__key__": f"k{i}", "__url__": "mem", "cls": b"x" if i in bad else str(i).encode()}
+        for i in range(n)
+    ]
 
 
 def _keys(items):
@@ -77,8 +79,11 @@ def test_callables_see_every_error_and_decide():
         seen.append(type(exn).__name__)
         return True
 
-    assert _keys(stages.map(_samples(3, bad=()), lambda s: 1 / 0 if s["__key__"] == "k1" else s,
-                            on_error=policy)) == ["k0", "k2"]
+    assert _keys(
+        stages.map(
+            _samples(3, bad=()), lambda s: 1 / 0 if s["__key__"] == "k1" else s, on_error=policy
+        )
+    ) == ["k0", "k2"]
     assert seen == ["ZeroDivisionError"]
     # webdataset's handlers keep their meaning, through handler= or on_error=
     assert _keys(stages.decode(_samples(), handler=ignore_and_continue)) == ["k0", "k2", "k3"]
@@ -134,8 +139,10 @@ def test_pipelines_pass_their_policy_to_stages(tmp_path):
 
 def test_fluent_signatures_are_the_stages():
     sig = inspect.signature(WebDataset.shuffle)
-    assert str(sig) == ("(self, bufsize: 'int' = 1000, initial: 'int | None' = None, *, "
-                        "seed: 'int | None' = None) -> 'DataPipeline'")
+    assert str(sig) == (
+        "(self, bufsize: 'int' = 1000, initial: 'int | None' = None, *, "
+        "seed: 'int | None' = None) -> 'DataPipeline'"
+    )
     assert list(inspect.signature(WebDataset.map).parameters) == ["self", "f", "on_error"]
     assert inspect.signature(WebDataset.map).parameters["on_error"].default is None
     batched = inspect.signature(DataPipeline.batched)

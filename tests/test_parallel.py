@@ -114,13 +114,17 @@ def test_map_samples_error_names_the_sample_key(shards):
 def test_map_samples_handler_skips_or_stops(shards):
     paths, samples = shards
     with pytest.warns(TarshardsWarning, match="seven") as caught:
-        got = list(map_samples(fail_on_7, shard_samples(paths[0]), processes=2,
-                               handler=warn_and_continue))
+        got = list(
+            map_samples(fail_on_7, shard_samples(paths[0]), processes=2, handler=warn_and_continue)
+        )
     assert len(caught) == 1
     keys = [s["__key__"] for s in got]
     assert keys == [s["__key__"] for s in samples[:25] if s["__key__"] != "sample000007"]
-    got = list(map_samples(fail_on_7, shard_samples(paths[0]), processes=2, chunksize=2,
-                           handler=ignore_and_stop))
+    got = list(
+        map_samples(
+            fail_on_7, shard_samples(paths[0]), processes=2, chunksize=2, handler=ignore_and_stop
+        )
+    )
     assert [s["__key__"] for s in got] == [f"sample{i:06d}" for i in range(7)]
 
 
@@ -128,8 +132,9 @@ def test_map_samples_worker_death_is_one_sample_error():
     with pytest.raises(TarshardsError, match="worker process died"):
         list(map_samples(die_on_5, range(10), processes=2, chunksize=3))
     with pytest.warns(TarshardsWarning, match="exit code 7"):
-        got = list(map_samples(die_on_5, range(12), processes=2, chunksize=3,
-                               handler=warn_and_continue))
+        got = list(
+            map_samples(die_on_5, range(12), processes=2, chunksize=3, handler=warn_and_continue)
+        )
     assert got == [x for x in range(12) if x != 5]
 
 
@@ -153,7 +158,8 @@ def test_map_shards_processes_and_rerun(tmp_path):
     reports = map_shards(label_plus, paths, outs, workers=2)
     assert [r.status for r in reports] == ["done"] * 4
     assert [(r.input, r.output, r.samples_in, r.samples_out) for r in reports] == [
-        (p, o, 10, 10) for p, o in zip(paths, outs)]
+        (p, o, 10, 10) for p, o in zip(paths, outs)
+    ]
     assert read_all(outs) == expected(samples)
     # a lost output is redone, the others are skipped
     os.unlink(outs[2])
@@ -201,8 +207,9 @@ def test_map_shards_worker_death_is_retried(tmp_path):
     assert temp_files(tmp_path) == []
     # a function that always kills its worker fails after 1 + retries attempts
     with pytest.warns(TarshardsWarning, match="1 of 1 shards failed"):
-        reports = map_shards(always_die, [paths[0]], [str(tmp_path / "x.tar")], workers=1,
-                             retries=1)
+        reports = map_shards(
+            always_die, [paths[0]], [str(tmp_path / "x.tar")], workers=1, retries=1
+        )
     assert reports[0].status == "failed" and "died (exit code 5) 2 time(s)" in reports[0].error
     assert not os.path.exists(tmp_path / "x.tar") and temp_files(tmp_path) == []
 
@@ -215,8 +222,14 @@ def test_map_shards_results_lists_and_none_and_decode(tmp_path):
         i = int(sample["cls"])
         if i == 0:
             return None
-        return [{"__key__": f"{sample['__key__']}_{j}", "txt": f"{i}:{j}",
-                 "png": sample["jpg"].resize((4, 4))} for j in range(2)]
+        return [
+            {
+                "__key__": f"{sample['__key__']}_{j}",
+                "txt": f"{i}:{j}",
+                "png": sample["jpg"].resize((4, 4)),
+            }
+            for j in range(2)
+        ]
 
     out = str(tmp_path / "out.tar")
     [r] = map_shards(split, paths, [out], workers=1, decode="pil")
@@ -244,7 +257,8 @@ def test_map_shard_files(tmp_path):
     reports = map_shard_files(copy_shard, pairs, workers=2)
     assert [(r.status, r.samples_out) for r in reports] == [("done", 4)] * 3
     assert [s["__key__"] for p in pairs for s in shard_samples(p[1])] == [
-        s["__key__"] for s in samples]
+        s["__key__"] for s in samples
+    ]
     assert [r.status for r in map_shard_files(copy_shard, pairs)] == ["skipped"] * 3
 
 
@@ -263,10 +277,18 @@ def copy_shard(inp, out):
 
 
 def test_shell_sample_fn_semantics():
-    fn = pickle.loads(pickle.dumps(shell_sample_fn(
-        'test "$KEY" = d/k1 && tr a-z A-Z < k1.txt > k1.up && echo x > other && rm k1.txt')))
+    fn = pickle.loads(
+        pickle.dumps(
+            shell_sample_fn(
+                'test "$KEY" = d/k1 && tr a-z A-Z < k1.txt > k1.up && echo x > other && rm k1.txt'
+            )
+        )
+    )
     assert fn({"__key__": "d/k1", "txt": b"hello"}) == {
-        "__key__": "d/k1", "up": b"HELLO", "other": b"x\n"}
+        "__key__": "d/k1",
+        "up": b"HELLO",
+        "other": b"x\n",
+    }
     assert shell_sample_fn("rm *")({"__key__": "k", "txt": b"h"}) is None
     with pytest.raises(RuntimeError, match="status 3 on sample 'k'.*oops"):
         shell_sample_fn("echo oops >&2; exit 3")({"__key__": "k", "txt": b"h"})
@@ -278,18 +300,40 @@ def test_cli_map_command_and_function(tmp_path, monkeypatch):
     write_shards(tmp_path, 3, 5)
     monkeypatch.chdir(tmp_path)
     runner = CliRunner()
-    res = runner.invoke(map_cmd, ["-c", "cat $(basename $KEY).cls > $(basename $KEY).copy",
-                                  "shard-{0000..0002}.tar", "-o", "c-{0..2}.tar", "-p", "2", "-q"])
+    res = runner.invoke(
+        map_cmd,
+        [
+            "-c",
+            "cat $(basename $KEY).cls > $(basename $KEY).copy",
+            "shard-{0000..0002}.tar",
+            "-o",
+            "c-{0..2}.tar",
+            "-p",
+            "2",
+            "-q",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "done" in res.output and "15" in res.output
     s = next(shard_samples(str(tmp_path / "c-1.tar")))
     assert s["copy"] == s["cls"] == b"5"
     # -f module:function, rerun skips
     (tmp_path / "mymod.py").write_text(
-        "def f(s):\n    return {'__key__': s['__key__'], 'txt': s['jpg'].size}\n")
+        "def f(s):\n    return {'__key__': s['__key__'], 'txt': s['jpg'].size}\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
-    args = ["-f", "mymod:f", "--decode", "pil", "shard-{0000..0002}.tar", "-o", "f-{0..2}.tar",
-            "-p", "1", "-q"]
+    args = [
+        "-f",
+        "mymod:f",
+        "--decode",
+        "pil",
+        "shard-{0000..0002}.tar",
+        "-o",
+        "f-{0..2}.tar",
+        "-p",
+        "1",
+        "-q",
+    ]
     res = runner.invoke(map_cmd, args)
     assert res.exit_code == 0, res.output
     assert next(shard_samples(str(tmp_path / "f-0.tar")))["txt"] == b"(32, 24)"
@@ -297,16 +341,21 @@ def test_cli_map_command_and_function(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     assert [ln.split()[1] for ln in res.output.splitlines() if ln.startswith("skipped")] == ["3"]
     # a failing command: exit 1, the failure named, nothing under the final name
-    res = runner.invoke(map_cmd, ["-c", "exit 4", "shard-0000.tar", "-o", "e.tar", "-q",
-                                  "--retries", "0"])
+    res = runner.invoke(
+        map_cmd, ["-c", "exit 4", "shard-0000.tar", "-o", "e.tar", "-q", "--retries", "0"]
+    )
     assert res.exit_code == 1
     assert "status 4" in res.output and not os.path.exists(tmp_path / "e.tar")
     # usage errors
     assert runner.invoke(map_cmd, ["shard-0000.tar", "-o", "x.tar"]).exit_code == 2
-    assert runner.invoke(map_cmd, ["-c", "true", "shard-{0000..0001}.tar",
-                                   "-o", "x.tar"]).exit_code == 2
-    assert runner.invoke(map_cmd, ["-f", "nomodule_zz:f", "shard-0000.tar",
-                                   "-o", "x.tar"]).exit_code == 2
+    assert (
+        runner.invoke(map_cmd, ["-c", "true", "shard-{0000..0001}.tar", "-o", "x.tar"]).exit_code
+        == 2
+    )
+    assert (
+        runner.invoke(map_cmd, ["-f", "nomodule_zz:f", "shard-0000.tar", "-o", "x.tar"]).exit_code
+        == 2
+    )
 
 
 def test_cli_map_registered():
@@ -384,8 +433,9 @@ def test_map_shards_on_error_modes(tmp_path):
     assert "sample000007" in r.messages[0]
     # "skip" is for data errors: a bug in the function still fails the shard
     with pytest.warns(TarshardsWarning, match="1 of 1 shards failed"):
-        [r] = map_shards(fail_on_7, paths, [str(tmp_path / "b.tar")], engine=InlineEngine(),
-                         on_error="skip")
+        [r] = map_shards(
+            fail_on_7, paths, [str(tmp_path / "b.tar")], engine=InlineEngine(), on_error="skip"
+        )
     assert r.status == "failed" and "ZeroDivisionError: seven" in r.error
 
 

@@ -33,8 +33,9 @@ def test_reads_all_samples_in_order(shards):
 
 def test_brace_spec_and_double_colon(shards, tmp_path):
     paths, samples = shards
-    spec = (str(tmp_path / "shard-{0000..0001}.tar") + "::"
-            + str(tmp_path / "shard-{0002..0003}.tar"))
+    spec = (
+        str(tmp_path / "shard-{0000..0001}.tar") + "::" + str(tmp_path / "shard-{0002..0003}.tar")
+    )
     assert keys(WebDataset(spec)) == [s["__key__"] for s in samples]
     listfile = tmp_path / "list.txt"
     listfile.write_text("\n".join(paths) + "\n")
@@ -51,8 +52,16 @@ def test_seed_constructor_tuples(shards):
     assert cls == 0
     raw = next(iter(WebDataset(paths, extensions="jpg cls", decoder=None)))
     assert raw == (samples[0]["jpg"], samples[0]["cls"])
-    pil = next(iter(WebDataset(paths, extensions="jpg;png cls", decoder="pil",
-                               transforms=[lambda im: im.size, lambda c: c - 1])))
+    pil = next(
+        iter(
+            WebDataset(
+                paths,
+                extensions="jpg;png cls",
+                decoder="pil",
+                transforms=[lambda im: im.size, lambda c: c - 1],
+            )
+        )
+    )
     assert pil == ((32, 24), -1)
 
 
@@ -66,8 +75,14 @@ def test_seed_shuffle_changes_order_but_keeps_samples(shards):
 
 def test_fluent_pipeline_and_repr(shards):
     paths, _ = shards
-    ds = (WebDataset(paths, shardshuffle=False).shuffle(10).decode("rgb8")
-          .to_tuple("jpg", "cls").map_tuple(lambda x: x.shape, None).batched(8))
+    ds = (
+        WebDataset(paths, shardshuffle=False)
+        .shuffle(10)
+        .decode("rgb8")
+        .to_tuple("jpg", "cls")
+        .map_tuple(lambda x: x.shape, None)
+        .batched(8)
+    )
     batches = list(ds)
     assert len(batches) == 13
     assert batches[0][0][0] == (24, 32, 3)
@@ -109,8 +124,9 @@ def test_indexing_explains_streaming(shards):
 
 def test_explicit_ranks_split_disjoint(shards):
     paths, samples = shards
-    parts = [keys(WebDataset(paths, rank=r, world_size=2, shardshuffle=True, seed=1))
-             for r in range(2)]
+    parts = [
+        keys(WebDataset(paths, rank=r, world_size=2, shardshuffle=True, seed=1)) for r in range(2)
+    ]
     assert not set(parts[0]) & set(parts[1])
     assert sorted(parts[0] + parts[1]) == sorted(s["__key__"] for s in samples)
 
@@ -196,8 +212,9 @@ def test_reads_over_http(shards, tmp_path):
     root.mkdir()
     for p in paths:
         shutil.copy(p, root / os.path.basename(p))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
-                                             partial(_QuietHandler, directory=str(root)))
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), partial(_QuietHandler, directory=str(root))
+    )
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

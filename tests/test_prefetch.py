@@ -21,8 +21,6 @@ from tarshards.urls import open_url
 pytestmark = pytest.mark.timeout(120)
 
 
-
-
 def _prefetch_threads():
     return [t for t in threading.enumerate() if t.name.startswith("tarshards-prefetch")]
 
@@ -94,11 +92,11 @@ def test_a_continuing_handler_skips_the_bad_shard_only(tmp_path):
         plain = [s["__key__"] for s in iter_samples(urls, handler=warn_and_continue)]
     with warnings.catch_warnings(record=True) as w2:
         warnings.simplefilter("always")
-        ahead = [s["__key__"] for s in iter_samples(urls, handler=warn_and_continue,
-                                                     prefetch=3)]
+        ahead = [s["__key__"] for s in iter_samples(urls, handler=warn_and_continue, prefetch=3)]
     assert ahead == plain and len(plain) > 12
-    assert [str(w.message) for w in w1 if w.category is TarshardsWarning] == \
-        [str(w.message) for w in w2 if w.category is TarshardsWarning]
+    assert [str(w.message) for w in w1 if w.category is TarshardsWarning] == [
+        str(w.message) for w in w2 if w.category is TarshardsWarning
+    ]
 
 
 def test_stopping_early_stops_the_threads(tmp_path):

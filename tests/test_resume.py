@@ -22,8 +22,13 @@ def write_uneven(directory, counts=COUNTS, prefix="k"):
         path = directory / f"part-{s:02d}.tar"
         with TarWriter(str(path)) as w:
             for _ in range(cnt):
-                w.write({"__key__": f"{prefix}{n:04d}", "cls": str(n % 7).encode(),
-                         "txt": f"value {n}".encode()})
+                w.write(
+                    {
+                        "__key__": f"{prefix}{n:04d}",
+                        "cls": str(n % 7).encode(),
+                        "txt": f"value {n}".encode(),
+                    }
+                )
                 n += 1
         urls.append(str(path))
     return urls
@@ -84,7 +89,7 @@ def test_shuffle_replay_equals_the_run():
             core = ShuffleCore(bufsize, initial, reader_rng(0, 0, 1))
             core.replay(37, p)
             held = core.positions()
-            core.buf[core.tail if core.tail >= 0 else 0:] = held  # "read" them back
+            core.buf[core.tail if core.tail >= 0 else 0 :] = held  # "read" them back
             rest = list(core.run(iter(range(core.consumed, 37))))
             assert full[p:] == rest, (bufsize, initial, p)
 
@@ -92,14 +97,12 @@ def test_shuffle_replay_equals_the_run():
 # ---- exact resume ---------------------------------------------------------------------------
 
 
-def make_ds(urls, *, shuffle=5, readers=6, batch=4, seed=1, remainder="drop", torch_ds=False,
-            **kw):
+def make_ds(urls, *, shuffle=5, readers=6, batch=4, seed=1, remainder="drop", torch_ds=False, **kw):
     if torch_ds:
         from tarshards.torch import WebDataset
     else:
         from tarshards.pipeline import WebDataset
-    ds = WebDataset(urls, shardshuffle=True, seed=seed, readers=readers, remainder=remainder,
-                    **kw)
+    ds = WebDataset(urls, shardshuffle=True, seed=seed, readers=readers, remainder=remainder, **kw)
     if shuffle:
         ds = ds.shuffle(shuffle)
     return ds.decode().to_tuple("__key__", "cls", "__pad__").batched(batch)
@@ -112,8 +115,11 @@ def keys_of(batch):
 @pytest.mark.parametrize("shuffle", [0, 5])
 @pytest.mark.parametrize("remainder", ["drop", "pad", "carry"])
 def test_dataset_resumes_exactly(urls, shuffle, remainder):
-    check_resume(lambda: make_ds(urls, shuffle=shuffle, remainder=remainder), epochs=2,
-                 resumes_in_one_epoch=3)
+    check_resume(
+        lambda: make_ds(urls, shuffle=shuffle, remainder=remainder),
+        epochs=2,
+        resumes_in_one_epoch=3,
+    )
 
 
 def test_every_sample_once_and_equal_batches(urls):
@@ -125,7 +131,7 @@ def test_every_sample_once_and_equal_batches(urls):
     pad = list(make_ds(urls, remainder="pad"))
     flags = [f for b in pad for f in b[2]]
     assert len(pad) == 24 and sum(flags) == 96 - 73
-    assert len({k for b, in zip(pad) for k, f in zip(b[0], b[2]) if not f}) == 73
+    assert len({k for (b,) in zip(pad) for k, f in zip(b[0], b[2]) if not f}) == 73
 
 
 def test_mismatched_state_raises(urls, tmp_path):
@@ -133,9 +139,13 @@ def test_mismatched_state_raises(urls, tmp_path):
     it = iter(ds)
     next(it)
     state = ds.state_dict()
-    for other in [make_ds(urls, seed=2), make_ds(urls, readers=12, batch=2),
-                  make_ds(urls, batch=3), make_ds(urls, shuffle=7),
-                  make_ds(write_uneven(tmp_path, COUNTS[:-1] + [9]))]:
+    for other in [
+        make_ds(urls, seed=2),
+        make_ds(urls, readers=12, batch=2),
+        make_ds(urls, batch=3),
+        make_ds(urls, shuffle=7),
+        make_ds(write_uneven(tmp_path, COUNTS[:-1] + [9])),
+    ]:
         with pytest.raises(ResumeError, match="does not fit"):
             other.load_state_dict(state)
     with pytest.raises(ResumeError, match="not a tarshards resume state"):
@@ -151,20 +161,30 @@ def _quiet():
     warnings.filterwarnings("ignore", message=".*worker processes in total.*")
 
 
-@pytest.mark.parametrize("num_workers,persistent", [(0, False), (1, False), (2, False),
-                                                    (3, False), (2, True), (3, True)])
+@pytest.mark.parametrize(
+    "num_workers,persistent", [(0, False), (1, False), (2, False), (3, False), (2, True), (3, True)]
+)
 def test_webloader_resumes_exactly(urls, num_workers, persistent):
     from tarshards.torch import WebLoader
 
     _quiet()
 
     def make():
-        return WebLoader(make_ds(urls, torch_ds=True), batch_size=None, num_workers=num_workers,
-                         persistent_workers=persistent)
+        return WebLoader(
+            make_ds(urls, torch_ds=True),
+            batch_size=None,
+            num_workers=num_workers,
+            persistent_workers=persistent,
+        )
 
     cuts = None if num_workers in (0, 2) else [(0, 5), (1, 7)]
-    ref = check_resume(make, epochs=2, cuts=cuts, state_roundtrip=_torch_roundtrip,
-                       resumes_in_one_epoch=2 if num_workers == 2 else 0)
+    ref = check_resume(
+        make,
+        epochs=2,
+        cuts=cuts,
+        state_roundtrip=_torch_roundtrip,
+        resumes_in_one_epoch=2 if num_workers == 2 else 0,
+    )
     assert len(make()) == 18 and [len(e) for e in ref] == [18, 18] and ref[0] != ref[1]
 
 
@@ -195,8 +215,9 @@ class _SDLRun:
 
         self.ds = make_ds(urls, torch_ds=True)
         self.persistent = persistent
-        self.loader = StatefulDataLoader(self.ds, batch_size=None, num_workers=num_workers,
-                                         persistent_workers=persistent)
+        self.loader = StatefulDataLoader(
+            self.ds, batch_size=None, num_workers=num_workers, persistent_workers=persistent
+        )
         self.epoch = 0
 
     def __iter__(self):
@@ -228,8 +249,13 @@ def test_manifest_gives_the_plan_without_a_scan(urls, tmp_path):
     manifest = build_manifest(urls, str(tmp_path / "m.json"), workers=1)
 
     def make():
-        return (WebDataset(str(tmp_path / "m.json"), shardshuffle=True, seed=1, readers=6)
-                .shuffle(5).decode().to_tuple("__key__", "cls", "__pad__").batched(4))
+        return (
+            WebDataset(str(tmp_path / "m.json"), shardshuffle=True, seed=1, readers=6)
+            .shuffle(5)
+            .decode()
+            .to_tuple("__key__", "cls", "__pad__")
+            .batched(4)
+        )
 
     ds = make()
     assert ds.table.counts == tuple(COUNTS) and ds.table.fingerprint == manifest.fingerprint
@@ -248,8 +274,10 @@ def two_sets(tmp_path_factory):
     d = tmp_path_factory.mktemp("mix")
     (d / "a").mkdir()
     (d / "b").mkdir()
-    return (write_uneven(d / "a", [20, 15, 25], prefix="a"),
-            write_uneven(d / "b", [9, 11], prefix="b"))
+    return (
+        write_uneven(d / "a", [20, 15, 25], prefix="a"),
+        write_uneven(d / "b", [9, 11], prefix="b"),
+    )
 
 
 def make_mix(two_sets, stop="first", torch_ds=False, **kw):
@@ -261,9 +289,11 @@ def make_mix(two_sets, stop="first", torch_ds=False, **kw):
     a_urls, b_urls = two_sets
     a = WebDataset(a_urls, shardshuffle=True, seed=0).shuffle(4).decode()
     b = WebDataset(b_urls, shardshuffle=True, seed=0).decode()
-    return (mix({"a": a, "b": b}, weights={"a": 0.7, "b": 0.3}, readers=4, stop=stop, seed=3,
-                **kw)
-            .to_tuple("__key__", "__source__", "__pad__").batched(10))
+    return (
+        mix({"a": a, "b": b}, weights={"a": 0.7, "b": 0.3}, readers=4, stop=stop, seed=3, **kw)
+        .to_tuple("__key__", "__source__", "__pad__")
+        .batched(10)
+    )
 
 
 def test_batch_quotas_are_exact():
@@ -298,8 +328,11 @@ def test_mix_through_loader_and_elastic(two_sets):
     from tarshards.torch import WebLoader
 
     _quiet()
-    check_resume(lambda: WebLoader(make_mix(two_sets, "all", torch_ds=True), batch_size=None,
-                                   num_workers=2), epochs=1, cuts=[(0, 3)])
+    check_resume(
+        lambda: WebLoader(make_mix(two_sets, "all", torch_ds=True), batch_size=None, num_workers=2),
+        epochs=1,
+        cuts=[(0, 3)],
+    )
     # 2 ranks -> 4 ranks: every remaining batch once
     full = [[] for _ in range(2)]
     saved = None
@@ -316,8 +349,12 @@ def test_mix_through_loader_and_elastic(two_sets):
         ds.load_state_dict(saved)
         after.append(list(ds))
     assert len({len(x) for x in after}) == 1  # equal steps
-    got = [k for b in full[0] + full[1] + [b for x in after for b in x]
-           for k, p in zip(b[0], b[2]) if not p]
+    got = [
+        k
+        for b in full[0] + full[1] + [b for x in after for b in x]
+        for k, p in zip(b[0], b[2])
+        if not p
+    ]
     whole = [k for b in make_mix(two_sets, "all") for k in b[0]]
     assert sorted(got) == sorted(whole)
 

@@ -31,16 +31,34 @@ def _port() -> int:
 
 
 def run_world(tmp, urls, world, *, stop=None, load=None, save=None, tag="a", num_workers=0):
-    cfg = {"urls": urls, "world": world, "port": _port(), "readers": READERS, "batch": BATCH,
-           "stop": stop, "load": load, "save": save, "timeout": 60, "num_workers": num_workers,
-           "out": str(tmp / f"{tag}-{{rank}}.json")}
+    cfg = {
+        "urls": urls,
+        "world": world,
+        "port": _port(),
+        "readers": READERS,
+        "batch": BATCH,
+        "stop": stop,
+        "load": load,
+        "save": save,
+        "timeout": 60,
+        "num_workers": num_workers,
+        "out": str(tmp / f"{tag}-{{rank}}.json"),
+    }
     path = tmp / f"{tag}.json"
     path.write_text(json.dumps(cfg))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")]))
-    procs = [subprocess.Popen([sys.executable, str(HERE / "resume_rank.py"), str(path), str(r)],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for r in range(world)]
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")]),
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / "resume_rank.py"), str(path), str(r)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for r in range(world)
+    ]
     try:
         outs = [p.communicate(timeout=180)[0] for p in procs]
     finally:

@@ -33,13 +33,24 @@ def _port() -> int:
 
 
 def start(script, data, ckpt, delay=0.0):
-    env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_port()),
-               TRAIN_STEP_SECONDS=str(delay),
-               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.Popen([sys.executable, str(script), data, str(ckpt)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    env = dict(
+        os.environ,
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_port()),
+        TRAIN_STEP_SECONDS=str(delay),
+        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+    )
+    return subprocess.Popen(
+        [sys.executable, str(script), data, str(ckpt)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def finish(p, timeout=300):

@@ -73,9 +73,9 @@ def augment(image):
 
 
 def process_sample(sample):
-    return dict(__key__=sample["__key__"],
-                png=sample["jpg"].resize((256, 256)),
-                cls=str(sample["cls"]))
+    return dict(
+        __key__=sample["__key__"], png=sample["jpg"].resize((256, 256)), cls=str(sample["cls"])
+    )
 
 
 def test_cells(imagenet, tmp_path, monkeypatch):
@@ -101,19 +101,22 @@ def test_cells(imagenet, tmp_path, monkeypatch):
     assert image.min().item() >= 0.0 and image.max().item() <= 1.0
     assert cls == classes[0]
 
-    imagenet_ds = WebDataset(url, extensions="jpg cls", decoder="pil",
-                             transforms=[augment, lambda x: x - 1])
+    imagenet_ds = WebDataset(
+        url, extensions="jpg cls", decoder="pil", transforms=[augment, lambda x: x - 1]
+    )
     for image, cls in imagenet_ds:
         break
     assert image.shape == (3, 224, 224) and cls == classes[0] - 1
 
-    imagenet_ds = WebDataset(url, shuffle=100, extensions="jpg cls", decoder="pil",
-                             transforms=[augment, lambda x: x - 1])
+    imagenet_ds = WebDataset(
+        url, shuffle=100, extensions="jpg cls", decoder="pil", transforms=[augment, lambda x: x - 1]
+    )
     got = [int(c) for _, c in imagenet_ds]
     assert sorted(got) == sorted(c - 1 for c in classes)
 
-    imagenet_ds = WebDataset(url, extensions="jpg cls", decoder="pil",
-                             transforms=[augment, lambda x: x - 1])
+    imagenet_ds = WebDataset(
+        url, extensions="jpg cls", decoder="pil", transforms=[augment, lambda x: x - 1]
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # 8 workers on a 2-core machine
         loader = DataLoader(imagenet_ds, batch_size=16, num_workers=8)

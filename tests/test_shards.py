@@ -13,8 +13,13 @@ from tarshards.errors import TarshardsWarning
 from tarshards.shards import make_rng, resampled_shards, shard_order, split_shards
 
 
-@given(st.integers(0, 60), st.integers(1, 4), st.integers(1, 4), st.integers(0, 10**6),
-       st.integers(0, 5))
+@given(
+    st.integers(0, 60),
+    st.integers(1, 4),
+    st.integers(1, 4),
+    st.integers(0, 10**6),
+    st.integers(0, 5),
+)
 @settings(max_examples=80, deadline=None)
 def test_splits_are_disjoint_and_cover(n, world, workers, seed, epoch):
     urls = [f"s{i}" for i in range(n)]
@@ -23,8 +28,9 @@ def test_splits_are_disjoint_and_cover(n, world, workers, seed, epoch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for r, w in itertools.product(range(world), range(workers)):
-            parts.append(split_shards(order, rank=r, world_size=world, worker=w,
-                                      num_workers=workers))
+            parts.append(
+                split_shards(order, rank=r, world_size=world, worker=w, num_workers=workers)
+            )
     flat = [u for p in parts for u in p]
     assert sorted(flat) == sorted(urls)
     assert len(set(flat)) == len(flat)
@@ -88,4 +94,3 @@ def test_split_stages_are_given_the_pipelines_place():
     # values given explicitly are kept
     pipe = Placed(lambda ctx: iter(items)).compose(split_by_node, rank=0, world_size=4)
     assert list(pipe) == items[0::4]
-

@@ -17,18 +17,22 @@ from tarshards.tario import decompressed_chunks, iter_tar_batches, read_chunks
 
 from test_tario import FORMATS, archive_entries, build_tarfile
 
-pytestmark = pytest.mark.skipif(tario._scan_members is None or fmt_mod._group_members is None,
-                                reason="the C accelerator is not built")
+pytestmark = pytest.mark.skipif(
+    tario._scan_members is None or fmt_mod._group_members is None,
+    reason="the C accelerator is not built",
+)
 
 
 def read(data: bytes, chunk_size: int, accelerate: bool, last_dot: bool = False):
     """Samples (and the error, if any) read with or without the accelerator."""
     out = []
-    batches = iter_tar_batches(decompressed_chunks(read_chunks(io.BytesIO(data), chunk_size)),
-                               "mem", accelerate=accelerate)
+    batches = iter_tar_batches(
+        decompressed_chunks(read_chunks(io.BytesIO(data), chunk_size)), "mem", accelerate=accelerate
+    )
     try:
-        for s in group_samples(batches, "mem", batched=True, accelerate=accelerate,
-                               last_dot=last_dot):
+        for s in group_samples(
+            batches, "mem", batched=True, accelerate=accelerate, last_dot=last_dot
+        ):
             out.append(s)
     except (ShardFormatError, DuplicateFieldError) as exc:
         return out, (type(exc), str(exc), exc.offset, exc.member)
@@ -38,8 +42,9 @@ def read(data: bytes, chunk_size: int, accelerate: bool, last_dot: bool = False)
 def members(data: bytes, chunk_size: int, accelerate: bool):
     out = []
     try:
-        for batch in iter_tar_batches(read_chunks(io.BytesIO(data), chunk_size), "mem",
-                                      accelerate=accelerate):
+        for batch in iter_tar_batches(
+            read_chunks(io.BytesIO(data), chunk_size), "mem", accelerate=accelerate
+        ):
             out.extend(batch)
     except ShardFormatError as exc:
         return out, (str(exc), exc.offset)
@@ -47,8 +52,12 @@ def members(data: bytes, chunk_size: int, accelerate: bool):
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(entries=archive_entries(), fmt=st.sampled_from(sorted(FORMATS)),
-       chunk_size=st.sampled_from([1, 100, 512, 4096, 1 << 20]), last_dot=st.booleans())
+@given(
+    entries=archive_entries(),
+    fmt=st.sampled_from(sorted(FORMATS)),
+    chunk_size=st.sampled_from([1, 100, 512, 4096, 1 << 20]),
+    last_dot=st.booleans(),
+)
 def test_same_samples_as_python(entries, fmt, chunk_size, last_dot):
     try:
         data = build_tarfile(entries, FORMATS[fmt])
@@ -68,9 +77,13 @@ def _tar(names_and_data):
     return buf.getvalue()
 
 
-_names = st.lists(st.tuples(
-    st.sampled_from(["a", "./a", "d/a", "b", "__meta__", "d/__x", "noext", "A", "é"]),
-    st.sampled_from(["", ".jpg", ".JPG", ".seg.png", ".cls", ".", ".Ä"])), max_size=12)
+_names = st.lists(
+    st.tuples(
+        st.sampled_from(["a", "./a", "d/a", "b", "__meta__", "d/__x", "noext", "A", "é"]),
+        st.sampled_from(["", ".jpg", ".JPG", ".seg.png", ".cls", ".", ".Ä"]),
+    ),
+    max_size=12,
+)
 
 
 @settings(max_examples=150, deadline=None)
@@ -90,10 +103,14 @@ def test_corrupted_headers_give_the_same_error(pos, flip, which):
 
 
 _member = st.tuples(
-    st.one_of(st.from_regex(r"[a-z0-9_/]{1,120}\.[a-z]{1,4}", fullmatch=True),
-              st.text(min_size=1, max_size=30).filter(lambda t: "\0" not in t)  # EncodeError
-              .map(lambda t: t + ".txt")),
-    st.one_of(st.binary(max_size=1500), st.binary(max_size=20).map(bytearray)))
+    st.one_of(
+        st.from_regex(r"[a-z0-9_/]{1,120}\.[a-z]{1,4}", fullmatch=True),
+        st.text(min_size=1, max_size=30)
+        .filter(lambda t: "\0" not in t)  # EncodeError
+        .map(lambda t: t + ".txt"),
+    ),
+    st.one_of(st.binary(max_size=1500), st.binary(max_size=20).map(bytearray)),
+)
 
 
 @settings(max_examples=150, deadline=None)
@@ -117,7 +134,7 @@ def _header(name: str, size_field: bytes, delta: int = 0, high: bool = False) ->
         hdr[136:148] = b"\xff" * 12
         hdr[157:257] = b"\xff" * 100
         hdr[265:345] = b"\xff" * 80
-        hdr[len(name):100] = b"\xff" * (100 - len(name))
+        hdr[len(name) : 100] = b"\xff" * (100 - len(name))
     hdr[148:156] = b" " * 8
     hdr[148:156] = b"%06o\0 " % (sum(hdr) + delta)
     return bytes(hdr)
@@ -128,7 +145,7 @@ def test_c_scan_stops_at_a_checksum_off_by_65521(delta):
     """The C loop hands a wrong checksum to Python (which raises), whatever the difference."""
     good = _header("a.txt", b"%011o\0" % 1) + b"1" + bytes(511)
     bad = _header("b.txt", b"%011o\0" % 1, delta, high=delta < 0) + b"2" + bytes(511)
-    assert 0 <= int(bad[148:154], 8) < 8 ** 6
+    assert 0 <= int(bad[148:154], 8) < 8**6
     buf = good + bad + bytes(1024)
     members, pos = tario._scan_members(buf, 0, 0, len(buf))
     assert [m[0] for m in members] == ["a.txt"] and pos == 1024

@@ -15,8 +15,10 @@ from tarshards.errors import DecodeError, UnsafeCodecError
 
 
 def _samples(n):
-    return [{"__key__": f"k{i:03d}", "__url__": "mem", "cls": str(i).encode(), "txt": b"t%d" % i}
-            for i in range(n)]
+    return [
+        {"__key__": f"k{i:03d}", "__url__": "mem", "cls": str(i).encode(), "txt": b"t%d" % i}
+        for i in range(n)
+    ]
 
 
 @given(st.lists(st.integers(), max_size=300), st.integers(0, 50), st.integers(0, 2**32))
@@ -86,7 +88,8 @@ def test_decode_errors_name_sample_and_handler_skips():
     assert [x["__key__"] for x in out] == ["k000", "k002"]
     assert any("k001.cls" in str(x.message) for x in w)
     assert list(stages.decode(s, handler=stages.ignore_and_stop)) == [
-        {"__key__": "k000", "__url__": "mem", "cls": 0, "txt": "t0"}]
+        {"__key__": "k000", "__url__": "mem", "cls": 0, "txt": "t0"}
+    ]
 
 
 def test_decode_refuses_pickle_unless_allowed():

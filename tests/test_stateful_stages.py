@@ -12,10 +12,15 @@ CHAINS = {
     "shuffle-initial": lambda: Chain(ListSource(range(23)), Shuffle(8, initial=2, seed=4)),
     "limit": lambda: Chain(ListSource(range(23)), Limit(11)),
     "batch": lambda: Chain(ListSource(range(23)), Batch(4, list)),
-    "unbatch": lambda: Chain(ListSource([[i, i + 1, i + 2] for i in range(0, 21, 3)]),
-                             Unbatch()),
-    "all": lambda: Chain(ListSource(range(40)), Shuffle(6, seed=2), Batch(3, list), Unbatch(),
-                         Limit(29), Batch(4, list)),
+    "unbatch": lambda: Chain(ListSource([[i, i + 1, i + 2] for i in range(0, 21, 3)]), Unbatch()),
+    "all": lambda: Chain(
+        ListSource(range(40)),
+        Shuffle(6, seed=2),
+        Batch(3, list),
+        Unbatch(),
+        Limit(29),
+        Batch(4, list),
+    ),
 }
 
 

@@ -37,8 +37,10 @@ HAVE_TAR = shutil.which("tar") is not None
 def read_all(data: bytes, chunk_size: int = 1 << 20, source="mem"):
     """Members read with fresh chunks and with one reused read buffer (the pipeline's way): the
     two must agree, errors included."""
-    sources = [decompressed_chunks(read_chunks(io.BytesIO(data), chunk_size, reuse=reuse), source)
-               for reuse in (False, True)]
+    sources = [
+        decompressed_chunks(read_chunks(io.BytesIO(data), chunk_size, reuse=reuse), source)
+        for reuse in (False, True)
+    ]
     # and read straight into the reader's buffer, from a stream that returns short reads
     sources.append(tar_byte_source(Trickle(data, chunk_size), source, chunk_size))
     results = []
@@ -68,7 +70,7 @@ class Trickle(io.RawIOBase):
 
     def readinto(self, view):
         chunk = self._data.read(min(self._n, len(view)))
-        view[:len(chunk)] = chunk
+        view[: len(chunk)] = chunk
         return len(chunk)
 
 
@@ -87,7 +89,9 @@ def tarfile_regular(data: bytes):
 # ---------------------------------------------------------------------------------------------
 
 _segment = st.text(
-    alphabet=st.sampled_from("abcXYZ019_-. " + "éüß中文ʃ🙂"), min_size=1, max_size=12,
+    alphabet=st.sampled_from("abcXYZ019_-. " + "éüß中文ʃ🙂"),
+    min_size=1,
+    max_size=12,
 ).filter(lambda s: s not in (".", "..") and not s.startswith(" "))
 
 
@@ -111,8 +115,9 @@ def archive_entries(draw):
         name = draw(member_names())
         if kind == "file":
             size = draw(st.sampled_from([1, 511, 512, 513, 1000, 3000, 70_000]))
-            data = draw(st.binary(min_size=size, max_size=size)) if size < 2000 else os.urandom(
-                size)
+            data = (
+                draw(st.binary(min_size=size, max_size=size)) if size < 2000 else os.urandom(size)
+            )
         else:
             data = b""
         target = draw(member_names()) if kind in ("symlink", "link") else ""
@@ -140,8 +145,11 @@ def build_tarfile(entries, fmt, pax_global=None):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(entries=archive_entries(), fmt=st.sampled_from(sorted(FORMATS)),
-       chunk_size=st.sampled_from([1, 7, 100, 512, 513, 4096, 1 << 20]))
+@given(
+    entries=archive_entries(),
+    fmt=st.sampled_from(sorted(FORMATS)),
+    chunk_size=st.sampled_from([1, 7, 100, 512, 513, 4096, 1 << 20]),
+)
 def test_reader_agrees_with_tarfile(entries, fmt, chunk_size):
     try:
         data = build_tarfile(entries, FORMATS[fmt])
@@ -153,7 +161,8 @@ def test_reader_agrees_with_tarfile(entries, fmt, chunk_size):
     assert [n for _, n, _, _ in entries if True] or got == []
     # every regular entry written is read back, in order
     assert [(n, d) for n, d, _ in got] == [
-        (n, d) for k, n, d, _ in entries if k in ("file", "empty")]
+        (n, d) for k, n, d, _ in entries if k in ("file", "empty")
+    ]
 
 
 @settings(max_examples=25, deadline=None)
@@ -178,7 +187,8 @@ def test_pax_global_header_names_and_data():
 def test_pax_size_overrides_header_size():
     payload = bytes(range(256)) * 4
     pax = tarfile.TarInfo._create_pax_generic_header(
-        {"size": str(len(payload)), "path": "p/long.bin"}, tarfile.XHDTYPE, "utf-8")
+        {"size": str(len(payload)), "path": "p/long.bin"}, tarfile.XHDTYPE, "utf-8"
+    )
     ti = tarfile.TarInfo("short")
     ti.size = 0  # the pax record rules
     raw = pax + ti.tobuf(tarfile.USTAR_FORMAT) + payload + bytes(-len(payload) % 512) + bytes(1024)
@@ -264,8 +274,11 @@ def test_gnu_tar_archives(tmp_path, fmt):
     root.mkdir()
     make_tree(root, long_names=fmt != "ustar")
     out = tmp_path / "t.tar"
-    subprocess.run(["tar", f"--format={fmt}", "-cf", str(out), "-C", str(root), "."],
-                   check=True, env={**os.environ, "LC_ALL": "C.UTF-8"})
+    subprocess.run(
+        ["tar", f"--format={fmt}", "-cf", str(out), "-C", str(root), "."],
+        check=True,
+        env={**os.environ, "LC_ALL": "C.UTF-8"},
+    )
     raw = out.read_bytes()
     expected = tarfile_regular(raw)
     names = {n for n, _, _ in expected}
@@ -276,8 +289,9 @@ def test_gnu_tar_archives(tmp_path, fmt):
     # and compressed by the real tools
     assert read_all(gzip.compress(raw), 4096) == expected
     if shutil.which("zstd"):
-        zst = subprocess.run(["zstd", "-q", "-c"], input=raw, stdout=subprocess.PIPE,
-                             check=True).stdout
+        zst = subprocess.run(
+            ["zstd", "-q", "-c"], input=raw, stdout=subprocess.PIPE, check=True
+        ).stdout
         assert read_all(zst, 4096) == expected
 
 
@@ -288,8 +302,11 @@ def test_gnu_tar_archives(tmp_path, fmt):
 
 @pytest.fixture
 def plain_tar():
-    entries = [("file", f"s{i:03d}.{ext}", os.urandom(100 + 37 * i), "")
-               for i in range(20) for ext in ("jpg", "cls")]
+    entries = [
+        ("file", f"s{i:03d}.{ext}", os.urandom(100 + 37 * i), "")
+        for i in range(20)
+        for ext in ("jpg", "cls")
+    ]
     return build_tarfile(entries, tarfile.USTAR_FORMAT)
 
 
@@ -358,8 +375,13 @@ json.dump(out, sys.stdout)
 def _digest(samples):
     import hashlib
 
-    return [[s["__key__"], {k: hashlib.sha1(v).hexdigest() for k, v in s.items()
-                            if not k.startswith("__")}] for s in samples]
+    return [
+        [
+            s["__key__"],
+            {k: hashlib.sha1(v).hexdigest() for k, v in s.items() if not k.startswith("__")},
+        ]
+        for s in samples
+    ]
 
 
 @pytest.mark.parametrize("compress", [None, "gzip", "zstd"])
@@ -373,12 +395,13 @@ def test_read_from_stdin_pipe(tmp_path, plain_tar, compress):
         data = gzip.compress(plain_tar)
     elif compress == "zstd":
         data = zstandard.ZstdCompressor().compress(plain_tar)
-    child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
 
     def feed():  # small writes, so the reader sees many short reads from the pipe
         for i in range(0, len(data), 333):
-            child.stdin.write(data[i:i + 333])
+            child.stdin.write(data[i : i + 333])
             child.stdin.flush()
         child.stdin.close()
 
@@ -486,8 +509,12 @@ def test_truncated_after_long_name_header():
 
 
 @settings(max_examples=40, deadline=None)
-@given(which=st.integers(0, 2), pos=st.integers(0, 511).filter(lambda p: not 148 <= p < 156),
-       flip=st.integers(1, 255), chunk_size=st.sampled_from([64, 512, 1 << 20]))
+@given(
+    which=st.integers(0, 2),
+    pos=st.integers(0, 511).filter(lambda p: not 148 <= p < 156),
+    flip=st.integers(1, 255),
+    chunk_size=st.sampled_from([64, 512, 1 << 20]),
+)
 def test_corrupted_header_byte(which, pos, flip, chunk_size):
     raw, offsets = three_member_tar()
     bad = bytearray(raw)
@@ -511,11 +538,14 @@ def test_corrupted_checksum_field():
         assert ei.value.member == "b.bin"
 
 
-@pytest.mark.parametrize("content", [
-    b"hello, this is not a tar file\n",
-    b"<html>" + b"x" * 5000,
-    bytes(range(256)) * 10,
-])
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"hello, this is not a tar file\n",
+        b"<html>" + b"x" * 5000,
+        bytes(range(256)) * 10,
+    ],
+)
 def test_not_a_tar_file(tmp_path, content):
     path = tmp_path / "notatar.tar"
     path.write_bytes(content)
@@ -542,7 +572,7 @@ def test_error_pickles_with_context():
 
     raw, offsets = three_member_tar()
     with pytest.raises(ShardFormatError) as ei:
-        read_all(raw[:offsets[1] + 600], source="s.tar")
+        read_all(raw[: offsets[1] + 600], source="s.tar")
     e = pickle.loads(pickle.dumps(ei.value))
     assert (e.url, e.member, e.offset) == ("s.tar", "b.bin", offsets[1])
     assert isinstance(e, ValueError)
@@ -581,8 +611,10 @@ def all_ways(data: bytes, sizes=SIZES):
         warnings.simplefilter("ignore", TarshardsWarning)
         for size in sizes:
             for accelerate in (True, False):
-                sources = [decompressed_chunks(read_chunks(io.BytesIO(data), size, reuse=r), "mem")
-                           for r in (False, True)]
+                sources = [
+                    decompressed_chunks(read_chunks(io.BytesIO(data), size, reuse=r), "mem")
+                    for r in (False, True)
+                ]
                 sources.append(tar_byte_source(Trickle(data, size), "mem", size))
                 for chunks in sources:
                     out = _outcome(chunks, accelerate)
@@ -614,10 +646,13 @@ def _declaring(size_field: bytes) -> bytes:
 
 
 def _pax_declaring(size: int) -> bytes:
-    pax = tarfile.TarInfo._create_pax_generic_header({"size": str(size)}, tarfile.XHDTYPE,
-                                                     "utf-8")
-    return _member("a.txt", b"first") + pax + tarfile.TarInfo("huge.bin").tobuf(
-        tarfile.USTAR_FORMAT) + os.urandom(7500)
+    pax = tarfile.TarInfo._create_pax_generic_header({"size": str(size)}, tarfile.XHDTYPE, "utf-8")
+    return (
+        _member("a.txt", b"first")
+        + pax
+        + tarfile.TarInfo("huge.bin").tobuf(tarfile.USTAR_FORMAT)
+        + os.urandom(7500)
+    )
 
 
 HUGE = {
@@ -637,8 +672,10 @@ def test_huge_declared_size_raises_without_allocating(case):
     tracemalloc.start()
     try:
         for accelerate in (True, False):
-            for chunks in (tar_byte_source(io.BytesIO(data), "huge.tar"),
-                           decompressed_chunks(read_chunks(io.BytesIO(data)), "huge.tar")):
+            for chunks in (
+                tar_byte_source(io.BytesIO(data), "huge.tar"),
+                decompressed_chunks(read_chunks(io.BytesIO(data)), "huge.tar"),
+            ):
                 got = []
                 with pytest.raises(TruncatedShardError) as ei:
                     for batch in iter_tar_batches(chunks, "huge.tar", accelerate=accelerate):
@@ -689,9 +726,9 @@ def test_cut_after_the_last_members_data_is_the_same_at_every_size():
         assert err is not None and err[0] is TruncatedShardError
         assert "zero padding" in err[1] and "'b.txt'" in err[1]
     # cut on the block boundary after the padding: a clean end without the marker
-    assert all_ways(raw[:data_end + 412])[1] is None
+    assert all_ways(raw[: data_end + 412])[1] is None
     # cut inside the data: the member is not handed out
-    got, err = all_ways(raw[:data_end - 1])
+    got, err = all_ways(raw[: data_end - 1])
     assert [n for n, _, _ in got] == ["a.txt"] and err[0] is TruncatedShardError
 
 
@@ -720,7 +757,7 @@ def _high_byte_header(name: str, size: int, extra: int) -> bytearray:
     hdr[124:136] = b"%011o\0" % size
     hdr[157:257] = b"\xff" * 100  # linkname
     hdr[265:329] = b"\xff" * 64  # uname, gname
-    hdr[345:345 + extra] = b"\xff" * extra  # GNU atime/ctime area
+    hdr[345 : 345 + extra] = b"\xff" * extra  # GNU atime/ctime area
     return _fix_checksum(hdr)
 
 
@@ -735,7 +772,7 @@ def test_checksum_off_by_65521_rejected_by_every_path(kind, delta):
         hdr = _high_byte_header("b.bin", 600, 120)
     good = int(hdr[148:154], 8)
     assert (good >= 65521) == (kind == "high-sum")
-    if not 0 <= good + delta < 8 ** 6:
+    if not 0 <= good + delta < 8**6:
         pytest.skip("not representable")
     raw = _member("a.txt", b"1") + bytes(hdr) + b"x" * 600 + bytes(424) + bytes(1024)
     got, err = all_ways(raw)
@@ -762,9 +799,13 @@ def test_signed_checksum_accepted_by_every_path():
 
 
 def test_member_after_gnu_long_link_reports_its_offset():
-    entries = [("symlink", "s.lnk", b"", "t" * 150), ("file", "a.txt", b"1" * 10, ""),
-               ("file", "big.bin", os.urandom(70_000), ""), ("link", "h.lnk", b"", "h" * 130),
-               ("file", "z.txt", b"zz", "")]
+    entries = [
+        ("symlink", "s.lnk", b"", "t" * 150),
+        ("file", "a.txt", b"1" * 10, ""),
+        ("file", "big.bin", os.urandom(70_000), ""),
+        ("link", "h.lnk", b"", "h" * 130),
+        ("file", "z.txt", b"zz", ""),
+    ]
     raw = build_tarfile(entries, tarfile.GNU_FORMAT)
     assert b"././@LongLink" in raw
     expected = tarfile_regular(raw)
@@ -774,15 +815,24 @@ def test_member_after_gnu_long_link_reports_its_offset():
     link = k + 1024  # K header, its payload, then the hard link's header
     patched = bytearray(raw)
     patched[link + 156] = ord("0")
-    patched[link:link + 512] = _fix_checksum(patched[link:link + 512])
+    patched[link : link + 512] = _fix_checksum(patched[link : link + 512])
     expected = tarfile_regular(bytes(patched))
     assert ("h.lnk", b"", k) in expected
     assert all_ways(bytes(patched), (512, 4096, 1 << 20)) == (expected, None)
 
 
-def _sparse_file(path, size=3_000_000, chunks=((0, 5000), (200_000, 40), (1_000_000, 8192),
-                                               (1_500_000, 3), (2_000_000, 20_000),
-                                               (2_500_000, 1000))):
+def _sparse_file(
+    path,
+    size=3_000_000,
+    chunks=(
+        (0, 5000),
+        (200_000, 40),
+        (1_000_000, 8192),
+        (1_500_000, 3),
+        (2_000_000, 20_000),
+        (2_500_000, 1000),
+    ),
+):
     with open(path, "wb") as f:
         f.truncate(size)
         for offset, n in chunks:
@@ -792,10 +842,15 @@ def _sparse_file(path, size=3_000_000, chunks=((0, 5000), (200_000, 40), (1_000_
 
 
 @pytest.mark.skipif(not HAVE_TAR, reason="GNU tar is not installed")
-@pytest.mark.parametrize("fmt, version, marker", [
-    ("gnu", None, None), ("posix", "0.0", b"GNU.sparse.offset="),
-    ("posix", "0.1", b"GNU.sparse.map="), ("posix", "1.0", b"GNU.sparse.major=1"),
-])
+@pytest.mark.parametrize(
+    "fmt, version, marker",
+    [
+        ("gnu", None, None),
+        ("posix", "0.0", b"GNU.sparse.offset="),
+        ("posix", "0.1", b"GNU.sparse.map="),
+        ("posix", "1.0", b"GNU.sparse.major=1"),
+    ],
+)
 @pytest.mark.parametrize("tail_hole", [False, True])
 def test_gnu_tar_sparse_members_are_rebuilt(tmp_path, fmt, version, marker, tail_hole):
     root = tmp_path / "d"
@@ -803,8 +858,18 @@ def test_gnu_tar_sparse_members_are_rebuilt(tmp_path, fmt, version, marker, tail
     content = _sparse_file(root / "sparse.bin", size=3_000_000 if tail_hole else 2_501_000)
     (root / "plain.txt").write_bytes(b"plain")
     out = tmp_path / "s.tar"
-    cmd = ["tar", f"--format={fmt}", "--sparse", "--hole-detection=raw", "-cf", str(out),
-           "-C", str(root), "sparse.bin", "plain.txt"]
+    cmd = [
+        "tar",
+        f"--format={fmt}",
+        "--sparse",
+        "--hole-detection=raw",
+        "-cf",
+        str(out),
+        "-C",
+        str(root),
+        "sparse.bin",
+        "plain.txt",
+    ]
     if version:
         cmd.insert(3, f"--sparse-version={version}")
     subprocess.run(cmd, check=True)
@@ -825,17 +890,38 @@ def test_unsupported_or_inconsistent_sparse_raises():
         pax = tarfile.TarInfo._create_pax_generic_header(records, tarfile.XHDTYPE, "utf-8")
         return pax + _member("GNUSparseFile.0/f", data) + bytes(1024)
 
-    got, err = all_ways(pax_member({"GNU.sparse.major": "2", "GNU.sparse.minor": "0",
-                                    "GNU.sparse.name": "f", "GNU.sparse.realsize": "10"}, b"x"))
+    got, err = all_ways(
+        pax_member(
+            {
+                "GNU.sparse.major": "2",
+                "GNU.sparse.minor": "0",
+                "GNU.sparse.name": "f",
+                "GNU.sparse.realsize": "10",
+            },
+            b"x",
+        )
+    )
     assert got == [] and err[0] is HeaderError and "unsupported GNU sparse format 2.0" in err[1]
-    got, err = all_ways(pax_member({"GNU.sparse.map": "0,5,3,5", "GNU.sparse.size": "20",
-                                    "GNU.sparse.name": "f"}, b"x" * 10))
+    got, err = all_ways(
+        pax_member(
+            {"GNU.sparse.map": "0,5,3,5", "GNU.sparse.size": "20", "GNU.sparse.name": "f"},
+            b"x" * 10,
+        )
+    )
     assert err[0] is HeaderError and "inconsistent GNU sparse map" in err[1]
-    got, err = all_ways(pax_member({"GNU.sparse.map": "0,5", "GNU.sparse.size": str(1 << 40),
-                                    "GNU.sparse.name": "f"}, b"x" * 5))
+    got, err = all_ways(
+        pax_member(
+            {"GNU.sparse.map": "0,5", "GNU.sparse.size": str(1 << 40), "GNU.sparse.name": "f"},
+            b"x" * 5,
+        )
+    )
     assert err[0] is HeaderError and "sparse member of" in err[1]
-    got, err = all_ways(pax_member({"GNU.sparse.map": "0,5,10,3", "GNU.sparse.size": "20",
-                                    "GNU.sparse.name": "f"}, b"abcdeXYZ"))
+    got, err = all_ways(
+        pax_member(
+            {"GNU.sparse.map": "0,5,10,3", "GNU.sparse.size": "20", "GNU.sparse.name": "f"},
+            b"abcdeXYZ",
+        )
+    )
     assert got == [("f", b"abcde" + bytes(5) + b"XYZ" + bytes(7), 0)] and err is None
 
 
@@ -883,8 +969,13 @@ def test_pax_global_header_applies_without_an_x_header():
         return tarfile.TarInfo._create_pax_generic_header(records, tarfile.XGLTYPE, "utf-8")
 
     # a global size: the header's size field says 0, the data is 5 bytes (tarfile agrees)
-    raw = g({"size": "5"}) + tarfile.TarInfo("five.bin").tobuf(tarfile.USTAR_FORMAT) + \
-        b"12345" + bytes(507) + bytes(1024)
+    raw = (
+        g({"size": "5"})
+        + tarfile.TarInfo("five.bin").tobuf(tarfile.USTAR_FORMAT)
+        + b"12345"
+        + bytes(507)
+        + bytes(1024)
+    )
     assert all_ways(raw) == (tarfile_regular(raw), None)
     assert [(n, d) for n, d, _ in tarfile_regular(raw)] == [("five.bin", b"12345")]
     # a global path names every member after it (tarfile agrees)
@@ -909,11 +1000,11 @@ def test_empty_pax_path_deletes_the_keyword():
 @pytest.mark.parametrize("kind", ["L", "K", "x"])
 def test_extended_header_before_the_end_marker_raises(kind):
     if kind == "x":
-        ext = tarfile.TarInfo._create_pax_generic_header({"path": "lost.txt"}, tarfile.XHDTYPE,
-                                                         "utf-8")
+        ext = tarfile.TarInfo._create_pax_generic_header(
+            {"path": "lost.txt"}, tarfile.XHDTYPE, "utf-8"
+        )
     else:
-        ext = tarfile.TarInfo._create_gnu_long_header("lost" * 40, kind.encode(), "utf-8",
-                                                      "strict")
+        ext = tarfile.TarInfo._create_gnu_long_header("lost" * 40, kind.encode(), "utf-8", "strict")
     raw = _member("a.txt", b"a") + ext + bytes(1024)
     got, err = all_ways(raw)
     assert [n for n, _, _ in got] == ["a.txt"]
@@ -925,18 +1016,22 @@ def test_extended_header_before_the_end_marker_raises(kind):
 def test_name_precedence_across_extended_header_chains():
     """The outermost header that names the member wins (tarfile applies the chain inside out);
     a pax header without path= does not take the name from a long name after it (fuzz 6534)."""
+
     def x(records):
         return tarfile.TarInfo._create_pax_generic_header(records, tarfile.XHDTYPE, "utf-8")
 
     def long(name):
-        return tarfile.TarInfo._create_gnu_long_header(name, tarfile.GNUTYPE_LONGNAME, "utf-8",
-                                                       "strict")
+        return tarfile.TarInfo._create_gnu_long_header(
+            name, tarfile.GNUTYPE_LONGNAME, "utf-8", "strict"
+        )
 
     body = _member("short.txt", b"data")
-    for chain in ([x({"comment": "c"}), long("L" * 120), x({"path": "P" * 110})],
-                  [x({"path": "P" * 110}), long("L" * 120)],
-                  [long("L" * 120), x({"path": "P" * 110})],
-                  [long("L" * 120), long("M" * 120)]):
+    for chain in (
+        [x({"comment": "c"}), long("L" * 120), x({"path": "P" * 110})],
+        [x({"path": "P" * 110}), long("L" * 120)],
+        [long("L" * 120), x({"path": "P" * 110})],
+        [long("L" * 120), long("M" * 120)],
+    ):
         raw = b"".join(chain) + body + bytes(1024)
         assert all_ways(raw, (512, 1 << 20)) == (tarfile_regular(raw), None)
 

@@ -36,8 +36,12 @@ def test_is_an_iterable_dataset(six_shards):
 @pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
 def test_every_sample_once_per_epoch(six_shards, num_workers):
     paths, samples = six_shards
-    ds = WebDataset(paths, shardshuffle=True, seed=3).shuffle(20).decode("torchrgb").to_tuple(
-        "__key__", "jpg", "cls")
+    ds = (
+        WebDataset(paths, shardshuffle=True, seed=3)
+        .shuffle(20)
+        .decode("torchrgb")
+        .to_tuple("__key__", "jpg", "cls")
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # torch: 3 workers on 2 cores
         got = loader_keys(ds, batch_size=16, num_workers=num_workers)
@@ -59,7 +63,8 @@ def test_ranks_times_workers_disjoint_and_complete(six_shards):
     per_rank = []
     for rank in range(2):
         ds = WebDataset(paths, rank=rank, world_size=2, shardshuffle=True, seed=5).to_tuple(
-            "__key__", "cls")
+            "__key__", "cls"
+        )
         per_rank.append(loader_keys(ds, batch_size=8, num_workers=2))
     a, b = map(set, per_rank)
     assert not a & b
@@ -92,8 +97,9 @@ def test_fewer_shards_than_workers_warns_not_hangs(six_shards):
     paths, samples = six_shards
     ds = WebDataset(paths[:1]).to_tuple("__key__")
     with pytest.warns(TarshardsWarning, match="readers get no data"):
-        ds.shard_list({"seed": 0, "epoch": 0, "rank": 0, "world_size": 1, "worker": 0,
-                       "num_workers": 2})
+        ds.shard_list(
+            {"seed": 0, "epoch": 0, "rank": 0, "world_size": 1, "worker": 0, "num_workers": 2}
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         got = loader_keys(ds, batch_size=4, num_workers=2, timeout=60)
@@ -105,7 +111,8 @@ def test_webdataset_style_splitters_discover_workers(six_shards):
 
     paths, samples = six_shards
     ds = WebDataset(paths, nodesplitter=split_by_node, workersplitter=split_by_worker).to_tuple(
-        "__key__")
+        "__key__"
+    )
     got = loader_keys(ds, batch_size=8, num_workers=2)
     assert sorted(got) == sorted(s["__key__"] for s in samples)  # each shard once, not twice
 
@@ -124,8 +131,9 @@ def test_persistent_workers_new_order_each_epoch_same_again(six_shards):
     everything = sorted(s["__key__"] for s in samples)
 
     def orders():
-        loader = WebLoader(make_epoch_ds(paths), batch_size=8, num_workers=2,
-                           persistent_workers=True, timeout=60)
+        loader = WebLoader(
+            make_epoch_ds(paths), batch_size=8, num_workers=2, persistent_workers=True, timeout=60
+        )
         return epoch_keys(loader, 3)
 
     first = orders()
@@ -153,8 +161,9 @@ def test_plain_dataloader_persistent_workers_with_set_epoch(six_shards):
 
 def test_persistent_workers_without_set_epoch_count_epochs(six_shards):
     paths, _ = six_shards
-    loader = DataLoader(make_epoch_ds(paths), batch_size=8, num_workers=2,
-                        persistent_workers=True, timeout=60)
+    loader = DataLoader(
+        make_epoch_ds(paths), batch_size=8, num_workers=2, persistent_workers=True, timeout=60
+    )
     got = epoch_keys(loader, 2)
     webloader = WebLoader(make_epoch_ds(paths), batch_size=8, num_workers=2, timeout=60)
     assert got == epoch_keys(webloader, 2)
@@ -191,17 +200,23 @@ def test_launcher_environment_is_honoured_at_the_top(six_shards, monkeypatch):
     paths, _ = six_shards
     built_before = WebDataset(paths, shardshuffle=True, seed=2).to_tuple("__key__")
     built_before.set_epoch(0)  # iterated twice below: the same epoch both times
-    rank1 = keys_of(WebDataset(paths, rank=1, world_size=2, shardshuffle=True,
-                               seed=2).to_tuple("__key__"))
+    rank1 = keys_of(
+        WebDataset(paths, rank=1, world_size=2, shardshuffle=True, seed=2).to_tuple("__key__")
+    )
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert keys_of(built_before) == rank1  # the rank is found when iterating, not building
-    got = [k for (ks,) in DataLoader(built_before, batch_size=4, num_workers=2, timeout=60)
-           for k in ks]
+    got = [
+        k for (ks,) in DataLoader(built_before, batch_size=4, num_workers=2, timeout=60) for k in ks
+    ]
     assert sorted(got) == sorted(rank1)
     # an explicit rank wins over the environment
-    assert keys_of(WebDataset(paths, rank=0, world_size=2, shardshuffle=True,
-                              seed=2).to_tuple("__key__")) != rank1
+    assert (
+        keys_of(
+            WebDataset(paths, rank=0, world_size=2, shardshuffle=True, seed=2).to_tuple("__key__")
+        )
+        != rank1
+    )
 
 
 def test_bad_launcher_environment_fails_loudly(six_shards, monkeypatch):
@@ -223,11 +238,22 @@ def test_nodesplitter_is_given_the_rank(six_shards):
     from tarshards import split_by_node, split_by_worker
 
     paths, _ = six_shards
-    plain = keys_of(WebDataset(paths, rank=1, world_size=2, shardshuffle=True,
-                               seed=4).to_tuple("__key__"))
-    styled = WebDataset(paths, rank=1, world_size=2, shardshuffle=True, seed=4,
-                        nodesplitter=split_by_node, workersplitter=split_by_worker)
+    plain = keys_of(
+        WebDataset(paths, rank=1, world_size=2, shardshuffle=True, seed=4).to_tuple("__key__")
+    )
+    styled = WebDataset(
+        paths,
+        rank=1,
+        world_size=2,
+        shardshuffle=True,
+        seed=4,
+        nodesplitter=split_by_node,
+        workersplitter=split_by_worker,
+    )
     assert keys_of(styled.to_tuple("__key__")) == plain
-    got = [k for (ks,) in DataLoader(styled.to_tuple("__key__"), batch_size=4, num_workers=2,
-                                     timeout=60) for k in ks]
+    got = [
+        k
+        for (ks,) in DataLoader(styled.to_tuple("__key__"), batch_size=4, num_workers=2, timeout=60)
+        for k in ks
+    ]
     assert sorted(got) == sorted(plain)

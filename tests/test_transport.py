@@ -40,21 +40,25 @@ def test_round_trip_of_nested_batches_in_one_process():
     batches = []
     for i in range(10):
         n = 16 + i  # growing batches: the ring is outgrown and replaced
-        batches.append({
-            "x": rng.integers(0, 255, (n, 8, 8, 3), dtype=np.uint8),
-            "pair": Pair(rng.random((n, 5)).astype(np.float32), np.arange(n)),
-            "keys": [f"k{j}" for j in range(n)],
-            "nested": [np.full((n,), i, dtype=np.int16), "text", 3.5],
-            "fortran": np.asfortranarray(rng.random((n, 7))),
-            "objects": np.array([object()] * 2),
-        })
+        batches.append(
+            {
+                "x": rng.integers(0, 255, (n, 8, 8, 3), dtype=np.uint8),
+                "pair": Pair(rng.random((n, 5)).astype(np.float32), np.arange(n)),
+                "keys": [f"k{j}" for j in range(n)],
+                "nested": [np.full((n,), i, dtype=np.int16), "text", 3.5],
+                "fortran": np.asfortranarray(rng.random((n, 7))),
+                "objects": np.array([object()] * 2),
+            }
+        )
     tickets = [packer(b) for b in batches[:3]]
     assert all(isinstance(t, Ticket) for t in tickets)
     # three slots: three batches can wait at once and each still comes back intact
     for b, t in zip(batches[:3], tickets):
         out = unpacker(t)
-        assert _same({k: v for k, v in b.items() if k != "objects"},
-                     {k: v for k, v in out.items() if k != "objects"})
+        assert _same(
+            {k: v for k, v in b.items() if k != "objects"},
+            {k: v for k, v in out.items() if k != "objects"},
+        )
         assert out["objects"] is b["objects"]  # object arrays are not packed
         assert isinstance(out["pair"], Pair) and out["x"].flags.writeable
     for b in batches[3:]:
@@ -86,8 +90,13 @@ torch = pytest.importorskip("torch", reason="the loader tests need torch")
 def _loader_batches(paths, transport, **kw):
     from tarshards.torch import WebDataset, WebLoader
 
-    ds = (WebDataset(paths, shardshuffle=True, seed=3).shuffle(10).decode("rgb8")
-          .to_tuple("__key__", "jpg", "cls").batched(16))  # 16 x 32x24x3 > 32 KiB
+    ds = (
+        WebDataset(paths, shardshuffle=True, seed=3)
+        .shuffle(10)
+        .decode("rgb8")
+        .to_tuple("__key__", "jpg", "cls")
+        .batched(16)
+    )  # 16 x 32x24x3 > 32 KiB
     loader = WebLoader(ds, batch_size=None, num_workers=2, transport=transport, **kw)
     return loader, [list(loader) for _ in range(2)]
 
@@ -130,8 +139,13 @@ def test_no_segment_and_no_tracker_warning_left_behind(tmp_path):
         print("ok")
     """)
     before = set(glob.glob("/dev/shm/tarshards-*"))
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=200, env=dict(os.environ))
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        env=dict(os.environ),
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
     assert "leaked" not in proc.stderr and "resource_tracker" not in proc.stderr, proc.stderr

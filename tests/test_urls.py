@@ -41,7 +41,7 @@ class _Stream:
             if self.short:
                 return b""
             raise self.exc("connection dropped")
-        out = self.data[self.pos:min(self.end, self.pos + n)]
+        out = self.data[self.pos : min(self.end, self.pos + n)]
         self.pos += len(out)
         return out
 
@@ -106,8 +106,9 @@ def test_object_changing_size_is_an_error():
     sizes = [len(DATA), len(DATA) + 1]
 
     def open_at(offset):
-        return _Stream(DATA, offset, 100 if offset == 0 else None, ConnectionError, False), \
-            sizes.pop(0)
+        return _Stream(
+            DATA, offset, 100 if offset == 0 else None, ConnectionError, False
+        ), sizes.pop(0)
 
     r = ResumingReader("u", open_at, retries=3, backoff=0)
     with pytest.raises(StorageError, match="changed size"):
@@ -178,8 +179,9 @@ def test_expand_urls_braces_lists_and_files(tmp_path):
     assert expand_urls("@" + str(listing)) == want
     (tmp_path / "s-1.tar").write_bytes(b"")
     (tmp_path / "s-0.tar").write_bytes(b"")
-    assert expand_urls(str(tmp_path / "s-*.tar")) == [str(tmp_path / f"s-{i}.tar")
-                                                       for i in range(2)]
+    assert expand_urls(str(tmp_path / "s-*.tar")) == [
+        str(tmp_path / f"s-{i}.tar") for i in range(2)
+    ]
     with pytest.raises(FileNotFoundError):
         expand_urls(str(tmp_path / "none-*.tar"))
     with pytest.raises(TypeError):

@@ -33,8 +33,11 @@ def write(path, samples, **kw):
 
 
 _key_part = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_-é中", min_size=1, max_size=30)
-_key = st.lists(_key_part, min_size=1, max_size=3).map("/".join).filter(
-    lambda k: not k.rpartition("/")[2].startswith("__"))
+_key = (
+    st.lists(_key_part, min_size=1, max_size=3)
+    .map("/".join)
+    .filter(lambda k: not k.rpartition("/")[2].startswith("__"))
+)
 _ext = st.from_regex(r"[a-z][a-z0-9]{0,5}(\.[a-z0-9]{1,4})?", fullmatch=True)
 _sample = st.builds(
     lambda key, flds: {"__key__": key, **flds},
@@ -51,29 +54,36 @@ def distinct_adjacent(samples):
     return out
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                HealthCheck.function_scoped_fixture])
-@given(samples=st.lists(_sample, max_size=8).map(distinct_adjacent),
-       suffix=st.sampled_from([".tar", ".tgz", ".tar.gz", ".tar.zst"]))
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    samples=st.lists(_sample, max_size=8).map(distinct_adjacent),
+    suffix=st.sampled_from([".tar", ".tgz", ".tar.gz", ".tar.zst"]),
+)
 def test_write_then_read(tmp_path_factory, samples, suffix):
     path = tmp_path_factory.mktemp("w") / f"out{suffix}"
     write(path, samples)
     got = list(shard_samples(str(path), chunk_size=777))
-    assert [(s["__key__"], fields(s)) for s in got] == [
-        (s["__key__"], fields(s)) for s in samples]
+    assert [(s["__key__"], fields(s)) for s in got] == [(s["__key__"], fields(s)) for s in samples]
     assert all(s["__url__"] == str(path) for s in got)
     if suffix == ".tar":  # the standard library reads it too, and members are sorted
         with tarfile.open(path) as tf:
             names = tf.getnames()
             assert [(m.name, tf.extractfile(m).read()) for m in tf.getmembers()] == [
-                (f"{s['__key__']}.{e}", s[e]) for s in samples for e in sorted(fields(s))]
+                (f"{s['__key__']}.{e}", s[e]) for s in samples for e in sorted(fields(s))
+            ]
         assert len(names) == sum(len(fields(s)) for s in samples)
 
 
 @pytest.mark.parametrize("suffix", [".tar", ".tgz", ".tar.gz", ".tar.zst"])
 def test_byte_identical_for_equal_samples(tmp_path, suffix):
-    samples = [{"__key__": f"k{i}", "txt": f"t{i}", "cls": i, "json": {"i": i},
-                "npy": np.arange(i + 1)} for i in range(10)]
+    samples = [
+        {"__key__": f"k{i}", "txt": f"t{i}", "cls": i, "json": {"i": i}, "npy": np.arange(i + 1)}
+        for i in range(10)
+    ]
     a = write(tmp_path / f"a{suffix}", samples).read_bytes()
     b = write(tmp_path / f"b{suffix}", samples).read_bytes()
     assert a == b
@@ -108,15 +118,19 @@ def test_long_and_unicode_names(tmp_path):
 
 @pytest.mark.skipif(not HAVE_TAR, reason="GNU tar is not installed")
 def test_gnu_tar_lists_our_shards(tmp_path):
-    samples = [{"__key__": "a/b" * 50, "txt": b"x" * 1000}, {"__key__": "k2", "cls": b"1"},
-               {"__key__": "ünï", "json": b"{}"}]
+    samples = [
+        {"__key__": "a/b" * 50, "txt": b"x" * 1000},
+        {"__key__": "k2", "cls": b"1"},
+        {"__key__": "ünï", "json": b"{}"},
+    ]
     for suffix, flag in ((".tar", "-tvf"), (".tgz", "-tzvf"), (".tar.zst", None)):
         path = write(tmp_path / f"s{suffix}", samples)
         cmd = ["tar", flag, str(path)] if flag else ["tar", "--zstd", "-tvf", str(path)]
         if flag is None and not shutil.which("zstd"):
             continue
-        res = subprocess.run(cmd, capture_output=True, check=True,
-                             env={**os.environ, "LC_ALL": "C.UTF-8"})
+        res = subprocess.run(
+            cmd, capture_output=True, check=True, env={**os.environ, "LC_ALL": "C.UTF-8"}
+        )
         assert res.stderr == b""
         lines = res.stdout.decode().splitlines()
         assert len(lines) == 3
@@ -128,9 +142,18 @@ def test_gnu_tar_lists_our_shards(tmp_path):
 
 def test_encodes_values_by_extension(tmp_path):
     img = Image.fromarray(np.full((8, 9, 3), 200, np.uint8))
-    sample = {"__key__": "s", "png": img, "jpg": img, "cls": 3, "json": {"a": 1},
-              "npy": np.eye(2), "txt": "str", "bin": b"bytes", "__extra__": "not written",
-              "none": None}
+    sample = {
+        "__key__": "s",
+        "png": img,
+        "jpg": img,
+        "cls": 3,
+        "json": {"a": 1},
+        "npy": np.eye(2),
+        "txt": "str",
+        "bin": b"bytes",
+        "__extra__": "not written",
+        "none": None,
+    }
     path = write(tmp_path / "e.tar", [sample])
     (got,) = shard_samples(str(path))
     assert sorted(fields(got)) == ["bin", "cls", "jpg", "json", "npy", "png", "txt"]
@@ -145,16 +168,19 @@ def test_encoder_false_requires_bytes(tmp_path):
     assert not (tmp_path / "x.tar").exists()
 
 
-@pytest.mark.parametrize("sample, match", [
-    ({"txt": b"x"}, "__key__"),
-    ({"__key__": "", "txt": b"x"}, "__key__"),
-    ({"__key__": "a.b", "txt": b"x"}, "dot"),
-    ({"__key__": "k"}, "no fields"),
-    ({"__key__": "__k", "txt": b"x"}, "__"),
-    ({"__key__": "dir/", "txt": b"x"}, "base name"),
-    ({"__key__": "k", "a/b": b"x"}, "extension"),
-    ({"__key__": "k", "": b"x"}, "extension"),
-])
+@pytest.mark.parametrize(
+    "sample, match",
+    [
+        ({"txt": b"x"}, "__key__"),
+        ({"__key__": "", "txt": b"x"}, "__key__"),
+        ({"__key__": "a.b", "txt": b"x"}, "dot"),
+        ({"__key__": "k"}, "no fields"),
+        ({"__key__": "__k", "txt": b"x"}, "__"),
+        ({"__key__": "dir/", "txt": b"x"}, "base name"),
+        ({"__key__": "k", "a/b": b"x"}, "extension"),
+        ({"__key__": "k", "": b"x"}, "extension"),
+    ],
+)
 def test_rejects_samples_readers_would_lose(tmp_path, sample, match):
     with pytest.raises(ValueError, match=match), TarWriter(str(tmp_path / "x.tar")) as w:
         w.write(sample)
@@ -172,11 +198,12 @@ def test_file_objects_and_stdout(tmp_path):
     path = write(tmp_path / "p.tar", samples)
     assert buf.getvalue() == path.read_bytes()
     # to stdout, through a subprocess
-    code = ("from tarshards import TarWriter\n"
-            "with TarWriter('-') as w:\n"
-            "    [w.write({'__key__': f'k{i}', 'txt': f'{i}'}) for i in range(3)]\n")
-    out = subprocess.run([os.sys.executable, "-c", code], stdout=subprocess.PIPE,
-                         check=True).stdout
+    code = (
+        "from tarshards import TarWriter\n"
+        "with TarWriter('-') as w:\n"
+        "    [w.write({'__key__': f'k{i}', 'txt': f'{i}'}) for i in range(3)]\n"
+    )
+    out = subprocess.run([os.sys.executable, "-c", code], stdout=subprocess.PIPE, check=True).stdout
     assert out == path.read_bytes()
     # a compressed file object
     buf = io.BytesIO()
@@ -184,7 +211,8 @@ def test_file_objects_and_stdout(tmp_path):
         w.write(samples[0])
     assert buf.getvalue()[:2] == b"\x1f\x8b"
     assert [n for n, _, _ in iter_tar([__import__("gzip").decompress(buf.getvalue())])] == [
-        "k0.txt"]
+        "k0.txt"
+    ]
 
 
 def test_write_after_close_fails(tmp_path):
@@ -211,8 +239,9 @@ def test_exception_leaves_nothing(tmp_path):
 
 
 def sized_samples(n, sizes):
-    return [{"__key__": f"s{i:04d}", "bin": bytes([i % 256]) * sizes[i % len(sizes)]}
-            for i in range(n)]
+    return [
+        {"__key__": f"s{i:04d}", "bin": bytes([i % 256]) * sizes[i % len(sizes)]} for i in range(n)
+    ]
 
 
 def read_dir(tmp_path, glob="*.tar"):
@@ -234,13 +263,18 @@ def test_shardwriter_maxcount(tmp_path):
     assert [i.size for i in sw.shards] == [os.path.getsize(tmp_path / n) for n in names]
     assert sw.total == 25
     assert [(s["__key__"], s["bin"]) for s in read_dir(tmp_path)] == [
-        (s["__key__"], s["bin"]) for s in samples]
+        (s["__key__"], s["bin"]) for s in samples
+    ]
 
 
-@settings(max_examples=25, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(sizes=st.lists(st.integers(0, 9000), min_size=1, max_size=30),
-       maxsize=st.integers(3000, 20000), maxcount=st.integers(1, 12))
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    sizes=st.lists(st.integers(0, 9000), min_size=1, max_size=30),
+    maxsize=st.integers(3000, 20000),
+    maxcount=st.integers(1, 12),
+)
 def test_shardwriter_limits(tmp_path_factory, sizes, maxsize, maxcount):
     d = tmp_path_factory.mktemp("sw")
     samples = sized_samples(len(sizes), sizes)
@@ -257,11 +291,13 @@ def test_shardwriter_limits(tmp_path_factory, sizes, maxsize, maxcount):
             assert info.count == 1  # only a single oversized sample may pass the limit
     # shards are filled greedily: the next sample would not have fitted
     for a, b in zip(sw.shards, sw.shards[1:]):
-        first_of_next = 512 + 512 * -(-len(samples[sum(i.count for i in sw.shards[
-            :sw.shards.index(b)])]["bin"]) // 512)
+        first_of_next = 512 + 512 * -(
+            -len(samples[sum(i.count for i in sw.shards[: sw.shards.index(b)])]["bin"]) // 512
+        )
         assert a.count == maxcount or a.size + first_of_next > maxsize
     assert [(s["__key__"], s["bin"]) for s in read_dir(d)] == [
-        (s["__key__"], s["bin"]) for s in samples]
+        (s["__key__"], s["bin"]) for s in samples
+    ]
 
 
 def test_shardwriter_patterns():
@@ -281,20 +317,23 @@ def test_shardwriter_patterns():
 def test_shardwriter_compressed_and_post(tmp_path):
     posted = []
     samples = sized_samples(7, [100, 5000])
-    with ShardWriter(str(tmp_path / "z-{shard:03d}.tar.zst"), maxcount=3,
-                     post=posted.append, start_shard=5) as sw:
+    with ShardWriter(
+        str(tmp_path / "z-{shard:03d}.tar.zst"), maxcount=3, post=posted.append, start_shard=5
+    ) as sw:
         for s in samples:
             sw.write(s)
-    assert [os.path.basename(p) for p in posted] == ["z-005.tar.zst", "z-006.tar.zst",
-                                                     "z-007.tar.zst"]
+    assert [os.path.basename(p) for p in posted] == [
+        "z-005.tar.zst",
+        "z-006.tar.zst",
+        "z-007.tar.zst",
+    ]
     got = read_dir(tmp_path, "*.tar.zst")
     assert [s["bin"] for s in got] == [s["bin"] for s in samples]
 
 
 def test_shardwriter_exception_leaves_no_partial_shard(tmp_path):
     samples = sized_samples(5, [10])
-    with pytest.raises(RuntimeError), ShardWriter(str(tmp_path / "x-%03d.tar"),
-                                                  maxcount=2) as sw:
+    with pytest.raises(RuntimeError), ShardWriter(str(tmp_path / "x-%03d.tar"), maxcount=2) as sw:
         for s in samples:
             sw.write(s)
         raise RuntimeError("boom")
@@ -319,9 +358,16 @@ def test_shardwriter_bad_sample_leaves_no_partial_shard(tmp_path):
 @pytest.mark.parametrize("suffix", [".tar", ".tgz"])
 def test_reads_upstream_webdataset_shards(tmp_path, suffix):
     wds = pytest.importorskip("webdataset")
-    samples = [{"__key__": f"dir/sample{i:05d}", "jpg": os.urandom(100 + i * 50),
-                "cls": str(i).encode(), "json": b'{"i": %d}' % i, "seg.png": b"png" * i}
-               for i in range(30)]
+    samples = [
+        {
+            "__key__": f"dir/sample{i:05d}",
+            "jpg": os.urandom(100 + i * 50),
+            "cls": str(i).encode(),
+            "json": b'{"i": %d}' % i,
+            "seg.png": b"png" * i,
+        }
+        for i in range(30)
+    ]
     samples.append({"__key__": "x" * 150, "txt": b"long key"})
     path = tmp_path / f"up{suffix}"
     with wds.TarWriter(str(path)) as w:
@@ -332,8 +378,9 @@ def test_reads_upstream_webdataset_shards(tmp_path, suffix):
     # and upstream reads ours
     ours = write(tmp_path / f"ours{suffix}", samples)
     theirs = list(wds.WebDataset(str(ours), shardshuffle=False))
-    assert [(s["__key__"], {k: v for k, v in s.items() if not k.startswith("__")})
-            for s in theirs] == [(s["__key__"], fields(s)) for s in samples]
+    assert [
+        (s["__key__"], {k: v for k, v in s.items() if not k.startswith("__")}) for s in theirs
+    ] == [(s["__key__"], fields(s)) for s in samples]
 
 
 def test_upstream_shardwriter_shards(tmp_path):
@@ -343,7 +390,8 @@ def test_upstream_shardwriter_shards(tmp_path):
         for s in samples:
             sw.write(s)
     assert [(s["__key__"], s["bin"]) for s in read_dir(tmp_path)] == [
-        (s["__key__"], s["bin"]) for s in samples]
+        (s["__key__"], s["bin"]) for s in samples
+    ]
 
 
 def test_reader_chunk_size_edges(tmp_path):
@@ -365,8 +413,9 @@ from tarshards.errors import EncodeError  # noqa: E402
 _names = st.one_of(
     st.from_regex(r"[a-z0-9_/]{1,130}\.[a-z]{1,4}", fullmatch=True),
     st.text(min_size=1, max_size=60).filter(lambda t: "\0" not in t).map(lambda t: t + ".txt"),
-    st.binary(min_size=1, max_size=40).filter(lambda b: b"\0" not in b).map(
-        lambda b: b.decode("utf-8", "surrogateescape") + ".bin"),
+    st.binary(min_size=1, max_size=40)
+    .filter(lambda b: b"\0" not in b)
+    .map(lambda b: b.decode("utf-8", "surrogateescape") + ".bin"),
 )
 
 
@@ -380,12 +429,18 @@ def _write_members(members, mtime, mode, accelerate):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(_names, st.binary(max_size=700)), max_size=6),
-       st.one_of(st.integers(0, 2**33 - 1), st.integers(2**33 - 3, 2**33 + 3),
-                 st.integers(-(2**70), 2**70), st.just(1_700_000_000_123)),
-       st.one_of(st.sampled_from([0o444, 0o644]), st.integers(-3, 2**21 + 3)))
+@given(
+    st.lists(st.tuples(_names, st.binary(max_size=700)), max_size=6),
+    st.one_of(
+        st.integers(0, 2**33 - 1),
+        st.integers(2**33 - 3, 2**33 + 3),
+        st.integers(-(2**70), 2**70),
+        st.just(1_700_000_000_123),
+    ),
+    st.one_of(st.sampled_from([0o444, 0o644]), st.integers(-3, 2**21 + 3)),
+)
 def test_header_fields_c_equals_python_and_never_truncate(members, mtime, mode):
-    fits = 0 <= mtime < 8 ** 11 and 0 <= mode < 8 ** 7
+    fits = 0 <= mtime < 8**11 and 0 <= mode < 8**7
     outs = []
     for accelerate in (True, False):
         if not fits:
@@ -408,7 +463,7 @@ def test_c_header_writer_stops_at_fields_that_do_not_fit():
     if tario._ustar_parts is None:
         pytest.skip("the C extension is not built")
     members = [("a.txt", b"x"), ("b\0c.txt", b"y")]
-    for mtime, mode in ((8 ** 11, 0o444), (-1, 0o444), (0, 8 ** 7), (0, -1)):
+    for mtime, mode in ((8**11, 0o444), (-1, 0o444), (0, 8**7), (0, -1)):
         parts = []
         assert tario._ustar_parts(parts, members, 0, mtime, mode) == (0, 0)
         assert parts == []
@@ -416,7 +471,7 @@ def test_c_header_writer_stops_at_fields_that_do_not_fit():
     assert tario._ustar_parts(parts, members, 0, 0, 0o444) == (1024, 1)  # stops at the NUL
 
 
-@pytest.mark.parametrize("mtime", [1_700_000_000_000, 8 ** 11, -1, 2 ** 64])
+@pytest.mark.parametrize("mtime", [1_700_000_000_000, 8**11, -1, 2**64])
 def test_out_of_range_mtime_raises_encode_error(tmp_path, mtime):
     with pytest.raises(EncodeError, match=f"mtime={mtime} does not fit"):
         TarWriter(str(tmp_path / "a.tar"), mtime=mtime)
@@ -431,18 +486,18 @@ def test_float_mtime_is_whole_seconds_and_largest_mtime_fits(tmp_path):
     path = write(tmp_path / "f.tar", [{"__key__": "k", "txt": b"x"}], mtime=1_700_000_000.75)
     with tarfile.open(path) as tf:
         assert tf.getmembers()[0].mtime == 1_700_000_000
-    path = write(tmp_path / "g.tar", [{"__key__": "k", "txt": b"x"}], mtime=8 ** 11 - 1)
+    path = write(tmp_path / "g.tar", [{"__key__": "k", "txt": b"x"}], mtime=8**11 - 1)
     raw = path.read_bytes()
     assert len(raw) == 2048 and raw[136:148] == b"77777777777\0"
     with tarfile.open(path) as tf:
-        assert tf.getmembers()[0].mtime == 8 ** 11 - 1
+        assert tf.getmembers()[0].mtime == 8**11 - 1
 
 
 def test_huge_size_and_long_names_get_pax_and_whole_blocks():
-    hdr = tario.tar_header("a.bin", 8 ** 11 + 5)
+    hdr = tario.tar_header("a.bin", 8**11 + 5)
     assert len(hdr) == 3 * 512
     assert b"size=8589934597\n" in hdr[512:1024]
-    assert tario.header_size("a.bin", 8 ** 11 + 5) == 3 * 512
+    assert tario.header_size("a.bin", 8**11 + 5) == 3 * 512
     for name in ("x" * 101, "é" * 80, "d/" * 100 + "f", "a" * 100):
         h = tario.tar_header(name, 3)
         assert len(h) % 512 == 0 and len(h) == tario.header_size(name, 3)
@@ -492,9 +547,15 @@ def test_pipe_output_runs_the_command(tmp_path, monkeypatch):
         for s in samples:
             sink.write(s)
     assert sorted(p for p in os.listdir(tmp_path) if p.startswith("s-")) == [
-        "s-00.tar", "s-01.tar", "s-02.tar"]
-    assert [s["__key__"] for p in ("s-00.tar", "s-01.tar", "s-02.tar")
-            for s in shard_samples(str(tmp_path / p))] == [s["__key__"] for s in samples]
+        "s-00.tar",
+        "s-01.tar",
+        "s-02.tar",
+    ]
+    assert [
+        s["__key__"]
+        for p in ("s-00.tar", "s-01.tar", "s-02.tar")
+        for s in shard_samples(str(tmp_path / p))
+    ] == [s["__key__"] for s in samples]
 
 
 def test_pipe_output_failing_command_raises(tmp_path):
@@ -533,8 +594,12 @@ w.close()
 
 def hold_writer(path):
     """A writer in another process, stopped in the middle of its shard until told to go on."""
-    proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(path)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout.readline().strip() == "ready"
     return proc
 
@@ -601,9 +666,11 @@ def test_stale_rules_for_reused_pids_and_other_hosts(tmp_path):
             removed = urls.remove_stale_temporaries(str(tmp_path))
         expect_removed = {"far_old"} | ({"reused"} if start else set())
         assert sorted(os.path.basename(p) for p in removed) == sorted(
-            names[k] for k in expect_removed)
+            names[k] for k in expect_removed
+        )
         assert sorted(os.listdir(tmp_path)) == sorted(
-            n for k, n in names.items() if k not in expect_removed)
+            n for k, n in names.items() if k not in expect_removed
+        )
     finally:
         sleeper.kill()
         sleeper.wait()

@@ -63,75 +63,84 @@ _codecs.OPTIONAL_CODECS.declare(["pth"], **_TORCH, safe=False)
 _stages.OPTIONAL_COLLATION.declare(["torch.Tensor"], **_TORCH)
 _crop.OPTIONAL_CROP_CONVERTERS.declare(["tensor"], **_TORCH)
 
-__all__ = sorted([
-    "Codec",
-    "CommandError",
-    "DataPipeline",
-    "DecodeError",
-    "DuplicateFieldError",
-    "IndexedDataset",
-    "MixedDataset",
-    "IntegrityError",
-    "Manifest",
-    "MissingDependencyError",
-    "PipeNotAllowedError",
-    "RandomResizedCrop",
-    "ShardCache",
-    "ShardFormatError",
-    "ShardIndex",
-    "ShardRecord",
-    "ShardWriteError",
-    "ShardWriter",
-    "StorageError",
-    "TarWriter",
-    "TarshardsError",
-    "TarshardsWarning",
-    "UnsafeCodecError",
-    "WebDataset",
-    "WebLoader",
-    "batched",
-    "decode",
-    "decode_value",
-    "default_collation_fn",
-    "encode_value",
-    "expand_urls",
-    "group_samples",
-    "handle_extension",
-    "ignore_and_continue",
-    "ignore_and_stop",
-    "iter_samples",
-    "iter_tar",
-    "map_dict",
-    "map_samples",
-    "map_shard_files",
-    "map_shards",
-    "map_tuple",
-    "mix",
-    "open_url",
-    "parse_size",
-    "random_resized_crop",
-    "register_codec",
-    "rename",
-    "reraise_exception",
-    "select",
-    "shard_samples",
-    "shuffle",
-    "split_by_node",
-    "split_by_worker",
-    "split_name",
-    "to_tuple",
-    "unbatched",
-    "warn_and_continue",
-    "warn_and_stop",
-])
+__all__ = sorted(
+    [
+        "Codec",
+        "CommandError",
+        "DataPipeline",
+        "DecodeError",
+        "DuplicateFieldError",
+        "IndexedDataset",
+        "MixedDataset",
+        "IntegrityError",
+        "Manifest",
+        "MissingDependencyError",
+        "PipeNotAllowedError",
+        "RandomResizedCrop",
+        "ShardCache",
+        "ShardFormatError",
+        "ShardIndex",
+        "ShardRecord",
+        "ShardWriteError",
+        "ShardWriter",
+        "StorageError",
+        "TarWriter",
+        "TarshardsError",
+        "TarshardsWarning",
+        "UnsafeCodecError",
+        "WebDataset",
+        "WebLoader",
+        "batched",
+        "decode",
+        "decode_value",
+        "default_collation_fn",
+        "encode_value",
+        "expand_urls",
+        "group_samples",
+        "handle_extension",
+        "ignore_and_continue",
+        "ignore_and_stop",
+        "iter_samples",
+        "iter_tar",
+        "map_dict",
+        "map_samples",
+        "map_shard_files",
+        "map_shards",
+        "map_tuple",
+        "mix",
+        "open_url",
+        "parse_size",
+        "random_resized_crop",
+        "register_codec",
+        "rename",
+        "reraise_exception",
+        "select",
+        "shard_samples",
+        "shuffle",
+        "split_by_node",
+        "split_by_worker",
+        "split_name",
+        "to_tuple",
+        "unbatched",
+        "warn_and_continue",
+        "warn_and_stop",
+    ]
+)
 
 _LAZY = {"WebDataset", "DataPipeline", "WebLoader", "IndexedDataset", "MixedDataset", "mix"}
 # without torch: where the plain versions of the _LAZY names are
 _PLAIN = {"IndexedDataset": "indexed", "MixedDataset": "mixing", "mix": "mixing"}
 # modules imported on first use, to keep `import tarshards` (and CLI start-up) light
-_LAZY_MODULES = {"ShardCache": "cache", "map_samples": "parallel", "map_shard_files": "parallel",
-                 "map_shards": "parallel", "Manifest": "manifest", "ShardRecord": "manifest",
-                 "ShardIndex": "index", "IntegrityError": "errors"}
+_LAZY_MODULES = {
+    "ShardCache": "cache",
+    "map_samples": "parallel",
+    "map_shard_files": "parallel",
+    "map_shards": "parallel",
+    "Manifest": "manifest",
+    "ShardRecord": "manifest",
+    "ShardIndex": "index",
+    "IntegrityError": "errors",
+}
 _LAZY_MODULES.update(RandomResizedCrop="crop", random_resized_crop="crop")
 
 
@@ -146,8 +155,13 @@ def __getattr__(name: str):
         except ImportError as exc:
             if getattr(exc, "name", "") not in ("torch", None):
                 raise
-            value = _no_torch_loader if name == "WebLoader" else getattr(
-                importlib.import_module(f"tarshards.{_PLAIN.get(name, 'pipeline')}"), name)
+            value = (
+                _no_torch_loader
+                if name == "WebLoader"
+                else getattr(
+                    importlib.import_module(f"tarshards.{_PLAIN.get(name, 'pipeline')}"), name
+                )
+            )
         else:
             value = getattr(mod, name)
         globals()[name] = value
@@ -161,7 +175,8 @@ class _no_torch_loader:
 
     def __init__(self, *args, **kwargs):
         raise MissingDependencyError(
-            "WebLoader is a torch DataLoader: pip install 'tarshards[torch]'")
+            "WebLoader is a torch DataLoader: pip install 'tarshards[torch]'"
+        )
 
 
 _no_torch_loader.__name__ = _no_torch_loader.__qualname__ = "WebLoader"

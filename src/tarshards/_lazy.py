@@ -61,7 +61,8 @@ class OptionalEntries:
                 raise
             hint = f"pip install 'tarshards[{extra}]'" if extra else f"pip install {missing}"
             raise MissingDependencyError(
-                f"the {self.what} {name!r} needs the {missing} package: {hint}") from None
+                f"the {self.what} {name!r} needs the {missing} package: {hint}"
+            ) from None
         # registered now (the module's import registers everything it declares)
         for other in [n for n, (m, _, _) in self._declared.items() if m == module]:
             del self._declared[other]

@@ -42,7 +42,7 @@ def _is_local(url: str) -> bool:
 
 
 def _local_path(url: str) -> str:
-    return url[len("file://"):] if url.startswith("file://") else url
+    return url[len("file://") :] if url.startswith("file://") else url
 
 
 def _peak_rss_mb(who=resource.RUSAGE_SELF) -> float:
@@ -58,8 +58,15 @@ class _Bar:
         if enabled:
             from tqdm import tqdm
 
-            self.bar = tqdm(desc=f"{desc:<14}", total=total, unit=unit, file=sys.stderr,
-                            dynamic_ncols=True, leave=False, unit_scale=True)
+            self.bar = tqdm(
+                desc=f"{desc:<14}",
+                total=total,
+                unit=unit,
+                file=sys.stderr,
+                dynamic_ncols=True,
+                leave=False,
+                unit_scale=True,
+            )
 
     def update(self, n: int) -> None:
         if self.bar is not None:
@@ -145,8 +152,11 @@ def _batch_len(item) -> int:
 def _stage_name(stage) -> str:
     fn = getattr(stage, "fn", stage)
     name = getattr(fn, "__name__", type(fn).__name__)
-    return {"map": "map (transforms)", "map_tuple": "map_tuple (transforms)",
-            "map_dict": "map_dict (transforms)"}.get(name, name)
+    return {
+        "map": "map (transforms)",
+        "map_tuple": "map_tuple (transforms)",
+        "map_dict": "map_dict (transforms)",
+    }.get(name, name)
 
 
 def _prefixes(ds) -> list[tuple[str, Any, bool]]:
@@ -201,11 +211,19 @@ def _time_iteration(ds, n: int, batched: bool, deadline: float, bar) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def bench_pipeline(spec, dataset: Any = None, *, max_samples: int = 2000,
-                   seconds_per_stage: float = 10.0, workers: int | None = None,
-                   batch_size: int = 64, max_read_bytes: int = 1 << 30,
-                   storage_options: dict | None = None, progress: bool = False,
-                   log: Callable[[str], None] | None = None) -> dict:
+def bench_pipeline(
+    spec,
+    dataset: Any = None,
+    *,
+    max_samples: int = 2000,
+    seconds_per_stage: float = 10.0,
+    workers: int | None = None,
+    batch_size: int = 64,
+    max_read_bytes: int = 1 << 30,
+    storage_options: dict | None = None,
+    progress: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> dict:
     """Measure where the time of ``dataset`` (a pipeline over the shards of ``spec``) goes.
 
     ``dataset``: a :class:`~tarshards.pipeline.DataPipeline` / ``WebDataset`` (each of its
@@ -221,19 +239,27 @@ def bench_pipeline(spec, dataset: Any = None, *, max_samples: int = 2000,
     if dataset is None:
         dataset = _default_dataset(urls)
     say = log or (lambda line: None)
-    report: dict[str, Any] = {"spec": spec if isinstance(spec, str) else list(spec),
-                              "shards": len(urls), "max_samples": max_samples,
-                              "pipeline": repr(dataset)}
+    report: dict[str, Any] = {
+        "spec": spec if isinstance(spec, str) else list(spec),
+        "shards": len(urls),
+        "max_samples": max_samples,
+        "pipeline": repr(dataset),
+    }
 
     # 1. raw read (the reference first: it also warms the page cache for local files)
     ref_name, _, _ = _read_reference(urls, max_read_bytes, storage_options)
     with _Bar(progress, "raw read", None, unit="B") as bar:
-        nbytes, secs = _read_ours(urls, max_read_bytes, time.perf_counter() + seconds_per_stage,
-                                  bar, storage_options)
+        nbytes, secs = _read_ours(
+            urls, max_read_bytes, time.perf_counter() + seconds_per_stage, bar, storage_options
+        )
     ref_name, ref_bytes, ref_secs = _read_reference(urls, nbytes, storage_options)
     raw: dict[str, Any] = {
-        "bytes": nbytes, "seconds": secs, "mb_per_s": nbytes / 1e6 / max(secs, 1e-9),
-        "reference": ref_name, "reference_mb_per_s": ref_bytes / 1e6 / max(ref_secs, 1e-9)}
+        "bytes": nbytes,
+        "seconds": secs,
+        "mb_per_s": nbytes / 1e6 / max(secs, 1e-9),
+        "reference": ref_name,
+        "reference_mb_per_s": ref_bytes / 1e6 / max(ref_secs, 1e-9),
+    }
     raw["ratio"] = raw["mb_per_s"] / raw["reference_mb_per_s"]
     report["raw_read"] = raw
     say(f"raw read: {raw['mb_per_s']:.0f} MB/s ({ref_name}: {raw['reference_mb_per_s']:.0f})")
@@ -254,16 +280,25 @@ def bench_pipeline(spec, dataset: Any = None, *, max_samples: int = 2000,
             if members >= max_samples * 4 or time.perf_counter() > deadline:
                 break
         secs = time.perf_counter() - t0
-    report["tar"] = {"members": members, "bytes": mbytes, "seconds": secs,
-                     "members_per_s": members / max(secs, 1e-9),
-                     "mb_per_s": mbytes / 1e6 / max(secs, 1e-9)}
+    report["tar"] = {
+        "members": members,
+        "bytes": mbytes,
+        "seconds": secs,
+        "members_per_s": members / max(secs, 1e-9),
+        "mb_per_s": mbytes / 1e6 / max(secs, 1e-9),
+    }
 
     # 3. a cold start of the whole pipeline (imports, first shard): the time to the first
     # sample; it also warms up what the stage measurements below would otherwise pay once
     prefixes = _prefixes(dataset)
     with _Bar(progress, "first sample", None) as bar:
-        cold = _time_iteration(dataset, min(max_samples, 256), prefixes[-1][2],
-                               time.perf_counter() + seconds_per_stage, bar)
+        cold = _time_iteration(
+            dataset,
+            min(max_samples, 256),
+            prefixes[-1][2],
+            time.perf_counter() + seconds_per_stage,
+            bar,
+        )
     report["time_to_first_sample_s"] = cold["first_s"]
 
     # 4. each stage, as the pipeline cut after it
@@ -271,15 +306,22 @@ def bench_pipeline(spec, dataset: Any = None, *, max_samples: int = 2000,
     prev_per_sample = 0.0
     for name, cut, batched in prefixes:
         with _Bar(progress, name, max_samples) as bar:
-            res = _time_iteration(cut, max_samples, batched,
-                                  time.perf_counter() + seconds_per_stage, bar)
+            res = _time_iteration(
+                cut, max_samples, batched, time.perf_counter() + seconds_per_stage, bar
+            )
         per_sample = res["seconds"] / max(res["samples"], 1)
         own = max(per_sample - prev_per_sample, 0.0)
-        stages.append({"name": name, "samples": res["samples"], "seconds": res["seconds"],
-                       "samples_per_s": res["samples"] / max(res["seconds"], 1e-9),
-                       "stage_us_per_sample": own * 1e6,
-                       "stage_samples_per_s": (1 / own) if own > 0 else None,
-                       "time_to_first_s": res["first_s"]})
+        stages.append(
+            {
+                "name": name,
+                "samples": res["samples"],
+                "seconds": res["seconds"],
+                "samples_per_s": res["samples"] / max(res["seconds"], 1e-9),
+                "stage_us_per_sample": own * 1e6,
+                "stage_samples_per_s": (1 / own) if own > 0 else None,
+                "time_to_first_s": res["first_s"],
+            }
+        )
         prev_per_sample = per_sample
         say(f"{name}: {stages[-1]['samples_per_s']:.0f} samples/s")
     report["stages"] = stages
@@ -290,11 +332,13 @@ def bench_pipeline(spec, dataset: Any = None, *, max_samples: int = 2000,
     if workers is None:
         workers = 2 if importlib.util.find_spec("torch") is not None else 0
     if workers > 0:
-        report["loader"] = _bench_loader(dataset, workers, batch_size, stages[-1],
-                                         max_samples, seconds_per_stage, progress)
+        report["loader"] = _bench_loader(
+            dataset, workers, batch_size, stages[-1], max_samples, seconds_per_stage, progress
+        )
         say(f"loader: {report['loader']['samples_per_s']:.0f} samples/s")
-    report["time_to_first_batch_s"] = (report["loader"]["time_to_first_batch_s"]
-                                       if report["loader"] else None)
+    report["time_to_first_batch_s"] = (
+        report["loader"]["time_to_first_batch_s"] if report["loader"] else None
+    )
     report["peak_rss_mb"] = _peak_rss_mb()
     report["peak_rss_workers_mb"] = _peak_rss_mb(resource.RUSAGE_CHILDREN)
     report["bottleneck"], report["diagnosis"] = diagnose(report)
@@ -329,8 +373,12 @@ def _bench_loader(dataset, workers, batch_size, last_stage, max_samples, seconds
     if not isinstance(ds, IterableDataset):
         ds = type("BenchDataset", (IterableDataset,), {"__iter__": lambda self: iter(dataset)})()
     batched = _prefixes(dataset)[-1][2]
-    loader = adapter.WebLoader(ds, batch_size=None if batched else batch_size,
-                               num_workers=workers, collate_fn=None if batched else _collate())
+    loader = adapter.WebLoader(
+        ds,
+        batch_size=None if batched else batch_size,
+        num_workers=workers,
+        collate_fn=None if batched else _collate(),
+    )
     t0 = time.perf_counter()
     first = None
     count = n_first = 0
@@ -353,10 +401,15 @@ def _bench_loader(dataset, workers, batch_size, last_stage, max_samples, seconds
         finally:
             del it  # shuts the workers down
     steady = (count - n_first) / max(end - t_first, 1e-9) if count > n_first else 0.0
-    return {"workers": workers, "batch_size": None if batched else batch_size,
-            "samples": count, "seconds": end - t0, "samples_per_s": steady,
-            "time_to_first_batch_s": first,
-            "vs_one_process": steady / max(last_stage["samples_per_s"], 1e-9)}
+    return {
+        "workers": workers,
+        "batch_size": None if batched else batch_size,
+        "samples": count,
+        "seconds": end - t0,
+        "samples_per_s": steady,
+        "time_to_first_batch_s": first,
+        "vs_one_process": steady / max(last_stage["samples_per_s"], 1e-9),
+    }
 
 
 def _collate():
@@ -371,19 +424,19 @@ def _collate():
 
 _ADVICE = {
     "read": "reading bounds you: {why}; cache remote shards (cache_dir=), prefetch more shards, "
-            "or use more readers (workers, ranks) on more shards",
+    "or use more readers (workers, ranks) on more shards",
     "read + group": "reading and grouping samples bounds you: build the C extension "
-                    "(setup.py build_ext), use fewer, larger samples, or add workers",
+    "(setup.py build_ext), use fewer, larger samples, or add workers",
     "decode": "decoding bounds you: add workers, decode at a smaller size (decode(..., "
-              "size=)), decode only the fields you use (to_tuple right after decode), or use "
-              "random_resized_crop for training crops",
+    "size=)), decode only the fields you use (to_tuple right after decode), or use "
+    "random_resized_crop for training crops",
     "shuffle": "the shuffle buffer bounds you: a smaller buffer, or shard shuffling instead",
     "transforms": "your transforms bound you: add workers, move augmentation to the GPU, or "
-                  "decode straight to the size you need",
+    "decode straight to the size you need",
     "batched": "collation bounds you: batch arrays of one shape and dtype (they stack "
-               "cheaply), or batch in the loader instead",
+    "cheaply), or batch in the loader instead",
     "loader": "the DataLoader transport bounds you ({ratio:.2f}x one process with {workers} "
-              "workers on {cores} cores): {fix}",
+    "workers on {cores} cores): {fix}",
 }
 
 
@@ -392,8 +445,12 @@ def diagnose(report: dict) -> tuple[str, str]:
     stages = report.get("stages") or []
     raw = report.get("raw_read") or {}
     loader = report.get("loader")
-    if loader and loader["vs_one_process"] < 0.8 * loader["workers"] and loader["workers"] > 1 \
-            and loader["vs_one_process"] < 1.0:
+    if (
+        loader
+        and loader["vs_one_process"] < 0.8 * loader["workers"]
+        and loader["workers"] > 1
+        and loader["vs_one_process"] < 1.0
+    ):
         cores = os.cpu_count() or 1
         if loader.get("batch_size") is not None:
             fix = "batch inside the dataset (.batched(64), then batch_size=None)"
@@ -401,9 +458,9 @@ def diagnose(report: dict) -> tuple[str, str]:
             fix = "fewer workers (no more than the free cores), larger batches"
         else:
             fix = "larger batches, or more workers"
-        return "loader", _ADVICE["loader"].format(ratio=loader["vs_one_process"],
-                                                  workers=loader["workers"], cores=cores,
-                                                  fix=fix)
+        return "loader", _ADVICE["loader"].format(
+            ratio=loader["vs_one_process"], workers=loader["workers"], cores=cores, fix=fix
+        )
     if not stages:
         return "unknown", "no stage was measured"
     worst = max(stages, key=lambda s: s["stage_us_per_sample"])
@@ -411,8 +468,10 @@ def diagnose(report: dict) -> tuple[str, str]:
     total_us = sum(s["stage_us_per_sample"] for s in stages)
     share = worst["stage_us_per_sample"] / total_us if total_us else 0.0
     if name == "read + group" and raw.get("ratio", 1.0) < 0.5:
-        why = (f"{raw['mb_per_s']:.0f} MB/s against {raw['reference']}'s "
-               f"{raw['reference_mb_per_s']:.0f} MB/s")
+        why = (
+            f"{raw['mb_per_s']:.0f} MB/s against {raw['reference']}'s "
+            f"{raw['reference_mb_per_s']:.0f} MB/s"
+        )
         return "read", _ADVICE["read"].format(why=why)
     if name == "read + group" and raw.get("reference") == "GET":
         why = f"the storage gives {raw['reference_mb_per_s']:.0f} MB/s"
@@ -426,27 +485,37 @@ def format_report(report: dict) -> str:
     """The report as a table (plain text)."""
     lines = [f"tarshards bench: {report['spec']} ({report['shards']} shards)"]
     raw = report["raw_read"]
-    lines.append(f"  raw read      {raw['mb_per_s']:10.1f} MB/s   ({raw['reference']}: "
-                 f"{raw['reference_mb_per_s']:.1f} MB/s, {raw['ratio']:.2f}x)")
+    lines.append(
+        f"  raw read      {raw['mb_per_s']:10.1f} MB/s   ({raw['reference']}: "
+        f"{raw['reference_mb_per_s']:.1f} MB/s, {raw['ratio']:.2f}x)"
+    )
     tar = report["tar"]
-    lines.append(f"  tar members   {tar['members_per_s']:10.0f} /s     "
-                 f"({tar['mb_per_s']:.1f} MB/s)")
+    lines.append(
+        f"  tar members   {tar['members_per_s']:10.0f} /s     ({tar['mb_per_s']:.1f} MB/s)"
+    )
     lines.append(f"  {'stage':<24}{'samples/s':>12}{'stage us/sample':>17}{'stage alone/s':>15}")
     for s in report["stages"]:
         alone = f"{s['stage_samples_per_s']:.0f}" if s["stage_samples_per_s"] else "-"
-        lines.append(f"  {s['name']:<24}{s['samples_per_s']:12.0f}"
-                     f"{s['stage_us_per_sample']:17.1f}{alone:>15}")
+        lines.append(
+            f"  {s['name']:<24}{s['samples_per_s']:12.0f}"
+            f"{s['stage_us_per_sample']:17.1f}{alone:>15}"
+        )
     loader = report.get("loader")
     if loader:
-        lines.append(f"  {'loader x' + str(loader['workers']):<24}{loader['samples_per_s']:12.0f}"
-                     f"{'':17}{loader['vs_one_process']:14.2f}x")
+        lines.append(
+            f"  {'loader x' + str(loader['workers']):<24}{loader['samples_per_s']:12.0f}"
+            f"{'':17}{loader['vs_one_process']:14.2f}x"
+        )
     first = report.get("time_to_first_sample_s")
     batch = report.get("time_to_first_batch_s")
-    lines.append(f"  first sample  {first if first is not None else float('nan'):.3f} s"
-                 + (f"   first batch {batch:.3f} s" if batch is not None else ""))
-    lines.append(f"  peak memory   {report['peak_rss_mb']:.0f} MB"
-                 + (f" (workers {report['peak_rss_workers_mb']:.0f} MB)"
-                    if report.get("loader") else ""))
+    lines.append(
+        f"  first sample  {first if first is not None else float('nan'):.3f} s"
+        + (f"   first batch {batch:.3f} s" if batch is not None else "")
+    )
+    lines.append(
+        f"  peak memory   {report['peak_rss_mb']:.0f} MB"
+        + (f" (workers {report['peak_rss_workers_mb']:.0f} MB)" if report.get("loader") else "")
+    )
     lines.append(f"  bottleneck    {report['diagnosis']}")
     return "\n".join(lines)
 
@@ -457,8 +526,7 @@ def plot_report(report: dict, path: str) -> None:
 
     rows = [(s["name"], s["samples_per_s"]) for s in report["stages"]]
     if report.get("loader"):
-        rows.append((f"loader x{report['loader']['workers']}",
-                     report["loader"]["samples_per_s"]))
+        rows.append((f"loader x{report['loader']['workers']}", report["loader"]["samples_per_s"]))
     width, left, bar_h, gap, top = 900, 200, 26, 10, 60
     height = top + len(rows) * (bar_h + gap) + 60
     img = Image.new("RGB", (width, height), "white")
@@ -478,9 +546,16 @@ def plot_report(report: dict, path: str) -> None:
     img.save(path, format="PNG")
 
 
-def dataset_from_options(urls, *, shuffle: int = 0, decode: Iterable[str] = (),
-                         crop: int | None = None, fields: str | None = None,
-                         batch_size: int | None = None, seed: int = 0):
+def dataset_from_options(
+    urls,
+    *,
+    shuffle: int = 0,
+    decode: Iterable[str] = (),
+    crop: int | None = None,
+    fields: str | None = None,
+    batch_size: int | None = None,
+    seed: int = 0,
+):
     """The pipeline ``tarshards bench`` builds from its options (a WebDataset)."""
     ds = _web_dataset_class()(urls, shardshuffle=bool(shuffle), seed=seed)
     if shuffle:
@@ -498,4 +573,3 @@ def dataset_from_options(urls, *, shuffle: int = 0, decode: Iterable[str] = (),
     if batch_size:
         ds = ds.batched(batch_size)
     return ds
-

@@ -87,7 +87,7 @@ class _TeeReader:
             if self.hasher is not None:
                 self.hasher.update(data)
             if len(self.head) < 512:
-                self.head += data[:512 - len(self.head)]
+                self.head += data[: 512 - len(self.head)]
             self.nbytes += len(data)
         elif n != 0:
             self.eof = True
@@ -115,9 +115,17 @@ class ShardCache:
     kept only when its size and hash are the manifest's (else :class:`IntegrityError`).
     """
 
-    def __init__(self, cache_dir, max_bytes=None, storage_options: dict | None = None, *,
-                 retries: int = 5, allow_pipe: bool = False, lock_timeout: float | None = None,
-                 manifest=None):
+    def __init__(
+        self,
+        cache_dir,
+        max_bytes=None,
+        storage_options: dict | None = None,
+        *,
+        retries: int = 5,
+        allow_pipe: bool = False,
+        lock_timeout: float | None = None,
+        manifest=None,
+    ):
         self.cache_dir = os.path.abspath(os.fspath(cache_dir))
         self.max_bytes = None if max_bytes is None else parse_size(max_bytes)
         self.storage_options = storage_options
@@ -149,8 +157,9 @@ class ShardCache:
         """Open ``url`` through the cache: a context manager giving a binary stream."""
         url = os.fspath(url)
         if not self._is_cacheable(url):
-            with open_url(url, storage_options=self.storage_options,
-                          allow_pipe=self.allow_pipe) as f:
+            with open_url(
+                url, storage_options=self.storage_options, allow_pipe=self.allow_pipe
+            ) as f:
                 yield f
             return
         path = self.path_for(url)
@@ -164,10 +173,12 @@ class ShardCache:
             if lock == _Reopen:
                 continue
             if lock is None:  # waited too long: read it directly, without caching
-                logger.warning("waited %.0fs for another process caching %s; reading it "
-                               "directly", self.lock_timeout, url)
-                with open_url(url, storage_options=self.storage_options,
-                              retries=self.retries) as f:
+                logger.warning(
+                    "waited %.0fs for another process caching %s; reading it directly",
+                    self.lock_timeout,
+                    url,
+                )
+                with open_url(url, storage_options=self.storage_options, retries=self.retries) as f:
                     yield f
                 return
             try:
@@ -278,13 +289,14 @@ class ShardCache:
                 if record.nbytes is not None and tee.nbytes != record.nbytes:
                     bad = f"{tee.nbytes} bytes, the manifest says {record.nbytes}"
                 elif hasher is not None and f"{algorithm}:{hasher.hexdigest()}" != record.hash:
-                    bad = (f"hash {algorithm}:{hasher.hexdigest()}, the manifest says "
-                           f"{record.hash}")
+                    bad = f"hash {algorithm}:{hasher.hexdigest()}, the manifest says {record.hash}"
                 if bad is not None:
                     with contextlib.suppress(OSError):
                         os.unlink(tmp)
-                    raise IntegrityError(f"the download does not match the manifest ({bad}); "
-                                         "it was not cached", url=url)
+                    raise IntegrityError(
+                        f"the download does not match the manifest ({bad}); it was not cached",
+                        url=url,
+                    )
             os.replace(tmp, path)
             self.downloads += 1
             logger.debug("cached %s (%d bytes) as %s", url, tee.nbytes, path)
@@ -316,8 +328,9 @@ class ShardCache:
         """Remove least recently used shards until the cache fits ``max_bytes``; returns them."""
         if self.max_bytes is None:
             return []
-        fd = os.open(os.path.join(self.cache_dir, _LOCK_DIR, "evict.lock"),
-                     os.O_RDWR | os.O_CREAT, 0o666)
+        fd = os.open(
+            os.path.join(self.cache_dir, _LOCK_DIR, "evict.lock"), os.O_RDWR | os.O_CREAT, 0o666
+        )
         removed = []
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)

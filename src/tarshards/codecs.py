@@ -45,8 +45,20 @@ __all__ = [
     "register_image_mode",
 ]
 
-IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "ppm", "pgm", "pbm", "pnm", "bmp", "tif", "tiff", "webp",
-                    "gif")
+IMAGE_EXTENSIONS = (
+    "jpg",
+    "jpeg",
+    "png",
+    "ppm",
+    "pgm",
+    "pbm",
+    "pnm",
+    "bmp",
+    "tif",
+    "tiff",
+    "webp",
+    "gif",
+)
 _JPEG = ("jpg", "jpeg")
 
 
@@ -206,9 +218,20 @@ def _dec_gz(data, ext):
 # images
 # ---------------------------------------------------------------------------------------------
 
-_PIL_FORMATS = {"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "ppm": "PPM", "pgm": "PPM",
-                "pbm": "PPM", "pnm": "PPM", "bmp": "BMP", "tif": "TIFF", "tiff": "TIFF",
-                "webp": "WEBP", "gif": "GIF"}
+_PIL_FORMATS = {
+    "jpg": "JPEG",
+    "jpeg": "JPEG",
+    "png": "PNG",
+    "ppm": "PPM",
+    "pgm": "PPM",
+    "pbm": "PPM",
+    "pnm": "PPM",
+    "bmp": "BMP",
+    "tif": "TIFF",
+    "tiff": "TIFF",
+    "webp": "WEBP",
+    "gif": "GIF",
+}
 
 
 def _enc_image(value, ext):
@@ -227,8 +250,9 @@ def _enc_image(value, ext):
             arr = arr[:, :, 0]
         value = Image.fromarray(arr)
     if not isinstance(value, Image.Image):
-        raise TypeError(f"a .{ext} field holds an image (PIL or ndarray), got "
-                        f"{type(value).__name__}")
+        raise TypeError(
+            f"a .{ext} field holds an image (PIL or ndarray), got {type(value).__name__}"
+        )
     if fmt == "JPEG" and value.mode not in ("RGB", "L", "CMYK"):
         value = value.convert("RGB")
     if ext == "pgm" and value.mode != "L":
@@ -295,8 +319,9 @@ _ARRAY_KINDS: dict[str, ArrayKind] = {}
 OPTIONAL_ARRAY_KINDS = OptionalEntries("image mode kind")
 
 
-def register_array_kind(kind: str, convert: Callable[[Any, Any], Any], *,
-                        resizes: bool = False) -> None:
+def register_array_kind(
+    kind: str, convert: Callable[[Any, Any], Any], *, resizes: bool = False
+) -> None:
     """Add (or replace) the kind ``kind`` of image modes: ``convert(uint8_array, size)``."""
     _ARRAY_KINDS[kind] = ArrayKind(convert, resizes)
 
@@ -336,8 +361,9 @@ def _pow2_scale_dims(data: bytes, sj, size) -> dict:
     return {"min_width": -(-w // s), "min_height": -(-h // s)}
 
 
-def _image_array(data: bytes, ext: str, pil_mode: str | None, size,
-                 exact: bool = True) -> np.ndarray:
+def _image_array(
+    data: bytes, ext: str, pil_mode: str | None, size, exact: bool = True
+) -> np.ndarray:
     """Decode to an HxW or HxWxC uint8 array, at ``size=(w, h)`` when given.
 
     ``exact=False``: JPEGs come back at a reduced scale no smaller than ``size`` (the caller
@@ -349,17 +375,26 @@ def _image_array(data: bytes, ext: str, pil_mode: str | None, size,
             try:
                 kw: dict = {}
                 if size is not None:
-                    kw = ({"min_width": size[0], "min_height": size[1]} if exact
-                          else _pow2_scale_dims(data, sj, size))
-                arr = sj.decode_jpeg(data, colorspace="GRAY" if pil_mode == "L" else "RGB",
-                                     fastdct=False, fastupsample=False, **kw)
+                    kw = (
+                        {"min_width": size[0], "min_height": size[1]}
+                        if exact
+                        else _pow2_scale_dims(data, sj, size)
+                    )
+                arr = sj.decode_jpeg(
+                    data,
+                    colorspace="GRAY" if pil_mode == "L" else "RGB",
+                    fastdct=False,
+                    fastupsample=False,
+                    **kw,
+                )
                 if pil_mode == "L":
                     arr = arr[:, :, 0]
                 if exact and size is not None and (arr.shape[1], arr.shape[0]) != tuple(size):
                     from PIL import Image
 
-                    arr = np.array(Image.fromarray(arr).resize(tuple(size),
-                                                                 Image.Resampling.BILINEAR))
+                    arr = np.array(
+                        Image.fromarray(arr).resize(tuple(size), Image.Resampling.BILINEAR)
+                    )
                 return arr
             except (ValueError, RuntimeError):
                 pass  # unusual JPEGs (CMYK, broken markers): let Pillow have a go
@@ -407,11 +442,11 @@ class _HeaderMemo:
 
     def components(self, data) -> int:
         prefix, sof = self.last
-        if prefix is not None and data[:len(prefix)] == prefix and len(data) > sof + 9:
+        if prefix is not None and data[: len(prefix)] == prefix and len(data) > sof + 9:
             return data[sof + 9]
         comps, sof = _jpeg_frame(data)
         if comps:
-            self.last = (bytes(data[:sof + 2]), sof)
+            self.last = (bytes(data[: sof + 2]), sof)
         return comps
 
 
@@ -429,8 +464,13 @@ def _pil_jpeg_fast(data: bytes, pil_mode: str | None, size, memo: _HeaderMemo | 
     wrap = _rgbx_image_mapper() if native[1] == "RGB" and size is None else None
     try:
         kw = {} if size is None else {"min_width": size[0], "min_height": size[1]}
-        arr = sj.decode_jpeg(data, colorspace="RGBX" if wrap is not None else native[0],
-                             fastdct=False, fastupsample=False, **kw)
+        arr = sj.decode_jpeg(
+            data,
+            colorspace="RGBX" if wrap is not None else native[0],
+            fastdct=False,
+            fastupsample=False,
+            **kw,
+        )
     except (ValueError, RuntimeError):
         return None
     if wrap is not None:
@@ -480,9 +520,13 @@ def _rgbx_image_mapper() -> Callable[[Any], Any] | None:
         probe = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
         probe[..., 3] = 255
         img = wrap(probe)
-        ok = (img.mode == "RGB" and img.size == (3, 2) and img.getpixel((2, 1)) == (20, 21, 22)
-              and np.array_equal(np.asarray(img), probe[..., :3])
-              and img.convert("RGBA").getpixel((1, 0)) == (4, 5, 6, 255))
+        ok = (
+            img.mode == "RGB"
+            and img.size == (3, 2)
+            and img.getpixel((2, 1)) == (20, 21, 22)
+            and np.array_equal(np.asarray(img), probe[..., :3])
+            and img.convert("RGBA").getpixel((1, 0)) == (4, 5, 6, 255)
+        )
         img.putpixel((0, 0), (9, 9, 9))  # copy-on-write: the probe stays as it was
         ok = ok and img.getpixel((0, 0)) == (9, 9, 9) and probe[0, 0, 0] == 0
     except Exception:  # noqa: BLE001 - any failure means: use the public, copying path
@@ -490,8 +534,7 @@ def _rgbx_image_mapper() -> Callable[[Any], Any] | None:
     return wrap if ok else None
 
 
-def _pil_open(data: bytes, ext: str, pil_mode: str | None, size,
-              memo: _HeaderMemo | None = None):
+def _pil_open(data: bytes, ext: str, pil_mode: str | None, size, memo: _HeaderMemo | None = None):
     if ext in _JPEG:
         img = _pil_jpeg_fast(data, pil_mode, size, memo)
         if img is not None:
@@ -514,8 +557,9 @@ def image_decoder(mode: str, size=None) -> Callable[[bytes, str], Any]:
     if mode in _EXTRA_MODES:
         return _EXTRA_MODES[mode]
     if mode not in IMAGE_MODES:
-        raise ValueError(f"unknown image decoding mode {mode!r}; choose one of "
-                         f"{', '.join(sorted(IMAGE_MODES))}")
+        raise ValueError(
+            f"unknown image decoding mode {mode!r}; choose one of {', '.join(sorted(IMAGE_MODES))}"
+        )
     pil_mode, kind = IMAGE_MODES[mode]
     if size is not None:
         if isinstance(size, int):
@@ -527,8 +571,10 @@ def image_decoder(mode: str, size=None) -> Callable[[bytes, str], Any]:
     if kind == "uint8":
         return functools.partial(_image_array, pil_mode=pil_mode, size=size)
     if kind == "float":
+
         def dec_float(data, ext):
             return _image_array(data, ext, pil_mode, size).astype(np.float32) / np.float32(255)
+
         return dec_float
     # other kinds (torch tensors: registered by tarshards.torch) convert the uint8 array;
     # partials, as above (one C-level call once field_decoder binds ``ext``)
@@ -536,12 +582,12 @@ def image_decoder(mode: str, size=None) -> Callable[[bytes, str], Any]:
     # with a converter that resizes: decode at a reduced JPEG scale, let it resize (faster
     # than PIL for torch)
     resize = size is not None and found.resizes
-    return functools.partial(_converted_image, convert=found.convert, pil_mode=pil_mode,
-                             size=size, resize=resize)
+    return functools.partial(
+        _converted_image, convert=found.convert, pil_mode=pil_mode, size=size, resize=resize
+    )
 
 
-def _converted_image(data: bytes, ext: str, *, convert, pil_mode: str | None, size,
-                     resize: bool):
+def _converted_image(data: bytes, ext: str, *, convert, pil_mode: str | None, size, resize: bool):
     if resize:
         return convert(_image_array(data, ext, pil_mode, size, exact=False), size)
     return convert(_image_array(data, ext, pil_mode, size), None)
@@ -573,8 +619,10 @@ def _as_bytes(value, ext):
         return bytes(value)
     if isinstance(value, str):
         return value.encode("utf-8")
-    raise TypeError(f"no codec for extension {ext!r} and value of type {type(value).__name__}; "
-                    f"pass bytes or str, or register a codec")
+    raise TypeError(
+        f"no codec for extension {ext!r} and value of type {type(value).__name__}; "
+        f"pass bytes or str, or register a codec"
+    )
 
 
 def encode_value(value, ext: str) -> bytes:
@@ -608,8 +656,9 @@ def encode_sample(sample: dict) -> dict:
     return out
 
 
-def field_decoder(ext: str, *, image_mode: str | None = "pil", size=None,
-                  allow_unsafe: bool = False) -> Callable[[bytes], Any] | None:
+def field_decoder(
+    ext: str, *, image_mode: str | None = "pil", size=None, allow_unsafe: bool = False
+) -> Callable[[bytes], Any] | None:
     """Return ``decode(data) -> value`` for extension ``ext``, or ``None`` to keep bytes.
 
     ``image_mode=None`` leaves images as bytes. Unsafe codecs raise :class:`UnsafeCodecError` at
@@ -619,8 +668,11 @@ def field_decoder(ext: str, *, image_mode: str | None = "pil", size=None,
     parts = ext.split(".")
     if parts[-1] == "gz":
         inner = ".".join(parts[:-1])
-        inner_dec = field_decoder(inner, image_mode=image_mode, size=size,
-                                  allow_unsafe=allow_unsafe) if inner else None
+        inner_dec = (
+            field_decoder(inner, image_mode=image_mode, size=size, allow_unsafe=allow_unsafe)
+            if inner
+            else None
+        )
         if inner_dec is None:
             return gzip.decompress
         return lambda data: inner_dec(gzip.decompress(data))
@@ -650,7 +702,9 @@ def _refuse(ext: str) -> Callable[[bytes], Any]:
         raise UnsafeCodecError(
             f"refusing to decode a .{ext} field: this codec can run arbitrary code. If you "
             f"trust the data, opt in with allow_unsafe=True (e.g. .decode('pil', "
-            f"allow_unsafe=True)), or keep the raw bytes with .decode(only=[...])")
+            f"allow_unsafe=True)), or keep the raw bytes with .decode(only=[...])"
+        )
+
     return refuse
 
 

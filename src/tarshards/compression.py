@@ -121,7 +121,7 @@ def _replay(d, data: bytes) -> tuple[bytes, int]:
     while True:
         if pos >= len(data) or total >= _SALVAGE_LIMIT:
             return b"".join(outs), pos
-        piece = data[pos:pos + _SALVAGE_STEP]
+        piece = data[pos : pos + _SALVAGE_STEP]
         saved = d.copy()
         try:
             out = d.decompress(piece)
@@ -177,14 +177,15 @@ class _ZstdDecoder(_Decoder):
         if state == 0:
             if avail < 5:
                 return 0, 0
-            if buf[pos:pos + 4] != _ZSTD_MAGIC:
+            if buf[pos : pos + 4] != _ZSTD_MAGIC:
                 self._raw = True  # a skippable frame or garbage: zstandard decides
                 return avail, 3
             fhd = buf[pos + 4]
             single = (fhd >> 5) & 1
             self._checksum = bool(fhd & 4)
-            return (5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3]
-                    + (single, 2, 4, 8)[fhd >> 6]), 1
+            return (
+                5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3] + (single, 2, 4, 8)[fhd >> 6]
+            ), 1
         if state == 1:
             if avail < 3:
                 return 0, 1
@@ -212,7 +213,7 @@ class _ZstdDecoder(_Decoder):
             if not n or pos + n > len(buf):
                 break
             try:
-                out = d.decompress(buf[pos:pos + n])
+                out = d.decompress(buf[pos : pos + n])
             except self._error as exc:
                 raise _Damage(f"corrupt zstd data: {exc}", self._fed, b"".join(outs)) from None
             outs.append(out)
@@ -234,7 +235,8 @@ def _zstandard():
         import zstandard
     except ImportError:  # pragma: no cover - zstandard is a core dependency
         raise MissingDependencyError(
-            "zstd shards need the zstandard package: pip install zstandard") from None
+            "zstd shards need the zstandard package: pip install zstandard"
+        ) from None
     return zstandard
 
 
@@ -247,8 +249,9 @@ def _gzip_writer(raw: BinaryIO, level: int | None):
     import gzip
 
     # filename="": no file name in the gzip header (it would be the random temporary name)
-    gz = gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0,
-                       compresslevel=6 if level is None else level)
+    gz = gzip.GzipFile(
+        filename="", fileobj=raw, mode="wb", mtime=0, compresslevel=6 if level is None else level
+    )
     return gz, gz.close
 
 
@@ -265,8 +268,7 @@ def _zstd_writer(raw: BinaryIO, level: int | None):
 
 
 GZIP = Compression("gzip", b"\x1f\x8b", (".tgz", ".tar.gz", ".gz"), _GzipDecoder, _gzip_writer)
-ZSTD = Compression("zstd", _ZSTD_MAGIC, (".tar.zst", ".tzst", ".zst"), _ZstdDecoder,
-                   _zstd_writer)
+ZSTD = Compression("zstd", _ZSTD_MAGIC, (".tar.zst", ".tzst", ".zst"), _ZstdDecoder, _zstd_writer)
 COMPRESSIONS: tuple[Compression, ...] = (GZIP, ZSTD)
 _MAGIC_LEN = max(len(c.magic) for c in COMPRESSIONS)
 _ALIASES = {"gz": GZIP, "gzip": GZIP, "tgz": GZIP, "zst": ZSTD, "zstd": ZSTD}
@@ -275,7 +277,7 @@ _ALIASES = {"gz": GZIP, "gzip": GZIP, "tgz": GZIP, "zst": ZSTD, "zstd": ZSTD}
 def by_magic(head: bytes) -> Compression | None:
     """The compression whose magic bytes ``head`` starts with, or None (plain data)."""
     for comp in COMPRESSIONS:
-        if head[:len(comp.magic)] == comp.magic:
+        if head[: len(comp.magic)] == comp.magic:
             return comp
     return None
 
@@ -356,8 +358,7 @@ def _frames(comp: Compression, first: bytes, rest: Iterator[bytes], source) -> I
             except _Damage as damage:
                 if damage.out:
                     yield damage.out
-                raise CompressionError(str(damage), url=source,
-                                       offset=member + damage.at) from None
+                raise CompressionError(str(damage), url=source, offset=member + damage.at) from None
             consumed += len(pending) - len(left)
             pending = left
             if out:
@@ -370,5 +371,6 @@ def _frames(comp: Compression, first: bytes, rest: Iterator[bytes], source) -> I
         tail = d.flush()
         if tail:
             yield tail
-        raise TruncatedShardError(f"{comp.name} stream ends early (truncated file?)", url=source,
-                                  offset=consumed)
+        raise TruncatedShardError(
+            f"{comp.name} stream ends early (truncated file?)", url=source, offset=consumed
+        )

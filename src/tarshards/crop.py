@@ -69,14 +69,19 @@ def _tensor_crop(output: str) -> Callable[..., Any]:
         except MissingDependencyError:
             raise MissingDependencyError(
                 f"random_resized_crop(output={output!r}) needs torch: pip install "
-                f"'tarshards[torch]' (or use output='rgb8' for numpy arrays)") from None
+                f"'tarshards[torch]' (or use output='rgb8' for numpy arrays)"
+            ) from None
         fn = _CROP_CONVERTERS["tensor"]
     return fn
 
 
-def crop_params(rng: random.Random, width: int, height: int,
-                scale: Sequence[float] = (0.08, 1.0),
-                ratio: Sequence[float] = (3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
+def crop_params(
+    rng: random.Random,
+    width: int,
+    height: int,
+    scale: Sequence[float] = (0.08, 1.0),
+    ratio: Sequence[float] = (3 / 4, 4 / 3),
+) -> tuple[int, int, int, int]:
     """A random crop ``(top, left, height, width)`` of a ``width`` x ``height`` image.
 
     torchvision's ``RandomResizedCrop.get_params``: up to ten tries at an area drawn uniformly
@@ -132,10 +137,16 @@ class RandomResizedCrop:
 
     wants_rng = True  # the decode stage passes a per-sample generator
 
-    def __init__(self, size: int | Sequence[int] = 224, scale: Sequence[float] = (0.08, 1.0),
-                 ratio: Sequence[float] = (3 / 4, 4 / 3), flip: bool = True,
-                 output: str = "torchrgb", fast: bool = False,
-                 extensions: Sequence[str] | str | None = None):
+    def __init__(
+        self,
+        size: int | Sequence[int] = 224,
+        scale: Sequence[float] = (0.08, 1.0),
+        ratio: Sequence[float] = (3 / 4, 4 / 3),
+        flip: bool = True,
+        output: str = "torchrgb",
+        fast: bool = False,
+        extensions: Sequence[str] | str | None = None,
+    ):
         if isinstance(size, int):
             size = (size, size)
         if len(size) != 2 or min(size) < 1:
@@ -158,8 +169,10 @@ class RandomResizedCrop:
         self._to_tensor = _tensor_crop(output) if output.startswith("torch") else None
 
     def __repr__(self):
-        return (f"random_resized_crop(size=({self.height}, {self.width}), scale={self.scale}, "
-                f"ratio={self.ratio}, flip={self.flip}, output={self.output!r})")
+        return (
+            f"random_resized_crop(size=({self.height}, {self.width}), scale={self.scale}, "
+            f"ratio={self.ratio}, flip={self.flip}, output={self.output!r})"
+        )
 
     def __call__(self, key: str, data: bytes, rng: random.Random | None = None) -> Any:
         ext = key.rpartition(".")[2].lower()
@@ -187,8 +200,13 @@ class RandomResizedCrop:
         # PIL outputs resize an RGB image over simplejpeg's RGBX buffer (no copy)
         rgbx = self._to_tensor is None and _rgbx_image_mapper() is not None
         try:
-            arr = sj.decode_jpeg(data, colorspace="RGBX" if rgbx else "RGB",
-                                 fastdct=self.fast, fastupsample=self.fast, **kw)
+            arr = sj.decode_jpeg(
+                data,
+                colorspace="RGBX" if rgbx else "RGB",
+                fastdct=self.fast,
+                fastupsample=self.fast,
+                **kw,
+            )
         except (ValueError, RuntimeError):  # CMYK, broken markers...: Pillow has a go
             return self._decode_pil(data, rng, (top, left, ch, cw, flip))
         box = (left, top, left + cw, top + ch)
@@ -218,8 +236,9 @@ class RandomResizedCrop:
         """Resize the crop ``box`` (left, upper, right, lower; may be fractional) of an HxWx3
         (or RGBX HxWx4) uint8 array to the output size, flip, convert."""
         if self._to_tensor is not None:
-            return self._to_tensor(arr, box, (self.height, self.width), flip,
-                                   self.output == "torchrgb")
+            return self._to_tensor(
+                arr, box, (self.height, self.width), flip, self.output == "torchrgb"
+            )
         from PIL import Image
 
         wrap = _rgbx_image_mapper() if arr.shape[2] == 4 else None
@@ -237,13 +256,19 @@ class RandomResizedCrop:
         return np.asarray(out).copy()  # writable
 
 
-def random_resized_crop(size: int | Sequence[int] = 224, scale: Sequence[float] = (0.08, 1.0),
-                        ratio: Sequence[float] = (3 / 4, 4 / 3), flip: bool = True,
-                        output: str = "torchrgb", fast: bool = False,
-                        extensions: Sequence[str] | str | None = None) -> RandomResizedCrop:
+def random_resized_crop(
+    size: int | Sequence[int] = 224,
+    scale: Sequence[float] = (0.08, 1.0),
+    ratio: Sequence[float] = (3 / 4, 4 / 3),
+    flip: bool = True,
+    output: str = "torchrgb",
+    fast: bool = False,
+    extensions: Sequence[str] | str | None = None,
+) -> RandomResizedCrop:
     """A decode handler for training crops: ``ds.decode(random_resized_crop(224))``.
 
     See :class:`RandomResizedCrop` and the module's description.
     """
-    return RandomResizedCrop(size, scale=scale, ratio=ratio, flip=flip, output=output,
-                             fast=fast, extensions=extensions)
+    return RandomResizedCrop(
+        size, scale=scale, ratio=ratio, flip=flip, output=output, fast=fast, extensions=extensions
+    )

@@ -151,20 +151,20 @@ class CommandError(TarshardsError, RuntimeError):
     ``status`` is its exit status and ``stderr`` what it wrote there (bytes).
     """
 
-    def __init__(self, message: str, *, status: int | None = None, stderr: bytes = b"",
-                 **context):
+    def __init__(self, message: str, *, status: int | None = None, stderr: bytes = b"", **context):
         self.status = status
         self.stderr = stderr
         super().__init__(message, **context)
 
     def __reduce__(self):
-        return (_rebuild_command, (self.reason, self.status, self.stderr, self.url, self.member,
-                                   self.offset))
+        return (
+            _rebuild_command,
+            (self.reason, self.status, self.stderr, self.url, self.member, self.offset),
+        )
 
 
 def _rebuild_command(reason, status, stderr, url, member, offset):
-    return CommandError(reason, status=status, stderr=stderr, url=url, member=member,
-                        offset=offset)
+    return CommandError(reason, status=status, stderr=stderr, url=url, member=member, offset=offset)
 
 
 class MissingDependencyError(TarshardsError, ImportError):

@@ -36,8 +36,9 @@ def is_meta_key(field: str) -> bool:
     return field.startswith("__")
 
 
-_SIZE_RE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(?:([kmgtp])(i)?)?(b)?\s*",
-                      re.IGNORECASE)
+_SIZE_RE = re.compile(
+    r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(?:([kmgtp])(i)?)?(b)?\s*", re.IGNORECASE
+)
 _SIZE_POWERS = {"k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
 
 
@@ -78,11 +79,17 @@ def split_name(name: str, last_dot: bool = False) -> tuple[str, str] | None:
     dot = name.rfind(".", slash) if last_dot else name.find(".", slash)
     if dot < 0 or dot == slash or dot == len(name) - 1:
         return None
-    return name[:dot], name[dot + 1:].lower()
+    return name[:dot], name[dot + 1 :].lower()
 
 
-def group_samples(members: Iterable, url=None, *, last_dot: bool = False,
-                  batched: bool = False, accelerate: bool = True) -> Iterator[dict]:
+def group_samples(
+    members: Iterable,
+    url=None,
+    *,
+    last_dot: bool = False,
+    batched: bool = False,
+    accelerate: bool = True,
+) -> Iterator[dict]:
     """Group consecutive tar members with the same key into sample dicts.
 
     ``members`` yields ``(name, data, offset)``, or lists of them with ``batched=True`` (as
@@ -112,8 +119,9 @@ def _group_fast(batches: Iterable[list], url, last_dot: bool) -> Iterator[dict]:
         yield sample
 
 
-def _group(batches: Iterable, url, last_dot: bool, sample: Any = None,
-           key: str | None = None) -> Iterator[dict]:
+def _group(
+    batches: Iterable, url, last_dot: bool, sample: Any = None, key: str | None = None
+) -> Iterator[dict]:
     """The reference grouping loop (state ``sample``/``key`` carried in from a caller)."""
     for batch in batches:
         for member, data, offset in batch:
@@ -126,7 +134,7 @@ def _group(batches: Iterable, url, last_dot: bool, sample: Any = None,
             if dot <= slash or dot == len(name) - 1:
                 continue
             k = name[:dot]
-            ext = name[dot + 1:]
+            ext = name[dot + 1 :]
             if not ext.islower():
                 ext = ext.lower()
             if k != key:
@@ -137,10 +145,14 @@ def _group(batches: Iterable, url, last_dot: bool, sample: Any = None,
             else:
                 if ext in sample:
                     # the first member's name is rebuilt (same ./ prefix as the second one)
-                    first = f"{member[:len(member) - len(name)]}{k}.{ext}"
+                    first = f"{member[: len(member) - len(name)]}{k}.{ext}"
                     raise DuplicateFieldError(
                         f"repeated extension {ext!r} in sample {k!r}: members {first!r} and "
-                        f"{member!r}", url=url, member=member, offset=offset)
+                        f"{member!r}",
+                        url=url,
+                        member=member,
+                        offset=offset,
+                    )
                 sample[ext] = data
     if sample is not None:
         yield sample

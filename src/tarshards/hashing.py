@@ -65,8 +65,9 @@ def file_hasher(name: str = DEFAULT_HASH):
         try:
             import blake3
         except ImportError:
-            raise MissingDependencyError("the blake3 hash needs blake3: pip install blake3") \
-                from None
+            raise MissingDependencyError(
+                "the blake3 hash needs blake3: pip install blake3"
+            ) from None
         return blake3.blake3()
     if name in ("sha256", "blake2b", "md5"):
         return hashlib.new(name)
@@ -79,8 +80,7 @@ def member_hasher_factory(name: str):
     """A function making incremental member hashers with ``update`` and ``intdigest``."""
     if name == "xxh3_64":
         if _xxhash is None:
-            raise MissingDependencyError("xxh3_64 member checksums need xxhash: "
-                                         "pip install xxhash")
+            raise MissingDependencyError("xxh3_64 member checksums need xxhash: pip install xxhash")
         return _xxhash.xxh3_64
     if name == "crc32":
         return Crc32
@@ -91,8 +91,7 @@ def member_checksum_fn(name: str = MEMBER_HASH):
     """The one-shot member checksum ``bytes -> int`` of algorithm ``name``."""
     if name == "xxh3_64":
         if _xxhash is None:
-            raise MissingDependencyError("xxh3_64 member checksums need xxhash: "
-                                         "pip install xxhash")
+            raise MissingDependencyError("xxh3_64 member checksums need xxhash: pip install xxhash")
         return _xxhash.xxh3_64_intdigest
     if name == "crc32":
         return zlib.crc32
@@ -164,17 +163,26 @@ class HashingReader:
         return f"{self.algorithm}:{self.hasher.hexdigest()}"
 
 
-def check_shard(url, *, expected_hash: str | None, expected_nbytes: int | None,
-                got_hash: str | None, got_nbytes: int, expected_samples: int | None = None,
-                got_samples: int | None = None) -> None:
+def check_shard(
+    url,
+    *,
+    expected_hash: str | None,
+    expected_nbytes: int | None,
+    got_hash: str | None,
+    got_nbytes: int,
+    expected_samples: int | None = None,
+    got_samples: int | None = None,
+) -> None:
     """Raise :class:`IntegrityError` naming ``url`` when size, hash or sample count differ."""
     if expected_nbytes is not None and got_nbytes != expected_nbytes:
-        raise IntegrityError(f"the shard has {got_nbytes} bytes, the manifest says "
-                             f"{expected_nbytes}", url=url)
+        raise IntegrityError(
+            f"the shard has {got_nbytes} bytes, the manifest says {expected_nbytes}", url=url
+        )
     if expected_hash is not None and got_hash is not None and got_hash != expected_hash:
-        raise IntegrityError(f"the shard's hash is {got_hash}, the manifest says "
-                             f"{expected_hash}", url=url)
-    if expected_samples is not None and got_samples is not None \
-            and got_samples != expected_samples:
-        raise IntegrityError(f"the shard has {got_samples} samples, the manifest says "
-                             f"{expected_samples}", url=url)
+        raise IntegrityError(
+            f"the shard's hash is {got_hash}, the manifest says {expected_hash}", url=url
+        )
+    if expected_samples is not None and got_samples is not None and got_samples != expected_samples:
+        raise IntegrityError(
+            f"the shard has {got_samples} samples, the manifest says {expected_samples}", url=url
+        )

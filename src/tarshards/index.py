@@ -27,8 +27,13 @@ from typing import BinaryIO, Iterator, Sequence
 import numpy as np
 
 from .errors import CompressionError, HeaderError, IntegrityError, TruncatedShardError
-from .hashing import (DEFAULT_HASH, MEMBER_HASH, file_hasher, member_checksum_fn,
-                      member_hasher_factory)
+from .hashing import (
+    DEFAULT_HASH,
+    MEMBER_HASH,
+    file_hasher,
+    member_checksum_fn,
+    member_hasher_factory,
+)
 
 __all__ = [
     "DEFAULT_HASH",
@@ -119,10 +124,12 @@ class ShardIndex:
             raw = self.key_blob.tobytes()
             offs = self.key_offsets.tolist()
             if len(blob) == len(raw):
-                cached = [blob[offs[i]:offs[i + 1]] for i in range(len(offs) - 1)]
+                cached = [blob[offs[i] : offs[i + 1]] for i in range(len(offs) - 1)]
             else:
-                cached = [raw[offs[i]:offs[i + 1]].decode("utf-8", "surrogateescape")
-                          for i in range(len(offs) - 1)]
+                cached = [
+                    raw[offs[i] : offs[i + 1]].decode("utf-8", "surrogateescape")
+                    for i in range(len(offs) - 1)
+                ]
             object.__setattr__(self, "_keys", cached)
         return cached
 
@@ -140,8 +147,10 @@ class ShardIndex:
         starts = self.member_starts
         key = self.keys[i]
         prefix = "./" if self.sample_flags[i] & FLAG_DOT_SLASH else ""
-        return [f"{prefix}{key}.{self.extensions[e]}"
-                for e in self.member_ext[starts[i]:starts[i + 1]].tolist()]
+        return [
+            f"{prefix}{key}.{self.extensions[e]}"
+            for e in self.member_ext[starts[i] : starts[i + 1]].tolist()
+        ]
 
     def __eq__(self, other):
         if not isinstance(other, ShardIndex):
@@ -151,18 +160,26 @@ class ShardIndex:
     __hash__ = None
 
     def __repr__(self):
-        return (f"ShardIndex({self.num_samples} samples, {len(self.member_sample)} members, "
-                f"compression={self.compression!r}, seekable={self.seekable}, "
-                f"url={self.url!r})")
+        return (
+            f"ShardIndex({self.num_samples} samples, {len(self.member_sample)} members, "
+            f"compression={self.compression!r}, seekable={self.seekable}, "
+            f"url={self.url!r})"
+        )
 
     # ---- serialisation -----------------------------------------------------------------------
     def _meta(self) -> dict:
         return {
-            "format": "tarshards.index", "version": INDEX_VERSION,
-            "samples": self.num_samples, "members": int(len(self.member_sample)),
-            "key_bytes": int(len(self.key_blob)), "extensions": list(self.extensions),
-            "compression": self.compression, "seekable": bool(self.seekable),
-            "member_hash": self.member_hash, "nbytes": int(self.nbytes), "hash": self.hash,
+            "format": "tarshards.index",
+            "version": INDEX_VERSION,
+            "samples": self.num_samples,
+            "members": int(len(self.member_sample)),
+            "key_bytes": int(len(self.key_blob)),
+            "extensions": list(self.extensions),
+            "compression": self.compression,
+            "seekable": bool(self.seekable),
+            "member_hash": self.member_hash,
+            "nbytes": int(self.nbytes),
+            "hash": self.hash,
             "last_dot": bool(self.last_dot),
             "arrays": [[name, dtype] for name, dtype, _ in _ARRAYS],
         }
@@ -186,14 +203,21 @@ class ShardIndex:
             raise IntegrityError("not a tarshards index (bad magic bytes)", url=url, offset=0)
         version, meta_len = np.frombuffer(data, "<u4", 2, 8).tolist()
         if version != INDEX_VERSION:
-            raise IntegrityError(f"index format version {version} is not supported (this "
-                                 f"tarshards reads version {INDEX_VERSION})", url=url)
+            raise IntegrityError(
+                f"index format version {version} is not supported (this "
+                f"tarshards reads version {INDEX_VERSION})",
+                url=url,
+            )
         try:
-            meta = json.loads(bytes(data[16:16 + meta_len]))
+            meta = json.loads(bytes(data[16 : 16 + meta_len]))
         except ValueError:
             raise IntegrityError("corrupt index header", url=url, offset=16) from None
-        counts = {"samples": meta["samples"], "members": meta["members"],
-                  "samples+1": meta["samples"] + 1, "keys": meta["key_bytes"]}
+        counts = {
+            "samples": meta["samples"],
+            "members": meta["members"],
+            "samples+1": meta["samples"] + 1,
+            "keys": meta["key_bytes"],
+        }
         pos = 16 + meta_len
         arrays = {}
         for name, dtype, per in _ARRAYS:
@@ -203,10 +227,17 @@ class ShardIndex:
                 raise IntegrityError("index file is truncated", url=url, offset=pos)
             arrays[name] = np.frombuffer(data, dtype, n, pos)
             pos += size + (-size % 8)
-        return cls(**arrays, extensions=tuple(meta["extensions"]),
-                   compression=meta["compression"], seekable=meta["seekable"],
-                   member_hash=meta["member_hash"], nbytes=meta["nbytes"], hash=meta["hash"],
-                   last_dot=meta.get("last_dot", False), url=url)
+        return cls(
+            **arrays,
+            extensions=tuple(meta["extensions"]),
+            compression=meta["compression"],
+            seekable=meta["seekable"],
+            member_hash=meta["member_hash"],
+            nbytes=meta["nbytes"],
+            hash=meta["hash"],
+            last_dot=meta.get("last_dot", False),
+            url=url,
+        )
 
     def save(self, path, *, storage_options: dict | None = None) -> None:
         """Write the index to ``path`` (a path or URL), atomically."""
@@ -299,8 +330,9 @@ class IndexBuilder:
         self._frames_file.append(file_offset)
         self._frames_tar.append(tar_offset)
 
-    def add(self, name: str, header_offset: int, data_offset: int, size: int,
-            checksum: int) -> None:
+    def add(
+        self, name: str, header_offset: int, data_offset: int, size: int, checksum: int
+    ) -> None:
         dot_slash = name.startswith("./")
         if dot_slash:
             name = name[2:]
@@ -311,7 +343,7 @@ class IndexBuilder:
         if dot <= slash or dot == len(name) - 1:
             return
         key = name[:dot]
-        ext = name[dot + 1:]
+        ext = name[dot + 1 :]
         end = data_offset + size + (-size % BLOCK)
         if key != self._key:
             self._key = key
@@ -331,9 +363,15 @@ class IndexBuilder:
         self._m_size.append(size)
         self._m_sum.append(checksum)
 
-    def add_written(self, names: Sequence[str], sizes: Sequence[int],
-                    checksums: Sequence[int], start: int = 0, keys: Sequence[str] | None = None,
-                    counts: Sequence[int] | None = None) -> None:
+    def add_written(
+        self,
+        names: Sequence[str],
+        sizes: Sequence[int],
+        checksums: Sequence[int],
+        start: int = 0,
+        keys: Sequence[str] | None = None,
+        counts: Sequence[int] | None = None,
+    ) -> None:
         """Record members written back to back from tar offset ``start`` by our writer (its
         headers: 512 bytes, or pax records for long / non-ASCII names and huge sizes).
         ``keys``/``counts``: the key and member count of each write (faster grouping)."""
@@ -347,9 +385,8 @@ class IndexBuilder:
         if max(map(len, names)) <= 100 and "".join(names).isascii():  # C loops: the usual case
             special = []
         else:
-            special = [j for j, name in enumerate(names) if len(name) > 100 or
-                       not name.isascii()]
-        special += np.flatnonzero(size >= 8 ** 11).tolist()
+            special = [j for j, name in enumerate(names) if len(name) > 100 or not name.isascii()]
+        special += np.flatnonzero(size >= 8**11).tolist()
         for j in special:
             hsize[j] = header_size(names[j], int(size[j]))
         total = hsize + size + (-size % BLOCK)
@@ -362,14 +399,19 @@ class IndexBuilder:
             self._add_keyed(keys, counts, names, offsets, data_offsets, size, total, checksums)
             return
         add = self.add
-        for name, off, doff, sz, cs in zip(names, offsets.tolist(), data_offsets.tolist(),
-                                           size.tolist(), checksums):
+        for name, off, doff, sz, cs in zip(
+            names, offsets.tolist(), data_offsets.tolist(), size.tolist(), checksums
+        ):
             add(name, off, doff, sz, cs)
 
     def _fast_ok(self, keys, counts, n) -> bool:
-        return (not self._keys and sum(counts) == n and len(keys) == len(counts)
-                and all(counts) and not any(map(operator.methodcaller("startswith", "./"),
-                                                keys)))
+        return (
+            not self._keys
+            and sum(counts) == n
+            and len(keys) == len(counts)
+            and all(counts)
+            and not any(map(operator.methodcaller("startswith", "./"), keys))
+        )
 
     def _add_keyed(self, keys, counts, names, offsets, data_offsets, size, total, checksums):
         """The writer's members, its sample keys known: names are ``KEY.EXT`` (as
@@ -386,8 +428,7 @@ class IndexBuilder:
         last = np.concatenate([first[1:], [len(names)]]) - 1
         group_last = np.concatenate([np.flatnonzero(new)[1:], [len(keys)]]) - 1
         ends = offsets[last[group_last]] + total[last[group_last]]
-        klen = np.repeat(np.fromiter(map(len, keys), np.int64, len(keys)) + 1,
-                         counts_a).tolist()
+        klen = np.repeat(np.fromiter(map(len, keys), np.int64, len(keys)) + 1, counts_a).tolist()
         exts = list(map(operator.getitem, names, map(slice, klen, itertools.repeat(None))))
         codes = self._ext_codes  # numbered in order of first appearance, as add() does
         for e in dict.fromkeys(exts):
@@ -405,8 +446,9 @@ class IndexBuilder:
         self._m_sum = checksums
         self._key = self._keys[-1]
 
-    def build(self, *, nbytes: int, hash: str | None, compression: str = "none",
-              url: str | None = None) -> ShardIndex:
+    def build(
+        self, *, nbytes: int, hash: str | None, compression: str = "none", url: str | None = None
+    ) -> ShardIndex:
         tar_offsets = np.array(self._tar_offsets, np.int64)
         ends = np.array(self._ends, np.int64)
         seekable = True
@@ -417,13 +459,17 @@ class IndexBuilder:
             ffile = np.array(self._frames_file, np.int64)
             at = np.searchsorted(ftar, tar_offsets)
             hit = at < len(ftar)
-            seekable = bool(len(ftar)) and bool(np.all(hit)) and bool(
-                np.all(ftar[np.minimum(at, len(ftar) - 1)] == tar_offsets))
+            seekable = (
+                bool(len(ftar))
+                and bool(np.all(hit))
+                and bool(np.all(ftar[np.minimum(at, len(ftar) - 1)] == tar_offsets))
+            )
             if seekable:
                 sample_offsets = ffile[at]
                 after = np.searchsorted(ftar, ends)  # first frame starting at/after the end
-                sample_ends = np.where(after < len(ffile),
-                                       ffile[np.minimum(after, len(ffile) - 1)], nbytes)
+                sample_ends = np.where(
+                    after < len(ffile), ffile[np.minimum(after, len(ffile) - 1)], nbytes
+                )
             else:  # offsets into the decompressed stream: not a place to start reading the file
                 sample_offsets, sample_ends = tar_offsets, ends
         raw_keys = [k.encode("utf-8", "surrogateescape") for k in self._keys]
@@ -444,8 +490,14 @@ class IndexBuilder:
             member_sizes=np.asarray(self._m_size, np.int64),
             member_checksums=np.asarray(self._m_sum, np.uint64),
             extensions=tuple(self._ext_codes),
-            compression=compression, seekable=seekable, member_hash=self.member_hash,
-            nbytes=int(nbytes), hash=hash, last_dot=self.last_dot, url=url)
+            compression=compression,
+            seekable=seekable,
+            member_hash=self.member_hash,
+            nbytes=int(nbytes),
+            hash=hash,
+            last_dot=self.last_dot,
+            url=url,
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -474,8 +526,9 @@ class _RawReader:
             yield data
 
 
-def _frames(first: bytes, rest: Iterator[bytes], kind: str, builder: IndexBuilder,
-            url) -> Iterator[bytes]:
+def _frames(
+    first: bytes, rest: Iterator[bytes], kind: str, builder: IndexBuilder, url
+) -> Iterator[bytes]:
     """Decompress gzip members / zstd frames, recording where each one starts."""
     if kind == "gzip":
         new = lambda: zlib.decompressobj(31)  # noqa: E731
@@ -516,8 +569,7 @@ def _frames(first: bytes, rest: Iterator[bytes], kind: str, builder: IndexBuilde
         if not d.eof:
             raise TruncatedShardError(f"{kind} stream ends early", url=url, offset=consumed)
     except errors as exc:
-        raise CompressionError(f"corrupt {kind} data: {exc}", url=url, offset=consumed) \
-            from None
+        raise CompressionError(f"corrupt {kind} data: {exc}", url=url, offset=consumed) from None
 
 
 class _Blocks:
@@ -534,7 +586,7 @@ class _Blocks:
     def take(self, n: int) -> bytes | None:
         """The next ``n`` bytes (fewer only at EOF; None when nothing is left)."""
         if len(self.buf) - self.pos < n:
-            parts = [self.buf[self.pos:]]
+            parts = [self.buf[self.pos :]]
             have = len(parts[0])
             self.base += self.pos
             while have < n:
@@ -547,7 +599,7 @@ class _Blocks:
             self.pos = 0
             if not self.buf:
                 return None
-        out = self.buf[self.pos:self.pos + n]
+        out = self.buf[self.pos : self.pos + n]
         self.pos += len(out)
         return out
 
@@ -566,7 +618,7 @@ class _Blocks:
                 left = len(nxt)
             k = min(left, n - done)
             if update is not None:
-                update(memoryview(self.buf)[self.pos:self.pos + k])
+                update(memoryview(self.buf)[self.pos : self.pos + k])
             self.pos += k
             done += k
         return done
@@ -602,12 +654,16 @@ def _walk(blocks: _Blocks, builder: IndexBuilder, url) -> None:
         hdr = blocks.take(BLOCK)
         if hdr is None:
             if start is not None:
-                raise TruncatedShardError("truncated tar stream: extended header without its "
-                                          "member", url=url, offset=start)
+                raise TruncatedShardError(
+                    "truncated tar stream: extended header without its member",
+                    url=url,
+                    offset=start,
+                )
             return
         if len(hdr) < BLOCK:
-            raise TruncatedShardError("truncated tar stream: incomplete header block", url=url,
-                                      offset=off)
+            raise TruncatedShardError(
+                "truncated tar stream: incomplete header block", url=url, offset=off
+            )
         if hdr == bytes(BLOCK):
             return
         if not _checksum_ok(hdr):
@@ -647,7 +703,11 @@ def _walk(blocks: _Blocks, builder: IndexBuilder, url) -> None:
                 if got < size:
                     raise TruncatedShardError(
                         f"truncated tar stream: member needs {size} bytes, stream ended after "
-                        f"{got}", url=url, member=name, offset=start)
+                        f"{got}",
+                        url=url,
+                        member=name,
+                        offset=start,
+                    )
                 blocks.feed(padded - size, None)
                 builder.add(name, start, data_off, size, csum)
             long_name = pax = start = None
@@ -656,8 +716,9 @@ def _walk(blocks: _Blocks, builder: IndexBuilder, url) -> None:
             payload = blocks.take(padded)
             if payload is None or len(payload) < padded:
                 if payload is None or len(payload) < size:
-                    raise TruncatedShardError("truncated tar stream in an extended header",
-                                              url=url, offset=start)
+                    raise TruncatedShardError(
+                        "truncated tar stream in an extended header", url=url, offset=start
+                    )
             payload = payload[:size]
             if typeflag == 0x4C:
                 long_name = _nts(payload).decode("utf-8", "surrogateescape")
@@ -673,9 +734,15 @@ def _walk(blocks: _Blocks, builder: IndexBuilder, url) -> None:
         long_name = pax = start = None
 
 
-def index_stream(stream: BinaryIO, url=None, *, hash: str = DEFAULT_HASH,
-                 member_hash: str = MEMBER_HASH, last_dot: bool = False,
-                 chunk_size: int = _CHUNK) -> ShardIndex:
+def index_stream(
+    stream: BinaryIO,
+    url=None,
+    *,
+    hash: str = DEFAULT_HASH,
+    member_hash: str = MEMBER_HASH,
+    last_dot: bool = False,
+    chunk_size: int = _CHUNK,
+) -> ShardIndex:
     """Index a shard by reading ``stream`` once from its start to its end.
 
     The whole file is hashed (``hash``) and each member's data (``member_hash``); gzip and zstd
@@ -706,8 +773,9 @@ def index_stream(stream: BinaryIO, url=None, *, hash: str = DEFAULT_HASH,
         pass
     for _ in chunks:
         pass
-    return builder.build(nbytes=raw.nbytes, hash=f"{hash}:{hasher.hexdigest()}",
-                         compression=compression, url=url)
+    return builder.build(
+        nbytes=raw.nbytes, hash=f"{hash}:{hasher.hexdigest()}", compression=compression, url=url
+    )
 
 
 def _chain(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
@@ -716,9 +784,15 @@ def _chain(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
     yield from rest
 
 
-def index_url(url: str, *, storage_options: dict | None = None, hash: str = DEFAULT_HASH,
-              member_hash: str = MEMBER_HASH, last_dot: bool = False,
-              opener=None) -> ShardIndex:
+def index_url(
+    url: str,
+    *,
+    storage_options: dict | None = None,
+    hash: str = DEFAULT_HASH,
+    member_hash: str = MEMBER_HASH,
+    last_dot: bool = False,
+    opener=None,
+) -> ShardIndex:
     """:func:`index_stream` of the shard at ``url`` (any URL :func:`open_url` opens)."""
     import os
 
@@ -727,12 +801,11 @@ def index_url(url: str, *, storage_options: dict | None = None, hash: str = DEFA
 
     url = os.fspath(url)
     try:
-        with (opener(url) if opener is not None
-              else open_url(url, storage_options=storage_options)) as f:
+        with (
+            opener(url) if opener is not None else open_url(url, storage_options=storage_options)
+        ) as f:
             return index_stream(f, url, hash=hash, member_hash=member_hash, last_dot=last_dot)
     except TarshardsError as exc:
         raise exc.with_context(url=url) from None
     except OSError as exc:
         raise StorageError(f"read failed: {exc}", url=url) from exc
-
-

@@ -22,8 +22,13 @@ from typing import Any, Callable
 import numpy as np
 
 from . import stages as _stages
-from .errors import (IntegrityError, MissingDependencyError, ShardFormatError, StorageError,
-                     TarshardsError)
+from .errors import (
+    IntegrityError,
+    MissingDependencyError,
+    ShardFormatError,
+    StorageError,
+    TarshardsError,
+)
 from .manifest import Manifest, as_manifest
 from .seek import read_exact
 from .tario import _checksum_ok, _number
@@ -51,9 +56,12 @@ class _LocalRanges:
             while got < n:
                 more = os.pread(self.fd, n - got, start + got)
                 if not more:
-                    raise IntegrityError(f"the shard ends before byte {end} (is the index for "
-                                         "another version of this shard?)", url=self.url,
-                                         offset=start + got)
+                    raise IntegrityError(
+                        f"the shard ends before byte {end} (is the index for "
+                        "another version of this shard?)",
+                        url=self.url,
+                        offset=start + got,
+                    )
                 parts.append(more)
                 got += len(more)
             data = b"".join(parts)
@@ -78,12 +86,14 @@ class _RemoteRanges:
         except FileNotFoundError:
             raise StorageError("no such shard", url=self.url) from None
         except OSError as exc:
-            raise StorageError(f"ranged read failed: {exc}", url=self.url,
-                               offset=start) from exc
+            raise StorageError(f"ranged read failed: {exc}", url=self.url, offset=start) from exc
         if len(data) != end - start:
-            raise IntegrityError(f"asked for bytes {start}-{end}, got {len(data)} bytes (is the "
-                                 "index for another version of this shard?)", url=self.url,
-                                 offset=start)
+            raise IntegrityError(
+                f"asked for bytes {start}-{end}, got {len(data)} bytes (is the "
+                "index for another version of this shard?)",
+                url=self.url,
+                offset=start,
+            )
         return data
 
     def close(self) -> None:
@@ -106,7 +116,8 @@ class _GzipSeekRanges:
                 "needs seek points, from the indexed_gzip package (pip install "
                 "'tarshards[seek]'); or re-write it with sample-aligned compression "
                 "(tarsplit --aligned -z, ShardWriter(..., aligned=True)) or uncompressed",
-                url=url) from None
+                url=url,
+            ) from None
         self.f = indexed_gzip.IndexedGzipFile(path, spacing=1 << 20)
         self.url = url
 
@@ -132,14 +143,24 @@ class IndexedDataset:
     them locally (a download is verified against the manifest before it is kept).
     """
 
-    def __init__(self, manifest, *, decode: Any = None, transform: Callable | None = None,
-                 verify: bool = False, storage_options: dict | None = None,
-                 cache_dir=None, cache_size=None, decode_size=None,
-                 allow_unsafe: bool = False):
+    def __init__(
+        self,
+        manifest,
+        *,
+        decode: Any = None,
+        transform: Callable | None = None,
+        verify: bool = False,
+        storage_options: dict | None = None,
+        cache_dir=None,
+        cache_size=None,
+        decode_size=None,
+        allow_unsafe: bool = False,
+    ):
         self.manifest: Manifest = as_manifest(manifest, storage_options)
         self.urls = self.manifest.shard_urls()
-        counts = np.fromiter((r.samples for r in self.manifest.shards), np.int64,
-                             len(self.manifest.shards))
+        counts = np.fromiter(
+            (r.samples for r in self.manifest.shards), np.int64, len(self.manifest.shards)
+        )
         self._starts = np.concatenate([[0], np.cumsum(counts)])
         self._start_list = self._starts.tolist()
         self.storage_options = storage_options
@@ -197,8 +218,10 @@ class IndexedDataset:
             yield self[i]
 
     def __repr__(self):
-        return (f"IndexedDataset({len(self)} samples in {len(self.urls)} shards, "
-                f"manifest={self.manifest.url!r})")
+        return (
+            f"IndexedDataset({len(self)} samples in {len(self.urls)} shards, "
+            f"manifest={self.manifest.url!r})"
+        )
 
     # ---- reading -----------------------------------------------------------------------------
     def raw_sample(self, shard: int, j: int) -> dict:
@@ -209,12 +232,16 @@ class IndexedDataset:
         for another version of the shard is caught; ``verify=True`` checks every field)."""
         info = self._infos.get(shard)
         if info is None:
-            info = self._infos[shard] = _ShardInfo(self.manifest.load_index(shard),
-                                                   self.urls[shard])
+            info = self._infos[shard] = _ShardInfo(
+                self.manifest.load_index(shard), self.urls[shard]
+            )
         url = info.url
         if j >= info.n:
-            raise IntegrityError(f"the index has {info.n} samples, the manifest "
-                                 f"{self.manifest.shards[shard].samples}", url=url)
+            raise IntegrityError(
+                f"the index has {info.n} samples, the manifest "
+                f"{self.manifest.shards[shard].samples}",
+                url=url,
+            )
         start = info.offsets[j]
         end = info.ends[j]
         base = info.tar_offsets[j]
@@ -229,15 +256,18 @@ class IndexedDataset:
                 f"this {info.compression} shard is compressed as one stream, so a sample "
                 "cannot be read alone. Re-write it with sample-aligned compression "
                 "(ShardWriter(..., aligned=True), or: tarsplit --aligned), or store it "
-                "uncompressed; or read it sequentially with WebDataset", url=url)
+                "uncompressed; or read it sequentially with WebDataset",
+                url=url,
+            )
         m0, m1 = info.starts[j], info.starts[j + 1]
-        _check_header(data, info.member_offsets[m0] - base, info.sizes[m0], url,
-                      info.member_offsets[m0])
+        _check_header(
+            data, info.member_offsets[m0] - base, info.sizes[m0], url, info.member_offsets[m0]
+        )
         sample = {"__key__": info.keys[j], "__url__": url}
         doffs, sizes, exts = info.data_offsets, info.sizes, info.exts
         for m in range(m0, m1):
             a = doffs[m] - base
-            sample[exts[m]] = data[a:a + sizes[m]]
+            sample[exts[m]] = data[a : a + sizes[m]]
         if self.verify:
             _check_members(sample, info.index, j, url)
         return sample
@@ -259,7 +289,9 @@ class IndexedDataset:
                     raise ShardFormatError(
                         "this .tgz is compressed as one gzip stream: random access to it needs "
                         "a local copy (pass cache_dir=) or a re-write with sample-aligned "
-                        "compression (tarsplit --aligned -z)", url=url)
+                        "compression (tarsplit --aligned -z)",
+                        url=url,
+                    )
                 r = _GzipSeekRanges(path, url)
             elif is_local(url):
                 r = _LocalRanges(local_path(url), url)
@@ -274,9 +306,12 @@ class IndexedDataset:
         if self._cache is None:
             from .cache import ShardCache
 
-            self._cache = ShardCache(self.cache_dir, max_bytes=self.cache_size,
-                                     storage_options=self.storage_options,
-                                     manifest=self.manifest)
+            self._cache = ShardCache(
+                self.cache_dir,
+                max_bytes=self.cache_size,
+                storage_options=self.storage_options,
+                manifest=self.manifest,
+            )
         return self._cache
 
     def close(self) -> None:
@@ -307,8 +342,22 @@ class IndexedDataset:
 class _ShardInfo:
     """One shard's index as plain lists: what ``ds[i]`` looks up, at list speed."""
 
-    __slots__ = ("index", "url", "n", "offsets", "ends", "tar_offsets", "starts", "keys",
-                 "member_offsets", "data_offsets", "sizes", "exts", "seekable", "compression")
+    __slots__ = (
+        "index",
+        "url",
+        "n",
+        "offsets",
+        "ends",
+        "tar_offsets",
+        "starts",
+        "keys",
+        "member_offsets",
+        "data_offsets",
+        "sizes",
+        "exts",
+        "seekable",
+        "compression",
+    )
 
     def __init__(self, idx, url: str):
         self.index = idx
@@ -340,7 +389,7 @@ def _inflate(data: bytes, compression: str, url, offset: int) -> bytes:
 
 def _check_header(data: bytes, at: int, size: int, url, offset: int) -> None:
     """The tar header at ``data[at:]`` must be sound and, when plain, give ``size``."""
-    hdr = data[at:at + 512]
+    hdr = data[at : at + 512]
     if len(hdr) < 512:
         ok = False
     else:
@@ -349,17 +398,24 @@ def _check_header(data: bytes, at: int, size: int, url, offset: int) -> None:
         except ValueError:
             ok = _checksum_ok(hdr)
     if not ok:
-        raise IntegrityError("no valid tar header where the index puts this sample (is the "
-                             "index for another version of this shard?)", url=url,
-                             offset=offset)
+        raise IntegrityError(
+            "no valid tar header where the index puts this sample (is the "
+            "index for another version of this shard?)",
+            url=url,
+            offset=offset,
+        )
     if hdr[156] in (0x30, 0):
         try:
             stored = int(hdr[124:135], 8) if hdr[135] == 0 else _number(hdr[124:136])
         except ValueError:
             stored = -1
         if stored != size:
-            raise IntegrityError("the member's size is not the index's (is the index for "
-                                 "another version of this shard?)", url=url, offset=offset)
+            raise IntegrityError(
+                "the member's size is not the index's (is the index for "
+                "another version of this shard?)",
+                url=url,
+                offset=offset,
+            )
 
 
 def _check_members(sample: dict, idx, j: int, url) -> None:
@@ -371,9 +427,15 @@ def _check_members(sample: dict, idx, j: int, url) -> None:
         ext = exts[int(idx.member_ext[m])].lower()
         data = sample.get(ext)
         if data is None:
-            raise IntegrityError(f"field {ext!r} of sample {idx.keys[j]!r} is missing", url=url,
-                                 offset=int(idx.member_offsets[m]))
+            raise IntegrityError(
+                f"field {ext!r} of sample {idx.keys[j]!r} is missing",
+                url=url,
+                offset=int(idx.member_offsets[m]),
+            )
         if csum(data) != int(idx.member_checksums[m]):
-            raise IntegrityError("member checksum does not match the index", url=url,
-                                 member=idx.member_names(j)[m - int(starts[j])],
-                                 offset=int(idx.member_offsets[m]))
+            raise IntegrityError(
+                "member checksum does not match the index",
+                url=url,
+                member=idx.member_names(j)[m - int(starts[j])],
+                offset=int(idx.member_offsets[m]),
+            )

@@ -59,8 +59,7 @@ class ShardRecord:
     index: str | None = None
 
     def to_json(self) -> dict:
-        out = {"url": self.url, "samples": self.samples, "nbytes": self.nbytes,
-               "hash": self.hash}
+        out = {"url": self.url, "samples": self.samples, "nbytes": self.nbytes, "hash": self.hash}
         if self.index is not None:
             out["index"] = self.index
         return out
@@ -69,8 +68,7 @@ class ShardRecord:
 def _fingerprint(shards: Sequence[ShardRecord]) -> str:
     h = hashlib.sha256()
     for r in shards:
-        h.update(json.dumps([r.url, r.samples, r.nbytes, r.hash],
-                            separators=(",", ":")).encode())
+        h.update(json.dumps([r.url, r.samples, r.nbytes, r.hash], separators=(",", ":")).encode())
         h.update(b"\n")
     return f"sha256:{h.hexdigest()}"
 
@@ -109,14 +107,17 @@ def relative_url(url: str, base: str | None) -> str:
             return path
         return rel.replace(os.sep, "/")
     prefix = base.rstrip("/") + "/"
-    return url[len(prefix):] if url.startswith(prefix) else url
+    return url[len(prefix) :] if url.startswith(prefix) else url
 
 
 def index_path_for(shard_url: str) -> str:
     """Where a shard's index goes, relative to the manifest: beside the shard when the shard
     is inside the manifest's directory, else in ``_index/`` beside the manifest."""
-    if _is_relative(shard_url) and not shard_url.startswith("../") and ".." not in \
-            shard_url.split("/"):
+    if (
+        _is_relative(shard_url)
+        and not shard_url.startswith("../")
+        and ".." not in shard_url.split("/")
+    ):
         return shard_url + INDEX_SUFFIX
     digest = hashlib.sha256(shard_url.encode()).hexdigest()[:12]
     base = shard_url.split("?", 1)[0].rstrip("/").rpartition("/")[2] or "shard"
@@ -191,18 +192,24 @@ class Manifest:
         if idx is None:
             url = self.index_url(i)
             if url is None:
-                raise ShardFormatError("the manifest has no index for this shard (make one "
-                                       "with: tarshards index SPEC -o MANIFEST)",
-                                       url=self.shard_urls()[i])
+                raise ShardFormatError(
+                    "the manifest has no index for this shard (make one "
+                    "with: tarshards index SPEC -o MANIFEST)",
+                    url=self.shard_urls()[i],
+                )
             idx = ShardIndex.load(url, storage_options=self.storage_options)
             self._indexes[i] = idx
         return idx
 
     # ---- files -------------------------------------------------------------------------------
     def to_json(self) -> dict:
-        return {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION,
-                "fingerprint": self.fingerprint, "num_samples": self.num_samples,
-                "shards": [r.to_json() for r in self.shards]}
+        return {
+            "format": MANIFEST_FORMAT,
+            "version": MANIFEST_VERSION,
+            "fingerprint": self.fingerprint,
+            "num_samples": self.num_samples,
+            "shards": [r.to_json() for r in self.shards],
+        }
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=1) + "\n"
@@ -216,30 +223,45 @@ class Manifest:
         return replace(self, url=path, storage_options=storage_options, _indexes={})
 
     @classmethod
-    def from_json(cls, obj: dict, url: str | None = None,
-                  storage_options: dict | None = None) -> "Manifest":
+    def from_json(
+        cls, obj: dict, url: str | None = None, storage_options: dict | None = None
+    ) -> "Manifest":
         if not isinstance(obj, dict):
             raise ShardFormatError("a manifest is a JSON object", url=url)
         if obj.get("__kind__") == WIDS_KIND or ("shardlist" in obj and "shards" not in obj):
             return cls._from_wids(obj, url, storage_options)
         if obj.get("format") != MANIFEST_FORMAT:
-            raise ShardFormatError(f"not a tarshards manifest (format {obj.get('format')!r})",
-                                   url=url)
+            raise ShardFormatError(
+                f"not a tarshards manifest (format {obj.get('format')!r})", url=url
+            )
         version = obj.get("version")
         if version != MANIFEST_VERSION:
-            raise ShardFormatError(f"manifest version {version} is not supported (this "
-                                   f"tarshards reads version {MANIFEST_VERSION})", url=url)
+            raise ShardFormatError(
+                f"manifest version {version} is not supported (this "
+                f"tarshards reads version {MANIFEST_VERSION})",
+                url=url,
+            )
         try:
-            shards = tuple(ShardRecord(url=s["url"], samples=int(s["samples"]),
-                                       nbytes=s.get("nbytes"), hash=s.get("hash"),
-                                       index=s.get("index")) for s in obj["shards"])
+            shards = tuple(
+                ShardRecord(
+                    url=s["url"],
+                    samples=int(s["samples"]),
+                    nbytes=s.get("nbytes"),
+                    hash=s.get("hash"),
+                    index=s.get("index"),
+                )
+                for s in obj["shards"]
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise ShardFormatError(f"malformed manifest record: {exc}", url=url) from None
         m = cls(shards, url=url, storage_options=storage_options)
         stored = obj.get("fingerprint")
         if stored is not None and stored != m.fingerprint:
-            raise IntegrityError("the manifest's records do not match its fingerprint (edited "
-                                 "by hand? rebuild it with tarshards index)", url=url)
+            raise IntegrityError(
+                "the manifest's records do not match its fingerprint (edited "
+                "by hand? rebuild it with tarshards index)",
+                url=url,
+            )
         return m
 
     @classmethod
@@ -247,9 +269,14 @@ class Manifest:
         shards = []
         for s in obj.get("shardlist", ()):
             md5 = s.get("md5sum")
-            shards.append(ShardRecord(url=s["url"], samples=int(s["nsamples"]),
-                                      nbytes=s.get("filesize"),
-                                      hash=f"md5:{md5}" if md5 else None))
+            shards.append(
+                ShardRecord(
+                    url=s["url"],
+                    samples=int(s["nsamples"]),
+                    nbytes=s.get("filesize"),
+                    hash=f"md5:{md5}" if md5 else None,
+                )
+            )
         return cls(tuple(shards), url=url, storage_options=storage_options)
 
     @classmethod
@@ -283,8 +310,12 @@ def is_manifest_spec(spec) -> bool:
         return True
     if isinstance(spec, os.PathLike):
         spec = os.fspath(spec)
-    return isinstance(spec, str) and "::" not in spec and spec.lower().endswith(".json") \
+    return (
+        isinstance(spec, str)
+        and "::" not in spec
+        and spec.lower().endswith(".json")
         and "{" not in spec
+    )
 
 
 def as_manifest(spec, storage_options: dict | None = None) -> Manifest:
@@ -316,8 +347,13 @@ class ManifestRecorder:
         index_rel = index_path_for(rel)
         if save_index:
             index.save(resolve_url(index_rel, self.base), storage_options=self.storage_options)
-        record = ShardRecord(url=rel, samples=index.num_samples, nbytes=index.nbytes,
-                             hash=index.hash, index=index_rel)
+        record = ShardRecord(
+            url=rel,
+            samples=index.num_samples,
+            nbytes=index.nbytes,
+            hash=index.hash,
+            index=index_rel,
+        )
         self.records.append(record)
         return record
 
@@ -332,14 +368,24 @@ def _index_one(args):
     url, storage_options, hash, member_hash, last_dot = args
     from .index import index_url
 
-    return index_url(url, storage_options=storage_options, hash=hash, member_hash=member_hash,
-                     last_dot=last_dot)
+    return index_url(
+        url, storage_options=storage_options, hash=hash, member_hash=member_hash, last_dot=last_dot
+    )
 
 
-def build_manifest(urls: Iterable[str], output, *, storage_options: dict | None = None,
-                   hash: str = DEFAULT_HASH, member_hash: str = MEMBER_HASH,
-                   last_dot: bool = False, workers: int | None = None, progress: bool = False,
-                   on_error: str = "raise", report: Callable | None = None) -> Manifest:
+def build_manifest(
+    urls: Iterable[str],
+    output,
+    *,
+    storage_options: dict | None = None,
+    hash: str = DEFAULT_HASH,
+    member_hash: str = MEMBER_HASH,
+    last_dot: bool = False,
+    workers: int | None = None,
+    progress: bool = False,
+    on_error: str = "raise",
+    report: Callable | None = None,
+) -> Manifest:
     """Index existing shards (one sequential read each, ``workers`` processes) and write the
     manifest to ``output`` with the indexes beside it; returns the manifest.
 

@@ -111,9 +111,17 @@ def _pass_epoch(epoch: int, npass: int) -> int:
 class MixedDataset(DataPipeline):
     """A weighted mixture of planned sources (see :func:`mix`)."""
 
-    def __init__(self, sources: Mapping, weights: Mapping | None = None, *, readers: int = 60,
-                 stop: str = "first", seed: int = 0, rank: int | None = None,
-                 world_size: int | None = None):
+    def __init__(
+        self,
+        sources: Mapping,
+        weights: Mapping | None = None,
+        *,
+        readers: int = 60,
+        stop: str = "first",
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ):
         super().__init__(None, seed=seed)
         if not sources:
             raise ValueError("mix() needs at least one source")
@@ -131,8 +139,9 @@ class MixedDataset(DataPipeline):
             if not hasattr(src, "table") or not hasattr(src, "_stages"):
                 raise TypeError(f"source {name!r} is not a WebDataset")
             if any(st.fn is _stages.batched for st in src._stages):
-                raise ValueError(f"source {name!r} batches; batch the mixture instead "
-                                 "(mix(...).batched(B))")
+                raise ValueError(
+                    f"source {name!r} batches; batch the mixture instead (mix(...).batched(B))"
+                )
             if any(st.fn is _stages.shuffle for st in src._stages[1:]):
                 raise ValueError(f"source {name!r}: put .shuffle(n) before its other stages")
         self.stop = stop
@@ -150,9 +159,15 @@ class MixedDataset(DataPipeline):
             args = _bind(stages[0])
             bufsize, initial, rest = int(args["bufsize"]), args["initial"], stages[1:]
         seed = reader_rng(self.seed, 0, i).randrange(1 << 62)
-        cfg = PlanConfig(seed=seed, readers=self._plan_config["readers"], batch_size=1,
-                         remainder="drop", shardshuffle=src.shardshuffle, bufsize=bufsize,
-                         initial=None if initial is None else int(initial))
+        cfg = PlanConfig(
+            seed=seed,
+            readers=self._plan_config["readers"],
+            batch_size=1,
+            remainder="drop",
+            shardshuffle=src.shardshuffle,
+            bufsize=bufsize,
+            initial=None if initial is None else int(initial),
+        )
         return cfg, rest
 
     def _mix_parts(self):
@@ -161,19 +176,34 @@ class MixedDataset(DataPipeline):
         if not at:
             raise ValueError("batch the mixture: mix(...).batched(B) (loader batch_size=None)")
         bi = at[0]
-        return int(_bind(stages[bi])["batchsize"]), stages[:bi], stages[bi], stages[bi + 1:]
+        return int(_bind(stages[bi])["batchsize"]), stages[:bi], stages[bi], stages[bi + 1 :]
 
     def _plan_identity(self) -> dict:
         B = self._mix_parts()[0]
         parts = []
         for i, name in enumerate(self.names):
             cfg, _ = self._source_config(i)
-            parts.append([name, self.sources[i].table.fingerprint, cfg.bufsize, cfg.initial,
-                          cfg.shardshuffle])
-        return {"fingerprint": "mix", "seed": self.seed,
-                "readers": self._plan_config["readers"], "batch_size": B,
-                "remainder": self.stop, "shardshuffle": None, "bufsize": None,
-                "initial": None, "sources": parts, "weights": list(self.weights)}
+            parts.append(
+                [
+                    name,
+                    self.sources[i].table.fingerprint,
+                    cfg.bufsize,
+                    cfg.initial,
+                    cfg.shardshuffle,
+                ]
+            )
+        return {
+            "fingerprint": "mix",
+            "seed": self.seed,
+            "readers": self._plan_config["readers"],
+            "batch_size": B,
+            "remainder": self.stop,
+            "shardshuffle": None,
+            "bufsize": None,
+            "initial": None,
+            "sources": parts,
+            "weights": list(self.weights),
+        }
 
     def _epoch_program(self, epoch: int) -> "_MixProgram":
         return _MixProgram(self, epoch)
@@ -203,8 +233,13 @@ class _Cursor:
                 if self.stream is not None:
                     self.stream.close()
                 plan = plan_for(self.src.table, self.cfg, _pass_epoch(self.epoch, npass))
-                self.stream = ReaderStream(self.src.table, plan, self.reader,
-                                           opener=self.src._open, last_dot=self.src.last_dot)
+                self.stream = ReaderStream(
+                    self.src.table,
+                    plan,
+                    self.reader,
+                    opener=self.src._open,
+                    last_dot=self.src.last_dot,
+                )
                 self.npass = npass
             s = self.stream
             if p != s.position:
@@ -228,8 +263,10 @@ class _MixProgram(PlannedProgram):
         self.ds, self.epoch = ds, epoch
         self.B, self.pre, self.bstage, self.post = ds._mix_parts()
         self.configs = [ds._source_config(i) for i in range(len(ds.sources))]
-        lengths = tuple(plan_for(src.table, cfg, epoch).segment_length
-                        for src, (cfg, _) in zip(ds.sources, self.configs))
+        lengths = tuple(
+            plan_for(src.table, cfg, epoch).segment_length
+            for src, (cfg, _) in zip(ds.sources, self.configs)
+        )
         if min(lengths) == 0:
             raise ValueError("a source has fewer samples than readers")
         self.quotas = batch_quotas(ds.weights, self.B, lengths, ds.stop)
@@ -259,9 +296,10 @@ class _MixProgram(PlannedProgram):
                         sample["__pad__"] = True
                     yield sample
 
-        per_source = [iter(ds.sources[i]._run_stages(feeder(i), self.configs[i][1], ctx,
-                                                     ("mix", i, reader)))
-                      for i in range(k)]
+        per_source = [
+            iter(ds.sources[i]._run_stages(feeder(i), self.configs[i][1], ctx, ("mix", i, reader)))
+            for i in range(k)
+        ]
 
         def mixed():
             try:
@@ -279,9 +317,17 @@ class _MixProgram(PlannedProgram):
         return self.chain(it, 0, [0], pad=True)
 
 
-def mix(sources: Mapping, weights: Mapping | None = None, *, readers: int = 60,
-        stop: str = "first", seed: int = 0, rank: int | None = None,
-        world_size: int | None = None) -> MixedDataset:
+def mix(
+    sources: Mapping,
+    weights: Mapping | None = None,
+    *,
+    readers: int = 60,
+    stop: str = "first",
+    seed: int = 0,
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> MixedDataset:
     """Mix planned sources with exact per-epoch quotas (see the module's documentation)."""
-    return MixedDataset(sources, weights, readers=readers, stop=stop, seed=seed, rank=rank,
-                        world_size=world_size)
+    return MixedDataset(
+        sources, weights, readers=readers, stop=stop, seed=seed, rank=rank, world_size=world_size
+    )

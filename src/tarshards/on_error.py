@@ -120,9 +120,13 @@ class ErrorPolicy:
             if fn(exn):
                 return True
             if fn is not warn_and_stop:
-                warnings.warn(f"stopping the stream: the error handler "
-                              f"{getattr(fn, '__name__', fn)!s} ended it after "
-                              f"{describe(exn)}", TarshardsWarning, stacklevel=3)
+                warnings.warn(
+                    f"stopping the stream: the error handler "
+                    f"{getattr(fn, '__name__', fn)!s} ended it after "
+                    f"{describe(exn)}",
+                    TarshardsWarning,
+                    stacklevel=3,
+                )
             return False
         if not is_data_error(exn):
             raise exn
@@ -172,8 +176,10 @@ def error_policy(on_error: OnError | None = None, handler: Callable | None = Non
         return on_error
     if isinstance(on_error, str):
         if on_error not in ON_ERROR_MODES:
-            raise ValueError(f"on_error must be one of {', '.join(map(repr, ON_ERROR_MODES))} or "
-                             f"a function exn -> bool, not {on_error!r}")
+            raise ValueError(
+                f"on_error must be one of {', '.join(map(repr, ON_ERROR_MODES))} or "
+                f"a function exn -> bool, not {on_error!r}"
+            )
         return _RAISE if on_error == "raise" else ErrorPolicy(on_error)
     if callable(on_error):
         return ErrorPolicy("callable", on_error)

@@ -27,8 +27,16 @@ from .format import group_samples
 from .prefetch import ShardPrefetcher, given_stream
 from .shards import make_rng, resampled_shards, shard_order, split_shards
 from .on_error import OnError, error_policy
-from .source import (STATE_FORMAT, PlanConfig, ReaderStream, Schedule, ShardTable, check_state,
-                     plan_for, scan_shards)
+from .source import (
+    STATE_FORMAT,
+    PlanConfig,
+    ReaderStream,
+    Schedule,
+    ShardTable,
+    check_state,
+    plan_for,
+    scan_shards,
+)
 from .tario import iter_tar_batches, tar_byte_source
 from .types import WorkerInfo
 from .urls import expand_urls, is_local, open_url
@@ -40,9 +48,17 @@ _DEFAULT: Any = object()
 _PLACE = ("rank", "world_size", "worker", "num_workers", "worker_info")
 
 
-def shard_samples(url: str, *, storage_options: dict | None = None, allow_pipe: bool = False,
-                  last_dot: bool = False, opener: Callable | None = None,
-                  chunk_size: int = 1 << 20, retries: int = 5, expect=None) -> Iterator[dict]:
+def shard_samples(
+    url: str,
+    *,
+    storage_options: dict | None = None,
+    allow_pipe: bool = False,
+    last_dot: bool = False,
+    opener: Callable | None = None,
+    chunk_size: int = 1 << 20,
+    retries: int = 5,
+    expect=None,
+) -> Iterator[dict]:
     """The samples of one shard (any URL :func:`tarshards.urls.open_url` opens).
 
     ``retries``: reconnections after a dropped connection, resuming at the byte offset reached.
@@ -55,8 +71,9 @@ def shard_samples(url: str, *, storage_options: dict | None = None, allow_pipe: 
     """
     url = os.fspath(url)
     if opener is None:
-        opener = functools.partial(open_url, storage_options=storage_options,
-                                   allow_pipe=allow_pipe, retries=retries)
+        opener = functools.partial(
+            open_url, storage_options=storage_options, allow_pipe=allow_pipe, retries=retries
+        )
     try:
         with opener(url) as stream:
             if expect is not None:
@@ -74,8 +91,11 @@ def _verified_samples(stream, url: str, expect, chunk_size: int, last_dot: bool)
     from .hashing import HashingReader, check_shard, split_hash
 
     if not getattr(expect, "hash", None) and getattr(expect, "nbytes", None) is None:
-        raise IntegrityError("verify=True needs the shard's hash or size in the manifest "
-                             "(rebuild it with: tarshards index SPEC -o MANIFEST)", url=url)
+        raise IntegrityError(
+            "verify=True needs the shard's hash or size in the manifest "
+            "(rebuild it with: tarshards index SPEC -o MANIFEST)",
+            url=url,
+        )
     algorithm = split_hash(expect.hash)[0] if expect.hash else "crc32"
     reader = HashingReader(stream, algorithm)
     batches = iter_tar_batches(tar_byte_source(cast(BinaryIO, reader), url, chunk_size), url)
@@ -84,15 +104,27 @@ def _verified_samples(stream, url: str, expect, chunk_size: int, last_dot: bool)
         count += 1
         yield sample
     reader.finish()
-    check_shard(url, expected_hash=expect.hash, expected_nbytes=expect.nbytes,
-                got_hash=reader.digest, got_nbytes=reader.nbytes,
-                expected_samples=expect.samples, got_samples=count)
+    check_shard(
+        url,
+        expected_hash=expect.hash,
+        expected_nbytes=expect.nbytes,
+        got_hash=reader.digest,
+        got_nbytes=reader.nbytes,
+        expected_samples=expect.samples,
+        got_samples=count,
+    )
 
 
-def iter_samples(urls: Iterable[str], *, on_error: OnError = "raise",
-                 handler: Callable | None = None, prefetch: int = 0,
-                 prefetch_bytes: int = 256 << 20, expect: dict | None = None,
-                 **options) -> Iterator[dict]:
+def iter_samples(
+    urls: Iterable[str],
+    *,
+    on_error: OnError = "raise",
+    handler: Callable | None = None,
+    prefetch: int = 0,
+    prefetch_bytes: int = 256 << 20,
+    expect: dict | None = None,
+    **options,
+) -> Iterator[dict]:
     """The samples of several shards in turn; shard errors go to ``on_error``.
 
     With ``on_error="warn"`` (or ``handler=warn_and_continue``) a bad shard yields the samples
@@ -124,9 +156,12 @@ def iter_samples(urls: Iterable[str], *, on_error: OnError = "raise",
         return
     opener = options.pop("opener", None)
     if opener is None:
-        opener = functools.partial(open_url, storage_options=options.get("storage_options"),
-                                   allow_pipe=options.get("allow_pipe", False),
-                                   retries=options.get("retries", 5))
+        opener = functools.partial(
+            open_url,
+            storage_options=options.get("storage_options"),
+            allow_pipe=options.get("allow_pipe", False),
+            retries=options.get("retries", 5),
+        )
     with ShardPrefetcher(opener, ahead=prefetch, max_bytes=prefetch_bytes) as prefetcher:
         for url, stream in prefetcher.streams(urls):
             try:
@@ -138,8 +173,16 @@ def iter_samples(urls: Iterable[str], *, on_error: OnError = "raise",
 
 
 class _Stage:
-    __slots__ = ("fn", "args", "kwargs", "wants_rng", "wants_policy", "wants_handler",
-                 "wants_place", "label")
+    __slots__ = (
+        "fn",
+        "args",
+        "kwargs",
+        "wants_rng",
+        "wants_policy",
+        "wants_handler",
+        "wants_place",
+        "label",
+    )
 
     def __init__(self, fn, args, kwargs, label=None):
         self.fn = fn
@@ -181,8 +224,13 @@ def _wanted(fn, names, given=()) -> tuple:
 
 
 def _place(info: WorkerInfo) -> dict:
-    return {"rank": info.rank, "world_size": info.world_size, "worker": info.worker,
-            "num_workers": info.num_workers, "worker_info": info}
+    return {
+        "rank": info.rank,
+        "world_size": info.world_size,
+        "worker": info.worker,
+        "num_workers": info.num_workers,
+        "worker_info": info,
+    }
 
 
 def _short(v) -> str:
@@ -206,8 +254,14 @@ class DataPipeline:
     _pending_state: dict | None = None
     _live: Any = None
 
-    def __init__(self, source: Callable[[dict], Iterator] | Iterable, *, seed: int = 0,
-                 on_error: OnError = "raise", handler: Callable | None = None):
+    def __init__(
+        self,
+        source: Callable[[dict], Iterator] | Iterable,
+        *,
+        seed: int = 0,
+        on_error: OnError = "raise",
+        handler: Callable | None = None,
+    ):
         self._source = source
         self._stages: list[_Stage] = []
         self.seed = seed
@@ -239,8 +293,9 @@ class DataPipeline:
             raise TypeError(f"a stage is a generator function, not {stage!r}")
         self._stages.append(_Stage(stage, args, kwargs))
 
-    def with_epoch(self, nsamples: int | None = None, nbatches: int | None = None
-                   ) -> "DataPipeline":
+    def with_epoch(
+        self, nsamples: int | None = None, nbatches: int | None = None
+    ) -> "DataPipeline":
         """Make each iteration yield exactly ``nsamples`` items per reader (rank x worker).
 
         webdataset's meaning: a reader whose data is shorter goes through it again (with fresh
@@ -260,13 +315,16 @@ class DataPipeline:
 
     def __len__(self):
         if self._length is None:
-            raise TypeError(f"{type(self).__name__} is a stream and has no length; "
-                            "set one with .with_length(n)")
+            raise TypeError(
+                f"{type(self).__name__} is a stream and has no length; set one with .with_length(n)"
+            )
         return self._length
 
     def __getitem__(self, index):
-        raise TypeError(f"{type(self).__name__} is a streaming dataset: it can be iterated "
-                        "over (for sample in ds, or DataLoader(ds)), not indexed")
+        raise TypeError(
+            f"{type(self).__name__} is a streaming dataset: it can be iterated "
+            "over (for sample in ds, or DataLoader(ds)), not indexed"
+        )
 
     def set_epoch(self, epoch: int) -> None:
         """Fix the epoch used to seed shard and sample shuffling (instead of counting)."""
@@ -281,8 +339,12 @@ class DataPipeline:
     def environment(self) -> dict:
         """:meth:`worker_info` as a dict: ``rank``, ``world_size``, ``worker``, ``num_workers``."""
         info = self.worker_info()
-        return {"rank": info.rank, "world_size": info.world_size, "worker": info.worker,
-                "num_workers": info.num_workers}
+        return {
+            "rank": info.rank,
+            "world_size": info.world_size,
+            "worker": info.worker,
+            "num_workers": info.num_workers,
+        }
 
     def _current_epoch(self) -> int | None:
         """The epoch set by :meth:`set_epoch` (``None``: count); the torch adapter reads it from
@@ -339,8 +401,12 @@ class DataPipeline:
         for n, st in enumerate(stages):
             i = first + n
             kwargs = st.kwargs
-            if (st.fn is _stages.decode and "only" not in kwargs and n + 1 < len(stages)
-                    and stages[n + 1].fn is _stages.to_tuple):
+            if (
+                st.fn is _stages.decode
+                and "only" not in kwargs
+                and n + 1 < len(stages)
+                and stages[n + 1].fn is _stages.to_tuple
+            ):
                 # to_tuple keeps only the fields it names: decoding the others is wasted work
                 kwargs = dict(kwargs, only=_tuple_fields(stages[n + 1].args))
             if st.wants_rng or st.wants_policy or st.wants_handler or st.wants_place:
@@ -349,8 +415,9 @@ class DataPipeline:
                     kwargs[name] = ctx[name]
                 if st.wants_rng:
                     again = (ctx["again"],) if ctx.get("again") else ()
-                    kwargs["rng"] = make_rng(*rng_tag, i, ctx["seed"], ctx["epoch"],
-                                             ctx["rank"], ctx["worker"], *again)
+                    kwargs["rng"] = make_rng(
+                        *rng_tag, i, ctx["seed"], ctx["epoch"], ctx["rank"], ctx["worker"], *again
+                    )
                 if st.wants_policy:
                     kwargs["on_error"] = self.on_error
                 if st.wants_handler:
@@ -374,8 +441,12 @@ class DataPipeline:
             if self._pending_state is not None:
                 return dict(self._pending_state)
             return self.plan_state(self._next_epoch(), 0)
-        return {"format": STATE_FORMAT, "kind": "stream", "seed": self.seed,
-                "epoch": self._next_epoch()}
+        return {
+            "format": STATE_FORMAT,
+            "kind": "stream",
+            "seed": self.seed,
+            "epoch": self._next_epoch(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Resume from a :meth:`state_dict` (or a loader's) at the next ``iter()``.
@@ -395,15 +466,29 @@ class DataPipeline:
         if self.epoch is not None:
             self.epoch = int(state["epoch"])
 
-    def plan_state(self, epoch: int, position: int, *, origin: int = 0,
-                   world_size: int | None = None, finished: bool = False) -> dict:
+    def plan_state(
+        self,
+        epoch: int,
+        position: int,
+        *,
+        origin: int = 0,
+        world_size: int | None = None,
+        finished: bool = False,
+    ) -> dict:
         """The state at global batch ``position`` of ``epoch`` (see :mod:`tarshards.source`)."""
         if world_size is None:
             world_size = self.environment()["world_size"]
         state: dict[str, Any] = {"format": STATE_FORMAT, "kind": "plan"}
         state.update(self._plan_identity())
-        state.update({"epoch": int(epoch), "position": int(position), "origin": int(origin),
-                      "world_size": int(world_size), "finished": bool(finished)})
+        state.update(
+            {
+                "epoch": int(epoch),
+                "position": int(position),
+                "origin": int(origin),
+                "world_size": int(world_size),
+                "finished": bool(finished),
+            }
+        )
         return state
 
     def steps_per_epoch(self, epoch: int | None = None, world_size: int | None = None) -> int:
@@ -415,8 +500,9 @@ class DataPipeline:
         Schedule(prog.num_batches, prog.readers, world_size, 0)  # checks world_size
         return prog.num_batches // world_size
 
-    def state_from_step(self, step: int, world_size: int | None = None,
-                        start_epoch: int = 0) -> dict:
+    def state_from_step(
+        self, step: int, world_size: int | None = None, start_epoch: int = 0
+    ) -> dict:
         """The state after ``step`` global steps counted from the start of ``start_epoch``, for
         trainers that keep only a step count (every epoch run in full on ``world_size`` ranks)."""
         if world_size is None:
@@ -508,8 +594,20 @@ def _fluent(stage: Callable) -> Callable:
     return method
 
 
-for _name in ("shuffle", "decode", "select", "map", "map_dict", "map_tuple", "to_tuple",
-              "rename", "batched", "unbatched", "take", "slice"):
+for _name in (
+    "shuffle",
+    "decode",
+    "select",
+    "map",
+    "map_dict",
+    "map_tuple",
+    "to_tuple",
+    "rename",
+    "batched",
+    "unbatched",
+    "take",
+    "slice",
+):
     setattr(DataPipeline, _name, _fluent(getattr(_stages, _name)))
 
 
@@ -540,26 +638,51 @@ class WebDataset(DataPipeline):
     for local files); ``prefetch_bytes`` bounds the memory they buffer.
     """
 
-    def __init__(self, urls, extensions: str | None = None, decoder: Any = _DEFAULT,
-                 transforms: Any = None, shuffle: int = 0, *, shardshuffle: bool | None = None,
-                 resampled: bool = False, seed: int = 0, on_error: OnError = "raise",
-                 handler: Callable | None = None, nodesplitter: Callable | None = None,
-                 workersplitter: Callable | None = None, empty_check: bool = True,
-                 rank: int | None = None, world_size: int | None = None,
-                 storage_options: dict | None = None, allow_pipe: bool = False,
-                 cache_dir: str | None = None, cache_size: float | str | None = None,
-                 retries: int = 5, last_dot: bool = False, decode_size=None,
-                 allow_unsafe: bool = False, manifest=None, verify: bool = False,
-                 prefetch: int | None = None, prefetch_bytes: int = 256 << 20,
-                 readers: int | None = None, remainder: str = "drop",
-                 equal: bool | None = None):
+    def __init__(
+        self,
+        urls,
+        extensions: str | None = None,
+        decoder: Any = _DEFAULT,
+        transforms: Any = None,
+        shuffle: int = 0,
+        *,
+        shardshuffle: bool | None = None,
+        resampled: bool = False,
+        seed: int = 0,
+        on_error: OnError = "raise",
+        handler: Callable | None = None,
+        nodesplitter: Callable | None = None,
+        workersplitter: Callable | None = None,
+        empty_check: bool = True,
+        rank: int | None = None,
+        world_size: int | None = None,
+        storage_options: dict | None = None,
+        allow_pipe: bool = False,
+        cache_dir: str | None = None,
+        cache_size: float | str | None = None,
+        retries: int = 5,
+        last_dot: bool = False,
+        decode_size=None,
+        allow_unsafe: bool = False,
+        manifest=None,
+        verify: bool = False,
+        prefetch: int | None = None,
+        prefetch_bytes: int = 256 << 20,
+        readers: int | None = None,
+        remainder: str = "drop",
+        equal: bool | None = None,
+    ):
         super().__init__(self._samples, seed=seed, on_error=on_error, handler=handler)
         if readers is None and equal:
-            raise ValueError("equal batches per rank need the epoch plan: pass readers=V "
-                             "(virtual readers, e.g. 60)")
+            raise ValueError(
+                "equal batches per rank need the epoch plan: pass readers=V "
+                "(virtual readers, e.g. 60)"
+            )
         if readers is not None and equal is False:
-            raise ValueError("a planned pipeline (readers=) always yields equal batches per "
-                             "rank; leave readers= out for the plain shard split")
+            raise ValueError(
+                "a planned pipeline (readers=) always yields equal batches per "
+                "rank; leave readers= out for the plain shard split"
+            )
         self._plan_config = None
         if readers is not None:
             PlanConfig(readers=readers, remainder=remainder)  # checks the arguments
@@ -579,11 +702,14 @@ class WebDataset(DataPipeline):
         if not self.urls:
             raise ValueError(f"the shard spec {urls!r} names no shards")
         if verify and self.manifest is None:
-            raise ValueError("verify=True checks shards against a manifest: pass manifest=M "
-                             "(or the manifest as the URL spec)")
+            raise ValueError(
+                "verify=True checks shards against a manifest: pass manifest=M "
+                "(or the manifest as the URL spec)"
+            )
         self.verify = verify
-        self.spec = urls if urls is not None else (getattr(self.manifest, "url", None)
-                                                   or "<manifest>")
+        self.spec = (
+            urls if urls is not None else (getattr(self.manifest, "url", None) or "<manifest>")
+        )
         self.resampled = resampled
         self.shardshuffle = bool(shuffle) if shardshuffle is None else bool(shardshuffle)
         self.nodesplitter = nodesplitter
@@ -605,8 +731,14 @@ class WebDataset(DataPipeline):
         if cache_dir is not None:
             from .cache import ShardCache
 
-            cache = ShardCache(cache_dir, max_bytes=cache_size, storage_options=storage_options,
-                               retries=retries, allow_pipe=allow_pipe, manifest=self.manifest)
+            cache = ShardCache(
+                cache_dir,
+                max_bytes=cache_size,
+                storage_options=storage_options,
+                retries=retries,
+                allow_pipe=allow_pipe,
+                manifest=self.manifest,
+            )
             self._opener = cache.open
         # the seed notebook's constructor: shuffle, decode, tuple, per-element transforms
         if shuffle:
@@ -628,8 +760,10 @@ class WebDataset(DataPipeline):
                 else:
                     self._append(_stages.map_tuple, *transforms)
         elif transforms is not None:
-            raise ValueError("transforms= applies to the elements of extensions=; with dict "
-                             "samples use .map() or .map_dict()")
+            raise ValueError(
+                "transforms= applies to the elements of extensions=; with dict "
+                "samples use .map() or .map_dict()"
+            )
 
     def worker_info(self) -> WorkerInfo:
         return _explicit_rank(super().worker_info(), self.rank, self.world_size)
@@ -654,8 +788,12 @@ class WebDataset(DataPipeline):
     def _open(self, url):
         if self._opener is not None:
             return self._opener(url)
-        return open_url(url, storage_options=self.storage_options, allow_pipe=self.allow_pipe,
-                        retries=self.retries)
+        return open_url(
+            url,
+            storage_options=self.storage_options,
+            allow_pipe=self.allow_pipe,
+            retries=self.retries,
+        )
 
     def _plan_parts(self):
         """(PlanConfig, stages before the batch, the batch stage, stages after it)."""
@@ -664,30 +802,42 @@ class WebDataset(DataPipeline):
         if stages and stages[0].fn is _stages.shuffle:
             args = _bind(stages[0])
             if args.get("rng") is not None or args.get("seed") is not None:
-                raise ValueError("in a planned pipeline the shuffle is seeded from the plan; "
-                                 "leave out rng=/seed= (set WebDataset(seed=))")
+                raise ValueError(
+                    "in a planned pipeline the shuffle is seeded from the plan; "
+                    "leave out rng=/seed= (set WebDataset(seed=))"
+                )
             bufsize, initial, first = int(args["bufsize"]), args["initial"], 1
         if any(st.fn is _stages.shuffle for st in stages[first:]):
-            raise ValueError("a planned pipeline (readers=) shuffles samples first: put "
-                             ".shuffle(n) before every other stage")
+            raise ValueError(
+                "a planned pipeline (readers=) shuffles samples first: put "
+                ".shuffle(n) before every other stage"
+            )
         batch_at = [i for i, st in enumerate(stages) if st.fn is _stages.batched]
         if not batch_at:
-            raise ValueError("a planned pipeline (readers=) batches inside the dataset: add "
-                             ".batched(B) (and give the loader batch_size=None)")
+            raise ValueError(
+                "a planned pipeline (readers=) batches inside the dataset: add "
+                ".batched(B) (and give the loader batch_size=None)"
+            )
         bi = batch_at[0]
         bargs = _bind(stages[bi])
         if self._nsamples is not None:
-            raise ValueError("with_epoch() does not apply to a planned pipeline: the plan "
-                             "fixes the epoch (len(loader) is exact)")
+            raise ValueError(
+                "with_epoch() does not apply to a planned pipeline: the plan "
+                "fixes the epoch (len(loader) is exact)"
+            )
         plan = self._plan_config
         if plan is None:
             raise TypeError(f"{type(self).__name__} has no epoch plan (WebDataset(readers=V) has)")
-        cfg = PlanConfig(seed=self.seed, readers=plan["readers"],
-                         batch_size=int(bargs["batchsize"]),
-                         remainder=plan["remainder"],
-                         shardshuffle=self.shardshuffle, bufsize=bufsize,
-                         initial=None if initial is None else int(initial))
-        return cfg, stages[first:bi], stages[bi], stages[bi + 1:]
+        cfg = PlanConfig(
+            seed=self.seed,
+            readers=plan["readers"],
+            batch_size=int(bargs["batchsize"]),
+            remainder=plan["remainder"],
+            shardshuffle=self.shardshuffle,
+            bufsize=bufsize,
+            initial=None if initial is None else int(initial),
+        )
+        return cfg, stages[first:bi], stages[bi], stages[bi + 1 :]
 
     def _plan_identity(self) -> dict:
         return self._plan_parts()[0].identity(self.table.fingerprint)
@@ -703,22 +853,30 @@ class WebDataset(DataPipeline):
         and :func:`split_by_worker` do) is given this reader's values.
         """
         if self.resampled:
-            return resampled_shards(self.urls, seed=ctx["seed"], epoch=ctx["epoch"],
-                                    rank=ctx["rank"] * ctx["num_workers"] + ctx["worker"],
-                                    worker=0)
-        urls = shard_order(self.urls, seed=ctx["seed"], epoch=ctx["epoch"],
-                           shuffle=self.shardshuffle)
+            return resampled_shards(
+                self.urls,
+                seed=ctx["seed"],
+                epoch=ctx["epoch"],
+                rank=ctx["rank"] * ctx["num_workers"] + ctx["worker"],
+                worker=0,
+            )
+        urls = shard_order(
+            self.urls, seed=ctx["seed"], epoch=ctx["epoch"], shuffle=self.shardshuffle
+        )
         if self.nodesplitter is not None:
             urls = _as_urls(_call_splitter(self.nodesplitter, urls, ctx))
         if self.workersplitter is not None:
             urls = _as_urls(_call_splitter(self.workersplitter, urls, ctx))
         if self.nodesplitter is None or self.workersplitter is None:
-            rank, world = ((0, 1) if self.nodesplitter is not None
-                           else (ctx["rank"], ctx["world_size"]))
-            worker, nworkers = ((0, 1) if self.workersplitter is not None
-                                else (ctx["worker"], ctx["num_workers"]))
-            urls = split_shards(urls, rank=rank, world_size=world, worker=worker,
-                                num_workers=nworkers)
+            rank, world = (
+                (0, 1) if self.nodesplitter is not None else (ctx["rank"], ctx["world_size"])
+            )
+            worker, nworkers = (
+                (0, 1) if self.workersplitter is not None else (ctx["worker"], ctx["num_workers"])
+            )
+            urls = split_shards(
+                urls, rank=rank, world_size=world, worker=worker, num_workers=nworkers
+            )
         return urls
 
     def _samples(self, ctx: dict) -> Iterator[dict]:
@@ -726,9 +884,13 @@ class WebDataset(DataPipeline):
         if not self.resampled:
             shards = list(shards)
         options: dict[str, Any] = {
-            "storage_options": self.storage_options, "allow_pipe": self.allow_pipe,
-            "last_dot": self.last_dot, "retries": self.retries, "prefetch": self.prefetch,
-            "prefetch_bytes": self.prefetch_bytes}
+            "storage_options": self.storage_options,
+            "allow_pipe": self.allow_pipe,
+            "last_dot": self.last_dot,
+            "retries": self.retries,
+            "prefetch": self.prefetch,
+            "prefetch_bytes": self.prefetch_bytes,
+        }
         if self._opener is not None:
             options["opener"] = self._opener
         if self.verify and self.manifest is not None:  # verify= needs a manifest (__init__)
@@ -748,15 +910,23 @@ class WebDataset(DataPipeline):
             if shards:
                 raise ValueError(
                     f"no samples found in {len(shards)} shard(s) ({shards[0]}...): are the "
-                    "member names KEY.EXT? (pass empty_check=False to allow empty shards)")
+                    "member names KEY.EXT? (pass empty_check=False to allow empty shards)"
+                )
             return
         del skipped[:]
         yield first
         yield from samples
 
     # ---- exact lengths from the manifest --------------------------------------------------------
-    def num_samples(self, *, rank: int | None = None, world_size: int | None = None,
-                    worker: int = 0, num_workers: int = 1, epoch: int | None = None) -> int:
+    def num_samples(
+        self,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        worker: int = 0,
+        num_workers: int = 1,
+        epoch: int | None = None,
+    ) -> int:
         """The exact number of samples one reader gets in an epoch (from the manifest).
 
         Left out, ``rank``/``world_size`` are this process's; ``worker``/``num_workers`` default
@@ -764,18 +934,28 @@ class WebDataset(DataPipeline):
         shards a rank gets, and so its count, can change with the epoch (default: the next).
         """
         if self.manifest is None:
-            raise TypeError("this WebDataset has no manifest, so its length is unknown: pass "
-                            "manifest=M (make one with: tarshards index SPEC -o M), or set a "
-                            "length with .with_length(n)")
+            raise TypeError(
+                "this WebDataset has no manifest, so its length is unknown: pass "
+                "manifest=M (make one with: tarshards index SPEC -o M), or set a "
+                "length with .with_length(n)"
+            )
         if self.resampled:
             raise TypeError("a resampled WebDataset is endless; bound it with .with_epoch(n)")
         env = self.environment()
-        ctx = {"rank": env["rank"] if rank is None else rank,
-               "world_size": env["world_size"] if world_size is None else world_size,
-               "worker": worker, "num_workers": num_workers, "seed": self.seed,
-               "epoch": (epoch if epoch is not None else
-                         self._current_epoch() if self._current_epoch() is not None
-                         else self._auto_epoch)}
+        ctx = {
+            "rank": env["rank"] if rank is None else rank,
+            "world_size": env["world_size"] if world_size is None else world_size,
+            "worker": worker,
+            "num_workers": num_workers,
+            "seed": self.seed,
+            "epoch": (
+                epoch
+                if epoch is not None
+                else self._current_epoch()
+                if self._current_epoch() is not None
+                else self._auto_epoch
+            ),
+        }
         counts = self.manifest.counts()
         total = 0
         import warnings
@@ -798,9 +978,11 @@ class WebDataset(DataPipeline):
         if self._plan_config is not None:  # planned: the batches this rank yields
             return self.steps_per_epoch()
         if self.manifest is None:
-            raise TypeError(f"{type(self).__name__} is a stream and has no length without a "
-                            "manifest: pass manifest=M (make one with: tarshards index SPEC -o "
-                            "M) for its exact length, or set one with .with_length(n)")
+            raise TypeError(
+                f"{type(self).__name__} is a stream and has no length without a "
+                "manifest: pass manifest=M (make one with: tarshards index SPEC -o "
+                "M) for its exact length, or set one with .with_length(n)"
+            )
         return self.num_samples()
 
     def _source_repr(self) -> str:
@@ -825,14 +1007,20 @@ def _explicit_rank(info: WorkerInfo, rank: int | None, world_size: int | None) -
     """``info`` with the rank and world size given to the dataset, where given."""
     if rank is None and world_size is None:
         return info
-    return info.replace(rank=info.rank if rank is None else rank,
-                        world_size=info.world_size if world_size is None else world_size)
+    return info.replace(
+        rank=info.rank if rank is None else rank,
+        world_size=info.world_size if world_size is None else world_size,
+    )
 
 
 def _call_splitter(fn: Callable, urls: list[str], ctx: dict):
     if "worker_info" not in ctx:  # a context made by hand (rank, world_size... only)
-        ctx = dict(ctx, worker_info=WorkerInfo(ctx["rank"], ctx["world_size"], ctx["worker"],
-                                               ctx["num_workers"]))
+        ctx = dict(
+            ctx,
+            worker_info=WorkerInfo(
+                ctx["rank"], ctx["world_size"], ctx["worker"], ctx["num_workers"]
+            ),
+        )
     return fn(urls, **{name: ctx[name] for name in _wanted(fn, _PLACE)})
 
 
@@ -841,7 +1029,6 @@ def _as_urls(items) -> list[str]:
     for x in items:
         out.append(x["url"] if isinstance(x, dict) else x)
     return out
-
 
 
 def _bind(stage: _Stage) -> dict:
@@ -947,19 +1134,25 @@ class _PlannedIterator:
                 pass
             elif worker_state:  # one DataLoader worker's own state (StatefulDataLoader)
                 if (pending["num_workers"], pending["world_size"], pending["worker"]) != (
-                        info.num_workers, info.world_size, info.worker):
+                    info.num_workers,
+                    info.world_size,
+                    info.worker,
+                ):
                     raise ResumeError(
                         f"a worker state of worker {pending['worker']}/{pending['num_workers']} "
                         f"on {pending['world_size']} ranks loaded into worker "
-                        f"{info.worker}/{info.num_workers} on {info.world_size} ranks")
+                        f"{info.worker}/{info.num_workers} on {info.world_size} ranks"
+                    )
                 origin, first = int(pending["origin"]), int(pending["next_step"])
             elif position >= prog.num_batches:
                 origin, first = position, info.worker  # the epoch's (empty) rest
             elif int(pending["world_size"]) == info.world_size:
                 origin = int(pending["origin"])
                 if (position - origin) % info.world_size:
-                    raise ResumeError(f"position {position} is not a step boundary of "
-                                      f"{info.world_size} ranks from origin {origin}")
+                    raise ResumeError(
+                        f"position {position} is not a step boundary of "
+                        f"{info.world_size} ranks from origin {origin}"
+                    )
             else:  # elastic: the new world continues the global order from here
                 origin = position
             if first is None:
@@ -976,20 +1169,36 @@ class _PlannedIterator:
         self.first = first
         self.next_step = first
         self.finished = False
-        self.ctx = {"seed": ds.seed, "epoch": epoch, "rank": info.rank,
-                    "world_size": info.world_size, "worker": info.worker,
-                    "num_workers": info.num_workers}
+        self.ctx = {
+            "seed": ds.seed,
+            "epoch": epoch,
+            "rank": info.rank,
+            "world_size": info.world_size,
+            "worker": info.worker,
+            "num_workers": info.num_workers,
+        }
         self._gen = self._run()
 
     # ---- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """This worker's position (its next step), in the plan's terms."""
-        state = self.ds.plan_state(self.epoch, 0, origin=self.sched.origin,
-                                   world_size=self.info.world_size, finished=self.finished)
+        state = self.ds.plan_state(
+            self.epoch,
+            0,
+            origin=self.sched.origin,
+            world_size=self.info.world_size,
+            finished=self.finished,
+        )
         W = self.info.num_workers
         if W > 1 or self.info.worker:
-            state.update({"worker": self.info.worker, "num_workers": W,
-                          "next_step": self.next_step, "position": None})
+            state.update(
+                {
+                    "worker": self.info.worker,
+                    "num_workers": W,
+                    "next_step": self.next_step,
+                    "position": None,
+                }
+            )
         else:
             step = min(self.next_step, self.sched.steps)
             state["position"] = self.sched.origin + step * self.info.world_size
@@ -1018,8 +1227,9 @@ class _PlannedIterator:
         chains = {v: prog.chain(self, v, js) for v, js in needed.items()}
         units = self._units(steps, chains)
         if prog.post:
-            units = self.ds._run_stages(units, prog.post, self.ctx, ("post",),
-                                        first=len(self.ds._stages) - len(prog.post))
+            units = self.ds._run_stages(
+                units, prog.post, self.ctx, ("post",), first=len(self.ds._stages) - len(prog.post)
+            )
         yield from units
 
     def _units(self, steps, chains):
@@ -1033,6 +1243,7 @@ class _PlannedIterator:
                     f"reader {g % V} of epoch {self.epoch} yielded fewer batches than planned: a "
                     "stage dropped samples (select, a skipping handler, a map returning None). "
                     "A planned pipeline needs every sample to reach the batch; flag bad samples "
-                    "instead of dropping them")
+                    "instead of dropping them"
+                )
             self.next_step = k + self.info.num_workers
             yield batch

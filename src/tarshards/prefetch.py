@@ -33,8 +33,9 @@ _END: Any = object()
 class PrefetchedStream:
     """The bytes of one shard as a thread fills them in (``read`` blocks until there are some)."""
 
-    def __init__(self, url: str, opener: Callable[[str], ContextManager], limit: int,
-                 chunk: int = _CHUNK):
+    def __init__(
+        self, url: str, opener: Callable[[str], ContextManager], limit: int, chunk: int = _CHUNK
+    ):
         self.url = url
         self._opener = opener
         self._limit = max(int(limit), chunk)
@@ -47,8 +48,9 @@ class PrefetchedStream:
         self._stopped = False
         self._cond = threading.Condition()
         self.nbytes = 0  # bytes handed out so far
-        self._thread = threading.Thread(target=self._fill, name=f"tarshards-prefetch {url}",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._fill, name=f"tarshards-prefetch {url}", daemon=True
+        )
         self._thread.start()
 
     # -- the filling thread ---------------------------------------------------------------------
@@ -144,8 +146,14 @@ class ShardPrefetcher:
     ``(url, stream)`` pairs in order; each stream is closed when the next pair is asked for.
     """
 
-    def __init__(self, opener: Callable[[str], ContextManager], *, ahead: int = 2,
-                 max_bytes: int = 256 << 20, chunk: int = _CHUNK):
+    def __init__(
+        self,
+        opener: Callable[[str], ContextManager],
+        *,
+        ahead: int = 2,
+        max_bytes: int = 256 << 20,
+        chunk: int = _CHUNK,
+    ):
         if ahead < 0:
             raise ValueError(f"ahead must be >= 0, got {ahead}")
         if max_bytes < 1:

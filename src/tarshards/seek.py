@@ -27,8 +27,9 @@ def read_exact(stream: BinaryIO, n: int, url=None, offset: int | None = None) ->
     while left > 0:
         data = stream.read(left)
         if not data:
-            raise TruncatedShardError(f"the shard ends {left} bytes before the sample does",
-                                      url=url, offset=offset)
+            raise TruncatedShardError(
+                f"the shard ends {left} bytes before the sample does", url=url, offset=offset
+            )
         parts.append(data)
         left -= len(data)
     return parts[0] if len(parts) == 1 else b"".join(parts)
@@ -45,9 +46,16 @@ def _position(stream: BinaryIO, offset: int) -> None:
         stream.seek(offset)
 
 
-def read_sample_at(stream: BinaryIO, offset: int, *, end: int | None = None,
-                   compression: str = "none", tar_offset: int | None = None, url=None,
-                   last_dot: bool = False) -> dict:
+def read_sample_at(
+    stream: BinaryIO,
+    offset: int,
+    *,
+    end: int | None = None,
+    compression: str = "none",
+    tar_offset: int | None = None,
+    url=None,
+    last_dot: bool = False,
+) -> dict:
     """The sample whose bytes start at ``offset`` of a shard file.
 
     ``stream`` is a binary file: a seekable one is moved to ``offset``; any other must already
@@ -65,16 +73,25 @@ def read_sample_at(stream: BinaryIO, offset: int, *, end: int | None = None,
         chunks = [read_exact(stream, end - offset, url, offset)]
     else:
         chunks = read_chunks(stream, _CHUNK)
-    return _first_sample(chunks, offset if tar_offset is None else tar_offset, compression,
-                         url, last_dot, offset)
+    return _first_sample(
+        chunks, offset if tar_offset is None else tar_offset, compression, url, last_dot, offset
+    )
 
 
-def sample_from_bytes(data: bytes, tar_offset: int, *, compression: str = "none", url=None,
-                      last_dot: bool = False, offset: int | None = None) -> dict:
+def sample_from_bytes(
+    data: bytes,
+    tar_offset: int,
+    *,
+    compression: str = "none",
+    url=None,
+    last_dot: bool = False,
+    offset: int | None = None,
+) -> dict:
     """The sample held by ``data``: the bytes of a shard from a sample's offset to its end (as
     a ranged read gives them). ``tar_offset`` is where they start in the tar stream."""
-    return _first_sample([data], tar_offset, compression, url, last_dot,
-                         tar_offset if offset is None else offset)
+    return _first_sample(
+        [data], tar_offset, compression, url, last_dot, tar_offset if offset is None else offset
+    )
 
 
 def _first_sample(chunks, base: int, compression: str, url, last_dot: bool, offset) -> dict:
@@ -86,9 +103,15 @@ def _first_sample(chunks, base: int, compression: str, url, last_dot: bool, offs
     raise ShardFormatError("no sample at this offset", url=url, offset=offset)
 
 
-def samples_from(stream: BinaryIO, offset: int, *, compression: str = "none",
-                 tar_offset: int | None = None, url=None,
-                 last_dot: bool = False) -> Iterator[dict]:
+def samples_from(
+    stream: BinaryIO,
+    offset: int,
+    *,
+    compression: str = "none",
+    tar_offset: int | None = None,
+    url=None,
+    last_dot: bool = False,
+) -> Iterator[dict]:
     """Every sample of a shard from the one at ``offset`` on (how a resumed reader seeks).
 
     Same offsets as :func:`read_sample_at`; a compressed shard must be sample-aligned (the

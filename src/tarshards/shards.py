@@ -32,8 +32,9 @@ def make_rng(*parts) -> random.Random:
     return random.Random(int.from_bytes(hashlib.sha256(text).digest()[:8], "big"))
 
 
-def shard_order(urls: Sequence[str], *, seed: int = 0, epoch: int = 0,
-                shuffle: bool = True) -> list[str]:
+def shard_order(
+    urls: Sequence[str], *, seed: int = 0, epoch: int = 0, shuffle: bool = True
+) -> list[str]:
     """The epoch's shard order: a permutation from (seed, epoch), or the list as it is."""
     urls = list(urls)
     if shuffle:
@@ -41,8 +42,9 @@ def shard_order(urls: Sequence[str], *, seed: int = 0, epoch: int = 0,
     return urls
 
 
-def split_by_node(urls: Sequence[str], rank: int | None = None,
-                  world_size: int | None = None) -> list[str]:
+def split_by_node(
+    urls: Sequence[str], rank: int | None = None, world_size: int | None = None
+) -> list[str]:
     """The shards of one node: every ``world_size``-th shard starting at ``rank``.
 
     This module knows nothing of torch: left out, rank and world size are those of a single
@@ -57,8 +59,9 @@ def split_by_node(urls: Sequence[str], rank: int | None = None,
     return list(urls)[rank::world_size]
 
 
-def split_by_worker(urls: Sequence[str], worker: int | None = None,
-                    num_workers: int | None = None) -> list[str]:
+def split_by_worker(
+    urls: Sequence[str], worker: int | None = None, num_workers: int | None = None
+) -> list[str]:
     """The shards of one DataLoader worker (same rule as :func:`split_by_node`). Left out, the
     worker is 0 of 1; as ``workersplitter=`` or a pipeline stage, the pipeline passes its own."""
     worker = 0 if worker is None else worker
@@ -68,8 +71,15 @@ def split_by_worker(urls: Sequence[str], worker: int | None = None,
     return list(urls)[worker::num_workers]
 
 
-def split_shards(urls: Sequence[str], *, rank: int = 0, world_size: int = 1, worker: int = 0,
-                 num_workers: int = 1, warn: bool = True) -> list[str]:
+def split_shards(
+    urls: Sequence[str],
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    worker: int = 0,
+    num_workers: int = 1,
+    warn: bool = True,
+) -> list[str]:
     """Split by node, then by worker; warns when some readers get no shard at all."""
     mine = split_by_worker(split_by_node(urls, rank, world_size), worker, num_workers)
     readers = world_size * num_workers
@@ -77,12 +87,16 @@ def split_shards(urls: Sequence[str], *, rank: int = 0, world_size: int = 1, wor
         warnings.warn(
             f"{len(urls)} shards for {readers} readers ({world_size} ranks x {num_workers} "
             f"workers): {readers - len(urls)} readers get no data. Use more shards, fewer "
-            "workers, or resampled=True", TarshardsWarning, stacklevel=2)
+            "workers, or resampled=True",
+            TarshardsWarning,
+            stacklevel=2,
+        )
     return mine
 
 
-def resampled_shards(urls: Sequence[str], *, seed: int = 0, epoch: int = 0, rank: int = 0,
-                     worker: int = 0) -> Iterator[str]:
+def resampled_shards(
+    urls: Sequence[str], *, seed: int = 0, epoch: int = 0, rank: int = 0, worker: int = 0
+) -> Iterator[str]:
     """Draw shards with replacement, forever, from a stream seeded by all four parts."""
     if not urls:
         return

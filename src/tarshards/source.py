@@ -47,8 +47,16 @@ from .tario import iter_tar_batches, tar_byte_source
 
 np = LazyModule("numpy", globals(), "np")
 
-__all__ = ["EpochPlan", "PlanConfig", "ReaderStream", "Schedule", "ShardTable",
-           "ShuffleCore", "STATE_FORMAT", "scan_shards"]
+__all__ = [
+    "EpochPlan",
+    "PlanConfig",
+    "ReaderStream",
+    "Schedule",
+    "ShardTable",
+    "ShuffleCore",
+    "STATE_FORMAT",
+    "scan_shards",
+]
 
 STATE_FORMAT = "tarshards.resume/1"
 REMAINDERS = ("drop", "carry", "pad")
@@ -68,9 +76,15 @@ class ShardTable:
     shard is an uncompressed tar (offsets can be sought).
     """
 
-    def __init__(self, urls: Sequence[str], counts: Sequence[int], *,
-                 fingerprint: str | None = None, offsets: Sequence | None = None,
-                 plain: Sequence[bool] | None = None):
+    def __init__(
+        self,
+        urls: Sequence[str],
+        counts: Sequence[int],
+        *,
+        fingerprint: str | None = None,
+        offsets: Sequence | None = None,
+        plain: Sequence[bool] | None = None,
+    ):
         self.urls = tuple(os.fspath(u) for u in urls)
         self.counts = tuple(int(c) for c in counts)
         if len(self.urls) != len(self.counts):
@@ -78,8 +92,7 @@ class ShardTable:
         if any(c < 0 for c in self.counts):
             raise ValueError("sample counts are non-negative")
         self.offsets = list(offsets) if offsets is not None else [None] * len(self.urls)
-        self.plain = (list(plain) if plain is not None
-                      else [not _compressed(u) for u in self.urls])
+        self.plain = list(plain) if plain is not None else [not _compressed(u) for u in self.urls]
         self.fingerprint = fingerprint or _fingerprint(self.urls, self.counts)
         self._manifest = None
 
@@ -88,8 +101,7 @@ class ShardTable:
         """Counts and fingerprint from a :class:`tarshards.manifest.Manifest`; sample offsets
         from its per-shard indexes, loaded when a shard is first sought."""
         urls = list(urls) if urls is not None else manifest.shard_urls()
-        table = cls(urls, [r.samples for r in manifest.shards],
-                    fingerprint=manifest.fingerprint)
+        table = cls(urls, [r.samples for r in manifest.shards], fingerprint=manifest.fingerprint)
         table._manifest = manifest
         return table
 
@@ -113,8 +125,10 @@ class ShardTable:
         return len(self.urls)
 
     def __repr__(self):
-        return (f"ShardTable({len(self.urls)} shards, {self.num_samples} samples, "
-                f"fingerprint {self.fingerprint[:12]})")
+        return (
+            f"ShardTable({len(self.urls)} shards, {self.num_samples} samples, "
+            f"fingerprint {self.fingerprint[:12]})"
+        )
 
 
 def _compressed(url: str) -> bool:
@@ -180,15 +194,22 @@ class PlanConfig:
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.remainder not in REMAINDERS:
-            raise ValueError(f"remainder must be one of {', '.join(REMAINDERS)}, "
-                             f"got {self.remainder!r}")
+            raise ValueError(
+                f"remainder must be one of {', '.join(REMAINDERS)}, got {self.remainder!r}"
+            )
 
     def identity(self, fingerprint: str) -> dict:
         """What a state records to be checked on load."""
-        return {"fingerprint": fingerprint, "seed": self.seed, "readers": self.readers,
-                "batch_size": self.batch_size, "remainder": self.remainder,
-                "shardshuffle": self.shardshuffle, "bufsize": self.bufsize,
-                "initial": self.initial}
+        return {
+            "fingerprint": fingerprint,
+            "seed": self.seed,
+            "readers": self.readers,
+            "batch_size": self.batch_size,
+            "remainder": self.remainder,
+            "shardshuffle": self.shardshuffle,
+            "bufsize": self.bufsize,
+            "initial": self.initial,
+        }
 
 
 class EpochPlan:
@@ -211,14 +232,20 @@ class EpochPlan:
             raise ValueError(
                 f"{N} samples are fewer than readers x batch_size = {V} x {B} = {VB}: every "
                 "reader needs at least one full batch (use fewer readers, a smaller batch, or "
-                "remainder='pad')")
-        order = shard_order(range(len(counts)), seed=config.seed, epoch=self.epoch,
-                            shuffle=config.shardshuffle)
+                "remainder='pad')"
+            )
+        order = shard_order(
+            range(len(counts)), seed=config.seed, epoch=self.epoch, shuffle=config.shardshuffle
+        )
         runs: list[tuple[int, int, int, bool]] = []
         if config.remainder == "carry" and self.epoch > 0:
             carried = (self.epoch * N) % VB  # what epoch - 1 left over: the end of its order
-            prev = shard_order(range(len(counts)), seed=config.seed, epoch=self.epoch - 1,
-                               shuffle=config.shardshuffle)
+            prev = shard_order(
+                range(len(counts)),
+                seed=config.seed,
+                epoch=self.epoch - 1,
+                shuffle=config.shardshuffle,
+            )
             tail = []
             for s in reversed(prev):
                 if carried <= 0:
@@ -310,7 +337,8 @@ class Schedule:
             raise ValueError(
                 f"{self.world_size} ranks cannot share {self.readers} virtual readers evenly: "
                 f"choose readers= divisible by the world size (60 fits 1-6, 10, 12, 15, 20, "
-                f"30 ranks; 120, 240, 360 fit more)")
+                f"30 ranks; 120, 240, 360 fit more)"
+            )
 
     @property
     def steps(self) -> int:
@@ -389,7 +417,7 @@ class ShuffleCore:
 
     def positions(self) -> list[int]:
         """The positions the buffer holds (after :meth:`replay`), in buffer order."""
-        return list(self.buf if self.tail < 0 else self.buf[self.tail:])
+        return list(self.buf if self.tail < 0 else self.buf[self.tail :])
 
 
 def reader_rng(seed: int, epoch: int, reader: int) -> random.Random:
@@ -411,8 +439,15 @@ class ReaderStream:
     samples by their offsets, and continues reading at the input position reached.
     """
 
-    def __init__(self, table: ShardTable, plan: EpochPlan, reader: int, *, opener: Callable,
-                 last_dot: bool = False):
+    def __init__(
+        self,
+        table: ShardTable,
+        plan: EpochPlan,
+        reader: int,
+        *,
+        opener: Callable,
+        last_dot: bool = False,
+    ):
         self.table = table
         self.plan = plan
         self.reader = reader
@@ -424,22 +459,20 @@ class ReaderStream:
     def seek(self, position: int) -> None:
         plan, cfg = self.plan, self.plan.config
         if not 0 <= position <= plan.segment_length:
-            raise ValueError(f"position {position} outside reader segment of "
-                             f"{plan.segment_length}")
+            raise ValueError(f"position {position} outside reader segment of {plan.segment_length}")
         if self._it is not None:
             self._it.close()
         self.position = position
         if cfg.bufsize <= 1:
             self._it = self._read_from(position)
             return
-        core = ShuffleCore(cfg.bufsize, cfg.initial,
-                           reader_rng(cfg.seed, plan.epoch, self.reader))
+        core = ShuffleCore(cfg.bufsize, cfg.initial, reader_rng(cfg.seed, plan.epoch, self.reader))
         if position:
             core.replay(plan.segment_length, position)
             held = core.positions()
             samples = self.read_positions(held)
             if core.tail >= 0:
-                core.buf[core.tail:] = [samples[p] for p in held]
+                core.buf[core.tail :] = [samples[p] for p in held]
             else:
                 core.buf[:] = [samples[p] for p in held]
         self._it = core.run(self._read_from(core.consumed))
@@ -454,7 +487,9 @@ class ReaderStream:
             raise TarshardsError(
                 f"reader {self.reader} of epoch {self.plan.epoch} ran out at position "
                 f"{self.position} of {self.plan.segment_length}: the shards changed since "
-                "they were counted", url=None)
+                "they were counted",
+                url=None,
+            )
         return got
 
     def skip(self, n: int) -> None:
@@ -497,8 +532,10 @@ class ReaderStream:
                     return
         except TarshardsError as exn:
             raise exn.with_context(url=url) from None
-        raise TarshardsError(f"shard has fewer samples than the {table.counts[shard]} counted "
-                             f"(wanted {a}:{b})", url=url)
+        raise TarshardsError(
+            f"shard has fewer samples than the {table.counts[shard]} counted (wanted {a}:{b})",
+            url=url,
+        )
 
     def read_positions(self, positions: Sequence[int]) -> dict[int, dict]:
         """The samples at some positions of this reader's segment, by position."""
@@ -544,23 +581,27 @@ class ReaderStream:
                         want = set(run)
                         batches = iter_tar_batches([data], url)
                         got = 0
-                        for i, sample in enumerate(group_samples(batches, url,
-                                                                 last_dot=self.last_dot,
-                                                                 batched=True), lo):
+                        for i, sample in enumerate(
+                            group_samples(batches, url, last_dot=self.last_dot, batched=True), lo
+                        ):
                             if i in want:
                                 got += 1
                                 yield i, sample
                             if i >= hi:
                                 break
                         if got != len(run):
-                            raise TarshardsError(f"samples {lo}..{hi} not found at offset "
-                                                 f"{begin}", url=url, offset=begin)
+                            raise TarshardsError(
+                                f"samples {lo}..{hi} not found at offset {begin}",
+                                url=url,
+                                offset=begin,
+                            )
                     return
                 want = set(idxs)
                 last = idxs[-1]
                 batches = iter_tar_batches(tar_byte_source(stream, url), url)
-                for i, sample in enumerate(group_samples(batches, url, last_dot=self.last_dot,
-                                                         batched=True)):
+                for i, sample in enumerate(
+                    group_samples(batches, url, last_dot=self.last_dot, batched=True)
+                ):
                     if i in want:
                         yield i, sample
                     if i >= last:
@@ -581,7 +622,7 @@ class _Window:
         if self._left <= 0:
             return 0
         if len(view) > self._left:
-            view = view[:self._left]
+            view = view[: self._left]
         got = self._stream.readinto(view) or 0
         self._left -= got
         return got
@@ -615,9 +656,11 @@ def check_state(state: dict, expected: dict) -> None:
     """Raise :class:`ResumeError` naming every field where ``state`` differs from ``expected``."""
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         got = state.get("format") if isinstance(state, dict) else type(state).__name__
-        raise ResumeError(f"not a tarshards resume state (format {got!r}, expected "
-                          f"{STATE_FORMAT!r})")
-    diffs = [f"{k}: saved {state.get(k)!r}, here {v!r}" for k, v in expected.items()
-             if state.get(k) != v]
+        raise ResumeError(
+            f"not a tarshards resume state (format {got!r}, expected {STATE_FORMAT!r})"
+        )
+    diffs = [
+        f"{k}: saved {state.get(k)!r}, here {v!r}" for k, v in expected.items() if state.get(k) != v
+    ]
     if diffs:
         raise ResumeError("the saved state does not fit this pipeline: " + "; ".join(diffs))

@@ -58,6 +58,7 @@ __all__ = [
     "warn_and_stop",
 ]
 
+
 def _context(exn: Exception, sample, field=None, wrap: bool = False) -> Exception:
     """Attach the sample's shard URL and member name to an error.
 
@@ -85,8 +86,13 @@ def _context(exn: Exception, sample, field=None, wrap: bool = False) -> Exceptio
 # ---------------------------------------------------------------------------------------------
 
 
-def shuffle(samples: Iterable, bufsize: int = 1000, initial: int | None = None,
-            rng: random.Random | None = None, seed: int | None = None) -> Iterator:
+def shuffle(
+    samples: Iterable,
+    bufsize: int = 1000,
+    initial: int | None = None,
+    rng: random.Random | None = None,
+    seed: int | None = None,
+) -> Iterator:
     """Shuffle with a buffer of ``bufsize`` samples; output starts once ``initial`` are held.
 
     ``rng`` (or ``seed``) makes the order reproducible; pipelines pass a generator seeded from
@@ -129,9 +135,17 @@ def handle_extension(extensions: str, fn: Callable[[bytes], Any]) -> Callable:
 _BYTES_LIKE = (bytes, bytearray, memoryview)
 
 
-def decode(samples: Iterable[dict], *handlers, only=None, partial: bool = False,
-           size=None, allow_unsafe: bool = False, on_error: OnError = "raise",
-           handler: Callable | None = None, rng: random.Random | None = None) -> Iterator[dict]:
+def decode(
+    samples: Iterable[dict],
+    *handlers,
+    only=None,
+    partial: bool = False,
+    size=None,
+    allow_unsafe: bool = False,
+    on_error: OnError = "raise",
+    handler: Callable | None = None,
+    rng: random.Random | None = None,
+) -> Iterator[dict]:
     """Decode the fields of each sample by extension.
 
     ``handlers`` are image modes (``"pil"``, ``"rgb8"``, ``"torchrgb"``...; the last one wins) and
@@ -153,8 +167,10 @@ def decode(samples: Iterable[dict], *handlers, only=None, partial: bool = False,
     for h in handlers:
         if isinstance(h, str):
             if h not in IMAGE_MODES and h not in _EXTRA_MODES:
-                raise ValueError(f"unknown decoding mode {h!r}; choose one of "
-                                 f"{', '.join(sorted(IMAGE_MODES))} or pass a function")
+                raise ValueError(
+                    f"unknown decoding mode {h!r}; choose one of "
+                    f"{', '.join(sorted(IMAGE_MODES))} or pass a function"
+                )
             image_mode = h
         elif callable(h):
             custom.append(h)
@@ -207,8 +223,10 @@ def decode(samples: Iterable[dict], *handlers, only=None, partial: bool = False,
                     if type(v) is not bytes and not isinstance(v, _BYTES_LIKE):
                         if partial:
                             continue
-                        raise DecodeError(f"field {k!r} is already decoded "
-                                          f"({type(v).__name__}); use partial=True to allow this")
+                        raise DecodeError(
+                            f"field {k!r} is already decoded "
+                            f"({type(v).__name__}); use partial=True to allow this"
+                        )
                     if dec is not None:
                         out[k] = dec(v)
                 yield out
@@ -225,13 +243,16 @@ def decode(samples: Iterable[dict], *handlers, only=None, partial: bool = False,
                     if partial:
                         out[k] = v
                         continue
-                    raise DecodeError(f"field {k!r} is already decoded "
-                                      f"({type(v).__name__}); use partial=True to allow this")
+                    raise DecodeError(
+                        f"field {k!r} is already decoded "
+                        f"({type(v).__name__}); use partial=True to allow this"
+                    )
                 for h, wants_rng in zip(custom, seeded):
                     if wants_rng:
                         if sample_rng is None:
-                            sample_rng = random.Random(f"{base}/{sample.get('__url__')}/"
-                                                       f"{sample.get('__key__')}")
+                            sample_rng = random.Random(
+                                f"{base}/{sample.get('__url__')}/{sample.get('__key__')}"
+                            )
                         value = h(k, v, rng=sample_rng)
                     else:
                         value = h(k, v)
@@ -255,8 +276,13 @@ def select(samples: Iterable, predicate: Callable[[Any], bool]) -> Iterator:
             yield sample
 
 
-def map(samples: Iterable, f: Callable,  # noqa: A001 - webdataset's name
-        handler: Callable | None = None, *, on_error: OnError = "raise") -> Iterator:
+def map(  # noqa: A001 - webdataset's name
+    samples: Iterable,
+    f: Callable,
+    handler: Callable | None = None,
+    *,
+    on_error: OnError = "raise",
+) -> Iterator:
     """Apply ``f`` to each sample; ``None`` results are dropped; dict results keep ``__key__``.
 
     An exception in ``f`` is raised (with a note naming the sample) unless ``on_error`` is a
@@ -277,8 +303,13 @@ def map(samples: Iterable, f: Callable,  # noqa: A001 - webdataset's name
         yield result
 
 
-def map_dict(samples: Iterable[dict], handler: Callable | None = None, *,
-             on_error: OnError = "raise", **fs: Callable) -> Iterator[dict]:
+def map_dict(
+    samples: Iterable[dict],
+    handler: Callable | None = None,
+    *,
+    on_error: OnError = "raise",
+    **fs: Callable,
+) -> Iterator[dict]:
     """Apply ``fs[field]`` to the named fields of each sample dict."""
     policy = error_policy(on_error, handler)
     for sample in samples:
@@ -286,8 +317,9 @@ def map_dict(samples: Iterable[dict], handler: Callable | None = None, *,
             sample = dict(sample)
             for k, f in fs.items():
                 if k not in sample:
-                    raise MissingFieldError(f"map_dict: sample has no field {k!r} "
-                                            f"(fields: {', '.join(sorted(sample))})")
+                    raise MissingFieldError(
+                        f"map_dict: sample has no field {k!r} (fields: {', '.join(sorted(sample))})"
+                    )
                 sample[k] = f(sample[k])
         except Exception as exn:
             if policy(_context(exn, sample)):
@@ -296,17 +328,23 @@ def map_dict(samples: Iterable[dict], handler: Callable | None = None, *,
         yield sample
 
 
-def map_tuple(samples: Iterable[tuple], *fs: Callable | None,
-              on_error: OnError = "raise", handler: Callable | None = None) -> Iterator[tuple]:
+def map_tuple(
+    samples: Iterable[tuple],
+    *fs: Callable | None,
+    on_error: OnError = "raise",
+    handler: Callable | None = None,
+) -> Iterator[tuple]:
     """Apply ``fs[i]`` to element ``i`` of each tuple (``None`` leaves it as it is)."""
     policy = error_policy(on_error, handler)
     for sample in samples:
         try:
             if len(fs) > len(sample):
-                raise ValueError(f"map_tuple got {len(fs)} functions for a tuple of "
-                                 f"{len(sample)} elements")
-            sample = tuple(f(x) if f is not None else x
-                           for f, x in itertools.zip_longest(fs, sample))
+                raise ValueError(
+                    f"map_tuple got {len(fs)} functions for a tuple of {len(sample)} elements"
+                )
+            sample = tuple(
+                f(x) if f is not None else x for f, x in itertools.zip_longest(fs, sample)
+            )
         except Exception as exn:
             if policy(exn):
                 continue
@@ -318,8 +356,13 @@ def _fields(spec) -> list[list[str]]:
     return [s.split(";") for s in spec]
 
 
-def to_tuple(samples: Iterable[dict], *fields: str, missing_is_error: bool = True,
-             on_error: OnError = "raise", handler: Callable | None = None) -> Iterator[tuple]:
+def to_tuple(
+    samples: Iterable[dict],
+    *fields: str,
+    missing_is_error: bool = True,
+    on_error: OnError = "raise",
+    handler: Callable | None = None,
+) -> Iterator[tuple]:
     """Turn sample dicts into tuples of the named fields; ``"jpg;png"`` takes the first present.
 
     A single string with spaces is split (``to_tuple("jpg cls")``).
@@ -341,7 +384,8 @@ def to_tuple(samples: Iterable[dict], *fields: str, missing_is_error: bool = Tru
                         raise MissingFieldError(
                             f"to_tuple: sample {sample.get('__key__')!r} has none of "
                             f"{';'.join(alts)!r} (fields: "
-                            f"{', '.join(k for k in sample if not k.startswith('__'))})")
+                            f"{', '.join(k for k in sample if not k.startswith('__'))})"
+                        )
                     out.append(None)
         except Exception as exn:
             if policy(_context(exn, sample)):
@@ -350,8 +394,14 @@ def to_tuple(samples: Iterable[dict], *fields: str, missing_is_error: bool = Tru
         yield tuple(out)
 
 
-def rename(samples: Iterable[dict], keep: bool = True, handler: Callable | None = None, *,
-           on_error: OnError = "raise", **names: str) -> Iterator[dict]:
+def rename(
+    samples: Iterable[dict],
+    keep: bool = True,
+    handler: Callable | None = None,
+    *,
+    on_error: OnError = "raise",
+    **names: str,
+) -> Iterator[dict]:
     """Rename fields: ``rename(image="jpg;png", label="cls")``; ``keep=False`` drops the rest."""
     options = {new: old.split(";") for new, old in names.items()}
     policy = error_policy(on_error, handler)
@@ -369,8 +419,9 @@ def rename(samples: Iterable[dict], keep: bool = True, handler: Callable | None 
                         out[new] = value
                         break
                 else:
-                    raise MissingFieldError(f"rename: sample {sample.get('__key__')!r} has none "
-                                            f"of {';'.join(alts)!r}")
+                    raise MissingFieldError(
+                        f"rename: sample {sample.get('__key__')!r} has none of {';'.join(alts)!r}"
+                    )
         except Exception as exn:
             if policy(_context(exn, sample)):
                 continue
@@ -430,8 +481,12 @@ def _collate_column(col: list) -> Any:
     return list(col) if fn is None else fn(col)
 
 
-def batched(samples: Iterable, batchsize: int, collation_fn: Callable | None =
-            default_collation_fn, partial: bool = True) -> Iterator:
+def batched(
+    samples: Iterable,
+    batchsize: int,
+    collation_fn: Callable | None = default_collation_fn,
+    partial: bool = True,
+) -> Iterator:
     """Group samples into batches of ``batchsize``; the last smaller one only when ``partial``."""
     if batchsize < 1:
         raise ValueError(f"batchsize must be >= 1, got {batchsize}")
@@ -697,8 +752,7 @@ class Batch:
     """Batches of ``batchsize`` (as :func:`batched`), resumable at batch boundaries: its state
     is its upstream's (a batch is handed out whole)."""
 
-    def __init__(self, batchsize: int, collation_fn: Callable | None = None,
-                 partial: bool = True):
+    def __init__(self, batchsize: int, collation_fn: Callable | None = None, partial: bool = True):
         self.batchsize, self.partial = batchsize, partial
         self.collation_fn = collation_fn
         self._upstream = None
@@ -707,8 +761,9 @@ class Batch:
     def __call__(self, upstream) -> Iterator:
         self._pending = None
         self._upstream = upstream
-        return _StageIter(self, batched(iter(upstream), self.batchsize, self.collation_fn,
-                                        self.partial))
+        return _StageIter(
+            self, batched(iter(upstream), self.batchsize, self.collation_fn, self.partial)
+        )
 
     def state_dict(self) -> dict:
         return {"upstream": _state_of(self._upstream)}

@@ -74,14 +74,23 @@ _META = (_GNU_LONGNAME, _GNU_LONGLINK, _PAX, _PAX_GLOBAL)
 _NO_DATA = (0x31, 0x32, 0x33, 0x34, 0x35, 0x36)  # links, devices, directories, fifos
 _MAX_META = 1 << 20  # longest accepted long-name / pax payload
 _MAX_SPARSE = 1 << 30  # largest real size a sparse member may be rebuilt to
-_OCTAL_WEIGHTS = tuple(8 ** k for k in range(5, -1, -1))
+_OCTAL_WEIGHTS = tuple(8**k for k in range(5, -1, -1))
 _DRAIN_LIMIT = 1 << 20  # bytes of trailing padding read after the end-of-archive marker
 # pax keys that change how a member is read: while a global header sets one of them, every
 # member goes through the general path
 _PAX_READ_KEYS = frozenset(("path", "size"))
-_SPARSE_KEYS = frozenset(("GNU.sparse.map", "GNU.sparse.size", "GNU.sparse.major",
-                          "GNU.sparse.minor", "GNU.sparse.realsize", "GNU.sparse.offset",
-                          "GNU.sparse.numbytes", "GNU.sparse.numblocks"))
+_SPARSE_KEYS = frozenset(
+    (
+        "GNU.sparse.map",
+        "GNU.sparse.size",
+        "GNU.sparse.major",
+        "GNU.sparse.minor",
+        "GNU.sparse.realsize",
+        "GNU.sparse.offset",
+        "GNU.sparse.numbytes",
+        "GNU.sparse.numblocks",
+    )
+)
 _SPARSE00 = ("GNU.sparse.offset", "GNU.sparse.numbytes")  # repeated records: kept as lists
 
 
@@ -90,16 +99,18 @@ _SPARSE00 = ("GNU.sparse.offset", "GNU.sparse.numbytes")  # repeated records: ke
 # ---------------------------------------------------------------------------------------------
 
 
-def read_chunks(stream: BinaryIO, chunk_size: int = CHUNK_SIZE, *,
-                reuse: bool = False) -> Iterator[bytes]:
+def read_chunks(
+    stream: BinaryIO, chunk_size: int = CHUNK_SIZE, *, reuse: bool = False
+) -> Iterator[bytes]:
     """Yield the bytes of ``stream`` in chunks of up to ``chunk_size`` bytes, until EOF.
 
     With ``reuse=True`` (streams with ``readinto``) every chunk is a memoryview of one buffer that
     the next chunk overwrites: a consumer must copy what it keeps before asking for more. This
     spares a fresh allocation (and its page faults) per chunk.
     """
-    readinto = (getattr(stream, "readinto1", None) or getattr(stream, "readinto", None)
-                if reuse else None)
+    readinto = (
+        getattr(stream, "readinto1", None) or getattr(stream, "readinto", None) if reuse else None
+    )
     if readinto is not None:
         view = memoryview(bytearray(chunk_size))
         while True:
@@ -150,8 +161,9 @@ def _checksum_ok(hdr: bytes) -> bool:
     unsigned = sum(hdr) - sum(hdr[148:156]) + 256
     if unsigned == want:
         return True
-    signed = unsigned - 256 * (sum(1 for b in hdr if b > 127) - sum(
-        1 for b in hdr[148:156] if b > 127))
+    signed = unsigned - 256 * (
+        sum(1 for b in hdr if b > 127) - sum(1 for b in hdr[148:156] if b > 127)
+    )
     return signed == want
 
 
@@ -160,8 +172,7 @@ def _checksum_ok(hdr: bytes) -> bool:
 # two halves give the exact unsigned sum. A mismatch is decided by :func:`_checksum_ok`.
 def _header_sum(hdr: bytes) -> int:
     """The unsigned checksum of a header block (the checksum field counted as spaces)."""
-    return ((adler32(hdr[:256]) & 0xFFFF) + (adler32(hdr[256:]) & 0xFFFF) + 254
-            - sum(hdr[148:156]))
+    return (adler32(hdr[:256]) & 0xFFFF) + (adler32(hdr[256:]) & 0xFFFF) + 254 - sum(hdr[148:156])
 
 
 def _chk_value(hdr: bytes) -> int:
@@ -182,8 +193,12 @@ def _first_bad_header(headers: list) -> int:
     digits = field[:, :6].astype(np.int64) - 48
     stored = digits @ _OCTAL_WEIGHTS
     sums = rows.sum(axis=1, dtype=np.int64) - field.sum(axis=1, dtype=np.int64) + 256
-    ok = (sums == stored) & (digits >= 0).all(axis=1) & (digits < 8).all(axis=1) & (
-        (field[:, 6] == 0) | (field[:, 6] == 32))
+    ok = (
+        (sums == stored)
+        & (digits >= 0).all(axis=1)
+        & (digits < 8).all(axis=1)
+        & ((field[:, 6] == 0) | (field[:, 6] == 32))
+    )
     if ok.all():
         return -1
     for i in np.flatnonzero(~ok):  # unusual formatting of the field: decide exactly
@@ -208,7 +223,7 @@ def _parse_pax(payload: bytes, source, offset) -> dict:
         if not length.isdigit():
             raise HeaderError("malformed pax header length", url=source, offset=offset)
         length = int(length)
-        record = payload[sp + 1: pos + length]
+        record = payload[sp + 1 : pos + length]
         if pos + length > n or not record.endswith(b"\n") or b"=" not in record:
             raise HeaderError("malformed pax header record", url=source, offset=offset)
         key, _, value = record[:-1].partition(b"=")
@@ -280,7 +295,7 @@ class _Buffer:
             got = len(chunk)
             if len(buf) - end < got:
                 buf.extend(bytes(end + got - len(buf)))
-            buf[end:end + got] = chunk
+            buf[end : end + got] = chunk
         self.end = end + got
         return got
 
@@ -314,7 +329,7 @@ class _Buffer:
                 return True
         if pos:  # move the unread tail to the front
             buf = self.buf
-            buf[:end - pos] = buf[pos:end]
+            buf[: end - pos] = buf[pos:end]
             self.base += pos
             self.pos = 0
             self.end = end - pos
@@ -349,7 +364,7 @@ class PlainStream:
 
     def __init__(self, stream: BinaryIO, first: bytes = b""):
         self._first = memoryview(first)
-        self._readinto = (getattr(stream, "readinto1", None) or stream.readinto)
+        self._readinto = getattr(stream, "readinto1", None) or stream.readinto
 
     def readinto(self, view) -> int:
         if self._first:
@@ -381,8 +396,9 @@ def _chain_chunks(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
     yield from rest
 
 
-def iter_tar(chunks: Iterable[bytes], source=None, *, verify: bool = True,
-             drain: bool = True) -> Iterator[tuple[str, bytes, int]]:
+def iter_tar(
+    chunks: Iterable[bytes], source=None, *, verify: bool = True, drain: bool = True
+) -> Iterator[tuple[str, bytes, int]]:
     """Yield ``(name, data, offset)`` for each regular member of a tar byte stream.
 
     ``chunks`` is an iterable of bytes (see :func:`read_chunks` and :func:`decompressed_chunks`).
@@ -398,9 +414,14 @@ def iter_tar(chunks: Iterable[bytes], source=None, *, verify: bool = True,
         yield from batch
 
 
-def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = True,
-                     drain: bool = True,
-                     accelerate: bool = True) -> Iterator[list[tuple[str, bytes, int]]]:
+def iter_tar_batches(
+    chunks: Iterable[bytes],
+    source=None,
+    *,
+    verify: bool = True,
+    drain: bool = True,
+    accelerate: bool = True,
+) -> Iterator[list[tuple[str, bytes, int]]]:
     """Like :func:`iter_tar`, but yields the members in lists (one list per buffer's worth).
 
     This is the reader's hot path. Plain ustar members that lie wholly inside the current buffer
@@ -436,7 +457,7 @@ def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = Tru
                 batch = []
                 headers = []
                 while end - pos >= BLOCK:
-                    hdr = buf[pos:pos + BLOCK]
+                    hdr = buf[pos : pos + BLOCK]
                     if hdr[156] != 0x30 or hdr[135] or hdr[345]:
                         break  # not a plain regular member with a canonical size field
                     try:
@@ -446,9 +467,8 @@ def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = Tru
                     if size < 0 or end - pos - BLOCK < size:
                         break
                     nul = hdr.find(0, 0, 100)
-                    name = (hdr[:nul] if nul >= 0 else hdr[:100]).decode("utf-8",
-                                                                         "surrogateescape")
-                    batch.append((name, bytes(buf[pos + BLOCK:pos + BLOCK + size]), base + pos))
+                    name = (hdr[:nul] if nul >= 0 else hdr[:100]).decode("utf-8", "surrogateescape")
+                    batch.append((name, bytes(buf[pos + BLOCK : pos + BLOCK + size]), base + pos))
                     headers.append(hdr)
                     pos += BLOCK + ((size + 511) & ~511)
                 if batch:
@@ -468,12 +488,16 @@ def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = Tru
             pos = b.pos
             end = b.end
             base = b.base
-        hdr = bytes(buf[pos:pos + BLOCK])
+        hdr = bytes(buf[pos : pos + BLOCK])
         if hdr == zero:
             if start is not None:
-                raise HeaderError("an extended header is followed by the end-of-archive marker "
-                                  "instead of its member", url=source,
-                                  member=_pending_name(long_name, pax), offset=start)
+                raise HeaderError(
+                    "an extended header is followed by the end-of-archive marker "
+                    "instead of its member",
+                    url=source,
+                    member=_pending_name(long_name, pax),
+                    offset=start,
+                )
             b.pos = pos + BLOCK
             if _archive_ends(b, source, drain):
                 return
@@ -499,8 +523,9 @@ def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = Tru
             size = _pax_size(meta, source, start)  # (not for the extended headers themselves)
         padded = (size + 511) & ~511
         if typeflag in regular or typeflag == _GNU_SPARSE:
-            name = _member_name(hdr, long_name if long_first or meta is None or
-                                "path" not in meta else None, meta)
+            name = _member_name(
+                hdr, long_name if long_first or meta is None or "path" not in meta else None, meta
+            )
             if not typeflag and name[-1:] == "/":  # pre-POSIX directory (typeflag NUL)
                 last = (name, start, base + pos + size)
                 pos += padded
@@ -509,16 +534,20 @@ def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = Tru
                 continue
             if typeflag == _GNU_SPARSE:
                 if meta is not None and not _SPARSE_KEYS.isdisjoint(meta):
-                    raise HeaderError("an old-GNU sparse member with pax GNU.sparse records "
-                                      "(contradictory sparse maps)", url=source, member=name,
-                                      offset=start)
+                    raise HeaderError(
+                        "an old-GNU sparse member with pax GNU.sparse records "
+                        "(contradictory sparse maps)",
+                        url=source,
+                        member=name,
+                        offset=start,
+                    )
                 b.pos = pos
                 chunks_map, realsize = _old_gnu_sparse_map(hdr, b, source, name, start)
                 pos = b.pos
                 end = b.end
                 base = b.base
             if end - pos >= size:
-                data = bytes(buf[pos:pos + size])
+                data = bytes(buf[pos : pos + size])
                 pos += padded
             else:
                 b.pos = pos
@@ -538,10 +567,9 @@ def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = Tru
         # metadata and non-regular members
         if typeflag in _META:
             if size > _MAX_META:
-                raise HeaderError("implausibly large extended header", url=source,
-                                  offset=start)
+                raise HeaderError("implausibly large extended header", url=source, offset=start)
             if end - pos >= size:
-                payload = bytes(buf[pos:pos + size])
+                payload = bytes(buf[pos : pos + size])
                 pos += padded
             else:
                 b.pos = pos
@@ -559,15 +587,23 @@ def iter_tar_batches(chunks: Iterable[bytes], source=None, *, verify: bool = Tru
                     pax = _merge_pax(global_pax, records)
                 else:  # a second pax header for one member: the first one's keys win
                     if not (_SPARSE_KEYS.isdisjoint(pax) or _SPARSE_KEYS.isdisjoint(records)):
-                        raise HeaderError("two pax headers with GNU.sparse records for one "
-                                          "member (contradictory sparse maps)", url=source,
-                                          member=_pending_name(long_name, pax), offset=start)
+                        raise HeaderError(
+                            "two pax headers with GNU.sparse records for one "
+                            "member (contradictory sparse maps)",
+                            url=source,
+                            member=_pending_name(long_name, pax),
+                            offset=start,
+                        )
                     pax = _merge_pax(pax, records, pax)
             elif typeflag == _PAX_GLOBAL:
                 records = _parse_pax(payload, source, start)
                 if not _SPARSE_KEYS.isdisjoint(records):
-                    raise HeaderError("GNU.sparse records in a pax global header (a sparse map "
-                                      "belongs to one member)", url=source, offset=start)
+                    raise HeaderError(
+                        "GNU.sparse records in a pax global header (a sparse map "
+                        "belongs to one member)",
+                        url=source,
+                        offset=start,
+                    )
                 global_pax = _merge_pax(global_pax, records)
                 global_read = not _PAX_READ_KEYS.isdisjoint(global_pax)
                 if fresh:  # a global header is no member's first header
@@ -611,19 +647,25 @@ def _archive_ends(b: _Buffer, source, drain: bool) -> bool:
     the end of the stream), False for a lone zero block followed by more headers (a warning)."""
     at = b.offset() - BLOCK
     if not b.fill(BLOCK):
-        if bytes(b.buf[b.pos:b.end]).strip(b"\0"):
+        if bytes(b.buf[b.pos : b.end]).strip(b"\0"):
             raise TruncatedShardError(
                 "truncated tar stream: a zero block, then an incomplete header block",
-                url=source, offset=at + BLOCK)
+                url=source,
+                offset=at + BLOCK,
+            )
         return True
-    if b.buf[b.pos:b.pos + BLOCK] == _ZERO_BLOCK:
+    if b.buf[b.pos : b.pos + BLOCK] == _ZERO_BLOCK:
         b.pos += BLOCK
         if drain:
             b.drain(_DRAIN_LIMIT)
         return True
-    warnings.warn(TarshardsWarning(
-        f"a lone zero block at offset {at} of {source or 'a tar stream'}, and more headers after "
-        f"it: reading on (as tar --ignore-zeros does)"), stacklevel=4)
+    warnings.warn(
+        TarshardsWarning(
+            f"a lone zero block at offset {at} of {source or 'a tar stream'}, and more headers after "
+            f"it: reading on (as tar --ignore-zeros does)"
+        ),
+        stacklevel=4,
+    )
     return False
 
 
@@ -644,10 +686,13 @@ def _at_eof(b: _Buffer, source, start, long_name, pax, last) -> None:
             where = f"{data_end - stream_end} bytes short of the end of a skipped member's data"
         raise TruncatedShardError(
             f"truncated tar stream: it ends {where} (after {stream_end} bytes, without the "
-            "end-of-archive marker)", url=source, member=name, offset=offset)
+            "end-of-archive marker)",
+            url=source,
+            member=name,
+            offset=offset,
+        )
     if b.base == 0:
-        raise TruncatedShardError("empty shard: 0 bytes, not a tar archive", url=source,
-                                  offset=0)
+        raise TruncatedShardError("empty shard: 0 bytes, not a tar archive", url=source, offset=0)
 
 
 def _eof_in_header(b: _Buffer, source, start, long_name, pax) -> None:
@@ -657,10 +702,17 @@ def _eof_in_header(b: _Buffer, source, start, long_name, pax) -> None:
     if offset == 0 and left:
         raise TruncatedShardError(
             f"not a tar archive: the stream holds only {left} bytes, less than one "
-            f"{BLOCK}-byte tar header", url=source, offset=0)
+            f"{BLOCK}-byte tar header",
+            url=source,
+            offset=0,
+        )
     what = "incomplete header block" if left else "extended header without its member"
-    raise TruncatedShardError(f"truncated tar stream: {what}", url=source,
-                              member=_pending_name(long_name, pax), offset=offset)
+    raise TruncatedShardError(
+        f"truncated tar stream: {what}",
+        url=source,
+        member=_pending_name(long_name, pax),
+        offset=offset,
+    )
 
 
 def _bad_header(hdr: bytes, source, offset: int) -> ShardFormatError:
@@ -673,8 +725,9 @@ def _bad_header(hdr: bytes, source, offset: int) -> ShardFormatError:
         reason = "not a tar archive: the first header's checksum does not match"
     else:
         reason = "bad tar header checksum (a corrupted header, or data that is not tar)"
-    return HeaderError(reason, url=source, member=name if name.isprintable() and name
-                       else None, offset=offset)
+    return HeaderError(
+        reason, url=source, member=name if name.isprintable() and name else None, offset=offset
+    )
 
 
 def _size_field(hdr: bytes, source, offset) -> int:
@@ -684,16 +737,19 @@ def _size_field(hdr: bytes, source, offset) -> int:
             return size
     except ValueError:
         pass
-    raise HeaderError("bad size field in tar header", url=source,
-                      member=_nts(hdr[:100]).decode("utf-8", "replace"), offset=offset)
+    raise HeaderError(
+        "bad size field in tar header",
+        url=source,
+        member=_nts(hdr[:100]).decode("utf-8", "replace"),
+        offset=offset,
+    )
 
 
 def _decimal(value, what: str, source, offset, name=None) -> int:
     """A non-negative decimal number from a pax value (digits only)."""
     if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 20:
         return int(value)
-    raise HeaderError(f"bad {what} {value!r} in pax header", url=source, member=name,
-                      offset=offset)
+    raise HeaderError(f"bad {what} {value!r} in pax header", url=source, member=name, offset=offset)
 
 
 def _pax_size(pax: dict, source, offset) -> int:
@@ -706,8 +762,12 @@ def _read_data(b: _Buffer, size: int, padded: int, source, name, start) -> bytes
     if not b.fill(size):
         raise TruncatedShardError(
             f"truncated tar stream: member needs {size} bytes, stream ended after "
-            f"{max(0, b.end - b.pos)}", url=source, member=name, offset=start)
-    data = bytes(b.buf[b.pos:b.pos + size])
+            f"{max(0, b.end - b.pos)}",
+            url=source,
+            member=name,
+            offset=start,
+        )
+    data = bytes(b.buf[b.pos : b.pos + size])
     b.pos += padded
     return data
 
@@ -722,11 +782,12 @@ def _sparse_entries(block: bytes, first: int, count: int, source, name, start) -
     for i in range(count):
         at = first + 24 * i
         try:
-            offset = _number(block[at:at + 12])
-            numbytes = _number(block[at + 12:at + 24])
+            offset = _number(block[at : at + 12])
+            numbytes = _number(block[at + 12 : at + 24])
         except ValueError:
-            raise HeaderError("bad GNU sparse map entry", url=source, member=name,
-                              offset=start) from None
+            raise HeaderError(
+                "bad GNU sparse map entry", url=source, member=name, offset=start
+            ) from None
         out.append((offset, numbytes))
     return out
 
@@ -738,8 +799,9 @@ def _old_gnu_sparse_map(hdr: bytes, b: _Buffer, source, name, start):
     try:
         realsize = _number(hdr[483:495])
     except ValueError:
-        raise HeaderError("bad GNU sparse real size", url=source, member=name,
-                          offset=start) from None
+        raise HeaderError(
+            "bad GNU sparse real size", url=source, member=name, offset=start
+        ) from None
     extended = hdr[482]
     while extended:
         block = _read_data(b, BLOCK, BLOCK, source, name, start)
@@ -754,30 +816,47 @@ def _pax_unsparse(data: bytes, meta: dict, source, name, start) -> bytes:
         fields = meta["GNU.sparse.map"].split(",") if meta["GNU.sparse.map"] else []
         nums = [_decimal(f, "GNU sparse map", source, start, name) for f in fields]
         if len(nums) % 2:
-            raise HeaderError("GNU sparse map with an odd count", url=source, member=name,
-                              offset=start)
+            raise HeaderError(
+                "GNU sparse map with an odd count", url=source, member=name, offset=start
+            )
         realsize = _decimal(meta.get("GNU.sparse.size"), "GNU.sparse.size", source, start, name)
         chunks = list(zip(nums[::2], nums[1::2]))
     elif "GNU.sparse.size" in meta:  # 0.0: repeated offset/numbytes records
         offsets = meta.get("GNU.sparse.offset", [])
         sizes = meta.get("GNU.sparse.numbytes", [])
-        if not isinstance(offsets, list) or not isinstance(sizes, list) or len(offsets) != len(
-                sizes):
-            raise HeaderError("GNU sparse 0.0 map: offsets and sizes do not pair up",
-                              url=source, member=name, offset=start)
+        if (
+            not isinstance(offsets, list)
+            or not isinstance(sizes, list)
+            or len(offsets) != len(sizes)
+        ):
+            raise HeaderError(
+                "GNU sparse 0.0 map: offsets and sizes do not pair up",
+                url=source,
+                member=name,
+                offset=start,
+            )
         realsize = _decimal(meta["GNU.sparse.size"], "GNU.sparse.size", source, start, name)
-        chunks = [(_decimal(o, "GNU sparse offset", source, start, name),
-                   _decimal(n, "GNU sparse size", source, start, name))
-                  for o, n in zip(offsets, sizes)]
+        chunks = [
+            (
+                _decimal(o, "GNU sparse offset", source, start, name),
+                _decimal(n, "GNU sparse size", source, start, name),
+            )
+            for o, n in zip(offsets, sizes)
+        ]
     elif meta.get("GNU.sparse.major") == "1" and meta.get("GNU.sparse.minor") == "0":
-        realsize = _decimal(meta.get("GNU.sparse.realsize"), "GNU.sparse.realsize", source,
-                            start, name)
+        realsize = _decimal(
+            meta.get("GNU.sparse.realsize"), "GNU.sparse.realsize", source, start, name
+        )
         chunks, skip = _sparse10_map(data, source, name, start)
         data = data[skip:]
     else:
         raise HeaderError(
             f"unsupported GNU sparse format {meta.get('GNU.sparse.major')}."
-            f"{meta.get('GNU.sparse.minor')}", url=source, member=name, offset=start)
+            f"{meta.get('GNU.sparse.minor')}",
+            url=source,
+            member=name,
+            offset=start,
+        )
     return _unsparse(data, chunks, realsize, source, name, start)
 
 
@@ -795,8 +874,12 @@ def _sparse10_map(data: bytes, source, name, start):
         if count < 0:
             count = int(field)
             if 4 * count > len(data):
-                raise HeaderError("GNU sparse 1.0 map longer than the member", url=source,
-                                  member=name, offset=start)
+                raise HeaderError(
+                    "GNU sparse 1.0 map longer than the member",
+                    url=source,
+                    member=name,
+                    offset=start,
+                )
         else:
             nums.append(int(field))
         pos = nl + 1
@@ -806,8 +889,13 @@ def _sparse10_map(data: bytes, source, name, start):
 def _unsparse(data: bytes, chunks: list, realsize: int, source, name, start) -> bytes:
     """Place the stored ``data`` chunks at their offsets in ``realsize`` zero bytes."""
     if realsize > _MAX_SPARSE:
-        raise HeaderError(f"sparse member of {realsize} bytes: more than the {_MAX_SPARSE} this "
-                          "reader rebuilds in memory", url=source, member=name, offset=start)
+        raise HeaderError(
+            f"sparse member of {realsize} bytes: more than the {_MAX_SPARSE} this "
+            "reader rebuilds in memory",
+            url=source,
+            member=name,
+            offset=start,
+        )
     out = bytearray(realsize)
     done = 0  # end of the last chunk in the file
     taken = 0  # stored bytes used
@@ -815,9 +903,14 @@ def _unsparse(data: bytes, chunks: list, realsize: int, source, name, start) -> 
         if not numbytes:
             continue
         if offset < done or offset + numbytes > realsize or taken + numbytes > len(data):
-            raise HeaderError("inconsistent GNU sparse map (chunks out of order, beyond the "
-                              "file or the stored data)", url=source, member=name, offset=start)
-        out[offset:offset + numbytes] = data[taken:taken + numbytes]
+            raise HeaderError(
+                "inconsistent GNU sparse map (chunks out of order, beyond the "
+                "file or the stored data)",
+                url=source,
+                member=name,
+                offset=start,
+            )
+        out[offset : offset + numbytes] = data[taken : taken + numbytes]
         taken += numbytes
         done = offset + numbytes
     return bytes(out)
@@ -832,9 +925,9 @@ DEFAULT_MTIME = 0
 DEFAULT_MODE = 0o444
 
 
-_MAX_MTIME = 8 ** 11  # 11 octal digits: seconds before the year 2242
-_MAX_MODE = 8 ** 7
-_MAX_SIZE = 8 ** 11  # larger members get a pax size record
+_MAX_MTIME = 8**11  # 11 octal digits: seconds before the year 2242
+_MAX_MODE = 8**7
+_MAX_SIZE = 8**11  # larger members get a pax size record
 
 
 def _octal(value: int, width: int) -> bytes:
@@ -852,20 +945,26 @@ def header_number(value, limit: int, what: str) -> int:
     try:
         number = operator.index(value)
     except TypeError:
-        raise EncodeError(f"{what} must be an integer, not {type(value).__name__} "
-                          f"{value!r}") from None
+        raise EncodeError(
+            f"{what} must be an integer, not {type(value).__name__} {value!r}"
+        ) from None
     if 0 <= number < limit:
         return number
-    hint = ("; it looks like milliseconds or nanoseconds: pass seconds"
-            if what == "mtime" and number >= 10 ** 11 else "")
-    raise EncodeError(f"{what}={number} does not fit a tar header field (0 <= {what} < "
-                      f"{limit}){hint}")
+    hint = (
+        "; it looks like milliseconds or nanoseconds: pass seconds"
+        if what == "mtime" and number >= 10**11
+        else ""
+    )
+    raise EncodeError(
+        f"{what}={number} does not fit a tar header field (0 <= {what} < {limit}){hint}"
+    )
 
 
 def _name_bytes(name: str) -> bytes:
     if "\0" in name:
-        raise EncodeError(f"member name {name!r} contains a NUL character; tar readers would "
-                          "cut it there")
+        raise EncodeError(
+            f"member name {name!r} contains a NUL character; tar readers would cut it there"
+        )
     if not name:
         raise EncodeError("empty member name")
     try:
@@ -889,8 +988,14 @@ def _is_plain(name: str, size: int) -> bool:
     return len(name) <= 100 and size < _MAX_SIZE and name.isascii() and "\0" not in name
 
 
-def tar_header(name: str, size: int, *, mtime: int = DEFAULT_MTIME, mode: int = DEFAULT_MODE,
-               typeflag: bytes = b"0") -> bytes:
+def tar_header(
+    name: str,
+    size: int,
+    *,
+    mtime: int = DEFAULT_MTIME,
+    mode: int = DEFAULT_MODE,
+    typeflag: bytes = b"0",
+) -> bytes:
     """Header block(s) for a regular member: plain ustar, with a pax header only when needed.
 
     The result is a whole number of 512-byte blocks: one ustar block, preceded by a pax header
@@ -909,7 +1014,7 @@ def tar_header(name: str, size: int, *, mtime: int = DEFAULT_MTIME, mode: int = 
         # split into prefix/name at a slash if that fits, otherwise a pax path record
         cut = raw.rfind(b"/", 0, 156)
         if 0 < cut and len(raw) - cut - 1 <= 100 and cut <= 155:
-            prefix, raw = raw[:cut], raw[cut + 1:]
+            prefix, raw = raw[:cut], raw[cut + 1 :]
         else:
             pax.append(_pax_record("path", name))
             raw = raw[:100]
@@ -926,8 +1031,22 @@ def tar_header(name: str, size: int, *, mtime: int = DEFAULT_MTIME, mode: int = 
         out += tar_header("././@PaxHeader", len(payload), mtime=mtime, mode=mode, typeflag=b"x")
         out += payload + bytes(-len(payload) % BLOCK)
     fields = [
-        raw, _octal(mode, 8), _octal(0, 8), _octal(0, 8), size_field, _octal(mtime, 12),
-        b"        ", typeflag, b"", b"ustar\0", b"00", b"", b"", _octal(0, 8), _octal(0, 8), prefix,
+        raw,
+        _octal(mode, 8),
+        _octal(0, 8),
+        _octal(0, 8),
+        size_field,
+        _octal(mtime, 12),
+        b"        ",
+        typeflag,
+        b"",
+        b"ustar\0",
+        b"00",
+        b"",
+        b"",
+        _octal(0, 8),
+        _octal(0, 8),
+        prefix,
     ]
     hdr = bytearray(_HEADER.pack(*fields))
     chk = sum(hdr)
@@ -958,23 +1077,32 @@ class _HeaderTemplate:
     def __init__(self, mtime: int, mode: int):
         self.mid = _octal(header_number(mode, _MAX_MODE, "mode"), 8) + _octal(0, 8) + _octal(0, 8)
         self.mtime = _octal(header_number(mtime, _MAX_MTIME, "mtime"), 12)
-        self.tail = (b"0" + bytes(100) + b"ustar\0" + b"00" + bytes(64) + _octal(0, 8) * 2
-                     + bytes(155 + 12))
+        self.tail = (
+            b"0" + bytes(100) + b"ustar\0" + b"00" + bytes(64) + _octal(0, 8) * 2 + bytes(155 + 12)
+        )
         self.const = sum(self.mid) + sum(self.mtime) + sum(self.tail) + 8 * 32
 
     def header(self, raw: bytes, size: int) -> bytes:
         """The ustar block of a plain member (``raw`` ASCII, at most 100 bytes; size < 8**11)."""
         size_field = b"%011o\0" % size
         chk = self.const + sum(raw) + sum(size_field)
-        return b"".join((raw, bytes(100 - len(raw)), self.mid, size_field, self.mtime,
-                         b"%06o\0 " % chk, self.tail))
+        return b"".join(
+            (
+                raw,
+                bytes(100 - len(raw)),
+                self.mid,
+                size_field,
+                self.mtime,
+                b"%06o\0 " % chk,
+                self.tail,
+            )
+        )
 
 
 class TarMemberWriter:
     """Write regular members to a binary stream as a tar archive (no compression here)."""
 
-    def __init__(self, stream: BinaryIO, *, mtime: int = DEFAULT_MTIME,
-                 mode: int = DEFAULT_MODE):
+    def __init__(self, stream: BinaryIO, *, mtime: int = DEFAULT_MTIME, mode: int = DEFAULT_MODE):
         self.stream = stream
         self._mtime = header_number(mtime, _MAX_MTIME, "mtime")  # EncodeError if it does not fit
         self._mode = header_number(mode, _MAX_MODE, "mode")

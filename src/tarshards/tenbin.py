@@ -21,9 +21,19 @@ __all__ = ["decode_buffer", "encode_buffer", "load", "read", "save", "write"]
 
 MAGIC = b"~TenBin~"
 _ALIGN = 64
-_CODES = {"float16": "f2", "float32": "f4", "float64": "f8", "int8": "i1", "int16": "i2",
-          "int32": "i4", "int64": "i8", "uint8": "u1", "uint16": "u2", "uint32": "u4",
-          "uint64": "u8"}
+_CODES = {
+    "float16": "f2",
+    "float32": "f4",
+    "float64": "f8",
+    "int8": "i1",
+    "int16": "i2",
+    "int32": "i4",
+    "int64": "i8",
+    "uint8": "u1",
+    "uint16": "u2",
+    "uint32": "u4",
+    "uint64": "u8",
+}
 _DTYPES = {code: np.dtype(name) for name, code in _CODES.items()}
 _LEN = struct.Struct("<q")
 
@@ -46,8 +56,7 @@ def _padded(n: int) -> int:
 def _header(a: np.ndarray, info: str) -> bytes:
     code = _CODES.get(a.dtype.name)
     if code is None:
-        raise ValueError(f"tenbin: unsupported dtype {a.dtype} (use one of "
-                         f"{', '.join(_CODES)})")
+        raise ValueError(f"tenbin: unsupported dtype {a.dtype} (use one of {', '.join(_CODES)})")
     if a.ndim >= 10:
         raise ValueError(f"tenbin: {a.ndim} dimensions (at most 9)")
     dims = np.array([a.ndim, *a.shape], dtype="<i8").tobytes()
@@ -86,14 +95,14 @@ def _split(buf) -> list[memoryview]:
     chunks = []
     offset, total = 0, len(view)
     while offset < total:
-        if view[offset:offset + 8] != MAGIC:
+        if view[offset : offset + 8] != MAGIC:
             raise ValueError(f"tenbin: bad magic at byte {offset}")
         if offset + 16 > total:
             raise ValueError(f"tenbin: truncated chunk header at byte {offset}")
         (n,) = _LEN.unpack_from(view, offset + 8)
         if n < 0 or offset + 16 + n > total:
             raise ValueError(f"tenbin: chunk of {n} bytes at byte {offset} overruns the buffer")
-        chunks.append(view[offset + 16:offset + 16 + n])
+        chunks.append(view[offset + 16 : offset + 16 + n])
         offset += 16 + _padded(n)
     return chunks
 

@@ -56,8 +56,12 @@ def standard_cuts(epoch_lengths: Sequence[int], seed: int = 0) -> list[tuple[int
     ``StopIteration``), after the epoch ended, and at a random step inside epoch 2."""
     rng = random.Random(seed)
     n0 = epoch_lengths[0]
-    cuts: list[tuple[int, int | str]] = [(0, 0), (0, rng.randrange(1, max(2, n0))), (0, n0),
-                                         (0, "end")]
+    cuts: list[tuple[int, int | str]] = [
+        (0, 0),
+        (0, rng.randrange(1, max(2, n0))),
+        (0, n0),
+        (0, "end"),
+    ]
     if len(epoch_lengths) > 1:
         cuts.append((1, rng.randrange(1, max(2, epoch_lengths[1]))))
     return cuts
@@ -88,10 +92,15 @@ def _run_until(run, epoch: int, step, sink: list[list[str]]):
     raise AssertionError("unreachable")
 
 
-def check_resume(make: Callable[[], Any], *, epochs: int = 2,
-                 cuts: Iterable[tuple[int, int | str]] | None = None,
-                 resumes_in_one_epoch: int = 0, state_roundtrip: Callable | None = None,
-                 reference: list[list[str]] | None = None) -> list[list[str]]:
+def check_resume(
+    make: Callable[[], Any],
+    *,
+    epochs: int = 2,
+    cuts: Iterable[tuple[int, int | str]] | None = None,
+    resumes_in_one_epoch: int = 0,
+    state_roundtrip: Callable | None = None,
+    reference: list[list[str]] | None = None,
+) -> list[list[str]]:
     """Require exact resumption of the runs ``make()`` builds; returns the reference digests.
 
     For each cut ``(epoch, step)`` (``step`` batches handed out, ``"end"``: after the
@@ -141,15 +150,21 @@ def check_resume(make: Callable[[], Any], *, epochs: int = 2,
             it = iter(run)
         got.extend(batch_digest(b) for b in it)
         if got != ref[0]:
-            raise AssertionError(f"resumed {len(points)} times in one epoch at {points}: "
-                                 + _explain(0, points, got, ref[0]))
+            raise AssertionError(
+                f"resumed {len(points)} times in one epoch at {points}: "
+                + _explain(0, points, got, ref[0])
+            )
     return ref
 
 
 def _explain(epoch, step, have, want) -> str:
     for i, (a, b) in enumerate(zip(have, want)):
         if a != b:
-            return (f"cut at epoch {epoch} step {step}: batch {i} after the cut differs "
-                    f"({a} != {b}); {len(have)} batches after resuming, {len(want)} expected")
-    return (f"cut at epoch {epoch} step {step}: {len(have)} batches after resuming, "
-            f"{len(want)} expected")
+            return (
+                f"cut at epoch {epoch} step {step}: batch {i} after the cut differs "
+                f"({a} != {b}); {len(have)} batches after resuming, {len(want)} expected"
+            )
+    return (
+        f"cut at epoch {epoch} step {step}: {len(have)} batches after resuming, "
+        f"{len(want)} expected"
+    )

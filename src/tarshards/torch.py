@@ -30,8 +30,7 @@ import os
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.utils.data import (DataLoader, Dataset, IterableDataset, default_collate,
-                              default_convert)
+from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate, default_convert
 from torch.utils.data import get_worker_info
 
 from . import indexed as _indexed
@@ -45,8 +44,17 @@ from .stages import register_collation
 from .transport import Packer, Unpacker
 from .types import WorkerInfo
 
-__all__ = ["DataPipeline", "IndexedDataset", "MixedDataset", "WebDataset", "WebLoader",
-           "discover_rank", "image_to_tensor", "mix", "torch_environment"]
+__all__ = [
+    "DataPipeline",
+    "IndexedDataset",
+    "MixedDataset",
+    "WebDataset",
+    "WebLoader",
+    "discover_rank",
+    "image_to_tensor",
+    "mix",
+    "torch_environment",
+]
 
 
 # In a process started by spawn/forkserver (a DataLoader worker) that was sent a tarshards dataset:
@@ -105,8 +113,9 @@ class _TorchMixin:
             rank, world = self._parent_rank or discover_rank()
             worker, num_workers = info.id, info.num_workers
         place = WorkerInfo(rank, world, worker, num_workers)
-        return _pipeline._explicit_rank(place, getattr(self, "rank", None),
-                                        getattr(self, "world_size", None))
+        return _pipeline._explicit_rank(
+            place, getattr(self, "rank", None), getattr(self, "world_size", None)
+        )
 
     def set_epoch(self, epoch: int) -> None:
         """Fix the epoch used to seed shard and sample shuffling (instead of counting).
@@ -141,8 +150,7 @@ class _TorchMixin:
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        if (multiprocessing.context.get_spawning_popen() is not None
-                and get_worker_info() is None):
+        if multiprocessing.context.get_spawning_popen() is not None and get_worker_info() is None:
             # sent to a new process (a spawn/forkserver DataLoader worker): carry the rank
             # discovered here, and share the epoch cell with it
             state["_parent_rank"] = discover_rank()
@@ -168,8 +176,18 @@ class _TorchMixin:
         return _pipeline.DataPipeline.__repr__(self)
 
 
-_FROM_MIXIN = ("worker_info", "set_epoch", "_current_epoch", "compose", "__getstate__",
-               "__setstate__", "__iter__", "__getitem__", "__len__", "__repr__")
+_FROM_MIXIN = (
+    "worker_info",
+    "set_epoch",
+    "_current_epoch",
+    "compose",
+    "__getstate__",
+    "__setstate__",
+    "__iter__",
+    "__getitem__",
+    "__len__",
+    "__repr__",
+)
 
 
 def _adapter(cls):
@@ -220,7 +238,6 @@ class MixedDataset(IterableDataset, _TorchMixin, _mix.MixedDataset):
         _mix.MixedDataset.__init__(self, *args, **kwargs)
 
 
-
 def mix(sources, weights=None, **kwargs) -> MixedDataset:
     """:func:`tarshards.mixing.mix` as a torch ``IterableDataset``."""
     return MixedDataset(sources, weights, **kwargs)
@@ -247,8 +264,9 @@ class WebLoader(DataLoader):
     with very little, pass through unchanged.
     """
 
-    def __init__(self, dataset, *args, start_epoch: int = 0, transport: str | None = "auto",
-                 **kwargs):
+    def __init__(
+        self, dataset, *args, start_epoch: int = 0, transport: str | None = "auto", **kwargs
+    ):
         if transport not in ("auto", "shm", None):
             raise ValueError(f"transport is 'auto', 'shm' or None, not {transport!r}")
         bound = inspect.signature(DataLoader.__init__).bind(self, dataset, *args, **kwargs)
@@ -258,8 +276,7 @@ class WebLoader(DataLoader):
         if packing:
             inner = options.get("collate_fn")
             if inner is None:
-                inner = default_convert if options.get("batch_size", 1) is None \
-                    else default_collate
+                inner = default_convert if options.get("batch_size", 1) is None else default_collate
             prefetch = options.get("prefetch_factor") or 2
             packer = Packer(slots=prefetch + 2, to_array=_tensor_to_array)
             options["collate_fn"] = _PackingCollate(inner, packer)
@@ -313,8 +330,11 @@ class WebLoader(DataLoader):
                 fresh_workers = True
         elif hasattr(ds, "set_epoch"):
             ds.set_epoch(epoch)
-        if self.persistent_workers and self._iterator is not None and (
-                fresh_workers or self._workers_next != epoch):
+        if (
+            self.persistent_workers
+            and self._iterator is not None
+            and (fresh_workers or self._workers_next != epoch)
+        ):
             self._iterator._shutdown_workers()  # they hold another epoch or position
             self._iterator = None
             if self._unpacker is not None:
@@ -330,8 +350,9 @@ class WebLoader(DataLoader):
                 if self._unpacker is not None:
                     self._unpacker.close()  # the previous epoch's workers (and rings) are gone
                 pinned = self.pin_memory and torch.cuda.is_available()
-                self._unpacker = Unpacker(from_array=_array_to_tensor,
-                                          alloc=_pinned_alloc if pinned else None)
+                self._unpacker = Unpacker(
+                    from_array=_array_to_tensor, alloc=_pinned_alloc if pinned else None
+                )
             it = _UnpackingIterator(it, self._unpacker)
         if pending is not None and not self._planned() and step:
             for _ in range(step):  # a plain stream: replay to the position
@@ -358,32 +379,45 @@ class WebLoader(DataLoader):
             epoch, step, finished = self.epoch, 0, False
         else:
             epoch, step, finished = self._current, self._step, self._finished
-        state = {"format": STATE_FORMAT, "kind": "loader", "epoch": epoch, "step": step,
-                 "finished": finished}
+        state = {
+            "format": STATE_FORMAT,
+            "kind": "loader",
+            "epoch": epoch,
+            "step": step,
+            "finished": finished,
+        }
         ds = self.dataset
         if self._planned():
             world = ds.environment()["world_size"]
             origin = self._origin if self._current is not None else 0
-            state["dataset"] = ds.plan_state(epoch, origin + step * world, origin=origin,
-                                             world_size=world, finished=finished)
+            state["dataset"] = ds.plan_state(
+                epoch, origin + step * world, origin=origin, world_size=world, finished=finished
+            )
         elif hasattr(ds, "state_dict"):
-            state["dataset"] = {"format": STATE_FORMAT, "kind": "stream",
-                                "seed": getattr(ds, "seed", None), "epoch": epoch}
+            state["dataset"] = {
+                "format": STATE_FORMAT,
+                "kind": "stream",
+                "seed": getattr(ds, "seed", None),
+                "epoch": epoch,
+            }
         return state
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` at the next ``iter()``; a state that does not fit this
         dataset raises :class:`~tarshards.errors.ResumeError`."""
         if not isinstance(state, dict) or state.get("kind") != "loader":
-            raise ResumeError("not a WebLoader state (use dataset.load_state_dict for a "
-                              "dataset's state)")
+            raise ResumeError(
+                "not a WebLoader state (use dataset.load_state_dict for a dataset's state)"
+            )
         ds = self.dataset
         if self._planned():
             inner = state.get("dataset")
             check_state(inner, dict(ds._plan_identity(), kind="plan"))
         elif state.get("dataset", {}).get("kind") == "plan":
-            raise ResumeError("a planned pipeline's state loaded into a loader whose dataset "
-                              "has no plan (readers=)")
+            raise ResumeError(
+                "a planned pipeline's state loaded into a loader whose dataset "
+                "has no plan (readers=)"
+            )
         self._pending = dict(state)
         self.epoch = state["epoch"] + (1 if state.get("finished") else 0)
 
@@ -392,8 +426,14 @@ class WebLoader(DataLoader):
         trainers that keep a step count), on this world size."""
         inner = self.dataset.state_from_step(step, start_epoch=start_epoch)
         world = inner["world_size"]
-        return {"format": STATE_FORMAT, "kind": "loader", "epoch": inner["epoch"],
-                "step": inner["position"] // world, "finished": False, "dataset": inner}
+        return {
+            "format": STATE_FORMAT,
+            "kind": "loader",
+            "epoch": inner["epoch"],
+            "step": inner["position"] // world,
+            "finished": False,
+            "dataset": inner,
+        }
 
 
 class _PackingCollate:
@@ -428,8 +468,15 @@ class _UnpackingIterator:
 
 
 def _tensor_to_array(x):
-    if not isinstance(x, torch.Tensor) or x.device.type != "cpu" or x.requires_grad \
-            or x.layout != torch.strided or x.is_quantized or x.is_conj() or x.is_neg():
+    if (
+        not isinstance(x, torch.Tensor)
+        or x.device.type != "cpu"
+        or x.requires_grad
+        or x.layout != torch.strided
+        or x.is_quantized
+        or x.is_conj()
+        or x.is_neg()
+    ):
         return None
     try:
         arr = x.numpy()
@@ -443,8 +490,7 @@ def _array_to_tensor(arr, kind):
 
 
 def _pinned_alloc(shape, dtype, kind):
-    t = torch.empty(shape, dtype=torch.from_numpy(np.empty(0, dtype=dtype)).dtype,
-                    pin_memory=True)
+    t = torch.empty(shape, dtype=torch.from_numpy(np.empty(0, dtype=dtype)).dtype, pin_memory=True)
     return (t if kind == "tensor" else t.numpy()), t.numpy()
 
 
@@ -459,8 +505,9 @@ def image_to_tensor(arr: np.ndarray, as_float: bool, size=None) -> torch.Tensor:
     if size is not None and (arr.shape[1], arr.shape[0]) != (size[0], size[1]):
         t = torch.from_numpy(arr)
         x = t.permute(2, 0, 1)[None] if t.ndim == 3 else t[None, None]
-        x = torch.nn.functional.interpolate(x, size=(size[1], size[0]), mode="bilinear",
-                                            align_corners=False, antialias=True)
+        x = torch.nn.functional.interpolate(
+            x, size=(size[1], size[0]), mode="bilinear", align_corners=False, antialias=True
+        )
         t = x[0] if t.ndim == 3 else x[0, 0]
     else:  # numpy's transpose is a cheaper view than torch's permute
         t = torch.from_numpy(arr.transpose(2, 0, 1) if arr.ndim == 3 else arr)
@@ -481,15 +528,18 @@ def resized_crop(arr: np.ndarray, box, size, flip: bool, as_float: bool) -> torc
     right, bottom = max(right, left + 1), max(bottom, top + 1)
     x = torch.from_numpy(arr[top:bottom, left:right, :3]).permute(2, 0, 1)[None]
     if (bottom - top, right - left) != (size[0], size[1]):
-        x = torch.nn.functional.interpolate(x.contiguous(memory_format=torch.channels_last),
-                                            size=(size[0], size[1]), mode="bilinear",
-                                            align_corners=False, antialias=True)
+        x = torch.nn.functional.interpolate(
+            x.contiguous(memory_format=torch.channels_last),
+            size=(size[0], size[1]),
+            mode="bilinear",
+            align_corners=False,
+            antialias=True,
+        )
     x = x[0]
     if flip:
         x = x.flip(-1)  # a copy, but of the output (and torch's flip is fast)
     if as_float:  # numpy converts uint8 to float about 1.5x faster than torch here
-        return torch.from_numpy(np.divide(x.numpy(), np.float32(255), dtype=np.float32,
-                                          order="C"))
+        return torch.from_numpy(np.divide(x.numpy(), np.float32(255), dtype=np.float32, order="C"))
     return x.contiguous()
 
 
@@ -516,11 +566,16 @@ def load_pth(data: bytes):
 # the registry entries that need torch (declared by name in tarshards/__init__.py)
 # ---------------------------------------------------------------------------------------------
 
-register_array_kind("torch-uint8", lambda arr, size: image_to_tensor(arr, False, size=size),
-                    resizes=True)
-register_array_kind("torch-float", lambda arr, size: image_to_tensor(arr, True, size=size),
-                    resizes=True)
-register_codec(Codec(("pth",), lambda value, ext: save_pth(value),
-                     lambda data, ext: load_pth(data), safe=False))
+register_array_kind(
+    "torch-uint8", lambda arr, size: image_to_tensor(arr, False, size=size), resizes=True
+)
+register_array_kind(
+    "torch-float", lambda arr, size: image_to_tensor(arr, True, size=size), resizes=True
+)
+register_codec(
+    Codec(
+        ("pth",), lambda value, ext: save_pth(value), lambda data, ext: load_pth(data), safe=False
+    )
+)
 register_collation(torch.Tensor, stack)
 register_crop_converter("tensor", resized_crop)

@@ -81,7 +81,6 @@ class _Ring:
         return slot
 
 
-
 def _unlink(shm) -> None:
     try:
         shm.unlink()
@@ -100,8 +99,12 @@ class Packer:
     slot (numpy arrays always do), or ``None``. ``slots``: slots per worker ring.
     """
 
-    def __init__(self, slots: int = 4, to_array: Callable[[Any], tuple | None] | None = None,
-                 min_bytes: int = _MIN_BYTES):
+    def __init__(
+        self,
+        slots: int = 4,
+        to_array: Callable[[Any], tuple | None] | None = None,
+        min_bytes: int = _MIN_BYTES,
+    ):
         if slots < 2:
             raise ValueError(f"a ring needs at least 2 slots, got {slots}")
         self.slots = int(slots)
@@ -166,8 +169,7 @@ class Packer:
             np.copyto(view, arr, casting="no")
             leaves.append(_Leaf(offset, tuple(arr.shape), arr.dtype.str, kind))
             del view
-        return Ticket(ring.shm.name, ring.shm.size, slot, ring.slot_bytes,
-                      _fill(tree, leaves))
+        return Ticket(ring.shm.name, ring.shm.size, slot, ring.slot_bytes, _fill(tree, leaves))
 
 
 @dataclass(frozen=True)
@@ -194,8 +196,11 @@ class Unpacker:
     copied array of a non-``"array"`` kind back into its type (a tensor). ``alloc(shape, dtype,
     kind)`` may give the destination (e.g. a pinned tensor and its numpy view)."""
 
-    def __init__(self, from_array: Callable[[np.ndarray, str], Any] | None = None,
-                 alloc: Callable | None = None):
+    def __init__(
+        self,
+        from_array: Callable[[np.ndarray, str], Any] | None = None,
+        alloc: Callable | None = None,
+    ):
         self.from_array = from_array
         self.alloc = alloc
         self._segments: dict[str, shared_memory.SharedMemory] = {}

@@ -40,8 +40,12 @@ class WorkerInfo:
         return self.world_size * self.num_workers
 
     def replace(self, **changes) -> "WorkerInfo":
-        values = {"rank": self.rank, "world_size": self.world_size, "worker": self.worker,
-                  "num_workers": self.num_workers}
+        values = {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "worker": self.worker,
+            "num_workers": self.num_workers,
+        }
         values.update(changes)
         return WorkerInfo(**values)
 

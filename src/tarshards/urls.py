@@ -49,7 +49,12 @@ __all__ = [
 ]
 
 _INSTALL_HINTS = {
-    "s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "http",
+    "s3": "s3",
+    "s3a": "s3",
+    "gs": "gcs",
+    "gcs": "gcs",
+    "http": "http",
+    "https": "http",
 }
 _LIST_SUFFIXES = (".txt", ".shards", ".list")
 
@@ -106,8 +111,9 @@ def expand_urls(spec, *, storage_options: dict | None = None) -> list[str]:
         for item in spec:
             out.extend(expand_urls(item, storage_options=storage_options))
         return out
-    raise TypeError(f"a shard spec is a string, a path or a list of them, not "
-                    f"{type(spec).__name__}")
+    raise TypeError(
+        f"a shard spec is a string, a path or a list of them, not {type(spec).__name__}"
+    )
 
 
 def _expand_one(part: str, storage_options) -> list[str]:
@@ -117,8 +123,11 @@ def _expand_one(part: str, storage_options) -> list[str]:
         return list(braceexpand.braceexpand(part))
     if part.startswith("@"):
         return _read_list(part[1:], storage_options)
-    if part.lower().endswith(_LIST_SUFFIXES) and is_local(part) and os.path.isfile(
-            local_path(part)):
+    if (
+        part.lower().endswith(_LIST_SUFFIXES)
+        and is_local(part)
+        and os.path.isfile(local_path(part))
+    ):
         return _read_list(part, storage_options)
     urls = list(braceexpand.braceexpand(part))
     out = []
@@ -165,7 +174,8 @@ def _fsspec_resolve(url: str, storage_options):
         extra = _INSTALL_HINTS.get(proto)
         hint = f"pip install 'tarshards[{extra}]'" if extra else str(exc)
         raise MissingDependencyError(
-            f"reading {proto}:// URLs needs an extra package: {hint}", url=url) from None
+            f"reading {proto}:// URLs needs an extra package: {hint}", url=url
+        ) from None
     except ValueError as exc:  # unknown protocol
         raise StorageError(f"cannot open {url!r}: {exc}", url=url) from None
 
@@ -176,8 +186,7 @@ class _PipeStream:
     def __init__(self, cmd: str, mode: str):
         self.cmd = cmd
         if "r" in mode:
-            self.proc = subprocess.Popen(cmd, shell=True, stdout=subprocess.PIPE,
-                                         bufsize=1 << 20)
+            self.proc = subprocess.Popen(cmd, shell=True, stdout=subprocess.PIPE, bufsize=1 << 20)
             self.stream = self.proc.stdout
         else:
             self.proc = subprocess.Popen(cmd, shell=True, stdin=subprocess.PIPE, bufsize=1 << 20)
@@ -204,8 +213,9 @@ class _PipeStream:
         self.stream.close()
         rc = self.proc.wait()
         if rc not in (0, -13, 141):  # SIGPIPE when we stop reading early is fine
-            raise StorageError(f"pipe command exited with status {rc}: {self.cmd}",
-                               url=f"pipe:{self.cmd}")
+            raise StorageError(
+                f"pipe command exited with status {rc}: {self.cmd}", url=f"pipe:{self.cmd}"
+            )
 
 
 # Exceptions that are never worth a retry: the object is not there or not ours to read.
@@ -256,8 +266,15 @@ class _HTTPStream:
     ``Content-Length``), else ``None``.
     """
 
-    def __init__(self, fs, url: str, offset: int = 0, *, prefetch: int = 8 << 20,
-                 timeout: float | None = 60.0):
+    def __init__(
+        self,
+        fs,
+        url: str,
+        offset: int = 0,
+        *,
+        prefetch: int = 8 << 20,
+        timeout: float | None = 60.0,
+    ):
         import asyncio
 
         from fsspec.asyn import sync
@@ -283,8 +300,9 @@ class _HTTPStream:
             import aiohttp
 
             # a server that stops answering becomes a (retried) error instead of a hang
-            kwargs["timeout"] = aiohttp.ClientTimeout(total=None, sock_connect=timeout,
-                                                      sock_read=timeout)
+            kwargs["timeout"] = aiohttp.ClientTimeout(
+                total=None, sock_connect=timeout, sock_read=timeout
+            )
 
         async def start():
             return await session.get(fs.encode_url(url), headers=headers, **kwargs)
@@ -318,8 +336,9 @@ class _HTTPStream:
         if status == 429 or status >= 500:
             raise ConnectionError(f"HTTP {status} from the server")
         if status == 416:
-            raise StorageError(f"HTTP 416: range from byte {offset} not satisfiable",
-                               url=self.url, offset=offset)
+            raise StorageError(
+                f"HTTP 416: range from byte {offset} not satisfiable", url=self.url, offset=offset
+            )
         if status >= 400 or status not in (200, 206):
             raise StorageError(f"HTTP {status} {r.reason}", url=self.url, offset=offset)
         if r.headers.get("Content-Encoding", "identity") not in ("identity", ""):
@@ -398,6 +417,7 @@ class _HTTPStream:
         task, self._task = self._task, None
         self._done = True
         if r is not None:
+
             async def close():
                 if task is not None:
                     task.cancel()
@@ -418,8 +438,9 @@ class ResumingReader:
     then :class:`~tarshards.errors.StorageError` names the URL and the offset.
     """
 
-    def __init__(self, url: str, open_at, *, retries: int = 5, backoff: float = 0.1,
-                 max_backoff: float = 2.0):
+    def __init__(
+        self, url: str, open_at, *, retries: int = 5, backoff: float = 0.1, max_backoff: float = 2.0
+    ):
         if retries < 0:
             raise ValueError(f"retries must be >= 0, got {retries}")
         self.url = url
@@ -452,8 +473,11 @@ class ResumingReader:
             if size is not None:
                 if self.size is not None and size != self.size:
                     stream.close()
-                    raise StorageError(f"the object changed size while being read ({self.size} "
-                                       f"then {size} bytes)", url=self.url, offset=self.pos)
+                    raise StorageError(
+                        f"the object changed size while being read ({self.size} then {size} bytes)",
+                        url=self.url,
+                        offset=self.pos,
+                    )
                 self.size = size
             return
 
@@ -464,14 +488,24 @@ class ResumingReader:
                 self._stream.close()
             self._stream = None
         if self._failures > self.retries:
-            raise StorageError(f"{what} failed after {self.retries} retries: "
-                               f"{type(exc).__name__}: {exc}", url=self.url,
-                               offset=self.pos) from exc
+            raise StorageError(
+                f"{what} failed after {self.retries} retries: {type(exc).__name__}: {exc}",
+                url=self.url,
+                offset=self.pos,
+            ) from exc
         delay = min(self.max_backoff, self.backoff * (2 ** (self._failures - 1)))
         self.resumes += 1
-        logger.warning("%s of %s failed at offset %d (%s: %s); resuming there in %.2fs "
-                       "(retry %d of %d)", what, self.url, self.pos, type(exc).__name__, exc,
-                       delay, self._failures, self.retries)
+        logger.warning(
+            "%s of %s failed at offset %d (%s: %s); resuming there in %.2fs (retry %d of %d)",
+            what,
+            self.url,
+            self.pos,
+            type(exc).__name__,
+            exc,
+            delay,
+            self._failures,
+            self.retries,
+        )
         if delay > 0:
             time.sleep(delay)
 
@@ -497,8 +531,11 @@ class ResumingReader:
                 self.pos += len(data)
                 self._failures = 0
                 if self.size is not None and self.pos > self.size:
-                    raise StorageError(f"read past the object's size of {self.size} bytes",
-                                       url=self.url, offset=self.pos)
+                    raise StorageError(
+                        f"read past the object's size of {self.size} bytes",
+                        url=self.url,
+                        offset=self.pos,
+                    )
                 return data
             if n == 0 or self.size is None or self.pos >= self.size:
                 return b""
@@ -575,19 +612,29 @@ class _S3Stream:
                 body.close()
 
 
-def _remote_reader(url: str, storage_options, *, block_size: int, retries: int,
-                   backoff: float, timeout: float | None = 60.0) -> ResumingReader:
+def _remote_reader(
+    url: str,
+    storage_options,
+    *,
+    block_size: int,
+    retries: int,
+    backoff: float,
+    timeout: float | None = 60.0,
+) -> ResumingReader:
     fs, path, _ = _fsspec_resolve(url, storage_options)
     protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
     if "http" in protocols or "https" in protocols:
+
         def open_at(offset):
             s = _HTTPStream(fs, path, offset, timeout=timeout)
             return s, s.size
     elif "s3" in protocols and hasattr(fs, "_call_s3"):
+
         def open_at(offset):
             s = _S3Stream(fs, path, offset)
             return s, s.size
     else:
+
         def open_at(offset):
             f = fs.open(path, "rb", block_size=block_size)
             try:
@@ -598,13 +645,22 @@ def _remote_reader(url: str, storage_options, *, block_size: int, retries: int,
                 raise
             size = getattr(f, "size", None)
             return f, (int(size) if isinstance(size, int) else None)
+
     return ResumingReader(url, open_at, retries=retries, backoff=backoff)
 
 
 @contextlib.contextmanager
-def open_url(url: str, mode: str = "rb", *, storage_options: dict | None = None,
-             allow_pipe: bool = False, block_size: int = 8 << 20, retries: int = 5,
-             retry_backoff: float = 0.1, timeout: float | None = 60.0) -> Iterator[BinaryIO]:
+def open_url(
+    url: str,
+    mode: str = "rb",
+    *,
+    storage_options: dict | None = None,
+    allow_pipe: bool = False,
+    block_size: int = 8 << 20,
+    retries: int = 5,
+    retry_backoff: float = 0.1,
+    timeout: float | None = 60.0,
+) -> Iterator[BinaryIO]:
     """Open a URL as a binary stream (a context manager).
 
     ``-`` is stdin (or stdout for writing) and is not closed. ``pipe:CMD`` needs
@@ -624,7 +680,9 @@ def open_url(url: str, mode: str = "rb", *, storage_options: dict | None = None,
         if not allow_pipe:
             raise PipeNotAllowedError(
                 "pipe: URLs run shell commands and are off by default; pass allow_pipe=True "
-                "(WebDataset(..., allow_pipe=True)) if you trust the shard list", url=url)
+                "(WebDataset(..., allow_pipe=True)) if you trust the shard list",
+                url=url,
+            )
         p = _PipeStream(url[5:], mode)
         try:
             yield p
@@ -645,8 +703,14 @@ def open_url(url: str, mode: str = "rb", *, storage_options: dict | None = None,
             yield f
         return
     if "r" in mode:
-        with _remote_reader(url, storage_options, block_size=block_size, retries=retries,
-                            backoff=retry_backoff, timeout=timeout) as reader:
+        with _remote_reader(
+            url,
+            storage_options,
+            block_size=block_size,
+            retries=retries,
+            backoff=retry_backoff,
+            timeout=timeout,
+        ) as reader:
             yield reader
         return
     fs, path, _ = _fsspec_resolve(url, storage_options)
@@ -670,8 +734,10 @@ def open_url(url: str, mode: str = "rb", *, storage_options: dict | None = None,
 # the same host the PID is dead (or belongs to a younger process); from another host (a shared
 # file system) the file has not been touched for STALE_AFTER seconds.
 _TEMP_SUFFIX = ".tmp"
-_TEMP_RE = re.compile(r"\.(?P<base>.+)\.(?P<pid>\d+)-(?P<host>[0-9a-f]{8})-(?P<start>\d+)-"
-                      r"[0-9a-f]{8}\.tmp")
+_TEMP_RE = re.compile(
+    r"\.(?P<base>.+)\.(?P<pid>\d+)-(?P<host>[0-9a-f]{8})-(?P<start>\d+)-"
+    r"[0-9a-f]{8}\.tmp"
+)
 STALE_AFTER = 600.0
 _UPLOAD_BASE = "tarshards-upload"
 
@@ -685,7 +751,7 @@ def _process_start(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
-        return int(stat[stat.rindex(b")") + 2:].split()[19])
+        return int(stat[stat.rindex(b")") + 2 :].split()[19])
     except (OSError, ValueError, IndexError):
         return 0
 
@@ -832,8 +898,14 @@ class AtomicOutput:
     (or an exception in the ``with`` block) removes the temporary file (or kills the command).
     """
 
-    def __init__(self, dest, *, storage_options: dict | None = None, allow_pipe: bool = False,
-                 remove_stale: bool = True):
+    def __init__(
+        self,
+        dest,
+        *,
+        storage_options: dict | None = None,
+        allow_pipe: bool = False,
+        remove_stale: bool = True,
+    ):
         self.dest = dest
         self.storage_options = storage_options
         self._tmp = None
@@ -853,7 +925,8 @@ class AtomicOutput:
                 raise PipeNotAllowedError(
                     "pipe: outputs run shell commands and are off by default; pass "
                     "allow_pipe=True (TarWriter(..., allow_pipe=True)) if you trust the command",
-                    url=dest)
+                    url=dest,
+                )
             self._pipe = _PipeStream(dest[5:], "wb")
             self.stream = self._pipe.stream
         else:

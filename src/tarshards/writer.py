@@ -29,11 +29,15 @@ def sample_members(sample: dict, encoder: bool = True) -> list[tuple[str, bytes]
         raise ValueError(f"a sample needs a non-empty string '__key__', got {key!r}")
     base = key.rpartition("/")[2]
     if "." in base:
-        raise ValueError(f"sample key {key!r} contains a dot in its base name; readers would "
-                         "split the key there. Use another separator")
+        raise ValueError(
+            f"sample key {key!r} contains a dot in its base name; readers would "
+            "split the key there. Use another separator"
+        )
     if not base or base.startswith("__"):
-        raise ValueError(f"sample key {key!r} has an empty base name or one starting with "
-                         "'__'; readers skip such members")
+        raise ValueError(
+            f"sample key {key!r} has an empty base name or one starting with "
+            "'__'; readers skip such members"
+        )
     members = []
     for ext in sorted(sample):
         if ext.startswith("__"):
@@ -42,8 +46,10 @@ def sample_members(sample: dict, encoder: bool = True) -> list[tuple[str, bytes]
         if value is None:
             continue
         if not ext or "/" in ext:
-            raise ValueError(f"field {ext!r} of sample {key!r} is not a valid extension "
-                             "(empty, or contains '/'); readers would not find it")
+            raise ValueError(
+                f"field {ext!r} of sample {key!r} is not a valid extension "
+                "(empty, or contains '/'); readers would not find it"
+            )
         if encoder:
             data = encode_value(value, ext)
         elif isinstance(value, (bytes, bytearray, memoryview)):
@@ -51,8 +57,10 @@ def sample_members(sample: dict, encoder: bool = True) -> list[tuple[str, bytes]
         elif isinstance(value, str):
             data = value.encode("utf-8")
         else:
-            raise TypeError(f"field {ext!r} of sample {key!r} is a {type(value).__name__}; "
-                            "with encoder=False every field must be bytes or str")
+            raise TypeError(
+                f"field {ext!r} of sample {key!r} is a {type(value).__name__}; "
+                "with encoder=False every field must be bytes or str"
+            )
         members.append((f"{key}.{ext}", data))
     if not members:
         raise ValueError(f"sample {key!r} has no fields to write")
@@ -83,10 +91,21 @@ class TarWriter:
     earlier left in that directory (``remove_stale=False`` skips that).
     """
 
-    def __init__(self, dest, *, encoder: bool = True, compress: str | bool | None = None,
-                 mtime: int = 0, storage_options: dict | None = None, level: int | None = None,
-                 allow_pipe: bool = False, remove_stale: bool = True,
-                 index: bool | str = False, aligned: bool = False, hash: str | None = None):
+    def __init__(
+        self,
+        dest,
+        *,
+        encoder: bool = True,
+        compress: str | bool | None = None,
+        mtime: int = 0,
+        storage_options: dict | None = None,
+        level: int | None = None,
+        allow_pipe: bool = False,
+        remove_stale: bool = True,
+        index: bool | str = False,
+        aligned: bool = False,
+        hash: str | None = None,
+    ):
         self.dest = dest
         self.encoder = encoder
         if compress in (None, False):
@@ -97,23 +116,28 @@ class TarWriter:
             suffix = ZSTD.suffix
         else:
             raise ValueError(f"compress must be None, 'gz' or 'zst', not {compress!r}")
-        mtime = header_number(mtime, 8 ** 11, "mtime")  # before anything is created
-        self._out = AtomicOutput(dest, storage_options=storage_options, allow_pipe=allow_pipe,
-                                 remove_stale=remove_stale)
+        mtime = header_number(mtime, 8**11, "mtime")  # before anything is created
+        self._out = AtomicOutput(
+            dest, storage_options=storage_options, allow_pipe=allow_pipe, remove_stale=remove_stale
+        )
         self.name = self._out.name
         self.index = None  # the ShardIndex, after close() when recording
         self._recorder = None
         try:
             if suffix is None:
-                by_name = (isinstance(self.name, str) and compress is None
-                           and not self.name.startswith("pipe:"))
+                by_name = (
+                    isinstance(self.name, str)
+                    and compress is None
+                    and not self.name.startswith("pipe:")
+                )
                 suffix = self.name if by_name else ""
             self.compressed = is_compressed_name(suffix)
             if index or aligned:
                 self._recorder = _Recorder(self, suffix, level, aligned, hash, index)
             else:
                 self._stream, self._close_compressor = open_compressed_writer(
-                    self._out.stream, suffix, level)
+                    self._out.stream, suffix, level
+                )
             self._tar = TarMemberWriter(self._stream, mtime=mtime)
             if self._recorder is not None:
                 self._recorder.attach(self._tar)
@@ -213,8 +237,13 @@ class _Recorder:
         self.nbytes = 0
         self.raw = writer._out.stream
         lower = str(suffix).lower()
-        self.compression = ("gzip" if lower.endswith((".tgz", ".tar.gz", ".gz")) else
-                            "zstd" if lower.endswith((".tar.zst", ".tzst", ".zst")) else "none")
+        self.compression = (
+            "gzip"
+            if lower.endswith((".tgz", ".tar.gz", ".gz"))
+            else "zstd"
+            if lower.endswith((".tar.zst", ".tzst", ".zst"))
+            else "none"
+        )
         self.aligned = aligned and self.compression != "none"
         self._parts: list = []
         if self.aligned:
@@ -222,7 +251,8 @@ class _Recorder:
             writer._stream, writer._close_compressor = self, (lambda: None)
         elif self.compression != "none":
             writer._stream, writer._close_compressor = open_compressed_writer(
-                _HashingSink(self), suffix, level)
+                _HashingSink(self), suffix, level
+            )
         else:  # hashed part by part on the way into the output's buffer (no extra copy)
             writer._stream, writer._close_compressor = _HashingSink(self), (lambda: None)
 
@@ -232,7 +262,8 @@ class _Recorder:
         elif self.compression == "none":
             raw = self.raw
             raw_writelines = getattr(raw, "writelines", None) or (
-                lambda parts: [raw.write(p) for p in parts])
+                lambda parts: [raw.write(p) for p in parts]
+            )
             update = self.hasher.update
 
             def writelines(parts):
@@ -282,12 +313,13 @@ class _Recorder:
         builder = IndexBuilder(member_hash=self.member_hash)
         for file_offset, tar_offset in self.frames:
             builder.frame(file_offset, tar_offset)
-        builder.add_written(self.names, self.sizes, self.sums, keys=self.keys,
-                            counts=self.counts)
-        index = builder.build(nbytes=self.nbytes,
-                              hash=f"{self.algorithm}:{self.hasher.hexdigest()}",
-                              compression=self.compression,
-                              url=w.name if isinstance(w.name, str) else None)
+        builder.add_written(self.names, self.sizes, self.sums, keys=self.keys, counts=self.counts)
+        index = builder.build(
+            nbytes=self.nbytes,
+            hash=f"{self.algorithm}:{self.hasher.hexdigest()}",
+            compression=self.compression,
+            url=w.name if isinstance(w.name, str) else None,
+        )
         self.names = self.sizes = self.sums = self.frames = []
         w.index = index
         if self.save_to is not None:
@@ -329,8 +361,9 @@ def _frame_compressor(compression: str, level):
         return gz
     import zstandard
 
-    return zstandard.ZstdCompressor(level=3 if level is None else level,
-                                    write_content_size=True).compress
+    return zstandard.ZstdCompressor(
+        level=3 if level is None else level, write_content_size=True
+    ).compress
 
 
 def shard_name(pattern: str, index: int) -> str:
@@ -339,8 +372,10 @@ def shard_name(pattern: str, index: int) -> str:
         return pattern % index
     if "{" in pattern:
         return pattern.format(index, shard=index)
-    raise ValueError(f"shard pattern {pattern!r} has no place for the shard number "
-                     "(use out-%06d.tar or out-{shard:06d}.tar)")
+    raise ValueError(
+        f"shard pattern {pattern!r} has no place for the shard number "
+        "(use out-%06d.tar or out-{shard:06d}.tar)"
+    )
 
 
 @dataclass
@@ -363,9 +398,19 @@ class ShardWriter:
     ``post(url)`` is called after each commit.
     """
 
-    def __init__(self, pattern: str, maxcount: int = 100_000, maxsize: float = 3e9, *,
-                 start_shard: int = 0, verbose: int = 0, post=None,
-                 storage_options: dict | None = None, manifest=None, **tarwriter_options):
+    def __init__(
+        self,
+        pattern: str,
+        maxcount: int = 100_000,
+        maxsize: float = 3e9,
+        *,
+        start_shard: int = 0,
+        verbose: int = 0,
+        post=None,
+        storage_options: dict | None = None,
+        manifest=None,
+        **tarwriter_options,
+    ):
         if maxcount is None or maxcount < 1:
             raise ValueError(f"maxcount must be >= 1, got {maxcount!r}")
         if maxsize is None or maxsize <= 0:
@@ -375,7 +420,8 @@ class ShardWriter:
             raise PipeNotAllowedError(
                 "pipe: outputs run shell commands and are off by default; pass "
                 "allow_pipe=True (ShardWriter(..., allow_pipe=True)) if you trust the command",
-                url=first)
+                url=first,
+            )
         self.pattern = pattern
         self.maxcount = int(maxcount)
         self.maxsize = float(maxsize)
@@ -436,8 +482,11 @@ class ShardWriter:
         w = self._writer
         members = sample_members(sample, self.tarwriter_options.get("encoder", True))
         size = sum(_member_size(n, len(d)) for n, d in members)
-        if w is not None and w.count > 0 and (
-                w.count + 1 > self.maxcount or w.size + size + 2 * BLOCK > self.maxsize):
+        if (
+            w is not None
+            and w.count > 0
+            and (w.count + 1 > self.maxcount or w.size + size + 2 * BLOCK > self.maxsize)
+        ):
             self._finish_current()
         if self._writer is None:
             self._open_next()

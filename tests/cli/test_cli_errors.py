@@ -47,9 +47,9 @@ def tar_with_size_field(size_field: bytes | None = None, pax_size: str | None = 
     raw = bytearray(buf.getvalue()[:10240])
     off = 1024
     if size_field is not None:
-        raw[off + 124:off + 136] = size_field
-        raw[off + 148:off + 156] = b" " * 8
-        raw[off + 148:off + 156] = b"%06o\0 " % sum(raw[off:off + 512])
+        raw[off + 124 : off + 136] = size_field
+        raw[off + 148 : off + 156] = b" " * 8
+        raw[off + 148 : off + 156] = b"%06o\0 " % sum(raw[off : off + 512])
     if pax_size is not None:  # a pax header before the member
         record = f" size={pax_size}\n"
         record = f"{len(record) + len(str(len(record) + 3))}{record}".encode()
@@ -77,8 +77,13 @@ def _cap_memory():
 
 
 def run_tool(tool: str, args, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / tool), *[str(a) for a in args]], cwd=cwd,
-                          capture_output=True, timeout=120, preexec_fn=_cap_memory)
+    return subprocess.run(
+        [str(BIN / tool), *[str(a) for a in args]],
+        cwd=cwd,
+        capture_output=True,
+        timeout=120,
+        preexec_fn=_cap_memory,
+    )
 
 
 def needs(tool: str) -> None:
@@ -135,8 +140,9 @@ def test_tarcheck_on_huge_member_and_empty_file(bad_inputs):
 
 def invoke(name: str, args, input=None):
     prog = cli.COMMANDS[name][0] or f"tarshards {name}"
-    return CliRunner().invoke(cli.load_command(name), [str(a) for a in args], input=input,
-                              prog_name=prog)
+    return CliRunner().invoke(
+        cli.load_command(name), [str(a) for a in args], input=input, prog_name=prog
+    )
 
 
 def test_empty_stdin_is_an_error(tmp_path):
@@ -157,10 +163,19 @@ def test_tarsort_empty_field_is_a_usage_error(tmp_path):
 def test_map_with_a_missing_input_says_so_in_one_line(tmp_path):
     with TarWriter(str(tmp_path / "a.tar")) as w:
         w.write({"__key__": "a", "cls": b"1"})
-    r = invoke("map", ["-c", "true", tmp_path / "a.tar", tmp_path / "nosuch.tar", "-o",
-                       str(tmp_path / "out-{0..1}.tar"), "-q"])
-    assert_one_line(r.stderr, r.exit_code, "tarshards map", "no such input shard",
-                    "nosuch.tar")
+    r = invoke(
+        "map",
+        [
+            "-c",
+            "true",
+            tmp_path / "a.tar",
+            tmp_path / "nosuch.tar",
+            "-o",
+            str(tmp_path / "out-{0..1}.tar"),
+            "-q",
+        ],
+    )
+    assert_one_line(r.stderr, r.exit_code, "tarshards map", "no such input shard", "nosuch.tar")
     assert "Errno" not in r.stderr
     assert not list(tmp_path.glob("out-*"))
 
@@ -174,8 +189,14 @@ def test_on_error_is_one_option_with_the_old_spellings(tmp_path):
     for name in ("cat", "tsv", "split", "show", "proc", "pcat", "sort"):
         r = invoke(name, ["--help"])
         assert "-e, --on-error [raise|skip]" in r.output, (name, r.output)
-    for spelling, code in (("raise", 1), ("abort", 1), ("fail", 1), ("skip", 0), ("warn", 0),
-                           ("SKIP", 0)):
+    for spelling, code in (
+        ("raise", 1),
+        ("abort", 1),
+        ("fail", 1),
+        ("skip", 0),
+        ("warn", 0),
+        ("SKIP", 0),
+    ):
         r = invoke("cat", [tmp_path / "bad.tar", good, "-e", spelling, "-o", tmp_path / "o.tar"])
         assert r.exit_code == code, (spelling, r.output)
         if code == 0:
@@ -193,7 +214,7 @@ def truncated_tgz(tmp_path) -> Path:
         w.write({"__key__": "a", "bin": os.urandom(100_000)})
     data = path.read_bytes()
     cut = tmp_path / "cut.tgz"
-    cut.write_bytes(data[:len(data) // 2])
+    cut.write_bytes(data[: len(data) // 2])
     return cut
 
 

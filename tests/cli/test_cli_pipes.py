@@ -17,19 +17,35 @@ from PIL import Image
 from conftest import write_shards
 
 BIN = Path(sys.executable).parent
-TOOLS = ["tarscat", "tarcats", "tar2tsv", "tarsplit", "tarshow", "tarproc", "tarpcat", "tarsort",
-         "tarcheck", "tarshards"]
+TOOLS = [
+    "tarscat",
+    "tarcats",
+    "tar2tsv",
+    "tarsplit",
+    "tarshow",
+    "tarproc",
+    "tarpcat",
+    "tarsort",
+    "tarcheck",
+    "tarshards",
+]
 
 pytestmark = pytest.mark.skipif(
     not all((BIN / t).exists() for t in TOOLS),
-    reason=f"console scripts not installed next to {sys.executable} (pip install -e .)")
+    reason=f"console scripts not installed next to {sys.executable} (pip install -e .)",
+)
 
 
 def sh(cmd: str, cwd, timeout: float = 60) -> subprocess.CompletedProcess:
     """Run a bash pipeline with the venv's scripts first on PATH."""
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-    return subprocess.run(["bash", "-o", "pipefail", "-c", cmd], cwd=cwd, env=env,
-                          capture_output=True, timeout=timeout)
+    return subprocess.run(
+        ["bash", "-o", "pipefail", "-c", cmd],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        timeout=timeout,
+    )
 
 
 def tar_members(path) -> list[tarfile.TarInfo]:
@@ -100,8 +116,11 @@ def test_tar_of_a_directory_into_tarsplit_maxshards(tmp_path):
     (src / "README").write_text("no extension: not part of any sample")
     out = tmp_path / "out"
     out.mkdir()
-    p = sh(f"tar -cf - --sort=name -C {shlex.quote(str(tmp_path / 'src'))} . "
-           "| tarsplit -s 1e6 -o out/out --maxshards 2", tmp_path)
+    p = sh(
+        f"tar -cf - --sort=name -C {shlex.quote(str(tmp_path / 'src'))} . "
+        "| tarsplit -s 1e6 -o out/out --maxshards 2",
+        tmp_path,
+    )
     err = p.stderr.decode()
     assert "Traceback" not in err
     assert "# writing out/out-000000.tar" in err and "# writing out/out-000001.tar" in err
@@ -139,11 +158,16 @@ def test_tarshow_two_samples(in_tar, tmp_path):
 
 
 def test_tarproc_parallel_resize_keeps_order(in_tar, tmp_path):
-    script = ("from PIL import Image; import glob; "
-              "[Image.open(f).resize((20, 10)).save(f) for f in glob.glob('*.jpg')]")
+    script = (
+        "from PIL import Image; import glob; "
+        "[Image.open(f).resize((20, 10)).save(f) for f in glob.glob('*.jpg')]"
+    )
     cmd = f"{shlex.quote(sys.executable)} -c {shlex.quote(script)}"
-    p = sh(f"tarscat -c 12 in.tar | tarproc -p 5 -c {shlex.quote(cmd)} > out.tar", tmp_path,
-           timeout=120)
+    p = sh(
+        f"tarscat -c 12 in.tar | tarproc -p 5 -c {shlex.quote(cmd)} > out.tar",
+        tmp_path,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     _, samples = in_tar
     members = tar_members(tmp_path / "out.tar")
@@ -181,10 +205,11 @@ def test_missing_file(tmp_path):
 def test_truncated_tar(in_tar, tmp_path):
     data = in_tar[0].read_bytes()
     victim = [m for m in tar_members(in_tar[0]) if m.name.endswith(".jpg")][12]
-    (tmp_path / "cut.tar").write_bytes(data[:victim.offset_data + 100])  # cut inside a member
+    (tmp_path / "cut.tar").write_bytes(data[: victim.offset_data + 100])  # cut inside a member
     p = sh("tarscat cut.tar > out.tar", tmp_path)
-    assert_one_line_error(p, "tarscat", "truncated", "cut.tar", repr(victim.name),
-                          f"offset {victim.offset}")
+    assert_one_line_error(
+        p, "tarscat", "truncated", "cut.tar", repr(victim.name), f"offset {victim.offset}"
+    )
     p = sh("tar2tsv cut.tar > out.tsv", tmp_path)
     assert_one_line_error(p, "tar2tsv", "cut.tar", "offset")
 
@@ -208,8 +233,9 @@ def test_bad_size_string_is_a_usage_error(tmp_path):
 
 def test_closed_stdout_exits_quietly(tmp_path):
     paths, _ = write_shards(tmp_path, 3, 40)
-    p = sh("tarscat 'shard-{0000..0002}.tar' 'shard-{0000..0002}.tar' | head -c 100 | wc -c",
-           tmp_path)
+    p = sh(
+        "tarscat 'shard-{0000..0002}.tar' 'shard-{0000..0002}.tar' | head -c 100 | wc -c", tmp_path
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout.decode().strip() == "100"
     assert p.stderr == b""
@@ -226,9 +252,15 @@ def test_subcommand_equals_script(in_tar, tmp_path):
 def test_stdin_pipeline_through_several_tools(in_tar, tmp_path):
     if shutil.which("gzip") is None:
         pytest.skip("gzip not installed")
-    p = sh("gzip -c in.tar | tarscat -s 5 | tarsort -k cls -n -r | tarsplit -n 10 -z -o part "
-           "&& tarcheck part-*.tgz", tmp_path)
+    p = sh(
+        "gzip -c in.tar | tarscat -s 5 | tarsort -k cls -n -r | tarsplit -n 10 -z -o part "
+        "&& tarcheck part-*.tgz",
+        tmp_path,
+    )
     assert p.returncode == 0, p.stderr
     assert sorted(x.name for x in tmp_path.glob("part-*")) == [
-        "part-000000.tgz", "part-000001.tgz", "part-000002.tgz"]
+        "part-000000.tgz",
+        "part-000001.tgz",
+        "part-000002.tgz",
+    ]
     assert "total (3 shards)       25" in p.stdout.decode()

@@ -23,8 +23,9 @@ def run(name, args, input=None):
         cmd, prog = cli.group, "tarshards"
     else:
         cmd, prog = cli.load_command(name), cli.COMMANDS[name][0] or f"tarshards {name}"
-    return CliRunner().invoke(cmd, [str(a) for a in args], input=input, prog_name=prog,
-                              catch_exceptions=False)
+    return CliRunner().invoke(
+        cmd, [str(a) for a in args], input=input, prog_name=prog, catch_exceptions=False
+    )
 
 
 def read(path) -> list[dict]:
@@ -94,7 +95,7 @@ def test_cat_files_from_list(shards, tmp_path):
 def test_cat_skip_bad_shard(shards, tmp_path):
     paths, samples = shards
     data = Path(paths[1]).read_bytes()
-    (tmp_path / "bad.tar").write_bytes(data[:len(data) // 2])
+    (tmp_path / "bad.tar").write_bytes(data[: len(data) // 2])
     out = tmp_path / "out.tar"
     r = run("cat", [paths[0], tmp_path / "bad.tar", paths[2], "-e", "skip", "-o", out])
     assert r.exit_code == 0
@@ -134,11 +135,17 @@ def test_group_has_every_subcommand():
 
 
 def test_tsv_fields_alternatives_and_binary_sizes(tmp_path):
-    raw_tar(tmp_path / "t.tar", [
-        ("a.cls", b"3"), ("a.png", b"\x89PNG\r\n\x1a\n\x00\x00"), ("a.txt", b"x\ty\nz"),
-        ("b.cls", b"4"), ("b.jpg", b"\xff\xd8\xff\xe0abc"),
-        ("c.cls", b"5"),
-    ])
+    raw_tar(
+        tmp_path / "t.tar",
+        [
+            ("a.cls", b"3"),
+            ("a.png", b"\x89PNG\r\n\x1a\n\x00\x00"),
+            ("a.txt", b"x\ty\nz"),
+            ("b.cls", b"4"),
+            ("b.jpg", b"\xff\xd8\xff\xe0abc"),
+            ("c.cls", b"5"),
+        ],
+    )
     r = run("tsv", ["-f", "jpg;png cls txt", tmp_path / "t.tar"])
     assert r.exit_code == 0, r.output
     assert r.stdout.splitlines() == [
@@ -156,8 +163,9 @@ def test_tsv_default_fields_from_first_sample(shards):
     r = run("tsv", [paths[0], "-c", 2])
     lines = r.stdout.splitlines()
     assert lines[0] == "__key__\tcls\tjpg\tjson"
-    assert lines[1] == "\t".join([samples[0]["__key__"], "0", str(len(samples[0]["jpg"])),
-                                 samples[0]["json"].decode()])
+    assert lines[1] == "\t".join(
+        [samples[0]["__key__"], "0", str(len(samples[0]["jpg"])), samples[0]["json"].decode()]
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,9 +173,17 @@ def test_tsv_default_fields_from_first_sample(shards):
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text,value", [("1e9", 10**9), ("500M", 500 * 10**6), ("2G", 2 * 10**9),
-                                        ("1.5GB", 15 * 10**8), ("64KiB", 65536),
-                                        ("1000", 1000)])
+@pytest.mark.parametrize(
+    "text,value",
+    [
+        ("1e9", 10**9),
+        ("500M", 500 * 10**6),
+        ("2G", 2 * 10**9),
+        ("1.5GB", 15 * 10**8),
+        ("64KiB", 65536),
+        ("1000", 1000),
+    ],
+)
 def test_parse_size(text, value):
     assert parse_size(text) == value
 
@@ -330,8 +346,12 @@ def test_pcat_interleaves_everything(shards, tmp_path):
     assert sorted(s["__key__"] for s in got) == [s["__key__"] for s in samples]
     keys = [s["__key__"] for s in got]
     # round robin over the first two shards, then the third takes the place of the first
-    assert keys[:4] == [samples[0]["__key__"], samples[20]["__key__"],
-                        samples[1]["__key__"], samples[21]["__key__"]]
+    assert keys[:4] == [
+        samples[0]["__key__"],
+        samples[20]["__key__"],
+        samples[1]["__key__"],
+        samples[21]["__key__"],
+    ]
     by_key = {s["__key__"]: s for s in samples}
     assert all(fields(s) == by_key[s["__key__"]] for s in got)
     r2 = run("pcat", ["-p", 2, *paths, "-o", tmp_path / "o2.tar"])
@@ -359,8 +379,10 @@ def test_proc_files_key_and_order(tmp_path):
     with TarWriter(str(tmp_path / "in.tar")) as w:
         for s in samples:
             w.write(s)
-    cmd = ('n=$(echo $KEY | tail -c 2); sleep 0.0$(( (9 - n) % 4 )); '
-           'l=$(ls); echo -n "$KEY" > seen.txt; echo "$l" > "$(basename $KEY).ls"; rm *.json')
+    cmd = (
+        "n=$(echo $KEY | tail -c 2); sleep 0.0$(( (9 - n) % 4 )); "
+        'l=$(ls); echo -n "$KEY" > seen.txt; echo "$l" > "$(basename $KEY).ls"; rm *.json'
+    )
     r = run("proc", ["-p", 4, "-c", cmd, tmp_path / "in.tar", "-o", tmp_path / "o.tar"])
     assert r.exit_code == 0, r.output
     got = read(tmp_path / "o.tar")
@@ -375,8 +397,19 @@ def test_proc_files_key_and_order(tmp_path):
 
 def test_proc_unordered_gives_all_samples(shards):
     paths, samples = shards
-    r = run("proc", ["-p", 3, "--unordered", "-c", "true", paths[0], "-o",
-                           os.path.join(os.path.dirname(paths[0]), "u.tar")])
+    r = run(
+        "proc",
+        [
+            "-p",
+            3,
+            "--unordered",
+            "-c",
+            "true",
+            paths[0],
+            "-o",
+            os.path.join(os.path.dirname(paths[0]), "u.tar"),
+        ],
+    )
     assert r.exit_code == 0, r.output
     got = read(os.path.join(os.path.dirname(paths[0]), "u.tar"))
     assert sorted(s["__key__"] for s in got) == [s["__key__"] for s in samples[:20]]
@@ -393,8 +426,9 @@ def test_proc_failures(shards, tmp_path):
     r = run("proc", ["-c", cmd, paths[0], "-o", tmp_path / "a.tar"])
     assert r.exit_code == 1
     assert "bad sample sample000003" in r.stderr
-    assert r.stderr.splitlines()[-1] == ("tarproc: error: command exited with status 4 on "
-                                         f"sample 'sample000003' (shard {paths[0]})")
+    assert r.stderr.splitlines()[-1] == (
+        f"tarproc: error: command exited with status 4 on sample 'sample000003' (shard {paths[0]})"
+    )
     assert not (tmp_path / "a.tar").exists()
 
 

@@ -92,8 +92,11 @@ def run_and_kill(cmd: list[str], out: Path, delay) -> tuple[bool, float]:
     mine = f".{proc.pid}-"  # its own temporary, not one a killed run left
     try:
         deadline = time.monotonic() + 60
-        while (not any(mine in n for n in temporaries(out)) and proc.poll() is None
-               and time.monotonic() < deadline):
+        while (
+            not any(mine in n for n in temporaries(out))
+            and proc.poll() is None
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.002)
         t0 = time.monotonic()
         wait = delay()
@@ -113,8 +116,15 @@ def run_and_kill(cmd: list[str], out: Path, delay) -> tuple[bool, float]:
 
 WRITERS = {
     "ShardWriter": lambda out, big: [sys.executable, "-c", _SHARDWRITER, str(out / "sw-%04d.tar")],
-    "tarsplit": lambda out, big: [str(BIN / "tarsplit"), "-s", "1M", "-q", "-o",
-                                  str(out / "ts"), str(big)],
+    "tarsplit": lambda out, big: [
+        str(BIN / "tarsplit"),
+        "-s",
+        "1M",
+        "-q",
+        "-o",
+        str(out / "ts"),
+        str(big),
+    ],
     "tarscat": lambda out, big: [str(BIN / "tarscat"), str(big), "-o", str(out / "all.tar")],
 }
 

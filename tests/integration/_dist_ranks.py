@@ -50,8 +50,14 @@ def make_compat_pipeline(urls):
     """webdataset's composed style through tarshards.compat: the splitters are stages."""
     import tarshards.compat as wds
 
-    return wds.DataPipeline(wds.SimpleShardList(urls), wds.split_by_node, wds.split_by_worker,
-                            wds.tarfile_to_samples(), wds.shuffle(8), wds.to_tuple("__key__"))
+    return wds.DataPipeline(
+        wds.SimpleShardList(urls),
+        wds.split_by_node,
+        wds.split_by_worker,
+        wds.tarfile_to_samples(),
+        wds.shuffle(8),
+        wds.to_tuple("__key__"),
+    )
 
 
 COMPAT = [("compat-w2-spawn", 2, "spawn"), ("compat-w2-fork", 2, "fork")]
@@ -75,8 +81,13 @@ def run_rank(rank, world_size, port, out_dir, urls):
     # datasets of the default style are built before the process group exists, as a script
     # that builds its data first would: the rank must be found when they are iterated
     early = {name(*c): make_dataset(urls, c[0]) for c in configurations() if c[0] == "default"}
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=120),
+    )
     results: dict = {"pid": os.getpid()}
     try:
         with warnings.catch_warnings():
@@ -89,19 +100,34 @@ def run_rank(rank, world_size, port, out_dir, urls):
                 results[label] = keys(loader)
                 log(out_dir, rank, label)
             for label, num_workers, context in COMPAT:
-                loader = DataLoader(make_compat_pipeline(urls), batch_size=None,
-                                    num_workers=num_workers, multiprocessing_context=context,
-                                    timeout=120)
+                loader = DataLoader(
+                    make_compat_pipeline(urls),
+                    batch_size=None,
+                    num_workers=num_workers,
+                    multiprocessing_context=context,
+                    timeout=120,
+                )
                 results[label] = keys(loader)
                 log(out_dir, rank, label)
             # WebLoader, three epochs per loader; the orders depend on seed, epoch, reader only
-            for label, kw in [("persistent-spawn", {"persistent_workers": True,
-                                                     "multiprocessing_context": "spawn"}),
-                              ("persistent-fork", {"persistent_workers": True,
-                                                    "multiprocessing_context": "fork"}),
-                              ("fresh-fork", {"multiprocessing_context": "fork"})]:
-                loader = WebLoader(make_dataset(urls, "default", seed=11), batch_size=None,
-                                   num_workers=2, timeout=120, **kw)
+            for label, kw in [
+                (
+                    "persistent-spawn",
+                    {"persistent_workers": True, "multiprocessing_context": "spawn"},
+                ),
+                (
+                    "persistent-fork",
+                    {"persistent_workers": True, "multiprocessing_context": "fork"},
+                ),
+                ("fresh-fork", {"multiprocessing_context": "fork"}),
+            ]:
+                loader = WebLoader(
+                    make_dataset(urls, "default", seed=11),
+                    batch_size=None,
+                    num_workers=2,
+                    timeout=120,
+                    **kw,
+                )
                 results[label] = [keys(loader) for _ in range(EPOCHS)]
                 log(out_dir, rank, label)
         dist.barrier()

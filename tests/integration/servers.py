@@ -115,8 +115,9 @@ class HTTPFileServer:
         self._httpd.owner = self
         self.port = self._httpd.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True,
-                                        kwargs={"poll_interval": 0.05})
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, daemon=True, kwargs={"poll_interval": 0.05}
+        )
 
     def _record(self, method, path, rng):
         with self._lock:
@@ -202,10 +203,8 @@ class CuttingProxy:
                 limit = self.cut_after[min(self.connections, len(self.cut_after) - 1)]
                 self.connections += 1
             upstream = socket.create_connection(self.target)
-            threading.Thread(target=self._pipe, args=(client, upstream, None),
-                             daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, client, limit),
-                             daemon=True).start()
+            threading.Thread(target=self._pipe, args=(client, upstream, None), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, limit), daemon=True).start()
 
     def _take_cut(self) -> bool:
         with self._lock:
@@ -223,7 +222,7 @@ class CuttingProxy:
                 if not data:
                     break
                 if limit is not None and sent + len(data) > limit and self._take_cut():
-                    dst.sendall(data[:limit - sent])
+                    dst.sendall(data[: limit - sent])
                     for s in (dst, src):  # reset, as a dropped connection does
                         s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                         try:  # wakes the thread blocked in recv on the other direction
@@ -257,16 +256,24 @@ def start_moto():
 
 
 def s3_options(endpoint: str) -> dict:
-    return {"client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
-            "key": "x", "secret": "x"}
+    return {
+        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+        "key": "x",
+        "secret": "x",
+    }
 
 
 def make_s3_bucket(endpoint: str, bucket: str) -> None:
     """A plain ``create_bucket`` (no location constraint), which moto's server mode wants."""
     import boto3
 
-    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="x",
-                          aws_secret_access_key="x", region_name="us-east-1")
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id="x",
+        aws_secret_access_key="x",
+        region_name="us-east-1",
+    )
     client.create_bucket(Bucket=bucket)
 
 
@@ -300,8 +307,7 @@ class ThrottlingProxy:
     (:func:`serve_throttling_proxy`) so that it does not share the reader's interpreter lock.
     """
 
-    def __init__(self, target: tuple[str, int], *, latency: float = 0.03,
-                 rate: float = 50e6):
+    def __init__(self, target: tuple[str, int], *, latency: float = 0.03, rate: float = 50e6):
         import asyncio
 
         self.target = target

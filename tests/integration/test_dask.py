@@ -20,8 +20,11 @@ PER_SHARD = 10
 
 
 def plus_100(sample):
-    return {"__key__": sample["__key__"], "cls": str(int(sample["cls"]) + 100).encode(),
-            "json": sample["json"]}
+    return {
+        "__key__": sample["__key__"],
+        "cls": str(int(sample["cls"]) + 100).encode(),
+        "json": sample["json"],
+    }
 
 
 def fail_in_shard_3(sample):
@@ -53,17 +56,24 @@ def read_all(paths):
 
 @pytest.fixture(scope="module")
 def cluster():
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  host="127.0.0.1", dashboard_address=None, silence_logs=50,
-                                  scheduler_kwargs={"dashboard_address": "127.0.0.1:0"}) as c:
+    with distributed.LocalCluster(
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        host="127.0.0.1",
+        dashboard_address=None,
+        silence_logs=50,
+        scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
+    ) as c:
         yield c
 
 
 def test_dask_local_cluster_8_shards(tmp_path):
     paths, samples = write_shards(tmp_path, 8, PER_SHARD)
     outs = str(tmp_path / "out-{0..7}.tar")
-    reports = map_shards(plus_100, str(tmp_path / "shard-{0000..0007}.tar"), outs,
-                         engine="dask", workers=2)
+    reports = map_shards(
+        plus_100, str(tmp_path / "shard-{0000..0007}.tar"), outs, engine="dask", workers=2
+    )
     assert [r.status for r in reports] == ["done"] * 8
     assert [(r.samples_in, r.samples_out) for r in reports] == [(PER_SHARD, PER_SHARD)] * 8
     got = read_all([str(tmp_path / f"out-{i}.tar") for i in range(8)])
@@ -140,8 +150,10 @@ def test_function_workers_cannot_import_fails_instead_of_hanging(tmp_path, monke
         warnings.simplefilter("ignore", TarshardsWarning)
         reports = map_shards(mod.fn, paths, outs, engine="dask", workers=1, retries=0)
     assert [r.status for r in reports] == ["failed", "failed"]
-    assert all("could not be loaded on the Dask worker" in r.error and "client_only_mod" in r.error
-               for r in reports)
+    assert all(
+        "could not be loaded on the Dask worker" in r.error and "client_only_mod" in r.error
+        for r in reports
+    )
     assert not any(os.path.exists(o) for o in outs)
 
 

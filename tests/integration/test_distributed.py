@@ -27,8 +27,10 @@ import _dist_ranks  # noqa: E402
 from tarshards import TarWriter  # noqa: E402
 
 pytestmark = [
-    pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
-                       reason="torch.distributed with gloo is not available"),
+    pytest.mark.skipif(
+        not dist.is_available() or not dist.is_gloo_available(),
+        reason="torch.distributed with gloo is not available",
+    ),
     pytest.mark.timeout(1200),  # the group's first test waits for all of it (see STALL_TIMEOUT)
 ]
 
@@ -49,8 +51,11 @@ def free_port() -> int:
 def launch(world_size: int, out: Path, urls: list[str]):
     """Start ``world_size`` rank processes and wait for them. Fail, killing them, when one fails
     or when none has finished a configuration for ``STALL_TIMEOUT`` seconds (a hang)."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     src = str(Path(__file__).resolve().parents[2] / "src")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     port = free_port()
@@ -58,9 +63,22 @@ def launch(world_size: int, out: Path, urls: list[str]):
     try:
         for r in range(world_size):
             errs.append(open(out / f"rank{r}.err", "w"))
-            procs.append(subprocess.Popen(
-                [sys.executable, str(RANK_SCRIPT), str(r), str(world_size), str(port), str(out),
-                 *urls], env=env, stdout=subprocess.DEVNULL, stderr=errs[-1]))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        str(RANK_SCRIPT),
+                        str(r),
+                        str(world_size),
+                        str(port),
+                        str(out),
+                        *urls,
+                    ],
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=errs[-1],
+                )
+            )
         last, progress = time.monotonic(), ""
         while any(p.poll() is None for p in procs):
             if any(p.poll() not in (None, 0) for p in procs):
@@ -69,8 +87,10 @@ def launch(world_size: int, out: Path, urls: list[str]):
             if now != progress:
                 last, progress = time.monotonic(), now
             elif time.monotonic() - last > STALL_TIMEOUT:
-                pytest.fail(f"the {world_size}-rank group made no progress for {STALL_TIMEOUT} s "
-                            f"(a hang?); configurations done:\n{progress}")
+                pytest.fail(
+                    f"the {world_size}-rank group made no progress for {STALL_TIMEOUT} s "
+                    f"(a hang?); configurations done:\n{progress}"
+                )
             time.sleep(0.5)
     finally:
         for p in procs:
@@ -112,8 +132,9 @@ def assert_split(per_rank: list[list[str]], all_keys: list[str]):
     assert sorted(first + second) == all_keys
 
 
-@pytest.mark.parametrize("config", list(_dist_ranks.configurations()),
-                         ids=lambda c: _dist_ranks.name(*c))
+@pytest.mark.parametrize(
+    "config", list(_dist_ranks.configurations()), ids=lambda c: _dist_ranks.name(*c)
+)
 def test_ranks_disjoint_and_complete(group_run, config):
     all_keys, results = group_run
     label = _dist_ranks.name(*config)
@@ -133,8 +154,11 @@ def test_rank_streams_do_not_depend_on_start_method_or_style(group_run):
     _, results = group_run
     for r in results:
         for num_workers in _dist_ranks.WORKERS:
-            streams = {tuple(r[_dist_ranks.name(style, n, ctx)])
-                       for style, n, ctx in _dist_ranks.configurations() if n == num_workers}
+            streams = {
+                tuple(r[_dist_ranks.name(style, n, ctx)])
+                for style, n, ctx in _dist_ranks.configurations()
+                if n == num_workers
+            }
             assert len(streams) == 1, f"num_workers={num_workers}: the streams differ"
 
 

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.timeout(180)
 
 def _load_servers():
     spec = importlib.util.spec_from_file_location(
-        "tarshards_test_servers_ra", os.path.join(os.path.dirname(__file__), "servers.py"))
+        "tarshards_test_servers_ra", os.path.join(os.path.dirname(__file__), "servers.py")
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -57,20 +58,25 @@ def s3():
 
 
 def _samples(n):
-    return [{"__key__": f"r{i:05d}", "bin": os.urandom(500 + 37 * i), "cls": i % 7}
-            for i in range(n)]
+    return [
+        {"__key__": f"r{i:05d}", "bin": os.urandom(500 + 37 * i), "cls": i % 7} for i in range(n)
+    ]
 
 
 def _write(base: str, suffix=".tar", storage_options=None, n=45, **kw):
-    with ShardWriter(f"{base}/part-%04d{suffix}", maxcount=10, manifest=f"{base}/manifest.json",
-                     storage_options=storage_options, **kw) as w:
+    with ShardWriter(
+        f"{base}/part-%04d{suffix}",
+        maxcount=10,
+        manifest=f"{base}/manifest.json",
+        storage_options=storage_options,
+        **kw,
+    ) as w:
         for s in _samples(n):
             w.write(s)
     return w.manifest
 
 
-@pytest.mark.parametrize("suffix,aligned", [(".tar", False), (".tar.zst", True),
-                                            (".tgz", True)])
+@pytest.mark.parametrize("suffix,aligned", [(".tar", False), (".tar.zst", True), (".tgz", True)])
 def test_http_random_access_equals_local(http, suffix, aligned):
     root, srv = http
     sub = uuid.uuid4().hex[:8]
@@ -101,8 +107,9 @@ def test_http_through_the_cache(http, tmp_path):
     ds = IndexedDataset(url, cache_dir=str(tmp_path / "cache"), verify=True)
     want = list(iter_samples(local.shard_urls()))
     for i in (44, 3, 17, 0, 43):
-        assert {k: v for k, v in ds[i].items() if k != "__url__"} == \
-            {k: v for k, v in want[i].items() if k != "__url__"}
+        assert {k: v for k, v in ds[i].items() if k != "__url__"} == {
+            k: v for k, v in want[i].items() if k != "__url__"
+        }
     assert len(os.listdir(tmp_path / "cache")) == 1 + 3  # .locks and the 3 shards touched
 
 

@@ -30,7 +30,8 @@ from tarshards.torch import WebDataset as TorchWebDataset  # noqa: E402
 
 def _load_servers():
     spec = importlib.util.spec_from_file_location(
-        "tarshards_test_servers", os.path.join(os.path.dirname(__file__), "servers.py"))
+        "tarshards_test_servers", os.path.join(os.path.dirname(__file__), "servers.py")
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -112,8 +113,9 @@ def remote(request):
 def _write(remote, nshards: int, per_shard: int, pattern: str = "shard-%04d.tar", start=0):
     write_base, read_base = remote.fresh()
     samples = make_samples(nshards * per_shard, start=start)
-    with ShardWriter(f"{write_base}/{pattern}", maxcount=per_shard,
-                     storage_options=remote.storage_options) as w:
+    with ShardWriter(
+        f"{write_base}/{pattern}", maxcount=per_shard, storage_options=remote.storage_options
+    ) as w:
         for s in samples:
             w.write(s)
     ext = pattern.split("%04d", 1)[1]
@@ -212,8 +214,9 @@ def test_cut_connections_with_dataloader_workers(http_remote):
     srv = http_remote.server
     with servers.CuttingProxy(("127.0.0.1", srv.port), cut_after=40_000, cuts=6) as proxy:
         proxied = [u.replace(srv.url, proxy.url) for u in urls]
-        loader = torch.utils.data.DataLoader(TorchWebDataset(proxied, shardshuffle=False),
-                                             batch_size=None, num_workers=2)
+        loader = torch.utils.data.DataLoader(
+            TorchWebDataset(proxied, shardshuffle=False), batch_size=None, num_workers=2
+        )
         got = sorted((s["__key__"], s["jpg"]) for s in loader)
     assert proxy.cut_count == 6
     assert got == sorted((s["__key__"], s["jpg"]) for s in samples)
@@ -255,7 +258,7 @@ def test_http_reads_one_request_per_shard(http_remote):
     assert len(list(WebDataset(urls, shardshuffle=False))) == 40
     after = srv.get_counts()
     for u in urls:
-        path = u[len(srv.url):]
+        path = u[len(srv.url) :]
         assert after[path] - before[path] == 1
     heads = [r for r in srv.requests if r[0] == "HEAD"]
     assert not heads, "reading should not need a HEAD request"
@@ -300,14 +303,14 @@ def test_s3_cut_connections_resume_at_the_offset(s3_remote, caplog):
     endpoint = s3_remote.storage_options["client_kwargs"]["endpoint_url"]
     port = int(endpoint.rsplit(":", 1)[1])
     for prefetch in (0, 2):
-        with servers.CuttingProxy(("127.0.0.1", port), cut_after=[10**9, 70_000],
-                                  cuts=3) as proxy:
+        with servers.CuttingProxy(("127.0.0.1", port), cut_after=[10**9, 70_000], cuts=3) as proxy:
             options = servers.s3_options(proxy.url)
             options["skip_instance_cache"] = True
             with caplog.at_level(logging.WARNING, logger="tarshards.urls"):
                 caplog.clear()
-                got = list(WebDataset(urls, shardshuffle=False, storage_options=options,
-                                      prefetch=prefetch))
+                got = list(
+                    WebDataset(urls, shardshuffle=False, storage_options=options, prefetch=prefetch)
+                )
         assert proxy.cut_count == 3
         assert [s["__key__"] for s in got] == [s["__key__"] for s in samples]
         assert all(_fields(a) == _fields(b) for a, b in zip(got, samples))

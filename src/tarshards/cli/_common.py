@@ -49,8 +49,11 @@ __all__ = [
 ]
 
 EPILOG_WIDTH = 100
-CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": EPILOG_WIDTH,
-                    "terminal_width": EPILOG_WIDTH}
+CONTEXT_SETTINGS = {
+    "help_option_names": ["-h", "--help"],
+    "max_content_width": EPILOG_WIDTH,
+    "terminal_width": EPILOG_WIDTH,
+}
 
 
 class DataError(click.ClickException):
@@ -109,8 +112,11 @@ def as_data_error(exn: BaseException, url: str | None = None) -> TarshardsError:
     """A MemoryError/OverflowError out of the reader as a data error naming the shard."""
     if isinstance(exn, TarshardsError):
         return exn.with_context(url=url)
-    return ShardFormatError(f"cannot read: {type(exn).__name__}{': ' if str(exn) else ''}{exn} "
-                            "(a member may declare an impossible size)", url=url)
+    return ShardFormatError(
+        f"cannot read: {type(exn).__name__}{': ' if str(exn) else ''}{exn} "
+        "(a member may declare an impossible size)",
+        url=url,
+    )
 
 
 def examples(*lines: str) -> str:
@@ -148,8 +154,13 @@ def on_error_option(what: str = "a bad shard", skip: str = "skip its rest"):
     """``-e/--on-error raise|skip``: stop with the error (exit 1), or warn on stderr and go on.
 
     ``what`` names the error, ``skip`` what skipping it drops (both short: one help line)."""
-    return click.option("-e", "--on-error", type=ON_ERROR, default="raise",
-                        help=f"On {what}: stop (raise; default) or {skip} (skip).")
+    return click.option(
+        "-e",
+        "--on-error",
+        type=ON_ERROR,
+        default="raise",
+        help=f"On {what}: stop (raise; default) or {skip} (skip).",
+    )
 
 
 def inputs_argument(fn):
@@ -157,13 +168,20 @@ def inputs_argument(fn):
 
 
 def output_option(what: str = "file or URL"):
-    return click.option("-o", "--output", default="-", show_default=True,
-                        help=f"Output {what}; - is stdout.")
+    return click.option(
+        "-o", "--output", default="-", show_default=True, help=f"Output {what}; - is stdout."
+    )
 
 
 def files_from_option(fn):
-    return click.option("-T", "--files-from", "listfile", default=None, metavar="FILE",
-                        help="Read input URLs from FILE, one per line.")(fn)
+    return click.option(
+        "-T",
+        "--files-from",
+        "listfile",
+        default=None,
+        metavar="FILE",
+        help="Read input URLs from FILE, one per line.",
+    )(fn)
 
 
 def quiet_option(help: str = "No progress bar."):
@@ -171,20 +189,32 @@ def quiet_option(help: str = "No progress bar."):
 
 
 def shuffle_options(fn):
-    fn = click.option("--seed", type=int, default=0, show_default=True,
-                      help="Random seed for --shuffle.")(fn)
-    return click.option("--shuffle", type=click.IntRange(min=0), default=0, metavar="N",
-                        help="Shuffle with a buffer of N samples.")(fn)
+    fn = click.option(
+        "--seed", type=int, default=0, show_default=True, help="Random seed for --shuffle."
+    )(fn)
+    return click.option(
+        "--shuffle",
+        type=click.IntRange(min=0),
+        default=0,
+        metavar="N",
+        help="Shuffle with a buffer of N samples.",
+    )(fn)
 
 
 def count_option(verb: str = "Write", *names: str):
-    return click.option(*(names or ("-c", "--count")), "count", type=click.IntRange(min=0),
-                        default=None, help=f"{verb} at most N samples.")
+    return click.option(
+        *(names or ("-c", "--count")),
+        "count",
+        type=click.IntRange(min=0),
+        default=None,
+        help=f"{verb} at most N samples.",
+    )
 
 
 def skip_option(fn):
-    return click.option("-s", "--skip", type=click.IntRange(min=0), default=0,
-                        help="Skip the first N samples.")(fn)
+    return click.option(
+        "-s", "--skip", type=click.IntRange(min=0), default=0, help="Skip the first N samples."
+    )(fn)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,6 +225,7 @@ def skip_option(fn):
 def error_handler(on_error: str, prog: str | None = None) -> Callable[[BaseException], bool]:
     """The handler for ``--on-error``: ``raise`` re-raises, ``skip`` warns on stderr, goes on."""
     if on_error == "raise":
+
         def reraise(exn):
             raise exn
 
@@ -280,6 +311,7 @@ def read_samples(urls: Iterable[str], on_error: str = "raise") -> Iterator[dict]
 # sizes
 # ---------------------------------------------------------------------------------------------
 
+
 def parse_size(text) -> int:
     """A size given on the command line: :func:`tarshards.format.parse_size`, and not 0."""
     return _parse_size(text, positive=True)
@@ -313,8 +345,9 @@ def collect_inputs(inputs: Iterable[str], listfile: str | None = None) -> list[s
                 text = f.read().decode("utf-8")
         except TarshardsError as exn:
             raise DataError(f"cannot read the input list: {exn}") from None
-        specs += [ln.strip() for ln in text.splitlines()
-                  if ln.strip() and not ln.strip().startswith("#")]
+        specs += [
+            ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")
+        ]
     if not specs:
         specs = ["-"]
     for spec in specs:
@@ -347,8 +380,7 @@ def as_text(data: bytes) -> str | None:
 def members_of(sample: dict) -> list[tuple[str, bytes]]:
     """The raw ``(member name, bytes)`` of a sample, in the order they were read."""
     key = sample["__key__"]
-    return [(f"{key}.{ext}", data) for ext, data in sample.items()
-            if not ext.startswith("__")]
+    return [(f"{key}.{ext}", data) for ext, data in sample.items() if not ext.startswith("__")]
 
 
 def output_dest(output: str):
@@ -369,8 +401,9 @@ def output_dest(output: str):
 
 def check_stdout_not_tty(output: str) -> None:
     if output == "-" and sys.stdout.isatty():
-        raise click.UsageError("refusing to write a tar stream to a terminal; "
-                               "redirect stdout or use -o FILE")
+        raise click.UsageError(
+            "refusing to write a tar stream to a terminal; redirect stdout or use -o FILE"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,8 +419,9 @@ class Progress:
         if not quiet and sys.stderr.isatty():
             from tqdm import tqdm
 
-            self.bar = tqdm(desc=desc, unit=unit, total=total, file=sys.stderr,
-                            dynamic_ncols=True, leave=False)
+            self.bar = tqdm(
+                desc=desc, unit=unit, total=total, file=sys.stderr, dynamic_ncols=True, leave=False
+            )
 
     def update(self, n: int = 1) -> None:
         if self.bar is not None:

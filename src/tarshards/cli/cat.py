@@ -31,10 +31,15 @@ from ._common import (
 __all__ = ["cat_cmd"]
 
 
-@click.command("cat", context_settings=CONTEXT_SETTINGS, epilog=examples(
-    "tarscat -c 10 imagenet-0000.tar > small.tar",
-    "tarscat 'train-{0000..0009}.tar' --shuffle 1000 --seed 1 -o mixed.tar",
-    "curl -s URL | tarscat -s 100 -c 10 | tar tvf -"))
+@click.command(
+    "cat",
+    context_settings=CONTEXT_SETTINGS,
+    epilog=examples(
+        "tarscat -c 10 imagenet-0000.tar > small.tar",
+        "tarscat 'train-{0000..0009}.tar' --shuffle 1000 --seed 1 -o mixed.tar",
+        "curl -s URL | tarscat -s 100 -c 10 | tar tvf -",
+    ),
+)
 @inputs_argument
 @output_option()
 @count_option("Write")
@@ -53,8 +58,7 @@ def cat_cmd(inputs, output, count, skip, shuffle, seed, listfile, on_error, quie
         samples = shuffle_stage(samples, shuffle, seed=seed)
     if skip or count is not None:
         samples = itertools.islice(samples, skip, None if count is None else skip + count)
-    with Progress(quiet, "tarscat") as bar, \
-            TarWriter(output_dest(output), encoder=False) as sink:
+    with Progress(quiet, "tarscat") as bar, TarWriter(output_dest(output), encoder=False) as sink:
         write = sink.write_members
         for sample in bar.wrap(samples):
             write(members_of(sample))

@@ -91,27 +91,39 @@ def check_shard(url: str, *, max_problems: int = 20, expect=None) -> ShardReport
                     if key is not None:
                         seen[key] = first_offset
                     if k in seen:
-                        problem(f"key {k!r} split across non-adjacent members: first sample at "
-                                f"offset {seen[k]}, again at (shard {url}, member {name!r}, "
-                                f"offset {offset})")
+                        problem(
+                            f"key {k!r} split across non-adjacent members: first sample at "
+                            f"offset {seen[k]}, again at (shard {url}, member {name!r}, "
+                            f"offset {offset})"
+                        )
                     key, exts, first_offset = k, set(), offset
                     rep.samples += 1
                 if ext in exts:
-                    problem(f"repeated extension {ext!r} in sample {k!r} (shard {url}, "
-                            f"member {name!r}, offset {offset})")
+                    problem(
+                        f"repeated extension {ext!r} in sample {k!r} (shard {url}, "
+                        f"member {name!r}, offset {offset})"
+                    )
                 exts.add(ext)
                 rep.extensions[ext] += 1
             if expect is not None:
                 hashed.finish()
         rep.stream_bytes = total[0]
         if rep.members and total[0] < last_end + 1024:
-            problem(f"no end-of-archive marker: the shard may be truncated at a member "
-                    f"boundary (shard {url}, offset {total[0]})")
+            problem(
+                f"no end-of-archive marker: the shard may be truncated at a member "
+                f"boundary (shard {url}, offset {total[0]})"
+            )
         if expect is not None:
             try:
-                verify_record(url, expected_hash=expect.hash, expected_nbytes=expect.nbytes,
-                              got_hash=hashed.digest, got_nbytes=hashed.nbytes,
-                              expected_samples=expect.samples, got_samples=rep.samples)
+                verify_record(
+                    url,
+                    expected_hash=expect.hash,
+                    expected_nbytes=expect.nbytes,
+                    got_hash=hashed.digest,
+                    got_nbytes=hashed.nbytes,
+                    expected_samples=expect.samples,
+                    got_samples=rep.samples,
+                )
             except TarshardsError as exn:
                 problem(str(exn))
         if rep.members == 0:
@@ -145,39 +157,68 @@ def format_table(reports: list[ShardReport]) -> str:
     rows = [("shard", "samples", "members", "bytes", "extensions", "status")]
     for r in reports:
         exts = " ".join(f"{e}:{n}" for e, n in sorted(r.extensions.items()))
-        rows.append((r.url, str(r.samples), str(r.members), _human(r.data_bytes), exts or "-",
-                     "ok" if r.ok else f"{len(r.problems)} problem(s)"))
+        rows.append(
+            (
+                r.url,
+                str(r.samples),
+                str(r.members),
+                _human(r.data_bytes),
+                exts or "-",
+                "ok" if r.ok else f"{len(r.problems)} problem(s)",
+            )
+        )
     if len(reports) > 1:
         tot = collections.Counter()
         for r in reports:
             tot.update(r.extensions)
         bad = sum(1 for r in reports if not r.ok)
-        rows.append((f"total ({len(reports)} shards)", str(sum(r.samples for r in reports)),
-                     str(sum(r.members for r in reports)),
-                     _human(sum(r.data_bytes for r in reports)),
-                     " ".join(f"{e}:{n}" for e, n in sorted(tot.items())) or "-",
-                     "ok" if not bad else f"{bad} bad shard(s)"))
+        rows.append(
+            (
+                f"total ({len(reports)} shards)",
+                str(sum(r.samples for r in reports)),
+                str(sum(r.members for r in reports)),
+                _human(sum(r.data_bytes for r in reports)),
+                " ".join(f"{e}:{n}" for e, n in sorted(tot.items())) or "-",
+                "ok" if not bad else f"{bad} bad shard(s)",
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = []
     for j, row in enumerate(rows):
-        cells = [c.ljust(w) if i in (0, 4, 5) else c.rjust(w)
-                 for i, (c, w) in enumerate(zip(row, widths))]
+        cells = [
+            c.ljust(w) if i in (0, 4, 5) else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths))
+        ]
         lines.append("  ".join(cells).rstrip())
         if j == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
-@click.command("check", context_settings=CONTEXT_SETTINGS, epilog=examples(
-    "tarcheck 'train-{0000..0147}.tar'",
-    "tarcheck -q shards/*.tar && echo all good"))
+@click.command(
+    "check",
+    context_settings=CONTEXT_SETTINGS,
+    epilog=examples(
+        "tarcheck 'train-{0000..0147}.tar'", "tarcheck -q shards/*.tar && echo all good"
+    ),
+)
 @inputs_argument
 @files_from_option
-@click.option("--max-problems", type=click.IntRange(min=1), default=20, show_default=True,
-              help="Problems listed per shard.")
+@click.option(
+    "--max-problems",
+    type=click.IntRange(min=1),
+    default=20,
+    show_default=True,
+    help="Problems listed per shard.",
+)
 @quiet_option("Only problems and the exit status; no table.")
-@click.option("--manifest", "manifest_url", default=None, metavar="MANIFEST",
-              help="Check sizes, hashes, counts against MANIFEST.")
+@click.option(
+    "--manifest",
+    "manifest_url",
+    default=None,
+    metavar="MANIFEST",
+    help="Check sizes, hashes, counts against MANIFEST.",
+)
 @handle_errors
 def check_cmd(inputs, listfile, max_problems, quiet, manifest_url=None):
     """Verify shards: readable to the end, no truncated member, no split key, no repeated field.

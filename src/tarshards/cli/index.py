@@ -16,26 +16,52 @@ import click
 from ..hashing import DEFAULT_HASH, HASHES
 from ..index import INDEX_SUFFIX
 from ..manifest import build_manifest, resolve_url
-from ._common import (CONTEXT_SETTINGS, collect_inputs, files_from_option, handle_errors,
-                      on_error_option, print_err, quiet_option)
+from ._common import (
+    CONTEXT_SETTINGS,
+    collect_inputs,
+    files_from_option,
+    handle_errors,
+    on_error_option,
+    print_err,
+    quiet_option,
+)
 
 __all__ = ["index_cmd"]
 
 
-@click.command("index", context_settings=CONTEXT_SETTINGS, epilog="\b\nExamples:\n"
-               "  tarshards index 'train-{0000..0147}.tar' -o train.json\n"
-               "  tarshards index -p 8 's3://bucket/ds/train-{0000..0999}.tar' -o ds.json\n"
-               "  tarshards index --dali shards/*.tar -o shards/manifest.json")
+@click.command(
+    "index",
+    context_settings=CONTEXT_SETTINGS,
+    epilog="\b\nExamples:\n"
+    "  tarshards index 'train-{0000..0147}.tar' -o train.json\n"
+    "  tarshards index -p 8 's3://bucket/ds/train-{0000..0999}.tar' -o ds.json\n"
+    "  tarshards index --dali shards/*.tar -o shards/manifest.json",
+)
 @click.argument("inputs", nargs=-1, metavar="SPEC...")
-@click.option("-o", "--output", required=True, metavar="MANIFEST",
-              help="The manifest to write (path or URL, .json).")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    metavar="MANIFEST",
+    help="The manifest to write (path or URL, .json).",
+)
 @files_from_option
-@click.option("-p", "--parallel", type=click.IntRange(min=1), default=None,
-              help="Shards at once (default: one per CPU).")
-@click.option("--hash", "hash_name", type=click.Choice(HASHES), default=DEFAULT_HASH,
-              metavar="ALGO", help=f"Shard hash: {', '.join(HASHES)}.")
-@click.option("--dali", is_flag=True,
-              help="Also write DALI indexes (SHARD.idx).")
+@click.option(
+    "-p",
+    "--parallel",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Shards at once (default: one per CPU).",
+)
+@click.option(
+    "--hash",
+    "hash_name",
+    type=click.Choice(HASHES),
+    default=DEFAULT_HASH,
+    metavar="ALGO",
+    help=f"Shard hash: {', '.join(HASHES)}.",
+)
+@click.option("--dali", is_flag=True, help="Also write DALI indexes (SHARD.idx).")
 @on_error_option("a bad shard", "leave it out")
 @quiet_option()
 @handle_errors
@@ -45,8 +71,9 @@ def index_cmd(inputs, output, listfile, parallel, hash_name, dali, on_error, qui
         raise click.UsageError("name the shards to index (SPEC... or -T FILE)")
     urls = collect_inputs(inputs, listfile)
     if "-" in urls:
-        raise click.BadParameter("shards are indexed from files or URLs, not stdin",
-                                 param_hint="SPEC")
+        raise click.BadParameter(
+            "shards are indexed from files or URLs, not stdin", param_hint="SPEC"
+        )
     prog = click.get_current_context().command_path
     skipped = []
 
@@ -54,9 +81,15 @@ def index_cmd(inputs, output, listfile, parallel, hash_name, dali, on_error, qui
         skipped.append(url)
         print_err(f"{prog}: warning: left out {url}: {exc}")
 
-    manifest = build_manifest(urls, output, hash=hash_name, workers=parallel,
-                              progress=not quiet, on_error="skip" if on_error == "skip" else
-                              "raise", report=report)
+    manifest = build_manifest(
+        urls,
+        output,
+        hash=hash_name,
+        workers=parallel,
+        progress=not quiet,
+        on_error="skip" if on_error == "skip" else "raise",
+        report=report,
+    )
     if dali:
         for i, rec in enumerate(manifest.shards):
             idx = manifest.load_index(i)
@@ -64,10 +97,15 @@ def index_cmd(inputs, output, listfile, parallel, hash_name, dali, on_error, qui
                 print_err(f"{prog}: warning: no DALI index for compressed {rec.url}")
                 continue
             path = resolve_url(rec.index, manifest.base)
-            idx.save_dali(path[:-len(INDEX_SUFFIX)] + ".idx" if path.endswith(INDEX_SUFFIX)
-                          else path + ".idx")
+            idx.save_dali(
+                path[: -len(INDEX_SUFFIX)] + ".idx"
+                if path.endswith(INDEX_SUFFIX)
+                else path + ".idx"
+            )
     if not quiet:
-        print_err(f"# {len(manifest.shards)} shards, {manifest.num_samples} samples -> "
-                  f"{os.fspath(output)}")
+        print_err(
+            f"# {len(manifest.shards)} shards, {manifest.num_samples} samples -> "
+            f"{os.fspath(output)}"
+        )
     if skipped:
         click.get_current_context().exit(1)

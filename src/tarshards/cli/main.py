@@ -69,10 +69,15 @@ class _Commands(MutableMapping):
         return len(set(self._table) | set(self._loaded))
 
 
-@click.group("tarshards", commands=_Commands(COMMANDS), context_settings=CONTEXT_SETTINGS,
-             epilog=examples(
-                 "tarshards cat -c 10 in.tar > small.tar      # same as: tarscat -c 10 in.tar",
-                 "tarshards check 'train-{0000..0147}.tar'"))
+@click.group(
+    "tarshards",
+    commands=_Commands(COMMANDS),
+    context_settings=CONTEXT_SETTINGS,
+    epilog=examples(
+        "tarshards cat -c 10 in.tar > small.tar      # same as: tarscat -c 10 in.tar",
+        "tarshards check 'train-{0000..0147}.tar'",
+    ),
+)
 def group():
     """Tools for datasets stored as sharded tar files (WebDataset format).
 

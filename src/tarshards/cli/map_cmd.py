@@ -51,14 +51,16 @@ def load_function(spec: str):
     try:
         obj = importlib.import_module(module_name)
     except ImportError as exn:
-        raise click.BadParameter(f"cannot import {module_name!r}: {exn}",
-                                 param_hint="'-f'") from None
+        raise click.BadParameter(
+            f"cannot import {module_name!r}: {exn}", param_hint="'-f'"
+        ) from None
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise click.BadParameter(f"{module_name!r} has no attribute {attr!r}",
-                                     param_hint="'-f'") from None
+            raise click.BadParameter(
+                f"{module_name!r} has no attribute {attr!r}", param_hint="'-f'"
+            ) from None
     if not callable(obj):
         raise click.BadParameter(f"{spec!r} is not callable", param_hint="'-f'")
     return obj
@@ -66,27 +68,71 @@ def load_function(spec: str):
 
 @click.command("map", context_settings=CONTEXT_SETTINGS, epilog=_EPILOG)
 @click.argument("inputs", nargs=-1, required=True)
-@click.option("-o", "--output", "outputs", required=True,
-              help="Output shards: a spec naming as many shards as the inputs.")
+@click.option(
+    "-o",
+    "--output",
+    "outputs",
+    required=True,
+    help="Output shards: a spec naming as many shards as the inputs.",
+)
 @click.option("-c", "--command", help="Shell command run on each sample (as tarproc -c).")
-@click.option("-f", "--function", "function", metavar="MODULE:FUNCTION",
-              help="Python function fn(sample) -> sample | None | list of samples.")
-@click.option("--decode", "decode", metavar="MODE",
-              help="Decode samples before -f (e.g. pil, rgb8, torchrgb); default: raw bytes.")
-@click.option("--engine", type=click.Choice(["processes", "dask"]), default="processes",
-              show_default=True, help="Local worker processes, or a Dask distributed cluster.")
-@click.option("--address", metavar="URL",
-              help="Dask scheduler (tcp://host:8786); default: a local cluster of -p workers.")
-@click.option("-p", "--workers", type=click.IntRange(min=1), default=None,
-              help="Worker processes (default: one per CPU).")
-@click.option("--retries", type=click.IntRange(min=0), default=2, show_default=True,
-              help="Extra attempts for a shard whose worker died or that hit an I/O error.")
+@click.option(
+    "-f",
+    "--function",
+    "function",
+    metavar="MODULE:FUNCTION",
+    help="Python function fn(sample) -> sample | None | list of samples.",
+)
+@click.option(
+    "--decode",
+    "decode",
+    metavar="MODE",
+    help="Decode samples before -f (e.g. pil, rgb8, torchrgb); default: raw bytes.",
+)
+@click.option(
+    "--engine",
+    type=click.Choice(["processes", "dask"]),
+    default="processes",
+    show_default=True,
+    help="Local worker processes, or a Dask distributed cluster.",
+)
+@click.option(
+    "--address",
+    metavar="URL",
+    help="Dask scheduler (tcp://host:8786); default: a local cluster of -p workers.",
+)
+@click.option(
+    "-p",
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Worker processes (default: one per CPU).",
+)
+@click.option(
+    "--retries",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    help="Extra attempts for a shard whose worker died or that hit an I/O error.",
+)
 @click.option("--overwrite", is_flag=True, help="Redo outputs that already exist.")
 @on_error_option("a sample error", "skip the sample")
 @quiet_option()
 @handle_errors
-def map_cmd(inputs, outputs, command, function, decode, engine, address, workers, retries,
-            overwrite, on_error, quiet):
+def map_cmd(
+    inputs,
+    outputs,
+    command,
+    function,
+    decode,
+    engine,
+    address,
+    workers,
+    retries,
+    overwrite,
+    on_error,
+    quiet,
+):
     """Apply a function or a shell command to every sample of many shards, in parallel.
 
     INPUTS are shard specs (braces, globs, lists); -o names the output shards, one per input, in
@@ -110,8 +156,9 @@ def map_cmd(inputs, outputs, command, function, decode, engine, address, workers
     except (ValueError, FileNotFoundError) as exn:
         raise click.BadParameter(str(exn)) from None
     if len(ins) != len(outs):
-        raise click.BadParameter(f"{len(ins)} input shards but -o names {len(outs)}",
-                                 param_hint="'-o'")
+        raise click.BadParameter(
+            f"{len(ins)} input shards but -o names {len(outs)}", param_hint="'-o'"
+        )
     missing = [u for u in ins if is_local(u) and u != "-" and not os.path.exists(local_path(u))]
     if missing:
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
@@ -121,9 +168,19 @@ def map_cmd(inputs, outputs, command, function, decode, engine, address, workers
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TarshardsWarning)  # failures are listed below
         try:
-            reports = map_shards(fn, ins, outs, engine=engine, workers=workers, address=address,
-                                 retries=retries, overwrite=overwrite, decode=decode,
-                                 handler=handler, progress=not quiet and None)
+            reports = map_shards(
+                fn,
+                ins,
+                outs,
+                engine=engine,
+                workers=workers,
+                address=address,
+                retries=retries,
+                overwrite=overwrite,
+                decode=decode,
+                handler=handler,
+                progress=not quiet and None,
+            )
         except ValueError as exn:
             if isinstance(exn, TarshardsError):
                 raise

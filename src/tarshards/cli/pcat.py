@@ -119,12 +119,23 @@ def interleave(urls: list[str], parallel: int, handler: Callable) -> Iterator[di
         stop.set()
 
 
-@click.command("pcat", context_settings=CONTEXT_SETTINGS, epilog=examples(
-    "tarpcat -p 8 'https://host/data-{0000..0099}.tar' > all.tar",
-    "tarpcat -p 4 --shuffle 5000 --seed 3 'train-{00..15}.tar' | tarsplit -s 1e9 -o mixed"))
+@click.command(
+    "pcat",
+    context_settings=CONTEXT_SETTINGS,
+    epilog=examples(
+        "tarpcat -p 8 'https://host/data-{0000..0099}.tar' > all.tar",
+        "tarpcat -p 4 --shuffle 5000 --seed 3 'train-{00..15}.tar' | tarsplit -s 1e9 -o mixed",
+    ),
+)
 @inputs_argument
-@click.option("-p", "--parallel", type=click.IntRange(min=1), default=4, show_default=True,
-              help="Read N inputs at a time.")
+@click.option(
+    "-p",
+    "--parallel",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Read N inputs at a time.",
+)
 @output_option()
 @count_option("Write")
 @shuffle_options
@@ -143,8 +154,10 @@ def pcat_cmd(inputs, parallel, output, count, shuffle, seed, listfile, on_error,
     if count is not None:
         samples = itertools.islice(samples, count)
     try:
-        with Progress(quiet, "tarpcat") as bar, \
-                TarWriter(output_dest(output), encoder=False) as sink:
+        with (
+            Progress(quiet, "tarpcat") as bar,
+            TarWriter(output_dest(output), encoder=False) as sink,
+        ):
             for sample in bar.wrap(samples):
                 sink.write_members(members_of(sample))
     finally:

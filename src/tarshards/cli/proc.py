@@ -43,8 +43,9 @@ from ._common import (
 __all__ = ["process_sample", "proc_cmd"]
 
 
-def process_sample(sample: dict, command: str, tmpdir: str | None = None,
-                   verbose: bool = False) -> list[tuple[str, bytes]]:
+def process_sample(
+    sample: dict, command: str, tmpdir: str | None = None, verbose: bool = False
+) -> list[tuple[str, bytes]]:
     """Run ``command`` on one sample; returns the output members (empty: sample dropped)."""
     out = ShellSampleFn(command, tmpdir=tmpdir, verbose=verbose)(sample)
     return [] if out is None else members_of(out)
@@ -60,8 +61,7 @@ def _results(samples, command, parallel, ordered, tmpdir, verbose):
             sample = next(it, None)
             if sample is None:
                 return False
-            inflight.append((sample, pool.submit(process_sample, sample, command, tmpdir,
-                                                 verbose)))
+            inflight.append((sample, pool.submit(process_sample, sample, command, tmpdir, verbose)))
             return True
 
         try:
@@ -87,17 +87,28 @@ def _results(samples, command, parallel, ordered, tmpdir, verbose):
                 fut.cancel()
 
 
-@click.command("proc", context_settings=CONTEXT_SETTINGS, epilog=examples(
-    "tarproc -p 5 -c 'mogrify -resize 256x256 *.jpg' small.tar > out.tar",
-    "tarproc -p 8 -c 'gzip -9 *.json' in.tar -o out.tar   # field json -> json.gz",
-    "tarproc -c 'wc -c < *.txt > $(basename $KEY).len' -e skip in.tar -o out.tar"))
+@click.command(
+    "proc",
+    context_settings=CONTEXT_SETTINGS,
+    epilog=examples(
+        "tarproc -p 5 -c 'mogrify -resize 256x256 *.jpg' small.tar > out.tar",
+        "tarproc -p 8 -c 'gzip -9 *.json' in.tar -o out.tar   # field json -> json.gz",
+        "tarproc -c 'wc -c < *.txt > $(basename $KEY).len' -e skip in.tar -o out.tar",
+    ),
+)
 @inputs_argument
-@click.option("-c", "--command", required=True,
-              help="Shell command run in each sample's directory.")
-@click.option("-p", "--parallel", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Run N commands at a time.")
-@click.option("--unordered", is_flag=True,
-              help="Write samples as they finish, not in input order.")
+@click.option(
+    "-c", "--command", required=True, help="Shell command run in each sample's directory."
+)
+@click.option(
+    "-p",
+    "--parallel",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Run N commands at a time.",
+)
+@click.option("--unordered", is_flag=True, help="Write samples as they finish, not in input order.")
 @on_error_option("command failure", "drop its sample")
 @output_option()
 @count_option("Process", "-n", "--count")
@@ -105,8 +116,7 @@ def _results(samples, command, parallel, ordered, tmpdir, verbose):
 @click.option("-v", "--verbose", is_flag=True, help="Copy the commands' output to stderr.")
 @quiet_option()
 @handle_errors
-def proc_cmd(inputs, command, parallel, unordered, on_error, output, count, tmpdir, verbose,
-             quiet):
+def proc_cmd(inputs, command, parallel, unordered, on_error, output, count, tmpdir, verbose, quiet):
     """Run a shell command on each sample of INPUTS; the files it leaves form the output sample.
 
     The sample's fields are files BASE.EXT in a fresh directory, $KEY holds the key.
@@ -119,15 +129,16 @@ def proc_cmd(inputs, command, parallel, unordered, on_error, output, count, tmpd
     prog = click.get_current_context().command_path
     failed = 0
     with Progress(quiet, "tarproc") as bar, TarWriter(output_dest(output), encoder=False) as sink:
-        for sample, outcome in _results(samples, command, parallel, not unordered, tmpdir,
-                                        verbose):
+        for sample, outcome in _results(samples, command, parallel, not unordered, tmpdir, verbose):
             bar.update()
             if isinstance(outcome, CommandError):
                 tail = outcome.stderr.decode("utf-8", "replace").strip()
                 if tail:
                     print_err("\n".join(tail.splitlines()[-20:]))
-                what = (f"command exited with status {outcome.status} on sample "
-                        f"{sample['__key__']!r} (shard {outcome.url})")
+                what = (
+                    f"command exited with status {outcome.status} on sample "
+                    f"{sample['__key__']!r} (shard {outcome.url})"
+                )
                 if on_error == "raise":
                     raise DataError(what)
                 failed += 1

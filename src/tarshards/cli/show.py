@@ -28,21 +28,36 @@ def preview(data: bytes, width: int) -> str:
     if isinstance(data, str):
         text = data
     else:
-        text = as_text(data[:4 * width]) if len(data) > 4 * width else as_text(data)
+        text = as_text(data[: 4 * width]) if len(data) > 4 * width else as_text(data)
         if text is None and len(data) > 4 * width:  # a cut multi-byte character
-            text = as_text(data[:4 * width - 3]) or as_text(data[:4 * width - 2]) or \
-                as_text(data[:4 * width - 1])
+            text = (
+                as_text(data[: 4 * width - 3])
+                or as_text(data[: 4 * width - 2])
+                or as_text(data[: 4 * width - 1])
+            )
     if text is not None:
         flat = text.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
         if len(flat) > width:
-            flat = flat[:width - 3] + "..."
+            flat = flat[: width - 3] + "..."
         return flat
-    head = " ".join(f"{b:02x}" for b in data[:max(4, (width - 20) // 3)])
+    head = " ".join(f"{b:02x}" for b in data[: max(4, (width - 20) // 3)])
     return f"[{len(data)} bytes] {head}{' ...' if len(data) > (width - 20) // 3 else ''}"
 
 
-_IMAGE_EXTS = ("jpg", "jpeg", "png", "ppm", "pgm", "pbm", "pnm", "bmp", "gif", "tif", "tiff",
-               "webp")
+_IMAGE_EXTS = (
+    "jpg",
+    "jpeg",
+    "png",
+    "ppm",
+    "pgm",
+    "pbm",
+    "pnm",
+    "bmp",
+    "gif",
+    "tif",
+    "tiff",
+    "webp",
+)
 
 
 def contact_sheet(samples: list[dict], path: str, thumb: int = 160) -> int:
@@ -75,23 +90,44 @@ def contact_sheet(samples: list[dict], path: str, thumb: int = 160) -> int:
         x = (i % cols) * (thumb + 4) + 2
         y = (i // cols) * (thumb + label_h + 4) + 2
         sheet.paste(img, (x + (thumb - img.width) // 2, y + (thumb - img.height) // 2))
-        draw.text((x, y + thumb + 1), label[-(thumb // 6):], fill="black")
+        draw.text((x, y + thumb + 1), label[-(thumb // 6) :], fill="black")
     sheet.save(path)
     return len(tiles)
 
 
-@click.command("show", context_settings=CONTEXT_SETTINGS, epilog=examples(
-    "tarshow -c 2 small.tar",
-    "tarshow -c 24 --images grid.png 'train-{0000..0147}.tar'"))
+@click.command(
+    "show",
+    context_settings=CONTEXT_SETTINGS,
+    epilog=examples(
+        "tarshow -c 2 small.tar", "tarshow -c 24 --images grid.png 'train-{0000..0147}.tar'"
+    ),
+)
 @inputs_argument
-@click.option("-c", "--count", type=click.IntRange(min=0), default=3, show_default=True,
-              help="Show the first N samples.")
+@click.option(
+    "-c",
+    "--count",
+    type=click.IntRange(min=0),
+    default=3,
+    show_default=True,
+    help="Show the first N samples.",
+)
 @skip_option
 @click.option("-f", "--fields", default=None, help="Only these fields, space separated.")
-@click.option("-w", "--width", type=click.IntRange(min=20), default=72, show_default=True,
-              help="Width of a field preview.")
-@click.option("--images", "grid", default=None, metavar="PNG",
-              help="Write a contact sheet of the images to PNG.")
+@click.option(
+    "-w",
+    "--width",
+    type=click.IntRange(min=20),
+    default=72,
+    show_default=True,
+    help="Width of a field preview.",
+)
+@click.option(
+    "--images",
+    "grid",
+    default=None,
+    metavar="PNG",
+    help="Write a contact sheet of the images to PNG.",
+)
 @on_error_option()
 @handle_errors
 def show_cmd(inputs, count, skip, fields, width, grid, on_error):
@@ -115,5 +151,6 @@ def show_cmd(inputs, count, skip, fields, width, grid, on_error):
         samples.close()
     if grid:
         n = contact_sheet([s for s in shown if s is not None], grid)
-        print_err(f"# {n} images in {grid}" if n
-                  else "# no image fields: contact sheet not written")
+        print_err(
+            f"# {n} images in {grid}" if n else "# no image fields: contact sheet not written"
+        )

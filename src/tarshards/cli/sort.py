@@ -57,9 +57,9 @@ def unpack_members(blob: bytes) -> list[tuple[str, bytes]]:
     while pos < len(blob):
         nlen, dlen = _LEN.unpack_from(blob, pos)
         pos += _LEN.size
-        name = bytes(view[pos:pos + nlen]).decode("utf-8", "surrogateescape")
+        name = bytes(view[pos : pos + nlen]).decode("utf-8", "surrogateescape")
         pos += nlen
-        out.append((name, bytes(view[pos:pos + dlen])))
+        out.append((name, bytes(view[pos : pos + dlen])))
         pos += dlen
     return out
 
@@ -70,28 +70,43 @@ def _sort_value(sample: dict, field: str | None, numeric: bool):
     else:
         data = sample.get(field)
         if data is None:
-            raise DecodeError(f"sample has no field {field!r} to sort by",
-                              url=sample.get("__url__"), member=sample["__key__"])
+            raise DecodeError(
+                f"sample has no field {field!r} to sort by",
+                url=sample.get("__url__"),
+                member=sample["__key__"],
+            )
         try:
             value = data.decode("utf-8").strip()
         except UnicodeDecodeError:
-            raise DecodeError(f"field {field!r} is not text, cannot sort by it",
-                              url=sample.get("__url__"),
-                              member=f"{sample['__key__']}.{field}") from None
+            raise DecodeError(
+                f"field {field!r} is not text, cannot sort by it",
+                url=sample.get("__url__"),
+                member=f"{sample['__key__']}.{field}",
+            ) from None
     if numeric:
         try:
             return float(value)
         except ValueError:
-            raise DecodeError(f"{value[:40]!r} is not a number (-n/--numeric)",
-                              url=sample.get("__url__"),
-                              member=sample["__key__"] if field is None
-                              else f"{sample['__key__']}.{field}") from None
+            raise DecodeError(
+                f"{value[:40]!r} is not a number (-n/--numeric)",
+                url=sample.get("__url__"),
+                member=sample["__key__"] if field is None else f"{sample['__key__']}.{field}",
+            ) from None
     return value
 
 
-def sorted_samples(samples, *, field: str | None = None, numeric: bool = False,
-                   shuffle: bool = False, seed: int = 0, reverse: bool = False,
-                   tmpdir: str | None = None, cache_mb: int = 64, progress=None):
+def sorted_samples(
+    samples,
+    *,
+    field: str | None = None,
+    numeric: bool = False,
+    shuffle: bool = False,
+    seed: int = 0,
+    reverse: bool = False,
+    tmpdir: str | None = None,
+    cache_mb: int = 64,
+    progress=None,
+):
     """Yield the members of each sample (lists of ``(name, bytes)``) in sorted order."""
     rng = make_rng("tarsort", seed) if shuffle else None
     with tempfile.TemporaryDirectory(prefix="tarsort-", dir=tmpdir) as d:
@@ -127,40 +142,63 @@ def sorted_samples(samples, *, field: str | None = None, numeric: bool = False,
                 yield unpack_members(blob)
 
 
-@click.command("sort", context_settings=CONTEXT_SETTINGS, epilog=examples(
-    "tarsort in.tar > by-key.tar",
-    "tarsort -k cls -n 'train-{0000..0009}.tar' -o by-class.tar",
-    "tarsort --shuffle --seed 7 in.tar | tarsplit -n 1000 -o shuffled"))
+@click.command(
+    "sort",
+    context_settings=CONTEXT_SETTINGS,
+    epilog=examples(
+        "tarsort in.tar > by-key.tar",
+        "tarsort -k cls -n 'train-{0000..0009}.tar' -o by-class.tar",
+        "tarsort --shuffle --seed 7 in.tar | tarsplit -n 1000 -o shuffled",
+    ),
+)
 @inputs_argument
-@click.option("-k", "--field", default=None, metavar="EXT",
-              help="Sort by this text field (default: the key).")
+@click.option(
+    "-k", "--field", default=None, metavar="EXT", help="Sort by this text field (default: the key)."
+)
 @click.option("-n", "--numeric", is_flag=True, help="Compare sort values as numbers.")
 @click.option("-r", "--reverse", is_flag=True, help="Largest first.")
-@click.option("--shuffle", is_flag=True,
-              help="Shuffle instead of sorting (all samples, uniformly).")
+@click.option(
+    "--shuffle", is_flag=True, help="Shuffle instead of sorting (all samples, uniformly)."
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed for --shuffle.")
 @output_option()
 @click.option("--tmpdir", default=None, metavar="DIR", help="Where the temporary database goes.")
-@click.option("--cache-mb", type=click.IntRange(min=1), default=64, show_default=True,
-              help="SQLite cache size (memory bound).")
+@click.option(
+    "--cache-mb",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="SQLite cache size (memory bound).",
+)
 @on_error_option()
 @quiet_option()
 @handle_errors
-def sort_cmd(inputs, field, numeric, reverse, shuffle, seed, output, tmpdir, cache_mb, on_error,
-             quiet):
+def sort_cmd(
+    inputs, field, numeric, reverse, shuffle, seed, output, tmpdir, cache_mb, on_error, quiet
+):
     """Sort the samples of INPUTS by key or by a field, or shuffle them, out of core."""
     if field is not None and (not field.strip() or field.startswith("__")):
-        raise click.BadParameter(f"{field!r} is not a field name (an extension such as cls)",
-                                 param_hint="'-k' / '--field'")
+        raise click.BadParameter(
+            f"{field!r} is not a field name (an extension such as cls)",
+            param_hint="'-k' / '--field'",
+        )
     if shuffle and (field or numeric):
         raise click.UsageError("--shuffle does not take -k/--field or -n/--numeric")
     urls = collect_inputs(inputs)
     check_stdout_not_tty(output)
     samples = read_samples(urls, on_error)
     with Progress(quiet, "tarsort: reading") as bar:
-        ordered = sorted_samples(samples, field=field, numeric=numeric, shuffle=shuffle,
-                                 seed=seed, reverse=reverse, tmpdir=tmpdir, cache_mb=cache_mb,
-                                 progress=bar)
+        ordered = sorted_samples(
+            samples,
+            field=field,
+            numeric=numeric,
+            shuffle=shuffle,
+            seed=seed,
+            reverse=reverse,
+            tmpdir=tmpdir,
+            cache_mb=cache_mb,
+            progress=bar,
+        )
         with TarWriter(output_dest(output), encoder=False) as sink:
             for members in ordered:
                 sink.write_members(members)

@@ -26,31 +26,73 @@ class _MaxShardsReached(Exception):
     pass
 
 
-@click.command("split", context_settings=CONTEXT_SETTINGS, epilog=examples(
-    "tar -cf - --sort=name -C /data/imagenet train | tarsplit -s 1e9 -o imagenet_train",
-    "tarsplit -n 1000 -z -o shards/part big.tar   # shards/part-000000.tgz ...",
-    "tarscat 'in-{000..099}.tar' | tarsplit -s 500M --maxshards 2 -o sample"))
+@click.command(
+    "split",
+    context_settings=CONTEXT_SETTINGS,
+    epilog=examples(
+        "tar -cf - --sort=name -C /data/imagenet train | tarsplit -s 1e9 -o imagenet_train",
+        "tarsplit -n 1000 -z -o shards/part big.tar   # shards/part-000000.tgz ...",
+        "tarscat 'in-{000..099}.tar' | tarsplit -s 500M --maxshards 2 -o sample",
+    ),
+)
 @inputs_argument
-@click.option("-o", "--output", "prefix", default="shard", show_default=True,
-              help="Output prefix (or a pattern like out-%06d.tar).")
-@click.option("-s", "--maxsize", type=SIZE, default="3e9", show_default=True,
-              help="Largest shard (uncompressed): 1e9, 500M, 2G.")
-@click.option("-n", "--maxcount", type=click.IntRange(min=1), default=100_000, show_default=True,
-              help="Most samples per shard.")
-@click.option("--maxshards", type=click.IntRange(min=1), default=None,
-              help="Stop after writing N shards.")
-@click.option("--start", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Number of the first shard.")
+@click.option(
+    "-o",
+    "--output",
+    "prefix",
+    default="shard",
+    show_default=True,
+    help="Output prefix (or a pattern like out-%06d.tar).",
+)
+@click.option(
+    "-s",
+    "--maxsize",
+    type=SIZE,
+    default="3e9",
+    show_default=True,
+    help="Largest shard (uncompressed): 1e9, 500M, 2G.",
+)
+@click.option(
+    "-n",
+    "--maxcount",
+    type=click.IntRange(min=1),
+    default=100_000,
+    show_default=True,
+    help="Most samples per shard.",
+)
+@click.option(
+    "--maxshards", type=click.IntRange(min=1), default=None, help="Stop after writing N shards."
+)
+@click.option(
+    "--start",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Number of the first shard.",
+)
 @click.option("-z", "--gzip", "gz", is_flag=True, help="Write gzip-compressed shards (.tgz).")
 @click.option("--zstd", is_flag=True, help="Write zstd-compressed shards (.tar.zst).")
 @click.option("--aligned", is_flag=True, help="With -z/--zstd: compress samples one by one.")
-@click.option("--manifest", default=None, metavar="PATH",
-              help="Write a manifest and shard indexes.")
+@click.option(
+    "--manifest", default=None, metavar="PATH", help="Write a manifest and shard indexes."
+)
 @on_error_option()
 @quiet_option("Do not list the shards being written.")
 @handle_errors
-def split_cmd(inputs, prefix, maxsize, maxcount, maxshards, start, gz, zstd, on_error, quiet,
-              aligned=False, manifest=None):
+def split_cmd(
+    inputs,
+    prefix,
+    maxsize,
+    maxcount,
+    maxshards,
+    start,
+    gz,
+    zstd,
+    on_error,
+    quiet,
+    aligned=False,
+    manifest=None,
+):
     """Split a tar stream (default stdin) into shards PREFIX-000000.tar..., samples kept whole."""
     if gz and zstd:
         raise click.UsageError("choose one of -z/--gzip and --zstd")
@@ -66,8 +108,16 @@ def split_cmd(inputs, prefix, maxsize, maxcount, maxshards, start, gz, zstd, on_
         if maxshards is not None and len(sink.shards) >= maxshards:
             raise _MaxShardsReached()
 
-    sink = ShardWriter(pattern, maxcount=maxcount, maxsize=maxsize, start_shard=start,
-                       post=post, encoder=False, manifest=manifest, aligned=aligned)
+    sink = ShardWriter(
+        pattern,
+        maxcount=maxcount,
+        maxsize=maxsize,
+        start_shard=start,
+        post=post,
+        encoder=False,
+        manifest=manifest,
+        aligned=aligned,
+    )
     current = None
     nsamples = nbytes = 0
     stopped = False
@@ -89,8 +139,10 @@ def split_cmd(inputs, prefix, maxsize, maxcount, maxshards, start, gz, zstd, on_
         samples.close()
     done = sum(s.count for s in sink.shards)
     if stopped:
-        print_err(f"{click.get_current_context().command_path}: stopped after --maxshards "
-                  f"{maxshards}: wrote {len(sink.shards)} complete shards ({done} samples); "
-                  "the rest of the input was not read")
+        print_err(
+            f"{click.get_current_context().command_path}: stopped after --maxshards "
+            f"{maxshards}: wrote {len(sink.shards)} complete shards ({done} samples); "
+            "the rest of the input was not read"
+        )
     elif not quiet:
         print_err(f"# done: {len(sink.shards)} shards, {done} samples")

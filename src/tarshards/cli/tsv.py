@@ -29,8 +29,7 @@ def _tsv_cell(data) -> str:
     text = as_text(data)
     if text is None:
         return str(len(data))
-    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace(
-        "\r", "\\r")
+    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
 
 
 def _pick(sample: dict, alternatives: list[str]):
@@ -41,12 +40,18 @@ def _pick(sample: dict, alternatives: list[str]):
     return None
 
 
-@click.command("tsv", context_settings=CONTEXT_SETTINGS, epilog=examples(
-    "tar2tsv -f cls small.tar",
-    "tar2tsv -f 'jpg;png cls json' --noheader 'train-{0000..0003}.tar' > table.tsv"))
+@click.command(
+    "tsv",
+    context_settings=CONTEXT_SETTINGS,
+    epilog=examples(
+        "tar2tsv -f cls small.tar",
+        "tar2tsv -f 'jpg;png cls json' --noheader 'train-{0000..0003}.tar' > table.tsv",
+    ),
+)
 @inputs_argument
-@click.option("-f", "--fields", default=None,
-              help="Fields to show, space separated; a;b = first present.")
+@click.option(
+    "-f", "--fields", default=None, help="Fields to show, space separated; a;b = first present."
+)
 @count_option("Show")
 @click.option("--nokey", is_flag=True, help="Leave out the __key__ column.")
 @click.option("--noheader", is_flag=True, help="Leave out the header line.")
@@ -78,8 +83,9 @@ def tsv_cmd(inputs, fields, count, nokey, noheader, output, on_error):
             cells += [_tsv_cell(_pick(sample, c)) for c in columns]
             out.write("\t".join(cells) + "\n")
         if not header_done and columns is not None:
-            out.write("\t".join(([] if nokey else ["__key__"]) + [";".join(c) for c in columns])
-                      + "\n")
+            out.write(
+                "\t".join(([] if nokey else ["__key__"]) + [";".join(c) for c in columns]) + "\n"
+            )
         out.flush()
     finally:
         if out is not sys.stdout:

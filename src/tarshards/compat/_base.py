@@ -25,6 +25,7 @@ if _adapter is not None:
     TSWebLoader = _adapter.WebLoader
     DataLoader = _adapter.DataLoader
 else:
+
     class IterableDataset:  # type: ignore[no-redef]
         """Stand-in for torch's IterableDataset when torch is not installed."""
 

@@ -16,19 +16,32 @@ from ..codecs import IMAGE_MODES, field_decoder, image_decoder
 from ..errors import DecodeError
 from ..stages import handle_extension
 
-__all__ = ["Continue", "Decoder", "DecodingError", "IMAGE_EXTENSIONS", "ImageHandler",
-           "basichandlers", "gzfilter", "handle_extension", "imagehandler", "imagespecs",
-           "torch_loads"]
+__all__ = [
+    "Continue",
+    "Decoder",
+    "DecodingError",
+    "IMAGE_EXTENSIONS",
+    "ImageHandler",
+    "basichandlers",
+    "gzfilter",
+    "handle_extension",
+    "imagehandler",
+    "imagespecs",
+    "torch_loads",
+]
 
 DecodingError = DecodeError
 IMAGE_EXTENSIONS = list(_IMAGE_EXTENSIONS)
 
 # webdataset's table: spec -> (library, dtype, channels)
-imagespecs = {name: ("pil" if kind == "pil" else "torch" if kind.startswith("torch")
-                     else "numpy",
-                     None if kind == "pil" else ("uint8" if kind.endswith("uint8") else "float"),
-                     (pil_mode or "RGB").lower())
-              for name, (pil_mode, kind) in IMAGE_MODES.items()}
+imagespecs = {
+    name: (
+        "pil" if kind == "pil" else "torch" if kind.startswith("torch") else "numpy",
+        None if kind == "pil" else ("uint8" if kind.endswith("uint8") else "float"),
+        (pil_mode or "RGB").lower(),
+    )
+    for name, (pil_mode, kind) in IMAGE_MODES.items()
+}
 
 
 class ImageHandler:
@@ -38,8 +51,9 @@ class ImageHandler:
 
     def __init__(self, imagespec: str, extensions=IMAGE_EXTENSIONS):
         if imagespec not in IMAGE_MODES:
-            raise ValueError(f"unknown image spec {imagespec!r}; choose one of "
-                             f"{', '.join(sorted(IMAGE_MODES))}")
+            raise ValueError(
+                f"unknown image spec {imagespec!r}; choose one of {', '.join(sorted(IMAGE_MODES))}"
+            )
         self.imagespec = imagespec
         self.extensions = {e.lower() for e in extensions}
         self._decode = image_decoder(imagespec)
@@ -87,6 +101,7 @@ def _resolve_continue(handler: Callable) -> Callable:
             dec = field_decoder(result.key, image_mode=None)
             return result.data if dec is None else dec(result.data)
         return result
+
     return run
 
 
@@ -98,8 +113,9 @@ def as_decode_args(args) -> list:
             out += a.args
         elif isinstance(a, str):
             if a not in IMAGE_MODES:
-                raise ValueError(f"unknown image spec {a!r}; choose one of "
-                                 f"{', '.join(sorted(IMAGE_MODES))}")
+                raise ValueError(
+                    f"unknown image spec {a!r}; choose one of {', '.join(sorted(IMAGE_MODES))}"
+                )
             out.append(a)
         elif a is basichandlers or a is gzfilter:
             continue  # the registry's own behaviour, already the fallback
@@ -113,16 +129,28 @@ def as_decode_args(args) -> list:
 class Decoder:
     """Decode one sample dict: ``Decoder([imagehandler("rgb")])(sample)``."""
 
-    def __init__(self, handlers=(), pre=None, post=None, only=None, partial: bool = False,
-                 allow_unsafe: bool = False):
+    def __init__(
+        self,
+        handlers=(),
+        pre=None,
+        post=None,
+        only=None,
+        partial: bool = False,
+        allow_unsafe: bool = False,
+    ):
         self.args = as_decode_args(list(pre or []) + list(handlers) + list(post or []))
         self.only = only
         self.partial = partial
         self.allow_unsafe = allow_unsafe
 
     def decode(self, sample: dict) -> dict:
-        (out,) = _st.decode([sample], *self.args, only=self.only, partial=self.partial,
-                            allow_unsafe=self.allow_unsafe)
+        (out,) = _st.decode(
+            [sample],
+            *self.args,
+            only=self.only,
+            partial=self.partial,
+            allow_unsafe=self.allow_unsafe,
+        )
         return out
 
     def __call__(self, sample: dict) -> dict:

@@ -41,33 +41,65 @@ class WebDataset(_CompatMixin, FluidInterface, TSWebDataset):
     needs ``expand_env=True``; ``empty_check`` raises only when a reader's shards hold no sample.
     """
 
-    def __init__(self, urls, handler=reraise_exception, mode=None, resampled=False, repeat=False,
-                 shardshuffle=None, cache_size=-1, cache_dir=None, url_to_name=None,
-                 detshuffle=False, nodesplitter=None, workersplitter=None, select_files=None,
-                 rename_files=None, empty_check=True, verbose=False, seed=None, *,
-                 allow_pipe: bool = False, expand_env: bool = False, storage_options=None,
-                 rank=None, world_size=None, retries: int = 5):
+    def __init__(
+        self,
+        urls,
+        handler=reraise_exception,
+        mode=None,
+        resampled=False,
+        repeat=False,
+        shardshuffle=None,
+        cache_size=-1,
+        cache_dir=None,
+        url_to_name=None,
+        detshuffle=False,
+        nodesplitter=None,
+        workersplitter=None,
+        select_files=None,
+        rename_files=None,
+        empty_check=True,
+        verbose=False,
+        seed=None,
+        *,
+        allow_pipe: bool = False,
+        expand_env: bool = False,
+        storage_options=None,
+        rank=None,
+        world_size=None,
+        retries: int = 5,
+    ):
         if isinstance(urls, dict) or (isinstance(urls, str) and urls.endswith((".yaml", ".yml"))):
-            raise ValueError("yaml/dict dataset specs are not supported by tarshards.compat; "
-                             "pass the shard spec")
+            raise ValueError(
+                "yaml/dict dataset specs are not supported by tarshards.compat; pass the shard spec"
+            )
         if mode == "resampled":
             resampled = True
         if resampled and shardshuffle not in (None, False, 0):
-            warnings.warn("WebDataset(shardshuffle=...) is ignored for resampled datasets",
-                          stacklevel=2)
+            warnings.warn(
+                "WebDataset(shardshuffle=...) is ignored for resampled datasets", stacklevel=2
+            )
         if isinstance(urls, str) and expand_env:
             urls = envsubst(urls)
         if cache_dir is not None and cache_size == 0:
             cache_dir = None
         TSWebDataset.__init__(
-            self, urls, shardshuffle=bool(shardshuffle) and not resampled, resampled=resampled,
-            seed=0 if seed is None else int(seed), handler=_policy(handler),
+            self,
+            urls,
+            shardshuffle=bool(shardshuffle) and not resampled,
+            resampled=resampled,
+            seed=0 if seed is None else int(seed),
+            handler=_policy(handler),
             nodesplitter=_dict_splitter(nodesplitter),
-            workersplitter=_dict_splitter(workersplitter), empty_check=empty_check,
-            rank=rank, world_size=world_size, storage_options=storage_options,
-            allow_pipe=allow_pipe, cache_dir=cache_dir,
+            workersplitter=_dict_splitter(workersplitter),
+            empty_check=empty_check,
+            rank=rank,
+            world_size=world_size,
+            storage_options=storage_options,
+            allow_pipe=allow_pipe,
+            cache_dir=cache_dir,
             cache_size=None if cache_size is None or cache_size < 0 else cache_size,
-            retries=retries)
+            retries=retries,
+        )
         self._init_compat()
         self.select_files = select_files
         self.rename_files = rename_files
@@ -78,9 +110,14 @@ class WebDataset(_CompatMixin, FluidInterface, TSWebDataset):
         if self.select_files is None and self.rename_files is None:
             return TSWebDataset._samples(self, ctx)
         urls = ({"url": u} for u in self.shard_list(ctx))
-        return tarfile_samples(urls, handler=self.handler, select_files=self.select_files,
-                               rename_files=self.rename_files, allow_pipe=self.allow_pipe,
-                               storage_options=self.storage_options)
+        return tarfile_samples(
+            urls,
+            handler=self.handler,
+            select_files=self.select_files,
+            rename_files=self.rename_files,
+            allow_pipe=self.allow_pipe,
+            storage_options=self.storage_options,
+        )
 
 
 class FluidWrapper(DataPipeline):

@@ -27,10 +27,35 @@ from ..stages import reraise_exception
 from .utils import PipelineStage
 
 __all__ = [
-    "Cached", "Curried", "associate", "batched", "compose", "decode", "default_collation_fn",
-    "detshuffle", "extract_keys", "getfirst", "identity", "info", "listed", "log_keys", "map",
-    "map_dict", "map_tuple", "pipeline", "pipelinefilter", "rename", "rename_keys", "rsample",
-    "select", "shuffle", "slice", "to_tuple", "transform_with", "unbatched", "unlisted",
+    "Cached",
+    "Curried",
+    "associate",
+    "batched",
+    "compose",
+    "decode",
+    "default_collation_fn",
+    "detshuffle",
+    "extract_keys",
+    "getfirst",
+    "identity",
+    "info",
+    "listed",
+    "log_keys",
+    "map",
+    "map_dict",
+    "map_tuple",
+    "pipeline",
+    "pipelinefilter",
+    "rename",
+    "rename_keys",
+    "rsample",
+    "select",
+    "shuffle",
+    "slice",
+    "to_tuple",
+    "transform_with",
+    "unbatched",
+    "unlisted",
     "xdecode",
 ]
 
@@ -90,10 +115,12 @@ def compose2(f, g):
 
 def compose(*fs):
     """The function applying ``fs`` in order."""
+
     def composed(x):
         for f in fs:
             x = f(x)
         return x
+
     return composed
 
 
@@ -153,16 +180,16 @@ def _no_nones(tuples, fields, handler):
         yield t
 
 
-def default_collation_fn(samples: list, combine_tensors: bool = True,
-                         combine_scalars: bool = True):
+def default_collation_fn(samples: list, combine_tensors: bool = True, combine_scalars: bool = True):
     """tarshards' collation; with ``combine_tensors``/``combine_scalars`` off, those columns
     stay lists (webdataset's options)."""
     if combine_tensors and combine_scalars:
         return _st.default_collation_fn(samples)
     first = samples[0]
     if isinstance(first, dict):
-        return {k: _column([s[k] for s in samples], combine_tensors, combine_scalars)
-                for k in first}
+        return {
+            k: _column([s[k] for s in samples], combine_tensors, combine_scalars) for k in first
+        }
     if isinstance(first, (tuple, list)):
         return tuple(_column(list(c), combine_tensors, combine_scalars) for c in zip(*samples))
     return _column(list(samples), combine_tensors, combine_scalars)
@@ -203,15 +230,32 @@ def _slice(data, *args):
 _IMAGE_MODES = None
 
 
-def _decode(data, *args, handler=reraise_exception, only=None, partial=False, pre=None,
-            post=None, allow_unsafe: bool = False, size=None, **kw):
+def _decode(
+    data,
+    *args,
+    handler=reraise_exception,
+    only=None,
+    partial=False,
+    pre=None,
+    post=None,
+    allow_unsafe: bool = False,
+    size=None,
+    **kw,
+):
     """tarshards.stages.decode with webdataset's arguments: image specs (``"rgb"``, ``"torch"``...),
     handlers ``f(key, data)``, ``Decoder`` objects; ``pre``/``post`` handler lists."""
     from .autodecode import as_decode_args
 
     handlers = as_decode_args((pre or []) + list(args) + (post or []))
-    return _st.decode(data, *handlers, only=only, partial=partial, size=size,
-                      allow_unsafe=allow_unsafe, handler=handler)
+    return _st.decode(
+        data,
+        *handlers,
+        only=only,
+        partial=partial,
+        size=size,
+        allow_unsafe=allow_unsafe,
+        handler=handler,
+    )
 
 
 def getfirst(sample: dict, keys, default=None, missing_is_error: bool = True):
@@ -222,8 +266,9 @@ def getfirst(sample: dict, keys, default=None, missing_is_error: bool = True):
         if k in sample:
             return sample[k]
     if missing_is_error:
-        raise MissingFieldError(f"none of {';'.join(keys)!r} in sample (fields: "
-                                f"{', '.join(sample)})")
+        raise MissingFieldError(
+            f"none of {';'.join(keys)!r} in sample (fields: {', '.join(sample)})"
+        )
     return default
 
 
@@ -247,8 +292,11 @@ def _info(data, fmt=None, n=3, every=-1, width=50, stream=sys.stderr, name=""):
     for i, sample in enumerate(data):
         if i < n or (every > 0 and (i + 1) % every == 0):
             if fmt is None:
-                text = " ".join(f"{k}:{repr(v)[:width]}" for k, v in sample.items()) \
-                    if isinstance(sample, dict) else repr(sample)[:width]
+                text = (
+                    " ".join(f"{k}:{repr(v)[:width]}" for k, v in sample.items())
+                    if isinstance(sample, dict)
+                    else repr(sample)[:width]
+                )
             else:
                 text = fmt.format(**sample)
             print(f"{name} {i} {text}", file=stream)
@@ -262,8 +310,14 @@ def _log_keys(data, logfile=None):
         return
     with open(logfile, "a") as stream:
         for i, sample in enumerate(data):
-            print(i, sample.get("__worker__"), sample.get("__rank__"), sample.get("__key__"),
-                  sample.get("__url__"), file=stream)
+            print(
+                i,
+                sample.get("__worker__"),
+                sample.get("__rank__"),
+                sample.get("__key__"),
+                sample.get("__url__"),
+                file=stream,
+            )
             yield sample
 
 
@@ -292,16 +346,19 @@ def _extract_keys(source, *patterns, duplicate_is_error=True, ignore_missing=Fal
             if not hits:
                 if ignore_missing:
                     continue
-                raise MissingFieldError(f"extract_keys: no field matches {';'.join(alts)!r} "
-                                        f"(fields: {', '.join(sample)})")
+                raise MissingFieldError(
+                    f"extract_keys: no field matches {';'.join(alts)!r} "
+                    f"(fields: {', '.join(sample)})"
+                )
             if len(hits) > 1 and duplicate_is_error:
                 raise ValueError(f"extract_keys: fields {hits} all match {';'.join(alts)!r}")
             out.append(sample[hits[0]])
         yield tuple(out)
 
 
-def _rename_keys(source, *args, keep_unselected=False, must_match=True,
-                 duplicate_is_error=True, **kw):
+def _rename_keys(
+    source, *args, keep_unselected=False, must_match=True, duplicate_is_error=True, **kw
+):
     """Rename fields by glob patterns: ``rename_keys(image="*.png")`` or ``("image", "*.png")``
     pairs; later patterns win; fields matching none are dropped unless ``keep_unselected``."""
     renamings = [(pattern, new) for new, pattern in args] + [(p, n) for n, p in kw.items()]
@@ -327,8 +384,9 @@ def _rename_keys(source, *args, keep_unselected=False, must_match=True,
             out[new] = value
         if must_match and len(matched) < len({p for p, _ in renamings}):
             missing = [p for p, _ in renamings if p not in matched]
-            raise MissingFieldError(f"rename_keys: no field matches {missing} "
-                                    f"(fields: {', '.join(sample)})")
+            raise MissingFieldError(
+                f"rename_keys: no field matches {missing} (fields: {', '.join(sample)})"
+            )
         yield out
 
 
@@ -369,8 +427,10 @@ def _xdecode(source, *args, must_decode=True, defaults=default_decoders, **kw):
             dec = _find_decoder(decoders, path)
             if dec is None or dec is False:
                 if dec is None and must_decode:
-                    raise ValueError(f"xdecode: no decoder for field {path!r} "
-                                     "(pass must_decode=False to keep it as it is)")
+                    raise ValueError(
+                        f"xdecode: no decoder for field {path!r} "
+                        "(pass must_decode=False to keep it as it is)"
+                    )
                 out[path] = data
                 continue
             out[path] = dec(io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else data)
@@ -380,8 +440,11 @@ def _xdecode(source, *args, must_decode=True, defaults=default_decoders, **kw):
 def _associate(data, associator, **kw):
     """Merge ``associator(key)`` (a function, or a dict by key) into each sample."""
     for sample in data:
-        extra = associator(sample["__key__"]) if callable(associator) \
+        extra = (
+            associator(sample["__key__"])
+            if callable(associator)
             else associator.get(sample["__key__"], {})
+        )
         sample = dict(sample)
         sample.update(extra)
         yield sample
@@ -398,8 +461,12 @@ class detshuffle(PipelineStage):
 
     def run(self, src):
         self.epoch += 1
-        return _st.shuffle(src, self.bufsize, initial=self.initial,
-                           rng=make_rng("detshuffle", self.seed, self.epoch))
+        return _st.shuffle(
+            src,
+            self.bufsize,
+            initial=self.initial,
+            rng=make_rng("detshuffle", self.seed, self.epoch),
+        )
 
 
 class Cached(PipelineStage):

@@ -10,8 +10,13 @@ from ..shards import make_rng
 from ._base import IterableDataset
 from .utils import pytorch_worker_info
 
-__all__ = ["RandomMix", "RoundRobin", "random_samples", "round_robin_longest",
-           "round_robin_shortest"]
+__all__ = [
+    "RandomMix",
+    "RoundRobin",
+    "random_samples",
+    "round_robin_longest",
+    "round_robin_shortest",
+]
 
 
 def round_robin_shortest(*sources):

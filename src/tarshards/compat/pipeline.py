@@ -28,8 +28,10 @@ def _apply(data, stage):
     if isinstance(stage, PipelineStage):
         return stage.run(data)
     if not callable(stage):
-        raise ValueError(f"{stage!r}: not a valid pipeline stage (a function of an iterator, "
-                         "a PipelineStage or a curried filter)")
+        raise ValueError(
+            f"{stage!r}: not a valid pipeline stage (a function of an iterator, "
+            "a PipelineStage or a curried filter)"
+        )
     return stage(data)
 
 
@@ -90,8 +92,7 @@ class _CompatMixin:
     def repeat(self, nepochs: int = -1, nbatches: int = -1):
         """Iterate ``nepochs`` times (forever when < 1, ending early on an empty pass), at most
         ``nbatches`` items in all when given (changes this pipeline and returns it)."""
-        self._repetitions = (nepochs if nepochs > 0 else None,
-                             nbatches if nbatches > 0 else None)
+        self._repetitions = (nepochs if nepochs > 0 else None, nbatches if nbatches > 0 else None)
         return self
 
     def with_length(self, n: int, silent: bool = False):
@@ -107,7 +108,7 @@ class _CompatMixin:
         return passes if nitems is None else itertools.islice(passes, nitems)
 
     def _passes(self, nepochs):
-        for _ in (range(nepochs) if nepochs is not None else itertools.count()):
+        for _ in range(nepochs) if nepochs is not None else itertools.count():
             empty = True
             for item in TSDataPipeline.__iter__(self):
                 empty = False
@@ -133,8 +134,7 @@ class FluidInterface:
     """webdataset's fluent methods: each appends the curried filter of the same name."""
 
     def batched(self, batchsize, collation_fn=filters.default_collation_fn, partial=True):
-        return self.compose(filters.batched(batchsize, collation_fn=collation_fn,
-                                            partial=partial))
+        return self.compose(filters.batched(batchsize, collation_fn=collation_fn, partial=partial))
 
     def unbatched(self):
         return self.compose(filters.unbatched())
@@ -157,11 +157,30 @@ class FluidInterface:
         kw = {} if handler is None else {"handler": handler}
         return self.compose(filters.map(f, **kw))
 
-    def decode(self, *args, pre=None, post=None, only=None, partial=False, handler=None,
-               allow_unsafe=False, size=None):
+    def decode(
+        self,
+        *args,
+        pre=None,
+        post=None,
+        only=None,
+        partial=False,
+        handler=None,
+        allow_unsafe=False,
+        size=None,
+    ):
         kw = {} if handler is None else {"handler": handler}
-        return self.compose(filters.decode(*args, pre=pre, post=post, only=only, partial=partial,
-                                           allow_unsafe=allow_unsafe, size=size, **kw))
+        return self.compose(
+            filters.decode(
+                *args,
+                pre=pre,
+                post=post,
+                only=only,
+                partial=partial,
+                allow_unsafe=allow_unsafe,
+                size=size,
+                **kw,
+            )
+        )
 
     def map_dict(self, handler=None, **kw):
         if handler is not None:
@@ -241,8 +260,9 @@ class DataPipeline(_CompatMixin, FluidInterface, TSDataPipeline):
     def append(self, stage) -> None:
         if not self.pipeline:
             if isinstance(stage, Curried):
-                raise ValueError(f"{stage!r} is a filter, not a source: put a shard list or an "
-                                 "iterable first")
+                raise ValueError(
+                    f"{stage!r} is a filter, not a source: put a shard list or an iterable first"
+                )
             self._source.stage = stage
             self.pipeline.append(stage)
             return

@@ -24,10 +24,21 @@ from .filters import pipelinefilter
 from .utils import pytorch_worker_info, pytorch_worker_seed
 from ._base import IterableDataset
 
-__all__ = ["DirectoryShardList", "ResampledShardList", "ResampledShards", "SimpleShardList",
-           "envsubst",
-           "expand_source", "expand_urls", "non_empty", "resampled", "shardspec",
-           "single_node_only", "split_by_node", "split_by_worker"]
+__all__ = [
+    "DirectoryShardList",
+    "ResampledShardList",
+    "ResampledShards",
+    "SimpleShardList",
+    "envsubst",
+    "expand_source",
+    "expand_urls",
+    "non_empty",
+    "resampled",
+    "shardspec",
+    "single_node_only",
+    "split_by_node",
+    "split_by_worker",
+]
 
 _VAR = re.compile(r"\$\{(\w+)\}")
 
@@ -35,6 +46,7 @@ _VAR = re.compile(r"\$\{(\w+)\}")
 def envsubst(spec: str) -> str:
     """Replace ``${NAME}`` by the environment variable ``WDS_NAME`` (webdataset's rule); a
     missing variable is an error."""
+
     def lookup(m):
         name = "WDS_" + m.group(1)
         if name not in os.environ:
@@ -62,8 +74,9 @@ def expand_source(source, max_urls: int = int(1e9), expand_env: bool = False) ->
     if isinstance(source, str):
         return expand_urls(source, expand_env)
     if isinstance(source, Iterable):
-        return [u if isinstance(u, str) else os.fspath(u)
-                for u in itertools.islice(source, max_urls)]
+        return [
+            u if isinstance(u, str) else os.fspath(u) for u in itertools.islice(source, max_urls)
+        ]
     raise ValueError(f"cannot make a shard list from {type(source).__name__}")
 
 
@@ -98,9 +111,18 @@ class ResampledShards(IterableDataset):
     default) also mixes in fresh entropy, so runs differ.
     """
 
-    def __init__(self, urls, nshards: int = sys.maxsize, seed: int = 0, worker_seed=None,
-                 deterministic: bool = False, max_urls: int = int(1e6), empty_check: bool = True,
-                 *, expand_env: bool = False):
+    def __init__(
+        self,
+        urls,
+        nshards: int = sys.maxsize,
+        seed: int = 0,
+        worker_seed=None,
+        deterministic: bool = False,
+        max_urls: int = int(1e6),
+        empty_check: bool = True,
+        *,
+        expand_env: bool = False,
+    ):
         super().__init__()
         self.urls = expand_source(urls, max_urls, expand_env)
         if empty_check and not self.urls:
@@ -157,8 +179,10 @@ def single_node_only(src, group=None):
     """Pass everything through; an error on more than one node (split explicitly there)."""
     _, world, _, _ = pytorch_worker_info(group=group)
     if world > 1:
-        raise ValueError("you need to add an explicit nodesplitter to your input pipeline for "
-                         "multi-node training")
+        raise ValueError(
+            "you need to add an explicit nodesplitter to your input pipeline for "
+            "multi-node training"
+        )
     yield from src
 
 
@@ -178,8 +202,7 @@ def non_empty(src):
         empty = False
         yield item
     if empty:
-        raise ValueError("pipeline stage received no data at all and this was declared as an "
-                         "error")
+        raise ValueError("pipeline stage received no data at all and this was declared as an error")
 
 
 def _resampled(src, n: int = sys.maxsize, rng=None):
@@ -199,8 +222,9 @@ resampled = pipelinefilter(_resampled)
 def shardspec(spec: str, *, expand_env: bool = False):
     """A shard list for a spec (webdataset also reads ``.yaml`` specs; tarshards does not)."""
     if spec.endswith((".yaml", ".yml")):
-        raise ValueError("yaml dataset specs are not supported by tarshards.compat; list the "
-                         "shards instead")
+        raise ValueError(
+            "yaml dataset specs are not supported by tarshards.compat; list the shards instead"
+        )
     return SimpleShardList(spec, expand_env=expand_env)
 
 
@@ -209,8 +233,11 @@ def _alternatives(pattern: str) -> list[str]:
     m = re.search(r"\{([^{}]*,[^{}]*)\}", pattern)
     if m is None:
         return [pattern]
-    return [alt for choice in m.group(1).split(",")
-            for alt in _alternatives(pattern[:m.start()] + choice + pattern[m.end():])]
+    return [
+        alt
+        for choice in m.group(1).split(",")
+        for alt in _alternatives(pattern[: m.start()] + choice + pattern[m.end() :])
+    ]
 
 
 def _pid_of(fname: str) -> int | None:
@@ -236,12 +263,20 @@ class DirectoryShardList(IterableDataset):
     ``poll`` seconds between looks, for at most ``timeout`` seconds.
     """
 
-    def __init__(self, path: str, pattern: str = "*.{tar,tgz,tar.tgz}", poll=1,
-                 timeout: float = 1e12, mode: str = "resample", select: str = "random",
-                 fate=None):
+    def __init__(
+        self,
+        path: str,
+        pattern: str = "*.{tar,tgz,tar.tgz}",
+        poll=1,
+        timeout: float = 1e12,
+        mode: str = "resample",
+        select: str = "random",
+        fate=None,
+    ):
         if not path.endswith("/") or not os.path.isdir(path):
-            raise ValueError(f"DirectoryShardList needs an existing directory ending in '/': "
-                             f"{path!r}")
+            raise ValueError(
+                f"DirectoryShardList needs an existing directory ending in '/': {path!r}"
+            )
         if mode not in ("unlink", "keep", "resample"):
             raise ValueError(f"mode must be unlink, keep or resample, not {mode!r}")
         if select not in ("random", "oldest"):

@@ -20,8 +20,16 @@ from ..tario import iter_tar, tar_byte_source
 from .filters import pipelinefilter
 from .gopen import _Opened
 
-__all__ = ["base_plus_ext", "group_by_keys", "tar_file_expander", "tar_file_iterator",
-           "tarfile_samples", "tarfile_to_samples", "url_opener", "valid_sample"]
+__all__ = [
+    "base_plus_ext",
+    "group_by_keys",
+    "tar_file_expander",
+    "tar_file_iterator",
+    "tarfile_samples",
+    "tarfile_to_samples",
+    "url_opener",
+    "valid_sample",
+]
 
 meta_prefix = "__"
 meta_suffix = "__"
@@ -34,13 +42,17 @@ def base_plus_ext(path: str):
     if parts is None:
         return None, None
     name = path[2:] if path.startswith("./") else path
-    return parts[0], name[len(parts[0]) + 1:]
+    return parts[0], name[len(parts[0]) + 1 :]
 
 
 def valid_sample(sample: Any) -> bool:
     """True for a non-empty sample dict not marked ``__bad__``."""
-    return (sample is not None and isinstance(sample, dict) and len(sample) > 0
-            and not sample.get("__bad__", False))
+    return (
+        sample is not None
+        and isinstance(sample, dict)
+        and len(sample) > 0
+        and not sample.get("__bad__", False)
+    )
 
 
 def _policy(handler: Callable) -> Callable:
@@ -52,13 +64,13 @@ def _policy(handler: Callable) -> Callable:
         if isinstance(exn, PipeNotAllowedError):
             raise exn
         return handler(exn)
+
     decide._tarshards_policy = True
     decide.__name__ = getattr(handler, "__name__", "handler")
     return decide
 
 
-def url_opener(data: Iterable[dict], handler: Callable = reraise_exception,
-               **kw) -> Iterator[dict]:
+def url_opener(data: Iterable[dict], handler: Callable = reraise_exception, **kw) -> Iterator[dict]:
     """Add ``stream`` (an open binary file) to each ``{"url": ...}`` dict.
 
     ``kw`` goes to :func:`tarshards.open_url` (``allow_pipe=True``, ``storage_options=``...).
@@ -82,9 +94,14 @@ def url_opener(data: Iterable[dict], handler: Callable = reraise_exception,
         yield sample
 
 
-def tar_file_iterator(fileobj, skip_meta=None, handler: Callable = reraise_exception,
-                      select_files: Callable | None = None,
-                      rename_files: Callable | None = None, url=None) -> Iterator[dict]:
+def tar_file_iterator(
+    fileobj,
+    skip_meta=None,
+    handler: Callable = reraise_exception,
+    select_files: Callable | None = None,
+    rename_files: Callable | None = None,
+    url=None,
+) -> Iterator[dict]:
     """``{"fname", "data"}`` for each regular member of a tar stream (gzip/zstd detected)."""
     for name, data, offset in iter_tar(tar_byte_source(fileobj, url), url):
         if select_files is not None and not select_files(name):
@@ -96,9 +113,13 @@ def tar_file_iterator(fileobj, skip_meta=None, handler: Callable = reraise_excep
         yield {"fname": name, "data": data, "__offset__": offset}
 
 
-def tar_file_expander(data: Iterable[dict], handler: Callable = reraise_exception,
-                      select_files: Callable | None = None,
-                      rename_files: Callable | None = None, eof_value=None) -> Iterator[dict]:
+def tar_file_expander(
+    data: Iterable[dict],
+    handler: Callable = reraise_exception,
+    select_files: Callable | None = None,
+    rename_files: Callable | None = None,
+    eof_value=None,
+) -> Iterator[dict]:
     """The members of each opened shard, as ``{"fname", "data", "__url__"}`` dicts."""
     decide = _policy(handler)
     for source in data:
@@ -106,9 +127,13 @@ def tar_file_expander(data: Iterable[dict], handler: Callable = reraise_exceptio
         stream = source["stream"]
         try:
             with stream:
-                for member in tar_file_iterator(stream, handler=handler, url=url,
-                                                select_files=select_files,
-                                                rename_files=rename_files):
+                for member in tar_file_iterator(
+                    stream,
+                    handler=handler,
+                    url=url,
+                    select_files=select_files,
+                    rename_files=rename_files,
+                ):
                     member["__url__"] = url
                     yield member
         except Exception as exn:
@@ -125,8 +150,13 @@ def tar_file_expander(data: Iterable[dict], handler: Callable = reraise_exceptio
             yield eof_value
 
 
-def group_by_keys(data: Iterable[dict], keys: Callable = base_plus_ext, lcase: bool = True,
-                  suffixes=None, handler: Callable | None = None) -> Iterator[dict]:
+def group_by_keys(
+    data: Iterable[dict],
+    keys: Callable = base_plus_ext,
+    lcase: bool = True,
+    suffixes=None,
+    handler: Callable | None = None,
+) -> Iterator[dict]:
     """Group consecutive members with the same key (and shard) into samples.
 
     With the default ``keys`` this is tarshards' grouping (:func:`tarshards.format.group_samples`,
@@ -154,8 +184,7 @@ def group_by_keys(data: Iterable[dict], keys: Callable = base_plus_ext, lcase: b
             current = {"__key__": prefix, "__url__": url}
         if suffixes is None or suffix in suffixes:
             if suffix in current:
-                exn = ValueError(f"{fname}: duplicate file name in tar file {suffix} "
-                                 f"(shard {url})")
+                exn = ValueError(f"{fname}: duplicate file name in tar file {suffix} (shard {url})")
                 if handler(exn):
                     continue
                 return
@@ -182,8 +211,9 @@ def _group_default(data, suffixes, handler):
         try:
             for sample in group_samples([run], url, batched=True):
                 if suffixes is not None:
-                    sample = {k: v for k, v in sample.items()
-                              if k.startswith("__") or k in suffixes}
+                    sample = {
+                        k: v for k, v in sample.items() if k.startswith("__") or k in suffixes
+                    }
                 if valid_sample(sample):
                     yield sample
         except TarshardsError as exn:
@@ -192,9 +222,13 @@ def _group_default(data, suffixes, handler):
             return
 
 
-def tarfile_samples(src: Iterable[dict], handler: Callable = reraise_exception,
-                    select_files: Callable | None = None,
-                    rename_files: Callable | None = None, **open_options) -> Iterator[dict]:
+def tarfile_samples(
+    src: Iterable[dict],
+    handler: Callable = reraise_exception,
+    select_files: Callable | None = None,
+    rename_files: Callable | None = None,
+    **open_options,
+) -> Iterator[dict]:
     """The samples of each ``{"url": ...}`` shard in turn.
 
     ``open_options`` go to :func:`tarshards.open_url` (``allow_pipe=True``, ``storage_options``).
@@ -203,8 +237,9 @@ def tarfile_samples(src: Iterable[dict], handler: Callable = reraise_exception,
         urls = (s["url"] if isinstance(s, dict) else s for s in src)
         return iter_samples(urls, handler=_policy(handler), **open_options)
     streams = url_opener(src, handler=handler, **open_options)
-    files = tar_file_expander(streams, handler=handler, select_files=select_files,
-                              rename_files=rename_files)
+    files = tar_file_expander(
+        streams, handler=handler, select_files=select_files, rename_files=rename_files
+    )
     return group_by_keys(files, handler=handler)
 
 

@@ -13,8 +13,15 @@ import importlib
 import sys
 from typing import Any, Callable, Iterable, Iterator
 
-__all__ = ["PipelineStage", "identity", "make_seed", "pytorch_worker_info",
-           "pytorch_worker_seed", "repeatedly", "repeatedly0"]
+__all__ = [
+    "PipelineStage",
+    "identity",
+    "make_seed",
+    "pytorch_worker_info",
+    "pytorch_worker_seed",
+    "repeatedly",
+    "repeatedly0",
+]
 
 
 class PipelineStage:
@@ -81,9 +88,13 @@ def _batch_size(batch) -> int:
     return len(batch[0])
 
 
-def repeatedly(source: Iterable, nepochs: int | None = None, nbatches: int | None = None,
-               nsamples: int | None = None,
-               batchsize: Callable[[Any], int] = _batch_size) -> Iterator:
+def repeatedly(
+    source: Iterable,
+    nepochs: int | None = None,
+    nbatches: int | None = None,
+    nsamples: int | None = None,
+    batchsize: Callable[[Any], int] = _batch_size,
+) -> Iterator:
     """Iterate over ``source`` again and again: ``nepochs`` passes, or until ``nbatches`` items or
     ``nsamples`` samples (``batchsize(batch)`` each) have been yielded. An empty pass ends it."""
     epoch = count = total = 0

@@ -30,9 +30,21 @@ def _encoder_fn(encoder):
 class TarWriter(_w.TarWriter):
     """``TarWriter(fileobj, compress=None, encoder=True, mtime=None, ...)`` (webdataset's)."""
 
-    def __init__(self, fileobj, user: str = "bigdata", group: str = "bigdata", mode: int = 0o444,
-                 compress=None, encoder=True, keep_meta: bool = False, mtime=None, format=None,
-                 *, allow_pipe: bool = False, storage_options=None):
+    def __init__(
+        self,
+        fileobj,
+        user: str = "bigdata",
+        group: str = "bigdata",
+        mode: int = 0o444,
+        compress=None,
+        encoder=True,
+        keep_meta: bool = False,
+        mtime=None,
+        format=None,
+        *,
+        allow_pipe: bool = False,
+        storage_options=None,
+    ):
         self._pipe = contextlib.ExitStack()
         dest = fileobj
         if isinstance(fileobj, str) and fileobj.startswith("pipe:"):
@@ -40,15 +52,20 @@ class TarWriter(_w.TarWriter):
                 raise PipeNotAllowedError(
                     "pipe: destinations run shell commands and are off by default; pass "
                     "allow_pipe=True (TarWriter(..., allow_pipe=True)) if you mean it",
-                    url=fileobj)
+                    url=fileobj,
+                )
             dest = self._pipe.enter_context(open_url(fileobj, "wb", allow_pipe=True))
             if compress is None and fileobj.rstrip().endswith((".tgz", ".tar.gz")):
                 compress = "gz"
         use_registry, self._encode_fn = _encoder_fn(encoder)
         try:
-            super().__init__(dest, encoder=use_registry, compress=compress,
-                             mtime=0 if mtime is None else int(mtime),
-                             storage_options=storage_options)
+            super().__init__(
+                dest,
+                encoder=use_registry,
+                compress=compress,
+                mtime=0 if mtime is None else int(mtime),
+                storage_options=storage_options,
+            )
         except BaseException:
             self._pipe.close()
             raise
@@ -76,13 +93,29 @@ class ShardWriter(_w.ShardWriter):
     """``ShardWriter(pattern, maxcount=100000, maxsize=3e9, post=None, start_shard=0,
     verbose=1, opener=None, **tarwriter_kw)`` (webdataset's)."""
 
-    def __init__(self, pattern: str, maxcount: int = 100000, maxsize: float = 3e9,
-                 post: Callable | None = None, start_shard: int = 0, verbose: int = 1,
-                 opener: Callable | None = None, **kw):
+    def __init__(
+        self,
+        pattern: str,
+        maxcount: int = 100000,
+        maxsize: float = 3e9,
+        post: Callable | None = None,
+        start_shard: int = 0,
+        verbose: int = 1,
+        opener: Callable | None = None,
+        **kw,
+    ):
         encoder = kw.pop("encoder", True)
         use_registry, self._encode_fn = _encoder_fn(encoder)
-        super().__init__(pattern, maxcount, maxsize, start_shard=start_shard, verbose=verbose,
-                         post=post, encoder=use_registry, **kw)
+        super().__init__(
+            pattern,
+            maxcount,
+            maxsize,
+            start_shard=start_shard,
+            verbose=verbose,
+            post=post,
+            encoder=use_registry,
+            **kw,
+        )
         self.opener = opener
 
     def _open_next(self) -> None:

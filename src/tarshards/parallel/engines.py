@@ -38,8 +38,9 @@ class Engine(Protocol):
 
     name: str
 
-    def run(self, job: Job, pairs: list[tuple[str, str]], todo: list[int],
-            finished: Finished) -> None: ...
+    def run(
+        self, job: Job, pairs: list[tuple[str, str]], todo: list[int], finished: Finished
+    ) -> None: ...
 
 
 def check_retries(retries) -> int:
@@ -48,8 +49,15 @@ def check_retries(retries) -> int:
     return retries
 
 
-def make_engine(engine: str | Engine, *, workers: int | None = None, address: str | None = None,
-                client=None, retries: int = 2, mp_context=None) -> Engine:
+def make_engine(
+    engine: str | Engine,
+    *,
+    workers: int | None = None,
+    address: str | None = None,
+    client=None,
+    retries: int = 2,
+    mp_context=None,
+) -> Engine:
     """The engine for ``map_shards(engine=...)``: a name from :data:`ENGINES`, or an engine."""
     if isinstance(engine, Engine):
         return engine
@@ -90,8 +98,9 @@ class ProcessEngine:
         self.retries = check_retries(retries)
         self.mp_context = mp_context
 
-    def run(self, job: Job, pairs: list[tuple[str, str]], todo: list[int],
-            finished: Finished) -> None:
+    def run(
+        self, job: Job, pairs: list[tuple[str, str]], todo: list[int], finished: Finished
+    ) -> None:
         payload = dumps(_Attempt(job))
         pending = collections.deque(todo)
         attempts: collections.Counter = collections.Counter()
@@ -99,8 +108,7 @@ class ProcessEngine:
         def retry_or_fail(i, why):
             if attempts[i] > self.retries:
                 inp, out = pairs[i]
-                finished(i, ShardReport(inp, out, status=FAILED, error=why,
-                                        attempts=attempts[i]))
+                finished(i, ShardReport(inp, out, status=FAILED, error=why, attempts=attempts[i]))
             else:
                 pending.appendleft(i)
 
@@ -118,8 +126,11 @@ class ProcessEngine:
                         finished(task, value)
                     elif kind == "died":
                         for i in task:
-                            retry_or_fail(i, f"the worker process died (exit code {value}) "
-                                             f"{attempts[i]} time(s)")
+                            retry_or_fail(
+                                i,
+                                f"the worker process died (exit code {value}) "
+                                f"{attempts[i]} time(s)",
+                            )
                     else:
                         retry_or_fail(task, describe(value))
 
@@ -134,7 +145,8 @@ def _import_distributed():
         import distributed
     except ImportError:
         raise MissingDependencyError(
-            "engine='dask' needs dask.distributed: pip install 'tarshards[dask]'") from None
+            "engine='dask' needs dask.distributed: pip install 'tarshards[dask]'"
+        ) from None
     return distributed
 
 
@@ -148,7 +160,8 @@ def _run_pickled_job(job_bytes: bytes, inp: str, out: str):
         raise RuntimeError(
             f"the function could not be loaded on the Dask worker ({type(exn).__name__}: {exn}); "
             "its module must be importable there (install it on the workers, or define the "
-            "function in the script that calls map_shards)") from exn
+            "function in the script that calls map_shards)"
+        ) from exn
     return job(inp, out)
 
 
@@ -159,16 +172,21 @@ class DaskEngine:
 
     name = "dask"
 
-    def __init__(self, workers: int | None = None, *, address: str | None = None, client=None,
-                 retries: int = 2):
+    def __init__(
+        self,
+        workers: int | None = None,
+        *,
+        address: str | None = None,
+        client=None,
+        retries: int = 2,
+    ):
         self.workers = default_workers(workers)
         self.address = address
         self.client = client
         self.retries = check_retries(retries)
 
     def run(self, job, pairs, todo, finished) -> None:
-        _run_dask(job, pairs, todo, self.workers, self.address, self.retries, self.client,
-                  finished)
+        _run_dask(job, pairs, todo, self.workers, self.address, self.retries, self.client, finished)
 
 
 def _run_dask(job, pairs, todo, workers, address, retries, client, finished) -> None:
@@ -179,13 +197,21 @@ def _run_dask(job, pairs, todo, workers, address, retries, client, finished) -> 
         if client is None:
             if address is None:
                 # the scheduler reschedules a dead worker's task up to allowed-failures times
-                stack.enter_context(dask.config.set(
-                    {"distributed.scheduler.allowed-failures": retries}))
-                cluster = stack.enter_context(distributed.LocalCluster(
-                    n_workers=max(1, workers), threads_per_worker=1, processes=True,
-                    host="127.0.0.1", dashboard_address=None, silence_logs=40,
-                    # no dashboard; the scheduler's small HTTP server on a free local port
-                    scheduler_kwargs={"dashboard_address": "127.0.0.1:0"}))
+                stack.enter_context(
+                    dask.config.set({"distributed.scheduler.allowed-failures": retries})
+                )
+                cluster = stack.enter_context(
+                    distributed.LocalCluster(
+                        n_workers=max(1, workers),
+                        threads_per_worker=1,
+                        processes=True,
+                        host="127.0.0.1",
+                        dashboard_address=None,
+                        silence_logs=40,
+                        # no dashboard; the scheduler's small HTTP server on a free local port
+                        scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
+                    )
+                )
                 client = stack.enter_context(distributed.Client(cluster))
             else:
                 client = stack.enter_context(distributed.Client(address))
@@ -195,12 +221,20 @@ def _run_dask(job, pairs, todo, workers, address, retries, client, finished) -> 
 
         # hash=False: a key of its own, so a job with the same function on the same client
         # never shares (and loses) data with one that is finishing
-        job_bytes = client.scatter(cloudpickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL),
-                                   broadcast=True, hash=False)
+        job_bytes = client.scatter(
+            cloudpickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL), broadcast=True, hash=False
+        )
         for i in todo:
             inp, out = pairs[i]
-            fut = client.submit(_run_pickled_job, job_bytes, inp, out,
-                                key=f"tarshards-shard-{token}-{i}", pure=False, retries=retries)
+            fut = client.submit(
+                _run_pickled_job,
+                job_bytes,
+                inp,
+                out,
+                key=f"tarshards-shard-{token}-{i}",
+                pure=False,
+                retries=retries,
+            )
             futures[fut] = i
         try:
             for fut in distributed.as_completed(futures):

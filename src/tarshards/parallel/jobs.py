@@ -56,9 +56,19 @@ class ShardJob:
 class SampleShardJob(ShardJob):
     """Read one input shard, apply ``fn`` to each sample, write the output shard atomically."""
 
-    def __init__(self, fn, *, decode=None, on_error: OnError = "raise", encoder=True,
-                 storage_options=None, compress=None, allow_pipe=False, record=False,
-                 aligned=False):
+    def __init__(
+        self,
+        fn,
+        *,
+        decode=None,
+        on_error: OnError = "raise",
+        encoder=True,
+        storage_options=None,
+        compress=None,
+        allow_pipe=False,
+        record=False,
+        aligned=False,
+    ):
         self.record = record or aligned  # keep the output's index (for a manifest)
         self.aligned = aligned  # sample-aligned compression
         self.fn = fn
@@ -90,14 +100,22 @@ class SampleShardJob(ShardJob):
                 report.samples_in += 1
                 yield s
 
-        samples = counted(shard_samples(report.input, storage_options=self.storage_options,
-                                        allow_pipe=self.allow_pipe))
+        samples = counted(
+            shard_samples(
+                report.input, storage_options=self.storage_options, allow_pipe=self.allow_pipe
+            )
+        )
         if self.decode is not None:
             samples = _stages.decode(samples, *self.decode, on_error=handle)
         fn = self.fn
-        with TarWriter(report.output, encoder=self.encoder, compress=self.compress,
-                       storage_options=self.storage_options, index=self.record,
-                       aligned=self.aligned) as sink:
+        with TarWriter(
+            report.output,
+            encoder=self.encoder,
+            compress=self.compress,
+            storage_options=self.storage_options,
+            index=self.record,
+            aligned=self.aligned,
+        ) as sink:
             try:
                 for sample in samples:
                     try:

@@ -26,7 +26,8 @@ def dumps(obj) -> bytes:
         except ImportError:
             raise TypeError(
                 f"the function must be picklable to run in worker processes ({exc}); define it "
-                "at module level, or install cloudpickle to send lambdas and closures") from None
+                "at module level, or install cloudpickle to send lambdas and closures"
+            ) from None
         return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -65,8 +66,14 @@ def _worker_main(conn, payload: bytes) -> None:
         try:
             conn.send(reply)
         except Exception as exn:  # a result that does not pickle
-            conn.send((task_id, False, TypeError(f"result could not be sent back: {exn}"),
-                       traceback.format_exc()))
+            conn.send(
+                (
+                    task_id,
+                    False,
+                    TypeError(f"result could not be sent back: {exn}"),
+                    traceback.format_exc(),
+                )
+            )
 
 
 class _Worker:
@@ -97,8 +104,9 @@ class ProcessPool:
 
     def _start(self) -> _Worker:
         parent, child = self._ctx.Pipe(duplex=True)
-        p = self._ctx.Process(target=_worker_main, args=(child, self._payload),
-                              name="tarshards-worker", daemon=False)
+        p = self._ctx.Process(
+            target=_worker_main, args=(child, self._payload), name="tarshards-worker", daemon=False
+        )
         p.start()
         child.close()
         return _Worker(p, parent)
@@ -124,7 +132,8 @@ class ProcessPool:
         if not busy:
             return []
         ready = multiprocessing.connection.wait(
-            [w.conn for w in busy] + [w.process.sentinel for w in busy])
+            [w.conn for w in busy] + [w.process.sentinel for w in busy]
+        )
         out = []
         for i, w in enumerate(self._workers):
             if not w.tasks:

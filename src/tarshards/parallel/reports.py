@@ -34,8 +34,16 @@ class ShardReport:
 
 def summarize(reports: list[ShardReport]) -> dict:
     """Counts over reports: shards done/skipped/failed, samples in/out/skipped, seconds."""
-    out = {"shards": len(reports), DONE: 0, SKIPPED: 0, FAILED: 0, "samples_in": 0,
-           "samples_out": 0, "samples_skipped": 0, "seconds": 0.0}
+    out = {
+        "shards": len(reports),
+        DONE: 0,
+        SKIPPED: 0,
+        FAILED: 0,
+        "samples_in": 0,
+        "samples_out": 0,
+        "samples_skipped": 0,
+        "seconds": 0.0,
+    }
     for r in reports:
         out[r.status] += 1
         out["samples_in"] += r.samples_in
@@ -51,18 +59,36 @@ def format_summary(reports: list[ShardReport], wall_seconds: float | None = None
     for status in (DONE, SKIPPED, FAILED):
         rs = [r for r in reports if r.status == status]
         s = summarize(rs)
-        rows.append((status, str(len(rs)), str(s["samples_in"]), str(s["samples_out"]),
-                     str(s["samples_skipped"]), f"{s['seconds']:.1f}"))
+        rows.append(
+            (
+                status,
+                str(len(rs)),
+                str(s["samples_in"]),
+                str(s["samples_out"]),
+                str(s["samples_skipped"]),
+                f"{s['seconds']:.1f}",
+            )
+        )
     s = summarize(reports)
     total_secs = f"{wall_seconds:.1f}" if wall_seconds is not None else f"{s['seconds']:.1f}"
-    rows.append(("total", str(len(reports)), str(s["samples_in"]), str(s["samples_out"]),
-                 str(s["samples_skipped"]), total_secs))
+    rows.append(
+        (
+            "total",
+            str(len(reports)),
+            str(s["samples_in"]),
+            str(s["samples_out"]),
+            str(s["samples_skipped"]),
+            total_secs,
+        )
+    )
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     lines = []
     for r in rows:
         cells = [r[0].ljust(widths[0])] + [r[c].rjust(widths[c]) for c in range(1, len(r))]
         lines.append("  ".join(cells).rstrip())
     if wall_seconds is not None:
-        lines.append("(errors: samples skipped by the error handler; seconds: per-shard sums, "
-                     "total: wall clock)")
+        lines.append(
+            "(errors: samples skipped by the error handler; seconds: per-shard sums, "
+            "total: wall clock)"
+        )
     return "\n".join(lines)

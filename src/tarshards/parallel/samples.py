@@ -43,8 +43,7 @@ class _ChunkRunner:
                 out.append(_SampleOutcome(True, apply_one(self.fn, sample)))
             except Exception as exn:
                 err = _stages._context(exn, sample)
-                out.append(_SampleOutcome(False, portable_exception(err),
-                                          traceback.format_exc()))
+                out.append(_SampleOutcome(False, portable_exception(err), traceback.format_exc()))
         return out
 
 
@@ -52,10 +51,18 @@ def _sample_key(sample) -> str | None:
     return sample.get("__key__") if isinstance(sample, dict) else None
 
 
-def map_samples(fn: Callable, source: Iterable, processes: int | None = None, *,
-                ordered: bool = True, chunksize: int = 4, prefetch: int = 2,
-                on_error: OnError = "raise", handler: Callable | None = None,
-                mp_context=None) -> Iterator:
+def map_samples(
+    fn: Callable,
+    source: Iterable,
+    processes: int | None = None,
+    *,
+    ordered: bool = True,
+    chunksize: int = 4,
+    prefetch: int = 2,
+    on_error: OnError = "raise",
+    handler: Callable | None = None,
+    mp_context=None,
+) -> Iterator:
     """Apply ``fn`` to each sample of ``source`` in ``processes`` worker processes.
 
     Yields ``fn(sample)`` for each sample, in the order of ``source`` (``ordered=True``) or as
@@ -80,12 +87,12 @@ def map_samples(fn: Callable, source: Iterable, processes: int | None = None, *,
         raise ValueError(f"chunksize and prefetch must be >= 1, got {chunksize}, {prefetch}")
     if processes == 0:
         return _stages.map(source, fn, on_error=policy)
-    return _map_samples_pool(fn, source, processes, ordered, chunksize, prefetch, policy,
-                             mp_context)
+    return _map_samples_pool(
+        fn, source, processes, ordered, chunksize, prefetch, policy, mp_context
+    )
 
 
-def _map_samples_pool(fn, source, processes, ordered, chunksize, prefetch, policy,
-                      mp_context):
+def _map_samples_pool(fn, source, processes, ordered, chunksize, prefetch, policy, mp_context):
     payload = dumps(_ChunkRunner(fn))
     it = iter(source)
     # chunk id -> [samples, outcomes (list of _SampleOutcome | None), missing count]
@@ -164,7 +171,7 @@ def _handle_death(tasks, exitcode, chunks, resubmit) -> None:
     """A worker died holding ``tasks`` (the first was running, the rest were queued)."""
     for pos, (cid, start, n) in enumerate(tasks):
         entry = chunks[cid]
-        piece = entry[0][start:start + n]
+        piece = entry[0][start : start + n]
         if pos > 0:  # queued behind the task that was running: not tried yet
             resubmit.append(((cid, start, n), piece))
         elif n > 1:  # find the sample that kills its worker: try them one by one
@@ -172,9 +179,11 @@ def _handle_death(tasks, exitcode, chunks, resubmit) -> None:
                 resubmit.append(((cid, start + j, 1), [piece[j]]))
         else:
             sample = piece[0]
-            err = TarshardsError(f"the worker process died (exit code {exitcode}) while "
-                                 "running the function on this sample",
-                                 url=sample.get("__url__") if isinstance(sample, dict) else None,
-                                 member=_sample_key(sample))
+            err = TarshardsError(
+                f"the worker process died (exit code {exitcode}) while "
+                "running the function on this sample",
+                url=sample.get("__url__") if isinstance(sample, dict) else None,
+                member=_sample_key(sample),
+            )
             entry[1][start] = _SampleOutcome(False, err)
             entry[2] -= 1

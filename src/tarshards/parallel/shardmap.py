@@ -36,20 +36,38 @@ def _pairs(inputs, outputs, storage_options) -> list[tuple[str, str]]:
     if not ins:
         raise ValueError(f"the input spec {inputs!r} names no shards")
     if len(ins) != len(outs):
-        raise ValueError(f"{len(ins)} input shards but {len(outs)} output shards; the specs must "
-                         "name the same number")
+        raise ValueError(
+            f"{len(ins)} input shards but {len(outs)} output shards; the specs must "
+            "name the same number"
+        )
     if len(set(outs)) != len(outs):
         raise ValueError("the output spec names the same shard more than once")
     return list(zip(ins, outs))
 
 
-def map_shards(fn: Callable, inputs, outputs, *, engine: str | Engine = "processes",
-               workers: int | None = None, address: str | None = None, retries: int = 2,
-               overwrite: bool = False, decode=None, on_error: OnError = "raise",
-               handler: Callable | None = None, encoder: bool = True, compress=None,
-               storage_options: dict | None = None, allow_pipe: bool = False,
-               progress: bool | None = None, client=None, mp_context=None, manifest=None,
-               aligned: bool = False) -> list[ShardReport]:
+def map_shards(
+    fn: Callable,
+    inputs,
+    outputs,
+    *,
+    engine: str | Engine = "processes",
+    workers: int | None = None,
+    address: str | None = None,
+    retries: int = 2,
+    overwrite: bool = False,
+    decode=None,
+    on_error: OnError = "raise",
+    handler: Callable | None = None,
+    encoder: bool = True,
+    compress=None,
+    storage_options: dict | None = None,
+    allow_pipe: bool = False,
+    progress: bool | None = None,
+    client=None,
+    mp_context=None,
+    manifest=None,
+    aligned: bool = False,
+) -> list[ShardReport]:
     """Apply ``fn(sample) -> sample | None | list of samples`` to every sample of each input shard
     and write the results to the matching output shard.
 
@@ -78,14 +96,29 @@ def map_shards(fn: Callable, inputs, outputs, *, engine: str | Engine = "process
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, not {fn!r}")
-    runner = make_engine(engine, workers=workers, address=address, client=client,
-                         retries=retries, mp_context=mp_context)
-    job = SampleShardJob(fn, decode=decode, on_error=error_policy(on_error, handler),
-                         encoder=encoder, storage_options=storage_options, compress=compress,
-                         allow_pipe=allow_pipe, record=manifest is not None, aligned=aligned)
+    runner = make_engine(
+        engine,
+        workers=workers,
+        address=address,
+        client=client,
+        retries=retries,
+        mp_context=mp_context,
+    )
+    job = SampleShardJob(
+        fn,
+        decode=decode,
+        on_error=error_policy(on_error, handler),
+        encoder=encoder,
+        storage_options=storage_options,
+        compress=compress,
+        allow_pipe=allow_pipe,
+        record=manifest is not None,
+        aligned=aligned,
+    )
     pairs = _pairs(inputs, outputs, storage_options)
-    reports = _run_shard_jobs(job, pairs, runner, overwrite=overwrite,
-                              storage_options=storage_options, progress=progress)
+    reports = _run_shard_jobs(
+        job, pairs, runner, overwrite=overwrite, storage_options=storage_options, progress=progress
+    )
     if manifest is not None:
         _write_manifest(reports, manifest, storage_options)
     return reports
@@ -105,11 +138,20 @@ def _write_manifest(reports, path, storage_options) -> None:
     recorder.save()
 
 
-def map_shard_files(fn: Callable, pairs, *, engine: str | Engine = "processes",
-                    workers: int | None = None, address: str | None = None, retries: int = 2,
-                    overwrite: bool = False, storage_options: dict | None = None,
-                    progress: bool | None = None, client=None,
-                    mp_context=None) -> list[ShardReport]:
+def map_shard_files(
+    fn: Callable,
+    pairs,
+    *,
+    engine: str | Engine = "processes",
+    workers: int | None = None,
+    address: str | None = None,
+    retries: int = 2,
+    overwrite: bool = False,
+    storage_options: dict | None = None,
+    progress: bool | None = None,
+    client=None,
+    mp_context=None,
+) -> list[ShardReport]:
     """Run ``fn(input_url, output_url)`` for each pair, on the same engines as :func:`map_shards`.
 
     ``fn`` writes the output itself (use :class:`~tarshards.writer.TarWriter` so that it appears
@@ -118,15 +160,29 @@ def map_shard_files(fn: Callable, pairs, *, engine: str | Engine = "processes",
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, not {fn!r}")
-    runner = make_engine(engine, workers=workers, address=address, client=client,
-                         retries=retries, mp_context=mp_context)
+    runner = make_engine(
+        engine,
+        workers=workers,
+        address=address,
+        client=client,
+        retries=retries,
+        mp_context=mp_context,
+    )
     pairs = [(os.fspath(i), os.fspath(o)) for i, o in pairs]
-    return _run_shard_jobs(FileShardJob(fn), pairs, runner, overwrite=overwrite,
-                           storage_options=storage_options, progress=progress, cleanup=False)
+    return _run_shard_jobs(
+        FileShardJob(fn),
+        pairs,
+        runner,
+        overwrite=overwrite,
+        storage_options=storage_options,
+        progress=progress,
+        cleanup=False,
+    )
 
 
-def _run_shard_jobs(job, pairs, engine: Engine, *, overwrite, storage_options, progress,
-                    cleanup=True) -> list[ShardReport]:
+def _run_shard_jobs(
+    job, pairs, engine: Engine, *, overwrite, storage_options, progress, cleanup=True
+) -> list[ShardReport]:
     """Skip the outputs that exist, run the rest on ``engine``, report every pair in order."""
     reports: list[ShardReport | None] = [None] * len(pairs)
     todo = []
@@ -137,6 +193,7 @@ def _run_shard_jobs(job, pairs, engine: Engine, *, overwrite, storage_options, p
             todo.append(i)
     bar = _progress_bar(len(pairs), len(pairs) - len(todo), progress)
     try:
+
         def finished(i, report):
             reports[i] = report
             if bar is not None:
@@ -153,12 +210,17 @@ def _run_shard_jobs(job, pairs, engine: Engine, *, overwrite, storage_options, p
             _remove_stale_temps([pairs[i][1] for i in todo])
     done = [r for r in reports if r is not None]
     if len(done) != len(pairs):
-        raise RuntimeError(f"internal error: the {engine.name} engine reported {len(done)} of "
-                           f"{len(pairs)} shards")
+        raise RuntimeError(
+            f"internal error: the {engine.name} engine reported {len(done)} of {len(pairs)} shards"
+        )
     failed = [r for r in done if r.status == FAILED]
     if failed:
-        warnings.warn(f"{len(failed)} of {len(pairs)} shards failed; first: {failed[0].input}: "
-                      f"{failed[0].error}", TarshardsWarning, stacklevel=3)
+        warnings.warn(
+            f"{len(failed)} of {len(pairs)} shards failed; first: {failed[0].input}: "
+            f"{failed[0].error}",
+            TarshardsWarning,
+            stacklevel=3,
+        )
     return done
 
 
@@ -174,6 +236,9 @@ def _progress_bar(total, initial, progress):
 
 def _remove_stale_temps(outputs) -> int:
     """Remove temporary files left beside local ``outputs`` by attempts whose worker died."""
-    dirs = {os.path.dirname(os.path.abspath(local_path(out))) for out in outputs
-            if is_local(out) and out != "-"}
+    dirs = {
+        os.path.dirname(os.path.abspath(local_path(out)))
+        for out in outputs
+        if is_local(out) and out != "-"
+    }
     return sum(len(remove_stale_temporaries(d)) for d in sorted(dirs))

@@ -27,8 +27,15 @@ class ShellSampleFn:
     Instances pickle, so they run in worker processes and on Dask workers.
     """
 
-    def __init__(self, cmd: str, *, timeout: float | None = None, env: dict | None = None,
-                 verbose: bool = False, tmpdir: str | None = None):
+    def __init__(
+        self,
+        cmd: str,
+        *,
+        timeout: float | None = None,
+        env: dict | None = None,
+        verbose: bool = False,
+        tmpdir: str | None = None,
+    ):
         if not isinstance(cmd, str) or not cmd.strip():
             raise ValueError("the shell command is an empty string")
         self.cmd = cmd
@@ -52,23 +59,34 @@ class ShellSampleFn:
                 if isinstance(value, str):
                     value = value.encode("utf-8")
                 if not isinstance(value, (bytes, bytearray, memoryview)):
-                    raise TypeError(f"field {ext!r} is a {type(value).__name__}; a shell command "
-                                    "gets raw bytes (do not decode the samples)")
+                    raise TypeError(
+                        f"field {ext!r} is a {type(value).__name__}; a shell command "
+                        "gets raw bytes (do not decode the samples)"
+                    )
                 with open(os.path.join(tmp, f"{base}.{ext}"), "wb") as f:
                     f.write(value)
             env = dict(os.environ)
             if self.env:
                 env.update(self.env)
             env["KEY"] = key
-            proc = subprocess.run(self.cmd, shell=True, cwd=tmp, env=env,
-                                  stdin=subprocess.DEVNULL, capture_output=True,
-                                  timeout=self.timeout)
+            proc = subprocess.run(
+                self.cmd,
+                shell=True,
+                cwd=tmp,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=self.timeout,
+            )
             if proc.returncode != 0:
                 tail = proc.stderr.decode("utf-8", "replace").strip()[-500:]
                 raise CommandError(
                     f"command exited with status {proc.returncode} on sample {key!r}: "
-                    f"{self.cmd}" + (f": {tail}" if tail else ""), status=proc.returncode,
-                    stderr=proc.stderr, url=sample.get("__url__"))
+                    f"{self.cmd}" + (f": {tail}" if tail else ""),
+                    status=proc.returncode,
+                    stderr=proc.stderr,
+                    url=sample.get("__url__"),
+                )
             if self.verbose and (proc.stdout or proc.stderr):
                 with contextlib.suppress(Exception):
                     sys.stderr.write((proc.stdout + proc.stderr).decode("utf-8", "replace"))
@@ -80,13 +98,15 @@ class ShellSampleFn:
                 path = os.path.join(tmp, name)
                 if name.startswith((".", "__")) or not os.path.isfile(path):
                     continue
-                ext = name[len(prefix):] if name.startswith(prefix) else name
+                ext = name[len(prefix) :] if name.startswith(prefix) else name
                 if not ext:
                     continue
                 if ext in out:
                     raise DuplicateFieldError(
                         f"the command left two files for field {ext!r} in sample {key!r}",
-                        url=sample.get("__url__"), member=name)
+                        url=sample.get("__url__"),
+                        member=name,
+                    )
                 with open(path, "rb") as f:
                     out[ext] = f.read()
         if len(out) == (2 if "__url__" in out else 1):
