@@ -1,9 +1,10 @@
 """webdataset's utilities: ``PipelineStage``, rank/worker discovery, ``repeatedly``, seeds.
 
-Rank and worker come from :mod:`tarshards.torch` (torch.distributed and the DataLoader worker),
+Rank and worker come from :func:`tarshards.torch.discover_rank` (an initialized
+``torch.distributed`` group, else a launcher's ``RANK``/``WORLD_SIZE``) and the DataLoader worker,
 the one place tarshards discovers them; without torch every reader is rank 0 of 1, worker 0 of
-1. Unlike webdataset, the ``RANK``/``WORLD_SIZE``/``WORKER``/``NUM_WORKERS`` environment variables
-are not read: pass ``rank=``/``world_size=`` where a stage takes them.
+1. Unlike webdataset, the ``WORKER``/``NUM_WORKERS`` environment variables are not read: pass
+``rank=``/``world_size=`` where a stage takes them to override the discovered place.
 """
 
 from __future__ import annotations
