@@ -9,7 +9,8 @@ import os
 import pytest
 
 from tarshards.errors import PipeNotAllowedError, StorageError
-from tarshards.urls import AtomicOutput, ResumingReader, expand_urls, open_url, url_protocol
+from tarshards.specs import expand_urls
+from tarshards.storage import AtomicOutput, ResumingReader, open_url, url_protocol
 
 DATA = bytes(range(256)) * 400  # 102400 bytes
 
@@ -60,12 +61,12 @@ def _read_all(r, n=7000):
 
 def test_resumes_at_offset_and_logs(caplog):
     src = _Flaky(fail_after=[10_000, 25_000, 1])
-    with caplog.at_level(logging.WARNING, logger="tarshards.urls"):
+    with caplog.at_level(logging.WARNING, logger="tarshards.storage.retry"):
         with ResumingReader("http://x/a.tar", src, retries=3, backoff=0) as r:
             assert _read_all(r) == DATA
             assert r.resumes == 3
     assert src.opens == [0, 10_000, 35_000, 35_001]  # each reconnection at the offset reached
-    msgs = [rec.getMessage() for rec in caplog.records if rec.name == "tarshards.urls"]
+    msgs = [rec.getMessage() for rec in caplog.records if rec.name == "tarshards.storage.retry"]
     assert len(msgs) == 3 and all("http://x/a.tar" in m and "resuming" in m for m in msgs)
     assert "offset 10000" in msgs[0] and "offset 35001" in msgs[2]
 
@@ -121,10 +122,10 @@ def test_negative_retries_rejected():
 
 
 def test_backoff_is_bounded(monkeypatch):
-    import tarshards.urls as urls
+    import tarshards.storage.retry as retry
 
     slept = []
-    monkeypatch.setattr(urls.time, "sleep", slept.append)
+    monkeypatch.setattr(retry.time, "sleep", slept.append)
     src = _Flaky(fail_after=[0] * 6)
     with ResumingReader("u", src, retries=6, backoff=0.5, max_backoff=2.0) as r:
         assert _read_all(r) == DATA

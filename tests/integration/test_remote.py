@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(180)
 from tarshards import ShardWriter, StorageError, TarWriter, WebDataset
 from tarshards.pipeline import iter_samples
 from tarshards.stages import warn_and_continue
-from tarshards.urls import open_url
+from tarshards.storage import open_url
 
 torch = pytest.importorskip("torch", reason="the DataLoader tests need torch")
 from tarshards.torch import WebDataset as TorchWebDataset  # noqa: E402
@@ -198,12 +198,14 @@ def test_cut_connections_lose_nothing(http_remote, caplog, pattern):
     cut_after = 8_000 if pattern.endswith(".tgz") else 60_000  # .tgz: ~28 kB a shard
     with servers.CuttingProxy(("127.0.0.1", srv.port), cut_after=cut_after, cuts=4) as proxy:
         proxied = [u.replace(srv.url, proxy.url) for u in urls]
-        with caplog.at_level(logging.WARNING, logger="tarshards.urls"):
+        with caplog.at_level(logging.WARNING, logger="tarshards.storage.retry"):
             got = list(WebDataset(proxied, shardshuffle=False))
     assert proxy.cut_count == 4
     assert [s["__key__"] for s in got] == [s["__key__"] for s in samples]
     assert all(_fields(a) == _fields(b) for a, b in zip(got, samples))
-    resumes = [r for r in caplog.records if r.name == "tarshards.urls" and "resuming" in r.message]
+    resumes = [
+        r for r in caplog.records if r.name == "tarshards.storage.retry" and "resuming" in r.message
+    ]
     assert len(resumes) == 4
     assert any("offset 0 " not in r.getMessage() for r in resumes), "no resume past offset 0"
     assert all(r.levelno == logging.WARNING for r in resumes)
@@ -306,7 +308,7 @@ def test_s3_cut_connections_resume_at_the_offset(s3_remote, caplog):
         with servers.CuttingProxy(("127.0.0.1", port), cut_after=[10**9, 70_000], cuts=3) as proxy:
             options = servers.s3_options(proxy.url)
             options["skip_instance_cache"] = True
-            with caplog.at_level(logging.WARNING, logger="tarshards.urls"):
+            with caplog.at_level(logging.WARNING, logger="tarshards.storage.retry"):
                 caplog.clear()
                 got = list(
                     WebDataset(urls, shardshuffle=False, storage_options=options, prefetch=prefetch)
