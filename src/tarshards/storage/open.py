@@ -16,7 +16,7 @@ import subprocess
 import sys
 from typing import IO, BinaryIO, Iterator, cast
 
-from ..errors import PipeNotAllowedError, StorageError
+from ..errors import PipeNotAllowedError, ShardNotFoundError, StorageError
 from ..types import ReadOptions
 from .http import HTTPStream
 from .paths import filesystem, is_local, local_path
@@ -251,7 +251,7 @@ def _open_local(url: str, mode: str) -> Iterator:
     try:
         f = open(path, mode, buffering=0 if "r" in mode else -1)
     except FileNotFoundError:
-        raise StorageError("no such shard file", url=url) from None
+        raise ShardNotFoundError("no such shard file", url=url) from None
     except IsADirectoryError:
         raise StorageError("is a directory, not a shard", url=url) from None
     except PermissionError:

@@ -5,7 +5,8 @@ for random access) goes through :class:`ResumingReader`, so each failure is clas
 
 * a :class:`~tarshards.errors.TarshardsError` passes through as it is;
 * "the object is not there or not ours" (:data:`FATAL_ERRORS`) becomes a
-  :class:`~tarshards.errors.StorageError` at once, never retried;
+  :class:`~tarshards.errors.StorageError` at once, never retried (a missing object a
+  :class:`~tarshards.errors.ShardNotFoundError`, also a ``FileNotFoundError``);
 * a connection failure (:func:`transient_errors`) or a stream that ends before the object's
   size is retried at the byte offset reached, after a doubling back-off.
 """
@@ -17,7 +18,7 @@ import logging
 import time
 from typing import Any, Callable
 
-from ..errors import StorageError, TarshardsError
+from ..errors import ShardNotFoundError, StorageError, TarshardsError
 
 __all__ = ["FATAL_ERRORS", "ResumingReader", "read_to_end", "transient_errors"]
 
@@ -113,7 +114,8 @@ class ResumingReader:
         except TarshardsError:
             raise
         except FATAL_ERRORS as exc:
-            raise StorageError(f"{fatal}: {exc}", url=self.url, offset=self.pos) from exc
+            error = ShardNotFoundError if isinstance(exc, FileNotFoundError) else StorageError
+            raise error(f"{fatal}: {exc}", url=self.url, offset=self.pos) from exc
         except self._transient as exc:
             self._failed(exc, what)
             return _RETRY
