@@ -13,7 +13,7 @@ import pytest
 
 from conftest import load_servers, make_samples, write_shards
 from tarshards import WebDataset
-from tarshards.cache import ShardCache, cache_name, looks_like_shard
+from tarshards.storage.cache import ShardCache, cache_name, looks_like_shard
 from tarshards.pipeline import shard_samples
 
 servers = load_servers()
@@ -164,7 +164,7 @@ def test_a_file_that_is_not_a_shard_is_not_cached(tmp_path, caplog):
     (root / "notes.tar").write_bytes(b"these are not the shards you are looking for\n" * 40)
     with servers.HTTPFileServer(root) as srv:
         cache = ShardCache(tmp_path / "cache")
-        with caplog.at_level(logging.WARNING, logger="tarshards.cache"):
+        with caplog.at_level(logging.WARNING, logger="tarshards.storage.cache"):
             with cache.open(f"{srv.url}/notes.tar") as f:
                 assert f.read(10) == b"these are "
                 while f.read(1 << 16):

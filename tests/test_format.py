@@ -207,7 +207,7 @@ def test_parse_size_rejects_values():
 
 def test_one_parse_size_for_cache_and_cli(tmp_path):
     """``cache_size="20GB"`` and ``tarsplit -s 20GB`` mean the same number of bytes."""
-    from tarshards.cache import ShardCache
+    from tarshards.storage import ShardCache
     from tarshards.cli import _common
 
     for text in ("20GB", "20GiB", "1.5MB"):

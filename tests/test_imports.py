@@ -25,8 +25,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("compression", "hashing"),  # one table of compressions; content hashes
     ("codecs", "crop"),  # the codec registry; image crops
     ("tario",),  # tar headers, reader, member writer
-    ("specs",),  # shard specs
-    ("storage", "urls", "cache", "prefetch", "seek"),  # opening URLs, cache, prefetch, seeks
+    ("storage",),  # opening URLs (at an offset), retries, atomic output, cache, prefetch, seeks
+    ("specs", "urls", "cache", "seek"),  # shard specs (list files and globs read through storage);
+    # the old import paths of storage's names (shims: nothing in tarshards imports them)
     ("writer", "manifest", "index"),  # writing; the dataset's record and index
     ("shards", "source"),  # shard lists, the epoch plan and its cursor
     ("stages",),  # stages
@@ -158,6 +159,35 @@ def test_known_upward_edges_still_exist():
     edges = {(_module_name(p), t) for p in _modules() for t, _, _ in _edges(p)}
     gone = [f"{a} -> {b}" for a, b in KNOWN_UPWARD if (a, b) not in edges]
     assert not gone, f"remove from KNOWN_UPWARD in tests/test_imports.py: {', '.join(gone)}"
+
+
+# Modules kept only so that old import paths keep working (tarshards.urls -> tarshards.storage and
+# tarshards.specs, tarshards.cache -> tarshards.storage.cache, tarshards.seek -> ...storage.seek):
+# tarshards' own modules import the real ones.
+SHIMS = {"tarshards.urls", "tarshards.cache", "tarshards.seek"}
+
+
+def test_nothing_imports_the_old_import_paths():
+    users = [
+        f"{path.relative_to(SRC.parent)}:{line}: {target}"
+        for path in _modules()
+        if _module_name(path) not in SHIMS
+        for target, line, _ in _edges(path)
+        if target in SHIMS
+    ]
+    assert not users, "import tarshards.storage / tarshards.specs instead:\n" + "\n".join(users)
+
+
+def test_the_old_import_paths_still_work():
+    import tarshards.cache
+    import tarshards.seek
+    import tarshards.storage
+    import tarshards.urls
+
+    assert tarshards.cache.ShardCache is tarshards.storage.ShardCache
+    assert tarshards.seek.read_sample_at is tarshards.storage.read_sample_at
+    assert tarshards.urls.open_url is tarshards.storage.open_url
+    assert tarshards.urls.expand_urls is tarshards.expand_urls
 
 
 # ---- the checker itself: it sees the kinds of edges it claims to see --------------------------

@@ -18,7 +18,7 @@ from tarshards import IntegrityError, ShardFormatError, ShardWriter, TarWriter
 from tarshards.hashing import HashingReader, file_hasher, member_checksum_fn
 from tarshards.index import ShardIndex, index_stream, index_url
 from tarshards.pipeline import shard_samples
-from tarshards.seek import read_sample_at, samples_from
+from tarshards.storage import read_sample_at, samples_from
 
 
 def _tarfile_shard(path, members, fmt=tarfile.PAX_FORMAT, dirs=()):

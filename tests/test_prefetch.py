@@ -14,9 +14,9 @@ import pytest
 from conftest import load_servers, write_shards
 from tarshards import StorageError, TarshardsWarning, TarWriter, WebDataset
 from tarshards.pipeline import iter_samples
-from tarshards.prefetch import ShardPrefetcher
+from tarshards.storage import ShardPrefetcher
 from tarshards.stages import warn_and_continue
-from tarshards.urls import open_url
+from tarshards.storage import open_url
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,7 +9,8 @@ import os
 import pytest
 
 from tarshards.errors import PipeNotAllowedError, StorageError
-from tarshards.urls import AtomicOutput, ResumingReader, expand_urls, open_url, url_protocol
+from tarshards.specs import expand_urls
+from tarshards.storage import AtomicOutput, ResumingReader, open_url, url_protocol
 
 DATA = bytes(range(256)) * 400  # 102400 bytes
 
@@ -60,12 +61,12 @@ def _read_all(r, n=7000):
 
 def test_resumes_at_offset_and_logs(caplog):
     src = _Flaky(fail_after=[10_000, 25_000, 1])
-    with caplog.at_level(logging.WARNING, logger="tarshards.urls"):
+    with caplog.at_level(logging.WARNING, logger="tarshards.storage.retry"):
         with ResumingReader("http://x/a.tar", src, retries=3, backoff=0) as r:
             assert _read_all(r) == DATA
             assert r.resumes == 3
     assert src.opens == [0, 10_000, 35_000, 35_001]  # each reconnection at the offset reached
-    msgs = [rec.getMessage() for rec in caplog.records if rec.name == "tarshards.urls"]
+    msgs = [rec.getMessage() for rec in caplog.records if rec.name == "tarshards.storage.retry"]
     assert len(msgs) == 3 and all("http://x/a.tar" in m and "resuming" in m for m in msgs)
     assert "offset 10000" in msgs[0] and "offset 35001" in msgs[2]
 
@@ -121,10 +122,10 @@ def test_negative_retries_rejected():
 
 
 def test_backoff_is_bounded(monkeypatch):
-    import tarshards.urls as urls
+    import tarshards.storage.retry as retry
 
     slept = []
-    monkeypatch.setattr(urls.time, "sleep", slept.append)
+    monkeypatch.setattr(retry.time, "sleep", slept.append)
     src = _Flaky(fail_after=[0] * 6)
     with ResumingReader("u", src, retries=6, backoff=0.5, max_backoff=2.0) as r:
         assert _read_all(r) == DATA
@@ -143,6 +144,25 @@ def test_open_local_and_file_urls(tmp_path):
     with pytest.raises(StorageError, match="no such shard"):
         with open_url(str(tmp_path / "missing.tar")):
             pass
+
+
+def test_a_missing_shard_is_a_file_not_found_error(tmp_path):
+    from tarshards.errors import ShardNotFoundError
+
+    for url in (str(tmp_path / "missing.tar"), f"file://{tmp_path}/missing.tar"):
+        with pytest.raises(ShardNotFoundError) as info:
+            with open_url(url):
+                pass
+        assert isinstance(info.value, FileNotFoundError) and info.value.url == url
+
+    def gone(offset):
+        raise FileNotFoundError("gone")
+
+    with pytest.raises(ShardNotFoundError, match="gone"):  # at open, and not retried
+        ResumingReader("s3://b/x.tar", gone, retries=5, backoff=10)
+    with ResumingReader("u", _Flaky(exc=FileNotFoundError, fail_after=[0]), backoff=10) as r:
+        with pytest.raises(ShardNotFoundError, match="dropped"):  # or while reading
+            r.read(10)
 
 
 def test_pipe_needs_permission():
@@ -237,3 +257,82 @@ def test_memory_fs_read_goes_through_resuming_reader():
         assert isinstance(f, ResumingReader)
         assert f.size == len(DATA)
         assert _read_all(f, 10_000) == DATA
+
+
+# ---- reading at an offset, for a length ------------------------------------------------------
+
+RANGES = [(0, None), (1000, None), (12_345, 100), (0, 10), (len(DATA) - 7, 7), (len(DATA) - 7, 99)]
+
+
+@pytest.mark.parametrize("offset, length", RANGES)
+def test_open_local_file_at_offset(tmp_path, offset, length):
+    p = tmp_path / "a.bin"
+    p.write_bytes(DATA)
+    want = DATA[offset:] if length is None else DATA[offset : offset + length]
+    for url in (str(p), f"file://{p}"):
+        with open_url(url, offset=offset, length=length) as f:
+            assert _read_all(f, 333) == want
+        with open_url(url, offset=offset, length=length) as f:
+            assert f.read() == want
+
+
+@pytest.mark.parametrize("offset, length", RANGES)
+def test_open_memory_fs_at_offset(offset, length):
+    import fsspec
+
+    fsspec.filesystem("memory").pipe("/bucket/ranges.bin", DATA)
+    want = DATA[offset:] if length is None else DATA[offset : offset + length]
+    with open_url("memory://bucket/ranges.bin", offset=offset, length=length) as f:
+        assert isinstance(f, ResumingReader) and f.tell() == offset
+        assert _read_all(f, 4096) == want
+        assert f.tell() == offset + len(want)
+
+
+def test_pipe_and_stdin_skip_to_the_offset():
+    with open_url("pipe:printf 0123456789", allow_pipe=True, offset=3, length=4) as f:
+        assert f.read() == b"3456"
+    with pytest.raises(StorageError, match="ended"):
+        with open_url("pipe:printf 0123", allow_pipe=True, offset=10) as f:
+            pass
+
+
+def test_zero_length_reads_nothing_and_bad_ranges_are_refused(tmp_path):
+    import fsspec
+
+    fsspec.filesystem("memory").pipe("/bucket/z.bin", DATA)
+    with open_url("memory://bucket/z.bin", offset=5, length=0) as f:
+        assert f.read() == b""
+    for bad in ({"offset": -1}, {"length": -1}):
+        with pytest.raises(ValueError):
+            with open_url("memory://bucket/z.bin", **bad):
+                pass
+    with pytest.raises(ValueError, match="reading"):
+        with open_url(str(tmp_path / "out.bin"), "wb", offset=3):
+            pass
+
+
+def test_read_options_give_the_reading_keywords(tmp_path):
+    from tarshards.types import ReadOptions
+
+    with open_url("pipe:printf ok", options=ReadOptions(allow_pipe=True)) as f:
+        assert f.read() == b"ok"
+    with pytest.raises(PipeNotAllowedError):
+        with open_url("pipe:printf ok", options=ReadOptions()):
+            pass
+    with pytest.raises(TypeError, match="either"):
+        with open_url("pipe:printf ok", options=ReadOptions(), allow_pipe=True):
+            pass
+
+
+def test_resuming_reader_inside_a_range():
+    """A range [start, stop) resumes inside itself and ends at stop, not at the object's end."""
+    src = _Flaky(fail_after=[1000, 1])
+    with ResumingReader("u", src, retries=3, backoff=0, start=5000, stop=9000) as r:
+        assert _read_all(r, 700) == DATA[5000:9000]
+        assert r.read(10) == b""
+    assert src.opens == [5000, 6000, 6001]
+    short = _Flaky(fail_after=[100, 100], short=True)  # the stream ends early: resumed too
+    with ResumingReader("u", short, retries=3, backoff=0, start=10, stop=500) as r:
+        assert _read_all(r) == DATA[10:500]
+    with pytest.raises(ValueError):
+        ResumingReader("u", _Flaky(), start=10, stop=5)

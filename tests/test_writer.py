@@ -573,7 +573,7 @@ def test_pipe_output_failing_command_raises(tmp_path):
 import sys  # noqa: E402
 import time  # noqa: E402
 
-from tarshards import urls  # noqa: E402
+from tarshards.storage import atomic  # noqa: E402
 
 
 def tmp_files(directory):
@@ -607,9 +607,9 @@ def hold_writer(path):
 def test_temporary_name_names_its_owner(tmp_path):
     w = TarWriter(str(tmp_path / "a.tar"))
     (name,) = tmp_files(tmp_path)
-    m = urls._TEMP_RE.fullmatch(name)
+    m = atomic._TEMP_RE.fullmatch(name)
     assert m and m["base"] == "a.tar" and int(m["pid"]) == os.getpid()
-    assert not urls.is_stale_temporary(str(tmp_path / name))  # our own, and locked
+    assert not atomic.is_stale_temporary(str(tmp_path / name))  # our own, and locked
     w.close()
     assert os.listdir(tmp_path) == ["a.tar"]
 
@@ -643,8 +643,8 @@ def test_a_live_writers_temporary_is_kept_and_a_dead_ones_removed(tmp_path):
 def test_stale_rules_for_reused_pids_and_other_hosts(tmp_path):
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
-        start = urls._process_start(sleeper.pid)
-        host = urls._host_tag()
+        start = atomic._process_start(sleeper.pid)
+        host = atomic._host_tag()
         other = "0" * 8 if host != "0" * 8 else "1" * 8
         names = {
             "alive": f".x.tar.{sleeper.pid}-{host}-{start}-00000001.tmp",
@@ -656,14 +656,14 @@ def test_stale_rules_for_reused_pids_and_other_hosts(tmp_path):
         }
         for n in names.values():
             (tmp_path / n).write_bytes(b"partial")
-        old = time.time() - urls.STALE_AFTER - 10
+        old = time.time() - atomic.STALE_AFTER - 10
         for key in ("far_old", "far_locked"):
             os.utime(tmp_path / names[key], (old, old))
         import fcntl
 
         with open(tmp_path / names["far_locked"], "rb") as held:
             fcntl.flock(held.fileno(), fcntl.LOCK_EX)
-            removed = urls.remove_stale_temporaries(str(tmp_path))
+            removed = atomic.remove_stale_temporaries(str(tmp_path))
         expect_removed = {"far_old"} | ({"reused"} if start else set())
         assert sorted(os.path.basename(p) for p in removed) == sorted(
             names[k] for k in expect_removed
@@ -675,7 +675,7 @@ def test_stale_rules_for_reused_pids_and_other_hosts(tmp_path):
         sleeper.kill()
         sleeper.wait()
     # the sleeper is gone now: its temporaries are stale
-    urls.remove_stale_temporaries(str(tmp_path))
+    atomic.remove_stale_temporaries(str(tmp_path))
     assert names["alive"] not in os.listdir(tmp_path)
 
 

@@ -30,6 +30,7 @@ from .errors import (
 from .format import group_samples, parse_size, split_name
 from .pipeline import iter_samples, shard_samples
 from .shards import split_by_node, split_by_worker
+from .specs import expand_urls
 from .stages import (
     batched,
     decode,
@@ -48,8 +49,8 @@ from .stages import (
     warn_and_continue,
     warn_and_stop,
 )
+from .storage import open_url
 from .tario import iter_tar
-from .urls import expand_urls, open_url
 from .writer import ShardWriter, TarWriter
 
 __version__ = "0.1.0"
@@ -132,7 +133,7 @@ _LAZY = {"WebDataset", "DataPipeline", "WebLoader", "IndexedDataset", "MixedData
 _PLAIN = {"IndexedDataset": "indexed", "MixedDataset": "mixing", "mix": "mixing"}
 # modules imported on first use, to keep `import tarshards` (and CLI start-up) light
 _LAZY_MODULES = {
-    "ShardCache": "cache",
+    "ShardCache": "storage",
     "map_samples": "parallel",
     "map_shard_files": "parallel",
     "map_shards": "parallel",

@@ -2,7 +2,7 @@
 
 :func:`bench_pipeline` measures, on the first samples of a shard spec:
 
-* **raw read**: the shards' bytes read through :func:`tarshards.urls.open_url`, against
+* **raw read**: the shards' bytes read through :func:`tarshards.storage.open_url`, against
   ``cat`` (local files) or a plain ``GET`` through fsspec (remote URLs) on the same shards;
 * **per stage**: the pipeline cut after each of its stages (read and group, then shuffle,
   decode, to_tuple, map, batched...), each prefix timed over the same number of samples, so a
@@ -30,7 +30,8 @@ from typing import Any, Callable, Iterable
 
 from .pipeline import DataPipeline
 from .tario import iter_tar_batches, tar_byte_source
-from .urls import expand_urls, open_url
+from .specs import expand_urls
+from .storage import open_url
 
 __all__ = ["bench_pipeline", "diagnose", "format_report", "plot_report"]
 

@@ -241,7 +241,7 @@ class ShardIndex:
 
     def save(self, path, *, storage_options: dict | None = None) -> None:
         """Write the index to ``path`` (a path or URL), atomically."""
-        from .urls import AtomicOutput
+        from .storage import AtomicOutput
 
         with AtomicOutput(path, storage_options=storage_options) as out:
             out.stream.write(self.to_bytes())
@@ -251,7 +251,7 @@ class ShardIndex:
         """Read an index file from a path or URL."""
         import os
 
-        from .urls import open_url
+        from .storage import open_url
 
         url = os.fspath(url)
         with open_url(url, storage_options=storage_options) as f:
@@ -280,7 +280,7 @@ class ShardIndex:
 
     def save_dali(self, path) -> None:
         """Write :meth:`to_dali` to ``path`` (DALI's ``index_paths=``)."""
-        from .urls import AtomicOutput
+        from .storage import AtomicOutput
 
         with AtomicOutput(path) as out:
             out.stream.write(self.to_dali().encode("utf-8"))
@@ -797,7 +797,7 @@ def index_url(
     import os
 
     from .errors import StorageError, TarshardsError
-    from .urls import open_url
+    from .storage import open_url
 
     url = os.fspath(url)
     try:

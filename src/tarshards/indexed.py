@@ -30,9 +30,9 @@ from .errors import (
     TarshardsError,
 )
 from .manifest import Manifest, as_manifest
-from .seek import read_exact
+from .storage import is_local, local_path, open_url
+from .storage.seek import read_exact
 from .tario import _checksum_ok, _number
-from .urls import is_local, local_path
 
 __all__ = ["IndexedDataset"]
 
@@ -72,21 +72,17 @@ class _LocalRanges:
 
 
 class _RemoteRanges:
-    __slots__ = ("fs", "path", "url")
+    __slots__ = ("storage_options", "url")
 
     def __init__(self, url: str, storage_options):
-        from .urls import _fsspec_resolve
-
-        self.fs, self.path, _ = _fsspec_resolve(url, storage_options)
         self.url = url
+        self.storage_options = storage_options
 
     def read(self, start: int, end: int) -> bytes:
-        try:
-            data = self.fs.cat_file(self.path, start=start, end=end)
-        except FileNotFoundError:
-            raise StorageError("no such shard", url=self.url) from None
-        except OSError as exc:
-            raise StorageError(f"ranged read failed: {exc}", url=self.url, offset=start) from exc
+        with open_url(
+            self.url, offset=start, length=end - start, storage_options=self.storage_options
+        ) as f:
+            data = f.read()
         if len(data) != end - start:
             raise IntegrityError(
                 f"asked for bytes {start}-{end}, got {len(data)} bytes (is the "
@@ -304,7 +300,7 @@ class IndexedDataset:
 
     def _shard_cache(self):
         if self._cache is None:
-            from .cache import ShardCache
+            from .storage import ShardCache
 
             self._cache = ShardCache(
                 self.cache_dir,

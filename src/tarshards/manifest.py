@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Sequence
 
 from .errors import IntegrityError, ShardFormatError, ShardNotFoundError, TarshardsError
 from .hashing import DEFAULT_HASH, MEMBER_HASH
-from .urls import AtomicOutput, is_local, local_path, open_url, url_protocol
+from .storage import AtomicOutput, is_local, local_path, open_url, url_protocol
 
 __all__ = [
     "MANIFEST_FORMAT",

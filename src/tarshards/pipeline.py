@@ -24,7 +24,7 @@ from typing import Any, BinaryIO, Callable, Iterable, Iterator, cast
 from . import stages as _stages
 from .errors import IntegrityError, ResumeError, StorageError, TarshardsError
 from .format import group_samples
-from .prefetch import ShardPrefetcher, given_stream
+from .storage.prefetch import ShardPrefetcher, given_stream
 from .shards import make_rng, resampled_shards, shard_order, split_shards
 from .on_error import OnError, error_policy
 from .source import (
@@ -39,7 +39,9 @@ from .source import (
 )
 from .tario import iter_tar_batches, tar_byte_source
 from .types import WorkerInfo
-from .urls import expand_urls, is_local, open_url
+from .specs import expand_urls
+from .specs import is_manifest_spec as _is_manifest_spec
+from .storage import is_local, open_url
 
 __all__ = ["DataPipeline", "WebDataset", "iter_samples", "shard_samples"]
 
@@ -59,7 +61,7 @@ def shard_samples(
     retries: int = 5,
     expect=None,
 ) -> Iterator[dict]:
-    """The samples of one shard (any URL :func:`tarshards.urls.open_url` opens).
+    """The samples of one shard (any URL :func:`tarshards.storage.open_url` opens).
 
     ``retries``: reconnections after a dropped connection, resuming at the byte offset reached.
     ``expect``: the shard's manifest record (``samples``, ``nbytes``, ``hash``): the shard is
@@ -133,7 +135,7 @@ def iter_samples(
 
     ``prefetch=k`` opens the next ``k`` shards while the current one is read, each filled from a
     thread into a buffer (``prefetch_bytes`` over all of them; at most ``k + 1`` connections):
-    see :mod:`tarshards.prefetch`. Order, samples and errors are the same as without it.
+    see :mod:`tarshards.storage.prefetch`. Order, samples and errors are the same as without it.
     """
     policy = error_policy(on_error, handler)
 
@@ -729,7 +731,7 @@ class WebDataset(DataPipeline):
         self.prefetch_bytes = int(prefetch_bytes)
         self._opener = None
         if cache_dir is not None:
-            from .cache import ShardCache
+            from .storage import ShardCache
 
             cache = ShardCache(
                 cache_dir,
@@ -988,14 +990,6 @@ class WebDataset(DataPipeline):
     def _source_repr(self) -> str:
         spec = repr(self.spec) if isinstance(self.spec, str) else f"[{self.urls[0]!r}, ...]"
         return f"{type(self).__name__}({spec}, {len(self.urls)} shards)"
-
-
-def _is_manifest_spec(spec) -> bool:
-    if isinstance(spec, os.PathLike):
-        spec = os.fspath(spec)
-    if isinstance(spec, str):
-        return "::" not in spec and "{" not in spec and spec.lower().endswith(".json")
-    return type(spec).__name__ == "Manifest" and hasattr(spec, "shard_urls")
 
 
 def _is_remote(url: str) -> bool:

@@ -15,7 +15,7 @@ from .codecs import encode_value
 from .compression import GZIP, ZSTD, is_compressed_name, open_compressed_writer
 from .errors import PipeNotAllowedError
 from .tario import BLOCK, TarMemberWriter, header_number, header_size
-from .urls import AtomicOutput, remove_stale_temporaries, temporary_directory
+from .storage import AtomicOutput, remove_stale_temporaries, temporary_directory
 
 __all__ = ["ShardInfo", "ShardWriter", "TarWriter", "sample_members", "shard_name"]
 

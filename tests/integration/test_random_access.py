@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from tarshards import IntegrityError, ShardWriter, WebDataset
-from tarshards.cache import ShardCache
+from tarshards.storage import ShardCache
 from tarshards.indexed import IndexedDataset
 from tarshards.manifest import Manifest
 from tarshards.pipeline import iter_samples

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(180)
 from tarshards import ShardWriter, StorageError, TarWriter, WebDataset
 from tarshards.pipeline import iter_samples
 from tarshards.stages import warn_and_continue
-from tarshards.urls import open_url
+from tarshards.storage import open_url
 
 torch = pytest.importorskip("torch", reason="the DataLoader tests need torch")
 from tarshards.torch import WebDataset as TorchWebDataset  # noqa: E402
@@ -180,6 +180,9 @@ def test_missing_remote_shard_is_a_storage_error(remote):
     with pytest.raises(StorageError) as info:
         list(WebDataset(url, storage_options=remote.storage_options))
     assert url in str(info.value) or "nope.tar" in str(info.value)
+    with pytest.raises(FileNotFoundError):  # a ShardNotFoundError, at once (no retries)
+        with open_url(url, storage_options=remote.storage_options, retry_backoff=10):
+            pass
 
 
 # ---- dropped connections ---------------------------------------------------------------------
@@ -198,12 +201,14 @@ def test_cut_connections_lose_nothing(http_remote, caplog, pattern):
     cut_after = 8_000 if pattern.endswith(".tgz") else 60_000  # .tgz: ~28 kB a shard
     with servers.CuttingProxy(("127.0.0.1", srv.port), cut_after=cut_after, cuts=4) as proxy:
         proxied = [u.replace(srv.url, proxy.url) for u in urls]
-        with caplog.at_level(logging.WARNING, logger="tarshards.urls"):
+        with caplog.at_level(logging.WARNING, logger="tarshards.storage.retry"):
             got = list(WebDataset(proxied, shardshuffle=False))
     assert proxy.cut_count == 4
     assert [s["__key__"] for s in got] == [s["__key__"] for s in samples]
     assert all(_fields(a) == _fields(b) for a, b in zip(got, samples))
-    resumes = [r for r in caplog.records if r.name == "tarshards.urls" and "resuming" in r.message]
+    resumes = [
+        r for r in caplog.records if r.name == "tarshards.storage.retry" and "resuming" in r.message
+    ]
     assert len(resumes) == 4
     assert any("offset 0 " not in r.getMessage() for r in resumes), "no resume past offset 0"
     assert all(r.levelno == logging.WARNING for r in resumes)
@@ -306,7 +311,7 @@ def test_s3_cut_connections_resume_at_the_offset(s3_remote, caplog):
         with servers.CuttingProxy(("127.0.0.1", port), cut_after=[10**9, 70_000], cuts=3) as proxy:
             options = servers.s3_options(proxy.url)
             options["skip_instance_cache"] = True
-            with caplog.at_level(logging.WARNING, logger="tarshards.urls"):
+            with caplog.at_level(logging.WARNING, logger="tarshards.storage.retry"):
                 caplog.clear()
                 got = list(
                     WebDataset(urls, shardshuffle=False, storage_options=options, prefetch=prefetch)
@@ -317,3 +322,69 @@ def test_s3_cut_connections_resume_at_the_offset(s3_remote, caplog):
         # a cut before the response headers is retried inside s3fs; cuts in a body are ours
         resumes = [r for r in caplog.records if "resuming" in r.getMessage()]
         assert any("offset 0 " not in r.getMessage() for r in resumes)
+
+
+# ---- reads at an offset, for a length (random access, resumed reads) -------------------------
+
+_BLOB = bytes(range(251)) * 1200  # 301,200 bytes, no period that divides a tar block
+
+
+def _put_blob(remote) -> str:
+    """``_BLOB`` as one object on ``remote`` (written through open_url); its read URL."""
+    write_base, read_base = remote.fresh()
+    with open_url(f"{write_base}/blob.bin", "wb", storage_options=remote.storage_options) as f:
+        f.write(_BLOB)
+    return f"{read_base}/blob.bin"
+
+
+@pytest.mark.parametrize(
+    "offset, length",
+    [(0, None), (70_001, None), (12_345, 100), (0, 1), (len(_BLOB) - 9, 9), (len(_BLOB) - 9, 50)],
+)
+def test_open_url_at_offset_for_length(remote, offset, length):
+    url = _put_blob(remote)
+    want = _BLOB[offset:] if length is None else _BLOB[offset : offset + length]
+    with open_url(url, offset=offset, length=length, storage_options=remote.storage_options) as f:
+        got = b"".join(iter(lambda: f.read(10_000), b""))
+    assert got == want
+
+
+def test_http_range_is_asked_for_exactly(http_remote):
+    """A read with a length asks for that range (``bytes=a-b``), one request, streamed or not."""
+    pytest.importorskip("aiohttp")
+    import fsspec
+
+    from tarshards.storage.http import HTTPStream
+
+    url = _put_blob(http_remote)
+    srv = http_remote.server
+    path = url[len(srv.url) :]
+    srv.reset()
+    with open_url(url, offset=1000, length=5000) as f:
+        assert f.read() == _BLOB[1000:6000]
+    # the streaming path (a range larger than the read-ahead), on its own
+    s = HTTPStream(fsspec.filesystem("http"), url, 2000, stop=250_000, prefetch=4096)
+    try:
+        assert b"".join(iter(lambda: s.read(7777), b"")) == _BLOB[2000:250_000]
+        assert s.size == len(_BLOB)
+    finally:
+        s.close()
+    ranges = [r[2] for r in srv.requests if r[1] == path]
+    assert ranges == ["bytes=1000-5999", "bytes=2000-249999"]
+
+
+def test_cut_connection_inside_a_range_is_retried(http_remote, caplog):
+    """A range of at most the read-ahead is fetched in one piece: a cut fetches it again."""
+    urls, _ = _write(http_remote, 1, 40)
+    url = urls[0]
+    srv = http_remote.server
+    with open(os.path.join(http_remote.write_base, url[len(srv.url) + 1 :]), "rb") as f:
+        data = f.read()
+    with servers.CuttingProxy(("127.0.0.1", srv.port), cut_after=30_000, cuts=2) as proxy:
+        proxied = url.replace(srv.url, proxy.url)
+        with caplog.at_level(logging.WARNING, logger="tarshards.storage.retry"):
+            with open_url(proxied, offset=10_000, length=100_000, retry_backoff=0.01) as f:
+                got = b"".join(iter(lambda: f.read(1 << 16), b""))
+    assert proxy.cut_count == 2
+    assert got == data[10_000:110_000]
+    assert len([r for r in caplog.records if "resuming" in r.getMessage()]) == 2

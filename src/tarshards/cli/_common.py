@@ -22,7 +22,8 @@ import click
 from ..errors import ShardFormatError, TarshardsError, TruncatedShardError
 from ..format import parse_size as _parse_size
 from ..pipeline import shard_samples
-from ..urls import expand_urls, open_url
+from ..specs import expand_urls
+from ..storage import open_url
 
 __all__ = [
     "CONTEXT_SETTINGS",

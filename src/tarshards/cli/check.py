@@ -18,7 +18,7 @@ from ..format import split_name
 from ..hashing import HashingReader, split_hash
 from ..hashing import check_shard as verify_record
 from ..tario import decompressed_chunks, iter_tar, read_chunks
-from ..urls import open_url
+from ..storage import open_url
 from ._common import (
     CONTEXT_SETTINGS,
     Progress,

@@ -19,7 +19,8 @@ import click
 from ..errors import TarshardsError, TarshardsWarning
 from ..parallel import FAILED, format_summary, map_shards, shell_sample_fn
 from ..stages import reraise_exception, warn_and_continue
-from ..urls import expand_urls, is_local, local_path
+from ..specs import expand_urls
+from ..storage import is_local, local_path
 from ._common import (
     CONTEXT_SETTINGS,
     DataError,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 
-from ..urls import open_url
+from ..storage import open_url
 
 __all__ = ["gopen"]
 

@@ -19,7 +19,7 @@ import time
 from typing import Iterable, Iterator
 
 from ..shards import make_rng
-from ..urls import expand_urls as _ts_expand_urls
+from ..specs import expand_urls as _ts_expand_urls
 from .filters import pipelinefilter
 from .utils import pytorch_worker_info, pytorch_worker_seed
 from ._base import IterableDataset

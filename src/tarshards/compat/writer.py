@@ -12,7 +12,7 @@ from typing import Callable
 
 from .. import writer as _w
 from ..errors import PipeNotAllowedError
-from ..urls import open_url
+from ..storage import open_url
 
 __all__ = ["ShardWriter", "TarWriter"]
 

@@ -15,7 +15,8 @@ from typing import Callable
 
 from ..errors import TarshardsWarning
 from ..on_error import OnError, error_policy
-from ..urls import _fsspec_resolve, expand_urls, is_local, local_path, remove_stale_temporaries
+from ..specs import expand_urls
+from ..storage import filesystem, is_local, local_path, remove_stale_temporaries
 from .engines import Engine, make_engine
 from .jobs import FileShardJob, SampleShardJob
 from .reports import DONE, FAILED, SKIPPED, ShardReport
@@ -26,7 +27,7 @@ __all__ = ["map_shard_files", "map_shards"]
 def _exists(url: str, storage_options) -> bool:
     if is_local(url):
         return os.path.exists(local_path(url))
-    fs, path, _ = _fsspec_resolve(url, storage_options)
+    fs, path = filesystem(url, storage_options)
     return fs.exists(path)
 
 

@@ -1,0 +1,320 @@
+"""Outputs that appear under their final name only when complete, and their temporary files.
+
+:class:`AtomicOutput` writes a local file under a temporary name beside its final one and renames
+it on commit (remote URLs: a local temporary uploaded on commit); :func:`remove_stale_temporaries`
+removes the temporaries that writers which died left behind, never those of a running writer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import re
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from typing import cast
+
+try:  # POSIX: a lock on the temporary file tells a running writer from a dead one
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+from ..errors import PipeNotAllowedError, StorageError
+from .open import PipeStream
+from .paths import filesystem, is_local, local_path
+
+__all__ = [
+    "STALE_AFTER",
+    "AtomicOutput",
+    "is_stale_temporary",
+    "remove_stale_temporaries",
+    "temporary_directory",
+    "temporary_name",
+]
+
+logger = logging.getLogger(__name__)
+
+
+# A temporary file is named ``.NAME.PID-HOST-START-RANDOM.tmp`` beside its final name NAME: PID is
+# the writing process, HOST a hash of its host name, START the process's start time (clock ticks
+# since boot, 0 where unknown: it tells a reused PID apart), RANDOM makes the name unique. The
+# writer also holds an exclusive flock on the file while it writes. A temporary is stale, and may
+# be removed by anyone, only when nobody holds that lock and its writer is known to be gone: on
+# the same host the PID is dead (or belongs to a younger process); from another host (a shared
+# file system) the file has not been touched for STALE_AFTER seconds.
+_TEMP_SUFFIX = ".tmp"
+_TEMP_RE = re.compile(
+    r"\.(?P<base>.+)\.(?P<pid>\d+)-(?P<host>[0-9a-f]{8})-(?P<start>\d+)-"
+    r"[0-9a-f]{8}\.tmp"
+)
+STALE_AFTER = 600.0
+_UPLOAD_BASE = "tarshards-upload"
+
+
+def _host_tag() -> str:
+    return hashlib.sha1(socket.gethostname().encode("utf-8", "replace")).hexdigest()[:8]
+
+
+def _process_start(pid: int) -> int:
+    """Start time of process ``pid`` in clock ticks since boot (Linux); 0 when unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rindex(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _pid_alive(pid: int, start: int) -> bool:
+    if os.name != "posix":
+        return True  # no safe liveness probe (os.kill would terminate it): keep the file
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, owned by another user
+    except OSError:
+        return True
+    if start:
+        now = _process_start(pid)
+        if now and now != start:
+            return False  # the PID was reused by a younger process: the writer is gone
+    return True
+
+
+def _try_lock(fd: int) -> bool:
+    """Take an exclusive flock on ``fd`` without waiting; False when someone holds it."""
+    if fcntl is None:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:  # a file system without locks: decide on the other evidence
+        return True
+    return True
+
+
+def temporary_name(directory: str, base: str) -> str:
+    """A fresh temporary path for the final name ``base`` in ``directory`` (see _TEMP_RE)."""
+    pid = os.getpid()
+    tag = f"{pid}-{_host_tag()}-{_process_start(pid)}-{uuid.uuid4().hex[:8]}"
+    return os.path.join(directory, f".{base}.{tag}{_TEMP_SUFFIX}")
+
+
+def _create_temporary(directory: str, base: str):
+    """Create and lock a new temporary file; returns ``(path, binary writer)``."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        path = temporary_name(directory, base)
+        try:
+            fd = os.open(path, flags, 0o666)
+        except FileExistsError:  # pragma: no cover - 32 random bits
+            continue
+        break
+    try:
+        _try_lock(fd)  # held until the file is closed
+        return path, os.fdopen(fd, "wb", buffering=1 << 20)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+
+
+def is_stale_temporary(path: str, *, now: float | None = None) -> bool:
+    """Whether ``path`` is a tarshards temporary file whose writer is gone (see above)."""
+    m = _TEMP_RE.fullmatch(os.path.basename(path))
+    if m is None:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False
+    try:
+        if not _try_lock(fd):
+            return False  # its writer is at work
+        if m["host"] == _host_tag():
+            pid = int(m["pid"])
+            return pid != os.getpid() and not _pid_alive(pid, int(m["start"]))
+        age = (time.time() if now is None else now) - os.fstat(fd).st_mtime
+        return age > STALE_AFTER
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def remove_stale_temporaries(directory: str) -> list[str]:
+    """Remove the temporary files that writers which died (kill -9, power loss) left in
+    ``directory``; never those of a writer still running. Returns the paths removed."""
+    try:
+        entries = os.listdir(directory or ".")
+    except OSError:
+        return []
+    removed = []
+    for entry in entries:
+        if not (entry.startswith(".") and entry.endswith(_TEMP_SUFFIX)):
+            continue
+        path = os.path.join(directory, entry)
+        if is_stale_temporary(path):
+            try:
+                os.unlink(path)
+            except OSError:
+                continue
+            removed.append(path)
+            logger.info("removed %s, left by a writer that died", path)
+    return removed
+
+
+def temporary_directory(dest) -> str | None:
+    """Where :class:`AtomicOutput` puts the temporary file for ``dest`` (None: no file)."""
+    if hasattr(dest, "write"):
+        return None
+    dest = os.fspath(dest)
+    if dest == "-" or dest.startswith("pipe:"):
+        return None
+    if is_local(dest):
+        return os.path.dirname(os.path.abspath(local_path(dest)))
+    return tempfile.gettempdir()
+
+
+def _fsync_directory(directory: str) -> None:
+    """Make a rename in ``directory`` durable (where the platform allows opening directories)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class AtomicOutput:
+    """A destination that appears under its final name only when complete.
+
+    Local paths are written to a temporary name in the same directory (``.NAME.<owner>.tmp``,
+    locked while it is written) and, on :meth:`commit`, flushed to disk (fsync), renamed, and the
+    directory synced, so a crash or ``kill -9`` at any moment leaves either nothing or the whole
+    file under the final name. Opening first removes the stale temporaries that writers which
+    died left in that directory (``remove_stale=False`` skips that; see
+    :func:`remove_stale_temporaries`). Remote URLs are written to a local temporary file and
+    uploaded through fsspec on commit; ``-`` writes to stdout; a file object is written to
+    directly. ``pipe:CMD`` (only with ``allow_pipe=True``) writes to the stdin of a shell command
+    and checks its exit status on commit: what the command writes is not atomic. :meth:`abort`
+    (or an exception in the ``with`` block) removes the temporary file (or kills the command).
+    """
+
+    def __init__(
+        self,
+        dest,
+        *,
+        storage_options: dict | None = None,
+        allow_pipe: bool = False,
+        remove_stale: bool = True,
+    ):
+        self.dest = dest
+        self.storage_options = storage_options
+        self._tmp = None
+        self._owned = False
+        self._pipe = None
+        self.done = False
+        if hasattr(dest, "write"):
+            self.stream = dest
+            self.name = getattr(dest, "name", "<stream>")
+            return
+        dest = os.fspath(dest)
+        self.name = dest
+        if dest == "-":
+            self.stream = sys.stdout.buffer
+        elif dest.startswith("pipe:"):
+            if not allow_pipe:
+                raise PipeNotAllowedError(
+                    "pipe: outputs run shell commands and are off by default; pass "
+                    "allow_pipe=True (TarWriter(..., allow_pipe=True)) if you trust the command",
+                    url=dest,
+                )
+            self._pipe = PipeStream(dest[5:], "wb")
+            self.stream = self._pipe.stream
+        else:
+            local = is_local(dest)
+            base = os.path.basename(local_path(dest)) if local else _UPLOAD_BASE
+            if not base:
+                raise StorageError("the output is a directory name, not a file name", url=dest)
+            d = cast(str, temporary_directory(dest))  # a file name: never None
+            os.makedirs(d, exist_ok=True)
+            if remove_stale:
+                remove_stale_temporaries(d)
+            self._tmp, self.stream = _create_temporary(d, base)
+            self._owned = True
+
+    def commit(self) -> None:
+        """Publish the output under its final name (or finish the command / the upload)."""
+        if self.done:
+            return
+        self.done = True
+        if self._pipe is not None:
+            self._pipe.close()  # StorageError when the command failed
+            return
+        if not self._owned:
+            self.stream.flush()
+            return
+        try:
+            self.stream.flush()
+            os.fsync(self.stream.fileno())
+        except BaseException:
+            self._discard()
+            raise
+        self.stream.close()  # releases the lock: the data is complete
+        if is_local(self.name):
+            path = local_path(self.name)
+            try:
+                os.replace(cast(str, self._tmp), path)
+            except BaseException:
+                self._discard()
+                raise
+            self._tmp = None
+            _fsync_directory(os.path.dirname(os.path.abspath(path)))
+            return
+        fs, path = filesystem(self.name, self.storage_options)
+        try:
+            fs.put_file(self._tmp, path)
+        except Exception as exc:
+            raise StorageError(f"upload failed: {exc}", url=self.name) from exc
+        finally:
+            self._discard()
+
+    def _discard(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.stream.close()
+        if self._tmp:
+            with contextlib.suppress(OSError):
+                os.unlink(self._tmp)
+            self._tmp = None
+
+    def abort(self) -> None:
+        """Discard what was written: nothing appears under the final name."""
+        if self.done:
+            return
+        self.done = True
+        if self._pipe is not None:
+            self._pipe.kill()
+        elif self._owned:
+            self._discard()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+        return False
