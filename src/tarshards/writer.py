@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from .codecs import encode_value
 from .compression import GZIP, ZSTD, is_compressed_name, open_compressed_writer
 from .errors import PipeNotAllowedError
+from .format import parse_size
 from .tario import BLOCK, TarMemberWriter, header_number, header_size
 from .storage import AtomicOutput, remove_stale_temporaries, temporary_directory
 
@@ -393,8 +394,9 @@ class ShardWriter:
     """Write samples to a numbered series of shards, starting a new one by count or size.
 
     A new shard starts before a sample would take the current one past ``maxcount`` samples or
-    ``maxsize`` (uncompressed) bytes; a single sample larger than ``maxsize`` gets a shard of its
-    own. Each shard is committed atomically when complete; ``shards`` lists what was written and
+    ``maxsize`` (uncompressed) bytes (a number or a size string such as ``"1GB"`` or
+    ``"512MiB"``, as :func:`tarshards.format.parse_size` reads it); a single sample larger than
+    ``maxsize`` gets a shard of its own. Each shard is committed atomically when complete; ``shards`` lists what was written and
     ``post(url)`` is called after each commit.
     """
 
@@ -402,7 +404,7 @@ class ShardWriter:
         self,
         pattern: str,
         maxcount: int = 100_000,
-        maxsize: float = 3e9,
+        maxsize: int | float | str = 3e9,
         *,
         start_shard: int = 0,
         verbose: int = 0,
@@ -413,8 +415,9 @@ class ShardWriter:
     ):
         if maxcount is None or maxcount < 1:
             raise ValueError(f"maxcount must be >= 1, got {maxcount!r}")
-        if maxsize is None or maxsize <= 0:
-            raise ValueError(f"maxsize must be > 0, got {maxsize!r}")
+        if maxsize is None:
+            raise ValueError("maxsize must be > 0, got None")
+        maxsize = parse_size(maxsize, positive=True)  # bytes, or a string like "1GB" / "512MiB"
         first = shard_name(pattern, start_shard)  # validate early
         if first.startswith("pipe:") and not tarwriter_options.get("allow_pipe", False):
             raise PipeNotAllowedError(
@@ -424,7 +427,7 @@ class ShardWriter:
             )
         self.pattern = pattern
         self.maxcount = int(maxcount)
-        self.maxsize = float(maxsize)
+        self.maxsize = maxsize
         self.shard = start_shard
         self.verbose = verbose
         self.post = post
