@@ -589,24 +589,47 @@ def _layout(hsize: np.ndarray, size: np.ndarray, start: int):
 
 
 class _RawReader:
-    """Reads the file in chunks, hashing and counting every byte."""
+    """Reads the file in chunks, hashing and counting every byte.
+
+    With ``reuse`` set (the plain tar path, whose consumer copies what it keeps before asking
+    for the next chunk) the chunks are memoryviews of one buffer filled by ``readinto``: no
+    allocation per chunk."""
 
     def __init__(self, stream: BinaryIO, hasher, chunk_size: int = _CHUNK):
         self.stream = stream
         self.hasher = hasher
         self.nbytes = 0
         self.chunk_size = chunk_size
+        self.reuse = False
 
     def chunks(self) -> Iterator[bytes]:
         read = getattr(self.stream, "read1", None) or self.stream.read
         update = self.hasher.update
+        readinto = None
+        buf = memoryview(b"")
+        data = read(min(self.chunk_size, 1 << 16))  # enough to tell the compression by
+        if not data:
+            return
+        update(data)
+        self.nbytes += len(data)
+        yield data
         while True:
-            data = read(self.chunk_size)
-            if not data:
-                return
+            if self.reuse and readinto is None:
+                readinto = getattr(self.stream, "readinto", None)
+                if readinto is not None:
+                    buf = memoryview(bytearray(self.chunk_size))
+            if readinto is not None:
+                n = readinto(buf)
+                if not n:
+                    return
+                data = buf[:n]
+            else:
+                data = read(self.chunk_size)
+                if not data:
+                    return
             update(data)
             self.nbytes += len(data)
-            yield data
+            yield data  # type: ignore[misc]  # bytes or a memoryview of the reused buffer
 
 
 def _frames(
@@ -672,8 +695,8 @@ class _Blocks:
         pos = self.pos
         if len(self.buf) - pos >= n:
             self.pos = pos + n
-            return self.buf[pos : pos + n]
-        parts = [self.buf[pos:]]
+            return bytes(self.buf[pos : pos + n])  # a copy: chunks may be a reused buffer
+        parts = [bytes(self.buf[pos:])]
         have = len(parts[0])
         self.base += len(self.buf)
         self.buf = b""
@@ -797,9 +820,14 @@ def _walk(blocks: _Blocks, builder: IndexBuilder, url) -> None:
             if not typeflag and name[-1:] == "/":
                 blocks.feed(padded, None)
             else:
-                h = new_hasher()
-                got = blocks.feed(size, h.update)
-                csum = h.intdigest()
+                if size <= _CHUNK:  # one piece (a small copy), one checksum call
+                    piece = blocks.take(size) if size else b""
+                    got = len(piece) if piece else 0
+                    csum = checksum(piece or b"")
+                else:
+                    h = new_hasher()
+                    got = blocks.feed(size, h.update)
+                    csum = h.intdigest()
                 if got < size:
                     raise TruncatedShardError(
                         f"truncated tar stream: member needs {size} bytes, stream ended after "
@@ -865,6 +893,7 @@ def index_stream(
     else:
         compression = "none"
     if compression == "none":
+        raw.reuse = True  # _Blocks copies what it keeps (_frames would not)
         data = _chain(first, chunks)
     else:
         data = _frames(first, chunks, compression, builder, url)
