@@ -17,8 +17,6 @@ import hashlib
 import zlib
 from typing import Any, BinaryIO
 
-import numpy as np
-
 from .errors import IntegrityError, MissingDependencyError
 
 try:  # optional C accelerator (see _speedups.c); wmix64 below is the reference
@@ -55,21 +53,27 @@ _M64 = (1 << 64) - 1
 _K1 = 0x9E3779B97F4A7C15
 _K2 = 0xBF58476D1CE4E5B9
 _K3 = 0x94D049BB133111EB
-_U64_K1, _U64_LOW, _U64_32 = np.uint64(_K1), np.uint64(0xFFFFFFFF), np.uint64(32)
 
 
-def _wmix_sum(words: np.ndarray, first: int) -> int:
-    """The sum of the keyed words ``words`` (little-endian u64), the first at word ``first``."""
+def _wmix_sum(words, first: int) -> int:
+    """The sum of the keyed words of ``words`` (a buffer of little-endian u64), the first at
+    word ``first``."""
     if _c_wmix64_words is not None:
         return _c_wmix64_words(words, first)
-    return _wmix_sum_reference(words, first)
+    import numpy as np
+
+    return _wmix_sum_reference(np.frombuffer(words, "<u8"), first)
 
 
-def _wmix_sum_reference(words: np.ndarray, first: int) -> int:
+def _wmix_sum_reference(words, first: int) -> int:
+    """:func:`_wmix_sum` in numpy (``words``: a uint64 array), the definition."""
+    import numpy as np
+
     if not len(words):
         return 0
-    x = words ^ (np.arange(first + 1, first + 1 + len(words), dtype=np.uint64) * _U64_K1)
-    x = (x & _U64_LOW) * (x >> _U64_32) + words
+    k1, low, shift = np.uint64(_K1), np.uint64(0xFFFFFFFF), np.uint64(32)
+    x = words ^ (np.arange(first + 1, first + 1 + len(words), dtype=np.uint64) * k1)
+    x = (x & low) * (x >> shift) + words
     return int(x.sum(dtype=np.uint64))
 
 
@@ -84,6 +88,8 @@ def _wmix_final(acc: int, n: int) -> int:
 
 def _wmix64_reference(data) -> int:
     """wmix64 in numpy (the definition; the C extension computes the same)."""
+    import numpy as np
+
     view = memoryview(data).cast("B")
     n = len(view)
     whole = n - n % 8
@@ -128,12 +134,12 @@ class Wmix64:
             view = view[need:]
             if len(self.carry) < 8:
                 return
-            self.acc += _wmix_sum(np.frombuffer(self.carry, "<u8"), self.n // 8)
+            self.acc += _wmix_sum(self.carry, self.n // 8)
             self.n += 8
             self.carry = b""
         whole = len(view) - len(view) % 8
         if whole:
-            self.acc += _wmix_sum(np.frombuffer(view[:whole], "<u8"), self.n // 8)
+            self.acc += _wmix_sum(view[:whole], self.n // 8)
             self.n += whole
         self.carry = bytes(view[whole:])
 
@@ -141,7 +147,7 @@ class Wmix64:
         acc, n = self.acc, self.n
         if self.carry:
             tail = self.carry + bytes(8 - len(self.carry))
-            acc += _wmix_sum(np.frombuffer(tail, "<u8"), n // 8)
+            acc += _wmix_sum(tail, n // 8)
             n += len(self.carry)
         return _wmix_final(acc & _M64, n)
 
