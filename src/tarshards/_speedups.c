@@ -368,6 +368,25 @@ mix_word(uint64_t w, uint64_t k)
     return (uint64_t)(uint32_t)x * (x >> 32) + w;
 }
 
+/* one step of the vector loops below: four vectors of words (W bytes each) at p + i, into the
+ * accumulators a0..a3 with the keys k0..k3 (advanced by step); T/PFX/SFX: the vector type and
+ * the intrinsics' prefix and suffix (__m128i/_mm/si128 for SSE2, __m256i/_mm256/si256 for AVX2) */
+#define MIX_VEC(T, PFX, SFX, acc, key, off)                                       \
+    do {                                                                          \
+        T w = PFX##_loadu_##SFX((const T *)(p + i + (off)));                      \
+        T x = PFX##_xor_##SFX(w, key);                                            \
+        T prod = PFX##_mul_epu32(x, PFX##_srli_epi64(x, 32));                     \
+        acc = PFX##_add_epi64(acc, PFX##_add_epi64(prod, w));                     \
+        key = PFX##_add_epi64(key, step);                                         \
+    } while (0)
+#define MIX_BLOCK(T, PFX, SFX, W)                                                 \
+    do {                                                                          \
+        MIX_VEC(T, PFX, SFX, a0, k0, 0);                                          \
+        MIX_VEC(T, PFX, SFX, a1, k1, (W));                                        \
+        MIX_VEC(T, PFX, SFX, a2, k2, 2 * (W));                                    \
+        MIX_VEC(T, PFX, SFX, a3, k3, 3 * (W));                                    \
+    } while (0)
+
 #if defined(__GNUC__) && defined(__x86_64__)
 #define HAVE_AVX2_PATH 1
 #include <immintrin.h>
@@ -385,21 +404,8 @@ wmix64_sum_avx2(const unsigned char *p, Py_ssize_t n, uint64_t k, Py_ssize_t *do
 #undef KEYS
     const __m256i step = _mm256_set1_epi64x((long long)(16 * MIX_K1));
     Py_ssize_t i = 0;
-#define MIX_LANE(acc, key, off)                                                   \
-    do {                                                                          \
-        __m256i w = _mm256_loadu_si256((const __m256i *)(p + i + (off)));         \
-        __m256i x = _mm256_xor_si256(w, key);                                     \
-        __m256i prod = _mm256_mul_epu32(x, _mm256_srli_epi64(x, 32));             \
-        acc = _mm256_add_epi64(acc, _mm256_add_epi64(prod, w));                   \
-        key = _mm256_add_epi64(key, step);                                        \
-    } while (0)
-    for (; i + 128 <= n; i += 128) {
-        MIX_LANE(a0, k0, 0);
-        MIX_LANE(a1, k1, 32);
-        MIX_LANE(a2, k2, 64);
-        MIX_LANE(a3, k3, 96);
-    }
-#undef MIX_LANE
+    for (; i + 128 <= n; i += 128)
+        MIX_BLOCK(__m256i, _mm256, si256, 32);
     __m256i t = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
     uint64_t lanes[4];
     _mm256_storeu_si256((__m256i *)lanes, t);
@@ -437,21 +443,8 @@ wmix64_sum(const unsigned char *p, Py_ssize_t n, uint64_t first)
         __m128i k2 = _mm_set_epi64x((long long)(k + 6 * MIX_K1), (long long)(k + 5 * MIX_K1));
         __m128i k3 = _mm_set_epi64x((long long)(k + 8 * MIX_K1), (long long)(k + 7 * MIX_K1));
         const __m128i step = _mm_set1_epi64x((long long)(8 * MIX_K1));
-#define MIX_LANE(acc, key, off)                                                   \
-    do {                                                                          \
-        __m128i w = _mm_loadu_si128((const __m128i *)(p + i + (off)));            \
-        __m128i x = _mm_xor_si128(w, key);                                        \
-        __m128i prod = _mm_mul_epu32(x, _mm_srli_epi64(x, 32));                   \
-        acc = _mm_add_epi64(acc, _mm_add_epi64(prod, w));                         \
-        key = _mm_add_epi64(key, step);                                           \
-    } while (0)
-        for (; i + 64 <= n; i += 64) {
-            MIX_LANE(a0, k0, 0);
-            MIX_LANE(a1, k1, 16);
-            MIX_LANE(a2, k2, 32);
-            MIX_LANE(a3, k3, 48);
-        }
-#undef MIX_LANE
+        for (; i + 64 <= n; i += 64)
+            MIX_BLOCK(__m128i, _mm, si128, 16);
         __m128i t = _mm_add_epi64(_mm_add_epi64(a0, a1), _mm_add_epi64(a2, a3));
         uint64_t lanes[2];
         _mm_storeu_si128((__m128i *)lanes, t);
