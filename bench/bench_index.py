@@ -435,12 +435,16 @@ def report(r: dict, nrandom: int) -> None:
     print(
         f"   tarshards index -p {i['ncpu']:<2d}            {par:8.0f} MB/s   {par / cat:.2f}x cat"
     )
-    net = mb / max(i["index_s"] - i["startup_s"], 1e-9)
     print(
         f"   start-up of the command          {i['startup_s'] * 1e3:8.0f} ms     "
         "(tarshards index -p 1 on a one-member shard)"
     )
-    print(f"   tarshards index -p 1, less start-up {net:5.0f} MB/s   {net / cat:.2f}x cat")
+    work = i["index_s"] - i["startup_s"]
+    if work > 0.1 * i["index_s"]:  # else the start-up's noise is larger than the work
+        net = mb / work
+        print(f"   tarshards index -p 1, less start-up {net:5.0f} MB/s   {net / cat:.2f}x cat")
+    else:
+        print("   tarshards index -p 1, less start-up    n/a (the start-up varies more than that)")
     inproc = mb / i["index_inprocess_s"]
     print(
         f"   index_url() in one process       {inproc:8.0f} MB/s   {inproc / cat:.2f}x cat "
