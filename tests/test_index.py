@@ -390,6 +390,11 @@ def test_older_member_checksums_are_made_and_read(tmp_path):
         assert idx.member_checksums.tolist() == [fn(d) for _, d in members]
         again = ShardIndex.from_bytes(idx.to_bytes(), url=path)
         assert again == idx and again.checksum_fn() is fn
+        for chunk in (700, 1000):  # members (and their padding) across chunk boundaries
+            small = index_stream(
+                io.BytesIO(Path(path).read_bytes()), path, member_hash=algo, chunk_size=chunk
+            )
+            assert small == idx
 
 
 @needs_c
