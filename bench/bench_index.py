@@ -4,7 +4,8 @@
     .venv/bin/python bench/bench_index.py --quick     # fewer shards, fewer repetitions
     .venv/bin/python bench/bench_index.py --layout large
 
-Three measurements, side by side in one run (figures are best of ``--repeat``):
+Three measurements, side by side in one run (best of ``--repeat`` interleaved rounds: each round
+runs every contender once, the peers staying up in their own processes between rounds):
 
 1. ``tarshards index`` on plain local shards (page-cached), one process, hashing on (xxh3_64 of
    every file and of every member), as MB/s against ``cat FILES > /dev/null``. Target >= 0.5.
@@ -68,26 +69,34 @@ def _peer_checksum(samples) -> int:
     return total
 
 
-def peer_wids(job: dict) -> dict:
+def _serve(ds, job: dict, version: str, fields=lambda got: got) -> None:
+    """Warm ``ds`` up, then time one pass over ``job["indices"]`` for each "go" on stdin."""
+    for i in job["warm"]:  # open every shard once (each reader reads its shard's index)
+        ds[i]
+    print(json.dumps({"ready": True, "version": version}), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "go":
+            break
+        t0 = time.perf_counter()
+        got = [ds[i] for i in job["indices"]]
+        seconds = time.perf_counter() - t0
+        print(json.dumps({"seconds": seconds, "checksum": _peer_checksum(fields(got))}), flush=True)
+
+
+def peer_wids(job: dict) -> None:
     import wids
 
     shards = [{"url": u, "nsamples": n} for u, n in zip(job["urls"], job["counts"])]
     cache = tempfile.mkdtemp(prefix="wids-cache-")
     try:
         ds = wids.ShardListDataset(shards, cache_dir=cache, transformations=[])
-        for i in job["warm"]:  # open every shard once (wids reads each shard's member list)
-            ds[i]
-        best = float("inf")
-        for _ in range(job["repeat"]):
-            t0 = time.perf_counter()
-            got = [ds[i] for i in job["indices"]]
-            best = min(best, time.perf_counter() - t0)
-        fields = [{k[1:] if k.startswith(".") else k: v for k, v in s.items()} for s in got]
-        return {
-            "seconds": best,
-            "checksum": _peer_checksum(fields),
-            "version": wids.__version__ if hasattr(wids, "__version__") else "0.1.11",
-        }
+        version = wids.__version__ if hasattr(wids, "__version__") else "0.1.11"
+        _serve(
+            ds,
+            job,
+            version,
+            lambda got: [{k[1:] if k.startswith(".") else k: v for k, v in s.items()} for s in got],
+        )
     finally:
         shutil.rmtree(cache, ignore_errors=True)
 
@@ -136,7 +145,7 @@ def _mds_dir(job: dict) -> str:
     return out
 
 
-def peer_streaming(job: dict) -> dict:
+def peer_streaming(job: dict) -> None:
     import torch
 
     lib = torch.library.Library("torchvision", "DEF")  # noqa: F841 - keep it alive
@@ -148,39 +157,62 @@ def peer_streaming(job: dict) -> dict:
     local = _mds_dir(job)
     streaming.base.util.clean_stale_shared_memory()
     ds = StreamingDataset(local=local, batch_size=1, shuffle=False)
-    for i in job["warm"]:
-        ds[i]
-    best = float("inf")
-    for _ in range(job["repeat"]):
-        t0 = time.perf_counter()
-        got = [ds[i] for i in job["indices"]]
-        best = min(best, time.perf_counter() - t0)
-    return {"seconds": best, "checksum": _peer_checksum(got), "version": streaming.__version__}
+    _serve(ds, job, streaming.__version__)
 
 
-def run_peer(python: str, name: str, job: dict, timeout: float = 1200) -> dict:
-    if not os.path.exists(python):
-        return {"error": f"not installed ({python} missing; see this file's docstring)"}
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(job, f)
-        path = f.name
-    try:
-        proc = subprocess.run(
-            [python, os.path.abspath(__file__), "--peer", name, path],
-            capture_output=True,
+class Peer:
+    """A peer in its own process (``bench/.venv``): ``ready`` after its warm-up, then one timed
+    pass per :meth:`run`, so that the contenders' passes interleave (a busy moment of a loaded
+    machine then hits all of them, not one)."""
+
+    def __init__(self, python: str, name: str, job: dict):
+        self.name = name
+        self.error: str | None = None
+        self.version = ""
+        self.proc = None
+        if not os.path.exists(python):
+            self.error = f"not installed ({python} missing; see this file's docstring)"
+            return
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(job, f)
+            self.job_path = f.name
+        self.proc = subprocess.Popen(
+            [python, os.path.abspath(__file__), "--peer", name, self.job_path],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=timeout,
             env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
         )
-    finally:
-        os.unlink(path)
-    if proc.returncode != 0:
-        return {
-            "error": proc.stderr.strip().splitlines()[-1]
-            if proc.stderr.strip()
-            else f"exit {proc.returncode}"
-        }
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        first = self._answer()
+        if first is not None:
+            self.version = first.get("version", "")
+
+    def _answer(self) -> dict | None:
+        assert self.proc is not None and self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            err = (self.proc.stderr.read() if self.proc.stderr else "").strip()
+            self.error = err.splitlines()[-1] if err else f"exit {self.proc.wait()}"
+            self.close()
+            return None
+        return json.loads(line)
+
+    def run(self) -> dict | None:
+        if self.proc is None:
+            return None
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        return self._answer()
+
+    def close(self) -> None:
+        if self.proc is not None:
+            if self.proc.stdin is not None and not self.proc.stdin.closed:
+                self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+            self.proc = None
+            os.unlink(self.job_path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,74 +220,108 @@ def run_peer(python: str, name: str, job: dict, timeout: float = 1200) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def _best_wall(cmd: list[str] | str, repeat: int, env=None) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        subprocess.run(
-            cmd,
-            shell=isinstance(cmd, str),
-            check=True,
-            env=env,
-            executable="/bin/bash" if isinstance(cmd, str) else None,
-        )
-        best = min(best, time.perf_counter() - t0)
-    return best
+def _wall(cmd: list[str] | str, env=None) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(
+        cmd,
+        shell=isinstance(cmd, str),
+        check=True,
+        env=env,
+        executable="/bin/bash" if isinstance(cmd, str) else None,
+    )
+    return time.perf_counter() - t0
+
+
+def _tiny_shard(tmp: str) -> str:
+    import io
+    import tarfile
+
+    path = os.path.join(tmp, "tiny", "tiny-0.tar")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tf:
+        ti = tarfile.TarInfo("k0.txt")
+        ti.size = 1
+        tf.addfile(ti, io.BytesIO(b"x"))
+    return path
 
 
 def bench_index_vs_cat(paths, tmp: str, repeat: int) -> dict:
+    """Best of ``repeat`` interleaved rounds of: cat, ``tarshards index -p 1``, the same command
+    on a one-member shard (its start-up: the interpreter and the imports), ``index_url`` in this
+    process, and ``tarshards index -p NCPU``."""
     import common
+
+    from tarshards.index import index_url
 
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"))
     nbytes = common.total_bytes(paths)
-    cat = _best_wall("cat " + " ".join(paths) + " > /dev/null", repeat)
     out = os.path.join(tmp, "index-cli", "manifest.json")
-    cmd = [
-        sys.executable,
-        "-c",
-        "from tarshards.cli.main import main; main()",
-        "index",
-        "-q",
-        "-p",
-        "1",
-        *paths,
-        "-o",
-        out,
-    ]
-    index = _best_wall(cmd, repeat, env)
-    from tarshards.index import index_url
+    tiny = _tiny_shard(tmp)
+    ncpu = os.cpu_count() or 1
 
-    inproc = float("inf")
-    for _ in range(repeat):  # the same work without the interpreter's start-up
+    def command(inputs, workers):
+        return [
+            sys.executable,
+            "-c",
+            "from tarshards.cli.main import main; main()",
+            "index",
+            "-q",
+            "-p",
+            str(workers),
+            *inputs,
+            "-o",
+            out if inputs is paths else os.path.join(tmp, "tiny", "m.json"),
+        ]
+
+    best = {k: float("inf") for k in ("cat", "index", "startup", "inproc", "parallel")}
+    for _ in range(repeat):
+        best["cat"] = min(best["cat"], _wall("cat " + " ".join(paths) + " > /dev/null"))
+        best["index"] = min(best["index"], _wall(command(paths, 1), env))
+        best["startup"] = min(best["startup"], _wall(command([tiny], 1), env))
         t0 = time.perf_counter()
         for p in paths:
             index_url(p)
-        inproc = min(inproc, time.perf_counter() - t0)
-    ncpu = os.cpu_count() or 1
-    par = _best_wall(cmd[:5] + ["-q", "-p", str(ncpu), *paths, "-o", out], repeat, env)
+        best["inproc"] = min(best["inproc"], time.perf_counter() - t0)
+        best["parallel"] = min(best["parallel"], _wall(command(paths, ncpu), env))
     return {
         "bytes": nbytes,
-        "cat_s": cat,
-        "index_s": index,
-        "index_parallel_s": par,
+        "cat_s": best["cat"],
+        "index_s": best["index"],
+        "startup_s": best["startup"],
+        "index_parallel_s": best["parallel"],
         "ncpu": ncpu,
-        "index_inprocess_s": inproc,
+        "index_inprocess_s": best["inproc"],
     }
 
 
-def bench_random(manifest, indices, warm, repeat: int) -> dict:
+def bench_random(manifest, job: dict, peers: list, repeat: int) -> dict:
+    """Best of ``repeat`` interleaved rounds: one pass of ours, then one of each peer."""
     from tarshards.indexed import IndexedDataset
 
     ds = IndexedDataset(manifest)
-    for i in warm:
+    for i in job["warm"]:
         ds[i]
-    best = float("inf")
+    indices = job["indices"]
+    ours = {"seconds": float("inf")}
+    theirs: dict = {p.name: {"seconds": float("inf")} for p in peers}
     for _ in range(repeat):
         t0 = time.perf_counter()
         got = [ds[i] for i in indices]
-        best = min(best, time.perf_counter() - t0)
+        ours["seconds"] = min(ours["seconds"], time.perf_counter() - t0)
+        ours["checksum"] = _peer_checksum(got)
+        del got
+        for p in peers:
+            r = p.run()
+            if r is not None:
+                theirs[p.name]["seconds"] = min(theirs[p.name]["seconds"], r["seconds"])
+                theirs[p.name]["checksum"] = r["checksum"]
     ds.close()
-    return {"seconds": best, "checksum": _peer_checksum(got)}
+    for p in peers:
+        if p.error is not None:
+            theirs[p.name] = {"error": p.error}
+        else:
+            theirs[p.name]["version"] = p.version
+    return {"tarshards": ours, **theirs}
 
 
 def bench_recording(samples, tmp: str, repeat: int) -> dict:
@@ -296,8 +362,7 @@ def main() -> None:
         name, path = args.peer
         with open(path) as f:
             job = json.load(f)
-        result = {"wids": peer_wids, "streaming": peer_streaming}[name](job)
-        print(json.dumps(result))
+        {"wids": peer_wids, "streaming": peer_streaming}[name](job)
         return
 
     sys.path.insert(0, HERE)
@@ -326,19 +391,21 @@ def main() -> None:
         indices = rng.integers(0, total, args.samples).tolist()
         starts = np.concatenate([[0], np.cumsum([r.samples for r in manifest.shards])])
         warm = [int(s) for s in starts[:-1]]
-        ours = bench_random(manifest, indices, warm, repeat)
         job = {
             "urls": manifest.shard_urls(),
             "counts": [r.samples for r in manifest.shards],
             "indices": indices,
             "warm": warm,
-            "repeat": repeat,
             "mds_dir": os.path.join(
                 common.DATA, f"mds-{args.layout}{'-quick' if args.quick else ''}"
             ),
         }
-        peers = {name: run_peer(args.peer_python, name, job) for name in ("wids", "streaming")}
-        results["random"] = {"tarshards": ours, **peers}
+        peers = [Peer(args.peer_python, name, job) for name in ("wids", "streaming")]
+        try:
+            results["random"] = bench_random(manifest, job, peers, max(repeat, 3))
+        finally:
+            for p in peers:
+                p.close()
         # 3. recording overhead
         n = 8000 if args.quick else 20000
         samples = []
@@ -346,7 +413,7 @@ def main() -> None:
             samples.append({k: v for k, v in s.items() if k != "__url__"})
             if len(samples) >= n:
                 break
-        results["recording"] = bench_recording(samples, tmp, repeat + 2)
+        results["recording"] = bench_recording(samples, tmp, 2 * repeat + 3)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     report(results, args.samples)
@@ -368,6 +435,16 @@ def report(r: dict, nrandom: int) -> None:
     print(
         f"   tarshards index -p {i['ncpu']:<2d}            {par:8.0f} MB/s   {par / cat:.2f}x cat"
     )
+    print(
+        f"   start-up of the command          {i['startup_s'] * 1e3:8.0f} ms     "
+        "(tarshards index -p 1 on a one-member shard)"
+    )
+    work = i["index_s"] - i["startup_s"]
+    if work > 0.1 * i["index_s"]:  # else the start-up's noise is larger than the work
+        net = mb / work
+        print(f"   tarshards index -p 1, less start-up {net:5.0f} MB/s   {net / cat:.2f}x cat")
+    else:
+        print("   tarshards index -p 1, less start-up    n/a (the start-up varies more than that)")
     inproc = mb / i["index_inprocess_s"]
     print(
         f"   index_url() in one process       {inproc:8.0f} MB/s   {inproc / cat:.2f}x cat "
@@ -396,7 +473,7 @@ def report(r: dict, nrandom: int) -> None:
         f"   manifest=PATH                    {b:8.0f} samples/s   "
         f"{100 * (a / b - 1):.1f}% slower (target <= 5%)"
     )
-    print("\n(figures from a loaded machine are noisy; ratios matter)")
+    print("\n(best of interleaved rounds; figures from a loaded machine are noisy, ratios matter)")
 
 
 if __name__ == "__main__":

@@ -13,8 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from tarshards import IntegrityError, ShardFormatError, ShardWriter, TarWriter
+from tarshards import IntegrityError, ShardFormatError, ShardWriter, TarWriter, hashing
+from tarshards import index as index_mod
+from tarshards import writer as writer_mod
 from tarshards.hashing import HashingReader, file_hasher, member_checksum_fn
 from tarshards.index import ShardIndex, index_stream, index_url
 from tarshards.pipeline import shard_samples
@@ -293,3 +297,129 @@ def test_shardwriter_sample_offsets_open_samples(tmp_path):
                     )
                     == seq[j:]
                 )
+
+
+# ---- the C paths (member scan, writer's records, wmix64) agree with the Python reference ------
+
+needs_c = pytest.mark.skipif(
+    hashing._c_wmix64 is None or index_mod._index_members is None,
+    reason="the C accelerator is not built",
+)
+
+
+def test_wmix64_known_values_and_incremental():
+    assert hashing._wmix64_reference(b"") == 0
+    assert hashing._wmix64_reference(b"a") == 15516646814070012766
+    data = os.urandom(1000)
+    one = hashing.wmix64(data)
+    assert one == hashing._wmix64_reference(data)
+    h = hashing.Wmix64()
+    for a, b in ((0, 3), (3, 3), (3, 17), (17, 600), (600, 1000)):
+        h.update(data[a:b])
+    assert h.intdigest() == one
+    # any one flipped bit changes it; appended zeros change it (the length is mixed in)
+    for bit in (0, 7, 31, 32, 63, 4000, 7999):
+        bad = bytearray(data)
+        bad[bit // 8] ^= 1 << (bit % 8)
+        assert hashing.wmix64(bytes(bad)) != one
+    assert hashing.wmix64(data + b"\0") != one
+
+
+@needs_c
+@settings(max_examples=60, deadline=None)
+@given(data=st.binary(max_size=700), first=st.integers(0, 2**40), split=st.integers(0, 700))
+def test_wmix64_c_equals_reference(data, first, split):
+    assert hashing._c_wmix64(data) == hashing._wmix64_reference(data)
+    whole = data[: len(data) - len(data) % 8]
+    words = np.frombuffer(whole, "<u8")
+    assert hashing._c_wmix64_words(words, first) == hashing._wmix_sum_reference(words, first)
+    h = hashing.Wmix64()
+    h.update(data[:split])
+    h.update(data[split:])
+    assert h.intdigest() == hashing._wmix64_reference(data)
+
+
+def _python_only(monkeypatch):
+    monkeypatch.setattr(index_mod, "_index_members", None)
+    monkeypatch.setattr(writer_mod, "_record_members", None)
+    monkeypatch.setattr(hashing, "_c_wmix64", None)
+    monkeypatch.setattr(hashing, "_c_wmix64_words", None)
+
+
+@needs_c
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+@pytest.mark.parametrize("last_dot", [False, True])
+def test_c_member_scan_equals_python(tmp_path, monkeypatch, fmt, last_dot):
+    members = _members(long_every=3 if fmt != tarfile.USTAR_FORMAT else 10**9)
+    members += [
+        ("./dot/s9000.a.b.png", b"x" * 700),  # "./", several dots
+        ("./dot/s9000.a.b.txt", b"y"),
+        ("dir/__skipped.txt", b"z" * 10),
+        ("noext", b"w"),
+        ("dir/s9001.", b"v"),
+        ("dir/s9002.CLS", b"1"),
+        ("dir/s9002.jpg", b""),
+    ]
+    if fmt != tarfile.USTAR_FORMAT:
+        members.append(("dir/s9003.t\u00e9xt", b"non-ascii extension"))
+    path = _tarfile_shard(str(tmp_path / "a.tar"), members, fmt, dirs=["dir/"])
+    data = Path(path).read_bytes()
+    c = [
+        index_stream(io.BytesIO(data), path, last_dot=last_dot, chunk_size=n)
+        for n in (700, 1 << 20)
+    ]
+    with monkeypatch.context() as m:
+        _python_only(m)
+        py = index_stream(io.BytesIO(data), path, last_dot=last_dot)
+    assert c[0] == py and c[1] == py
+    assert py.member_hash == "wmix64"
+    assert py.member_checksums.tolist() == [
+        hashing._wmix64_reference(d)
+        for name, d in members
+        if not name.rsplit("/", 1)[-1].startswith("__") and name not in ("noext", "dir/s9001.")
+    ]
+
+
+def test_older_member_checksums_are_made_and_read(tmp_path):
+    members = _members()
+    path = _tarfile_shard(str(tmp_path / "a.tar"), members)
+    for algo in ("xxh3_64", "crc32"):  # what indexes written before wmix64 hold
+        idx = index_url(path, member_hash=algo)
+        fn = member_checksum_fn(algo)
+        assert idx.member_hash == algo
+        assert idx.member_checksums.tolist() == [fn(d) for _, d in members]
+        again = ShardIndex.from_bytes(idx.to_bytes(), url=path)
+        assert again == idx and again.checksum_fn() is fn
+        for chunk in (700, 1000):  # members (and their padding) across chunk boundaries
+            small = index_stream(
+                io.BytesIO(Path(path).read_bytes()), path, member_hash=algo, chunk_size=chunk
+            )
+            assert small == idx
+
+
+@needs_c
+def test_writer_c_records_equal_python_records(tmp_path, monkeypatch):
+    samples = [
+        {"__key__": f"d/s{i}", "txt": "x" * (i * 301), "cls": i, "json": {"i": i}}
+        for i in range(40)
+    ]
+    samples[3]["__key__"] = "p/" + "q" * 150 + "/s3"  # a pax header
+    samples[5]["T\u00e9XT"] = "a non-ASCII extension (a pax header)"
+    samples[7]["__key__"] = samples[6]["__key__"]  # two writes, one sample (as the reader sees it)
+    samples[7] = {"__key__": samples[7]["__key__"], "other": b"o"}
+
+    def write(path, odd_write):
+        with TarWriter(path, index=True) as w:
+            for i, s in enumerate(samples):
+                w.write(s)
+                if odd_write and i == 20:  # names the C path does not take: the rest in lists
+                    w.write_members([("e/x21.a.b", b"1"), ("e/x21.a.c", b"22")], key="e/x21")
+        return w.index
+
+    for odd in (False, True):
+        c = write(str(tmp_path / f"c{odd}.tar"), odd)
+        with monkeypatch.context() as m:
+            _python_only(m)
+            py = write(str(tmp_path / f"p{odd}.tar"), odd)
+        assert c == py
+        assert c == index_url(str(tmp_path / f"c{odd}.tar"))

@@ -312,6 +312,19 @@ def test_shardwriter_patterns():
         ShardWriter("o-%d.tar", maxcount=0)
     with pytest.raises(ValueError):
         ShardWriter("o-%d.tar", maxsize=0)
+    with pytest.raises(ValueError):
+        ShardWriter("o-%d.tar", maxsize="lots")
+
+
+def test_shardwriter_maxsize_string(tmp_path):
+    assert ShardWriter(str(tmp_path / "o-%d.tar"), maxsize="1GB").maxsize == 10**9
+    assert ShardWriter(str(tmp_path / "o-%d.tar"), maxsize="2KiB").maxsize == 2048
+    samples = sized_samples(6, [1500])
+    with ShardWriter(str(tmp_path / "s-%02d.tar"), maxsize="6KB") as sw:
+        for s in samples:
+            sw.write(s)
+    # each sample takes 512 + 1536 bytes: two fit in 6000 bytes with the end marker, three do not
+    assert [info.count for info in sw.shards] == [2, 2, 2]
 
 
 def test_shardwriter_compressed_and_post(tmp_path):

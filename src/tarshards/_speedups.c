@@ -332,6 +332,525 @@ fail:
     return NULL;
 }
 
+
+/* ---- the index: member checksums, recording while writing, indexing while reading ----------
+ *
+ * wmix64: the index's member checksum (docs/format.md; hashing._wmix64_reference is the
+ * definition in numpy): the data zero-padded to whole little-endian 64-bit words w[j]; each word
+ * keyed by its position, x = w[j] ^ (j + 1) * K1; the sum over all words of
+ * lo32(x) * hi32(x) + w[j] (mod 2**64), xored with len * K3 and passed through the splitmix64
+ * finaliser. The 32x32-bit products are SSE2's pmuludq: two words per instruction. */
+#include <stdint.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#define MIX_K1 0x9E3779B97F4A7C15ULL
+#define MIX_K2 0xBF58476D1CE4E5B9ULL
+#define MIX_K3 0x94D049BB133111EBULL
+
+static inline uint64_t
+load_le64(const unsigned char *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+#if defined(__BYTE_ORDER__) && defined(__ORDER_BIG_ENDIAN__) && \
+    __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
+    return v;
+}
+
+static inline uint64_t
+mix_word(uint64_t w, uint64_t k)
+{
+    uint64_t x = w ^ k;
+    return (uint64_t)(uint32_t)x * (x >> 32) + w;
+}
+
+/* one step of the vector loops below: four vectors of words (W bytes each) at p + i, into the
+ * accumulators a0..a3 with the keys k0..k3 (advanced by step); T/PFX/SFX: the vector type and
+ * the intrinsics' prefix and suffix (__m128i/_mm/si128 for SSE2, __m256i/_mm256/si256 for AVX2) */
+#define MIX_VEC(T, PFX, SFX, acc, key, off)                                       \
+    do {                                                                          \
+        T w = PFX##_loadu_##SFX((const T *)(p + i + (off)));                      \
+        T x = PFX##_xor_##SFX(w, key);                                            \
+        T prod = PFX##_mul_epu32(x, PFX##_srli_epi64(x, 32));                     \
+        acc = PFX##_add_epi64(acc, PFX##_add_epi64(prod, w));                     \
+        key = PFX##_add_epi64(key, step);                                         \
+    } while (0)
+#define MIX_BLOCK(T, PFX, SFX, W)                                                 \
+    do {                                                                          \
+        MIX_VEC(T, PFX, SFX, a0, k0, 0);                                          \
+        MIX_VEC(T, PFX, SFX, a1, k1, (W));                                        \
+        MIX_VEC(T, PFX, SFX, a2, k2, 2 * (W));                                    \
+        MIX_VEC(T, PFX, SFX, a3, k3, 3 * (W));                                    \
+    } while (0)
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#define HAVE_AVX2_PATH 1
+#include <immintrin.h>
+static int use_avx2 = -1; /* set once: __builtin_cpu_supports("avx2") */
+
+/* the whole 128-byte blocks of p[:n]: their sum, the key k advanced past them, *done bytes */
+__attribute__((target("avx2"))) static uint64_t
+wmix64_sum_avx2(const unsigned char *p, Py_ssize_t n, uint64_t k, Py_ssize_t *done)
+{
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+#define KEYS(j)                                                                   \
+    _mm256_set_epi64x((long long)(k + (j + 4) * MIX_K1), (long long)(k + (j + 3) * MIX_K1), \
+                      (long long)(k + (j + 2) * MIX_K1), (long long)(k + (j + 1) * MIX_K1))
+    __m256i k0 = KEYS(0), k1 = KEYS(4), k2 = KEYS(8), k3 = KEYS(12);
+#undef KEYS
+    const __m256i step = _mm256_set1_epi64x((long long)(16 * MIX_K1));
+    Py_ssize_t i = 0;
+    for (; i + 128 <= n; i += 128)
+        MIX_BLOCK(__m256i, _mm256, si256, 32);
+    __m256i t = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+    uint64_t lanes[4];
+    _mm256_storeu_si256((__m256i *)lanes, t);
+    *done = i;
+    return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+#endif
+
+/* the sum of the keyed words of p[:n] (zero-padded), its first word being word number first */
+static uint64_t
+wmix64_sum(const unsigned char *p, Py_ssize_t n, uint64_t first)
+{
+    uint64_t acc = 0, k = first * MIX_K1; /* k: the key of the word before the next one */
+    Py_ssize_t i = 0;
+#if defined(HAVE_AVX2_PATH)
+    if (n >= 256) {
+        if (use_avx2 < 0) {
+            __builtin_cpu_init();
+            use_avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
+        }
+        if (use_avx2) {
+            acc = wmix64_sum_avx2(p, n, k, &i);
+            k += (uint64_t)(i / 8) * MIX_K1;
+            p += i;
+            n -= i;
+            i = 0;
+        }
+    }
+#endif
+#if defined(__SSE2__)
+    if (n >= 64) {
+        __m128i a0 = _mm_setzero_si128(), a1 = a0, a2 = a0, a3 = a0;
+        __m128i k0 = _mm_set_epi64x((long long)(k + 2 * MIX_K1), (long long)(k + MIX_K1));
+        __m128i k1 = _mm_set_epi64x((long long)(k + 4 * MIX_K1), (long long)(k + 3 * MIX_K1));
+        __m128i k2 = _mm_set_epi64x((long long)(k + 6 * MIX_K1), (long long)(k + 5 * MIX_K1));
+        __m128i k3 = _mm_set_epi64x((long long)(k + 8 * MIX_K1), (long long)(k + 7 * MIX_K1));
+        const __m128i step = _mm_set1_epi64x((long long)(8 * MIX_K1));
+        for (; i + 64 <= n; i += 64)
+            MIX_BLOCK(__m128i, _mm, si128, 16);
+        __m128i t = _mm_add_epi64(_mm_add_epi64(a0, a1), _mm_add_epi64(a2, a3));
+        uint64_t lanes[2];
+        _mm_storeu_si128((__m128i *)lanes, t);
+        acc += lanes[0] + lanes[1];
+        k += (uint64_t)(i / 8) * MIX_K1;
+    }
+#endif
+    for (; i + 8 <= n; i += 8) {
+        k += MIX_K1;
+        acc += mix_word(load_le64(p + i), k);
+    }
+    if (i < n) {
+        unsigned char tail[8] = {0};
+        memcpy(tail, p + i, (size_t)(n - i));
+        k += MIX_K1;
+        acc += mix_word(load_le64(tail), k);
+    }
+    return acc;
+}
+
+static uint64_t
+wmix64_bytes(const unsigned char *p, Py_ssize_t n)
+{
+    uint64_t h = wmix64_sum(p, n, 0) ^ ((uint64_t)n * MIX_K3);
+    h ^= h >> 30;
+    h *= MIX_K2;
+    h ^= h >> 27;
+    h *= MIX_K3;
+    h ^= h >> 31;
+    return h;
+}
+
+/* wmix64_words(data, first) -> int: the unfinished sum of hashing.Wmix64 (words from first) */
+static PyObject *
+wmix64_words(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    unsigned long long first;
+    if (!PyArg_ParseTuple(args, "y*K", &view, &first))
+        return NULL;
+    uint64_t acc = wmix64_sum((const unsigned char *)view.buf, view.len, first);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLongLong(acc);
+}
+
+/* the sum of a header's 512 bytes, its checksum field counted as spaces (psadbw with SSE2) */
+static unsigned long
+header_sum(const unsigned char *h)
+{
+    unsigned long sum = 0;
+#if defined(__SSE2__)
+    __m128i acc = _mm_setzero_si128(), zero = _mm_setzero_si128();
+    for (int i = 0; i < BLOCK; i += 16)
+        acc = _mm_add_epi64(acc, _mm_sad_epu8(_mm_loadu_si128((const __m128i *)(h + i)), zero));
+    uint64_t lanes[2];
+    _mm_storeu_si128((__m128i *)lanes, acc);
+    sum = (unsigned long)(lanes[0] + lanes[1]);
+#else
+    for (int i = 0; i < BLOCK; i++)
+        sum += h[i];
+#endif
+    for (int i = 148; i < 156; i++)
+        sum -= h[i];
+    return sum + 8 * ' ';
+}
+
+/* wmix64(data) -> int */
+static PyObject *
+wmix64(PyObject *self, PyObject *arg)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    uint64_t h = wmix64_bytes((const unsigned char *)view.buf, view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+static inline void
+put_u64(unsigned char *p, uint64_t v)
+{
+#if defined(__BYTE_ORDER__) && defined(__ORDER_BIG_ENDIAN__) && \
+    __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
+    memcpy(p, &v, 8);
+}
+
+/* the code of extension ext in the dict codes (a new one numbered len(codes)); -1 on error */
+static long long
+ext_code(PyObject *codes, PyObject *ext)
+{
+    PyObject *code = PyDict_GetItemWithError(codes, ext);
+    if (code != NULL)
+        return PyLong_AsLongLong(code);
+    if (PyErr_Occurred())
+        return -1;
+    Py_ssize_t n = PyDict_GET_SIZE(codes);
+    PyObject *v = PyLong_FromSsize_t(n);
+    if (v == NULL)
+        return -1;
+    int rc = PyDict_SetItem(codes, ext, v);
+    Py_DECREF(v);
+    return rc < 0 ? -1 : (long long)n;
+}
+
+/* the code of the extension name[start:] in the dict codes, found without making a string
+ * (codes holds a few extensions); a new one is numbered len(codes); -1 on error */
+static long long
+name_ext_code(PyObject *codes, PyObject *name, Py_ssize_t start)
+{
+    Py_ssize_t len = PyUnicode_GET_LENGTH(name) - start;
+    if (PyUnicode_IS_ASCII(name)) {
+        const char *e = (const char *)PyUnicode_DATA(name) + start;
+        Py_ssize_t i = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(codes, &i, &k, &v)) {
+            if (PyUnicode_IS_ASCII(k) && PyUnicode_GET_LENGTH(k) == len &&
+                memcmp(PyUnicode_DATA(k), e, (size_t)len) == 0)
+                return PyLong_AsLongLong(v);
+        }
+    }
+    PyObject *ext = PyUnicode_Substring(name, start, start + len);
+    if (ext == NULL)
+        return -1;
+    long long code = ext_code(codes, ext);
+    Py_DECREF(ext);
+    return code;
+}
+
+/* record_members(members, key, codes, packed) -> bool
+ * What writer._Recorder keeps of one write of (name, data) members whose names are KEY.EXT:
+ * appends four little-endian u64 per member to the bytearray packed: the extension's code in
+ * the dict codes, the size, the wmix64 checksum and the header size (512, or 0 where the name
+ * needs a pax header: the Python side works that one out). Returns False, recording nothing,
+ * when a name or the key does not follow the rules the reader groups by (the Python path). */
+static PyObject *
+record_members(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyUnicode_Check(args[1]) || !PyDict_Check(args[2]) ||
+        !PyByteArray_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "record_members(members, key: str, codes: dict, packed: bytearray)");
+        return NULL;
+    }
+    PyObject *members = args[0], *key = args[1], *codes = args[2], *packed = args[3];
+    Py_ssize_t klen = PyUnicode_GET_LENGTH(key);
+    if (klen == 0)
+        Py_RETURN_FALSE;
+    /* the key: not "./...", its base name neither empty, nor "__...", nor holding a dot */
+    Py_ssize_t slash = PyUnicode_FindChar(key, '/', 0, klen, -1);
+    if (slash == -2)
+        return NULL;
+    Py_ssize_t b = slash + 1;
+    if (b >= klen || (klen - b >= 2 && PyUnicode_READ_CHAR(key, b) == '_' &&
+                      PyUnicode_READ_CHAR(key, b + 1) == '_'))
+        Py_RETURN_FALSE;
+    if (klen >= 2 && PyUnicode_READ_CHAR(key, 0) == '.' && PyUnicode_READ_CHAR(key, 1) == '/')
+        Py_RETURN_FALSE;
+    Py_ssize_t dot = PyUnicode_FindChar(key, '.', b, klen, 1);
+    if (dot == -2)
+        return NULL;
+    if (dot >= 0)
+        Py_RETURN_FALSE;
+    PyObject *seq = PySequence_Fast(members, "members must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    for (Py_ssize_t i = 0; i < count; i++) { /* check them all before recording any */
+        PyObject *m = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyTuple_Check(m) || PyTuple_GET_SIZE(m) != 2)
+            goto python;
+        PyObject *name = PyTuple_GET_ITEM(m, 0);
+        if (!PyUnicode_Check(name) || !PyBytes_CheckExact(PyTuple_GET_ITEM(m, 1)))
+            goto python;
+        Py_ssize_t len = PyUnicode_GET_LENGTH(name);
+        if (len < klen + 2 || PyUnicode_READ_CHAR(name, klen) != '.')
+            goto python;
+        Py_ssize_t t = PyUnicode_Tailmatch(name, key, 0, klen, -1);
+        if (t < 0)
+            goto error;
+        if (t == 0)
+            goto python;
+        Py_ssize_t sl = PyUnicode_FindChar(name, '/', klen + 1, len, 1);
+        if (sl == -2)
+            goto error;
+        if (sl >= 0)
+            goto python;
+    }
+    Py_ssize_t old = PyByteArray_GET_SIZE(packed);
+    if (PyByteArray_Resize(packed, old + count * 32) < 0)
+        goto error;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *m = PySequence_Fast_GET_ITEM(seq, i);
+        PyObject *name = PyTuple_GET_ITEM(m, 0);
+        PyObject *data = PyTuple_GET_ITEM(m, 1);
+        Py_ssize_t len = PyUnicode_GET_LENGTH(name);
+        long long code = name_ext_code(codes, name, klen + 1);
+        if (code < 0)
+            goto undo;
+        Py_ssize_t size = PyBytes_GET_SIZE(data);
+        uint64_t sum = wmix64_bytes((const unsigned char *)PyBytes_AS_STRING(data), size);
+        int plain = PyUnicode_IS_ASCII(name) && len <= 100 && (long long)size < (1LL << 33) &&
+                    memchr(PyUnicode_DATA(name), 0, (size_t)len) == NULL;
+        unsigned char *rec = (unsigned char *)PyByteArray_AS_STRING(packed) + old + i * 32;
+        put_u64(rec, (uint64_t)code);
+        put_u64(rec + 8, (uint64_t)size);
+        put_u64(rec + 16, sum);
+        put_u64(rec + 24, plain ? BLOCK : 0);
+    }
+    Py_DECREF(seq);
+    Py_RETURN_TRUE;
+undo:
+    PyByteArray_Resize(packed, old);
+error:
+    Py_DECREF(seq);
+    return NULL;
+python:
+    Py_DECREF(seq);
+    Py_RETURN_FALSE;
+}
+
+/* index_members(buf, pos, base, end, last_dot, codes, keys, samples, members, key)
+ *     -> (pos, key)
+ * index.IndexBuilder.add for a run of plain ustar members lying wholly in buf[:end] (the
+ * conditions of scan_members, and ASCII names), without copying their data: appends to the
+ * bytearray samples (tar offset, end, flags: three i64 per new sample), to the list keys (its
+ * key), to the bytearray members (sample, extension code, header offset, data offset, size,
+ * wmix64 checksum: six 64-bit values per member) and extends the current sample's end. key is
+ * the current sample's key (str or None). Stops at anything else; Python takes over there. */
+static PyObject *
+index_members(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t pos, n;
+    long long base;
+    int last_dot;
+    PyObject *codes, *keys, *samples, *members, *key;
+    if (!PyArg_ParseTuple(args, "y*nLnpO!O!O!O!O", &view, &pos, &base, &n, &last_dot,
+                          &PyDict_Type, &codes, &PyList_Type, &keys, &PyByteArray_Type,
+                          &samples, &PyByteArray_Type, &members, &key))
+        return NULL;
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    if (n > view.len || n < 0)
+        n = view.len;
+    Py_INCREF(key);
+    const char *kdata = NULL; /* the current key's bytes, when it is ASCII */
+    Py_ssize_t kl = -1;
+    if (key != Py_None && PyUnicode_Check(key) && PyUnicode_IS_ASCII(key)) {
+        kdata = (const char *)PyUnicode_DATA(key);
+        kl = PyUnicode_GET_LENGTH(key);
+    }
+    PyObject *last_ext = NULL; /* a one-entry cache of (extension bytes -> code) */
+    long long last_code = -1;
+    while (n - pos >= BLOCK) {
+        const unsigned char *h = buf + pos;
+        long long size, stored;
+        if (h[156] != '0' || h[135] != 0 || h[345] != 0)
+            break;
+        if (!parse_octal(h + 124, 11, &size))
+            break;
+        if (((size + 511) & ~(long long)511) > n - pos - BLOCK)
+            break; /* data and padding wholly in buf: pos never passes end */
+        if (h[154] != 0 && h[154] != ' ')
+            break;
+        if (!parse_octal(h + 148, 6, &stored))
+            break;
+        if ((long long)header_sum(h) != stored)
+            break;
+        const unsigned char *nul = memchr(h, 0, 100);
+        Py_ssize_t len = nul ? (Py_ssize_t)(nul - h) : 100;
+        int ascii = 1;
+        for (Py_ssize_t i = 0; i < len; i++)
+            if (h[i] >= 0x80) {
+                ascii = 0;
+                break;
+            }
+        if (!ascii)
+            break;
+        long long hoff = base + pos, doff = hoff + BLOCK;
+        long long endoff = doff + ((size + 511) & ~(long long)511);
+        pos += BLOCK + (Py_ssize_t)((size + 511) & ~(long long)511);
+        /* the reader's naming rules (IndexBuilder.add) */
+        const char *name = (const char *)h;
+        int dot_slash = len >= 2 && name[0] == '.' && name[1] == '/';
+        if (dot_slash) {
+            name += 2;
+            len -= 2;
+        }
+        Py_ssize_t sl = 0;
+        for (Py_ssize_t i = len - 1; i >= 0; i--)
+            if (name[i] == '/') {
+                sl = i + 1;
+                break;
+            }
+        if (len - sl >= 2 && name[sl] == '_' && name[sl + 1] == '_')
+            continue;
+        Py_ssize_t dot = -1;
+        if (last_dot) {
+            for (Py_ssize_t i = len - 1; i >= sl; i--)
+                if (name[i] == '.') {
+                    dot = i;
+                    break;
+                }
+        } else {
+            const char *d = memchr(name + sl, '.', (size_t)(len - sl));
+            dot = d ? (Py_ssize_t)(d - name) : -1;
+        }
+        if (dot <= sl || dot == len - 1)
+            continue;
+        if (!(kdata != NULL && kl == dot && memcmp(kdata, name, (size_t)dot) == 0)) {
+            PyObject *k = PyUnicode_DecodeASCII(name, dot, NULL);
+            if (k == NULL)
+                goto fail;
+            if (PyList_Append(keys, k) < 0) {
+                Py_DECREF(k);
+                goto fail;
+            }
+            Py_DECREF(key);
+            key = k;
+            kdata = (const char *)PyUnicode_DATA(k);
+            kl = dot;
+            Py_ssize_t old = PyByteArray_GET_SIZE(samples);
+            if (PyByteArray_Resize(samples, old + 24) < 0)
+                goto fail;
+            unsigned char *r = (unsigned char *)PyByteArray_AS_STRING(samples) + old;
+            put_u64(r, (uint64_t)hoff);
+            put_u64(r + 8, (uint64_t)endoff);
+            put_u64(r + 16, dot_slash ? 1 : 0);
+        } else {
+            Py_ssize_t sz = PyByteArray_GET_SIZE(samples);
+            if (sz < 24) { /* a key without its sample record: not ours to fix */
+                PyErr_SetString(PyExc_ValueError, "index_members: key given without samples");
+                goto fail;
+            }
+            put_u64((unsigned char *)PyByteArray_AS_STRING(samples) + sz - 16, (uint64_t)endoff);
+        }
+        Py_ssize_t elen = len - dot - 1;
+        long long code;
+        if (last_ext != NULL && PyBytes_GET_SIZE(last_ext) == elen &&
+            memcmp(PyBytes_AS_STRING(last_ext), name + dot + 1, (size_t)elen) == 0) {
+            code = last_code;
+        } else {
+            PyObject *ext = PyUnicode_DecodeASCII(name + dot + 1, elen, NULL);
+            if (ext == NULL)
+                goto fail;
+            code = ext_code(codes, ext);
+            Py_DECREF(ext);
+            if (code < 0)
+                goto fail;
+            Py_XDECREF(last_ext);
+            last_ext = PyBytes_FromStringAndSize(name + dot + 1, elen);
+            if (last_ext == NULL)
+                goto fail;
+            last_code = code;
+        }
+        Py_ssize_t nsamples = PyList_GET_SIZE(keys);
+        Py_ssize_t old = PyByteArray_GET_SIZE(members);
+        if (PyByteArray_Resize(members, old + 48) < 0)
+            goto fail;
+        unsigned char *r = (unsigned char *)PyByteArray_AS_STRING(members) + old;
+        put_u64(r, (uint64_t)(nsamples - 1));
+        put_u64(r + 8, (uint64_t)code);
+        put_u64(r + 16, (uint64_t)hoff);
+        put_u64(r + 24, (uint64_t)doff);
+        put_u64(r + 32, (uint64_t)size);
+        put_u64(r + 40, wmix64_bytes(h + BLOCK, (Py_ssize_t)size));
+    }
+    Py_XDECREF(last_ext);
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(nN)", pos, key);
+fail:
+    Py_XDECREF(last_ext);
+    Py_DECREF(key);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+/* header_ok(data, at, size) -> bool
+ * Whether data[at:at + 512] is a tar header whose checksum (unsigned, six octal digits as the
+ * usual writers put them) is right and which, when it is a regular member's ('0' or NUL),
+ * stores size (canonical 11 octal digits). False means only "not shown here": the Python check
+ * (indexed._check_header) decides and words the error. */
+static PyObject *
+header_ok(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t at;
+    long long size;
+    if (!PyArg_ParseTuple(args, "y*nL", &view, &at, &size))
+        return NULL;
+    int ok = 0;
+    if (at >= 0 && view.len - at >= BLOCK) {
+        const unsigned char *h = (const unsigned char *)view.buf + at;
+        long long stored, got;
+        if (parse_octal(h + 148, 6, &stored) && (long long)header_sum(h) == stored) {
+            if (h[156] != '0' && h[156] != 0)
+                ok = 1;
+            else
+                ok = h[135] == 0 && parse_octal(h + 124, 11, &got) && got == size;
+        }
+    }
+    PyBuffer_Release(&view);
+    return PyBool_FromLong(ok);
+}
+
 static PyMethodDef methods[] = {
     {"scan_members", scan_members, METH_VARARGS,
      "scan_members(buf, pos, base, end) -> (members, pos): plain members wholly in buf[:end]."},
@@ -339,6 +858,16 @@ static PyMethodDef methods[] = {
      "ustar_parts(parts, members, start, mtime, mode) -> (nbytes, stop)."},
     {"group_members", group_members, METH_VARARGS,
      "group_members(batch, start, url, last_dot, sample, key) -> (samples, sample, key, stop)."},
+    {"wmix64", wmix64, METH_O, "wmix64(data) -> int: the index's member checksum."},
+    {"header_ok", header_ok, METH_VARARGS,
+     "header_ok(data, at, size) -> bool: a sound header storing size (else: ask Python)."},
+    {"wmix64_words", wmix64_words, METH_VARARGS,
+     "wmix64_words(data, first) -> int: the unfinished sum of the words of data."},
+    {"record_members", (PyCFunction)(void (*)(void))record_members, METH_FASTCALL,
+     "record_members(members, key, codes, packed) -> bool: the writer's index records."},
+    {"index_members", index_members, METH_VARARGS,
+     "index_members(buf, pos, base, end, last_dot, codes, keys, samples, members, key) -> "
+     "(pos, key)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_speedups",

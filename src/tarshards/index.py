@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import operator
+import struct
 import zlib
 from dataclasses import dataclass, field
 from typing import BinaryIO, Iterator, Sequence
@@ -294,6 +295,26 @@ class ShardIndex:
 # ---------------------------------------------------------------------------------------------
 
 
+_SAMPLE_REC = struct.Struct("<qqq")  # per sample: tar offset, end, flags
+_SAMPLE_END = struct.Struct("<q")
+_MEMBER_REC = struct.Struct("<qqqqqQ")  # sample, ext code, header/data offset, size, checksum
+_MEMBER_DTYPE = np.dtype(
+    [
+        ("sample", "<i8"),
+        ("ext", "<i8"),
+        ("offset", "<i8"),
+        ("data", "<i8"),
+        ("size", "<i8"),
+        ("checksum", "<u8"),
+    ]
+)
+
+try:  # optional C accelerator (see _speedups.c); IndexBuilder.add is the reference
+    from ._speedups import index_members as _index_members
+except ImportError:  # pragma: no cover - built by default
+    _index_members = None
+
+
 class IndexBuilder:
     """Collects members as they are written or read, and makes the :class:`ShardIndex`.
 
@@ -302,22 +323,20 @@ class IndexBuilder:
     ignored, and consecutive members with the same key form a sample, as in
     :func:`tarshards.format.group_samples`. ``frame(file_offset, tar_offset)`` records the
     start of a gzip member / zstd frame for compressed shards.
+
+    The records are packed as they come (``_samples``: tar offset, end and flags per sample;
+    ``_members``: six 64-bit values per member, see ``_MEMBER_DTYPE``), so the C scanner
+    (``_speedups.index_members``) appends to the same records as :meth:`add`, and
+    :meth:`build` makes the index's arrays in bulk.
     """
 
     def __init__(self, *, member_hash: str = MEMBER_HASH, last_dot: bool = False):
         self.member_hash = member_hash
         self.last_dot = last_dot
-        self._key = None
+        self._key: str | None = None
         self._keys: list[str] = []
-        self._flags: list[int] = []
-        self._tar_offsets: list[int] = []
-        self._ends: list[int] = []  # uncompressed end of each sample's last member (padded)
-        self._m_sample: list[int] = []
-        self._m_ext: list[int] = []
-        self._m_off: list[int] = []
-        self._m_data: list[int] = []
-        self._m_size: list[int] = []
-        self._m_sum: list[int] = []
+        self._samples = bytearray()
+        self._members = bytearray()
         self._ext_codes: dict[str, int] = {}
         self._frames_file: list[int] = []
         self._frames_tar: list[int] = []
@@ -348,20 +367,37 @@ class IndexBuilder:
         if key != self._key:
             self._key = key
             self._keys.append(key)
-            self._flags.append(FLAG_DOT_SLASH if dot_slash else 0)
-            self._tar_offsets.append(header_offset)
-            self._ends.append(end)
+            self._samples += _SAMPLE_REC.pack(
+                header_offset, end, FLAG_DOT_SLASH if dot_slash else 0
+            )
         else:
-            self._ends[-1] = end
+            _SAMPLE_END.pack_into(self._samples, len(self._samples) - 16, end)
         code = self._ext_codes.get(ext)
         if code is None:
             code = self._ext_codes[ext] = len(self._ext_codes)
-        self._m_sample.append(len(self._keys) - 1)
-        self._m_ext.append(code)
-        self._m_off.append(header_offset)
-        self._m_data.append(data_offset)
-        self._m_size.append(size)
-        self._m_sum.append(checksum)
+        self._members += _MEMBER_REC.pack(
+            len(self._keys) - 1, code, header_offset, data_offset, size, checksum
+        )
+
+    def scan(self, buf, pos: int, base: int, end: int) -> int:
+        """:meth:`add` every plain member of a run lying wholly in ``buf[pos:end]`` (``base``:
+        the stream offset of ``buf[0]``), computing ``wmix64`` checksums, in C; returns where
+        it stopped (``pos`` when the C scanner is missing, or the checksum is not wmix64)."""
+        if _index_members is None or self.member_hash != "wmix64":
+            return pos
+        pos, self._key = _index_members(
+            buf,
+            pos,
+            base,
+            end,
+            self.last_dot,
+            self._ext_codes,
+            self._keys,
+            self._samples,
+            self._members,
+            self._key,
+        )
+        return pos
 
     def add_written(
         self,
@@ -389,20 +425,52 @@ class IndexBuilder:
         special += np.flatnonzero(size >= 8**11).tolist()
         for j in special:
             hsize[j] = header_size(names[j], int(size[j]))
-        total = hsize + size + (-size % BLOCK)
-        offsets = np.empty(n, np.int64)
-        offsets[0] = start
-        np.cumsum(total[:-1], out=offsets[1:])
-        offsets[1:] += start
-        data_offsets = offsets + hsize
+        offsets, data_offsets, total = _layout(hsize, size, start)
         if keys is not None and self._fast_ok(keys, counts, n):
-            self._add_keyed(keys, counts, names, offsets, data_offsets, size, total, checksums)
+            klen = np.repeat(np.fromiter(map(len, keys), np.int64, len(keys)) + 1, counts)
+            exts = list(
+                map(operator.getitem, names, map(slice, klen.tolist(), itertools.repeat(None)))
+            )
+            codes = self._ext_codes  # numbered in order of first appearance, as add() does
+            for e in dict.fromkeys(exts):
+                codes.setdefault(e, len(codes))
+            ext_codes = np.fromiter(map(codes.__getitem__, exts), np.int64, n)
+            self._add_keyed(keys, counts, ext_codes, offsets, data_offsets, size, total, checksums)
             return
         add = self.add
         for name, off, doff, sz, cs in zip(
             names, offsets.tolist(), data_offsets.tolist(), size.tolist(), checksums
         ):
             add(name, off, doff, sz, cs)
+
+    def add_records(
+        self, keys: Sequence[str], counts: Sequence[int], packed, start: int = 0
+    ) -> None:
+        """Record the writes :func:`tarshards._speedups.record_members` packed (per member: the
+        extension's code in this builder's ``_ext_codes``, size, checksum, header size or 0 for
+        a pax header), written back to back from tar offset ``start``; ``keys``/``counts``: the
+        key and member count of each write."""
+        from .tario import header_size
+
+        rec = np.frombuffer(packed, "<u8").reshape(-1, 4)
+        n = len(rec)
+        if not n:
+            return
+        size = rec[:, 1].astype(np.int64)
+        hsize = rec[:, 3].astype(np.int64)
+        special = np.flatnonzero(hsize == 0).tolist()
+        if special:
+            exts = list(self._ext_codes)
+            write_of = np.repeat(np.arange(len(keys)), counts)
+            for j in special:
+                name = f"{keys[write_of[j]]}.{exts[int(rec[j, 0])]}"
+                hsize[j] = header_size(name, int(size[j]))
+        offsets, data_offsets, total = _layout(hsize, size, start)
+        if not self._fast_ok(keys, counts, n):  # pragma: no cover - record_members' rules
+            raise ValueError("add_records: the writes do not cover the members")
+        self._add_keyed(
+            keys, counts, rec[:, 0].astype(np.int64), offsets, data_offsets, size, total, rec[:, 2]
+        )
 
     def _fast_ok(self, keys, counts, n) -> bool:
         return (
@@ -413,7 +481,7 @@ class IndexBuilder:
             and not any(map(operator.methodcaller("startswith", "./"), keys))
         )
 
-    def _add_keyed(self, keys, counts, names, offsets, data_offsets, size, total, checksums):
+    def _add_keyed(self, keys, counts, ext_codes, offsets, data_offsets, size, total, checksums):
         """The writer's members, its sample keys known: names are ``KEY.EXT`` (as
         :func:`tarshards.writer.sample_members` makes them); consecutive equal keys form one
         sample, as the reader groups them."""
@@ -425,32 +493,31 @@ class IndexBuilder:
         new = np.array(new_list, bool)
         sample_of_write = np.cumsum(new) - 1
         starts = first[new]
-        last = np.concatenate([first[1:], [len(names)]]) - 1
+        last = np.concatenate([first[1:], [len(size)]]) - 1
         group_last = np.concatenate([np.flatnonzero(new)[1:], [len(keys)]]) - 1
         ends = offsets[last[group_last]] + total[last[group_last]]
-        klen = np.repeat(np.fromiter(map(len, keys), np.int64, len(keys)) + 1, counts_a).tolist()
-        exts = list(map(operator.getitem, names, map(slice, klen, itertools.repeat(None))))
-        codes = self._ext_codes  # numbered in order of first appearance, as add() does
-        for e in dict.fromkeys(exts):
-            codes.setdefault(e, len(codes))
-        ext_codes = list(map(codes.__getitem__, exts))
+        samples = np.zeros((len(starts), 3), np.int64)
+        samples[:, 0] = offsets[starts]
+        samples[:, 1] = ends
+        self._samples = bytearray(samples.astype("<i8").tobytes())
+        members = np.empty(len(size), _MEMBER_DTYPE)
+        members["sample"] = np.repeat(sample_of_write, counts_a)
+        members["ext"] = ext_codes
+        members["offset"] = offsets
+        members["data"] = data_offsets
+        members["size"] = size
+        members["checksum"] = np.asarray(checksums, np.uint64)
+        self._members = bytearray(members.tobytes())
         self._keys = list(itertools.compress(keys, new_list))
-        self._flags = [0] * len(self._keys)
-        self._tar_offsets = offsets[starts].tolist()
-        self._ends = ends.tolist()
-        self._m_sample = np.repeat(sample_of_write, counts_a)
-        self._m_ext = ext_codes
-        self._m_off = offsets
-        self._m_data = data_offsets
-        self._m_size = size
-        self._m_sum = checksums
         self._key = self._keys[-1]
 
     def build(
         self, *, nbytes: int, hash: str | None, compression: str = "none", url: str | None = None
     ) -> ShardIndex:
-        tar_offsets = np.array(self._tar_offsets, np.int64)
-        ends = np.array(self._ends, np.int64)
+        srec = np.frombuffer(self._samples, "<i8").reshape(-1, 3)
+        mrec = np.frombuffer(self._members, _MEMBER_DTYPE)
+        tar_offsets = srec[:, 0].copy()
+        ends = srec[:, 1].copy()
         seekable = True
         if compression == "none":
             sample_offsets, sample_ends = tar_offsets, ends
@@ -472,23 +539,29 @@ class IndexBuilder:
                 )
             else:  # offsets into the decompressed stream: not a place to start reading the file
                 sample_offsets, sample_ends = tar_offsets, ends
-        raw_keys = [k.encode("utf-8", "surrogateescape") for k in self._keys]
-        key_offsets = np.zeros(len(raw_keys) + 1, np.int64)
-        if raw_keys:
-            np.cumsum([len(k) for k in raw_keys], out=key_offsets[1:])
+        joined = "".join(self._keys)
+        if joined.isascii():  # one encode for all keys
+            key_blob = joined.encode("ascii")
+            lengths = np.fromiter(map(len, self._keys), np.int64, len(self._keys))
+        else:
+            raw_keys = [k.encode("utf-8", "surrogateescape") for k in self._keys]
+            key_blob = b"".join(raw_keys)
+            lengths = np.fromiter(map(len, raw_keys), np.int64, len(raw_keys))
+        key_offsets = np.zeros(len(self._keys) + 1, np.int64)
+        np.cumsum(lengths, out=key_offsets[1:])
         return ShardIndex(
             sample_offsets=np.asarray(sample_offsets, np.int64),
             sample_ends=np.asarray(sample_ends, np.int64),
             tar_offsets=tar_offsets,
-            sample_flags=np.array(self._flags, np.uint8),
+            sample_flags=srec[:, 2].astype(np.uint8),
             key_offsets=key_offsets,
-            key_blob=np.frombuffer(b"".join(raw_keys), np.uint8),
-            member_sample=np.asarray(self._m_sample, np.uint32),
-            member_ext=np.asarray(self._m_ext, np.uint16),
-            member_offsets=np.asarray(self._m_off, np.int64),
-            member_data_offsets=np.asarray(self._m_data, np.int64),
-            member_sizes=np.asarray(self._m_size, np.int64),
-            member_checksums=np.asarray(self._m_sum, np.uint64),
+            key_blob=np.frombuffer(key_blob, np.uint8),
+            member_sample=mrec["sample"].astype(np.uint32),
+            member_ext=mrec["ext"].astype(np.uint16),
+            member_offsets=mrec["offset"].copy(),
+            member_data_offsets=mrec["data"].copy(),
+            member_sizes=mrec["size"].copy(),
+            member_checksums=mrec["checksum"].copy(),
             extensions=tuple(self._ext_codes),
             compression=compression,
             seekable=seekable,
@@ -500,30 +573,63 @@ class IndexBuilder:
         )
 
 
+def _layout(hsize: np.ndarray, size: np.ndarray, start: int):
+    """Header offsets, data offsets and padded lengths of members written back to back."""
+    total = hsize + size + (-size % BLOCK)
+    offsets = np.empty(len(size), np.int64)
+    offsets[0] = start
+    np.cumsum(total[:-1], out=offsets[1:])
+    offsets[1:] += start
+    return offsets, offsets + hsize, total
+
+
 # ---------------------------------------------------------------------------------------------
 # indexing an existing shard: one sequential read, hashing as it goes
 # ---------------------------------------------------------------------------------------------
 
 
 class _RawReader:
-    """Reads the file in chunks, hashing and counting every byte."""
+    """Reads the file in chunks, hashing and counting every byte.
+
+    With ``reuse`` set (the plain tar path, whose consumer copies what it keeps before asking
+    for the next chunk) the chunks are memoryviews of one buffer filled by ``readinto``: no
+    allocation per chunk."""
 
     def __init__(self, stream: BinaryIO, hasher, chunk_size: int = _CHUNK):
         self.stream = stream
         self.hasher = hasher
         self.nbytes = 0
         self.chunk_size = chunk_size
+        self.reuse = False
 
     def chunks(self) -> Iterator[bytes]:
         read = getattr(self.stream, "read1", None) or self.stream.read
         update = self.hasher.update
+        readinto = None
+        buf = memoryview(b"")
+        data = read(min(self.chunk_size, 1 << 16))  # enough to tell the compression by
+        if not data:
+            return
+        update(data)
+        self.nbytes += len(data)
+        yield data
         while True:
-            data = read(self.chunk_size)
-            if not data:
-                return
+            if self.reuse and readinto is None:
+                readinto = getattr(self.stream, "readinto", None)
+                if readinto is not None:
+                    buf = memoryview(bytearray(self.chunk_size))
+            if readinto is not None:
+                n = readinto(buf)
+                if not n:
+                    return
+                data = buf[:n]
+            else:
+                data = read(self.chunk_size)
+                if not data:
+                    return
             update(data)
             self.nbytes += len(data)
-            yield data
+            yield data  # type: ignore[misc]  # bytes or a memoryview of the reused buffer
 
 
 def _frames(
@@ -584,24 +690,29 @@ class _Blocks:
         self.base = 0
 
     def take(self, n: int) -> bytes | None:
-        """The next ``n`` bytes (fewer only at EOF; None when nothing is left)."""
-        if len(self.buf) - self.pos < n:
-            parts = [self.buf[self.pos :]]
-            have = len(parts[0])
-            self.base += self.pos
-            while have < n:
-                nxt = next(self.it, None)
-                if nxt is None:
-                    break
-                parts.append(nxt)
-                have += len(nxt)
-            self.buf = b"".join(parts)
-            self.pos = 0
-            if not self.buf:
-                return None
-        out = self.buf[self.pos : self.pos + n]
-        self.pos += len(out)
-        return out
+        """The next ``n`` bytes (fewer only at EOF; None when nothing is left). Across a chunk
+        boundary only the bytes asked for are copied: the window moves into the next chunk."""
+        pos = self.pos
+        if len(self.buf) - pos >= n:
+            self.pos = pos + n
+            return bytes(self.buf[pos : pos + n])  # a copy: chunks may be a reused buffer
+        parts = [bytes(self.buf[pos:])]
+        have = len(parts[0])
+        self.base += len(self.buf)
+        self.buf = b""
+        self.pos = 0
+        while True:
+            nxt = next(self.it, None)
+            if nxt is None:
+                return b"".join(parts) or None
+            if have + len(nxt) >= n:
+                parts.append(nxt[: n - have])
+                self.buf = nxt
+                self.pos = n - have
+                return b"".join(parts)
+            parts.append(nxt)
+            have += len(nxt)
+            self.base += len(nxt)
 
     def feed(self, n: int, update) -> int:
         """Pass the next ``n`` bytes to ``update`` without keeping them; returns bytes passed."""
@@ -634,22 +745,34 @@ def _walk(blocks: _Blocks, builder: IndexBuilder, url) -> None:
     new_hasher = member_hasher_factory(builder.member_hash)
     checksum = member_checksum_fn(builder.member_hash)
     add = builder.add
-    try:  # the reader's C scanner: runs of plain ustar members wholly inside the buffer
-        from ._speedups import scan_members as scan
-    except ImportError:  # pragma: no cover - built by default
-        scan = None
+    scan = None
+    if _index_members is None or builder.member_hash != "wmix64":
+        try:  # the reader's C scanner: runs of plain ustar members wholly inside the buffer
+            from ._speedups import scan_members as scan
+        except ImportError:  # pragma: no cover - built by default
+            scan = None
+    fast = builder.scan if scan is None else None
     long_name = None
     pax = None
     global_pax: dict = {}
     start = None
     while True:
-        if scan is not None and start is None and len(blocks.buf) - blocks.pos >= BLOCK:
-            batch, pos = scan(blocks.buf, blocks.pos, blocks.base, len(blocks.buf))
-            if batch:
-                blocks.pos = pos
-                for name, data, moff in batch:
-                    add(name, moff, moff + BLOCK, len(data), checksum(data))
-                continue
+        if start is None and len(blocks.buf) - blocks.pos >= BLOCK:
+            if fast is not None:  # index, checksum and group in C, without copying the data
+                pos = fast(blocks.buf, blocks.pos, blocks.base, len(blocks.buf))
+                if pos != blocks.pos:
+                    blocks.pos = pos
+                    continue
+            elif scan is not None:
+                batch, pos = scan(blocks.buf, blocks.pos, blocks.base, len(blocks.buf))
+                if batch:
+                    have = len(blocks.buf)
+                    blocks.pos = min(pos, have)
+                    if pos > have:  # the last member's padding is in the next chunk
+                        blocks.feed(pos - have, None)
+                    for name, data, moff in batch:
+                        add(name, moff, moff + BLOCK, len(data), checksum(data))
+                    continue
         off = blocks.offset()
         hdr = blocks.take(BLOCK)
         if hdr is None:
@@ -697,9 +820,14 @@ def _walk(blocks: _Blocks, builder: IndexBuilder, url) -> None:
             if not typeflag and name[-1:] == "/":
                 blocks.feed(padded, None)
             else:
-                h = new_hasher()
-                got = blocks.feed(size, h.update)
-                csum = h.intdigest()
+                if size <= _CHUNK:  # one piece (a small copy), one checksum call
+                    piece = blocks.take(size) if size else b""
+                    got = len(piece) if piece else 0
+                    csum = checksum(piece or b"")
+                else:
+                    h = new_hasher()
+                    got = blocks.feed(size, h.update)
+                    csum = h.intdigest()
                 if got < size:
                     raise TruncatedShardError(
                         f"truncated tar stream: member needs {size} bytes, stream ended after "
@@ -765,6 +893,7 @@ def index_stream(
     else:
         compression = "none"
     if compression == "none":
+        raw.reuse = True  # _Blocks copies what it keeps (_frames would not)
         data = _chain(first, chunks)
     else:
         data = _frames(first, chunks, compression, builder, url)

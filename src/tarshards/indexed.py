@@ -36,6 +36,11 @@ from .tario import _checksum_ok, _number
 
 __all__ = ["IndexedDataset"]
 
+try:  # optional C accelerator (see _speedups.c); _check_header is the reference
+    from ._speedups import header_ok as _header_ok
+except ImportError:  # pragma: no cover - built by default
+    _header_ok = None
+
 
 class _LocalRanges:
     __slots__ = ("fd", "url")
@@ -159,6 +164,7 @@ class IndexedDataset:
         )
         self._starts = np.concatenate([[0], np.cumsum(counts)])
         self._start_list = self._starts.tolist()
+        self._len = self._start_list[-1]
         self.storage_options = storage_options
         self.verify = verify
         self.transform = transform
@@ -180,11 +186,11 @@ class IndexedDataset:
 
     # ---- the map-style protocol --------------------------------------------------------------
     def __len__(self) -> int:
-        return int(self._starts[-1])
+        return self._len
 
     def locate(self, i: int) -> tuple[int, int]:
         """``(shard number, sample number in that shard)`` of global sample ``i``."""
-        n = len(self)
+        n = self._len
         if i < 0:
             i += n
         if not 0 <= i < n:
@@ -241,7 +247,12 @@ class IndexedDataset:
         start = info.offsets[j]
         end = info.ends[j]
         base = info.tar_offsets[j]
-        if info.seekable:
+        r = self._readers.get(shard) if info.plain else None
+        if type(r) is _LocalRanges:  # the usual case: one pread (fds survive a fork)
+            data = os.pread(r.fd, end - start, start)
+            if len(data) != end - start:
+                data = r.read(start, end)
+        elif info.seekable:
             data = self._reader(shard).read(start, end)
             if info.compression != "none":
                 data = _inflate(data, info.compression, url, start)
@@ -256,11 +267,11 @@ class IndexedDataset:
                 url=url,
             )
         m0, m1 = info.starts[j], info.starts[j + 1]
-        _check_header(
-            data, info.member_offsets[m0] - base, info.sizes[m0], url, info.member_offsets[m0]
-        )
-        sample = {"__key__": info.keys[j], "__url__": url}
         doffs, sizes, exts = info.data_offsets, info.sizes, info.exts
+        at = info.member_offsets[m0] - base
+        if _header_ok is None or not _header_ok(data, at, sizes[m0]):
+            _check_header(data, at, sizes[m0], url, info.member_offsets[m0])
+        sample = {"__key__": info.keys[j], "__url__": url}
         for m in range(m0, m1):
             a = doffs[m] - base
             sample[exts[m]] = data[a : a + sizes[m]]
@@ -353,6 +364,7 @@ class _ShardInfo:
         "exts",
         "seekable",
         "compression",
+        "plain",
     )
 
     def __init__(self, idx, url: str):
@@ -371,6 +383,7 @@ class _ShardInfo:
         self.exts = [lowered[c] for c in idx.member_ext.tolist()]
         self.seekable = idx.seekable
         self.compression = idx.compression
+        self.plain = idx.seekable and idx.compression == "none"
 
 
 def _inflate(data: bytes, compression: str, url, offset: int) -> bytes:

@@ -14,10 +14,16 @@ from dataclasses import dataclass, field
 from .codecs import encode_value
 from .compression import GZIP, ZSTD, is_compressed_name, open_compressed_writer
 from .errors import PipeNotAllowedError
+from .format import parse_size
 from .tario import BLOCK, TarMemberWriter, header_number, header_size
 from .storage import AtomicOutput, remove_stale_temporaries, temporary_directory
 
 __all__ = ["ShardInfo", "ShardWriter", "TarWriter", "sample_members", "shard_name"]
+
+try:  # optional C accelerator (see _speedups.c); _Recorder's lists are the reference
+    from ._speedups import record_members as _record_members
+except ImportError:  # pragma: no cover - built by default
+    _record_members = None
 
 
 def sample_members(sample: dict, encoder: bool = True) -> list[tuple[str, bytes]]:
@@ -169,7 +175,7 @@ class TarWriter:
         if rec is not None:
             rec.before_sample(members, key)
         n = self._tar.add_all(members)
-        if rec is not None:
+        if rec is not None and rec.aligned:
             rec.after_sample()
         self.count += 1
         return n
@@ -215,14 +221,22 @@ class _Recorder:
     offsets and checksums, the file's hash), and sample-aligned compression (each sample its own
     gzip member or zstd frame, so it decompresses alone; still a valid .tar.gz / .tar.zst).
 
-    The hot path records three values per member (name, size, checksum); offsets, keys and
-    samples are worked out when the shard is closed. The file is hashed as it leaves the
-    writer's buffer (one call per MiB)."""
+    The hot path is one C call per write (``_speedups.record_members``: per member its
+    extension's code, size, ``wmix64`` checksum and header size, packed); offsets, keys and
+    samples are worked out in bulk when the shard is closed. Writes the C path does not take
+    (names that are not ``KEY.EXT``, no C extension) are kept as lists (name, size, checksum).
+    A plain shard is hashed one sample (its parts joined, in cache) at a time on its way into
+    the output's buffer."""
 
     def __init__(self, writer: "TarWriter", suffix: str, level, aligned: bool, hash, index):
         from .hashing import DEFAULT_HASH, MEMBER_HASH, file_hasher, member_checksum_fn
 
         self.writer = writer
+        # the fast path: one C call per write packs each member's extension code, size,
+        # checksum and header size (record_members); the lists below are the general path
+        self._record = _record_members if MEMBER_HASH == "wmix64" else None
+        self._codes: dict = {}
+        self._packed = bytearray()
         self.save_to = index if isinstance(index, str) or hasattr(index, "__fspath__") else None
         self.algorithm = hash or DEFAULT_HASH
         self.hasher = file_hasher(self.algorithm)
@@ -253,25 +267,23 @@ class _Recorder:
             writer._stream, writer._close_compressor = open_compressed_writer(
                 _HashingSink(self), suffix, level
             )
-        else:  # hashed part by part on the way into the output's buffer (no extra copy)
+        else:  # hashed sample by sample on the way into the output's buffer (see attach)
             writer._stream, writer._close_compressor = _HashingSink(self), (lambda: None)
 
     def attach(self, tar: TarMemberWriter) -> None:
         if self.aligned:
             tar._writelines = self._parts.extend
-        elif self.compression == "none":
-            raw = self.raw
-            raw_writelines = getattr(raw, "writelines", None) or (
-                lambda parts: [raw.write(p) for p in parts]
-            )
+        elif self.compression == "none":  # one sample's parts: joined (in cache), hashed once
+            raw_write = self.raw.write
             update = self.hasher.update
+            join = b"".join
 
             def writelines(parts):
-                any(map(update, parts))  # update() returns None: a C loop over every part
-                raw_writelines(parts)
+                data = join(parts)
+                update(data)
+                raw_write(data)
 
             tar._writelines = writelines
-            self._tar = tar
 
     def write(self, data) -> int:  # aligned mode: TarMemberWriter.finish() writes here
         self._parts.append(data)
@@ -287,6 +299,12 @@ class _Recorder:
             self.frames.append((self.nbytes, self.writer._tar.bytes_written))
         if not members:
             return
+        if self._record is not None:
+            if key is not None and self._record(members, key, self._codes, self._packed):
+                self.keys.append(key)  # type: ignore[union-attr]
+                self.counts.append(len(members))
+                return
+            self._to_lists()
         names, datas = zip(*members)
         self.names += names
         self.sizes += map(len, datas)
@@ -297,6 +315,19 @@ class _Recorder:
             else:
                 self.keys.append(key)
                 self.counts.append(len(members))
+
+    def _to_lists(self) -> None:
+        """Leave the fast path: the packed records so far become the general path's lists."""
+        import numpy as np
+
+        self._record = None
+        rec = np.frombuffer(self._packed, "<u8").reshape(-1, 4)
+        exts = list(self._codes)
+        keys = [k for k, c in zip(self.keys or [], self.counts) for _ in range(c)]
+        self.names = [f"{k}.{exts[c]}" for k, c in zip(keys, rec[:, 0].tolist())]
+        self.sizes = rec[:, 1].tolist()
+        self.sums = rec[:, 2].tolist()
+        self._packed = bytearray()
 
     def after_sample(self) -> None:
         if self.aligned and self._parts:
@@ -313,7 +344,13 @@ class _Recorder:
         builder = IndexBuilder(member_hash=self.member_hash)
         for file_offset, tar_offset in self.frames:
             builder.frame(file_offset, tar_offset)
-        builder.add_written(self.names, self.sizes, self.sums, keys=self.keys, counts=self.counts)
+        if self._record is not None:
+            builder._ext_codes = self._codes
+            builder.add_records(self.keys or [], self.counts, self._packed)
+        else:
+            builder.add_written(
+                self.names, self.sizes, self.sums, keys=self.keys, counts=self.counts
+            )
         index = builder.build(
             nbytes=self.nbytes,
             hash=f"{self.algorithm}:{self.hasher.hexdigest()}",
@@ -321,6 +358,7 @@ class _Recorder:
             url=w.name if isinstance(w.name, str) else None,
         )
         self.names = self.sizes = self.sums = self.frames = []
+        self._packed = bytearray()
         w.index = index
         if self.save_to is not None:
             index.save(self.save_to, storage_options=w._out.storage_options)
@@ -393,16 +431,17 @@ class ShardWriter:
     """Write samples to a numbered series of shards, starting a new one by count or size.
 
     A new shard starts before a sample would take the current one past ``maxcount`` samples or
-    ``maxsize`` (uncompressed) bytes; a single sample larger than ``maxsize`` gets a shard of its
-    own. Each shard is committed atomically when complete; ``shards`` lists what was written and
-    ``post(url)`` is called after each commit.
+    ``maxsize`` (uncompressed) bytes (a number or a size string such as ``"1GB"`` or
+    ``"512MiB"``, as :func:`tarshards.format.parse_size` reads it); a single sample larger than
+    ``maxsize`` gets a shard of its own. Each shard is committed atomically when complete;
+    ``shards`` lists what was written and ``post(url)`` is called after each commit.
     """
 
     def __init__(
         self,
         pattern: str,
         maxcount: int = 100_000,
-        maxsize: float = 3e9,
+        maxsize: int | float | str = 3e9,
         *,
         start_shard: int = 0,
         verbose: int = 0,
@@ -413,8 +452,9 @@ class ShardWriter:
     ):
         if maxcount is None or maxcount < 1:
             raise ValueError(f"maxcount must be >= 1, got {maxcount!r}")
-        if maxsize is None or maxsize <= 0:
-            raise ValueError(f"maxsize must be > 0, got {maxsize!r}")
+        if maxsize is None:
+            raise ValueError("maxsize must be > 0, got None")
+        maxsize = parse_size(maxsize, positive=True)  # bytes, or a string like "1GB" / "512MiB"
         first = shard_name(pattern, start_shard)  # validate early
         if first.startswith("pipe:") and not tarwriter_options.get("allow_pipe", False):
             raise PipeNotAllowedError(
@@ -424,7 +464,7 @@ class ShardWriter:
             )
         self.pattern = pattern
         self.maxcount = int(maxcount)
-        self.maxsize = float(maxsize)
+        self.maxsize = maxsize
         self.shard = start_shard
         self.verbose = verbose
         self.post = post
