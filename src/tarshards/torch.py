@@ -278,7 +278,8 @@ class WebLoader(DataLoader):
             if inner is None:
                 inner = default_convert if options.get("batch_size", 1) is None else default_collate
             prefetch = options.get("prefetch_factor") or 2
-            packer = Packer(slots=prefetch + 2, to_array=_tensor_to_array)
+            # the batches in flight, the one the user holds while asking for the next, one spare
+            packer = Packer(slots=prefetch + 3, to_array=_tensor_to_array)
             options["collate_fn"] = _PackingCollate(inner, packer)
         options.pop("self")
         super().__init__(**options)
@@ -351,7 +352,9 @@ class WebLoader(DataLoader):
                     self._unpacker.close()  # the previous epoch's workers (and rings) are gone
                 pinned = self.pin_memory and torch.cuda.is_available()
                 self._unpacker = Unpacker(
-                    from_array=_array_to_tensor, alloc=_pinned_alloc if pinned else None
+                    from_array=_array_to_tensor,
+                    alloc=_pinned_alloc if pinned else None,
+                    copy=pinned,  # else the batch's tensors are views of the slot (no copy)
                 )
             it = _UnpackingIterator(it, self._unpacker)
         if pending is not None and not self._planned() and step:
@@ -448,17 +451,31 @@ class _PackingCollate:
 
 
 class _UnpackingIterator:
-    """The DataLoader's iterator, with each batch copied out of its slot."""
+    """The DataLoader's iterator, with each batch taken out of its slot.
+
+    Unless the autograd profiler is on, each step calls the iterator's ``_next_data()`` directly
+    (what its ``__next__`` does, without the ``record_function`` scope around it, which costs
+    the main process about as much as taking the batch out of its slot; and without the warning
+    about an IterableDataset yielding more than ``len()``).
+    """
 
     def __init__(self, it, unpacker):
         self._it = it
         self._unpack = unpacker
+        self._direct = all(hasattr(it, a) for a in ("_next_data", "_sampler_iter", "_num_yielded"))
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        return self._unpack(next(self._it))
+        it = self._it
+        if not self._direct or torch.autograd._profiler_enabled():
+            return self._unpack(next(it))
+        if it._sampler_iter is None:
+            it._reset()
+        data = it._next_data()
+        it._num_yielded += 1
+        return self._unpack(data)
 
     def __len__(self):
         return len(self._it)
