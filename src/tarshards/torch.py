@@ -485,19 +485,11 @@ class _UnpackingIterator:
 
 
 def _tensor_to_array(x):
-    if (
-        not isinstance(x, torch.Tensor)
-        or x.device.type != "cpu"
-        or x.requires_grad
-        or x.layout != torch.strided
-        or x.is_quantized
-        or x.is_conj()
-        or x.is_neg()
-    ):
+    if not isinstance(x, torch.Tensor):
         return None
-    try:
+    try:  # refuses what a slot cannot carry: grad, conj/neg bits, other devices and layouts
         arr = x.numpy()
-    except (TypeError, RuntimeError):  # dtypes numpy lacks (bfloat16...)
+    except (TypeError, RuntimeError):  # ... and dtypes numpy lacks (bfloat16...)
         return None
     return arr, "tensor"
 

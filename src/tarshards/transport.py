@@ -82,27 +82,29 @@ class _Ring:
         name = f"tarshards-{os.getpid()}-{secrets.token_hex(6)}"
         size = self.header + slots * slot_bytes
         self.shm = shared_memory.SharedMemory(name=name, create=True, size=size)
-        self.busy = np.ndarray((slots,), dtype=np.uint8, buffer=self.shm.buf)
-        self.busy[:] = 0
-        self.next = 0
+        self.busy: memoryview | None = self.shm.buf[:slots]  # 0: free, 1: a batch is there
+        self.busy[:] = bytes(slots)
         # the name goes when this process exits; the main process keeps its own mapping
         self._finalizer = util.Finalize(self, _unlink, args=(self,), exitpriority=10)
 
     def take(self) -> int | None:
-        """A free slot, marked busy (the next one in turn that is free), or ``None``."""
+        """A free slot, marked busy, or ``None``: the first free one, so that the few slots in
+        use stay warm in the caches rather than all of them taking turns."""
         busy = self.busy
-        for i in range(self.slots):
-            slot = (self.next + i) % self.slots
+        if busy is None:  # closed (the process is exiting)
+            return None
+        for slot in range(self.slots):
             if not busy[slot]:
                 busy[slot] = 1
-                self.next = (slot + 1) % self.slots
                 return slot
         return None
 
 
 def _unlink(ring) -> None:
     shm = ring.shm
-    ring.busy = None  # the view would keep the mapping from closing
+    if ring.busy is not None:
+        ring.busy.release()  # the view would keep the mapping from closing
+        ring.busy = None
     try:
         shm.unlink()
     except FileNotFoundError:
