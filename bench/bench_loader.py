@@ -31,7 +31,10 @@ HxWx3 uint8 array and hands out batches of 64 (images and labels):
 
 Each row runs in fresh processes, rows alternate within each repetition, and the median of
 ``--repeat`` runs is kept. Samples/s are counted from the first batch (start-up excluded, shown
-apart). Every row reports its sample count and the sum of its labels: the same for all rows
+apart). "CPU ms/sample" is the CPU time of all the row's processes (the main one and its
+workers, from ``iter()`` to the workers' exit) per sample: on a machine shared with other jobs it
+is steadier than samples/s and says what the loader costs on top of the decoding (it grows when
+two processes share the two hyperthreads of a core, so compare it with ``ceiling``'s). Every row reports its sample count and the sum of its labels: the same for all rows
 (every sample once). Targets (issue 15): ``webloader_shm`` >= 1.6x ``single`` and >= 2x the best
 peer.
 """
@@ -39,6 +42,7 @@ peer.
 from __future__ import annotations
 
 import argparse
+import gc
 import io
 import json
 import os
@@ -58,8 +62,16 @@ PEERS = ["wds_rgb8", "wds", "litdata", "streaming", "wids"]
 
 def _measure(source, barrier=None) -> dict:
     """Iterate ``source`` (batches of (images, labels)); rate from the first batch on."""
+    import resource
+
+    def cpu() -> float:  # this process and its joined children (the loader's workers)
+        me = resource.getrusage(resource.RUSAGE_SELF)
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
     if barrier is not None:
         barrier()
+    c0 = cpu()
     t0 = time.perf_counter()
     it = iter(source)
     first = next(it)
@@ -74,7 +86,10 @@ def _measure(source, barrier=None) -> dict:
         if x.dtype.itemsize != 1 or x.shape[1:] != (96, 96, 3):
             raise SystemExit(f"unexpected batch {x.dtype} {tuple(x.shape)}")
     t2 = time.perf_counter()
+    del it, first
+    gc.collect()  # the workers exit (and are joined) with their iterator
     return {
+        "cpu_s": cpu() - c0,
         "rate": n / (t2 - t1),
         "startup_s": t1 - t0,
         "items": n + count,
@@ -161,6 +176,7 @@ def run_ceiling(quick: bool) -> dict:
         "startup_s": max(h["startup_s"] for h in halves),
         "items": sum(h["items"] for h in halves),
         "label_sum": sum(h["label_sum"] for h in halves),
+        "cpu_s": sum(h["cpu_s"] for h in halves),
         "halves": [h["rate"] for h in halves],
     }
 
@@ -432,6 +448,7 @@ def report(runs: dict, args, seconds: float, machine: dict) -> None:
             med[row] = {
                 "rate": statistics.median(r["rate"] for r in ok),
                 "startup_s": statistics.median(r["startup_s"] for r in ok),
+                "cpu_ms": statistics.median(1e3 * r["cpu_s"] / r["items"] for r in ok),
                 "items": ok[0]["items"],
                 "label_sum": ok[0]["label_sum"],
                 "version": ok[0].get("version", ""),
@@ -442,7 +459,10 @@ def report(runs: dict, args, seconds: float, machine: dict) -> None:
         f"{BATCH}, {WORKERS} workers; median of {args.repeat}; {machine.get('cpu', '')}, "
         f"nproc={machine.get('nproc')}; load average {os.getloadavg()[0]:.1f}; {seconds:.0f} s)"
     )
-    print(f"{'row':<18} {'samples/s':>10} {'x single':>9} {'x ceiling':>10}  start-up  samples")
+    print(
+        f"{'row':<18} {'samples/s':>10} {'x single':>9} {'x ceiling':>10}  start-up  "
+        "CPU ms/sample  samples"
+    )
     ceiling = med.get("ceiling")
     items = ref["items"] if ref else None
     labels = ref["label_sum"] if ref else None
@@ -458,7 +478,8 @@ def report(runs: dict, args, seconds: float, machine: dict) -> None:
             same = f"  DIFFERENT samples ({m['items']} items, label sum {m['label_sum']})"
         name = row + (f" {m['version']}" if m["version"] else "")
         print(
-            f"{name:<18} {m['rate']:10,.0f} {xs} {xc}  {m['startup_s']:6.2f}s  {m['items']}{same}"
+            f"{name:<18} {m['rate']:10,.0f} {xs} {xc}  {m['startup_s']:6.2f}s  "
+            f"{m['cpu_ms']:13.3f}  {m['items']}{same}"
         )
     ours = med.get("webloader_shm")
     peers = {r: med[r] for r in PEERS if r in med}
@@ -474,6 +495,11 @@ def report(runs: dict, args, seconds: float, machine: dict) -> None:
             f"(ceiling / single: {ceiling['rate'] / ref['rate']:.2f}x)"
             if ref
             else ""
+        )
+    if ours and ref:
+        print(
+            f"CPU per sample, all processes: webloader_shm {ours['cpu_ms'] / ref['cpu_ms']:.2f}x "
+            f"single" + (f", ceiling {ceiling['cpu_ms'] / ref['cpu_ms']:.2f}x" if ceiling else "")
         )
     print("(figures from a loaded, shared machine are noisy; compare ratios within one run)")
     if args.json:
