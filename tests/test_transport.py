@@ -162,6 +162,19 @@ def test_slots_are_reused_and_kept_batches_stay_intact(tmp_path):
     assert sorted(keys) == sorted(s["__key__"] for s in samples)
 
 
+def test_epochs_broken_off_leave_no_slot_taken(tmp_path):
+    from tarshards.torch import WebDataset, WebLoader
+
+    paths, _ = write_shards(tmp_path, 4, 64)
+    ds = WebDataset(paths).decode("rgb8").to_tuple("jpg", "cls").batched(16)
+    loader = WebLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    for _ in range(4):  # each time the workers had batches made ahead that nobody takes
+        for _batch in loader:
+            break
+    assert sum(len(y) for _x, y in loader) == 256
+    assert loader._unpacker.tickets == 16  # every batch of the last epoch came by a slot
+
+
 def test_persistent_workers_reuse_their_rings(tmp_path):
     paths, samples = write_shards(tmp_path, 4, 16)
     _, plain = _loader_batches(paths, None, persistent_workers=True)

@@ -260,8 +260,13 @@ class WebLoader(DataLoader):
     With workers, batches of arrays and tensors travel through shared memory that each worker
     allocates once (:mod:`tarshards.transport`) instead of a new shared-memory segment per
     tensor: ``transport="shm"`` (the default, ``"auto"``) or ``None`` for DataLoader's own path.
-    Anything else in a batch (keys, strings) travels as usual; batches without array data, or
-    with very little, pass through unchanged.
+    The tensors handed out are views of a worker's slot (no copy in the main process; with
+    ``pin_memory`` they are copied into pinned memory instead): the slot is written again only
+    once they are all garbage collected, and a worker whose slots are all still held sends its
+    batches the usual way. Anything else in a batch (keys, strings) travels as usual; batches
+    without array data, or with very little, pass through unchanged. With
+    ``persistent_workers=True``, an epoch broken off restarts the workers (the batches they
+    had made ahead would keep their slots).
     """
 
     def __init__(
@@ -331,10 +336,13 @@ class WebLoader(DataLoader):
                 fresh_workers = True
         elif hasattr(ds, "set_epoch"):
             ds.set_epoch(epoch)
+        # With the transport, an epoch broken off leaves the batches the workers had made
+        # ahead (dropped by DataLoader's reset) holding their slots: new workers, new rings.
+        broken_off = self._packing and self._current is not None and not self._finished
         if (
             self.persistent_workers
             and self._iterator is not None
-            and (fresh_workers or self._workers_next != epoch)
+            and (fresh_workers or broken_off or self._workers_next != epoch)
         ):
             self._iterator._shutdown_workers()  # they hold another epoch or position
             self._iterator = None
