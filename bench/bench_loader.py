@@ -34,9 +34,9 @@ Each row runs in fresh processes, rows alternate within each repetition, and the
 apart). "CPU ms/sample" is the CPU time of all the row's processes (the main one and its
 workers, from ``iter()`` to the workers' exit) per sample: on a machine shared with other jobs it
 is steadier than samples/s and says what the loader costs on top of the decoding (it grows when
-two processes share the two hyperthreads of a core, so compare it with ``ceiling``'s). Every row reports its sample count and the sum of its labels: the same for all rows
-(every sample once). Targets (issue 15): ``webloader_shm`` >= 1.6x ``single`` and >= 2x the best
-peer.
+two processes share the two hyperthreads of a core, so compare it with ``ceiling``'s). Every row
+reports its sample count and the sum of its labels: the same for all rows (every sample once).
+Targets (issue 15): ``webloader_shm`` >= 1.6x ``single`` and >= 2x the best peer.
 """
 
 from __future__ import annotations
