@@ -84,6 +84,26 @@ def test_copied_out_batches_survive_slot_reuse():
     assert all(int(k.min()) == int(k.max()) == i for i, k in enumerate(kept))
 
 
+def test_views_hold_their_slot_until_collected():
+    packer, unpacker = Packer(slots=2, min_bytes=0), Unpacker(copy=False)
+    first = unpacker(packer((np.full((64, 64), 1, dtype=np.int32), np.arange(3))))
+    second = unpacker(packer({"x": np.full((64, 64), 2, dtype=np.int32)}))
+    assert not first[0].flags.owndata and first[0].flags.writeable  # a view of the slot
+    # both slots are held: the next batch comes back unchanged (the usual way), not by a slot
+    third = np.full((64, 64), 3, dtype=np.int32)
+    assert packer(third) is third and unpacker.tickets == 2
+    view_of_view = first[0][10:20].T  # keeps the slot as much as the batch does
+    del first
+    assert packer(third) is third
+    del view_of_view
+    fourth = unpacker(packer(np.full((64, 64), 4, dtype=np.int32)))  # the freed slot again
+    assert unpacker.tickets == 3
+    assert int(second["x"].min()) == int(second["x"].max()) == 2  # untouched
+    assert int(fourth.min()) == int(fourth.max()) == 4
+    unpacker.close()  # batches still alive keep their mapping
+    assert int(second["x"].sum()) == 2 * 64 * 64
+
+
 torch = pytest.importorskip("torch", reason="the loader tests need torch")
 
 
@@ -114,6 +134,45 @@ def test_webloader_batches_equal_the_plain_path(tmp_path, context):
         assert sorted(keys) == sorted(s["__key__"] for s in samples)
         images = epoch_shm[0][1]
         assert isinstance(images, torch.Tensor) and images.dtype == torch.uint8
+
+
+def test_slots_are_reused_and_kept_batches_stay_intact(tmp_path):
+    from tarshards.torch import WebDataset, WebLoader
+
+    paths, samples = write_shards(tmp_path, 4, 64)
+
+    def loader(transport):
+        ds = WebDataset(paths).decode("rgb8").to_tuple("__key__", "jpg", "cls").batched(16)
+        return WebLoader(ds, batch_size=None, num_workers=2, transport=transport)
+
+    plain = list(loader(None))
+    # every batch dropped before the next: each of the 16 batches comes through a slot, and
+    # the 6 slots of each worker's ring are written again and again
+    shm = loader("auto")
+    labels = [int(y.sum()) for _k, _x, y in shm]
+    assert labels == [int(y.sum()) for _k, _x, y in plain]
+    assert shm._unpacker.tickets == 16 and len(shm._unpacker._segments) == 2
+    # every batch kept: the rings fill up, the rest come the usual way, nothing is overwritten
+    kept = loader("auto")
+    batches = list(kept)
+    assert 0 < kept._unpacker.tickets < 16
+    assert len(batches) == len(plain) == 16
+    assert all(_same(a, b) for a, b in zip(plain, batches))
+    keys = [k for batch in batches for k in batch[0]]
+    assert sorted(keys) == sorted(s["__key__"] for s in samples)
+
+
+def test_epochs_broken_off_leave_no_slot_taken(tmp_path):
+    from tarshards.torch import WebDataset, WebLoader
+
+    paths, _ = write_shards(tmp_path, 4, 64)
+    ds = WebDataset(paths).decode("rgb8").to_tuple("jpg", "cls").batched(16)
+    loader = WebLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    for _ in range(4):  # each time the workers had batches made ahead that nobody takes
+        for _batch in loader:
+            break
+    assert sum(len(y) for _x, y in loader) == 256
+    assert loader._unpacker.tickets == 16  # every batch of the last epoch came by a slot
 
 
 def test_persistent_workers_reuse_their_rings(tmp_path):

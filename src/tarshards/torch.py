@@ -260,8 +260,13 @@ class WebLoader(DataLoader):
     With workers, batches of arrays and tensors travel through shared memory that each worker
     allocates once (:mod:`tarshards.transport`) instead of a new shared-memory segment per
     tensor: ``transport="shm"`` (the default, ``"auto"``) or ``None`` for DataLoader's own path.
-    Anything else in a batch (keys, strings) travels as usual; batches without array data, or
-    with very little, pass through unchanged.
+    The tensors handed out are views of a worker's slot (no copy in the main process; with
+    ``pin_memory`` they are copied into pinned memory instead): the slot is written again only
+    once they are all garbage collected, and a worker whose slots are all still held sends its
+    batches the usual way. Anything else in a batch (keys, strings) travels as usual; batches
+    without array data, or with very little, pass through unchanged. With
+    ``persistent_workers=True``, an epoch broken off restarts the workers (the batches they
+    had made ahead would keep their slots).
     """
 
     def __init__(
@@ -278,7 +283,8 @@ class WebLoader(DataLoader):
             if inner is None:
                 inner = default_convert if options.get("batch_size", 1) is None else default_collate
             prefetch = options.get("prefetch_factor") or 2
-            packer = Packer(slots=prefetch + 2, to_array=_tensor_to_array)
+            # the batches in flight, the one the user holds while asking for the next, one spare
+            packer = Packer(slots=prefetch + 3, to_array=_tensor_to_array)
             options["collate_fn"] = _PackingCollate(inner, packer)
         options.pop("self")
         super().__init__(**options)
@@ -330,10 +336,13 @@ class WebLoader(DataLoader):
                 fresh_workers = True
         elif hasattr(ds, "set_epoch"):
             ds.set_epoch(epoch)
+        # With the transport, an epoch broken off leaves the batches the workers had made
+        # ahead (dropped by DataLoader's reset) holding their slots: new workers, new rings.
+        broken_off = self._packing and self._current is not None and not self._finished
         if (
             self.persistent_workers
             and self._iterator is not None
-            and (fresh_workers or self._workers_next != epoch)
+            and (fresh_workers or broken_off or self._workers_next != epoch)
         ):
             self._iterator._shutdown_workers()  # they hold another epoch or position
             self._iterator = None
@@ -351,7 +360,9 @@ class WebLoader(DataLoader):
                     self._unpacker.close()  # the previous epoch's workers (and rings) are gone
                 pinned = self.pin_memory and torch.cuda.is_available()
                 self._unpacker = Unpacker(
-                    from_array=_array_to_tensor, alloc=_pinned_alloc if pinned else None
+                    from_array=_array_to_tensor,
+                    alloc=_pinned_alloc if pinned else None,
+                    copy=pinned,  # else the batch's tensors are views of the slot (no copy)
                 )
             it = _UnpackingIterator(it, self._unpacker)
         if pending is not None and not self._planned() and step:
@@ -448,17 +459,31 @@ class _PackingCollate:
 
 
 class _UnpackingIterator:
-    """The DataLoader's iterator, with each batch copied out of its slot."""
+    """The DataLoader's iterator, with each batch taken out of its slot.
+
+    Unless the autograd profiler is on, each step calls the iterator's ``_next_data()`` directly
+    (what its ``__next__`` does, without the ``record_function`` scope around it, which costs
+    the main process about as much as taking the batch out of its slot; and without the warning
+    about an IterableDataset yielding more than ``len()``).
+    """
 
     def __init__(self, it, unpacker):
         self._it = it
         self._unpack = unpacker
+        self._direct = all(hasattr(it, a) for a in ("_next_data", "_sampler_iter", "_num_yielded"))
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        return self._unpack(next(self._it))
+        it = self._it
+        if not self._direct or torch.autograd._profiler_enabled():
+            return self._unpack(next(it))
+        if it._sampler_iter is None:
+            it._reset()
+        data = it._next_data()
+        it._num_yielded += 1
+        return self._unpack(data)
 
     def __len__(self):
         return len(self._it)
@@ -468,19 +493,11 @@ class _UnpackingIterator:
 
 
 def _tensor_to_array(x):
-    if (
-        not isinstance(x, torch.Tensor)
-        or x.device.type != "cpu"
-        or x.requires_grad
-        or x.layout != torch.strided
-        or x.is_quantized
-        or x.is_conj()
-        or x.is_neg()
-    ):
+    if not isinstance(x, torch.Tensor):
         return None
-    try:
+    try:  # refuses what a slot cannot carry: grad, conj/neg bits, other devices and layouts
         arr = x.numpy()
-    except (TypeError, RuntimeError):  # dtypes numpy lacks (bfloat16...)
+    except (TypeError, RuntimeError):  # ... and dtypes numpy lacks (bfloat16...)
         return None
     return arr, "tensor"
 

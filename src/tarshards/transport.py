@@ -11,12 +11,18 @@ dtypes, and the batch's non-array parts). The main process maps each worker's se
 copies the arrays out of the slot into fresh arrays (one copy), so the slot is free again before
 the batch is handed to the user.
 
-A slot is reused only after its batch has been copied out: ``DataLoader`` gives each worker at
-most ``prefetch_factor`` batches to make ahead of the one being consumed, and a ring has
-``prefetch_factor + 2`` slots. Batches that are not arrays (or hold too little array data to be
-worth it) pass through unchanged. The segments belong to the worker that made them: it removes
-their names when it exits (the mappings stay valid for the main process until it closes them),
-and Python's resource tracker removes them if a worker is killed.
+Each slot has a flag in a small header at the start of its segment: the worker marks a slot
+busy when it writes a batch there, and the main process marks it free again once it is done with
+the batch. With ``Unpacker(copy=True)`` that is right after copying the arrays out; with
+``copy=False`` (what :class:`~tarshards.torch.WebLoader` uses) the main process hands out the
+arrays as views of the slot itself (no copy at all on its side) and frees the slot when the last
+of them is garbage collected. A worker that finds no free slot (the user keeps more batches than
+the ring holds) sends that batch the ordinary way (the batch unchanged), so a slot is never
+overwritten while anything can still see it. Batches that are not arrays (or hold too little
+array data to be worth it) pass through unchanged too. The segments belong to the worker that
+made them: it removes their names when it exits (the mappings stay valid for the main process
+until it closes them and the last view is gone), and Python's resource tracker removes them if
+a worker is killed.
 
 This module needs only numpy; :mod:`tarshards.torch` plugs tensors in through the ``to_array``
 and ``from_array`` functions of :class:`Packer` and :class:`Unpacker`.
@@ -24,9 +30,11 @@ and ``from_array`` functions of :class:`Packer` and :class:`Unpacker`.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import secrets
+import weakref
 from dataclasses import dataclass
 from multiprocessing import shared_memory, util
 from typing import Any, Callable
@@ -49,6 +57,7 @@ class Ticket:
     slot: int
     slot_bytes: int
     tree: Any
+    header: int = 0  # bytes before the first slot (one busy flag per slot)
 
 
 @dataclass(frozen=True)
@@ -64,24 +73,38 @@ def _round(n: int) -> int:
 
 
 class _Ring:
-    """One worker's segment: ``slots`` slots of ``slot_bytes`` each."""
+    """One worker's segment: a header of busy flags, then ``slots`` slots of ``slot_bytes``."""
 
     def __init__(self, slots: int, slot_bytes: int):
         self.slots = slots
         self.slot_bytes = slot_bytes
+        self.header = _round(slots)
         name = f"tarshards-{os.getpid()}-{secrets.token_hex(6)}"
-        self.shm = shared_memory.SharedMemory(name=name, create=True, size=slots * slot_bytes)
-        self.next = 0
+        size = self.header + slots * slot_bytes
+        self.shm = shared_memory.SharedMemory(name=name, create=True, size=size)
+        self.busy: memoryview | None = self.shm.buf[:slots]  # 0: free, 1: a batch is there
+        self.busy[:] = bytes(slots)
         # the name goes when this process exits; the main process keeps its own mapping
-        self._finalizer = util.Finalize(self, _unlink, args=(self.shm,), exitpriority=10)
+        self._finalizer = util.Finalize(self, _unlink, args=(self,), exitpriority=10)
 
-    def take(self) -> int:
-        slot = self.next
-        self.next = (slot + 1) % self.slots
-        return slot
+    def take(self) -> int | None:
+        """A free slot, marked busy, or ``None``: the first free one, so that the few slots in
+        use stay warm in the caches rather than all of them taking turns."""
+        busy = self.busy
+        if busy is None:  # closed (the process is exiting)
+            return None
+        for slot in range(self.slots):
+            if not busy[slot]:
+                busy[slot] = 1
+                return slot
+        return None
 
 
-def _unlink(shm) -> None:
+def _unlink(ring) -> None:
+    shm = ring.shm
+    if ring.busy is not None:
+        ring.busy.release()  # the view would keep the mapping from closing
+        ring.busy = None
     try:
         shm.unlink()
     except FileNotFoundError:
@@ -161,7 +184,9 @@ class Packer:
             # room for some growth, so that slightly larger batches do not make a new ring
             ring = self._ring = _Ring(self.slots, _round(total + total // 4))
         slot = ring.take()
-        base = slot * ring.slot_bytes
+        if slot is None:  # every slot still holds a batch that someone can see
+            return batch
+        base = ring.header + slot * ring.slot_bytes
         buf = ring.shm.buf
         leaves = []
         for (arr, kind), offset in zip(arrays, offsets):
@@ -169,7 +194,8 @@ class Packer:
             np.copyto(view, arr, casting="no")
             leaves.append(_Leaf(offset, tuple(arr.shape), arr.dtype.str, kind))
             del view
-        return Ticket(ring.shm.name, ring.shm.size, slot, ring.slot_bytes, _fill(tree, leaves))
+        tree = _fill(tree, leaves)
+        return Ticket(ring.shm.name, ring.shm.size, slot, ring.slot_bytes, tree, ring.header)
 
 
 @dataclass(frozen=True)
@@ -191,19 +217,30 @@ def _fill(tree, leaves):
 
 
 class Unpacker:
-    """Main side: ``unpacker(item)`` turns a :class:`Ticket` back into the batch (copying its
-    arrays out of the slot); anything else passes through. ``from_array(arr, kind)`` turns a
-    copied array of a non-``"array"`` kind back into its type (a tensor). ``alloc(shape, dtype,
-    kind)`` may give the destination (e.g. a pinned tensor and its numpy view)."""
+    """Main side: ``unpacker(item)`` turns a :class:`Ticket` back into the batch; anything else
+    passes through.
+
+    ``copy=True``: the arrays are copied out of the slot into fresh arrays and the slot is free
+    at once. ``copy=False``: the arrays are views of the slot (read-write, no copy) and the slot
+    is freed when the last of them (and of anything made from them without a copy, such as a
+    ``torch.from_numpy`` tensor) is garbage collected. ``from_array(arr, kind)`` turns an
+    array of a non-``"array"`` kind back into its type (a tensor). ``alloc(shape, dtype, kind)``
+    may give the destination of the copy (e.g. a pinned tensor and its numpy view); it implies
+    ``copy=True``.
+    """
 
     def __init__(
         self,
         from_array: Callable[[np.ndarray, str], Any] | None = None,
         alloc: Callable | None = None,
+        copy: bool = True,
     ):
         self.from_array = from_array
         self.alloc = alloc
-        self._segments: dict[str, shared_memory.SharedMemory] = {}
+        self.copy = bool(copy) or alloc is not None
+        self._segments: dict[str, mmap.mmap] = {}
+        self._flags: dict[str, np.ndarray] = {}
+        self.tickets = 0  # batches that came through a slot (the others came the usual way)
 
     def _segment(self, ticket: Ticket):
         buf = self._segments.get(ticket.segment)
@@ -211,12 +248,34 @@ class Unpacker:
             buf = self._segments[ticket.segment] = _attach(ticket.segment, ticket.segment_size)
         return buf
 
+    def _busy_flags(self, ticket: Ticket, buf) -> np.ndarray | None:
+        if not ticket.header:  # a ring without flags: nothing to release
+            return None
+        flags = self._flags.get(ticket.segment)
+        if flags is None:
+            flags = self._flags[ticket.segment] = np.frombuffer(buf, np.uint8, ticket.header)
+        return flags
+
     def __call__(self, item):
         if not isinstance(item, Ticket):
             return item
+        self.tickets += 1
         buf = self._segment(item)
-        base = item.slot * item.slot_bytes
-        return self._unpack(item.tree, buf, base)
+        flags = self._busy_flags(item, buf)
+        base = item.header + item.slot * item.slot_bytes
+        if self.copy:
+            try:
+                return self._unpack(item.tree, buf, base)
+            finally:
+                if flags is not None:
+                    flags[item.slot] = 0
+        # One holder per batch: a ctypes array over the slot's bytes. Every leaf is made with
+        # buffer=holder (its .base), so the holder lives exactly as long as any leaf or view of
+        # one; and it holds an export of the mapping, which cannot be unmapped under it.
+        holder = (ctypes.c_char * item.slot_bytes).from_buffer(buf, base)
+        if flags is not None:
+            weakref.finalize(holder, _release, flags, item.slot)
+        return self._unpack(item.tree, holder, 0)
 
     def _unpack(self, tree, buf, base):
         if isinstance(tree, _Leaf):
@@ -226,7 +285,7 @@ class Unpacker:
                 value, dst = self.alloc(tree.shape, dtype, tree.kind)
                 np.copyto(dst, src, casting="no")
                 return value
-            out = src.copy()
+            out = src.copy() if self.copy else src
             if tree.kind != "array" and self.from_array is not None:
                 return self.from_array(out, tree.kind)
             return out
@@ -240,12 +299,18 @@ class Unpacker:
         return tree
 
     def close(self) -> None:
+        """Drop the mappings; one that batches handed out still use stays until they go."""
         segments, self._segments = self._segments, {}
+        self._flags = {}
         for mapping in segments.values():
             try:
                 mapping.close()
             except BufferError:  # a view is still alive; the mapping goes when it does
                 pass
+
+
+def _release(flags: np.ndarray, slot: int) -> None:
+    flags[slot] = 0  # the worker may write this slot again
 
 
 def _attach(name: str, size: int) -> mmap.mmap:
