@@ -158,11 +158,14 @@ class CuttingProxy:
     are reset (RST) at that point; later ones pass through. ``cut_after`` is one limit for all,
     or a list: the i-th connection gets ``cut_after[i]`` (the last one repeats), so ``[50_000, 0]``
     lets one connection make progress and cuts every later one before its first byte.
-    ``cut_count`` says how many were cut.
+    ``cut_count`` says how many were cut. ``pause`` seconds pass between sending the bytes up to a
+    cut and the reset, so that a client has taken them in before the error reaches it (some
+    clients, aiohttp among them, drop what they have buffered once the connection fails).
     """
 
-    def __init__(self, target: tuple[str, int], *, cut_after, cuts: int):
+    def __init__(self, target: tuple[str, int], *, cut_after, cuts: int, pause: float = 0.0):
         self.target = target
+        self.pause = pause
         self.cut_after = list(cut_after) if isinstance(cut_after, (list, tuple)) else [cut_after]
         self.cuts_left = cuts
         self.cut_count = 0
@@ -223,6 +226,8 @@ class CuttingProxy:
                     break
                 if limit is not None and sent + len(data) > limit and self._take_cut():
                     dst.sendall(data[: limit - sent])
+                    if self.pause:
+                        time.sleep(self.pause)
                     for s in (dst, src):  # reset, as a dropped connection does
                         s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                         try:  # wakes the thread blocked in recv on the other direction
