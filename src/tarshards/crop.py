@@ -16,11 +16,16 @@ log-uniform aspect ratio, then the central crop), but without decoding pixels it
 4. the crop (a view, no copy) is resized with an antialiased bilinear filter to ``size`` and
    flipped with probability 1/2.
 
-What bounds it: simplejpeg (and Pillow's ``draft``) expose libjpeg-turbo's scaled decoding but
-not its partial decoding (``jpeg_crop_scanline``/``jpeg_skip_scanlines``), so every JPEG is
-still entropy-decoded whole; the saving is the inverse DCT, colour conversion and upsampling
-of pixels the crop does not need, the copies, and a faster resize. For crops smaller than
-``size`` (most crops of ImageNet-sized images at 224), the scale is 1.
+With the optional C decoder (``tarshards._jpeg``, built where libjpeg-turbo's headers are
+installed: Debian's ``libjpeg-dev``) only the crop is decoded: the rows above it are skipped
+without their inverse DCT, the rows below are never read, and only the crop's columns (to the
+iMCU boundary) are inverse-transformed, upsampled and colour-converted: about 0.6 of a whole
+decode for ImageNet-sized images at 224, the same pixels as the crop of a whole decode.
+Without it, simplejpeg decodes the whole image (at the chosen DCT scale) and the crop is a view
+of it: simplejpeg and Pillow's ``draft`` expose libjpeg-turbo's scaled decoding but not its
+partial decoding (``jpeg_crop_scanline``/``jpeg_skip_scanlines``). Either way the rows down to
+the crop's bottom are entropy-decoded, which bounds what is left; for crops smaller than
+``size`` (most crops of ImageNet-sized images at 224) the scale is 1.
 
 Images other than plain JPEGs (PNG, CMYK JPEGs...) are decoded fully by Pillow and cropped the
 same way. Outputs: ``"torchrgb"`` (float CxHxW tensor in [0, 1], the default), ``"torchrgb8"``
