@@ -173,6 +173,30 @@ def _decoders(handlers, only, size, allow_unsafe: bool, rng):
     return custom, seeded, base, only, cache, lookup
 
 
+def _already_decoded(k: str, v) -> DecodeError:
+    return DecodeError(
+        f"field {k!r} is already decoded ({type(v).__name__}); use partial=True to allow this"
+    )
+
+
+def _handled(custom, seeded, base, sample, sample_rng, k: str, v):
+    """``(value or None, sample_rng)``: the first custom handler's value for field ``k``;
+    handlers that want one get the sample's generator (made on first use, from ``base`` and
+    the sample's ``__url__`` and ``__key__``)."""
+    for h, wants_rng in zip(custom, seeded):
+        if wants_rng:
+            if sample_rng is None:
+                sample_rng = random.Random(
+                    f"{base}/{sample.get('__url__')}/{sample.get('__key__')}"
+                )
+            value = h(k, v, rng=sample_rng)
+        else:
+            value = h(k, v)
+        if value is not None:
+            return value, sample_rng
+    return None, sample_rng
+
+
 def decode(
     samples: Iterable[dict],
     *handlers,
@@ -233,10 +257,7 @@ def decode(
                     if type(v) is not bytes and not isinstance(v, _BYTES_LIKE):
                         if partial:
                             continue
-                        raise DecodeError(
-                            f"field {k!r} is already decoded "
-                            f"({type(v).__name__}); use partial=True to allow this"
-                        )
+                        raise _already_decoded(k, v)
                     if dec is not None:
                         out[k] = dec(v)
                 yield out
@@ -253,22 +274,10 @@ def decode(
                     if partial:
                         out[k] = v
                         continue
-                    raise DecodeError(
-                        f"field {k!r} is already decoded "
-                        f"({type(v).__name__}); use partial=True to allow this"
-                    )
-                for h, wants_rng in zip(custom, seeded):
-                    if wants_rng:
-                        if sample_rng is None:
-                            sample_rng = random.Random(
-                                f"{base}/{sample.get('__url__')}/{sample.get('__key__')}"
-                            )
-                        value = h(k, v, rng=sample_rng)
-                    else:
-                        value = h(k, v)
-                    if value is not None:
-                        out[k] = value
-                        break
+                    raise _already_decoded(k, v)
+                value, sample_rng = _handled(custom, seeded, base, sample, sample_rng, k, v)
+                if value is not None:
+                    out[k] = value
                 else:
                     dec = cache[k] if k in cache else lookup(k)
                     out[k] = v if dec is None else dec(v)
@@ -473,26 +482,13 @@ def _decode_tuple(
                 if decoded:
                     if type(v) is not bytes and not isinstance(v, _BYTES_LIKE):
                         if not partial:
-                            raise DecodeError(
-                                f"field {k!r} is already decoded "
-                                f"({type(v).__name__}); use partial=True to allow this"
-                            )
+                            raise _already_decoded(k, v)
                     elif custom:
-                        for h, wants_rng in zip(custom, seeded):
-                            if wants_rng:
-                                if sample_rng is None:
-                                    sample_rng = random.Random(
-                                        f"{base}/{sample.get('__url__')}/{sample.get('__key__')}"
-                                    )
-                                value = h(k, v, rng=sample_rng)
-                            else:
-                                value = h(k, v)
-                            if value is not None:
-                                v = value
-                                break
-                        else:
-                            if dec is not None:
-                                v = dec(v)
+                        value, sample_rng = _handled(custom, seeded, base, sample, sample_rng, k, v)
+                        if value is not None:
+                            v = value
+                        elif dec is not None:
+                            v = dec(v)
                     elif dec is not None:
                         v = dec(v)
                 out.append(v)
