@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py src/tarshards/_speedups.c
+$(STAMP): pyproject.toml setup.py src/tarshards/_speedups.c src/tarshards/_jpeg.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install "torch==2.13.0"
@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml setup.py src/tarshards/_speedups.c
 	# otherwise try other torch releases (gigabytes of CUDA wheels)
 	$(PY) -m pip install -e ".[all,dev]" "torch==2.13.0"
 	$(PY) -c "import tarshards._speedups" || echo "note: the C accelerator did not build; using the pure Python reader"
+	$(PY) -c "import tarshards._jpeg" || echo "note: the C JPEG decoder did not build (needs libjpeg-turbo's headers: apt install libjpeg-dev); crops decode whole JPEGs"
 	touch $(STAMP)
 
 demo: $(STAMP)

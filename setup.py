@@ -10,5 +10,14 @@ setup(
             optional=True,
             extra_compile_args=["-O2"],
         ),
+        # JPEG decoding and cropped decoding over the system's libjpeg-turbo (Debian:
+        # libjpeg-dev); skipped where its headers are missing (simplejpeg and Pillow then decode)
+        Extension(
+            "tarshards._jpeg",
+            ["src/tarshards/_jpeg.c"],
+            optional=True,
+            libraries=["jpeg"],
+            extra_compile_args=["-O2"],
+        ),
     ],
 )

@@ -366,3 +366,34 @@ def test_batches_of_float_crops(crop_shard):
 
 def test_exported():
     assert tarshards.random_resized_crop is random_resized_crop
+
+
+# ---------------------------------------------------------------------------------------------
+# the C decoder's cropped decoding against the whole-image path
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        "rgb8",
+        pytest.param("torchrgb", marks=needs_torch),
+        pytest.param("torchrgb8", marks=needs_torch),
+    ],
+)
+@pytest.mark.parametrize("width,height,size", [(500, 375, (224, 224)), (1024, 768, (64, 80))])
+def test_cropped_decoding_is_the_whole_decode_cropped(monkeypatch, width, height, size, output):
+    pytest.importorskip("tarshards._jpeg", reason="the C JPEG decoder was not built")
+    import tarshards.crop as crop_module
+
+    data = jpeg_bytes(photo_like(width, height))
+    crop = random_resized_crop(size, output=output)
+    cropped = [crop("jpg", data, rng=random.Random(s)) for s in range(10)]
+    monkeypatch.setattr(crop_module, "_cjpeg", lambda: None)  # simplejpeg, the whole image
+    whole = [crop("jpg", data, rng=random.Random(s)) for s in range(10)]
+    for a, b in zip(cropped, whole):
+        a, b = np.asarray(a), np.asarray(b)
+        if output.startswith("torch"):
+            np.testing.assert_array_equal(a, b)  # the same pixels, the same resize
+        else:  # Pillow's filter near the box edges: the decoded margin is enough
+            assert np.abs(a.astype(int) - b.astype(int)).max() <= 1

@@ -20,7 +20,13 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "tarshards"
 # Lowest first. A module may import modules of its own layer and of the layers below it.
 # A name stands for the module and, with a package, everything in it ("tario" covers tario/*).
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "types", "_lazy", "_speedups"),  # the bottom: no tarshards imports but these
+    (
+        "errors",
+        "types",
+        "_lazy",
+        "_speedups",
+        "_jpeg",
+    ),  # the bottom: no tarshards imports but these
     ("format", "on_error", "tenbin"),  # naming rules, parse_size; the error policy
     ("compression", "hashing"),  # one table of compressions; content hashes
     ("codecs", "crop"),  # the codec registry; image crops
@@ -109,7 +115,7 @@ def _exists(module: str) -> bool:
     return (
         (SRC / rel).with_suffix(".py").exists()
         or (SRC / rel / "__init__.py").exists()
-        or module == "tarshards._speedups"
+        or module in ("tarshards._speedups", "tarshards._jpeg")
     )
 
 

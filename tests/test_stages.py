@@ -189,3 +189,143 @@ def test_take_and_slice():
 def test_batched_rejects_bad_size():
     with pytest.raises(ValueError):
         list(stages.batched([1], 0))
+
+
+# ---------------------------------------------------------------------------------------------
+# decode + to_tuple in one pass (what pipelines run for .decode(...).to_tuple(...))
+# ---------------------------------------------------------------------------------------------
+
+
+def _mixed_samples():
+    import io
+
+    from PIL import Image
+
+    def png(v):
+        buf = io.BytesIO()
+        Image.fromarray(np.full((4, 5, 3), v, np.uint8)).save(buf, "PNG")
+        return buf.getvalue()
+
+    out = []
+    for i in range(8):
+        s = {"__key__": f"k{i}", "__url__": "mem", "cls": str(i).encode(), "json": b'{"a": %d}' % i}
+        s["png" if i % 3 else "jpg.png"] = png(i)  # "jpg.png" decodes as png too
+        if i % 4 == 0:
+            s["txt"] = b"hello"
+        out.append(s)
+    return out
+
+
+def _same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert len(x) == len(y)
+        for u, v in zip(x, y):
+            if isinstance(u, np.ndarray):
+                np.testing.assert_array_equal(u, v)
+            else:
+                assert u == v
+
+
+@pytest.mark.parametrize(
+    "fields,kw",
+    [
+        (("png;jpg.png", "cls"), {}),
+        (("__key__", "json", "cls"), {}),
+        (("png;jpg.png txt",), {"missing_is_error": False}),
+        (("cls", "txt"), {"missing_is_error": False}),
+    ],
+)
+@pytest.mark.parametrize("mode", ["rgb8", "l8", None])
+def test_fused_decode_tuple_is_decode_then_to_tuple(fields, kw, mode):
+    handlers = (mode,) if mode else ()
+    want = list(stages.to_tuple(stages.decode(_mixed_samples(), *handlers), *fields, **kw))
+    got = list(stages._decode_tuple(_mixed_samples(), fields, *handlers, **kw))
+    _same(got, want)
+
+
+def test_fused_decode_tuple_errors_as_the_two_stages():
+    samples = _mixed_samples()
+    samples[2]["cls"] = b"not a number"
+    del samples[5]["cls"]
+    for policy in ("skip", "raise"):
+
+        def run(fused, policy=policy):
+            if fused:
+                return list(stages._decode_tuple(samples, ("cls", "json"), on_error=policy))
+            return list(
+                stages.to_tuple(
+                    stages.decode(samples, on_error=policy), "cls", "json", on_error=policy
+                )
+            )
+
+        if policy == "skip":
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                assert run(True) == run(False) == [(i, {"a": i}) for i in (0, 1, 3, 4, 6, 7)]
+        else:
+            with pytest.raises(DecodeError) as fused:
+                run(True)
+            with pytest.raises(DecodeError) as plain:
+                run(False)
+            assert str(fused.value) == str(plain.value) and "k2.cls" in str(fused.value)
+    samples = _mixed_samples()
+    del samples[5]["cls"]
+    from tarshards.errors import MissingFieldError
+
+    with pytest.raises(MissingFieldError, match="k5"):
+        list(stages._decode_tuple(samples, ("cls",)))
+    # already decoded fields: an error unless partial=True, as decode says
+    samples = _mixed_samples()
+    samples[1]["cls"] = 1
+    with pytest.raises(DecodeError, match="already decoded"):
+        list(stages._decode_tuple(samples, ("cls",)))
+    assert [c for (c,) in stages._decode_tuple(samples, ("cls",), partial=True)] == list(range(8))
+
+
+def test_fused_decode_tuple_runs_handlers_with_the_same_generators():
+    seen = {}
+
+    def draw(key, data, rng):
+        return (key, rng.random())
+
+    draw.wants_rng = True
+
+    def run(fused):
+        handlers = (draw, "rgb8")
+        if fused:
+            it = stages._decode_tuple(
+                _mixed_samples(), ("cls", "json"), *handlers, rng=random.Random(5)
+            )
+        else:
+            it = stages.to_tuple(
+                stages.decode(
+                    _mixed_samples(), *handlers, only=["cls", "json"], rng=random.Random(5)
+                ),
+                "cls",
+                "json",
+            )
+        return list(it)
+
+    seen["fused"], seen["plain"] = run(True), run(False)
+    assert seen["fused"] == seen["plain"]
+    assert seen["fused"][0][0][0] == "cls" and seen["fused"][0][0] != seen["fused"][1][0]
+
+
+def test_pipelines_fuse_decode_and_to_tuple(tmp_path):
+    from tarshards import TarWriter, WebDataset
+
+    path = str(tmp_path / "s.tar")
+    with TarWriter(path) as w:
+        for s in _mixed_samples():
+            w.write(s)
+    ds = WebDataset(path).decode("rgb8").to_tuple("png;jpg.png", "cls", "__key__")
+    want = list(
+        stages.to_tuple(stages.decode(WebDataset(path), "rgb8"), "png;jpg.png", "cls", "__key__")
+    )
+    _same(list(ds), want)
+    # with a policy of its own, to_tuple is not fused: the same values still
+    ds2 = (
+        WebDataset(path).decode("rgb8").to_tuple("png;jpg.png", "cls", "__key__", on_error="raise")
+    )
+    _same(list(ds2), want)

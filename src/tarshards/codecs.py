@@ -20,6 +20,7 @@ import importlib
 import io
 import json
 import pickle
+import types
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -340,6 +341,17 @@ def _array_kind(kind: str, mode: str) -> ArrayKind:
 
 
 @functools.cache
+def _cjpeg():
+    """The optional C decoder over the system's libjpeg-turbo (``tarshards._jpeg``), or
+    ``None`` where it was not built: it decodes a crop's rows and columns only."""
+    try:
+        from ._jpeg import decode, header
+    except ImportError:
+        return None
+    return types.SimpleNamespace(decode=decode, header=header)
+
+
+@functools.cache
 def _simplejpeg():
     try:
         import simplejpeg
@@ -400,6 +412,18 @@ def _image_array(
                 pass  # unusual JPEGs (CMYK, broken markers): let Pillow have a go
     img = _pil_open(data, ext, pil_mode, size if exact else None)
     return np.array(img)  # writable (asarray over PIL bytes is read-only)
+
+
+def _image_array_plain(data, ext, *, decode_jpeg, pil_mode) -> np.ndarray:
+    """:func:`_image_array` at the image's own size, RGB or L, simplejpeg installed."""
+    if ext in _JPEG:
+        try:
+            arr = decode_jpeg(data, "RGB" if pil_mode == "RGB" else "GRAY", False, False)
+        except (ValueError, RuntimeError):
+            pass  # unusual JPEGs (CMYK, broken markers): let Pillow have a go
+        else:
+            return arr if pil_mode == "RGB" else arr[:, :, 0]
+    return _image_array(data, ext, pil_mode, None)
 
 
 # components of plain JPEGs that simplejpeg decodes exactly as Pillow does -> (simplejpeg, PIL)
@@ -534,6 +558,21 @@ def _rgbx_image_mapper() -> Callable[[Any], Any] | None:
     return wrap if ok else None
 
 
+def _pil_plain(data: bytes, ext: str, *, decode_jpeg, wrap, memo: _HeaderMemo, pil_mode):
+    """:func:`_pil_open` at the image's own size for ``pil``/``pilrgb``, simplejpeg installed:
+    an RGB JPEG straight into an image over the decoded RGBX buffer."""
+    if ext in _JPEG and memo.components(data) == 3:
+        try:
+            arr = decode_jpeg(data, "RGBX", False, False)
+        except (ValueError, RuntimeError):
+            pass  # Pillow has a go
+        else:
+            img = wrap(arr)
+            img.format = "JPEG"
+            return img
+    return _pil_open(data, ext, pil_mode, None, memo)
+
+
 def _pil_open(data: bytes, ext: str, pil_mode: str | None, size, memo: _HeaderMemo | None = None):
     if ext in _JPEG:
         img = _pil_jpeg_fast(data, pil_mode, size, memo)
@@ -567,8 +606,23 @@ def image_decoder(mode: str, size=None) -> Callable[[bytes, str], Any]:
         size = (int(size[0]), int(size[1]))
     # partials (not lambdas): field_decoder binds ``ext`` into the same partial, one call less
     if kind == "pil":
+        sj = _simplejpeg() if size is None and pil_mode in (None, "RGB") else None
+        wrap = _rgbx_image_mapper() if sj is not None else None
+        if sj is not None and wrap is not None:  # the common case in as few steps as possible
+            return functools.partial(
+                _pil_plain,
+                decode_jpeg=sj.decode_jpeg,
+                wrap=wrap,
+                memo=_HeaderMemo(),
+                pil_mode=pil_mode,
+            )
         return functools.partial(_pil_open, pil_mode=pil_mode, size=size, memo=_HeaderMemo())
     if kind == "uint8":
+        sj = _simplejpeg() if size is None and pil_mode in ("RGB", "L") else None
+        if sj is not None:  # the common case in as few Python steps as possible
+            return functools.partial(
+                _image_array_plain, decode_jpeg=sj.decode_jpeg, pil_mode=pil_mode
+            )
         return functools.partial(_image_array, pil_mode=pil_mode, size=size)
     if kind == "float":
 
@@ -582,9 +636,18 @@ def image_decoder(mode: str, size=None) -> Callable[[bytes, str], Any]:
     # with a converter that resizes: decode at a reduced JPEG scale, let it resize (faster
     # than PIL for torch)
     resize = size is not None and found.resizes
+    sj = _simplejpeg() if size is None and pil_mode in ("RGB", "L") else None
+    if sj is not None:
+        return functools.partial(
+            _converted_plain, convert=found.convert, decode_jpeg=sj.decode_jpeg, pil_mode=pil_mode
+        )
     return functools.partial(
         _converted_image, convert=found.convert, pil_mode=pil_mode, size=size, resize=resize
     )
+
+
+def _converted_plain(data: bytes, ext: str, *, convert, decode_jpeg, pil_mode):
+    return convert(_image_array_plain(data, ext, decode_jpeg=decode_jpeg, pil_mode=pil_mode), None)
 
 
 def _converted_image(data: bytes, ext: str, *, convert, pil_mode: str | None, size, resize: bool):
@@ -694,6 +757,8 @@ def field_decoder(
     if not codec.safe and not allow_unsafe:
         return _refuse(ext)
     dec = codec.decode
+    if dec is _dec_int:
+        return int  # what _dec_int does, one call less per sample
     return lambda data: dec(data, last)
 
 

@@ -400,17 +400,27 @@ class DataPipeline:
     def _run_stages(self, data, stages, ctx: dict, rng_tag: tuple, first: int = 0):
         """Apply ``stages`` (numbered from ``first``) to ``data``; stages that take an ``rng``
         get one seeded from ``rng_tag``, the stage's number, seed, epoch, rank and worker."""
+        fused = None
         for n, st in enumerate(stages):
             i = first + n
+            if n == fused:
+                continue  # the to_tuple of a fused decode
             kwargs = st.kwargs
+            fn, args = st.fn, st.args
             if (
-                st.fn is _stages.decode
-                and "only" not in kwargs
+                fn is _stages.decode
                 and n + 1 < len(stages)
                 and stages[n + 1].fn is _stages.to_tuple
             ):
-                # to_tuple keeps only the fields it names: decoding the others is wasted work
-                kwargs = dict(kwargs, only=_tuple_fields(stages[n + 1].args))
+                tup = stages[n + 1]
+                if st.wants_policy and tup.wants_policy and set(tup.kwargs) <= {"missing_is_error"}:
+                    # decode and to_tuple in one pass (stages._decode_tuple): same values
+                    fused = n + 1
+                    fn, args = _stages._decode_tuple, (tup.args, *st.args)
+                    kwargs = dict(kwargs, **tup.kwargs)
+                elif "only" not in kwargs:
+                    # to_tuple keeps only the fields it names: decoding the others is wasted work
+                    kwargs = dict(kwargs, only=_tuple_fields(tup.args))
             if st.wants_rng or st.wants_policy or st.wants_handler or st.wants_place:
                 kwargs = dict(kwargs)
                 for name in st.wants_place:
@@ -424,7 +434,7 @@ class DataPipeline:
                     kwargs["on_error"] = self.on_error
                 if st.wants_handler:
                     kwargs["handler"] = self.on_error
-            data = st.fn(data, *st.args, **kwargs)
+            data = fn(data, *args, **kwargs)
         return data
 
     # ---- state -------------------------------------------------------------------------------

@@ -1,0 +1,288 @@
+/* Optional JPEG decoder over the system's libjpeg-turbo (its libjpeg API).
+ *
+ * header(data) -> (width, height, components, color_space) | None
+ * decode(data, channels, denom, fast, x0, y0, x1, y1) -> (pixels, width, height, x0) | None
+ *
+ * decode: ``channels`` 1 (grey), 3 (RGB) or 4 (RGBX: RGB padded to 4 bytes, Pillow's layout);
+ * the image scaled by 1/``denom`` (1, 2, 4 or 8, libjpeg-turbo's SIMD scales); with x1 > 0 only
+ * the rows y0..y1 and the columns x0..x1 (of the scaled image) are decoded: the columns widen to
+ * the iMCU boundaries libjpeg-turbo can crop at, and one more column each side (the returned
+ * x0 and width say where; the columns x0..x1 asked for are those of a full decode), the rows
+ * above are skipped without their inverse DCT, the rows below are not read at all.
+ * ``pixels`` is a bytearray of height x width x channels.
+ *
+ * Both return None at anything unusual (a libjpeg error *or warning*, CMYK, a colour space it
+ * does not convert, arguments out of range) and the Python code (simplejpeg, then Pillow) takes
+ * over, so this module decides nothing about errors: tarshards.codecs stays the definition.
+ *
+ * Decompressors are kept between calls (a few slots, taken under the GIL, used without it), so a
+ * small image does not pay for creating and destroying one.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <jpeglib.h>
+
+#if !defined(LIBJPEG_TURBO_VERSION_NUMBER) || LIBJPEG_TURBO_VERSION_NUMBER < 1005000
+#error "tarshards._jpeg needs libjpeg-turbo >= 1.5 (jpeg_crop_scanline, jpeg_skip_scanlines)"
+#endif
+
+typedef struct {
+    struct jpeg_error_mgr pub;
+    jmp_buf jump;
+} error_mgr;
+
+typedef struct {
+    struct jpeg_decompress_struct d;
+    error_mgr err;
+    int ready;
+    int busy;
+} slot_t;
+
+#define NSLOTS 4
+static slot_t slots[NSLOTS];
+
+static void
+on_error(j_common_ptr c)
+{
+    longjmp(((error_mgr *)c->err)->jump, 1);
+}
+
+static void
+on_message(j_common_ptr c, int level)
+{
+    if (level < 0) /* a warning (corrupt data...): strict, let the Python path decide */
+        longjmp(((error_mgr *)c->err)->jump, 1);
+}
+
+static void
+on_output(j_common_ptr c)
+{
+    (void)c;
+}
+
+static int
+init_slot(slot_t *s)
+{
+    s->d.err = jpeg_std_error(&s->err.pub);
+    s->err.pub.error_exit = on_error;
+    s->err.pub.emit_message = on_message;
+    s->err.pub.output_message = on_output;
+    if (setjmp(s->err.jump))
+        return 0;
+    jpeg_create_decompress(&s->d);
+    s->ready = 1;
+    return 1;
+}
+
+/* a free slot (GIL held): a kept one, or, when all are in use by other threads, one made for
+ * this call (freed by give_slot); NULL when none could be made */
+static slot_t *
+take_slot(void)
+{
+    for (int i = 0; i < NSLOTS; i++) {
+        slot_t *s = &slots[i];
+        if (s->busy)
+            continue;
+        if (!s->ready && !init_slot(s))
+            return NULL;
+        s->busy = 1;
+        return s;
+    }
+    slot_t *s = (slot_t *)PyMem_RawCalloc(1, sizeof(slot_t));
+    if (s == NULL)
+        return NULL;
+    if (!init_slot(s)) {
+        PyMem_RawFree(s);
+        return NULL;
+    }
+    s->busy = 2; /* made for this call */
+    return s;
+}
+
+static void
+give_slot(slot_t *s)
+{
+    if (s->busy == 2) {
+        jpeg_destroy_decompress(&s->d);
+        PyMem_RawFree(s);
+        return;
+    }
+    jpeg_abort_decompress(&s->d);
+    s->busy = 0;
+}
+
+static PyObject *
+jpeg_header(PyObject *self, PyObject *arg)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    slot_t *s = take_slot();
+    if (s == NULL) {
+        PyBuffer_Release(&view);
+        Py_RETURN_NONE;
+    }
+    volatile int ok = 0;
+    volatile JDIMENSION w = 0, h = 0;
+    volatile int comps = 0, space = 0;
+    if (setjmp(s->err.jump) == 0 && view.len > 0) {
+        jpeg_mem_src(&s->d, (const unsigned char *)view.buf, (unsigned long)view.len);
+        jpeg_read_header(&s->d, TRUE);
+        w = s->d.image_width;
+        h = s->d.image_height;
+        comps = s->d.num_components;
+        space = (int)s->d.jpeg_color_space;
+        ok = 1;
+    }
+    give_slot(s);
+    PyBuffer_Release(&view);
+    if (!ok)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(IIii)", (unsigned)w, (unsigned)h, comps, space);
+}
+
+static PyObject *
+jpeg_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "decode takes 8 arguments");
+        return NULL;
+    }
+    long channels = PyLong_AsLong(args[1]);
+    long denom = PyLong_AsLong(args[2]);
+    int fast = PyObject_IsTrue(args[3]);
+    long x0 = PyLong_AsLong(args[4]), y0 = PyLong_AsLong(args[5]);
+    long x1 = PyLong_AsLong(args[6]), y1 = PyLong_AsLong(args[7]);
+    if (PyErr_Occurred())
+        return NULL;
+    J_COLOR_SPACE out_space;
+    if (channels == 1)
+        out_space = JCS_GRAYSCALE;
+    else if (channels == 3)
+        out_space = JCS_RGB;
+    else if (channels == 4)
+        out_space = JCS_EXT_RGBX;
+    else
+        Py_RETURN_NONE;
+    if (denom != 1 && denom != 2 && denom != 4 && denom != 8)
+        Py_RETURN_NONE;
+
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    slot_t *s = take_slot();
+    if (s == NULL || view.len == 0) {
+        if (s != NULL)
+            give_slot(s);
+        PyBuffer_Release(&view);
+        Py_RETURN_NONE;
+    }
+    struct jpeg_decompress_struct *d = &s->d;
+    /* volatile: kept across the longjmp of a libjpeg error */
+    PyObject *volatile out = NULL;
+    volatile JDIMENSION xoff = 0, width = 0, rows = 0;
+    volatile int failed = 0;
+    PyThreadState *volatile ts = PyEval_SaveThread();
+    if (setjmp(s->err.jump)) {
+        failed = 1;
+        goto done;
+    }
+    jpeg_mem_src(d, (const unsigned char *)view.buf, (unsigned long)view.len);
+    jpeg_read_header(d, TRUE);
+    if (d->jpeg_color_space != JCS_YCbCr && d->jpeg_color_space != JCS_GRAYSCALE &&
+        d->jpeg_color_space != JCS_RGB) {
+        failed = 1; /* CMYK, YCCK, unknown: not ours */
+        goto done;
+    }
+    d->out_color_space = out_space;
+    d->scale_num = 1;
+    d->scale_denom = (unsigned int)denom;
+    d->dct_method = fast ? JDCT_IFAST : JDCT_ISLOW;
+    d->do_fancy_upsampling = fast ? FALSE : TRUE;
+    jpeg_start_decompress(d);
+    JDIMENSION ow = d->output_width, oh = d->output_height;
+    JDIMENSION top = 0, bottom = oh; /* not used after a longjmp */
+    if (x1 > 0) {
+        if (x0 < 0 || y0 < 0 || x1 <= x0 || y1 <= y0 || (unsigned long)x1 > ow ||
+            (unsigned long)y1 > oh) {
+            failed = 1;
+            goto done;
+        }
+        top = (JDIMENSION)y0;
+        bottom = (JDIMENSION)y1;
+        if (x0 > 0 || (JDIMENSION)x1 < ow) {
+            /* one column more each side: the edge columns of a cropped decode are upsampled
+             * without their neighbours' chroma, so they differ from a full decode; the
+             * columns asked for then match it */
+            JDIMENSION lo = x0 > 0 ? (JDIMENSION)x0 - 1 : 0;
+            JDIMENSION hi = (JDIMENSION)x1 < ow ? (JDIMENSION)x1 + 1 : ow;
+            JDIMENSION cx = lo, cw = hi - lo;
+            jpeg_crop_scanline(d, &cx, &cw);
+            xoff = cx;
+        }
+    }
+    width = d->output_width;
+    rows = bottom - top;
+    PyEval_RestoreThread(ts);
+    out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)rows * width * channels);
+    ts = PyEval_SaveThread();
+    if (out == NULL) {
+        failed = 1;
+        goto done;
+    }
+    {
+        unsigned char *px = (unsigned char *)PyByteArray_AS_STRING(out);
+        size_t stride = (size_t)width * channels;
+        if (top > 0 && jpeg_skip_scanlines(d, top) != top) {
+            failed = 1;
+            goto done;
+        }
+        while (d->output_scanline < bottom) {
+            JSAMPROW ptrs[16];
+            JDIMENSION n = bottom - d->output_scanline;
+            if (n > 16)
+                n = 16;
+            for (JDIMENSION i = 0; i < n; i++)
+                ptrs[i] = px + (size_t)(d->output_scanline - top + i) * stride;
+            if (jpeg_read_scanlines(d, ptrs, n) == 0) {
+                failed = 1;
+                goto done;
+            }
+        }
+    }
+done:
+    PyEval_RestoreThread(ts);
+    give_slot(s);
+    PyBuffer_Release(&view);
+    if (failed) {
+        if (out == NULL && PyErr_Occurred())
+            return NULL; /* out of memory */
+        Py_XDECREF(out);
+        Py_RETURN_NONE;
+    }
+    PyObject *res = Py_BuildValue("(NIII)", out, (unsigned)width, (unsigned)rows, (unsigned)xoff);
+    return res;
+}
+
+static PyMethodDef methods[] = {
+    {"header", (PyCFunction)jpeg_header, METH_O,
+     "header(data) -> (width, height, components, color_space) or None"},
+    {"decode", (PyCFunction)(void (*)(void))jpeg_decode, METH_FASTCALL,
+     "decode(data, channels, denom, fast, x0, y0, x1, y1) -> (pixels, width, height, x0) or None"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "tarshards._jpeg", "JPEG decoding over libjpeg-turbo (optional)", -1,
+    methods,
+};
+
+PyMODINIT_FUNC
+PyInit__jpeg(void)
+{
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,120 @@
+"""The optional C JPEG decoder (``tarshards._jpeg``, over the system's libjpeg-turbo): a region of
+the image decoded alone is the same pixels as that region of a full decode, at every DCT scale,
+for the subsamplings and kinds of JPEG seen in datasets; anything unusual is declined (None)."""
+
+from __future__ import annotations
+
+import io
+import random
+
+import numpy as np
+import pytest
+from PIL import Image, ImageFilter
+
+_jpeg = pytest.importorskip("tarshards._jpeg", reason="the C JPEG decoder was not built")
+simplejpeg = pytest.importorskip("simplejpeg")
+
+
+def jpeg(width, height, seed=0, mode="RGB", **save) -> bytes:
+    gen = np.random.default_rng(seed)
+    arr = (gen.random((height, width, 3)) * 255).astype(np.uint8)
+    img = Image.fromarray(arr).filter(ImageFilter.GaussianBlur(2)).convert(mode)
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", **save)
+    return buf.getvalue()
+
+
+KINDS = {
+    "420": jpeg(500, 375, quality=90),
+    "444 odd size": jpeg(333, 257, quality=80, subsampling=0),
+    "422 odd size": jpeg(301, 199, subsampling=1),
+    "progressive": jpeg(640, 480, progressive=True),
+    "grey": jpeg(257, 300, mode="L"),
+    "tiny": jpeg(23, 17, subsampling=2),
+}
+
+
+def pixels(got, channels=3) -> np.ndarray:
+    buf, w, h, _x0 = got
+    return np.frombuffer(buf, np.uint8).reshape(h, w, channels)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_whole_image_is_simplejpegs_decode(kind):
+    data = KINDS[kind]
+    w, h, comps, _space = _jpeg.header(data)
+    assert (h, w) == simplejpeg.decode_jpeg_header(data)[:2]
+    assert comps == (1 if kind == "grey" else 3)
+    for denom in (1, 2, 4, 8):
+        ref = simplejpeg.decode_jpeg(
+            data, "RGB", min_width=-(-w // denom), min_height=-(-h // denom)
+        )
+        got = _jpeg.decode(data, 3, denom, False, 0, 0, 0, 0)
+        assert got[3] == 0
+        np.testing.assert_array_equal(pixels(got), ref)
+    grey = simplejpeg.decode_jpeg(data, "GRAY")
+    np.testing.assert_array_equal(pixels(_jpeg.decode(data, 1, 1, False, 0, 0, 0, 0), 1), grey)
+    rgbx = pixels(_jpeg.decode(data, 4, 1, False, 0, 0, 0, 0), 4)
+    np.testing.assert_array_equal(rgbx[..., :3], simplejpeg.decode_jpeg(data, "RGB"))
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_region_is_that_region_of_a_full_decode(kind):
+    data = KINDS[kind]
+    width, height = _jpeg.header(data)[:2]
+    rng = random.Random(kind)
+    for denom in (1, 2, 4, 8):
+        full = simplejpeg.decode_jpeg(
+            data, "RGB", min_width=-(-width // denom), min_height=-(-height // denom)
+        )
+        sh, sw = full.shape[:2]
+        boxes = [(0, 0, sw, sh), (0, 0, 1, 1), (sw - 1, sh - 1, sw, sh)]
+        boxes += [
+            (x0, y0, rng.randrange(x0 + 1, sw + 1), rng.randrange(y0 + 1, sh + 1))
+            for x0, y0 in ((rng.randrange(sw), rng.randrange(sh)) for _ in range(25))
+        ]
+        for x0, y0, x1, y1 in boxes:
+            got = _jpeg.decode(data, 3, denom, False, x0, y0, x1, y1)
+            x = got[3]
+            arr = pixels(got)
+            # the decoded columns cover the asked ones; the rows are exactly those asked
+            assert x <= x0 and x + arr.shape[1] >= x1 and arr.shape[0] == y1 - y0
+            np.testing.assert_array_equal(arr[:, x0 - x : x1 - x], full[y0:y1, x0:x1])
+
+
+def test_fast_mode_is_close():
+    data = KINDS["420"]
+    exact = pixels(_jpeg.decode(data, 3, 1, False, 0, 0, 0, 0)).astype(int)
+    fast = pixels(_jpeg.decode(data, 3, 1, True, 0, 0, 0, 0)).astype(int)
+    assert fast.shape == exact.shape
+    assert np.abs(fast - exact).mean() < 2.0
+
+
+def test_what_it_declines():
+    data = KINDS["420"]
+    cmyk = jpeg(64, 48, mode="CMYK")
+    assert _jpeg.header(cmyk)[2] == 4
+    assert _jpeg.decode(cmyk, 3, 1, False, 0, 0, 0, 0) is None  # Pillow decides CMYK
+    assert _jpeg.decode(data[: len(data) // 2], 3, 1, False, 0, 0, 0, 0) is None  # truncated
+    assert _jpeg.decode(b"not a jpeg", 3, 1, False, 0, 0, 0, 0) is None
+    assert _jpeg.header(b"not a jpeg") is None
+    assert _jpeg.header(b"") is None
+    assert _jpeg.decode(data, 3, 3, False, 0, 0, 0, 0) is None  # not a SIMD scale
+    assert _jpeg.decode(data, 2, 1, False, 0, 0, 0, 0) is None  # no 2-channel output
+    assert _jpeg.decode(data, 3, 1, False, 10, 10, 10, 20) is None  # empty box
+    assert _jpeg.decode(data, 3, 1, False, 0, 0, 501, 10) is None  # outside the image
+    # and after all that, the kept decompressors still work
+    np.testing.assert_array_equal(
+        pixels(_jpeg.decode(data, 3, 1, False, 0, 0, 0, 0)), simplejpeg.decode_jpeg(data)
+    )
+
+
+def test_threads_share_the_decoder():
+    from concurrent.futures import ThreadPoolExecutor
+
+    data = KINDS["progressive"]
+    ref = simplejpeg.decode_jpeg(data)
+    with ThreadPoolExecutor(8) as pool:  # more threads than kept decompressors
+        outs = list(pool.map(lambda _: _jpeg.decode(data, 3, 1, False, 0, 0, 0, 0), range(32)))
+    for got in outs:
+        np.testing.assert_array_equal(pixels(got), ref)
