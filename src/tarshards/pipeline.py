@@ -13,7 +13,6 @@ with what it discovered at the top.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import inspect
@@ -1048,9 +1047,13 @@ class PlannedProgram:
         raise NotImplementedError
 
 
-def feed_batches(stream: ReaderStream, batches: list[int], size: int, bufsize: int):
+def feed_batches(stream: ReaderStream, batches: list[int], size: int, bufsize: int) -> Iterator:
     """The raw samples of batches ``batches`` (``size`` samples each) of one reader stream,
-    seeking over gaps (or reading through small ones)."""
+    seeking over gaps (or reading through small ones): one list per batch, flattened in C."""
+    return itertools.chain.from_iterable(_batch_lists(stream, batches, size, bufsize))
+
+
+def _batch_lists(stream: ReaderStream, batches: list[int], size: int, bufsize: int):
     try:
         for j in batches:
             p = j * size
@@ -1060,7 +1063,7 @@ def feed_batches(stream: ReaderStream, batches: list[int], size: int, bufsize: i
                     stream.seek(p)
                 else:
                     stream.skip(gap)
-            yield from stream.take(size)
+            yield stream.take(size)
     finally:
         stream.close()
 
@@ -1091,10 +1094,12 @@ class _SingleProgram(PlannedProgram):
         stream = self._stream(0)
 
         def raw():
-            with contextlib.closing(stream._read_from(0)) as samples:
-                for sample in itertools.islice(samples, B):
+            try:
+                for sample in itertools.islice(stream._read_from(0), B):
                     sample["__pad__"] = True
                     yield sample
+            finally:
+                stream.close()
 
         data = ds._run_stages(raw(), self.pre, it.ctx, ("pad",))
         return iter(ds._run_stages(data, [self.bstage], it.ctx, ("pad",)))
