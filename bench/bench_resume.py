@@ -6,16 +6,21 @@ of the planned (resumable) pipeline on the raw and decode rows, side by side in 
 
 Rows:
 
-1. ``fresh``: a planned pipeline (``readers=12``, ``.shuffle(1000)``, ``.batched(64)``), from
-   ``iter()`` to its first batch.
+1. ``fresh``: a planned pipeline (``readers=12``, ``.shuffle(1000)``, ``.batched(64)``; the
+   shard table given, as a manifest gives it), from construction to its first batch.
 2. ``resume@10%/50%/90%``: a new pipeline, ``load_state_dict`` of a state saved at that point of
    the epoch, to its first batch (the shuffle buffers are replayed on positions and refilled by
-   seeking to the samples' offsets; nothing before the position is read).
+   seeking to the samples' offsets; nothing before the position is read), checked against the
+   uninterrupted run's batch (``NOT EXACT`` otherwise).
 3. ``state``: the state's size (JSON bytes).
-4. ``raw`` / ``decode``: samples/s over a whole epoch, plain pipeline (shard split) vs planned
-   pipeline (same stages), best of ``--repeat``.
+4. MosaicML Streaming (``--peer-python``, default ``bench/.venv``; the samples converted once to
+   MDS as bench/bench_index.py does): ``StreamingDataset(shuffle=True, batch_size=64)`` through
+   ``StreamingDataLoader``; a loader run to step k gives ``state_dict()``; a new dataset and
+   loader, ``load_state_dict``, first batch, checked against step k of an uninterrupted run.
+   Its times include opening its index (ours are given the shard table).
+5. ``raw`` / ``decode``: samples per CPU second over a whole epoch, plain pipeline (shard
+   split) vs planned pipeline (same stages), taken in turn, best of ``--repeat``.
 
-MosaicML Streaming's resume is measured beside it when ``streaming`` imports (bench/.venv).
 Figures from a loaded machine are noisy; compare rows of one run only.
 """
 
@@ -24,68 +29,182 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
+import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-
-from common import make_dataset, warm_cache  # noqa: E402
-
-from tarshards.pipeline import WebDataset  # noqa: E402
-
-READERS, BATCH, BUF = 12, 64, 1000
+PEER_VENV = os.path.join(HERE, ".venv", "bin", "python")
+READERS, BATCH, BUF, SEED = 12, 64, 1000, 0
+FRACTIONS = (0.1, 0.5, 0.9)
 
 
-def planned(urls, table=None, decode=False):
-    ds = WebDataset(urls, shardshuffle=True, seed=0, readers=READERS)
+def planned(urls, table=None, decode=False, shuffle=BUF):
+    from tarshards.pipeline import WebDataset
+
+    ds = WebDataset(urls, shardshuffle=True, seed=SEED, readers=READERS)
     if table is not None:
         ds.set_table(table)
-    ds = ds.shuffle(BUF)
+    return _stages(ds, decode, shuffle)
+
+
+def plain(urls, decode=False, shuffle=BUF):
+    from tarshards.pipeline import WebDataset
+
+    return _stages(WebDataset(urls, shardshuffle=True, seed=SEED), decode, shuffle)
+
+
+def _stages(ds, decode, shuffle):
+    if shuffle:
+        ds = ds.shuffle(shuffle)
     if decode:
         ds = ds.decode("rgb8")
     return ds.to_tuple("jpg", "cls").batched(BATCH, collation_fn=list)
 
 
-def plain(urls, decode=False):
-    ds = WebDataset(urls, shardshuffle=True, seed=0).shuffle(BUF)
-    if decode:
-        ds = ds.decode("rgb8")
-    return ds.to_tuple("jpg", "cls").batched(BATCH, collation_fn=list)
+def batch_crc(batch) -> int:
+    return zlib.crc32(b"".join(jpg for jpg, _ in batch))
 
 
-def first_batch_time(make, state=None) -> float:
+def first_batch(make, state=None) -> tuple[float, int]:
+    """Seconds from making the pipeline (and loading ``state``) to its first batch, and that
+    batch's checksum."""
     t0 = time.perf_counter()
     ds = make()
     if state is not None:
         ds.load_state_dict(state)
-    next(iter(ds))
-    return time.perf_counter() - t0
+    batch = next(iter(ds))
+    return time.perf_counter() - t0, batch_crc(batch)
 
 
-def rate(make, repeat: int) -> float:
-    best = 0.0
+def rates(makes: dict, repeat: int) -> dict:
+    """Samples per CPU second of each pipeline over a whole epoch, best of ``repeat``, the
+    pipelines taken in turn in every round (CPU time: other processes on a loaded machine
+    change it less than wall time; these pipelines run in one thread)."""
+    best = dict.fromkeys(makes, 0.0)
     for _ in range(repeat):
-        ds = make()
-        t0 = time.perf_counter()
-        n = sum(len(b) for b in ds)
-        best = max(best, n / (time.perf_counter() - t0))
+        for name, make in makes.items():
+            ds = make()
+            t0 = time.process_time()
+            n = sum(len(b) for b in ds)
+            best[name] = max(best[name], n / (time.process_time() - t0))
     return best
 
 
-def mosaic_resume(urls) -> str:
+# ---------------------------------------------------------------------------------------------
+# MosaicML Streaming beside it (runs in bench/.venv: nothing of tarshards is imported there)
+# ---------------------------------------------------------------------------------------------
+
+
+def peer_streaming(job: dict) -> dict:
+    """MosaicML Streaming on the same samples (converted once to MDS): a ``StreamingDataset``
+    (shuffled, ``batch_size=BATCH``) through its ``StreamingDataLoader``; for each point of the
+    epoch, a loader run to step k gives ``state_dict()``, and a new dataset and loader are timed
+    from construction and ``load_state_dict`` to the first batch, which is checked against step
+    k of an uninterrupted run."""
+    import gc
+
+    import torch
+
+    lib = torch.library.Library("torchvision", "DEF")  # noqa: F841 - keep it alive
+    lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    lib.define("qnms(Tensor qdets, Tensor scores, float iou_threshold) -> Tensor")
+    import streaming
+    from streaming import StreamingDataLoader, StreamingDataset
+
+    from bench_index import _mds_dir
+
+    local = _mds_dir(job)
+    B = job["batch"]
+
+    def loader():
+        gc.collect()  # the previous dataset's shared memory goes first
+        streaming.base.util.clean_stale_shared_memory()
+        ds = StreamingDataset(local=local, batch_size=B, shuffle=True, shuffle_seed=job["seed"])
+        return StreamingDataLoader(ds, batch_size=B, num_workers=0, collate_fn=_mosaic_keys)
+
+    def first(state=None):
+        t0 = time.perf_counter()
+        dl = loader()
+        if state is not None:
+            dl.load_state_dict(state)
+        batch = next(iter(dl))
+        return time.perf_counter() - t0, batch
+
+    fresh = min(first()[0] for _ in range(3))
+    dl = loader()
+    epoch = list(iter(dl))  # the uninterrupted run's batches
+    steps = len(epoch)
+    del dl
+    rows = []
+    for frac in job["fractions"]:
+        k = int(steps * frac)
+        dl = loader()
+        it = iter(dl)
+        for _ in range(k):
+            next(it)
+        state = dl.state_dict()
+        del it, dl
+        times, same = [], True
+        for _ in range(3):
+            t, batch = first(state)
+            times.append(t)
+            same = same and batch == epoch[k]
+        rows.append({"frac": frac, "step": k, "seconds": min(times), "exact": same})
+    return {
+        "version": streaming.__version__,
+        "steps": steps,
+        "fresh": fresh,
+        "resume": rows,
+        "state_bytes": len(json.dumps(state)),
+    }
+
+
+def _mosaic_keys(samples):
+    """A batch as the crc32 of each sample's bytes (enough to compare with the uninterrupted
+    run), in a dict as StreamingDataLoader counts batches."""
+    return {"crc": [zlib.crc32(b"".join(s[k] for k in sorted(s))) for s in samples]}
+
+
+def run_peer(python: str, job: dict, timeout: float = 900) -> dict:
+    if not os.path.exists(python):
+        return {"error": f"not installed ({python} missing; see bench/bench_index.py)"}
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(job, f)
     try:
-        import streaming  # noqa: F401
-    except ImportError:
-        return "not installed (bench/.venv)"
-    return "installed, not wired up yet"
+        proc = subprocess.run(
+            [python, os.path.abspath(__file__), "--peer", f.name],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        )
+    finally:
+        os.unlink(f.name)
+    if proc.returncode:
+        lines = proc.stderr.strip().splitlines()
+        return {"error": lines[-1] if lines else f"exit {proc.returncode}"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--peer-python", default=PEER_VENV)
+    ap.add_argument("--no-peer", action="store_true", help="leave MosaicML Streaming out")
+    ap.add_argument("--peer", metavar="JOB", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.peer:
+        with open(args.peer) as f:
+            print(json.dumps(peer_streaming(json.load(f))))
+        return 0
+
+    from common import DATA, make_dataset, warm_cache
+
     urls = make_dataset("small", quick=args.quick)
     warm_cache(urls)
 
@@ -93,41 +212,80 @@ def main(argv=None) -> int:
     table = planned(urls).table
     scan = time.perf_counter() - t0
     make = lambda: planned(urls, table)  # noqa: E731
-    steps = make().steps_per_epoch(0, 1)
+    epoch = [batch_crc(b) for b in make()]  # the uninterrupted run
+    steps = len(epoch)
     rows = [("scan (counts + offsets, once; free with a manifest)", f"{scan * 1e3:.0f} ms")]
-    fresh = min(first_batch_time(make) for _ in range(3))
-    rows.append(("fresh: iter() to first batch", f"{fresh * 1e3:.1f} ms"))
+    fresh = min(first_batch(make)[0] for _ in range(3))
+    rows.append(("tarshards fresh: iter() to first batch", f"{fresh * 1e3:.1f} ms"))
     state_size = 0
-    for frac in (0.1, 0.5, 0.9):
+    for frac in FRACTIONS:
         k = int(steps * frac)
         state = make().state_from_step(k, world_size=1)
         state_size = len(json.dumps(state))
-        t = min(first_batch_time(make, state) for _ in range(3))
+        runs = [first_batch(make, state) for _ in range(3)]
+        t = min(r[0] for r in runs)
+        exact = all(r[1] == epoch[k] for r in runs)
         rows.append(
             (
-                f"resume@{int(frac * 100)}% (step {k} of {steps}): load to first batch",
-                f"{t * 1e3:.1f} ms ({t / fresh:.2f}x fresh)",
+                f"tarshards resume@{int(frac * 100)}% (step {k} of {steps}): load to 1st batch",
+                f"{t * 1e3:.1f} ms ({t / fresh:.2f}x fresh){'' if exact else ' NOT EXACT'}",
             )
         )
-    rows.append(("state size (JSON)", f"{state_size} bytes"))
-    for name, dec in (("raw", False), ("decode rgb8", True)):
-        a = rate(lambda dec=dec: plain(urls, decode=dec), args.repeat)
-        b = rate(lambda dec=dec: planned(urls, table, decode=dec), args.repeat)
+    rows.append(("tarshards state size (JSON)", f"{state_size} bytes"))
+    if not args.no_peer:
+        job = {
+            "urls": urls,
+            "batch": BATCH,
+            "seed": SEED,
+            "fractions": FRACTIONS,
+            "mds_dir": os.path.join(DATA, f"mds-small{'-quick' if args.quick else ''}"),
+        }
+        rows += mosaic_rows(run_peer(args.peer_python, job))
+    for name, dec, shuf in (
+        ("raw, no shuffle", False, 0),
+        (f"raw, shuffle({BUF})", False, BUF),
+        (f"decode rgb8, shuffle({BUF})", True, BUF),
+    ):
+        got = rates(
+            {
+                "plain": lambda dec=dec, shuf=shuf: plain(urls, decode=dec, shuffle=shuf),
+                "planned": lambda dec=dec, shuf=shuf: planned(urls, table, dec, shuf),
+            },
+            args.repeat,
+        )
+        a, b = got["plain"], got["planned"]
         rows.append(
             (
-                f"{name}: plain / planned samples/s",
+                f"{name}: plain / planned samples per CPU s",
                 f"{a:,.0f} / {b:,.0f} ({(b / a - 1) * 100:+.1f}%)",
             )
         )
-    rows.append(("MosaicML Streaming resume", mosaic_resume(urls)))
     n = sum(table.counts)
     print(
         f"# bench_resume: {len(urls)} shards, {n} samples, readers={READERS}, "
         f"batch={BATCH}, shuffle={BUF}"
     )
     for k, v in rows:
-        print(f"{k:62s} {v}")
+        print(f"{k:66s} {v}")
     return 0
+
+
+def mosaic_rows(peer: dict) -> list[tuple[str, str]]:
+    if "error" in peer:
+        return [("MosaicML Streaming resume", peer["error"])]
+    fresh = peer["fresh"]
+    name = f"streaming {peer['version']}"
+    rows = [(f"{name} fresh: loader to first batch", f"{fresh * 1e3:.1f} ms")]
+    for r in peer["resume"]:
+        rows.append(
+            (
+                f"{name} resume@{int(r['frac'] * 100)}% (step {r['step']} of {peer['steps']})",
+                f"{r['seconds'] * 1e3:.1f} ms ({r['seconds'] / fresh:.2f}x fresh)"
+                + ("" if r["exact"] else " NOT EXACT"),
+            )
+        )
+    rows.append((f"{name} state size (JSON)", f"{peer['state_bytes']} bytes"))
+    return rows
 
 
 if __name__ == "__main__":

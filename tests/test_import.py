@@ -67,9 +67,10 @@ NO_TORCH = "import sys\nsys.modules['torch'] = None  # `import torch` now fails 
 
 def test_star_import_without_torch():
     code = NO_TORCH + (
-        "from tarshards import *\nprint(WebDataset.__mro__[1].__module__, WebLoader.__name__)\n"
+        "from tarshards import *\n"
+        "print(WebDataset.__module__, WebDataset.__mro__[1].__module__, WebLoader.__name__)\n"
     )
-    assert run_python(code).split() == ["tarshards.pipeline", "WebLoader"]
+    assert run_python(code).split() == ["tarshards.pipeline", "tarshards.composition", "WebLoader"]
 
 
 def test_optional_torch_entries_say_what_to_install():

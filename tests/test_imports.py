@@ -35,9 +35,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("specs", "urls", "cache", "seek"),  # shard specs (list files and globs read through storage);
     # the old import paths of storage's names (shims: nothing in tarshards imports them)
     ("writer", "manifest", "index"),  # writing; the dataset's record and index
-    ("shards", "source"),  # shard lists, the epoch plan and its cursor
-    ("stages",),  # stages
-    ("pipeline",),  # composition, the fluent API
+    ("shards", "source", "reading"),  # shard lists, the epoch plan and its cursor; shard reading
+    ("stages", "planned"),  # stages; the planned iteration and its state
+    ("composition",),  # DataPipeline: a source and stages, the fluent methods
+    ("pipeline",),  # WebDataset (and the names of the modules above, re-exported)
     ("mixing", "indexed", "testing"),  # mixtures, random access, the resume check
     ("torch", "transport", "parallel", "compat", "benchmark"),  # adapters and engines
     ("cli",),  # the command line

@@ -356,6 +356,8 @@ class Schedule:
 
 
 _END = object()
+CHUNK_BYTES = 1 << 17  # a reader's read size: a dozen readers' buffers stay in the CPU caches
+_LIST_SAMPLES = 64  # samples handed on in one list
 
 
 class ShuffleCore:
@@ -437,6 +439,13 @@ class ReaderStream:
     ``seek(p)`` positions it at output ``p`` (0 <= p <= q B): without a shuffle buffer it opens
     the segment at ``p``; with one it replays the buffer on positions, reads the buffered
     samples by their offsets, and continues reading at the input position reached.
+
+    Samples are read in *chunks* (lists): from a plain tar whose sample offsets are known, each
+    chunk is one read of the byte range of about ``chunk_bytes`` worth of samples (so a reader
+    holds no buffer between batches, and many readers interleaved stay in the CPU caches);
+    otherwise the shard is streamed and cut into lists. Nothing here costs a Python frame per
+    sample: the flat stream is ``itertools.chain`` over the chunks, and :meth:`take` slices it
+    at C speed.
     """
 
     def __init__(
@@ -447,21 +456,23 @@ class ReaderStream:
         *,
         opener: Callable,
         last_dot: bool = False,
+        chunk_bytes: int = CHUNK_BYTES,
     ):
         self.table = table
         self.plan = plan
         self.reader = reader
         self.opener = opener
         self.last_dot = last_dot
+        self.chunk_bytes = chunk_bytes
         self.position = 0
         self._it: Iterator | None = None
+        self._open: list[Generator] = []  # what close() closes
 
     def seek(self, position: int) -> None:
         plan, cfg = self.plan, self.plan.config
         if not 0 <= position <= plan.segment_length:
             raise ValueError(f"position {position} outside reader segment of {plan.segment_length}")
-        if self._it is not None:
-            self._it.close()
+        self.close()
         self.position = position
         if cfg.bufsize <= 1:
             self._it = self._read_from(position)
@@ -475,13 +486,15 @@ class ReaderStream:
                 core.buf[core.tail :] = [samples[p] for p in held]
             else:
                 core.buf[:] = [samples[p] for p in held]
-        self._it = core.run(self._read_from(core.consumed))
+        run = core.run(self._read_from(core.consumed))
+        self._open.append(run)
+        self._it = run
 
     def take(self, n: int) -> list[dict]:
         """The next ``n`` samples (a list: one batch's worth is taken at C speed)."""
         if self._it is None:
-            self.seek(0)
-        got = list(itertools.islice(self._it, n))
+            self.seek(self.position)
+        got = list(itertools.islice(self._it, n))  # type: ignore[arg-type]
         self.position += len(got)
         if len(got) < n:
             raise TarshardsError(
@@ -496,39 +509,56 @@ class ReaderStream:
         self.take(n)
 
     def close(self) -> None:
-        if self._it is not None:
-            self._it.close()
-            self._it = None
+        for gen in reversed(self._open):
+            gen.close()
+        self._open.clear()
+        self._it = None
 
     # ---- reading ---------------------------------------------------------------------------
-    def _read_from(self, position: int) -> Generator[dict, None, None]:
-        """The segment's samples in list order from ``position`` on."""
-        for shard, a, b, pad in self.plan.segment_runs(self.reader, position):
-            yield from self._read_shard(shard, a, b, pad)
+    def _read_from(self, position: int) -> Iterator[dict]:
+        """The segment's samples in list order from ``position`` on (closed by :meth:`close`)."""
+        chunks = self.chunks(position)
+        self._open.append(chunks)
+        return itertools.chain.from_iterable(chunks)
 
-    def _read_shard(self, shard: int, a: int, b: int, pad: bool = False) -> Iterator[dict]:
+    def chunks(self, position: int = 0) -> Generator[list[dict], None, None]:
+        """The segment's samples in list order from ``position`` on, in lists."""
+        for shard, a, b, pad in self.plan.segment_runs(self.reader, position):
+            yield from self._shard_chunks(shard, a, b, pad)
+
+    def _shard_chunks(self, shard: int, a: int, b: int, pad: bool) -> Iterator[list[dict]]:
+        """Samples ``a:b`` of one shard in lists. In a plain tar whose sample offsets are known
+        the read starts at sample ``a`` (a seek, or bytes dropped unparsed) and stops at the
+        end of sample ``b - 1``; otherwise the first ``a`` samples are parsed and dropped."""
         table = self.table
         url = table.urls[shard]
-        offsets = table.sample_offsets(shard)
-        seekable = offsets is not None and table.plain[shard] and a > 0
+        offsets = table.sample_offsets(shard) if table.plain[shard] else None
+        want = b - a
         try:
             with self.opener(url) as stream:
-                skip = a
-                src = stream
-                if seekable and _seek(stream, int(offsets[a])):
+                size, skip = -1, a
+                if offsets is not None:
+                    begin = int(offsets[a]) if a < len(offsets) else 0
+                    if a and not _seek(stream, begin):
+                        _discard(stream, begin, url)
                     skip = 0
-                    if b < len(offsets):  # stop reading where the segment ends
-                        src = _Window(stream, int(offsets[b]) - int(offsets[a]))
-                elif offsets is not None and table.plain[shard] and b < len(offsets):
-                    src = _Window(stream, int(offsets[b]))
-                batches = iter_tar_batches(tar_byte_source(src, url), url)
+                    if b < len(offsets):  # stop reading where the run ends
+                        size = int(offsets[b]) - begin
+                src = _Window(stream, size, self.chunk_bytes)
+                batches = iter_tar_batches(tar_byte_source(src, url, self.chunk_bytes), url)
                 groups = group_samples(batches, url, last_dot=self.last_dot, batched=True)
+                if skip:
+                    next(itertools.islice(groups, skip - 1, skip), None)
                 n = 0
-                for sample in itertools.islice(groups, skip, skip + b - a):
-                    sample["__pad__"] = pad
-                    n += 1
-                    yield sample
-                if n == b - a:
+                while n < want:
+                    chunk = list(itertools.islice(groups, min(want - n, _LIST_SAMPLES)))
+                    if not chunk:
+                        break
+                    for sample in chunk:
+                        sample["__pad__"] = pad
+                    n += len(chunk)
+                    yield chunk
+                if n == want:
                     return
         except TarshardsError as exn:
             raise exn.with_context(url=url) from None
@@ -612,30 +642,41 @@ class ReaderStream:
 
 
 class _Window:
-    """The next ``size`` bytes of a stream (reads stop there: no parsing past a segment)."""
+    """A stream read ``step`` bytes at a time at most (a reader's buffer stays that small), and
+    only its next ``size`` bytes (reads stop where a run ends; ``size < 0``: to the end)."""
 
-    def __init__(self, stream, size: int):
+    def __init__(self, stream, size: int, step: int):
         self._stream = stream
-        self._left = size
+        self._left = size if size >= 0 else 1 << 62
+        self._step = step
 
     def readinto(self, view) -> int:
-        if self._left <= 0:
+        n = min(len(view), self._left, self._step)
+        if n <= 0:
             return 0
-        if len(view) > self._left:
-            view = view[: self._left]
-        got = self._stream.readinto(view) or 0
+        got = self._stream.readinto(view[:n] if n < len(view) else view) or 0
         self._left -= got
         return got
 
     def read(self, n: int = -1) -> bytes:
-        if self._left <= 0:
+        n = self._step if n is None or n < 0 else n
+        n = min(n, self._left, self._step)
+        if n <= 0:
             return b""
-        n = self._left if n is None or n < 0 else min(n, self._left)
         data = self._stream.read(n)
         self._left -= len(data)
         return data
 
     read1 = read
+
+
+def _discard(stream, n: int, url) -> None:
+    """Read and drop the next ``n`` bytes of a stream that cannot seek."""
+    while n > 0:
+        piece = stream.read(min(n, 1 << 20))
+        if not piece:
+            raise TarshardsError("the shard ended before a sample's recorded offset", url=url)
+        n -= len(piece)
 
 
 def _seekable(stream) -> bool:

@@ -1,0 +1,482 @@
+"""Composing a source of samples with stages (:class:`DataPipeline`), and its fluent methods.
+
+``WebDataset`` keeps a list of ``(stage function, args, kwargs)``; its fluent methods are generated
+from the stage functions in :mod:`tarshards.stages`, so there is one implementation of each stage.
+At iteration time the pipeline asks :meth:`DataPipeline.worker_info` where it runs (a
+:class:`~tarshards.types.WorkerInfo`: rank and DataLoader worker), picks the epoch's shards, and
+runs the stages, passing each stage that takes them a seeded ``rng``, the dataset's error policy
+(``on_error``) and its place (``rank``, ``world_size``, ``worker``, ``num_workers``,
+``worker_info``). This module discovers nothing: the core runs as rank 0 of 1, worker 0 of 1
+unless told otherwise, and the torch adapter (:mod:`tarshards.torch`) overrides ``worker_info``
+with what it discovered at the top.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+import itertools
+from typing import Any, Callable, Iterable, Iterator
+
+from . import stages as _stages
+from .on_error import OnError, error_policy
+from .planned import _PlannedIterator
+from .shards import make_rng
+from .source import STATE_FORMAT, Schedule, check_state
+from .types import WorkerInfo
+
+__all__ = ["DataPipeline"]
+
+_DEFAULT: Any = object()
+# what a stage or a splitter may ask for by naming a parameter so: the reader's place
+_PLACE = ("rank", "world_size", "worker", "num_workers", "worker_info")
+
+
+class _Stage:
+    __slots__ = (
+        "fn",
+        "args",
+        "kwargs",
+        "wants_rng",
+        "wants_policy",
+        "wants_handler",
+        "wants_place",
+        "label",
+    )
+
+    def __init__(self, fn, args, kwargs, label=None):
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+        params = _params(fn)
+        self.wants_rng = "rng" in params and "rng" not in kwargs and "seed" not in kwargs
+        given = "on_error" in kwargs or "handler" in kwargs
+        # the pipeline's error policy: as on_error= to stages that take it, as handler= to those
+        # that take only webdataset's handler= (tarshards.compat's filters, user stages)
+        self.wants_policy = "on_error" in params and not given
+        self.wants_handler = "handler" in params and "on_error" not in params and not given
+        self.wants_place = _wanted(fn, _PLACE, kwargs)
+        self.label = label or getattr(fn, "__name__", repr(fn))
+
+    def __repr__(self):
+        parts = [_short(a) for a in self.args]
+        parts += [f"{k}={_short(v)}" for k, v in self.kwargs.items()]
+        return f"{self.label}({', '.join(parts)})"
+
+
+@functools.cache
+def _params(fn) -> frozenset:
+    try:
+        return frozenset(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return frozenset()
+
+
+def _wanted(fn, names, given=()) -> tuple:
+    """Those of ``names`` that ``fn`` takes as parameters and that are not given already (as
+    keywords, or bound by a ``functools.partial``)."""
+    try:
+        params = _params(fn)
+    except TypeError:  # an unhashable callable: not cached
+        params = _params.__wrapped__(fn)
+    bound = fn.keywords if isinstance(fn, functools.partial) else {}
+    return tuple(n for n in names if n in params and n not in given and n not in bound)
+
+
+def _place(info: WorkerInfo) -> dict:
+    return {
+        "rank": info.rank,
+        "world_size": info.world_size,
+        "worker": info.worker,
+        "num_workers": info.num_workers,
+        "worker_info": info,
+    }
+
+
+def _short(v) -> str:
+    if callable(v) and hasattr(v, "__name__"):
+        return v.__name__
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+class DataPipeline:
+    """A source of samples followed by stages (plain iterable, no torch needed).
+
+    ``source`` is a function ``(context) -> iterator`` where ``context`` holds ``epoch``,
+    ``rank``, ``world_size``, ``worker``, ``num_workers``, ``seed`` and ``worker_info`` (the same
+    place as a :class:`~tarshards.types.WorkerInfo`).
+    """
+
+    # set by planned pipelines (WebDataset(readers=), MixedDataset): the plan's parameters, a
+    # state to resume from at the next iter(), the iteration in progress
+    _plan_config: dict[str, Any] | None = None
+    _pending_state: dict | None = None
+    _live: Any = None
+
+    def __init__(
+        self,
+        source: Callable[[dict], Iterator] | Iterable,
+        *,
+        seed: int = 0,
+        on_error: OnError = "raise",
+        handler: Callable | None = None,
+    ):
+        self._source = source
+        self._stages: list[_Stage] = []
+        self.seed = seed
+        self.on_error = error_policy(on_error, handler)
+        self.epoch: int | None = None  # None: counted automatically
+        self._auto_epoch = 0
+        self._nsamples: int | None = None  # with_epoch
+        self._length: int | None = None  # with_length
+
+    @property
+    def handler(self):
+        """The error policy (older name of :attr:`on_error`)."""
+        return self.on_error
+
+    # ---- composition -------------------------------------------------------------------------
+    def compose(self, stage: Callable, *args, **kwargs) -> "DataPipeline":
+        """A copy of this pipeline with the stage ``stage(samples, *args, **kwargs)`` appended.
+
+        Like webdataset, fluent methods return a new pipeline and leave this one as it was
+        (``with_epoch``/``with_length``/``set_epoch`` change the pipeline itself).
+        """
+        new = copy.copy(self)
+        new._stages = list(self._stages)
+        new._append(stage, *args, **kwargs)
+        return new
+
+    def _append(self, stage: Callable, *args, **kwargs) -> None:
+        if not callable(stage):
+            raise TypeError(f"a stage is a generator function, not {stage!r}")
+        self._stages.append(_Stage(stage, args, kwargs))
+
+    def with_epoch(
+        self, nsamples: int | None = None, nbatches: int | None = None
+    ) -> "DataPipeline":
+        """Make each iteration yield exactly ``nsamples`` items per reader (rank x worker).
+
+        webdataset's meaning: a reader whose data is shorter goes through it again (with fresh
+        shuffles) until it has yielded ``nsamples`` items; a reader with no data at all yields
+        nothing. ``nbatches`` is another name for the same count (items after ``.batched()``).
+        """
+        counts = [n for n in (nsamples, nbatches) if n is not None]
+        if len(counts) != 1 or int(counts[0]) < 0:
+            raise ValueError("with_epoch needs one non-negative count (nsamples or nbatches)")
+        self._nsamples = int(counts[0])
+        return self
+
+    def with_length(self, n: int) -> "DataPipeline":
+        """Give the dataset a ``len()`` (for code that asks; iteration is not affected)."""
+        self._length = int(n)
+        return self
+
+    def __len__(self):
+        if self._length is None:
+            raise TypeError(
+                f"{type(self).__name__} is a stream and has no length; set one with .with_length(n)"
+            )
+        return self._length
+
+    def __getitem__(self, index):
+        raise TypeError(
+            f"{type(self).__name__} is a streaming dataset: it can be iterated "
+            "over (for sample in ds, or DataLoader(ds)), not indexed"
+        )
+
+    def set_epoch(self, epoch: int) -> None:
+        """Fix the epoch used to seed shard and sample shuffling (instead of counting)."""
+        self.epoch = int(epoch)
+
+    # ---- environment -------------------------------------------------------------------------
+    def worker_info(self) -> WorkerInfo:
+        """Where the reader running this iteration is: rank 0 of 1, worker 0 of 1 here; the torch
+        adapter overrides it with the rank it discovered in the main process and the worker."""
+        return WorkerInfo()
+
+    def environment(self) -> dict:
+        """:meth:`worker_info` as a dict: ``rank``, ``world_size``, ``worker``, ``num_workers``."""
+        info = self.worker_info()
+        return {
+            "rank": info.rank,
+            "world_size": info.world_size,
+            "worker": info.worker,
+            "num_workers": info.num_workers,
+        }
+
+    def _current_epoch(self) -> int | None:
+        """The epoch set by :meth:`set_epoch` (``None``: count); the torch adapter reads it from
+        memory shared with the main process inside DataLoader workers."""
+        return self.epoch
+
+    def _context(self) -> dict:
+        ctx = _place(self.worker_info())
+        epoch = self._current_epoch()
+        if epoch is None:
+            epoch = self._auto_epoch
+            self._auto_epoch += 1
+        ctx["epoch"] = epoch
+        ctx["seed"] = self.seed
+        return ctx
+
+    # ---- iteration ---------------------------------------------------------------------------
+    def __iter__(self) -> Iterator:
+        pending, self._pending_state = getattr(self, "_pending_state", None), None
+        if getattr(self, "_plan_config", None) is not None:
+            it = _PlannedIterator(self, pending)
+            self._live = it
+            return it
+        if pending is not None:  # a stream state: it only names the epoch to run
+            self._auto_epoch = pending["epoch"]
+            if self.epoch is not None:
+                self.epoch = pending["epoch"]
+        ctx = self._context()
+        if self._nsamples is None:
+            return self._run(ctx)
+        return itertools.islice(self._repeated(ctx), self._nsamples)
+
+    def _repeated(self, ctx: dict) -> Iterator:
+        """The epoch's data, run again (pass 1, 2... with their own shuffles) while it lasts."""
+        for again in itertools.count():
+            if again:
+                ctx = dict(ctx, again=again)
+            empty = True
+            for item in self._run(ctx):
+                empty = False
+                yield item
+            if empty:
+                return
+
+    def _run(self, ctx: dict) -> Iterator:
+        src = self._source
+        data = src(ctx) if callable(src) else iter(src)
+        data = self._run_stages(data, self._stages, ctx, ("stage",))
+        return iter(data)
+
+    def _run_stages(self, data, stages, ctx: dict, rng_tag: tuple, first: int = 0):
+        """Apply ``stages`` (numbered from ``first``) to ``data``; stages that take an ``rng``
+        get one seeded from ``rng_tag``, the stage's number, seed, epoch, rank and worker."""
+        fused = None
+        for n, st in enumerate(stages):
+            i = first + n
+            if n == fused:
+                continue  # the to_tuple of a fused decode
+            kwargs = st.kwargs
+            fn, args = st.fn, st.args
+            if (
+                fn is _stages.decode
+                and n + 1 < len(stages)
+                and stages[n + 1].fn is _stages.to_tuple
+            ):
+                tup = stages[n + 1]
+                if st.wants_policy and tup.wants_policy and set(tup.kwargs) <= {"missing_is_error"}:
+                    # decode and to_tuple in one pass (stages._decode_tuple): same values
+                    fused = n + 1
+                    fn, args = _stages._decode_tuple, (tup.args, *st.args)
+                    kwargs = dict(kwargs, **tup.kwargs)
+                elif "only" not in kwargs:
+                    # to_tuple keeps only the fields it names: decoding the others is wasted work
+                    kwargs = dict(kwargs, only=_tuple_fields(tup.args))
+            if st.wants_rng or st.wants_policy or st.wants_handler or st.wants_place:
+                kwargs = dict(kwargs)
+                for name in st.wants_place:
+                    kwargs[name] = ctx[name]
+                if st.wants_rng:
+                    again = (ctx["again"],) if ctx.get("again") else ()
+                    kwargs["rng"] = make_rng(
+                        *rng_tag, i, ctx["seed"], ctx["epoch"], ctx["rank"], ctx["worker"], *again
+                    )
+                if st.wants_policy:
+                    kwargs["on_error"] = self.on_error
+                if st.wants_handler:
+                    kwargs["handler"] = self.on_error
+            data = fn(data, *args, **kwargs)
+        return data
+
+    # ---- state -------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Where this pipeline is: a small dict to save with a checkpoint.
+
+        In a planned pipeline (``WebDataset(..., readers=V)``) it names the epoch and the global
+        batch position reached by the iteration in progress (or, in a DataLoader worker, this
+        worker's next step), plus what the plan depends on, so that :meth:`load_state_dict`
+        can check it. Otherwise it names the epoch the next iteration runs.
+        """
+        if getattr(self, "_plan_config", None) is not None:
+            live = getattr(self, "_live", None)
+            if live is not None:
+                return live.state_dict()
+            if self._pending_state is not None:
+                return dict(self._pending_state)
+            return self.plan_state(self._next_epoch(), 0)
+        return {
+            "format": STATE_FORMAT,
+            "kind": "stream",
+            "seed": self.seed,
+            "epoch": self._next_epoch(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume from a :meth:`state_dict` (or a loader's) at the next ``iter()``.
+
+        A state that does not fit (other data, seed or plan) raises
+        :class:`~tarshards.errors.ResumeError` here, at once.
+        """
+        if isinstance(state, dict) and state.get("kind") == "loader":
+            state = state["dataset"]
+        if getattr(self, "_plan_config", None) is not None:
+            check_state(state, dict(self._plan_identity(), kind="plan"))
+        else:
+            check_state(state, {"kind": "stream", "seed": self.seed})
+        self._live = None
+        self._pending_state = dict(state)
+        self._auto_epoch = int(state["epoch"])
+        if self.epoch is not None:
+            self.epoch = int(state["epoch"])
+
+    def plan_state(
+        self,
+        epoch: int,
+        position: int,
+        *,
+        origin: int = 0,
+        world_size: int | None = None,
+        finished: bool = False,
+    ) -> dict:
+        """The state at global batch ``position`` of ``epoch`` (see :mod:`tarshards.source`)."""
+        if world_size is None:
+            world_size = self.environment()["world_size"]
+        state: dict[str, Any] = {"format": STATE_FORMAT, "kind": "plan"}
+        state.update(self._plan_identity())
+        state.update(
+            {
+                "epoch": int(epoch),
+                "position": int(position),
+                "origin": int(origin),
+                "world_size": int(world_size),
+                "finished": bool(finished),
+            }
+        )
+        return state
+
+    def steps_per_epoch(self, epoch: int | None = None, world_size: int | None = None) -> int:
+        """Batches each rank yields in ``epoch`` (the same on every rank)."""
+        if world_size is None:
+            world_size = self.environment()["world_size"]
+        epoch = self._next_epoch() if epoch is None else epoch
+        prog = self._epoch_program(epoch)
+        Schedule(prog.num_batches, prog.readers, world_size, 0)  # checks world_size
+        return prog.num_batches // world_size
+
+    def state_from_step(
+        self, step: int, world_size: int | None = None, start_epoch: int = 0
+    ) -> dict:
+        """The state after ``step`` global steps counted from the start of ``start_epoch``, for
+        trainers that keep only a step count (every epoch run in full on ``world_size`` ranks)."""
+        if world_size is None:
+            world_size = self.environment()["world_size"]
+        epoch, left = int(start_epoch), int(step)
+        while True:
+            n = self.steps_per_epoch(epoch, world_size)
+            if left < n:
+                return self.plan_state(epoch, left * world_size, world_size=world_size)
+            left -= n
+            epoch += 1
+
+    def _plan_identity(self) -> dict:
+        """What a planned pipeline's state depends on (its data, seed and plan)."""
+        raise TypeError(f"{type(self).__name__} has no epoch plan (WebDataset(readers=V) has)")
+
+    def _epoch_program(self, epoch: int) -> Any:
+        """The epoch's program of batches (planned pipelines)."""
+        raise TypeError(f"{type(self).__name__} has no epoch plan (WebDataset(readers=V) has)")
+
+    def __getstate__(self):  # the live iteration stays in its process
+        state = self.__dict__.copy()
+        state["_live"] = None
+        return state
+
+    def _next_epoch(self) -> int:
+        return self.epoch if self.epoch is not None else self._auto_epoch
+
+    def __repr__(self):
+        return " | ".join([self._source_repr()] + [repr(s) for s in self._stages])
+
+    def _source_repr(self) -> str:
+        return f"{type(self).__name__}({_short(self._source)})"
+
+
+def _tuple_fields(args) -> list[str]:
+    """Every field a ``to_tuple(*args)`` stage may pick (alternatives included)."""
+    if len(args) == 1 and isinstance(args[0], str) and " " in args[0]:
+        args = args[0].split()
+    return [f for spec in args for f in spec.split(";")]
+
+
+# parameters the pipeline fills in (a seeded rng; its error policy): not shown on fluent methods
+_INJECTED = frozenset({"rng", "handler"})
+
+
+def _fluent_signature(stage: Callable) -> inspect.Signature:
+    """``stage``'s signature as a method: ``self`` instead of the samples, without the injected
+    parameters (those after one become keyword-only, so positions stay true), and
+    ``on_error=None`` meaning "the pipeline's policy"."""
+    sig = inspect.signature(stage)
+    shown = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    keyword_only = False
+    for p in list(sig.parameters.values())[1:]:
+        if p.name in _INJECTED:
+            keyword_only = keyword_only or p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+            continue
+        if keyword_only and p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
+            p = p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+        if p.name == "on_error":
+            p = p.replace(default=None)
+        shown.append(p)
+    if keyword_only:  # keep the order Python requires: keyword-only ones after *args
+        shown.sort(key=lambda p: p.kind)
+    return sig.replace(parameters=shown, return_annotation="DataPipeline")
+
+
+def _fluent(stage: Callable) -> Callable:
+    """A fluent method that appends ``stage``: one implementation, with the stage's signature
+    (less the samples and what the pipeline injects) and docstring. Arguments are checked
+    against the signature when the method is called, not at iteration."""
+    sig = _fluent_signature(stage)
+
+    def method(self, *args, **kwargs):
+        shown = {k: v for k, v in kwargs.items() if k not in _INJECTED}
+        try:
+            sig.bind(self, *args, **shown)
+        except TypeError as exn:
+            raise TypeError(f".{stage.__name__}(): {exn}") from None
+        if "on_error" in kwargs and kwargs["on_error"] is None:
+            del kwargs["on_error"]  # the pipeline's policy
+        return self.compose(stage, *args, **kwargs)
+
+    method.__name__ = stage.__name__
+    method.__qualname__ = f"DataPipeline.{stage.__name__}"
+    method.__doc__ = stage.__doc__
+    method.__module__ = __name__
+    method.__signature__ = sig  # type: ignore[attr-defined]
+    return method
+
+
+for _name in (
+    "shuffle",
+    "decode",
+    "select",
+    "map",
+    "map_dict",
+    "map_tuple",
+    "to_tuple",
+    "rename",
+    "batched",
+    "unbatched",
+    "take",
+    "slice",
+):
+    setattr(DataPipeline, _name, _fluent(getattr(_stages, _name)))

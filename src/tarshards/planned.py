@@ -1,0 +1,237 @@
+"""The iteration of a planned pipeline (``WebDataset(readers=V)``, mixtures): one pass on one
+rank and DataLoader worker, the global batches it delivers, and its state.
+
+A pipeline hands this module its epoch program (:class:`PlannedProgram`: the number of global
+batches, the readers, a chain of batches per reader); :class:`_PlannedIterator` consumes a
+loaded state at once, runs the rank's steps and says where it is (``state_dict()``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Iterator
+
+from .errors import ResumeError, TarshardsError
+from .source import ReaderStream, Schedule, plan_for
+from .types import WorkerInfo
+
+__all__ = ["PlannedProgram", "feed_batches"]
+
+_DEFAULT: Any = object()
+
+
+class PlannedProgram:
+    """What one epoch of a planned pipeline is, for :class:`_PlannedIterator`: the number of
+    global batches, the readers, and the chain of batches of each reader (subclassed by the
+    single-source plan below and by :class:`tarshards.mixing.MixedDataset`)."""
+
+    num_batches: int
+    readers: int
+    post: list
+
+    def chain(self, it: "_PlannedIterator", reader: int, batches: list[int]):
+        raise NotImplementedError
+
+    def pad_chain(self, it: "_PlannedIterator"):
+        raise NotImplementedError
+
+
+def feed_batches(stream: ReaderStream, batches: list[int], size: int, bufsize: int) -> Iterator:
+    """The raw samples of batches ``batches`` (``size`` samples each) of one reader stream,
+    seeking over gaps (or reading through small ones): one list per batch, flattened in C."""
+    return itertools.chain.from_iterable(_batch_lists(stream, batches, size, bufsize))
+
+
+def _batch_lists(stream: ReaderStream, batches: list[int], size: int, bufsize: int):
+    try:
+        for j in batches:
+            p = j * size
+            if p != stream.position:
+                gap = p - stream.position
+                if stream.position == 0 or gap > 2 * bufsize or gap < 0:
+                    stream.seek(p)
+                else:
+                    stream.skip(gap)
+            yield stream.take(size)
+    finally:
+        stream.close()
+
+
+class _SingleProgram(PlannedProgram):
+    def __init__(self, ds: Any, epoch: int):  # a WebDataset
+        cfg, pre, bstage, post = ds._plan_parts()
+        self.ds, self.cfg = ds, cfg
+        self.plan = plan_for(ds.table, cfg, epoch)
+        self.num_batches = self.plan.num_batches
+        self.readers = cfg.readers
+        self.pre, self.bstage, self.post = pre, bstage, post
+
+    def _stream(self, reader: int) -> ReaderStream:
+        ds = self.ds
+        return ReaderStream(ds.table, self.plan, reader, opener=ds._open, last_dot=ds.last_dot)
+
+    def chain(self, it, reader, batches):
+        cfg, ds = self.cfg, self.ds
+        raw = feed_batches(self._stream(reader), batches, cfg.batch_size, cfg.bufsize)
+        ctx = dict(it.ctx, reader=reader)
+        data = ds._run_stages(raw, self.pre, ctx, ("reader", reader), first=1 if cfg.bufsize else 0)
+        return iter(ds._run_stages(data, [self.bstage], ctx, ("reader", reader)))
+
+    def pad_chain(self, it):
+        """One batch of padding: the epoch's first samples again, flagged ``__pad__``."""
+        ds, B = self.ds, self.cfg.batch_size
+        stream = self._stream(0)
+
+        def raw():
+            try:
+                for sample in itertools.islice(stream._read_from(0), B):
+                    sample["__pad__"] = True
+                    yield sample
+            finally:
+                stream.close()
+
+        data = ds._run_stages(raw(), self.pre, it.ctx, ("pad",))
+        return iter(ds._run_stages(data, [self.bstage], it.ctx, ("pad",)))
+
+
+class _PlannedIterator:
+    """One pass of a planned pipeline on one rank and DataLoader worker.
+
+    Worker ``w`` of ``W`` yields this rank's steps ``k0 + w, k0 + w + W, ...`` (the DataLoader
+    takes the workers in turn, so the rank's stream is the steps in order, whatever ``W``). Step
+    ``k`` is global batch ``g``: batch ``g // V`` of reader ``g % V``, run through the
+    pipeline's stages in a chain of its own per reader (shuffle, per-sample stages, batch).
+    A loaded state is consumed here, at once (never lazily inside a generator body).
+    """
+
+    def __init__(self, ds, pending: dict | None):
+        env = ds.environment()
+        info = WorkerInfo(env["rank"], env["world_size"], env["worker"], env["num_workers"])
+        self.ds = ds
+        self.info = info
+        origin, first = 0, None
+        if pending is not None:
+            epoch = int(pending["epoch"])
+            position = int(pending["position"] or 0)
+            worker_state = pending.get("num_workers") is not None
+            finished = pending.get("finished") and not worker_state
+            if finished:
+                epoch, position = epoch + 1, 0  # after StopIteration: the next epoch
+            prog = ds._epoch_program(epoch)
+            if finished:
+                pass
+            elif worker_state:  # one DataLoader worker's own state (StatefulDataLoader)
+                if (pending["num_workers"], pending["world_size"], pending["worker"]) != (
+                    info.num_workers,
+                    info.world_size,
+                    info.worker,
+                ):
+                    raise ResumeError(
+                        f"a worker state of worker {pending['worker']}/{pending['num_workers']} "
+                        f"on {pending['world_size']} ranks loaded into worker "
+                        f"{info.worker}/{info.num_workers} on {info.world_size} ranks"
+                    )
+                origin, first = int(pending["origin"]), int(pending["next_step"])
+            elif position >= prog.num_batches:
+                origin, first = position, info.worker  # the epoch's (empty) rest
+            elif int(pending["world_size"]) == info.world_size:
+                origin = int(pending["origin"])
+                if (position - origin) % info.world_size:
+                    raise ResumeError(
+                        f"position {position} is not a step boundary of "
+                        f"{info.world_size} ranks from origin {origin}"
+                    )
+            else:  # elastic: the new world continues the global order from here
+                origin = position
+            if first is None:
+                first = (position - origin) // info.world_size + info.worker
+        else:
+            epoch = ds.epoch if ds.epoch is not None else ds._auto_epoch
+            prog = ds._epoch_program(epoch)
+            first = info.worker
+        if ds.epoch is None:
+            ds._auto_epoch = epoch + 1
+        self.epoch = epoch
+        self.prog = prog
+        self.sched = Schedule(prog.num_batches, prog.readers, info.world_size, info.rank, origin)
+        self.first = first
+        self.next_step = first
+        self.finished = False
+        self.ctx = {
+            "seed": ds.seed,
+            "epoch": epoch,
+            "rank": info.rank,
+            "world_size": info.world_size,
+            "worker": info.worker,
+            "num_workers": info.num_workers,
+        }
+        self._gen = self._run()
+
+    # ---- state -----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """This worker's position (its next step), in the plan's terms."""
+        state = self.ds.plan_state(
+            self.epoch,
+            0,
+            origin=self.sched.origin,
+            world_size=self.info.world_size,
+            finished=self.finished,
+        )
+        W = self.info.num_workers
+        if W > 1 or self.info.worker:
+            state.update(
+                {
+                    "worker": self.info.worker,
+                    "num_workers": W,
+                    "next_step": self.next_step,
+                    "position": None,
+                }
+            )
+        else:
+            step = min(self.next_step, self.sched.steps)
+            state["position"] = self.sched.origin + step * self.info.world_size
+        return state
+
+    # ---- iteration -------------------------------------------------------------------------
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            return next(self._gen)
+        except StopIteration:
+            self.finished = True
+            raise
+
+    def _run(self):
+        prog, sched = self.prog, self.sched
+        V = prog.readers
+        steps = range(self.first, sched.steps, self.info.num_workers)
+        needed: dict[int, list[int]] = {}
+        for k in steps:
+            g = sched.global_batch(k)
+            if g < prog.num_batches:
+                needed.setdefault(g % V, []).append(g // V)
+        chains = {v: prog.chain(self, v, js) for v, js in needed.items()}
+        units = self._units(steps, chains)
+        if prog.post:
+            units = self.ds._run_stages(
+                units, prog.post, self.ctx, ("post",), first=len(self.ds._stages) - len(prog.post)
+            )
+        yield from units
+
+    def _units(self, steps, chains):
+        prog, sched, V = self.prog, self.sched, self.prog.readers
+        for k in steps:
+            g = sched.global_batch(k)
+            chain = chains[g % V] if g < prog.num_batches else prog.pad_chain(self)
+            batch = next(chain, _DEFAULT)
+            if batch is _DEFAULT:
+                raise TarshardsError(
+                    f"reader {g % V} of epoch {self.epoch} yielded fewer batches than planned: a "
+                    "stage dropped samples (select, a skipping handler, a map returning None). "
+                    "A planned pipeline needs every sample to reach the batch; flag bad samples "
+                    "instead of dropping them"
+                )
+            self.next_step = k + self.info.num_workers
+            yield batch

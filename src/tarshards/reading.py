@@ -1,0 +1,141 @@
+"""Reading the samples of shards in turn: the plain path under every pipeline (one shard's
+samples, several shards' with an error policy and prefetching, verified against a manifest)."""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import BinaryIO, Callable, Iterable, Iterator, cast
+
+from .errors import IntegrityError, StorageError, TarshardsError
+from .format import group_samples
+from .on_error import OnError, error_policy
+from .storage import open_url
+from .storage.prefetch import ShardPrefetcher, given_stream
+from .tario import iter_tar_batches, tar_byte_source
+
+__all__ = ["iter_samples", "shard_samples"]
+
+
+def shard_samples(
+    url: str,
+    *,
+    storage_options: dict | None = None,
+    allow_pipe: bool = False,
+    last_dot: bool = False,
+    opener: Callable | None = None,
+    chunk_size: int = 1 << 20,
+    retries: int = 5,
+    expect=None,
+) -> Iterator[dict]:
+    """The samples of one shard (any URL :func:`tarshards.storage.open_url` opens).
+
+    ``retries``: reconnections after a dropped connection, resuming at the byte offset reached.
+    ``expect``: the shard's manifest record (``samples``, ``nbytes``, ``hash``): the shard is
+    hashed as it streams, and after its last sample an :class:`IntegrityError` naming it is
+    raised when its size, hash or sample count differ.
+
+    Errors are :class:`~tarshards.errors.TarshardsError` subclasses naming the shard, the member
+    and the offset; OS errors while reading become :class:`StorageError`.
+    """
+    url = os.fspath(url)
+    if opener is None:
+        opener = functools.partial(
+            open_url, storage_options=storage_options, allow_pipe=allow_pipe, retries=retries
+        )
+    try:
+        with opener(url) as stream:
+            if expect is not None:
+                yield from _verified_samples(stream, url, expect, chunk_size, last_dot)
+                return
+            batches = iter_tar_batches(tar_byte_source(stream, url, chunk_size), url)
+            yield from group_samples(batches, url, last_dot=last_dot, batched=True)
+    except TarshardsError as exn:
+        raise exn.with_context(url=url) from None
+    except OSError as exn:
+        raise StorageError(f"read failed: {exn}", url=url) from exn
+
+
+def _verified_samples(stream, url: str, expect, chunk_size: int, last_dot: bool):
+    from .hashing import HashingReader, check_shard, split_hash
+
+    if not getattr(expect, "hash", None) and getattr(expect, "nbytes", None) is None:
+        raise IntegrityError(
+            "verify=True needs the shard's hash or size in the manifest "
+            "(rebuild it with: tarshards index SPEC -o MANIFEST)",
+            url=url,
+        )
+    algorithm = split_hash(expect.hash)[0] if expect.hash else "crc32"
+    reader = HashingReader(stream, algorithm)
+    batches = iter_tar_batches(tar_byte_source(cast(BinaryIO, reader), url, chunk_size), url)
+    count = 0
+    for sample in group_samples(batches, url, last_dot=last_dot, batched=True):
+        count += 1
+        yield sample
+    reader.finish()
+    check_shard(
+        url,
+        expected_hash=expect.hash,
+        expected_nbytes=expect.nbytes,
+        got_hash=reader.digest,
+        got_nbytes=reader.nbytes,
+        expected_samples=expect.samples,
+        got_samples=count,
+    )
+
+
+def iter_samples(
+    urls: Iterable[str],
+    *,
+    on_error: OnError = "raise",
+    handler: Callable | None = None,
+    prefetch: int = 0,
+    prefetch_bytes: int = 256 << 20,
+    expect: dict | None = None,
+    **options,
+) -> Iterator[dict]:
+    """The samples of several shards in turn; shard errors go to ``on_error``.
+
+    With ``on_error="warn"`` (or ``handler=warn_and_continue``) a bad shard yields the samples
+    before the error, one warning naming shard and offset, and the stream goes on with the next
+    shard. Only tarshards errors reach the policy here (errors of the shard, not of user code).
+
+    ``prefetch=k`` opens the next ``k`` shards while the current one is read, each filled from a
+    thread into a buffer (``prefetch_bytes`` over all of them; at most ``k + 1`` connections):
+    see :mod:`tarshards.storage.prefetch`. Order, samples and errors are the same as without it.
+    """
+    policy = error_policy(on_error, handler)
+
+    def one(url, **extra):
+        if expect is None:
+            return shard_samples(url, **options, **extra)
+        record = expect.get(url)
+        if record is None:
+            raise IntegrityError("verify=True: this shard is not in the manifest", url=url)
+        return shard_samples(url, expect=record, **options, **extra)
+
+    if not prefetch:
+        for url in urls:
+            try:
+                yield from one(url)
+            except TarshardsError as exn:
+                if policy(exn):
+                    continue
+                return
+        return
+    opener = options.pop("opener", None)
+    if opener is None:
+        opener = functools.partial(
+            open_url,
+            storage_options=options.get("storage_options"),
+            allow_pipe=options.get("allow_pipe", False),
+            retries=options.get("retries", 5),
+        )
+    with ShardPrefetcher(opener, ahead=prefetch, max_bytes=prefetch_bytes) as prefetcher:
+        for url, stream in prefetcher.streams(urls):
+            try:
+                yield from one(url, opener=lambda _url, s=stream: given_stream(s))
+            except TarshardsError as exn:
+                if policy(exn):
+                    continue
+                return

@@ -1,0 +1,103 @@
+"""ReaderStream reads a reader's segment in chunks the same way whatever it knows of the shards:
+offsets and a seekable file, offsets and a stream that cannot seek, or no offsets at all."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+
+import pytest
+
+from tarshards.source import EpochPlan, PlanConfig, ReaderStream, ShardTable, scan_shards
+
+from test_resume import COUNTS, write_uneven
+
+
+class _Forward:
+    """A file that can only be read forwards (as an HTTP stream)."""
+
+    def __init__(self, f):
+        self._f = f
+
+    def read(self, n=-1):
+        return self._f.read(n)
+
+    def readinto(self, view):
+        return self._f.readinto(view)
+
+    def seekable(self):
+        return False
+
+
+def _open(url):
+    return open(url, "rb")
+
+
+@contextlib.contextmanager
+def _open_forward(url):
+    with open(url, "rb") as f:
+        yield _Forward(f)
+
+
+@pytest.fixture(scope="module")
+def urls(tmp_path_factory):
+    return write_uneven(tmp_path_factory.mktemp("source"))
+
+
+def _expected_keys(plan, reader, position=0):
+    first = list(itertools.accumulate([0] + COUNTS))
+    return [
+        (f"k{first[s] + i:04d}", pad)
+        for s, a, b, pad in plan.segment_runs(reader, position)
+        for i in range(a, b)
+    ]
+
+
+@pytest.mark.parametrize("mode", ["seek", "forward", "no-offsets"])
+@pytest.mark.parametrize("chunk_bytes", [1, 700, 1 << 17])
+@pytest.mark.parametrize("remainder", ["drop", "pad"])
+def test_reader_stream_reads_its_segment_from_any_position(urls, mode, chunk_bytes, remainder):
+    scanned = scan_shards(urls, opener=_open)
+    table = scanned if mode != "no-offsets" else ShardTable(urls, scanned.counts)
+    opener = _open_forward if mode == "forward" else _open
+    plan = EpochPlan(
+        table.counts, PlanConfig(seed=2, readers=5, batch_size=3, remainder=remainder), 1
+    )
+    for reader in range(5):
+        want = _expected_keys(plan, reader)
+        for position in sorted({0, 1, plan.segment_length // 2, plan.segment_length - 1}):
+            stream = ReaderStream(table, plan, reader, opener=opener, chunk_bytes=chunk_bytes)
+            stream.seek(position)
+            try:
+                got = stream.take(plan.segment_length - position)
+            finally:
+                stream.close()
+            assert [(s["__key__"], s["__pad__"]) for s in got] == want[position:]
+            assert all(s["txt"] == f"value {int(s['__key__'][1:])}".encode() for s in got)
+
+
+def test_reader_stream_with_shuffle_equals_a_fresh_run_from_every_position(urls):
+    table = scan_shards(urls, opener=_open)
+    plan = EpochPlan(table.counts, PlanConfig(seed=4, readers=3, batch_size=4, bufsize=6), 0)
+    for reader in range(3):
+        full = ReaderStream(table, plan, reader, opener=_open, chunk_bytes=700)
+        whole = [s["__key__"] for s in full.take(plan.segment_length)]
+        full.close()
+        assert sorted(whole) == sorted(k for k, _ in _expected_keys(plan, reader))
+        for position in range(0, plan.segment_length, 5):
+            stream = ReaderStream(table, plan, reader, opener=_open_forward, chunk_bytes=1 << 17)
+            stream.seek(position)
+            rest = [s["__key__"] for s in stream.take(plan.segment_length - position)]
+            stream.close()
+            assert rest == whole[position:]
+
+
+def test_reader_stream_names_a_shard_that_changed(urls, tmp_path):
+    table = scan_shards(urls, opener=_open)
+    short = ShardTable(urls, [c + 2 for c in table.counts])  # counted more than there are
+    plan = EpochPlan(short.counts, PlanConfig(readers=1, batch_size=1, shardshuffle=False), 0)
+    stream = ReaderStream(short, plan, 0, opener=_open)
+    with pytest.raises(Exception, match="fewer samples") as info:
+        stream.take(plan.segment_length)
+    assert urls[0] in str(info.value)
+    stream.close()
