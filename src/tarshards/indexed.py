@@ -32,7 +32,7 @@ from .errors import (
 from .manifest import Manifest, as_manifest
 from .storage import is_local, local_path, open_url
 from .storage.seek import read_exact
-from .tario import _checksum_ok, _number
+from .tario.headers import _checksum_ok, _number
 
 __all__ = ["IndexedDataset"]
 
