@@ -188,13 +188,13 @@ def _pending_name(long_name, pax):
     return pax.get("path") if pax is not None else None
 
 
-def _bad_header(hdr: bytes, source, offset: int) -> ShardFormatError:
+def _bad_header(hdr: bytes, source, offset: int, origin: int = 0) -> ShardFormatError:
     """The error for a header whose checksum does not match (member named when legible)."""
     try:
         name = _nts(hdr[:100]).decode("utf-8")
     except UnicodeDecodeError:
         name = ""
-    if offset == 0:
+    if offset == origin:
         reason = "not a tar archive: the first header's checksum does not match"
     else:
         reason = "bad tar header checksum (a corrupted header, or data that is not tar)"

@@ -12,7 +12,7 @@ import warnings
 from typing import BinaryIO, Iterable, Iterator
 
 from ..errors import HeaderError, TarshardsWarning, TruncatedShardError
-from .buffer import _Buffer, _read_data, tar_byte_source
+from .buffer import _Buffer, _read_data, reader_buffer, tar_byte_source
 from .headers import (
     _DRAIN_LIMIT,
     _GNU_LONGNAME,
@@ -51,12 +51,18 @@ except ImportError:  # pragma: no cover - built by default; pure Python works th
 
 
 def iter_tar(
-    chunks: Iterable[bytes], source=None, *, verify: bool = True, drain: bool = True
+    chunks: Iterable[bytes],
+    source=None,
+    *,
+    verify: bool = True,
+    drain: bool = True,
+    offset: int = 0,
 ) -> Iterator[tuple[str, bytes, int]]:
     """Yield ``(name, data, offset)`` for each regular member of a tar byte stream.
 
     ``chunks`` is an iterable of bytes (see :func:`read_chunks` and :func:`decompressed_chunks`).
-    ``offset`` is the position of the member's first header block in the uncompressed stream.
+    A member's ``offset`` is the position of its first header block in the uncompressed stream,
+    counted from ``offset`` (where the input starts in the tar stream; 0 by default).
     Directories, links, devices and other non-regular members are skipped; GNU sparse members
     are rebuilt. The stream ends at the end-of-archive marker (or at EOF on a block boundary).
     ``verify`` checks header checksums. A truncated or malformed stream raises a
@@ -64,7 +70,7 @@ def iter_tar(
     :class:`CompressionError`) naming ``source``, the member and the byte offset, after every
     complete member before the damage has been yielded.
     """
-    for batch in iter_tar_batches(chunks, source, verify=verify, drain=drain):
+    for batch in iter_tar_batches(chunks, source, verify=verify, drain=drain, offset=offset):
         yield from batch
 
 
@@ -75,6 +81,7 @@ def iter_tar_batches(
     verify: bool = True,
     drain: bool = True,
     accelerate: bool = True,
+    offset: int = 0,
 ) -> Iterator[list[tuple[str, bytes, int]]]:
     """Like :func:`iter_tar`, but yields the members in lists (one list per buffer's worth).
 
@@ -83,8 +90,20 @@ def iter_tar_batches(
     any of them is handed out; everything else (extended headers, links, members that span
     buffers, the end of the archive) goes through the general path one header at a time.
     With ``accelerate`` (default) the fast loop runs in C when the extension is built.
+    ``offset`` is where the input starts in the tar stream (a reader that seeked there): the
+    members' offsets are counted from it.
+
+    A :class:`~tarshards.tario.buffer.MappedFile` (a local plain file, see
+    :func:`tar_byte_source`) is parsed in place, in windows of ``CHUNK_SIZE`` bytes of headers.
     """
-    b = _Buffer(chunks)
+    b = reader_buffer(chunks, offset)
+    try:
+        yield from _batches(b, source, verify, drain, accelerate)
+    finally:
+        b.close()
+
+
+def _batches(b: _Buffer, source, verify: bool, drain: bool, accelerate: bool):
     long_name = None  # a GNU long name for the member being assembled
     long_first = False  # the long name came before the member's pax header (it wins)
     pax: dict | None = None  # the pax keys for the member being assembled (globals included)
@@ -94,23 +113,32 @@ def iter_tar_batches(
     last = None  # the member read or skipped last (for the error when the stream is cut after it)
     fill = b.fill
     buf = b.buf
-    pos = 0
-    end = 0
-    base = 0
+    pos = b.pos
+    end = b.end
+    base = b.base
+    mapped = b.mapped  # the whole file is in buf: scan it in windows of headers
     regular = _REGULAR
     zero = _ZERO_BLOCK
     scan = _scan_members if accelerate else None
     while True:
         if start is None and not global_read and end - pos >= BLOCK:
+            if mapped:
+                b.release(pos)
+                limit = pos + CHUNK_SIZE
+            else:
+                limit = end
             if scan is not None:
-                batch, pos = scan(buf, pos, base, end)  # stops where the general path decides
+                # stops where the general path decides, or at the first header after limit
+                batch, pos = scan(buf, pos, base, end, limit)
                 if batch:
                     last = batch
                     yield batch
+                    if pos >= limit:
+                        continue
             else:  # the same fast path in Python: plain members wholly inside the buffer
                 batch = []
                 headers = []
-                while end - pos >= BLOCK:
+                while end - pos >= BLOCK and pos < limit:
                     hdr = buf[pos : pos + BLOCK]
                     if hdr[156] != 0x30 or hdr[135] or hdr[345]:
                         break  # not a plain regular member with a canonical size field
@@ -130,7 +158,7 @@ def iter_tar_batches(
                     if bad >= 0:
                         if bad:
                             yield batch[:bad]
-                        raise _bad_header(headers[bad], source, batch[bad][2])
+                        raise _bad_header(headers[bad], source, batch[bad][2], b.origin)
                     last = batch
                     yield batch
                     continue
@@ -160,7 +188,7 @@ def iter_tar_batches(
             base = b.base
             continue
         if verify and _header_sum(hdr) != _chk_value(hdr) and not _checksum_ok(hdr):
-            raise _bad_header(hdr, source, base + pos)
+            raise _bad_header(hdr, source, base + pos, b.origin)
         try:
             size = int(hdr[124:135], 8) if hdr[135] == 0 else _number(hdr[124:136])
         except ValueError:
@@ -321,15 +349,17 @@ def _at_eof(b: _Buffer, source, start, long_name, pax, last) -> None:
             member=name,
             offset=offset,
         )
-    if b.base == 0:
-        raise TruncatedShardError("empty shard: 0 bytes, not a tar archive", url=source, offset=0)
+    if b.offset() == b.origin:
+        raise TruncatedShardError(
+            "empty shard: 0 bytes, not a tar archive", url=source, offset=b.origin
+        )
 
 
 def _eof_in_header(b: _Buffer, source, start, long_name, pax) -> None:
     """Raise the error for a stream that ends inside a header (or after extended headers)."""
     left = max(0, b.end - b.pos)
     offset = b.offset() if start is None else start
-    if offset == 0 and left:
+    if offset == b.origin and left:
         raise TruncatedShardError(
             f"not a tar archive: the stream holds only {left} bytes, less than one "
             f"{BLOCK}-byte tar header",
