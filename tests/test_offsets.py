@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tarshards.format import group_samples
-from tarshards.seek import read_sample_at, samples_from
+from tarshards.storage.seek import read_sample_at, samples_from
 from tarshards.tario import TarMemberWriter, iter_tar_batches, tar_byte_source
 from tarshards.tario.buffer import MappedFile
 
