@@ -228,15 +228,9 @@ def _batches(b: _Buffer, source, verify: bool, drain: bool, accelerate: bool):
                 pos = b.pos
                 end = b.end
                 base = b.base
-            if end - pos >= size:
-                data = bytes(buf[pos : pos + size])
-                pos += padded
-            else:
-                b.pos = pos
-                data = _read_data(b, size, padded, source, name, start)
-                pos = b.pos
-                end = b.end
-                base = b.base
+            data, pos = _take(b, pos, size, padded, source, name, start)
+            end = b.end
+            base = b.base
             if typeflag == _GNU_SPARSE:
                 data = _unsparse(data, chunks_map, realsize, source, name, start)
             elif meta is not None and not _SPARSE_KEYS.isdisjoint(meta):
@@ -250,15 +244,9 @@ def _batches(b: _Buffer, source, verify: bool, drain: bool, accelerate: bool):
         if typeflag in _META:
             if size > _MAX_META:
                 raise HeaderError("implausibly large extended header", url=source, offset=start)
-            if end - pos >= size:
-                payload = bytes(buf[pos : pos + size])
-                pos += padded
-            else:
-                b.pos = pos
-                payload = _read_data(b, size, padded, source, None, start)
-                pos = b.pos
-                end = b.end
-                base = b.base
+            payload, pos = _take(b, pos, size, padded, source, None, start)
+            end = b.end
+            base = b.base
             if typeflag == _GNU_LONGNAME:
                 if long_name is None:  # the first of several long names wins (as in tarfile)
                     long_name = _nts(payload).decode("utf-8", "surrogateescape")
@@ -298,6 +286,16 @@ def _batches(b: _Buffer, source, verify: bool, drain: bool, accelerate: bool):
             pos += padded
         long_name = pax = start = None
         long_first = False
+
+
+def _take(b: _Buffer, pos: int, size: int, padded: int, source, name, start) -> tuple[bytes, int]:
+    """The ``size`` data bytes at ``pos`` and the position after their padding (read into the
+    buffer first when they are not all there yet)."""
+    if b.end - pos >= size:
+        return bytes(b.buf[pos : pos + size]), pos + padded
+    b.pos = pos
+    data = _read_data(b, size, padded, source, name, start)
+    return data, b.pos
 
 
 def _archive_ends(b: _Buffer, source, drain: bool) -> bool:
