@@ -19,6 +19,7 @@ import tarfile
 import numpy as np
 import pytest
 
+import tarshards
 from tarshards.errors import MissingFieldError, PipeNotAllowedError, UnsafeCodecError
 
 from conftest import write_shards
@@ -176,6 +177,18 @@ def test_own_tarfile_to_samples_from_the_building_blocks(eight):
     assert wds.base_plus_ext("a/b.seg.png") == ("a/b", "seg.png")
     grouped = list(wds.group_by_keys(wds.tar_file_expander(wds.url_opener([{"url": paths[0]}]))))
     assert [s["__key__"] for s in grouped] == [s["__key__"] for s in samples[:10]]
+    # samples carry the offset of their first member, whichever grouping made them (a custom
+    # keys function takes webdataset's loop), as tarshards' own samples do
+    custom = list(
+        wds.group_by_keys(
+            wds.tar_file_expander(wds.url_opener([{"url": paths[0]}])),
+            keys=lambda name: wds.base_plus_ext(name),
+        )
+    )
+    offsets = [s["__offset__"] for s in grouped]
+    assert [s["__offset__"] for s in custom] == offsets
+    assert offsets == [s["__offset__"] for s in tarshards.WebDataset(paths[0])]
+    assert offsets[0] == 0 and offsets == sorted(set(offsets))
 
 
 # ---- OpenCLIP's shape: simulated ranks, real gloo ranks --------------------------------------

@@ -60,10 +60,10 @@ def members(*names):
 def test_group_consecutive_members():
     got = list(group_samples(members("a.jpg", "a.cls", "b.jpg", "b.CLS", "a.txt"), "u.tar"))
     assert got == [
-        {"__key__": "a", "__url__": "u.tar", "jpg": b"a.jpg", "cls": b"a.cls"},
-        {"__key__": "b", "__url__": "u.tar", "jpg": b"b.jpg", "cls": b"b.CLS"},
+        {"__key__": "a", "__url__": "u.tar", "__offset__": 0, "jpg": b"a.jpg", "cls": b"a.cls"},
+        {"__key__": "b", "__url__": "u.tar", "__offset__": 2048, "jpg": b"b.jpg", "cls": b"b.CLS"},
         # non-consecutive members with the same key form a new sample
-        {"__key__": "a", "__url__": "u.tar", "txt": b"a.txt"},
+        {"__key__": "a", "__url__": "u.tar", "__offset__": 4096, "txt": b"a.txt"},
     ]
 
 
@@ -86,11 +86,12 @@ def test_group_skips_and_prefixes():
         {
             "__key__": "d/a",
             "__url__": None,
+            "__offset__": 0,  # the offset of the sample's first member
             "jpg": b"./d/a.jpg",
             "seg.png": b"d/a.seg.png",
             "cls": b"d/a.cls",
         },
-        {"__key__": "d/b/c", "__url__": None, "jpg": b"d/b/c.jpg"},
+        {"__key__": "d/b/c", "__url__": None, "__offset__": 6144, "jpg": b"d/b/c.jpg"},
     ]
 
 
@@ -127,6 +128,7 @@ def test_duplicate_with_dot_slash_prefix_names_real_members():
 
 def test_meta_keys():
     assert is_meta_key("__key__") and is_meta_key("__url__") and not is_meta_key("jpg")
+    assert is_meta_key("__offset__")
 
 
 _key = st.from_regex(

@@ -18,7 +18,8 @@ import pytest
 SRC = Path(__file__).resolve().parent.parent / "src" / "tarshards"
 
 # Lowest first. A module may import modules of its own layer and of the layers below it.
-# A name stands for the module and, with a package, everything in it ("tario" covers tario/*).
+# A name stands for the module and, with a package, everything in it ("cli" covers cli/*), unless
+# a row names the package's module itself ("tario.reader": the layers inside a package).
 LAYERS: list[tuple[str, ...]] = [
     (
         "errors",
@@ -30,7 +31,11 @@ LAYERS: list[tuple[str, ...]] = [
     ("format", "on_error", "tenbin"),  # naming rules, parse_size; the error policy
     ("compression", "hashing"),  # one table of compressions; content hashes
     ("codecs", "crop"),  # the codec registry; image crops
-    ("tario",),  # tar headers, reader, member writer
+    ("tario.headers",),  # tar header fields, checksums, pax records, names
+    ("tario.buffer", "tario.writer"),  # byte sources and the reader's buffer; the member writer
+    ("tario.sparse",),  # GNU sparse members
+    ("tario.reader",),  # the streaming member reader
+    ("tario",),  # the package: re-exports its modules' names
     ("storage",),  # opening URLs (at an offset), retries, atomic output, cache, prefetch, seeks
     ("specs", "urls", "cache", "seek"),  # shard specs (list files and globs read through storage);
     # the old import paths of storage's names (shims: nothing in tarshards imports them)
@@ -124,7 +129,7 @@ def _layer(module: str) -> int | None:
     parts = module.split(".")
     if parts == ["tarshards"]:
         return LAYER_OF["__init__"]
-    return LAYER_OF.get(parts[1])
+    return LAYER_OF.get(".".join(parts[1:3]), LAYER_OF.get(parts[1]))
 
 
 def _modules() -> list[Path]:

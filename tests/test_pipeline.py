@@ -28,7 +28,8 @@ def test_reads_all_samples_in_order(shards):
     got = list(WebDataset(paths))
     assert keys(got) == [s["__key__"] for s in samples]
     assert got[0]["__url__"] == paths[0]
-    assert {k for k in got[0]} == {"__key__", "__url__", "jpg", "cls", "json"}
+    assert {k for k in got[0]} == {"__key__", "__url__", "__offset__", "jpg", "cls", "json"}
+    assert got[0]["__offset__"] == 0 and got[1]["__offset__"] > 0
 
 
 def test_brace_spec_and_double_colon(shards, tmp_path):

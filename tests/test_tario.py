@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import threading
 import warnings
 
@@ -29,6 +30,7 @@ from tarshards.tario import (
     read_chunks,
     tar_header,
 )
+from tarshards.tario.buffer import MappedFile
 
 FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
 HAVE_TAR = shutil.which("tar") is not None
@@ -44,11 +46,13 @@ def read_all(data: bytes, chunk_size: int = 1 << 20, source="mem"):
     # and read straight into the reader's buffer, from a stream that returns short reads
     sources.append(tar_byte_source(Trickle(data, chunk_size), source, chunk_size))
     results = []
-    for chunks in sources:
-        try:
-            results.append(list(iter_tar(chunks, source)))
-        except ShardFormatError as exc:
-            results.append(exc)
+    with local_file(data) as f:  # and memory-mapped, from a local file
+        sources.append(tar_byte_source(f, source, chunk_size))
+        for chunks in sources:
+            try:
+                results.append(list(iter_tar(chunks, source)))
+            except ShardFormatError as exc:
+                results.append(exc)
     plain = results[0]
     if isinstance(plain, ShardFormatError):
         for other in results[1:]:
@@ -56,6 +60,55 @@ def read_all(data: bytes, chunk_size: int = 1 << 20, source="mem"):
         raise plain
     assert all(other == plain for other in results[1:])
     return plain
+
+
+class local_file:
+    """``data`` in a local file, open for reading (unbuffered, as ``open_url`` opens it), so that
+    :func:`tar_byte_source` maps it (a plain tar that is not empty)."""
+
+    def __init__(self, data: bytes, buffering: int = 0):
+        fd, self.path = tempfile.mkstemp(suffix=".tar")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        self.f = open(self.path, "rb", buffering=buffering)
+
+    def __enter__(self):
+        return self.f
+
+    def __exit__(self, *exc):
+        self.f.close()
+        os.unlink(self.path)
+
+
+def test_local_plain_files_are_mapped():
+    data = _member("a.txt", b"x" * 1000) + bytes(1024)
+    for buffering in (0, -1):
+        with local_file(data, buffering) as f:
+            f.read(0)
+            src = tar_byte_source(f, "f")
+            assert isinstance(src, MappedFile) and src.start == 0
+            assert [(n, d) for n, d, _ in iter_tar(src, "f")] == [("a.txt", b"x" * 1000)]
+            assert src.map.closed  # the reader unmaps the file when it finishes
+            assert not f.closed  # the file object stays the caller's
+    # from the position the file is at, offsets counted from there (or from offset=)
+    two = _member("a.txt", b"1") + _member("b.txt", b"2") + bytes(1024)
+    with local_file(two, -1) as f:
+        f.seek(1024)
+        src = tar_byte_source(f, "f")
+        assert isinstance(src, MappedFile) and src.start == 1024
+        assert list(iter_tar(src, "f")) == [("b.txt", b"2", 0)]
+        f.seek(1024)
+        assert list(iter_tar(tar_byte_source(f, "f"), "f", offset=1024)) == [("b.txt", b"2", 1024)]
+        f.seek(1024)
+        assert not isinstance(tar_byte_source(f, "f", mapped=False), MappedFile)
+    # compressed, empty, and not-a-file inputs are streams as before
+    with local_file(gzip.compress(two)) as f:
+        assert not isinstance(tar_byte_source(f, "f"), MappedFile)
+        f.seek(0)
+        assert [m[0] for m in iter_tar(tar_byte_source(f, "f"), "f")] == ["a.txt", "b.txt"]
+    with local_file(b"") as f:
+        assert not isinstance(tar_byte_source(f, "f"), MappedFile)
+    assert not isinstance(tar_byte_source(io.BytesIO(two), "f"), MappedFile)
 
 
 class Trickle(io.RawIOBase):
@@ -621,6 +674,11 @@ def all_ways(data: bytes, sizes=SIZES):
                     if first is None:
                         first = out
                     assert out == first, (size, accelerate)
+        with local_file(data) as f:  # memory-mapped: no chunks at all
+            for accelerate in (True, False):
+                f.seek(0)
+                out = _outcome(tar_byte_source(f, "mem"), accelerate)
+                assert out == first, ("mapped", accelerate)
     return first
 
 

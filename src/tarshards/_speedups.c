@@ -2,7 +2,8 @@
  *
  * scan_members: the fast path of tario.iter_tar_batches (plain ustar members lying wholly in a
  *               buffer, header checksums verified exactly).
- * group_members: the loop of format.group_samples over one batch of members.
+ * group_members: the loop of format.group_samples over one batch of members (samples carry
+ *                __key__, __url__ and __offset__, the offset of their first member).
  *
  * Both stop (rather than raise) at anything unusual, and the pure Python code takes over from
  * there, so the Python implementation stays the single definition of behaviour and of errors.
@@ -34,16 +35,18 @@ parse_octal(const unsigned char *p, Py_ssize_t len, long long *out)
     return 1;
 }
 
-/* scan_members(buf, pos, base, end) -> (members, pos)
+/* scan_members(buf, pos, base, end[, limit]) -> (members, pos)
  * members: list of (name, data, offset) for consecutive plain members; stops at the first header
- * that is not a canonical '0' member fully inside buf, or whose checksum does not match. */
+ * that is not a canonical '0' member fully inside buf, or whose checksum does not match, or
+ * (with limit) at the first header that starts at or after limit. buf may be any buffer (a
+ * bytearray, an mmap): each member's data is copied once, into its bytes object. */
 static PyObject *
 scan_members(PyObject *self, PyObject *args)
 {
     Py_buffer view;
-    Py_ssize_t pos, n;
+    Py_ssize_t pos, n, limit = PY_SSIZE_T_MAX;
     long long base;
-    if (!PyArg_ParseTuple(args, "y*nLn", &view, &pos, &base, &n))
+    if (!PyArg_ParseTuple(args, "y*nLn|n", &view, &pos, &base, &n, &limit))
         return NULL;
     const unsigned char *buf = (const unsigned char *)view.buf;
     if (n > view.len || n < 0)
@@ -51,7 +54,7 @@ scan_members(PyObject *self, PyObject *args)
     PyObject *out = PyList_New(0);
     if (out == NULL)
         goto fail;
-    while (n - pos >= BLOCK) {
+    while (n - pos >= BLOCK && pos < limit) {
         const unsigned char *h = buf + pos;
         long long size, stored;
         if (h[156] != '0' || h[135] != 0 || h[345] != 0)
@@ -108,7 +111,7 @@ fail:
     return NULL;
 }
 
-static PyObject *KEY_STR, *URL_STR;
+static PyObject *KEY_STR, *URL_STR, *OFFSET_STR;
 
 /* group_members(batch, start, url, last_dot, sample, key) -> (samples, sample, key, stop)
  * Groups batch[start:] like format.group_samples. stop is the index of a member that repeats an
@@ -137,6 +140,7 @@ group_members(PyObject *self, PyObject *args)
         }
         PyObject *nameobj = PyTuple_GET_ITEM(member, 0);
         PyObject *data = PyTuple_GET_ITEM(member, 1);
+        PyObject *offset = PyTuple_GET_ITEM(member, 2);
         if (!PyUnicode_Check(nameobj)) {
             PyErr_SetString(PyExc_TypeError, "member names are str");
             goto fail;
@@ -217,7 +221,8 @@ group_members(PyObject *self, PyObject *args)
             }
             PyObject *d = PyDict_New();
             if (d == NULL || PyDict_SetItem(d, KEY_STR, k) < 0 ||
-                PyDict_SetItem(d, URL_STR, url) < 0 || PyDict_SetItem(d, ext, data) < 0) {
+                PyDict_SetItem(d, URL_STR, url) < 0 || PyDict_SetItem(d, OFFSET_STR, offset) < 0 ||
+                PyDict_SetItem(d, ext, data) < 0) {
                 Py_XDECREF(d);
                 Py_DECREF(k);
                 Py_DECREF(ext);
@@ -853,7 +858,8 @@ header_ok(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"scan_members", scan_members, METH_VARARGS,
-     "scan_members(buf, pos, base, end) -> (members, pos): plain members wholly in buf[:end]."},
+     "scan_members(buf, pos, base, end[, limit]) -> (members, pos): plain members wholly in "
+     "buf[:end] whose headers start before limit."},
     {"ustar_parts", ustar_parts, METH_VARARGS,
      "ustar_parts(parts, members, start, mtime, mode) -> (nbytes, stop)."},
     {"group_members", group_members, METH_VARARGS,
@@ -879,10 +885,11 @@ PyInit__speedups(void)
 {
     KEY_STR = PyUnicode_InternFromString("__key__");
     URL_STR = PyUnicode_InternFromString("__url__");
+    OFFSET_STR = PyUnicode_InternFromString("__offset__");
     ZERO_PAD = PyBytes_FromStringAndSize(NULL, BLOCK);
     if (ZERO_PAD != NULL)
         memset(PyBytes_AS_STRING(ZERO_PAD), 0, BLOCK);
-    if (KEY_STR == NULL || URL_STR == NULL || ZERO_PAD == NULL)
+    if (KEY_STR == NULL || URL_STR == NULL || OFFSET_STR == NULL || ZERO_PAD == NULL)
         return NULL;
     return PyModule_Create(&module);
 }

@@ -28,7 +28,7 @@ except ImportError:  # pragma: no cover - built by default; pure Python works th
 
 __all__ = ["META_KEYS", "group_samples", "is_meta_key", "parse_size", "split_name"]
 
-META_KEYS = ("__key__", "__url__", "__index__")
+META_KEYS = ("__key__", "__url__", "__offset__", "__index__")
 
 
 def is_meta_key(field: str) -> bool:
@@ -94,9 +94,11 @@ def group_samples(
 
     ``members`` yields ``(name, data, offset)``, or lists of them with ``batched=True`` (as
     :func:`tarshards.tario.iter_tar_batches` gives). Each sample is ``{"__key__": key,
-    "__url__": url, ext: bytes, ...}``. A repeated extension within one sample raises
-    :class:`DuplicateFieldError` naming both members. With ``accelerate`` (default) batches are
-    grouped in C when the extension is built.
+    "__url__": url, "__offset__": offset, ext: bytes, ...}``, where ``offset`` is the offset of
+    the first member's first header block in the (uncompressed) tar stream, as the member
+    reader reports it: seeking there and reading one sample gives the same sample. A repeated
+    extension within one sample raises :class:`DuplicateFieldError` naming both members. With
+    ``accelerate`` (default) batches are grouped in C when the extension is built.
     """
     if batched and accelerate and _group_members is not None:
         return _group_fast(members, url, last_dot)
@@ -141,7 +143,7 @@ def _group(
                 if sample is not None:
                     yield sample
                 key = k
-                sample = {"__key__": k, "__url__": url, ext: data}
+                sample = {"__key__": k, "__url__": url, "__offset__": offset, ext: data}
             else:
                 if ext in sample:
                     # the first member's name is rebuilt (same ./ prefix as the second one)

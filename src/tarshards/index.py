@@ -740,7 +740,7 @@ class _Blocks:
 
 def _walk(blocks: _Blocks, builder: IndexBuilder, url) -> None:
     """Read tar headers and record every regular member (the reader's naming rules)."""
-    from .tario import _checksum_ok, _nts, _number, _parse_pax
+    from .tario.headers import _checksum_ok, _nts, _number, _parse_pax
 
     new_hasher = member_hasher_factory(builder.member_hash)
     checksum = member_checksum_fn(builder.member_hash)

@@ -32,7 +32,7 @@ from .errors import (
 from .manifest import Manifest, as_manifest
 from .storage import is_local, local_path, open_url
 from .storage.seek import read_exact
-from .tario import _checksum_ok, _number
+from .tario.headers import _checksum_ok, _number
 
 __all__ = ["IndexedDataset"]
 
@@ -271,7 +271,9 @@ class IndexedDataset:
         at = info.member_offsets[m0] - base
         if _header_ok is None or not _header_ok(data, at, sizes[m0]):
             _check_header(data, at, sizes[m0], url, info.member_offsets[m0])
-        sample = {"__key__": info.keys[j], "__url__": url}
+        # __offset__: where the sample's first header starts in the tar stream, as a
+        # sequential read reports it
+        sample = {"__key__": info.keys[j], "__url__": url, "__offset__": int(base)}
         for m in range(m0, m1):
             a = doffs[m] - base
             sample[exts[m]] = data[a : a + sizes[m]]

@@ -41,7 +41,7 @@ from typing import Callable, Generator, Iterator, Sequence
 
 from ._lazy import LazyModule
 from .errors import ResumeError, TarshardsError
-from .format import group_samples, split_name
+from .format import group_samples
 from .shards import shard_order
 from .tario import iter_tar_batches, tar_byte_source
 
@@ -149,20 +149,13 @@ def scan_shards(urls: Sequence[str], *, opener: Callable, last_dot: bool = False
     """
     counts, offsets, plain = [], [], []
     for url in urls:
-        offs: list[int] = []
-        key = None
         try:
             with opener(url) as stream:
                 src = tar_byte_source(stream, url)
                 is_plain = hasattr(src, "readinto")
-                for batch in iter_tar_batches(src, url):
-                    for name, _data, off in batch:
-                        parts = split_name(name, last_dot)
-                        if parts is None:
-                            continue
-                        if parts[0] != key:
-                            key = parts[0]
-                            offs.append(off)
+                batches = iter_tar_batches(src, url)
+                groups = group_samples(batches, url, last_dot=last_dot, batched=True)
+                offs = [sample["__offset__"] for sample in groups]
         except TarshardsError as exn:
             raise exn.with_context(url=url) from None
         counts.append(len(offs))
@@ -537,15 +530,20 @@ class ReaderStream:
         try:
             with self.opener(url) as stream:
                 size, skip = -1, a
+                origin = 0  # where the read starts in the tar stream (samples' __offset__)
                 if offsets is not None:
                     begin = int(offsets[a]) if a < len(offsets) else 0
                     if a and not _seek(stream, begin):
                         _discard(stream, begin, url)
+                    if a:
+                        origin = begin
                     skip = 0
                     if b < len(offsets):  # stop reading where the run ends
                         size = int(offsets[b]) - begin
                 src = _Window(stream, size, self.chunk_bytes)
-                batches = iter_tar_batches(tar_byte_source(src, url, self.chunk_bytes), url)
+                batches = iter_tar_batches(
+                    tar_byte_source(src, url, self.chunk_bytes), url, offset=origin
+                )
                 groups = group_samples(batches, url, last_dot=self.last_dot, batched=True)
                 if skip:
                     next(itertools.islice(groups, skip - 1, skip), None)
@@ -609,7 +607,7 @@ class ReaderStream:
                         else:
                             data = stream.read()
                         want = set(run)
-                        batches = iter_tar_batches([data], url)
+                        batches = iter_tar_batches([data], url, offset=begin)
                         got = 0
                         for i, sample in enumerate(
                             group_samples(batches, url, last_dot=self.last_dot, batched=True), lo

@@ -42,7 +42,8 @@ def raw_tar(path, members) -> None:
 
 
 def fields(sample: dict) -> dict:
-    return {k: v for k, v in sample.items() if k != "__url__"}
+    """What a sample holds, not where it was read (``__url__``, ``__offset__``)."""
+    return {k: v for k, v in sample.items() if k not in ("__url__", "__offset__")}
 
 
 @pytest.fixture
@@ -389,7 +390,7 @@ def test_proc_files_key_and_order(tmp_path):
     assert [s["__key__"] for s in got] == [s["__key__"] for s in samples]
     for s, g in zip(samples, got):
         base = s["__key__"].rpartition("/")[2]
-        assert set(g) == {"__key__", "__url__", "cls", "jpg", "ls", "seen.txt"}
+        assert set(g) == {"__key__", "__url__", "__offset__", "cls", "jpg", "ls", "seen.txt"}
         assert g["seen.txt"] == s["__key__"].encode()
         assert g["ls"].split() == [f"{base}.{e}".encode() for e in ("cls", "jpg", "json")]
         assert g["jpg"] == s["jpg"]

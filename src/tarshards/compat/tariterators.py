@@ -181,7 +181,9 @@ def group_by_keys(
         if current is None or prefix != current["__key__"] or current["__url__"] != url:
             if valid_sample(current):
                 yield current
-            current = {"__key__": prefix, "__url__": url}
+            # as the default grouping: the offset of the sample's first member (None when
+            # the member dicts were made without one)
+            current = {"__key__": prefix, "__url__": url, "__offset__": member.get("__offset__")}
         if suffixes is None or suffix in suffixes:
             if suffix in current:
                 exn = ValueError(f"{fname}: duplicate file name in tar file {suffix} (shard {url})")

@@ -1,0 +1,332 @@
+"""Byte sources for the reader: chunked reads, the reader's buffer, plain and compressed input.
+
+:class:`_Buffer` is a window over the input with absolute stream offsets; the reader parses
+headers straight out of it. A plain (uncompressed) stream is read with ``readinto`` into the
+buffer; gzip and zstd are decompressed chunk by chunk (:mod:`tarshards.compression`).
+
+A local plain file (an ``open(path, "rb")`` file object, buffered or not) is memory-mapped
+instead (:class:`MappedFile`, read through :class:`_MappedBuffer`): the reader parses the map in
+place and each member's bytes are copied once, from the page cache into the ``bytes`` value it
+hands out, with no read buffer in between. Pages behind the reader are released as it goes, so
+the resident memory stays that of a window, not of the file.
+"""
+
+from __future__ import annotations
+
+import io
+import mmap
+import os
+import stat
+from typing import Any, BinaryIO, Iterator, cast
+
+from ..compression import by_magic, decompressed_chunks
+from ..errors import TruncatedShardError
+from .headers import CHUNK_SIZE
+
+
+def read_chunks(
+    stream: BinaryIO, chunk_size: int = CHUNK_SIZE, *, reuse: bool = False
+) -> Iterator[bytes]:
+    """Yield the bytes of ``stream`` in chunks of up to ``chunk_size`` bytes, until EOF.
+
+    With ``reuse=True`` (streams with ``readinto``) every chunk is a memoryview of one buffer that
+    the next chunk overwrites: a consumer must copy what it keeps before asking for more. This
+    spares a fresh allocation (and its page faults) per chunk.
+    """
+    readinto = (
+        getattr(stream, "readinto1", None) or getattr(stream, "readinto", None) if reuse else None
+    )
+    if readinto is not None:
+        view = memoryview(bytearray(chunk_size))
+        while True:
+            n = readinto(view)
+            if not n:
+                return
+            yield cast(bytes, view[:n])  # a memoryview: bytes-like, and valid until the next
+    read = getattr(stream, "read1", None) or stream.read
+    while True:
+        data = read(chunk_size)
+        if not data:
+            return
+        yield data
+
+
+class _Buffer:
+    """A window over the input with absolute stream offsets.
+
+    ``buf`` is a reused bytearray; the unread input is ``buf[pos:end]`` (the array itself may be
+    longer). ``pos`` may lie beyond ``end``: the data (or padding) of a member still to be skipped.
+    The input is a binary stream with ``readinto`` (read straight into ``buf``: one copy from the
+    kernel) or an iterable of byte chunks (copied in). Data handed out must be copied out as
+    ``bytes``. The buffer grows by at most its own size per read, so a size declared in a header
+    is never allocated before its bytes exist.
+    """
+
+    __slots__ = ("it", "readinto", "buf", "pos", "end", "base", "origin")
+
+    mapped = False  # the whole input is in ``buf`` (see _MappedBuffer)
+
+    def __init__(self, source, origin: int = 0):
+        self.readinto = getattr(source, "readinto", None)
+        self.it: Any = None if self.readinto is not None else iter(source)
+        self.buf: Any = bytearray()
+        self.pos = 0
+        self.end = 0
+        self.base = origin  # stream offset of buf[0]
+        self.origin = origin  # stream offset of the first byte read
+
+    def _more(self, room: int) -> int:
+        """Append up to ``room`` (or one chunk's worth of) bytes at ``end``; 0 at EOF."""
+        buf, end = self.buf, self.end
+        if self.readinto is not None:
+            if len(buf) - end < room:
+                buf.extend(bytes(end + room - len(buf)))
+            view = memoryview(buf)
+            try:
+                got = self.readinto(view[end:]) or 0
+            finally:
+                view.release()
+        else:
+            chunk = next(self.it, None)
+            if chunk is None:
+                return 0
+            got = len(chunk)
+            if len(buf) - end < got:
+                buf.extend(bytes(end + got - len(buf)))
+            buf[end : end + got] = chunk
+        self.end = end + got
+        return got
+
+    def fill(self, n: int) -> bool:
+        """Make at least ``n`` bytes available at ``pos``; False at EOF before that.
+
+        When a skip ran past the end of the stream, ``pos > end`` afterwards (and ``base`` is the
+        length of the stream): the caller can tell a cut inside a member from a clean end.
+        """
+        pos, end = self.pos, self.end
+        if end - pos >= n:
+            return True
+        if pos > end:  # a skip ran past the buffer: read and discard input
+            skip = pos - end
+            self.base += end
+            self.pos = self.end = 0
+            while skip:
+                got = self._more(CHUNK_SIZE)
+                if not got:
+                    self.pos = skip  # beyond end: the stream ends inside the skipped bytes
+                    return False
+                if got <= skip:
+                    skip -= got
+                    self.base += got
+                    self.end = 0
+                else:
+                    self.pos = skip
+                    skip = 0
+            pos, end = self.pos, self.end
+            if end - pos >= n:
+                return True
+        if pos:  # move the unread tail to the front
+            buf = self.buf
+            buf[: end - pos] = buf[pos:end]
+            self.base += pos
+            self.pos = 0
+            self.end = end - pos
+        while self.end < n:
+            # ask for at least a chunk, and for at most as much as is already there
+            if not self._more(max(CHUNK_SIZE, min(n - self.end, self.end))):
+                return False
+        return True
+
+    def drain(self, limit: int) -> None:
+        """Read and discard what follows, up to ``limit`` bytes (or the end of the stream).
+
+        This lets the decompression layer check its end (a gzip trailer, a truncated frame)
+        after the end-of-archive marker. Whether it is reached depends only on how many bytes
+        follow the marker, never on how the input was cut into chunks.
+        """
+        total = max(0, self.end - self.pos)
+        while total <= limit:
+            self.pos = self.end = 0
+            got = self._more(CHUNK_SIZE)
+            if not got:
+                return
+            total += got
+
+    def offset(self) -> int:
+        return self.base + self.pos
+
+    def release(self, pos: int) -> None:
+        """Nothing before ``pos`` is read again (a mapped buffer gives those pages back)."""
+
+    def close(self) -> None:
+        """Let go of the input (a mapped buffer unmaps the file)."""
+
+
+# pages of a mapped file given back to the kernel once the reader is this far past them
+_RELEASE = 8 << 20
+_DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
+
+
+class MappedFile:
+    """A local plain tar file, memory-mapped, from the position its file object was at.
+
+    Made by :func:`tar_byte_source`; :func:`iter_tar_batches` reads the map in place. It is a
+    readable stream too (``readinto``), for a consumer that treats it as one. The map is closed
+    when the reader finishes (or :meth:`close`); the file object stays the caller's.
+    """
+
+    def __init__(self, mapping: mmap.mmap, start: int):
+        self.map = mapping
+        self.start = start
+        self._pos = start
+
+    def readinto(self, view) -> int:
+        n = min(len(view), len(self.map) - self._pos)
+        if n <= 0:
+            return 0
+        view[:n] = self.map[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def close(self) -> None:
+        self.map.close()
+
+    def __enter__(self) -> MappedFile:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _MappedBuffer(_Buffer):
+    """The reader's buffer over a :class:`MappedFile`: ``buf`` is the map, ``end`` its length.
+
+    Nothing is ever read or moved: :meth:`fill` only says whether the bytes are there.
+    """
+
+    __slots__ = ("file", "released")
+
+    mapped = True
+
+    def __init__(self, file: MappedFile, origin: int = 0):
+        self.file = file
+        self.readinto = None
+        self.it = None
+        self.buf = file.map
+        self.pos = file.start
+        self.end = len(file.map)
+        self.base = origin - file.start
+        self.origin = origin
+        self.released = 0
+
+    def fill(self, n: int) -> bool:
+        return self.end - self.pos >= n
+
+    def drain(self, limit: int) -> None:
+        pass  # a plain file: nothing after the end-of-archive marker needs reading
+
+    def release(self, pos: int) -> None:
+        upto = min(pos, self.end) & ~(mmap.PAGESIZE - 1)
+        if _DONTNEED is not None and upto - self.released >= _RELEASE:
+            start = self.released
+            self.released = upto
+            try:
+                self.buf.madvise(_DONTNEED, start, upto - start)
+            except (OSError, ValueError):  # pragma: no cover - an advice, never an error
+                pass
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _map_local(stream) -> MappedFile | None:
+    """A :class:`MappedFile` of ``stream`` when it is a local regular file holding a plain tar
+    from its current position on; else ``None`` (nothing read, the position unchanged)."""
+    if type(stream) not in (io.FileIO, io.BufferedReader) or not stream.readable():
+        return None
+    try:
+        fd = stream.fileno()
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+            return None
+        start = stream.tell()
+        if start >= st.st_size:
+            return None
+        mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):  # a file system without mmap, a pipe that says it is a file
+        return None
+    if len(mapping) <= start or by_magic(mapping[start : start + 4]) is not None:
+        mapping.close()  # compressed: read as a stream (decompressed chunk by chunk)
+        return None
+    return MappedFile(mapping, start)
+
+
+def reader_buffer(source, origin: int = 0) -> _Buffer:
+    """The reader's buffer over what :func:`tar_byte_source` gave (or any iterable of chunks)."""
+    if isinstance(source, MappedFile):
+        return _MappedBuffer(source, origin)
+    return _Buffer(source, origin)
+
+
+class PlainStream:
+    """The input of a plain (uncompressed) tar stream, read with ``readinto`` straight into the
+    reader's buffer. ``first`` is what was already read to sniff for compression."""
+
+    def __init__(self, stream: Any, first: bytes = b""):
+        self._first = memoryview(first)
+        self._readinto = getattr(stream, "readinto1", None) or stream.readinto
+
+    def readinto(self, view) -> int:
+        if self._first:
+            n = min(len(view), len(self._first))
+            view[:n] = self._first[:n]
+            self._first = self._first[n:]
+            return n
+        return self._readinto(view) or 0
+
+
+def tar_byte_source(
+    stream: BinaryIO, source=None, chunk_size: int = CHUNK_SIZE, *, mapped: bool = True
+):
+    """What :func:`iter_tar_batches` reads from ``stream``: gzip and zstd (found by their magic
+    bytes) are decompressed chunk by chunk; a plain tar is read straight into the buffer, and a
+    local plain file (``open(path, "rb")``) is memory-mapped (:class:`MappedFile`) unless
+    ``mapped=False``. A mapped file must not be truncated while it is read (as with any map,
+    touching pages past a new end kills the process with SIGBUS); the writers here never do
+    that (they write to a temporary name and rename)."""
+    if mapped:
+        file = _map_local(stream)
+        if file is not None:
+            return file
+    if getattr(stream, "readinto", None) is None:
+        return decompressed_chunks(read_chunks(stream, chunk_size), source)
+    first = b""
+    while len(first) < 4:
+        piece = (getattr(stream, "read1", None) or stream.read)(chunk_size)
+        if not piece:
+            break
+        first += piece
+    if by_magic(first) is not None:
+        return decompressed_chunks(_chain_chunks(first, read_chunks(stream, chunk_size)), source)
+    return PlainStream(stream, first)
+
+
+def _chain_chunks(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
+    yield first
+    yield from rest
+
+
+def _read_data(b: _Buffer, size: int, padded: int, source, name, start) -> bytes:
+    """The ``size`` data bytes at ``b.pos`` (then skip the padding, which may lie beyond the end
+    of the stream: the next read sees that)."""
+    if not b.fill(size):
+        raise TruncatedShardError(
+            f"truncated tar stream: member needs {size} bytes, stream ended after "
+            f"{max(0, b.end - b.pos)}",
+            url=source,
+            member=name,
+            offset=start,
+        )
+    data = bytes(b.buf[b.pos : b.pos + size])
+    b.pos += padded
+    return data

@@ -1,0 +1,378 @@
+"""The streaming member reader: ``(name, data, offset)`` for each regular member of a tar stream.
+
+A C fast path (``_speedups.scan_members``) for plain ustar members lying wholly in the buffer,
+the same fast path in Python, and the general path for everything else (extended headers, GNU
+long names, sparse members, members spanning reads, the end of the archive). The Python code is
+the reference: the C loop stops, rather than raises, at anything unusual.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import BinaryIO, Iterable, Iterator
+
+from ..errors import HeaderError, TarshardsWarning, TruncatedShardError
+from .buffer import _Buffer, _read_data, reader_buffer, tar_byte_source
+from .headers import (
+    _DRAIN_LIMIT,
+    _GNU_LONGNAME,
+    _GNU_SPARSE,
+    _MAX_META,
+    _META,
+    _NO_DATA,
+    _PAX,
+    _PAX_GLOBAL,
+    _PAX_READ_KEYS,
+    _REGULAR,
+    _SPARSE_KEYS,
+    _ZERO_BLOCK,
+    BLOCK,
+    CHUNK_SIZE,
+    _bad_header,
+    _checksum_ok,
+    _chk_value,
+    _first_bad_header,
+    _header_sum,
+    _member_name,
+    _merge_pax,
+    _nts,
+    _number,
+    _parse_pax,
+    _pax_size,
+    _pending_name,
+    _size_field,
+)
+from .sparse import _old_gnu_sparse_map, _pax_unsparse, _unsparse
+
+try:  # optional C accelerator (see _speedups.c); the Python code below is the reference
+    from .._speedups import scan_members as _scan_members
+except ImportError:  # pragma: no cover - built by default; pure Python works the same
+    _scan_members = None
+
+
+def iter_tar(
+    chunks: Iterable[bytes],
+    source=None,
+    *,
+    verify: bool = True,
+    drain: bool = True,
+    offset: int = 0,
+) -> Iterator[tuple[str, bytes, int]]:
+    """Yield ``(name, data, offset)`` for each regular member of a tar byte stream.
+
+    ``chunks`` is an iterable of bytes (see :func:`read_chunks` and :func:`decompressed_chunks`).
+    A member's ``offset`` is the position of its first header block in the uncompressed stream,
+    counted from ``offset`` (where the input starts in the tar stream; 0 by default).
+    Directories, links, devices and other non-regular members are skipped; GNU sparse members
+    are rebuilt. The stream ends at the end-of-archive marker (or at EOF on a block boundary).
+    ``verify`` checks header checksums. A truncated or malformed stream raises a
+    :class:`ShardFormatError` (:class:`TruncatedShardError`, :class:`HeaderError`,
+    :class:`CompressionError`) naming ``source``, the member and the byte offset, after every
+    complete member before the damage has been yielded.
+    """
+    for batch in iter_tar_batches(chunks, source, verify=verify, drain=drain, offset=offset):
+        yield from batch
+
+
+def iter_tar_batches(
+    chunks: Iterable[bytes],
+    source=None,
+    *,
+    verify: bool = True,
+    drain: bool = True,
+    accelerate: bool = True,
+    offset: int = 0,
+) -> Iterator[list[tuple[str, bytes, int]]]:
+    """Like :func:`iter_tar`, but yields the members in lists (one list per buffer's worth).
+
+    This is the reader's hot path. Plain ustar members that lie wholly inside the current buffer
+    are parsed in a tight loop and their header checksums verified together (vectorised) before
+    any of them is handed out; everything else (extended headers, links, members that span
+    buffers, the end of the archive) goes through the general path one header at a time.
+    With ``accelerate`` (default) the fast loop runs in C when the extension is built.
+    ``offset`` is where the input starts in the tar stream (a reader that seeked there): the
+    members' offsets are counted from it.
+
+    A :class:`~tarshards.tario.buffer.MappedFile` (a local plain file, see
+    :func:`tar_byte_source`) is parsed in place, in windows of ``CHUNK_SIZE`` bytes of headers.
+    """
+    b = reader_buffer(chunks, offset)
+    try:
+        yield from _batches(b, source, verify, drain, accelerate)
+    finally:
+        b.close()
+
+
+def _batches(b: _Buffer, source, verify: bool, drain: bool, accelerate: bool):
+    long_name = None  # a GNU long name for the member being assembled
+    long_first = False  # the long name came before the member's pax header (it wins)
+    pax: dict | None = None  # the pax keys for the member being assembled (globals included)
+    global_pax: dict = {}
+    global_read = False  # the global keys change how members are read: no fast path
+    start = None  # offset of the first header of the member being assembled
+    last = None  # the member read or skipped last (for the error when the stream is cut after it)
+    fill = b.fill
+    buf = b.buf
+    pos = b.pos
+    end = b.end
+    base = b.base
+    mapped = b.mapped  # the whole file is in buf: scan it in windows of headers
+    regular = _REGULAR
+    zero = _ZERO_BLOCK
+    scan = _scan_members if accelerate else None
+    while True:
+        if start is None and not global_read and end - pos >= BLOCK:
+            if mapped:
+                b.release(pos)
+                limit = pos + CHUNK_SIZE
+            else:
+                limit = end
+            if scan is not None:
+                # stops where the general path decides, or at the first header after limit
+                batch, pos = scan(buf, pos, base, end, limit)
+                if batch:
+                    last = batch
+                    yield batch
+                    if pos >= limit:
+                        continue
+            else:  # the same fast path in Python: plain members wholly inside the buffer
+                batch = []
+                headers = []
+                while end - pos >= BLOCK and pos < limit:
+                    hdr = buf[pos : pos + BLOCK]
+                    if hdr[156] != 0x30 or hdr[135] or hdr[345]:
+                        break  # not a plain regular member with a canonical size field
+                    try:
+                        size = int(hdr[124:135], 8)
+                    except ValueError:
+                        break
+                    if size < 0 or end - pos - BLOCK < size:
+                        break
+                    nul = hdr.find(0, 0, 100)
+                    name = (hdr[:nul] if nul >= 0 else hdr[:100]).decode("utf-8", "surrogateescape")
+                    batch.append((name, bytes(buf[pos + BLOCK : pos + BLOCK + size]), base + pos))
+                    headers.append(hdr)
+                    pos += BLOCK + ((size + 511) & ~511)
+                if batch:
+                    bad = _first_bad_header(headers) if verify else -1
+                    if bad >= 0:
+                        if bad:
+                            yield batch[:bad]
+                        raise _bad_header(headers[bad], source, batch[bad][2], b.origin)
+                    last = batch
+                    yield batch
+                    continue
+        if end - pos < BLOCK:
+            b.pos = pos
+            if not fill(BLOCK):
+                _at_eof(b, source, start, long_name, pax, last)  # raises unless a clean end
+                return
+            pos = b.pos
+            end = b.end
+            base = b.base
+        hdr = bytes(buf[pos : pos + BLOCK])
+        if hdr == zero:
+            if start is not None:
+                raise HeaderError(
+                    "an extended header is followed by the end-of-archive marker "
+                    "instead of its member",
+                    url=source,
+                    member=_pending_name(long_name, pax),
+                    offset=start,
+                )
+            b.pos = pos + BLOCK
+            if _archive_ends(b, source, drain):
+                return
+            pos = b.pos
+            end = b.end
+            base = b.base
+            continue
+        if verify and _header_sum(hdr) != _chk_value(hdr) and not _checksum_ok(hdr):
+            raise _bad_header(hdr, source, base + pos, b.origin)
+        try:
+            size = int(hdr[124:135], 8) if hdr[135] == 0 else _number(hdr[124:136])
+        except ValueError:
+            size = _size_field(hdr, source, base + pos)
+        if size < 0:
+            size = _size_field(hdr, source, base + pos)
+        typeflag = hdr[156]
+        fresh = start is None  # this header starts a member (no extended header before it)
+        first: int = base + pos if start is None else start  # the member's first header
+        start = first
+        pos += BLOCK
+        meta = pax if pax is not None else (global_pax if global_read else None)
+        if meta is not None and "size" in meta and typeflag not in _META:
+            size = _pax_size(meta, source, start)  # (not for the extended headers themselves)
+        padded = (size + 511) & ~511
+        if typeflag in regular or typeflag == _GNU_SPARSE:
+            name = _member_name(
+                hdr, long_name if long_first or meta is None or "path" not in meta else None, meta
+            )
+            if not typeflag and name[-1:] == "/":  # pre-POSIX directory (typeflag NUL)
+                last = (name, start, base + pos + size)
+                pos += padded
+                long_name = pax = start = None
+                long_first = False
+                continue
+            if typeflag == _GNU_SPARSE:
+                if meta is not None and not _SPARSE_KEYS.isdisjoint(meta):
+                    raise HeaderError(
+                        "an old-GNU sparse member with pax GNU.sparse records "
+                        "(contradictory sparse maps)",
+                        url=source,
+                        member=name,
+                        offset=start,
+                    )
+                b.pos = pos
+                chunks_map, realsize = _old_gnu_sparse_map(hdr, b, source, name, start)
+                pos = b.pos
+                end = b.end
+                base = b.base
+            data, pos = _take(b, pos, size, padded, source, name, start)
+            end = b.end
+            base = b.base
+            if typeflag == _GNU_SPARSE:
+                data = _unsparse(data, chunks_map, realsize, source, name, start)
+            elif meta is not None and not _SPARSE_KEYS.isdisjoint(meta):
+                data = _pax_unsparse(data, meta, source, name, start)
+            last = (name, start, None)
+            yield [(name, data, first)]
+            long_name = pax = start = None
+            long_first = False
+            continue
+        # metadata and non-regular members
+        if typeflag in _META:
+            if size > _MAX_META:
+                raise HeaderError("implausibly large extended header", url=source, offset=start)
+            payload, pos = _take(b, pos, size, padded, source, None, start)
+            end = b.end
+            base = b.base
+            if typeflag == _GNU_LONGNAME:
+                if long_name is None:  # the first of several long names wins (as in tarfile)
+                    long_name = _nts(payload).decode("utf-8", "surrogateescape")
+                    long_first = pax is None or "path" not in pax  # the outer name wins
+            elif typeflag == _PAX:
+                records = _parse_pax(payload, source, start)
+                if pax is None:
+                    pax = _merge_pax(global_pax, records)
+                else:  # a second pax header for one member: the first one's keys win
+                    if not (_SPARSE_KEYS.isdisjoint(pax) or _SPARSE_KEYS.isdisjoint(records)):
+                        raise HeaderError(
+                            "two pax headers with GNU.sparse records for one "
+                            "member (contradictory sparse maps)",
+                            url=source,
+                            member=_pending_name(long_name, pax),
+                            offset=start,
+                        )
+                    pax = _merge_pax(pax, records, pax)
+            elif typeflag == _PAX_GLOBAL:
+                records = _parse_pax(payload, source, start)
+                if not _SPARSE_KEYS.isdisjoint(records):
+                    raise HeaderError(
+                        "GNU.sparse records in a pax global header (a sparse map "
+                        "belongs to one member)",
+                        url=source,
+                        offset=start,
+                    )
+                global_pax = _merge_pax(global_pax, records)
+                global_read = not _PAX_READ_KEYS.isdisjoint(global_pax)
+                if fresh:  # a global header is no member's first header
+                    last = (None, start, None)
+                    start = None
+            continue  # long link names are irrelevant: links are skipped
+        # directories, links, devices, fifos: no data; other types: skip their data
+        if typeflag not in _NO_DATA:
+            last = (_member_name(hdr, long_name, meta), start, base + pos + size)
+            pos += padded
+        long_name = pax = start = None
+        long_first = False
+
+
+def _take(b: _Buffer, pos: int, size: int, padded: int, source, name, start) -> tuple[bytes, int]:
+    """The ``size`` data bytes at ``pos`` and the position after their padding (read into the
+    buffer first when they are not all there yet)."""
+    if b.end - pos >= size:
+        return bytes(b.buf[pos : pos + size]), pos + padded
+    b.pos = pos
+    data = _read_data(b, size, padded, source, name, start)
+    return data, b.pos
+
+
+def _archive_ends(b: _Buffer, source, drain: bool) -> bool:
+    """``b.pos`` is just past a zero block: True if the archive ends here (a second zero block or
+    the end of the stream), False for a lone zero block followed by more headers (a warning)."""
+    at = b.offset() - BLOCK
+    if not b.fill(BLOCK):
+        if bytes(b.buf[b.pos : b.end]).strip(b"\0"):
+            raise TruncatedShardError(
+                "truncated tar stream: a zero block, then an incomplete header block",
+                url=source,
+                offset=at + BLOCK,
+            )
+        return True
+    if b.buf[b.pos : b.pos + BLOCK] == _ZERO_BLOCK:
+        b.pos += BLOCK
+        if drain:
+            b.drain(_DRAIN_LIMIT)
+        return True
+    warnings.warn(
+        TarshardsWarning(
+            f"a lone zero block at offset {at} of {source or 'a tar stream'}, and more headers "
+            f"after it: reading on (as tar --ignore-zeros does)"
+        ),
+        stacklevel=4,
+    )
+    return False
+
+
+def _at_eof(b: _Buffer, source, start, long_name, pax, last) -> None:
+    """The stream ended where a header should start: raise unless that is a clean end."""
+    if start is not None or b.end > b.pos:
+        _eof_in_header(b, source, start, long_name, pax)
+    if b.pos > b.end:  # the stream ends inside the data or padding of the last member
+        if isinstance(last, list):  # a batch of plain members
+            name, data, offset = last[-1]
+            data_end = None
+        else:
+            name, offset, data_end = last
+        stream_end = b.base + b.end
+        if data_end is None or stream_end >= data_end:
+            where = "inside the zero padding after the data of the last member"
+        else:
+            where = f"{data_end - stream_end} bytes short of the end of a skipped member's data"
+        raise TruncatedShardError(
+            f"truncated tar stream: it ends {where} (after {stream_end} bytes, without the "
+            "end-of-archive marker)",
+            url=source,
+            member=name,
+            offset=offset,
+        )
+    if b.offset() == b.origin:
+        raise TruncatedShardError(
+            "empty shard: 0 bytes, not a tar archive", url=source, offset=b.origin
+        )
+
+
+def _eof_in_header(b: _Buffer, source, start, long_name, pax) -> None:
+    """Raise the error for a stream that ends inside a header (or after extended headers)."""
+    left = max(0, b.end - b.pos)
+    offset = b.offset() if start is None else start
+    if offset == b.origin and left:
+        raise TruncatedShardError(
+            f"not a tar archive: the stream holds only {left} bytes, less than one "
+            f"{BLOCK}-byte tar header",
+            url=source,
+            offset=0,
+        )
+    what = "incomplete header block" if left else "extended header without its member"
+    raise TruncatedShardError(
+        f"truncated tar stream: {what}",
+        url=source,
+        member=_pending_name(long_name, pax),
+        offset=offset,
+    )
+
+
+def open_tar_bytes(stream: BinaryIO, source=None, chunk_size: int = CHUNK_SIZE):
+    """Members ``(name, data, offset)`` of a possibly compressed tar byte stream."""
+    return iter_tar(tar_byte_source(stream, source, chunk_size), source)
