@@ -41,7 +41,7 @@ LAYERS: list[tuple[str, ...]] = [
     # the old import paths of storage's names (shims: nothing in tarshards imports them)
     ("writer", "manifest", "index"),  # writing; the dataset's record and index
     ("shards", "source", "reading"),  # shard lists, the epoch plan and its cursor; shard reading
-    ("stages", "planned"),  # stages; the planned iteration and its state
+    ("stages", "planned", "stateful"),  # stages; the planned iteration; stages with a state
     ("composition",),  # DataPipeline: a source and stages, the fluent methods
     ("pipeline",),  # WebDataset (and the names of the modules above, re-exported)
     ("mixing", "indexed", "testing"),  # mixtures, random access, the resume check

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tarshards.stages import Batch, Chain, Limit, ListSource, Shuffle, Unbatch
+from tarshards.stateful import Batch, Chain, Limit, ListSource, Shuffle, Unbatch
 from tarshards.testing import check_resume, run_epochs
 
 CHAINS = {
