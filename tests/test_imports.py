@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("format", "on_error", "tenbin"),  # naming rules, parse_size; the error policy
     ("compression", "hashing"),  # one table of compressions; content hashes
     ("codecs", "crop"),  # the codec registry; image crops
+    ("decoding",),  # the decode stage (and the fused decode + to_tuple)
     ("tario.headers",),  # tar header fields, checksums, pax records, names
     ("tario.buffer", "tario.writer"),  # byte sources and the reader's buffer; the member writer
     ("tario.sparse",),  # GNU sparse members

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tarshards import stages
+from tarshards import decoding, stages
 from tarshards.errors import DecodeError, UnsafeCodecError
 
 
@@ -240,7 +240,7 @@ def _same(a, b):
 def test_fused_decode_tuple_is_decode_then_to_tuple(fields, kw, mode):
     handlers = (mode,) if mode else ()
     want = list(stages.to_tuple(stages.decode(_mixed_samples(), *handlers), *fields, **kw))
-    got = list(stages._decode_tuple(_mixed_samples(), fields, *handlers, **kw))
+    got = list(decoding._decode_tuple(_mixed_samples(), fields, *handlers, **kw))
     _same(got, want)
 
 
@@ -252,7 +252,7 @@ def test_fused_decode_tuple_errors_as_the_two_stages():
 
         def run(fused, policy=policy):
             if fused:
-                return list(stages._decode_tuple(samples, ("cls", "json"), on_error=policy))
+                return list(decoding._decode_tuple(samples, ("cls", "json"), on_error=policy))
             return list(
                 stages.to_tuple(
                     stages.decode(samples, on_error=policy), "cls", "json", on_error=policy
@@ -274,13 +274,13 @@ def test_fused_decode_tuple_errors_as_the_two_stages():
     from tarshards.errors import MissingFieldError
 
     with pytest.raises(MissingFieldError, match="k5"):
-        list(stages._decode_tuple(samples, ("cls",)))
+        list(decoding._decode_tuple(samples, ("cls",)))
     # already decoded fields: an error unless partial=True, as decode says
     samples = _mixed_samples()
     samples[1]["cls"] = 1
     with pytest.raises(DecodeError, match="already decoded"):
-        list(stages._decode_tuple(samples, ("cls",)))
-    assert [c for (c,) in stages._decode_tuple(samples, ("cls",), partial=True)] == list(range(8))
+        list(decoding._decode_tuple(samples, ("cls",)))
+    assert [c for (c,) in decoding._decode_tuple(samples, ("cls",), partial=True)] == list(range(8))
 
 
 def test_fused_decode_tuple_runs_handlers_with_the_same_generators():
@@ -294,7 +294,7 @@ def test_fused_decode_tuple_runs_handlers_with_the_same_generators():
     def run(fused):
         handlers = (draw, "rgb8")
         if fused:
-            it = stages._decode_tuple(
+            it = decoding._decode_tuple(
                 _mixed_samples(), ("cls", "json"), *handlers, rng=random.Random(5)
             )
         else:

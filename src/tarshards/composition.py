@@ -19,6 +19,7 @@ import inspect
 import itertools
 from typing import Any, Callable, Iterable, Iterator
 
+from . import decoding as _decoding
 from . import stages as _stages
 from .on_error import OnError, error_policy
 from .planned import _PlannedIterator
@@ -273,9 +274,9 @@ class DataPipeline:
             ):
                 tup = stages[n + 1]
                 if st.wants_policy and tup.wants_policy and set(tup.kwargs) <= {"missing_is_error"}:
-                    # decode and to_tuple in one pass (stages._decode_tuple): same values
+                    # decode and to_tuple in one pass (decoding._decode_tuple): same values
                     fused = n + 1
-                    fn, args = _stages._decode_tuple, (tup.args, *st.args)
+                    fn, args = _decoding._decode_tuple, (tup.args, *st.args)
                     kwargs = dict(kwargs, **tup.kwargs)
                 elif "only" not in kwargs:
                     # to_tuple keeps only the fields it names: decoding the others is wasted work

@@ -158,3 +158,9 @@ def _group(
                 sample[ext] = data
     if sample is not None:
         yield sample
+
+
+def field_options(spec) -> list[list[str]]:
+    """``("jpg;png", "cls")`` as ``[["jpg", "png"], ["cls"]]``: each field's alternatives, the
+    first present one chosen (``to_tuple``'s and ``decode``'s field specs)."""
+    return [s.split(";") for s in spec]

@@ -27,6 +27,7 @@ import warnings
 from typing import Callable, Literal, Union
 
 from .errors import (
+    DecodeError,
     MissingDependencyError,
     PipeNotAllowedError,
     TarshardsError,
@@ -43,6 +44,7 @@ __all__ = [
     "ignore_and_stop",
     "is_data_error",
     "reraise_exception",
+    "sample_context",
     "warn_and_continue",
     "warn_and_stop",
 ]
@@ -184,3 +186,25 @@ def error_policy(on_error: OnError | None = None, handler: Callable | None = Non
     if callable(on_error):
         return ErrorPolicy("callable", on_error)
     raise TypeError(f"on_error must be 'raise', 'skip', 'warn' or a function, not {on_error!r}")
+
+
+def sample_context(exn: Exception, sample, field=None, wrap: bool = False) -> Exception:
+    """Attach the sample's shard URL and member name to an error.
+
+    Our own errors get the context as attributes; with ``wrap`` (decoding) other errors become a
+    :class:`DecodeError` caused by them; otherwise they keep their type and get a note.
+    """
+    if not isinstance(sample, dict):
+        return exn
+    url = sample.get("__url__")
+    key = sample.get("__key__")
+    member = f"{key}.{field}" if (key is not None and field) else key
+    if isinstance(exn, TarshardsError):
+        return exn.with_context(url=url, member=member)
+    if wrap:
+        wrapped = DecodeError(f"{type(exn).__name__}: {exn}", url=url, member=member)
+        wrapped.__cause__ = exn
+        return wrapped
+    if hasattr(exn, "add_note"):
+        exn.add_note(f"in sample {key!r} of shard {url}")
+    return exn

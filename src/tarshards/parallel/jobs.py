@@ -9,7 +9,7 @@ from typing import Callable
 
 from .. import stages as _stages
 from ..errors import TarshardsError
-from ..on_error import OnError, describe, error_policy
+from ..on_error import OnError, describe, error_policy, sample_context
 from ..pipeline import shard_samples
 from ..writer import TarWriter
 from .reports import FAILED, ShardReport
@@ -125,7 +125,7 @@ class SampleShardJob(ShardJob):
                         results = result if isinstance(result, (list, tuple)) else (result,)
                         members = [sink.encode(r) for r in results]
                     except Exception as exn:
-                        handle(_stages._context(exn, sample))
+                        handle(sample_context(exn, sample))
                         continue
                     for m in members:
                         sink.write_members(m)

@@ -8,7 +8,7 @@ from typing import Callable, Iterable, Iterator
 
 from .. import stages as _stages
 from ..errors import TarshardsError
-from ..on_error import OnError, error_policy
+from ..on_error import OnError, error_policy, sample_context
 from .pool import ProcessPool, default_workers, dumps, portable_exception, remote_cause
 
 __all__ = ["apply_one", "map_samples"]
@@ -42,7 +42,7 @@ class _ChunkRunner:
             try:
                 out.append(_SampleOutcome(True, apply_one(self.fn, sample)))
             except Exception as exn:
-                err = _stages._context(exn, sample)
+                err = sample_context(exn, sample)
                 out.append(_SampleOutcome(False, portable_exception(err), traceback.format_exc()))
         return out
 

@@ -1,0 +1,285 @@
+"""The decode stage: fields decoded by extension through the codec registry
+(:mod:`tarshards.codecs`), custom handlers first, and the fused ``decode`` + ``to_tuple`` pass
+that a pipeline runs for ``.decode(...).to_tuple(...)``.
+
+Both are generator functions like every stateless stage (:mod:`tarshards.stages` re-exports
+them); errors follow the pipeline's ``on_error`` policy (:mod:`tarshards.on_error`).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Callable, Iterable, Iterator
+
+from .codecs import IMAGE_MODES, _EXTRA_MODES, field_decoder, image_decoder
+from .errors import DecodeError, MissingFieldError
+from .format import field_options
+from .on_error import OnError, error_policy, sample_context
+
+__all__ = ["decode", "handle_extension"]
+
+
+class _Handler:
+    """A decoder handler for one extension (webdataset's ``handle_extension``)."""
+
+    def __init__(self, extensions: str, fn: Callable[[bytes], Any]):
+        self.extensions = [e.lower() for e in extensions.split()]
+        self.fn = fn
+
+    def __call__(self, key: str, data: bytes):
+        ext = key.lower()
+        for e in self.extensions:
+            if ext == e or ext.endswith("." + e):
+                return self.fn(data)
+        return None
+
+
+def handle_extension(extensions: str, fn: Callable[[bytes], Any]) -> Callable:
+    """A decode handler: ``fn(data)`` for fields with one of the space-separated extensions."""
+    return _Handler(extensions, fn)
+
+
+_BYTES_LIKE = (bytes, bytearray, memoryview)
+
+
+def _decoders(handlers, only, size, allow_unsafe: bool, rng):
+    """What :func:`decode` and :func:`_decode_tuple` work with: ``(custom, seeded, base, only,
+    cache, lookup)``, the custom handlers, which of them take a generator, the seed of the
+    per-sample generators, the extensions to decode, and a cache of field decoders filled by
+    ``lookup(ext)``."""
+    image_mode = None
+    custom = []
+    for h in handlers:
+        if isinstance(h, str):
+            if h not in IMAGE_MODES and h not in _EXTRA_MODES:
+                raise ValueError(
+                    f"unknown decoding mode {h!r}; choose one of "
+                    f"{', '.join(sorted(IMAGE_MODES))} or pass a function"
+                )
+            image_mode = h
+        elif callable(h):
+            custom.append(h)
+        else:
+            raise TypeError(f"decode handlers are mode names or functions, not {h!r}")
+    if isinstance(only, str):
+        only = only.split()
+    only = None if only is None else {e.lower() for e in only}
+    if image_mode is not None:
+        image_decoder(image_mode, size)  # a mode whose package is missing fails here, once
+    cache: dict[str, Callable | None] = {}
+    seeded = [bool(getattr(h, "wants_rng", False)) for h in custom]
+    base = None
+    if any(seeded):
+        base = (rng if rng is not None else random.Random()).getrandbits(64)
+
+    def lookup(ext):
+        dec = field_decoder(ext, image_mode=image_mode, size=size, allow_unsafe=allow_unsafe)
+        cache[ext] = dec
+        return dec
+
+    return custom, seeded, base, only, cache, lookup
+
+
+def _already_decoded(k: str, v) -> DecodeError:
+    return DecodeError(
+        f"field {k!r} is already decoded ({type(v).__name__}); use partial=True to allow this"
+    )
+
+
+def _handled(custom, seeded, base, sample, sample_rng, k: str, v):
+    """``(value or None, sample_rng)``: the first custom handler's value for field ``k``;
+    handlers that want one get the sample's generator (made on first use, from ``base`` and
+    the sample's ``__url__`` and ``__key__``)."""
+    for h, wants_rng in zip(custom, seeded):
+        if wants_rng:
+            if sample_rng is None:
+                sample_rng = random.Random(
+                    f"{base}/{sample.get('__url__')}/{sample.get('__key__')}"
+                )
+            value = h(k, v, rng=sample_rng)
+        else:
+            value = h(k, v)
+        if value is not None:
+            return value, sample_rng
+    return None, sample_rng
+
+
+def decode(
+    samples: Iterable[dict],
+    *handlers,
+    only=None,
+    partial: bool = False,
+    size=None,
+    allow_unsafe: bool = False,
+    on_error: OnError = "raise",
+    handler: Callable | None = None,
+    rng: random.Random | None = None,
+) -> Iterator[dict]:
+    """Decode the fields of each sample by extension.
+
+    ``handlers`` are image modes (``"pil"``, ``"rgb8"``, ``"torchrgb"``...; the last one wins) and
+    functions ``f(extension, data)`` that return a value or ``None`` to pass (tried first, in
+    order). With no image mode, images stay bytes. ``only`` limits decoding to some extensions.
+    ``size=(w, h)`` decodes images at that size (JPEGs at reduced scale, much faster).
+    ``partial=True`` passes fields that are already decoded; otherwise those are an error.
+    ``on_error``: what a field that does not decode does (:mod:`tarshards.on_error`).
+
+    Handlers with a true ``wants_rng`` attribute (random augmentations such as
+    :func:`tarshards.random_resized_crop`) are called as ``f(extension, data, rng=r)`` with a
+    generator of the sample's own, seeded from ``rng`` (pipelines pass one seeded from seed,
+    epoch and reader) and the sample's ``__url__`` and ``__key__``: a sample's draws do not
+    depend on the samples before it, so a resumed epoch draws the same.
+    """
+    policy = error_policy(on_error, handler)
+    custom, seeded, base, only, cache, lookup = _decoders(handlers, only, size, allow_unsafe, rng)
+
+    # Samples of a dataset mostly share one set of fields: the (field, decoder) pairs to apply
+    # are worked out once per set of fields (a plan), so the per-sample work is a dict copy and
+    # one call per decoded field. Custom handlers, or too many distinct field sets, take the
+    # general loop.
+    plans: dict[tuple, list] = {}
+
+    def plan_for(keys):
+        plan = []
+        for k in keys:
+            if (k[:2] == "__") or (only is not None and k not in only):
+                continue
+            plan.append((k, cache[k] if k in cache else lookup(k)))
+        if len(plans) < 64:
+            plans[keys] = plan
+        return plan
+
+    for sample in samples:
+        k = None
+        sample_rng = None
+        try:
+            if not custom and type(sample) is dict:
+                keys = tuple(sample)
+                plan = plans.get(keys)
+                if plan is None:
+                    plan = plan_for(keys)
+                out = sample.copy()
+                for k, dec in plan:
+                    v = out[k]
+                    if type(v) is not bytes and not isinstance(v, _BYTES_LIKE):
+                        if partial:
+                            continue
+                        raise _already_decoded(k, v)
+                    if dec is not None:
+                        out[k] = dec(v)
+                yield out
+                continue
+            out = {}
+            for k, v in sample.items():
+                if k[0] == "_" and k[:2] == "__":
+                    out[k] = v
+                    continue
+                if only is not None and k not in only:
+                    out[k] = v
+                    continue
+                if not isinstance(v, (bytes, bytearray, memoryview)):
+                    if partial:
+                        out[k] = v
+                        continue
+                    raise _already_decoded(k, v)
+                value, sample_rng = _handled(custom, seeded, base, sample, sample_rng, k, v)
+                if value is not None:
+                    out[k] = value
+                else:
+                    dec = cache[k] if k in cache else lookup(k)
+                    out[k] = v if dec is None else dec(v)
+        except Exception as exn:
+            if policy(sample_context(exn, sample, k, wrap=True)):
+                continue
+            return
+        yield out
+
+
+def _decode_tuple(
+    samples: Iterable[dict],
+    fields: tuple,
+    *handlers,
+    missing_is_error: bool = True,
+    only=None,
+    partial: bool = False,
+    size=None,
+    allow_unsafe: bool = False,
+    on_error: OnError = "raise",
+    handler: Callable | None = None,
+    rng: random.Random | None = None,
+) -> Iterator[tuple]:
+    """``to_tuple(decode(samples, *handlers, ...), *fields)`` in one pass: what a pipeline runs
+    for ``.decode(...).to_tuple(...)`` (one policy for both).
+
+    The same values and errors, less the per-sample work in between: no decoded copy of the
+    sample dict, no second stage; only the fields the tuple takes are decoded (of ``"jpg;png"``,
+    the one present first), and which those are, with their decoders, is worked out once per
+    set of field names.
+    """
+    if len(fields) == 1 and " " in fields[0]:
+        fields = tuple(fields[0].split())
+    options = field_options(fields)
+    policy = error_policy(on_error, handler)
+    custom, seeded, base, only, cache, lookup = _decoders(handlers, only, size, allow_unsafe, rng)
+    plans: dict[tuple, list[tuple[str | None, bool, Callable | None]]] = {}
+
+    def plan_for(sample, keys) -> list[tuple[str | None, bool, Callable | None]]:
+        """Per tuple position: (field or None when missing, whether to check and decode it,
+        its decoder)."""
+        plan: list[tuple[str | None, bool, Callable | None]] = []
+        for alts in options:
+            for f in alts:
+                if f in sample:
+                    decoded = f[:2] != "__" and (only is None or f in only)
+                    plan.append(
+                        (f, decoded, (cache[f] if f in cache else lookup(f)) if decoded else None)
+                    )
+                    break
+            else:
+                if missing_is_error:
+                    raise MissingFieldError(
+                        f"to_tuple: sample {sample.get('__key__')!r} has none of "
+                        f"{';'.join(alts)!r} (fields: "
+                        f"{', '.join(k for k in sample if not k.startswith('__'))})"
+                    )
+                plan.append((None, False, None))
+        if len(plans) < 64:
+            plans[keys] = plan
+        return plan
+
+    for sample in samples:
+        k = None
+        try:
+            keys = tuple(sample)
+            plan = plans.get(keys)
+            if plan is None:
+                plan = plan_for(sample, keys)
+            out: list = []
+            sample_rng = None
+            for k, decoded, dec in plan:
+                if k is None:
+                    out.append(None)
+                    continue
+                v = sample[k]
+                if decoded:
+                    if type(v) is not bytes and not isinstance(v, _BYTES_LIKE):
+                        if not partial:
+                            raise _already_decoded(k, v)
+                    elif custom:
+                        value, sample_rng = _handled(custom, seeded, base, sample, sample_rng, k, v)
+                        if value is not None:
+                            v = value
+                        elif dec is not None:
+                            v = dec(v)
+                    elif dec is not None:
+                        v = dec(v)
+                out.append(v)
+        except MissingFieldError as exn:
+            if policy(sample_context(exn, sample)):
+                continue
+            return
+        except Exception as exn:
+            if policy(sample_context(exn, sample, k, wrap=True)):
+                continue
+            return
+        yield tuple(out)
