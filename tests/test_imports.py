@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ),  # the bottom: no tarshards imports but these
     ("format", "on_error", "tenbin"),  # naming rules, parse_size; the error policy
     ("compression", "hashing"),  # one table of compressions; content hashes
+    ("images",),  # image codecs and modes, the JPEG fast paths
     ("codecs", "crop"),  # the codec registry; image crops
     ("decoding",),  # the decode stage (and the fused decode + to_tuple)
     ("tario.headers",),  # tar header fields, checksums, pax records, names

@@ -40,7 +40,7 @@ import random
 from typing import Any, Callable, Sequence
 
 from ._lazy import LazyModule, OptionalEntries
-from .codecs import IMAGE_EXTENSIONS, _cjpeg, _rgbx_image_mapper, _simplejpeg
+from .images import IMAGE_EXTENSIONS, _cjpeg, _rgbx_image_mapper, _simplejpeg
 from .errors import MissingDependencyError
 
 np = LazyModule("numpy", globals(), "np")  # numpy is imported on first use

@@ -11,7 +11,8 @@ from __future__ import annotations
 import random
 from typing import Any, Callable, Iterable, Iterator
 
-from .codecs import IMAGE_MODES, _EXTRA_MODES, field_decoder, image_decoder
+from .codecs import field_decoder
+from .images import _EXTRA_MODES, IMAGE_MODES, image_decoder
 from .errors import DecodeError, MissingFieldError
 from .format import field_options
 from .on_error import OnError, error_policy, sample_context

@@ -13,7 +13,7 @@ import sys
 import click
 
 from ..benchmark import bench_pipeline, dataset_from_options, format_report, plot_report
-from ..codecs import _EXTRA_MODES, IMAGE_MODES
+from ..images import _EXTRA_MODES, IMAGE_MODES
 from ._common import CONTEXT_SETTINGS, handle_errors, print_err
 
 __all__ = ["bench_cmd"]

@@ -1,0 +1,485 @@
+"""Image codecs: encoding arrays and PIL images, decoding in webdataset's image modes (``pil``,
+``rgb8``, ``torchrgb``...), the JPEG fast paths (simplejpeg, the optional C decoder
+``tarshards._jpeg``, PIL's draft mode) and the image-mode registry (:data:`IMAGE_MODES`,
+:func:`register_image_mode`, :func:`register_array_kind`).
+
+The codec registry (:mod:`tarshards.codecs`) registers these under the image extensions; the torch
+modes' array kinds are optional entries that :mod:`tarshards.torch` fills.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import types
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from ._lazy import LazyModule, OptionalEntries
+from .errors import MissingDependencyError
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = LazyModule("numpy", globals(), "np")  # numpy is imported on first use
+
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "IMAGE_MODES",
+    "image_decoder",
+    "register_array_kind",
+    "register_image_mode",
+]
+
+IMAGE_EXTENSIONS = (
+    "jpg",
+    "jpeg",
+    "png",
+    "ppm",
+    "pgm",
+    "pbm",
+    "pnm",
+    "bmp",
+    "tif",
+    "tiff",
+    "webp",
+    "gif",
+)
+_JPEG = ("jpg", "jpeg")
+
+
+_PIL_FORMATS = {
+    "jpg": "JPEG",
+    "jpeg": "JPEG",
+    "png": "PNG",
+    "ppm": "PPM",
+    "pgm": "PPM",
+    "pbm": "PPM",
+    "pnm": "PPM",
+    "bmp": "BMP",
+    "tif": "TIFF",
+    "tiff": "TIFF",
+    "webp": "WEBP",
+    "gif": "GIF",
+}
+
+
+def _enc_image(value, ext):
+    from PIL import Image
+
+    fmt = _PIL_FORMATS[ext]
+    if isinstance(value, np.ndarray):
+        arr = value
+        if arr.dtype != np.uint8:
+            if np.issubdtype(arr.dtype, np.floating):
+                arr = np.clip(arr * 255.0 + 0.5, 0, 255)
+            arr = arr.astype(np.uint8)
+        if arr.ndim == 3 and arr.shape[0] in (1, 3, 4) and arr.shape[2] not in (1, 3, 4):
+            arr = arr.transpose(1, 2, 0)  # CHW -> HWC
+        if arr.ndim == 3 and arr.shape[2] == 1:
+            arr = arr[:, :, 0]
+        value = Image.fromarray(arr)
+    if not isinstance(value, Image.Image):
+        raise TypeError(
+            f"a .{ext} field holds an image (PIL or ndarray), got {type(value).__name__}"
+        )
+    if fmt == "JPEG" and value.mode not in ("RGB", "L", "CMYK"):
+        value = value.convert("RGB")
+    if ext == "pgm" and value.mode != "L":
+        value = value.convert("L")
+    if ext == "pbm" and value.mode != "1":
+        value = value.convert("1")
+    buf = io.BytesIO()
+    if fmt == "JPEG":
+        value.save(buf, format=fmt, quality=90)
+    else:
+        value.save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def _dec_image_pil(data, ext):
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(data))
+    img.load()
+    return img
+
+
+# mode -> (PIL mode or None, array kind): kind is "pil", "uint8", "float", or a lazy module name
+IMAGE_MODES: dict[str, tuple[str | None, str]] = {
+    "pil": (None, "pil"),
+    "pilrgb": ("RGB", "pil"),
+    "pilrgba": ("RGBA", "pil"),
+    "pill": ("L", "pil"),
+    "l8": ("L", "uint8"),
+    "rgb8": ("RGB", "uint8"),
+    "rgba8": ("RGBA", "uint8"),
+    "l": ("L", "float"),
+    "rgb": ("RGB", "float"),
+    "rgba": ("RGBA", "float"),
+    "torchl8": ("L", "torch-uint8"),
+    "torchrgb8": ("RGB", "torch-uint8"),
+    "torchrgba8": ("RGBA", "torch-uint8"),
+    "torchl": ("L", "torch-float"),
+    "torchrgb": ("RGB", "torch-float"),
+    "torchrgba": ("RGBA", "torch-float"),
+    "torch": ("RGB", "torch-float"),
+}
+
+_EXTRA_MODES: dict[str, Callable[[bytes, str], Any]] = {}
+
+
+def register_image_mode(name: str, fn: Callable[[bytes, str], Any]) -> None:
+    """Add an image decoding mode: ``fn(data, ext) -> value``."""
+    _EXTRA_MODES[name] = fn
+
+
+@dataclass(frozen=True)
+class ArrayKind:
+    """What a kind of :data:`IMAGE_MODES` makes of the decoded HxWxC (or HxW) uint8 array:
+    ``convert(array, size)``. With ``resizes``, ``convert`` resizes to ``size=(w, h)`` itself, so
+    JPEGs are decoded at the smallest reduced scale that is at least ``size``."""
+
+    convert: Callable[[Any, Any], Any]
+    resizes: bool = False
+
+
+_ARRAY_KINDS: dict[str, ArrayKind] = {}
+# kinds that an optional module registers on first use ("torch-uint8", "torch-float")
+OPTIONAL_ARRAY_KINDS = OptionalEntries("image mode kind")
+
+
+def register_array_kind(
+    kind: str, convert: Callable[[Any, Any], Any], *, resizes: bool = False
+) -> None:
+    """Add (or replace) the kind ``kind`` of image modes: ``convert(uint8_array, size)``."""
+    _ARRAY_KINDS[kind] = ArrayKind(convert, resizes)
+
+
+def _array_kind(kind: str, mode: str) -> ArrayKind:
+    found = _ARRAY_KINDS.get(kind)
+    if found is None:
+        if kind not in OPTIONAL_ARRAY_KINDS:
+            raise ValueError(f"image mode {mode!r}: no converter for its kind {kind!r}")
+        try:
+            OPTIONAL_ARRAY_KINDS.load(kind)
+        except MissingDependencyError as exn:
+            raise MissingDependencyError(f"the image mode {mode!r}: {exn}") from None
+        found = _ARRAY_KINDS[kind]
+    return found
+
+
+@functools.cache
+def _cjpeg():
+    """The optional C decoder over the system's libjpeg-turbo (``tarshards._jpeg``), or
+    ``None`` where it was not built: it decodes a crop's rows and columns only."""
+    try:
+        from ._jpeg import decode, header
+    except ImportError:
+        return None
+    return types.SimpleNamespace(decode=decode, header=header)
+
+
+@functools.cache
+def _simplejpeg():
+    try:
+        import simplejpeg
+    except ImportError:
+        return None
+    return simplejpeg
+
+
+def _pow2_scale_dims(data: bytes, sj, size) -> dict:
+    """simplejpeg arguments for the smallest 1/1, 1/2, 1/4 or 1/8 scale at least ``size``.
+
+    libjpeg-turbo has SIMD inverse DCTs for these scales only; a 5/8 scale can be slower than
+    a full decode, and the resize after it (in torch) costs about the same either way.
+    """
+    h, w = sj.decode_jpeg_header(data)[:2]
+    s = 8
+    while s > 1 and (w // s < size[0] or h // s < size[1]):
+        s //= 2
+    return {"min_width": -(-w // s), "min_height": -(-h // s)}
+
+
+def _image_array(
+    data: bytes, ext: str, pil_mode: str | None, size, exact: bool = True
+) -> np.ndarray:
+    """Decode to an HxW or HxWxC uint8 array, at ``size=(w, h)`` when given.
+
+    ``exact=False``: JPEGs come back at a reduced scale no smaller than ``size`` (the caller
+    resizes); other images at their own size.
+    """
+    if ext in _JPEG and pil_mode in ("RGB", "L"):
+        sj = _simplejpeg()
+        if sj is not None:
+            try:
+                kw: dict = {}
+                if size is not None:
+                    kw = (
+                        {"min_width": size[0], "min_height": size[1]}
+                        if exact
+                        else _pow2_scale_dims(data, sj, size)
+                    )
+                arr = sj.decode_jpeg(
+                    data,
+                    colorspace="GRAY" if pil_mode == "L" else "RGB",
+                    fastdct=False,
+                    fastupsample=False,
+                    **kw,
+                )
+                if pil_mode == "L":
+                    arr = arr[:, :, 0]
+                if exact and size is not None and (arr.shape[1], arr.shape[0]) != tuple(size):
+                    from PIL import Image
+
+                    arr = np.array(
+                        Image.fromarray(arr).resize(tuple(size), Image.Resampling.BILINEAR)
+                    )
+                return arr
+            except (ValueError, RuntimeError):
+                pass  # unusual JPEGs (CMYK, broken markers): let Pillow have a go
+    img = _pil_open(data, ext, pil_mode, size if exact else None)
+    return np.array(img)  # writable (asarray over PIL bytes is read-only)
+
+
+def _image_array_plain(data, ext, *, decode_jpeg, pil_mode) -> np.ndarray:
+    """:func:`_image_array` at the image's own size, RGB or L, simplejpeg installed."""
+    if ext in _JPEG:
+        try:
+            arr = decode_jpeg(data, "RGB" if pil_mode == "RGB" else "GRAY", False, False)
+        except (ValueError, RuntimeError):
+            pass  # unusual JPEGs (CMYK, broken markers): let Pillow have a go
+        else:
+            return arr if pil_mode == "RGB" else arr[:, :, 0]
+    return _image_array(data, ext, pil_mode, None)
+
+
+# components of plain JPEGs that simplejpeg decodes exactly as Pillow does -> (simplejpeg, PIL)
+_SJ_NATIVE_BY_COMPONENTS = {3: ("RGB", "RGB"), 1: ("GRAY", "L")}
+
+
+def _jpeg_frame(data) -> tuple[int, int]:
+    """``(components, offset of the frame header)`` of a JPEG without EXIF (APP1) or an ICC
+    profile (APP2) before its frame header; ``(0, 0)`` when it has them or the markers are not
+    what we expect (Pillow then decides)."""
+    pos, n = 2, len(data)
+    while pos + 9 < n and data[pos] == 0xFF:
+        marker = data[pos + 1]
+        if marker in (0xE1, 0xE2) or marker == 0xDA:
+            return 0, 0
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            return data[pos + 9], pos  # start of frame: precision, height, width, components
+        pos += 2 + ((data[pos + 2] << 8) | data[pos + 3])
+    return 0, 0
+
+
+def _jpeg_plain_components(data) -> int:
+    return _jpeg_frame(data)[0]
+
+
+class _HeaderMemo:
+    """The bytes before the frame header of the last plain JPEG seen, and where it starts.
+
+    The JPEGs of a dataset mostly come from one encoder at one quality, so they share those
+    bytes (APP0, quantization tables): a file that starts with the same bytes up to and
+    including its frame marker has the same marker layout, and the check is one compare of
+    a few hundred bytes instead of a walk over the markers in Python.
+    """
+
+    __slots__ = ("last",)
+
+    def __init__(self):
+        # one tuple, replaced whole: safe to share between threads
+        self.last: tuple[bytes | None, int] = (None, 0)
+
+    def components(self, data) -> int:
+        prefix, sof = self.last
+        if prefix is not None and data[: len(prefix)] == prefix and len(data) > sof + 9:
+            return data[sof + 9]
+        comps, sof = _jpeg_frame(data)
+        if comps:
+            self.last = (bytes(data[: sof + 2]), sof)
+        return comps
+
+
+def _pil_jpeg_fast(data: bytes, pil_mode: str | None, size, memo: _HeaderMemo | None = None):
+    """A PIL image of a plain JPEG decoded by simplejpeg (pixel-identical to Pillow, ~40% less
+    time for small images), or ``None`` to let Pillow do it (no simplejpeg, CMYK, a mode change,
+    EXIF/ICC metadata that callers may read from ``img.info``)."""
+    sj = _simplejpeg()
+    if sj is None:
+        return None
+    comps = memo.components(data) if memo is not None else _jpeg_plain_components(data)
+    native = _SJ_NATIVE_BY_COMPONENTS.get(comps)
+    if native is None or (pil_mode is not None and pil_mode != native[1]):
+        return None
+    wrap = _rgbx_image_mapper() if native[1] == "RGB" and size is None else None
+    try:
+        kw = {} if size is None else {"min_width": size[0], "min_height": size[1]}
+        arr = sj.decode_jpeg(
+            data,
+            colorspace="RGBX" if wrap is not None else native[0],
+            fastdct=False,
+            fastupsample=False,
+            **kw,
+        )
+    except (ValueError, RuntimeError):
+        return None
+    if wrap is not None:
+        img = wrap(arr)
+        img.format = "JPEG"
+        return img
+    from PIL import Image
+
+    if native[1] == "L":
+        arr = np.ascontiguousarray(arr[:, :, 0])
+    # L shares the array's memory (read-only image: Pillow copies it before any change); RGB is
+    # unpacked into Pillow's 4-byte pixels
+    img = Image.frombuffer(native[1], (arr.shape[1], arr.shape[0]), arr, "raw", native[1], 0, 1)
+    img.format = "JPEG"
+    if size is not None and img.size != tuple(size):
+        img = img.resize(tuple(size), Image.Resampling.BILINEAR)
+    return img
+
+
+@functools.cache
+def _rgbx_image_mapper() -> Callable[[Any], Any] | None:
+    """``wrap(arr)``: an RGB PIL image over the memory of an HxWx4 RGBX uint8 array, or ``None``.
+
+    Pillow keeps RGB pixels in 4 bytes (the 4th is padding), which is exactly simplejpeg's RGBX
+    output, so the image can share the decoded buffer: no copy and no unpacking (for RGB,
+    ``Image.frombuffer`` falls back to a copying ``frombytes``). This maps the buffer through
+    Pillow's own buffer mapper (what ``frombuffer`` uses for RGBX) under the RGB mode; the image
+    is read-only, so Pillow copies it before any in-place change. Checked once on a probe
+    image; when this Pillow does not give the expected pixels, ``None`` (the copying path).
+    """
+    from PIL import Image
+
+    try:
+        map_buffer = Image.core.map_buffer
+        new_image = Image.Image
+        args = ("RGB", 0, 1)
+
+        def wrap(arr):
+            size = (arr.shape[1], arr.shape[0])
+            img = new_image()  # what Image._new does, less its palette and info copies
+            img.im = map_buffer(arr, size, "raw", 0, args)
+            img._mode = "RGB"
+            img._size = size
+            img.readonly = 1
+            return img
+
+        probe = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
+        probe[..., 3] = 255
+        img = wrap(probe)
+        ok = (
+            img.mode == "RGB"
+            and img.size == (3, 2)
+            and img.getpixel((2, 1)) == (20, 21, 22)
+            and np.array_equal(np.asarray(img), probe[..., :3])
+            and img.convert("RGBA").getpixel((1, 0)) == (4, 5, 6, 255)
+        )
+        img.putpixel((0, 0), (9, 9, 9))  # copy-on-write: the probe stays as it was
+        ok = ok and img.getpixel((0, 0)) == (9, 9, 9) and probe[0, 0, 0] == 0
+    except Exception:  # noqa: BLE001 - any failure means: use the public, copying path
+        return None
+    return wrap if ok else None
+
+
+def _pil_plain(data: bytes, ext: str, *, decode_jpeg, wrap, memo: _HeaderMemo, pil_mode):
+    """:func:`_pil_open` at the image's own size for ``pil``/``pilrgb``, simplejpeg installed:
+    an RGB JPEG straight into an image over the decoded RGBX buffer."""
+    if ext in _JPEG and memo.components(data) == 3:
+        try:
+            arr = decode_jpeg(data, "RGBX", False, False)
+        except (ValueError, RuntimeError):
+            pass  # Pillow has a go
+        else:
+            img = wrap(arr)
+            img.format = "JPEG"
+            return img
+    return _pil_open(data, ext, pil_mode, None, memo)
+
+
+def _pil_open(data: bytes, ext: str, pil_mode: str | None, size, memo: _HeaderMemo | None = None):
+    if ext in _JPEG:
+        img = _pil_jpeg_fast(data, pil_mode, size, memo)
+        if img is not None:
+            return img
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(data))
+    if size is not None and ext in _JPEG:
+        img.draft(pil_mode or img.mode, tuple(size))
+    img.load()
+    if pil_mode is not None and img.mode != pil_mode:
+        img = img.convert(pil_mode)
+    if size is not None and img.size != tuple(size):
+        img = img.resize(tuple(size), Image.Resampling.BILINEAR)
+    return img
+
+
+def image_decoder(mode: str, size=None) -> Callable[[bytes, str], Any]:
+    """A function ``(data, ext) -> image`` for a decoding mode (see :data:`IMAGE_MODES`)."""
+    if mode in _EXTRA_MODES:
+        return _EXTRA_MODES[mode]
+    if mode not in IMAGE_MODES:
+        raise ValueError(
+            f"unknown image decoding mode {mode!r}; choose one of {', '.join(sorted(IMAGE_MODES))}"
+        )
+    pil_mode, kind = IMAGE_MODES[mode]
+    if size is not None:
+        if isinstance(size, int):
+            size = (size, size)
+        size = (int(size[0]), int(size[1]))
+    # partials (not lambdas): field_decoder binds ``ext`` into the same partial, one call less
+    if kind == "pil":
+        sj = _simplejpeg() if size is None and pil_mode in (None, "RGB") else None
+        wrap = _rgbx_image_mapper() if sj is not None else None
+        if sj is not None and wrap is not None:  # the common case in as few steps as possible
+            return functools.partial(
+                _pil_plain,
+                decode_jpeg=sj.decode_jpeg,
+                wrap=wrap,
+                memo=_HeaderMemo(),
+                pil_mode=pil_mode,
+            )
+        return functools.partial(_pil_open, pil_mode=pil_mode, size=size, memo=_HeaderMemo())
+    if kind == "uint8":
+        sj = _simplejpeg() if size is None and pil_mode in ("RGB", "L") else None
+        if sj is not None:  # the common case in as few Python steps as possible
+            return functools.partial(
+                _image_array_plain, decode_jpeg=sj.decode_jpeg, pil_mode=pil_mode
+            )
+        return functools.partial(_image_array, pil_mode=pil_mode, size=size)
+    if kind == "float":
+
+        def dec_float(data, ext):
+            return _image_array(data, ext, pil_mode, size).astype(np.float32) / np.float32(255)
+
+        return dec_float
+    # other kinds (torch tensors: registered by tarshards.torch) convert the uint8 array;
+    # partials, as above (one C-level call once field_decoder binds ``ext``)
+    found = _array_kind(kind, mode)
+    # with a converter that resizes: decode at a reduced JPEG scale, let it resize (faster
+    # than PIL for torch)
+    resize = size is not None and found.resizes
+    sj = _simplejpeg() if size is None and pil_mode in ("RGB", "L") else None
+    if sj is not None:
+        return functools.partial(
+            _converted_plain, convert=found.convert, decode_jpeg=sj.decode_jpeg, pil_mode=pil_mode
+        )
+    return functools.partial(
+        _converted_image, convert=found.convert, pil_mode=pil_mode, size=size, resize=resize
+    )
+
+
+def _converted_plain(data: bytes, ext: str, *, convert, decode_jpeg, pil_mode):
+    return convert(_image_array_plain(data, ext, decode_jpeg=decode_jpeg, pil_mode=pil_mode), None)
+
+
+def _converted_image(data: bytes, ext: str, *, convert, pil_mode: str | None, size, resize: bool):
+    if resize:
+        return convert(_image_array(data, ext, pil_mode, size, exact=False), size)
+    return convert(_image_array(data, ext, pil_mode, size), None)
