@@ -42,7 +42,12 @@ LAYERS: list[tuple[str, ...]] = [
     ("specs", "urls", "cache", "seek"),  # shard specs (list files and globs read through storage);
     # the old import paths of storage's names (shims: nothing in tarshards imports them)
     ("writer", "manifest", "index"),  # writing; the dataset's record and index
-    ("shards", "source", "reading"),  # shard lists, the epoch plan and its cursor; shard reading
+    (
+        "shards",
+        "plan",
+        "source",
+        "reading",
+    ),  # shard lists, the epoch plan and its cursor; shard reading
     ("stages", "planned", "stateful"),  # stages; the planned iteration; stages with a state
     ("composition",),  # DataPipeline: a source and stages, the fluent methods
     ("pipeline",),  # WebDataset (and the names of the modules above, re-exported)

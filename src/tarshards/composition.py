@@ -24,7 +24,7 @@ from . import stages as _stages
 from .on_error import OnError, error_policy
 from .planned import _PlannedIterator
 from .shards import make_rng
-from .source import STATE_FORMAT, Schedule, check_state
+from .plan import STATE_FORMAT, Schedule, check_state
 from .types import WorkerInfo
 
 __all__ = ["DataPipeline"]

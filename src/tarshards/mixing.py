@@ -29,7 +29,8 @@ from typing import Mapping
 
 from . import stages as _stages
 from .pipeline import DataPipeline, PlannedProgram, _bind, _explicit_rank
-from .source import PlanConfig, ReaderStream, plan_for, reader_rng
+from .plan import PlanConfig, plan_for
+from .source import ReaderStream, reader_rng
 from .types import WorkerInfo
 
 __all__ = ["MixedDataset", "batch_quotas", "mix"]

@@ -17,7 +17,7 @@ from .on_error import OnError
 from .planned import PlannedProgram, _SingleProgram, feed_batches
 from .reading import iter_samples, shard_samples
 from .shards import resampled_shards, shard_order, split_shards
-from .source import PlanConfig, ShardTable, scan_shards
+from .plan import PlanConfig, ShardTable, scan_shards
 from .specs import expand_urls
 from .specs import is_manifest_spec as _is_manifest_spec
 from .storage import is_local, open_url

@@ -12,7 +12,8 @@ import itertools
 from typing import Any, Iterator
 
 from .errors import ResumeError, TarshardsError
-from .source import ReaderStream, Schedule, plan_for
+from .plan import Schedule, plan_for
+from .source import ReaderStream
 from .types import WorkerInfo
 
 __all__ = ["PlannedProgram", "feed_batches"]

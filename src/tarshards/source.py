@@ -1,25 +1,4 @@
-"""Epoch plans over virtual readers, and the cursor that reads one reader's part of an epoch.
-
-The plan is what makes resuming exact and elastic. It is a pure function of the data (the shard
-table's sample counts and fingerprint), the seed, the epoch and the plan's parameters: the number
-``readers`` of *virtual readers* V and the batch size B. It never depends on the process that
-runs it (rank, DataLoader worker).
-
-- The epoch's list of samples is the shards in the epoch's order (shuffled from (seed, epoch)),
-  each in its file order. With ``remainder="carry"`` the list starts with the samples the
-  previous epoch left over.
-- The list is cut into V equal *segments* of ``q * B`` samples (cut mid-shard where needed); the
-  rest is dropped (``"drop"``), carried into the next epoch (``"carry"``), or the list is padded
-  with repeated samples flagged ``__pad__`` (``"pad"``). Every reader thus yields exactly ``q``
-  batches of exactly ``B`` samples.
-- *Global batch* ``g`` of the epoch is batch ``g // V`` of reader ``g % V``. Step ``k`` of a world
-  of R ranks delivers global batches ``O + k R + r`` (rank r, origin O); R must divide V, so a
-  rank hosts the fixed set of readers ``v = (O + r) mod R (mod R)``: its stream depends on R and
-  r, never on the number of DataLoader workers.
-- A position in an epoch is the number G of global batches delivered, the same on every rank
-  (ranks move in step). Resuming on another world size R' continues the same global order from
-  G (origin O = G): every sample not yet delivered comes exactly once, and the last step is
-  filled with batches flagged ``__pad__`` where ``V q - G`` does not divide by R'.
+"""The cursor that reads one virtual reader's part of an epoch (the plan: :mod:`tarshards.plan`).
 
 Within a reader the samples pass a shuffle buffer whose generator is seeded from (seed, epoch,
 reader). Its state at any output position follows from the position alone: :class:`ReaderStream`
@@ -29,20 +8,25 @@ the samples the buffer holds, seeking to their byte offsets in plain tar shards.
 
 from __future__ import annotations
 
-import bisect
-import functools
 import hashlib
 import itertools
-import json
-import os
 import random
-from dataclasses import dataclass
 from typing import Callable, Generator, Iterator, Sequence
 
 from ._lazy import LazyModule
 from .errors import ResumeError, TarshardsError
 from .format import group_samples
-from .shards import shard_order
+from .plan import (
+    REMAINDERS,
+    STATE_FORMAT,
+    EpochPlan,
+    PlanConfig,
+    Schedule,
+    ShardTable,
+    check_state,
+    plan_for,
+    scan_shards,
+)
 from .tario import iter_tar_batches, tar_byte_source
 
 np = LazyModule("numpy", globals(), "np")
@@ -50,298 +34,17 @@ np = LazyModule("numpy", globals(), "np")
 __all__ = [
     "EpochPlan",
     "PlanConfig",
+    "REMAINDERS",
     "ReaderStream",
+    "STATE_FORMAT",
     "Schedule",
     "ShardTable",
     "ShuffleCore",
-    "STATE_FORMAT",
+    "check_state",
+    "plan_for",
+    "reader_rng",
     "scan_shards",
 ]
-
-STATE_FORMAT = "tarshards.resume/1"
-REMAINDERS = ("drop", "carry", "pad")
-
-
-# ---------------------------------------------------------------------------------------------
-# the data: per-shard sample counts (and byte offsets)
-# ---------------------------------------------------------------------------------------------
-
-
-class ShardTable:
-    """The shards of a data set with their sample counts, a fingerprint and (optionally) the byte
-    offset of every sample in each shard (for seeking).
-
-    ``offsets[i]`` is a sequence of the byte offsets of shard i's samples, or ``None`` when not
-    known (the shard is then read from its start and samples are skipped). ``plain[i]`` says the
-    shard is an uncompressed tar (offsets can be sought).
-    """
-
-    def __init__(
-        self,
-        urls: Sequence[str],
-        counts: Sequence[int],
-        *,
-        fingerprint: str | None = None,
-        offsets: Sequence | None = None,
-        plain: Sequence[bool] | None = None,
-    ):
-        self.urls = tuple(os.fspath(u) for u in urls)
-        self.counts = tuple(int(c) for c in counts)
-        if len(self.urls) != len(self.counts):
-            raise ValueError("one count per shard")
-        if any(c < 0 for c in self.counts):
-            raise ValueError("sample counts are non-negative")
-        self.offsets = list(offsets) if offsets is not None else [None] * len(self.urls)
-        self.plain = list(plain) if plain is not None else [not _compressed(u) for u in self.urls]
-        self.fingerprint = fingerprint or _fingerprint(self.urls, self.counts)
-        self._manifest = None
-
-    @classmethod
-    def from_manifest(cls, manifest, urls: Sequence[str] | None = None) -> "ShardTable":
-        """Counts and fingerprint from a :class:`tarshards.manifest.Manifest`; sample offsets
-        from its per-shard indexes, loaded when a shard is first sought."""
-        urls = list(urls) if urls is not None else manifest.shard_urls()
-        table = cls(urls, [r.samples for r in manifest.shards], fingerprint=manifest.fingerprint)
-        table._manifest = manifest
-        return table
-
-    def sample_offsets(self, shard: int):
-        """Byte offsets of shard ``shard``'s samples in its plain tar file, or ``None``."""
-        offs = self.offsets[shard]
-        if offs is None and self._manifest is not None and self.plain[shard]:
-            offs = False
-            if self._manifest.shards[shard].index is not None:
-                idx = self._manifest.load_index(shard)
-                if getattr(idx, "compression", "none") == "none" and idx.seekable:
-                    offs = idx.sample_offsets
-            self.offsets[shard] = offs
-        return offs if offs is not False else None
-
-    @property
-    def num_samples(self) -> int:
-        return sum(self.counts)
-
-    def __len__(self):
-        return len(self.urls)
-
-    def __repr__(self):
-        return (
-            f"ShardTable({len(self.urls)} shards, {self.num_samples} samples, "
-            f"fingerprint {self.fingerprint[:12]})"
-        )
-
-
-def _compressed(url: str) -> bool:
-    return str(url).lower().endswith((".gz", ".tgz", ".zst", ".tzst"))
-
-
-def _fingerprint(urls, counts) -> str:
-    names = [u.rstrip("/").rsplit("/", 1)[-1] for u in urls]
-    text = json.dumps([names, list(counts)], separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def scan_shards(urls: Sequence[str], *, opener: Callable, last_dot: bool = False) -> ShardTable:
-    """Read every shard once and record its sample count and sample byte offsets.
-
-    This is what a manifest/index stores; without one, a resumable pipeline scans the shards when
-    it first needs the plan (once per process that builds it).
-    """
-    counts, offsets, plain = [], [], []
-    for url in urls:
-        try:
-            with opener(url) as stream:
-                src = tar_byte_source(stream, url)
-                is_plain = hasattr(src, "readinto")
-                batches = iter_tar_batches(src, url)
-                groups = group_samples(batches, url, last_dot=last_dot, batched=True)
-                offs = [sample["__offset__"] for sample in groups]
-        except TarshardsError as exn:
-            raise exn.with_context(url=url) from None
-        counts.append(len(offs))
-        offsets.append(np.asarray(offs, dtype=np.int64))
-        plain.append(is_plain)
-    return ShardTable(urls, counts, offsets=offsets, plain=plain)
-
-
-# ---------------------------------------------------------------------------------------------
-# the plan
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PlanConfig:
-    """The parameters of a plan (with the data's fingerprint, what a saved state must match)."""
-
-    seed: int = 0
-    readers: int = 60
-    batch_size: int = 1
-    remainder: str = "drop"
-    shardshuffle: bool = True
-    bufsize: int = 0
-    initial: int | None = None
-
-    def __post_init__(self):
-        if self.readers < 1:
-            raise ValueError(f"readers must be >= 1, got {self.readers}")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.remainder not in REMAINDERS:
-            raise ValueError(
-                f"remainder must be one of {', '.join(REMAINDERS)}, got {self.remainder!r}"
-            )
-
-    def identity(self, fingerprint: str) -> dict:
-        """What a state records to be checked on load."""
-        return {
-            "fingerprint": fingerprint,
-            "seed": self.seed,
-            "readers": self.readers,
-            "batch_size": self.batch_size,
-            "remainder": self.remainder,
-            "shardshuffle": self.shardshuffle,
-            "bufsize": self.bufsize,
-            "initial": self.initial,
-        }
-
-
-class EpochPlan:
-    """The epoch's sample list cut into ``readers`` segments of ``q * batch_size`` samples.
-
-    The list is a sequence of *runs* ``(shard, start, stop, pad)``. ``q`` is the number of
-    batches each reader yields; ``num_batches = readers * q`` the epoch's global batches.
-    """
-
-    def __init__(self, counts: Sequence[int], config: PlanConfig, epoch: int):
-        self.config = config
-        self.epoch = int(epoch)
-        counts = list(counts)
-        V, B = config.readers, config.batch_size
-        VB = V * B
-        N = sum(counts)
-        if N == 0:
-            raise ValueError("the data set has no samples")
-        if config.remainder != "pad" and N < VB:
-            raise ValueError(
-                f"{N} samples are fewer than readers x batch_size = {V} x {B} = {VB}: every "
-                "reader needs at least one full batch (use fewer readers, a smaller batch, or "
-                "remainder='pad')"
-            )
-        order = shard_order(
-            range(len(counts)), seed=config.seed, epoch=self.epoch, shuffle=config.shardshuffle
-        )
-        runs: list[tuple[int, int, int, bool]] = []
-        if config.remainder == "carry" and self.epoch > 0:
-            carried = (self.epoch * N) % VB  # what epoch - 1 left over: the end of its order
-            prev = shard_order(
-                range(len(counts)),
-                seed=config.seed,
-                epoch=self.epoch - 1,
-                shuffle=config.shardshuffle,
-            )
-            tail = []
-            for s in reversed(prev):
-                if carried <= 0:
-                    break
-                take = min(carried, counts[s])
-                if take:
-                    tail.append((s, counts[s] - take, counts[s], False))
-                carried -= take
-            runs.extend(reversed(tail))
-        runs.extend((s, 0, counts[s], False) for s in order if counts[s])
-        length = sum(r[2] - r[1] for r in runs)
-        if config.remainder == "pad":
-            q = -(-length // VB)
-            missing = q * VB - length
-            base = list(runs)
-            while missing > 0:  # repeat the list from its start, flagged as padding
-                for s, a, b, _ in base:
-                    take = min(missing, b - a)
-                    runs.append((s, a, a + take, True))
-                    missing -= take
-                    if missing <= 0:
-                        break
-        else:
-            q = length // VB
-        self.q = q
-        self.num_batches = V * q
-        self.segment_length = q * B
-        self.runs = runs
-        starts, pos = [], 0
-        for _, a, b, _ in runs:
-            starts.append(pos)
-            pos += b - a
-        self._starts = starts
-        self.length = pos  # padded length; the planned part is [0, V q B)
-
-    def locate(self, position: int) -> tuple[int, int, bool]:
-        """(shard, sample index in the shard, pad) of a position in the epoch's list."""
-        i = bisect.bisect_right(self._starts, position) - 1
-        s, a, _, pad = self.runs[i]
-        return s, a + position - self._starts[i], pad
-
-    def segment_runs(self, reader: int, start: int = 0) -> Iterator[tuple[int, int, int, bool]]:
-        """The runs of reader ``reader``'s segment from its position ``start`` on."""
-        lo = reader * self.segment_length + start
-        hi = (reader + 1) * self.segment_length
-        if lo >= hi:
-            return
-        i = bisect.bisect_right(self._starts, lo) - 1
-        while i < len(self.runs) and self._starts[i] < hi:
-            s, a, b, pad = self.runs[i]
-            base = self._starts[i]
-            x0 = max(lo, base) - base + a
-            x1 = min(hi, base + b - a) - base + a
-            if x1 > x0:
-                yield s, x0, x1, pad
-            i += 1
-
-    def reader_position(self, reader: int, position: int) -> int:
-        return reader * self.segment_length + position
-
-
-@functools.lru_cache(maxsize=64)
-def _cached_plan(counts: tuple, config: PlanConfig, epoch: int) -> EpochPlan:
-    return EpochPlan(counts, config, epoch)
-
-
-def plan_for(table: ShardTable, config: PlanConfig, epoch: int) -> EpochPlan:
-    return _cached_plan(table.counts, config, int(epoch))
-
-
-# ---------------------------------------------------------------------------------------------
-# which global batches a rank delivers
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """Rank ``rank`` of ``world_size`` from origin ``origin``: its step ``k`` is global batch
-    ``origin + k * world_size + rank``; a global batch at or past ``num_batches`` is padding."""
-
-    num_batches: int
-    readers: int
-    world_size: int
-    rank: int
-    origin: int = 0
-
-    def __post_init__(self):
-        if self.readers % self.world_size:
-            raise ValueError(
-                f"{self.world_size} ranks cannot share {self.readers} virtual readers evenly: "
-                f"choose readers= divisible by the world size (60 fits 1-6, 10, 12, 15, 20, "
-                f"30 ranks; 120, 240, 360 fit more)"
-            )
-
-    @property
-    def steps(self) -> int:
-        """Steps from the origin to the end of the epoch (the same on every rank)."""
-        left = self.num_batches - self.origin
-        return max(0, -(-left // self.world_size))
-
-    def global_batch(self, step: int) -> int:
-        return self.origin + step * self.world_size + self.rank
-
 
 # ---------------------------------------------------------------------------------------------
 # the shuffle buffer, written once for sample positions and for samples
@@ -689,17 +392,3 @@ def _seek(stream, offset: int) -> bool:
         return False
     stream.seek(offset)
     return True
-
-
-def check_state(state: dict, expected: dict) -> None:
-    """Raise :class:`ResumeError` naming every field where ``state`` differs from ``expected``."""
-    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-        got = state.get("format") if isinstance(state, dict) else type(state).__name__
-        raise ResumeError(
-            f"not a tarshards resume state (format {got!r}, expected {STATE_FORMAT!r})"
-        )
-    diffs = [
-        f"{k}: saved {state.get(k)!r}, here {v!r}" for k, v in expected.items() if state.get(k) != v
-    ]
-    if diffs:
-        raise ResumeError("the saved state does not fit this pipeline: " + "; ".join(diffs))

@@ -39,7 +39,7 @@ from . import pipeline as _pipeline
 from .codecs import Codec, register_array_kind, register_codec
 from .crop import register_crop_converter
 from .errors import ResumeError
-from .source import STATE_FORMAT, check_state
+from .plan import STATE_FORMAT, check_state
 from .stages import register_collation
 from .transport import Packer, Unpacker
 from .types import WorkerInfo
