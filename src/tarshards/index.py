@@ -332,6 +332,7 @@ class IndexBuilder:
 
     def __init__(self, *, member_hash: str = MEMBER_HASH, last_dot: bool = False):
         self.member_hash = member_hash
+        self.checksum = member_checksum_fn(member_hash)  # bytes-like -> int, one member's data
         self.last_dot = last_dot
         self._key: str | None = None
         self._keys: list[str] = []
@@ -381,9 +382,10 @@ class IndexBuilder:
 
     def scan(self, buf, pos: int, base: int, end: int) -> int:
         """:meth:`add` every plain member of a run lying wholly in ``buf[pos:end]`` (``base``:
-        the stream offset of ``buf[0]``), computing ``wmix64`` checksums, in C; returns where
-        it stopped (``pos`` when the C scanner is missing, or the checksum is not wmix64)."""
-        if _index_members is None or self.member_hash != "wmix64":
+        the stream offset of ``buf[0]``), in C, which calls :meth:`checksum` on a memoryview of
+        each member's data (no copy); returns where it stopped (``pos`` when the C scanner is
+        missing)."""
+        if _index_members is None:
             return pos
         pos, self._key = _index_members(
             buf,
@@ -396,6 +398,7 @@ class IndexBuilder:
             self._samples,
             self._members,
             self._key,
+            self.checksum,
         )
         return pos
 
@@ -710,7 +713,7 @@ class _Blocks:
                 self.buf = nxt
                 self.pos = n - have
                 return b"".join(parts)
-            parts.append(nxt)
+            parts.append(bytes(nxt))  # a copy: the next chunk may refill the same buffer
             have += len(nxt)
             self.base += len(nxt)
 
@@ -743,10 +746,10 @@ def _walk(blocks: _Blocks, builder: IndexBuilder, url) -> None:
     from .tario.headers import _checksum_ok, _nts, _number, _parse_pax
 
     new_hasher = member_hasher_factory(builder.member_hash)
-    checksum = member_checksum_fn(builder.member_hash)
+    checksum = builder.checksum
     add = builder.add
     scan = None
-    if _index_members is None or builder.member_hash != "wmix64":
+    if _index_members is None:
         try:  # the reader's C scanner: runs of plain ustar members wholly inside the buffer
             from ._speedups import scan_members as scan
         except ImportError:  # pragma: no cover - built by default
