@@ -469,19 +469,22 @@ class IndexBuilder:
                 name = f"{keys[write_of[j]]}.{exts[int(rec[j, 0])]}"
                 hsize[j] = header_size(name, int(size[j]))
         offsets, data_offsets, total = _layout(hsize, size, start)
-        if not self._fast_ok(keys, counts, n):  # pragma: no cover - record_members' rules
+        if not self._fast_ok(keys, counts, n, dot_slash=False):  # pragma: no cover
             raise ValueError("add_records: the writes do not cover the members")
         self._add_keyed(
             keys, counts, rec[:, 0].astype(np.int64), offsets, data_offsets, size, total, rec[:, 2]
         )
 
-    def _fast_ok(self, keys, counts, n) -> bool:
+    def _fast_ok(self, keys, counts, n, dot_slash: bool = True) -> bool:
+        """Whether the writes' keys and counts cover the members as _add_keyed needs;
+        ``dot_slash=False``: the keys are known not to start with ``./`` (record_members
+        refuses those)."""
         return (
             not self._keys
             and sum(counts) == n
             and len(keys) == len(counts)
             and all(counts)
-            and not any(map(operator.methodcaller("startswith", "./"), keys))
+            and not (dot_slash and any(map(operator.methodcaller("startswith", "./"), keys)))
         )
 
     def _add_keyed(self, keys, counts, ext_codes, offsets, data_offsets, size, total, checksums):
