@@ -27,8 +27,9 @@ from tarshards.pipeline import shard_samples
 from tarshards.storage import read_sample_at, samples_from
 
 
-def _tarfile_shard(path, members, fmt=tarfile.PAX_FORMAT, dirs=()):
-    with tarfile.open(path, "w", format=fmt) as tf:
+def _tar_bytes(members, fmt=tarfile.PAX_FORMAT, dirs=()) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tf:
         for d in dirs:
             ti = tarfile.TarInfo(d)
             ti.type = tarfile.DIRTYPE
@@ -37,6 +38,11 @@ def _tarfile_shard(path, members, fmt=tarfile.PAX_FORMAT, dirs=()):
             ti = tarfile.TarInfo(name)
             ti.size = len(data)
             tf.addfile(ti, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _tarfile_shard(path, members, fmt=tarfile.PAX_FORMAT, dirs=()):
+    Path(path).write_bytes(_tar_bytes(members, fmt, dirs))
     return path
 
 
@@ -384,13 +390,7 @@ def test_member_checksums_c_and_python_agree(tmp_path, monkeypatch, algo):
 def test_c_checksums_equal_python_any_sizes_and_chunks(sizes, chunk):
     rng = np.random.default_rng(len(sizes) * 7919 + chunk)
     members = [(f"s{i // 2}.{'ab'[i % 2]}", rng.bytes(n)) for i, n in enumerate(sizes)]
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
-        for name, data in members:
-            ti = tarfile.TarInfo(name)
-            ti.size = len(data)
-            tf.addfile(ti, io.BytesIO(data))
-    data = buf.getvalue()
+    data = _tar_bytes(members, tarfile.USTAR_FORMAT)
     c = index_stream(io.BytesIO(data), "x.tar", chunk_size=chunk)
     assert c.member_checksums.tolist() == [xxhash.xxh3_64_intdigest(d) for _, d in members]
     saved = index_mod._index_members
