@@ -149,8 +149,10 @@ def test_lazy_table_covers_the_public_names():
             tarshards, name
         )
     here = Path(tarshards.__file__).parent
-    for sub in tarshards._SUBMODULES:  # each one a real module, reachable as an attribute
-        assert (here / f"{sub}.py").exists() or (here / sub / "__init__.py").exists(), sub
+    found = {p.stem for p in here.glob("*.py") if not p.stem.startswith("_")}
+    found |= {p.name for p in here.iterdir() if (p / "__init__.py").exists()}
+    # every module but the two that import optional parts (torch, click) when imported
+    assert set(tarshards._SUBMODULES) == found - {"torch", "cli"}
     code = "import tarshards as t\nprint(t.stages.shuffle.__module__, t.hashing.MEMBER_HASH)\n"
     assert run_python(code).split() == ["tarshards.stages", "xxh3_64"]
     with pytest.raises(AttributeError, match="no attribute 'nonesuch'"):
