@@ -164,6 +164,7 @@ _SUBMODULES = frozenset(
         "on_error",
         "parallel",
         "pipeline",
+        "plan",
         "planned",
         "reading",
         "seek",
