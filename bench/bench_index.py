@@ -16,6 +16,12 @@ runs every contender once, the peers staying up in their own processes between r
    read, so they are compared on the same samples.
 3. ``ShardWriter`` samples/s with and without ``manifest=`` (raw bytes fields, ``encoder=False``;
    CPU time of this process, the writes going to page cache). Target: <= 5% slower.
+4. With ``--big GB``: ``tarshards index SPEC -o M`` as users run it (the installed console
+   script, a brace spec) on about GB gigabytes of plain shards (64 MB each, ~100 kB samples of
+   random bytes, made once into ``bench/_data/big-GB``, page-cached), with its default
+   parallelism and with ``-p 1``, beside ``cat FILES > /dev/null``; the command's start-up on
+   a one-member shard on its own row. (Section 1's data is 40 MB, which cat reads in tens of
+   ms, so there the command's start-up decides the ratio.)
 
 The peers run in their own virtual environment, ``bench/.venv`` (git-ignored), because
 ``mosaicml-streaming`` pins ``numpy<2.2`` and imports ``torchvision`` and ``transformers`` when
@@ -294,6 +300,67 @@ def bench_index_vs_cat(paths, tmp: str, repeat: int) -> dict:
     }
 
 
+def make_big(gb: float) -> list[str]:
+    """About ``gb`` GB of plain ustar shards of 64 MB (tarfile, neutral), made once."""
+    import io
+    import tarfile
+
+    import common
+    import numpy as np
+
+    shard_bytes = 64 << 20
+    count = max(1, round(gb * 1e9 / shard_bytes))
+    outdir = os.path.join(common.DATA, f"big-{gb:g}")
+    paths = [os.path.join(outdir, f"big-{i:04d}.tar") for i in range(count)]
+    stamp = os.path.join(outdir, "done.json")
+    if os.path.exists(stamp) and all(os.path.exists(p) for p in paths):
+        return paths
+    shutil.rmtree(outdir, ignore_errors=True)
+    os.makedirs(outdir)
+    rng = np.random.default_rng(common.SEED)
+    blob = rng.integers(0, 256, 1 << 21, dtype=np.uint8).tobytes()  # slices of it: the data
+    k = 0
+    for path in paths:
+        with tarfile.open(path + ".tmp", "w", format=tarfile.USTAR_FORMAT) as tf:
+            while tf.fileobj.tell() < shard_bytes:
+                size = int(rng.integers(10_000, 190_000))
+                at = int(rng.integers(0, len(blob) - size))
+                for ext, data in (("cls", str(k % 1000).encode()), ("jpg", blob[at : at + size])):
+                    ti = tarfile.TarInfo(f"big_{k:08d}.{ext}")
+                    ti.size = len(data)
+                    ti.mtime = 1_700_000_000
+                    tf.addfile(ti, io.BytesIO(data))
+                k += 1
+        os.replace(path + ".tmp", path)
+    with open(stamp, "w") as f:
+        json.dump({"gb": gb, "shards": count, "samples": k}, f)
+    return paths
+
+
+def bench_index_big(paths, tmp: str, repeat: int) -> dict:
+    """Best of ``repeat`` interleaved rounds of: cat, ``tarshards index SPEC -o M`` (default
+    parallelism), the same with ``-p 1``, and the command on a one-member shard (start-up)."""
+    import common
+
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"))
+    script = os.path.join(os.path.dirname(sys.executable), "tarshards")
+    cmd = [script] if os.path.exists(script) else [sys.executable, "-m", "tarshards.cli.main"]
+    folder = os.path.dirname(paths[0])
+    spec = os.path.join(folder, f"big-{{0000..{len(paths) - 1:04d}}}.tar")
+    out = os.path.join(tmp, "big-index", "manifest.json")  # the indexes go to _index/ there
+    tiny = _tiny_shard(tmp)
+    tiny_out = os.path.join(tmp, "tiny", "m.json")
+    best = {k: float("inf") for k in ("cat", "default", "p1", "startup")}
+    for _ in range(repeat):
+        best["cat"] = min(best["cat"], _wall("cat " + " ".join(paths) + " > /dev/null"))
+        best["default"] = min(best["default"], _wall([*cmd, "index", "-q", spec, "-o", out], env))
+        best["p1"] = min(best["p1"], _wall([*cmd, "index", "-q", "-p", "1", spec, "-o", out], env))
+        best["startup"] = min(
+            best["startup"], _wall([*cmd, "index", "-q", "-p", "1", tiny, "-o", tiny_out], env)
+        )
+    return {"bytes": common.total_bytes(paths), "shards": len(paths), **best}
+
+
 def bench_random(manifest, job: dict, peers: list, repeat: int) -> dict:
     """Best of ``repeat`` interleaved rounds: one pass of ours, then one of each peer."""
     from tarshards.indexed import IndexedDataset
@@ -356,6 +423,10 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=2000, help="random accesses")
     ap.add_argument("--repeat", type=int, default=None)
     ap.add_argument("--peer-python", default=PEER_VENV)
+    ap.add_argument(
+        "--big", type=float, default=0.0, metavar="GB", help="also section 4 on GB of shards"
+    )
+    ap.add_argument("--only-big", action="store_true", help="section 4 alone (with --big)")
     ap.add_argument("--peer", nargs=2, metavar=("NAME", "JOB"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.peer:
@@ -381,6 +452,13 @@ def main() -> None:
     )
     results: dict = {"machine": common.machine_info(), "layout": args.layout, "quick": args.quick}
     try:
+        if args.big:
+            big = make_big(args.big)
+            common.warm_cache(big)
+            results["big"] = bench_index_big(big, tmp, repeat)
+        if args.only_big:
+            report_big(results["big"])
+            return
         # 1. indexing vs cat
         r1 = bench_index_vs_cat(paths, tmp, repeat)
         results["index"] = r1
@@ -473,7 +551,24 @@ def report(r: dict, nrandom: int) -> None:
         f"   manifest=PATH                    {b:8.0f} samples/s   "
         f"{100 * (a / b - 1):.1f}% slower (target <= 5%)"
     )
+    if "big" in r:
+        report_big(r["big"])
     print("\n(best of interleaved rounds; figures from a loaded machine are noisy, ratios matter)")
+
+
+def report_big(b: dict) -> None:
+    mb = b["bytes"] / 1e6
+    cat = mb / b["cat"]
+    ncpu = os.cpu_count() or 1
+    print(f"\n4. tarshards index SPEC -o M on {mb:.0f} MB ({b['shards']} plain shards, page cache)")
+    print(f"   cat FILES > /dev/null            {cat:8.0f} MB/s")
+    for key, label in (("default", f"(default: -p {ncpu})"), ("p1", "-p 1")):
+        v = mb / b[key]
+        print(f"   tarshards index {label:<16s} {v:8.0f} MB/s   {v / cat:.2f}x cat (target >= 0.5)")
+    print(
+        f"   start-up of the command          {b['startup'] * 1e3:8.0f} ms     "
+        "(tarshards index -p 1 on a one-member shard)"
+    )
 
 
 if __name__ == "__main__":

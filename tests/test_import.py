@@ -122,3 +122,58 @@ batch = default_collation_fn([(torch.zeros(2), 1), (torch.ones(2), 2)])
 print(type(batch[0]).__name__, tuple(batch[0].shape), batch[1].tolist())
 """
     assert run_python(code).splitlines() == ["False", "True", "[0, 1, 2]", "Tensor (2, 2) [1, 2]"]
+
+
+# ---- the lazy package (PEP 562): `import tarshards` loads only what is used -----------------
+
+
+def test_import_is_light():
+    code = (
+        "import sys, json, tarshards\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('tarshards', 'numpy', 'fsspec', 'PIL', 'xxhash'))))\n"
+    )
+    assert json.loads(run_python(code)) == ["tarshards", "tarshards._lazy", "tarshards.errors"]
+
+
+def test_lazy_table_covers_the_public_names():
+    import importlib
+    from pathlib import Path
+
+    import tarshards
+
+    assert set(tarshards._LAZY_MODULES) | tarshards._LAZY == set(tarshards.__all__)
+    assert dir(tarshards) == tarshards.__all__
+    for name, module in tarshards._LAZY_MODULES.items():
+        assert getattr(importlib.import_module(f"tarshards.{module}"), name) is getattr(
+            tarshards, name
+        )
+    here = Path(tarshards.__file__).parent
+    found = {p.stem for p in here.glob("*.py") if not p.stem.startswith("_")}
+    found |= {p.name for p in here.iterdir() if (p / "__init__.py").exists()}
+    # every module but the two that import optional parts (torch, click) when imported
+    assert set(tarshards._SUBMODULES) == found - {"torch", "cli"}
+    code = "import tarshards as t\nprint(t.stages.shuffle.__module__, t.hashing.MEMBER_HASH)\n"
+    assert run_python(code).split() == ["tarshards.stages", "xxh3_64"]
+    with pytest.raises(AttributeError, match="no attribute 'nonesuch'"):
+        tarshards.nonesuch  # noqa: B018
+
+
+@pytest.mark.parametrize(
+    "module, registry, name",
+    [
+        ("codecs", "OPTIONAL_CODECS", "pth"),
+        ("codecs", "OPTIONAL_ARRAY_KINDS", "torch-uint8"),
+        ("images", "OPTIONAL_ARRAY_KINDS", "torch-float"),
+        ("stages", "OPTIONAL_COLLATION", "torch.Tensor"),
+        ("crop", "OPTIONAL_CROP_CONVERTERS", "tensor"),
+    ],
+)
+def test_optional_entries_declared_whichever_module_comes_first(module, registry, name):
+    # the package declares them before the registry's module exists; imported first, it has them
+    code = (
+        NO_TORCH
+        + f"import tarshards.{module} as m\nprint({name!r} in m.{registry}, len(m.{registry}))\n"
+    )
+    found, count = run_python(code).split()
+    assert found == "True" and int(count) >= 1

@@ -8,10 +8,12 @@ import io
 import os
 import subprocess
 import tarfile
+import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
+import xxhash
 import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,8 +27,9 @@ from tarshards.pipeline import shard_samples
 from tarshards.storage import read_sample_at, samples_from
 
 
-def _tarfile_shard(path, members, fmt=tarfile.PAX_FORMAT, dirs=()):
-    with tarfile.open(path, "w", format=fmt) as tf:
+def _tar_bytes(members, fmt=tarfile.PAX_FORMAT, dirs=()) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tf:
         for d in dirs:
             ti = tarfile.TarInfo(d)
             ti.type = tarfile.DIRTYPE
@@ -35,6 +38,11 @@ def _tarfile_shard(path, members, fmt=tarfile.PAX_FORMAT, dirs=()):
             ti = tarfile.TarInfo(name)
             ti.size = len(data)
             tf.addfile(ti, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _tarfile_shard(path, members, fmt=tarfile.PAX_FORMAT, dirs=()):
+    Path(path).write_bytes(_tar_bytes(members, fmt, dirs))
     return path
 
 
@@ -299,51 +307,26 @@ def test_shardwriter_sample_offsets_open_samples(tmp_path):
                 )
 
 
-# ---- the C paths (member scan, writer's records, wmix64) agree with the Python reference ------
+# ---- the C paths (member scan, writer's records) agree with the Python reference -------------
 
 needs_c = pytest.mark.skipif(
-    hashing._c_wmix64 is None or index_mod._index_members is None,
+    index_mod._index_members is None or writer_mod._record_members is None,
     reason="the C accelerator is not built",
 )
 
 
-def test_wmix64_known_values_and_incremental():
-    assert hashing._wmix64_reference(b"") == 0
-    assert hashing._wmix64_reference(b"a") == 15516646814070012766
-    data = os.urandom(1000)
-    one = hashing.wmix64(data)
-    assert one == hashing._wmix64_reference(data)
-    h = hashing.Wmix64()
-    for a, b in ((0, 3), (3, 3), (3, 17), (17, 600), (600, 1000)):
-        h.update(data[a:b])
-    assert h.intdigest() == one
-    # any one flipped bit changes it; appended zeros change it (the length is mixed in)
-    for bit in (0, 7, 31, 32, 63, 4000, 7999):
-        bad = bytearray(data)
-        bad[bit // 8] ^= 1 << (bit % 8)
-        assert hashing.wmix64(bytes(bad)) != one
-    assert hashing.wmix64(data + b"\0") != one
-
-
-@needs_c
-@settings(max_examples=60, deadline=None)
-@given(data=st.binary(max_size=700), first=st.integers(0, 2**40), split=st.integers(0, 700))
-def test_wmix64_c_equals_reference(data, first, split):
-    assert hashing._c_wmix64(data) == hashing._wmix64_reference(data)
-    whole = data[: len(data) - len(data) % 8]
-    words = np.frombuffer(whole, "<u8")
-    assert hashing._c_wmix64_words(words, first) == hashing._wmix_sum_reference(words, first)
-    h = hashing.Wmix64()
-    h.update(data[:split])
-    h.update(data[split:])
-    assert h.intdigest() == hashing._wmix64_reference(data)
+def test_member_checksum_is_xxhash_xxh3_64():
+    assert hashing.MEMBER_HASH == "xxh3_64"
+    assert member_checksum_fn("xxh3_64") is xxhash.xxh3_64_intdigest
+    assert member_checksum_fn("xxh3_64")(b"") == 0x2D06800538D394C2  # xxh3_64's published value
+    assert member_checksum_fn("crc32") is zlib.crc32
+    with pytest.raises(ValueError, match="unknown member checksum 'wmix64'"):
+        member_checksum_fn("wmix64")
 
 
 def _python_only(monkeypatch):
     monkeypatch.setattr(index_mod, "_index_members", None)
     monkeypatch.setattr(writer_mod, "_record_members", None)
-    monkeypatch.setattr(hashing, "_c_wmix64", None)
-    monkeypatch.setattr(hashing, "_c_wmix64_words", None)
 
 
 @needs_c
@@ -372,29 +355,105 @@ def test_c_member_scan_equals_python(tmp_path, monkeypatch, fmt, last_dot):
         _python_only(m)
         py = index_stream(io.BytesIO(data), path, last_dot=last_dot)
     assert c[0] == py and c[1] == py
-    assert py.member_hash == "wmix64"
+    assert py.member_hash == "xxh3_64"
     assert py.member_checksums.tolist() == [
-        hashing._wmix64_reference(d)
+        xxhash.xxh3_64_intdigest(d)
         for name, d in members
         if not name.rsplit("/", 1)[-1].startswith("__") and name not in ("noext", "dir/s9001.")
     ]
 
 
-def test_older_member_checksums_are_made_and_read(tmp_path):
-    members = _members()
+@pytest.mark.parametrize("algo", ["xxh3_64", "crc32"])  # crc32: where xxhash is missing
+def test_member_checksums_c_and_python_agree(tmp_path, monkeypatch, algo):
+    members = _members() + [("big/s1.bin", os.urandom(3 << 20))]  # over one read chunk
     path = _tarfile_shard(str(tmp_path / "a.tar"), members)
-    for algo in ("xxh3_64", "crc32"):  # what indexes written before wmix64 hold
-        idx = index_url(path, member_hash=algo)
-        fn = member_checksum_fn(algo)
-        assert idx.member_hash == algo
-        assert idx.member_checksums.tolist() == [fn(d) for _, d in members]
-        again = ShardIndex.from_bytes(idx.to_bytes(), url=path)
-        assert again == idx and again.checksum_fn() is fn
-        for chunk in (700, 1000):  # members (and their padding) across chunk boundaries
-            small = index_stream(
-                io.BytesIO(Path(path).read_bytes()), path, member_hash=algo, chunk_size=chunk
-            )
-            assert small == idx
+    data = Path(path).read_bytes()
+    idx = index_url(path, member_hash=algo)
+    fn = member_checksum_fn(algo)
+    assert idx.member_hash == algo
+    assert idx.member_checksums.tolist() == [fn(d) for _, d in members]
+    again = ShardIndex.from_bytes(idx.to_bytes(), url=path)
+    assert again == idx and again.checksum_fn() is fn
+    for chunk in (700, 1000):  # members (and their padding) across chunk boundaries
+        assert index_stream(io.BytesIO(data), path, member_hash=algo, chunk_size=chunk) == idx
+    with monkeypatch.context() as m:
+        _python_only(m)
+        assert index_stream(io.BytesIO(data), path, member_hash=algo) == idx
+
+
+@needs_c
+@settings(max_examples=40, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 3000), min_size=1, max_size=12),
+    chunk=st.integers(512, 5000),
+)
+def test_c_checksums_equal_python_any_sizes_and_chunks(sizes, chunk):
+    rng = np.random.default_rng(len(sizes) * 7919 + chunk)
+    members = [(f"s{i // 2}.{'ab'[i % 2]}", rng.bytes(n)) for i, n in enumerate(sizes)]
+    data = _tar_bytes(members, tarfile.USTAR_FORMAT)
+    c = index_stream(io.BytesIO(data), "x.tar", chunk_size=chunk)
+    assert c.member_checksums.tolist() == [xxhash.xxh3_64_intdigest(d) for _, d in members]
+    saved = index_mod._index_members
+    index_mod._index_members = None  # the Python path (hypothesis runs without monkeypatch)
+    try:
+        assert index_stream(io.BytesIO(data), "x.tar", chunk_size=chunk) == c
+    finally:
+        index_mod._index_members = saved
+
+
+class _ShortReads(io.RawIOBase):
+    """A stream whose reads return at most 300 bytes (as pipes and network streams may)."""
+
+    def __init__(self, data: bytes):
+        self.inner = io.BytesIO(data)
+
+    def readable(self):
+        return True
+
+    def readinto(self, b):
+        return self.inner.readinto(memoryview(b)[:300])
+
+
+def test_short_reads_index_the_same(tmp_path):
+    # members over several short reads: the reused read buffer must not alias kept pieces
+    members = [(f"s{i}.bin", os.urandom(200 * i + 1)) for i in range(12)]
+    path = _tarfile_shard(str(tmp_path / "a.tar"), members, tarfile.USTAR_FORMAT)
+    data = Path(path).read_bytes()
+    short = index_stream(_ShortReads(data), path)
+    assert short == index_stream(io.BytesIO(data), path)
+    assert short.member_checksums.tolist() == [xxhash.xxh3_64_intdigest(d) for _, d in members]
+
+
+@needs_c
+def test_c_scan_hands_the_checksum_views_it_releases(tmp_path):
+    members = [(f"s{i}.{ext}", os.urandom(100 * i)) for i in range(5) for ext in ("a", "b")]
+    path = _tarfile_shard(str(tmp_path / "a.tar"), members, tarfile.USTAR_FORMAT)
+    data = bytearray(Path(path).read_bytes())
+    kept = []
+
+    def keeping(view):  # a checksum that keeps what it was given
+        kept.append(view)
+        return xxhash.xxh3_64_intdigest(view)
+
+    builder = index_mod.IndexBuilder()
+    builder.checksum = keeping
+    end = sum(512 + -(-len(d) // 512) * 512 for _, d in members)  # headers and padded data
+    assert builder.scan(data, 0, 0, len(data)) == end
+    assert len(kept) == len(members)
+    for view in kept:  # views over the read buffer: released, never dangling
+        with pytest.raises(ValueError, match="released"):
+            bytes(view)
+    idx = builder.build(nbytes=len(data), hash=None)
+    assert idx.member_checksums.tolist() == [xxhash.xxh3_64_intdigest(d) for _, d in members]
+
+    def failing(view):
+        raise RuntimeError("checksum failed")
+
+    builder = index_mod.IndexBuilder()
+    builder.checksum = failing
+    with pytest.raises(RuntimeError, match="checksum failed"):
+        builder.scan(data, 0, 0, len(data))
+    assert builder.count == 0 and not builder._members  # nothing half-recorded
 
 
 @needs_c

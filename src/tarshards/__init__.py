@@ -10,59 +10,20 @@ from __future__ import annotations
 
 import importlib
 
-from . import codecs as _codecs
-from . import crop as _crop
-from . import stages as _stages
-from .codecs import Codec, decode_value, encode_value, register_codec
-from .errors import (
-    CommandError,
-    DecodeError,
-    DuplicateFieldError,
-    MissingDependencyError,
-    PipeNotAllowedError,
-    ShardFormatError,
-    ShardWriteError,
-    StorageError,
-    TarshardsError,
-    TarshardsWarning,
-    UnsafeCodecError,
-)
-from .format import group_samples, parse_size, split_name
-from .pipeline import iter_samples, shard_samples
-from .shards import split_by_node, split_by_worker
-from .specs import expand_urls
-from .stages import (
-    batched,
-    decode,
-    default_collation_fn,
-    handle_extension,
-    ignore_and_continue,
-    ignore_and_stop,
-    map_dict,
-    map_tuple,
-    rename,
-    reraise_exception,
-    select,
-    shuffle,
-    to_tuple,
-    unbatched,
-    warn_and_continue,
-    warn_and_stop,
-)
-from .storage import open_url
-from .tario import iter_tar
-from .writer import ShardWriter, TarWriter
+from ._lazy import declare_optional as _declare_optional
+from .errors import MissingDependencyError
 
 __version__ = "0.1.0"
 
 # The optional entries of the registries, by name: tarshards.torch implements them and registers
 # them when it is imported, which happens the first time one of them is used. The package (the
-# top of the import order) declares them, so that codecs and stages never name a higher module.
+# top of the import order) declares them, so that codecs and stages never name a higher module;
+# the registries pick them up when their modules are imported (tarshards._lazy.declare_optional).
 _TORCH = {"module": "tarshards.torch", "extra": "torch"}
-_codecs.OPTIONAL_ARRAY_KINDS.declare(["torch-uint8", "torch-float"], **_TORCH)
-_codecs.OPTIONAL_CODECS.declare(["pth"], **_TORCH, safe=False)
-_stages.OPTIONAL_COLLATION.declare(["torch.Tensor"], **_TORCH)
-_crop.OPTIONAL_CROP_CONVERTERS.declare(["tensor"], **_TORCH)
+_declare_optional("images.OPTIONAL_ARRAY_KINDS", ["torch-uint8", "torch-float"], **_TORCH)
+_declare_optional("codecs.OPTIONAL_CODECS", ["pth"], **_TORCH, safe=False)
+_declare_optional("stages.OPTIONAL_COLLATION", ["torch.Tensor"], **_TORCH)
+_declare_optional("crop.OPTIONAL_CROP_CONVERTERS", ["tensor"], **_TORCH)
 
 __all__ = sorted(
     [
@@ -131,18 +92,97 @@ __all__ = sorted(
 _LAZY = {"WebDataset", "DataPipeline", "WebLoader", "IndexedDataset", "MixedDataset", "mix"}
 # without torch: where the plain versions of the _LAZY names are
 _PLAIN = {"IndexedDataset": "indexed", "MixedDataset": "mixing", "mix": "mixing"}
-# modules imported on first use, to keep `import tarshards` (and CLI start-up) light
-_LAZY_MODULES = {
-    "ShardCache": "storage",
-    "map_samples": "parallel",
-    "map_shard_files": "parallel",
-    "map_shards": "parallel",
-    "Manifest": "manifest",
-    "ShardRecord": "manifest",
-    "ShardIndex": "index",
-    "IntegrityError": "errors",
+# every other public name -> the module that defines it, imported on first access (PEP 562), so
+# that `import tarshards` (and each command's start-up) loads only what is used
+_MODULE_OF = {
+    "codecs": ["Codec", "decode_value", "encode_value", "register_codec"],
+    "crop": ["RandomResizedCrop", "random_resized_crop"],
+    "errors": [
+        "CommandError",
+        "DecodeError",
+        "DuplicateFieldError",
+        "IntegrityError",
+        "MissingDependencyError",
+        "PipeNotAllowedError",
+        "ShardFormatError",
+        "ShardWriteError",
+        "StorageError",
+        "TarshardsError",
+        "TarshardsWarning",
+        "UnsafeCodecError",
+    ],
+    "format": ["group_samples", "parse_size", "split_name"],
+    "index": ["ShardIndex"],
+    "manifest": ["Manifest", "ShardRecord"],
+    "parallel": ["map_samples", "map_shard_files", "map_shards"],
+    "pipeline": ["iter_samples", "shard_samples"],
+    "shards": ["split_by_node", "split_by_worker"],
+    "specs": ["expand_urls"],
+    "stages": [
+        "batched",
+        "decode",
+        "default_collation_fn",
+        "handle_extension",
+        "ignore_and_continue",
+        "ignore_and_stop",
+        "map_dict",
+        "map_tuple",
+        "rename",
+        "reraise_exception",
+        "select",
+        "shuffle",
+        "to_tuple",
+        "unbatched",
+        "warn_and_continue",
+        "warn_and_stop",
+    ],
+    "storage": ["ShardCache", "open_url"],
+    "tario": ["iter_tar"],
+    "writer": ["ShardWriter", "TarWriter"],
 }
-_LAZY_MODULES.update(RandomResizedCrop="crop", random_resized_crop="crop")
+_LAZY_MODULES = {name: module for module, names in _MODULE_OF.items() for name in names}
+# the submodules, reachable as attributes after `import tarshards` as when the package imported
+# them eagerly (tarshards.stages.shuffle...); imported on first access too
+_SUBMODULES = frozenset(
+    [
+        "benchmark",
+        "cache",
+        "codecs",
+        "compat",
+        "composition",
+        "compression",
+        "crop",
+        "decoding",
+        "errors",
+        "format",
+        "hashing",
+        "images",
+        "index",
+        "indexed",
+        "manifest",
+        "mixing",
+        "on_error",
+        "parallel",
+        "pipeline",
+        "plan",
+        "planned",
+        "reading",
+        "seek",
+        "shards",
+        "source",
+        "specs",
+        "stages",
+        "stateful",
+        "storage",
+        "tario",
+        "tenbin",
+        "testing",
+        "transport",
+        "types",
+        "urls",
+        "writer",
+    ]
+)
 
 
 def __getattr__(name: str):
@@ -167,6 +207,8 @@ def __getattr__(name: str):
             value = getattr(mod, name)
         globals()[name] = value
         return value
+    if name in _SUBMODULES:  # importing it binds it in this namespace
+        return importlib.import_module(f"tarshards.{name}")
     raise AttributeError(f"module 'tarshards' has no attribute {name!r}")
 
 

@@ -23,6 +23,22 @@ class LazyModule:
         return getattr(mod, attr)
 
 
+# declarations made before their registry exists (the package declares, then the registry's
+# module is imported on first use): registry name -> [(names, module, extra, info)]
+_PENDING: dict[str, list] = {}
+_REGISTRIES: dict[str, "OptionalEntries"] = {}
+
+
+def declare_optional(registry: str, names, module: str, *, extra=None, **info) -> None:
+    """``OptionalEntries.declare`` on the registry named ``registry``
+    (``"codecs.OPTIONAL_CODECS"``), now if it exists, else when it is made: so the package
+    declares without importing the registry's module."""
+    if registry in _REGISTRIES:
+        _REGISTRIES[registry].declare(names, module, extra=extra, **info)
+    else:
+        _PENDING.setdefault(registry, []).append((names, module, extra, info))
+
+
 class OptionalEntries:
     """Names in a registry whose implementation lives in a module imported on first use.
 
@@ -32,9 +48,13 @@ class OptionalEntries:
     dependency becomes a :class:`~tarshards.errors.MissingDependencyError` with an install hint.
     """
 
-    def __init__(self, what: str):
+    def __init__(self, what: str, registry: str | None = None):
         self.what = what  # "image mode", "codec"...: for messages
         self._declared: dict[str, tuple[str, str | None, dict]] = {}
+        if registry is not None:  # named: declare_optional reaches it, before or after
+            _REGISTRIES[registry] = self
+            for names, module, extra, info in _PENDING.pop(registry, ()):
+                self.declare(names, module, extra=extra, **info)
 
     def declare(self, names, module: str, *, extra: str | None = None, **info) -> None:
         """``names`` are implemented by ``module`` (``pip install 'tarshards[extra]'``)."""

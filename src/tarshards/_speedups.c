@@ -340,160 +340,14 @@ fail:
 
 /* ---- the index: member checksums, recording while writing, indexing while reading ----------
  *
- * wmix64: the index's member checksum (docs/format.md; hashing._wmix64_reference is the
- * definition in numpy): the data zero-padded to whole little-endian 64-bit words w[j]; each word
- * keyed by its position, x = w[j] ^ (j + 1) * K1; the sum over all words of
- * lo32(x) * hi32(x) + w[j] (mod 2**64), xored with len * K3 and passed through the splitmix64
- * finaliser. The 32x32-bit products are SSE2's pmuludq: two words per instruction. */
+ * The member checksum is a Python callable handed in by the caller (hashing.member_checksum_fn:
+ * xxhash's xxh3_64_intdigest, or zlib.crc32 without xxhash), called once per member from the
+ * loops below with PyObject_Vectorcall: on the user's bytes object (writer) or on a read-only
+ * memoryview over the read buffer (indexer; no copy). */
 #include <stdint.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
-
-#define MIX_K1 0x9E3779B97F4A7C15ULL
-#define MIX_K2 0xBF58476D1CE4E5B9ULL
-#define MIX_K3 0x94D049BB133111EBULL
-
-static inline uint64_t
-load_le64(const unsigned char *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-#if defined(__BYTE_ORDER__) && defined(__ORDER_BIG_ENDIAN__) && \
-    __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    v = __builtin_bswap64(v);
-#endif
-    return v;
-}
-
-static inline uint64_t
-mix_word(uint64_t w, uint64_t k)
-{
-    uint64_t x = w ^ k;
-    return (uint64_t)(uint32_t)x * (x >> 32) + w;
-}
-
-/* one step of the vector loops below: four vectors of words (W bytes each) at p + i, into the
- * accumulators a0..a3 with the keys k0..k3 (advanced by step); T/PFX/SFX: the vector type and
- * the intrinsics' prefix and suffix (__m128i/_mm/si128 for SSE2, __m256i/_mm256/si256 for AVX2) */
-#define MIX_VEC(T, PFX, SFX, acc, key, off)                                       \
-    do {                                                                          \
-        T w = PFX##_loadu_##SFX((const T *)(p + i + (off)));                      \
-        T x = PFX##_xor_##SFX(w, key);                                            \
-        T prod = PFX##_mul_epu32(x, PFX##_srli_epi64(x, 32));                     \
-        acc = PFX##_add_epi64(acc, PFX##_add_epi64(prod, w));                     \
-        key = PFX##_add_epi64(key, step);                                         \
-    } while (0)
-#define MIX_BLOCK(T, PFX, SFX, W)                                                 \
-    do {                                                                          \
-        MIX_VEC(T, PFX, SFX, a0, k0, 0);                                          \
-        MIX_VEC(T, PFX, SFX, a1, k1, (W));                                        \
-        MIX_VEC(T, PFX, SFX, a2, k2, 2 * (W));                                    \
-        MIX_VEC(T, PFX, SFX, a3, k3, 3 * (W));                                    \
-    } while (0)
-
-#if defined(__GNUC__) && defined(__x86_64__)
-#define HAVE_AVX2_PATH 1
-#include <immintrin.h>
-static int use_avx2 = -1; /* set once: __builtin_cpu_supports("avx2") */
-
-/* the whole 128-byte blocks of p[:n]: their sum, the key k advanced past them, *done bytes */
-__attribute__((target("avx2"))) static uint64_t
-wmix64_sum_avx2(const unsigned char *p, Py_ssize_t n, uint64_t k, Py_ssize_t *done)
-{
-    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-#define KEYS(j)                                                                   \
-    _mm256_set_epi64x((long long)(k + (j + 4) * MIX_K1), (long long)(k + (j + 3) * MIX_K1), \
-                      (long long)(k + (j + 2) * MIX_K1), (long long)(k + (j + 1) * MIX_K1))
-    __m256i k0 = KEYS(0), k1 = KEYS(4), k2 = KEYS(8), k3 = KEYS(12);
-#undef KEYS
-    const __m256i step = _mm256_set1_epi64x((long long)(16 * MIX_K1));
-    Py_ssize_t i = 0;
-    for (; i + 128 <= n; i += 128)
-        MIX_BLOCK(__m256i, _mm256, si256, 32);
-    __m256i t = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
-    uint64_t lanes[4];
-    _mm256_storeu_si256((__m256i *)lanes, t);
-    *done = i;
-    return lanes[0] + lanes[1] + lanes[2] + lanes[3];
-}
-#endif
-
-/* the sum of the keyed words of p[:n] (zero-padded), its first word being word number first */
-static uint64_t
-wmix64_sum(const unsigned char *p, Py_ssize_t n, uint64_t first)
-{
-    uint64_t acc = 0, k = first * MIX_K1; /* k: the key of the word before the next one */
-    Py_ssize_t i = 0;
-#if defined(HAVE_AVX2_PATH)
-    if (n >= 256) {
-        if (use_avx2 < 0) {
-            __builtin_cpu_init();
-            use_avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
-        }
-        if (use_avx2) {
-            acc = wmix64_sum_avx2(p, n, k, &i);
-            k += (uint64_t)(i / 8) * MIX_K1;
-            p += i;
-            n -= i;
-            i = 0;
-        }
-    }
-#endif
-#if defined(__SSE2__)
-    if (n >= 64) {
-        __m128i a0 = _mm_setzero_si128(), a1 = a0, a2 = a0, a3 = a0;
-        __m128i k0 = _mm_set_epi64x((long long)(k + 2 * MIX_K1), (long long)(k + MIX_K1));
-        __m128i k1 = _mm_set_epi64x((long long)(k + 4 * MIX_K1), (long long)(k + 3 * MIX_K1));
-        __m128i k2 = _mm_set_epi64x((long long)(k + 6 * MIX_K1), (long long)(k + 5 * MIX_K1));
-        __m128i k3 = _mm_set_epi64x((long long)(k + 8 * MIX_K1), (long long)(k + 7 * MIX_K1));
-        const __m128i step = _mm_set1_epi64x((long long)(8 * MIX_K1));
-        for (; i + 64 <= n; i += 64)
-            MIX_BLOCK(__m128i, _mm, si128, 16);
-        __m128i t = _mm_add_epi64(_mm_add_epi64(a0, a1), _mm_add_epi64(a2, a3));
-        uint64_t lanes[2];
-        _mm_storeu_si128((__m128i *)lanes, t);
-        acc += lanes[0] + lanes[1];
-        k += (uint64_t)(i / 8) * MIX_K1;
-    }
-#endif
-    for (; i + 8 <= n; i += 8) {
-        k += MIX_K1;
-        acc += mix_word(load_le64(p + i), k);
-    }
-    if (i < n) {
-        unsigned char tail[8] = {0};
-        memcpy(tail, p + i, (size_t)(n - i));
-        k += MIX_K1;
-        acc += mix_word(load_le64(tail), k);
-    }
-    return acc;
-}
-
-static uint64_t
-wmix64_bytes(const unsigned char *p, Py_ssize_t n)
-{
-    uint64_t h = wmix64_sum(p, n, 0) ^ ((uint64_t)n * MIX_K3);
-    h ^= h >> 30;
-    h *= MIX_K2;
-    h ^= h >> 27;
-    h *= MIX_K3;
-    h ^= h >> 31;
-    return h;
-}
-
-/* wmix64_words(data, first) -> int: the unfinished sum of hashing.Wmix64 (words from first) */
-static PyObject *
-wmix64_words(PyObject *self, PyObject *args)
-{
-    Py_buffer view;
-    unsigned long long first;
-    if (!PyArg_ParseTuple(args, "y*K", &view, &first))
-        return NULL;
-    uint64_t acc = wmix64_sum((const unsigned char *)view.buf, view.len, first);
-    PyBuffer_Release(&view);
-    return PyLong_FromUnsignedLongLong(acc);
-}
 
 /* the sum of a header's 512 bytes, its checksum field counted as spaces (psadbw with SSE2) */
 static unsigned long
@@ -516,16 +370,45 @@ header_sum(const unsigned char *h)
     return sum + 8 * ' ';
 }
 
-/* wmix64(data) -> int */
-static PyObject *
-wmix64(PyObject *self, PyObject *arg)
+/* checksum(data) as an unsigned 64-bit value into *out; -1 with an exception set on error */
+static int
+call_checksum(PyObject *fn, PyObject *data, uint64_t *out)
 {
-    Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
-        return NULL;
-    uint64_t h = wmix64_bytes((const unsigned char *)view.buf, view.len);
-    PyBuffer_Release(&view);
-    return PyLong_FromUnsignedLongLong(h);
+    PyObject *r = PyObject_Vectorcall(fn, &data, 1, NULL);
+    if (r == NULL)
+        return -1;
+    unsigned long long v = PyLong_AsUnsignedLongLong(r);
+    Py_DECREF(r);
+    if (v == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    *out = (uint64_t)v;
+    return 0;
+}
+
+/* checksum(memoryview of p[:n]) without copying p; the view is released after the call, so a
+ * callable that kept it holds a released view, never one over memory that may go away */
+static int
+call_checksum_mem(PyObject *fn, const unsigned char *p, Py_ssize_t n, uint64_t *out)
+{
+    PyObject *mv = PyMemoryView_FromMemory((char *)p, n, PyBUF_READ);
+    if (mv == NULL)
+        return -1;
+    int rc = call_checksum(fn, mv, out);
+    if (Py_REFCNT(mv) > 1) { /* kept (by the callable, or by a traceback's frame) */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb); /* the call's own error, if any, comes first */
+        PyObject *gone = PyObject_CallMethod(mv, "release", NULL);
+        if (gone == NULL) {
+            rc = -1;
+            if (type != NULL)
+                PyErr_Clear();
+        }
+        Py_XDECREF(gone);
+        if (type != NULL)
+            PyErr_Restore(type, value, tb);
+    }
+    Py_DECREF(mv);
+    return rc;
 }
 
 static inline void
@@ -580,22 +463,24 @@ name_ext_code(PyObject *codes, PyObject *name, Py_ssize_t start)
     return code;
 }
 
-/* record_members(members, key, codes, packed) -> bool
+/* record_members(members, key, codes, packed, checksum) -> bool
  * What writer._Recorder keeps of one write of (name, data) members whose names are KEY.EXT:
  * appends four little-endian u64 per member to the bytearray packed: the extension's code in
- * the dict codes, the size, the wmix64 checksum and the header size (512, or 0 where the name
+ * the dict codes, the size, checksum(data) (data: the member's bytes object as given) and the
+ * header size (512, or 0 where the name
  * needs a pax header: the Python side works that one out). Returns False, recording nothing,
  * when a name or the key does not follow the rules the reader groups by (the Python path). */
 static PyObject *
 record_members(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4 || !PyUnicode_Check(args[1]) || !PyDict_Check(args[2]) ||
-        !PyByteArray_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "record_members(members, key: str, codes: dict, packed: bytearray)");
+    if (nargs != 5 || !PyUnicode_Check(args[1]) || !PyDict_Check(args[2]) ||
+        !PyByteArray_Check(args[3]) || !PyCallable_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "record_members(members, key: str, codes: dict, "
+                                         "packed: bytearray, checksum: callable)");
         return NULL;
     }
     PyObject *members = args[0], *key = args[1], *codes = args[2], *packed = args[3];
+    PyObject *checksum = args[4];
     Py_ssize_t klen = PyUnicode_GET_LENGTH(key);
     if (klen == 0)
         Py_RETURN_FALSE;
@@ -651,7 +536,9 @@ record_members(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (code < 0)
             goto undo;
         Py_ssize_t size = PyBytes_GET_SIZE(data);
-        uint64_t sum = wmix64_bytes((const unsigned char *)PyBytes_AS_STRING(data), size);
+        uint64_t sum;
+        if (call_checksum(checksum, data, &sum) < 0)
+            goto undo;
         int plain = PyUnicode_IS_ASCII(name) && len <= 100 && (long long)size < (1LL << 33) &&
                     memchr(PyUnicode_DATA(name), 0, (size_t)len) == NULL;
         unsigned char *rec = (unsigned char *)PyByteArray_AS_STRING(packed) + old + i * 32;
@@ -672,14 +559,15 @@ python:
     Py_RETURN_FALSE;
 }
 
-/* index_members(buf, pos, base, end, last_dot, codes, keys, samples, members, key)
+/* index_members(buf, pos, base, end, last_dot, codes, keys, samples, members, key, checksum)
  *     -> (pos, key)
  * index.IndexBuilder.add for a run of plain ustar members lying wholly in buf[:end] (the
  * conditions of scan_members, and ASCII names), without copying their data: appends to the
  * bytearray samples (tar offset, end, flags: three i64 per new sample), to the list keys (its
  * key), to the bytearray members (sample, extension code, header offset, data offset, size,
- * wmix64 checksum: six 64-bit values per member) and extends the current sample's end. key is
- * the current sample's key (str or None). Stops at anything else; Python takes over there. */
+ * checksum(data): six 64-bit values per member; data: a read-only memoryview over buf, released
+ * after the call) and extends the current sample's end. key is the current sample's key (str or
+ * None). Stops at anything else; Python takes over there. */
 static PyObject *
 index_members(PyObject *self, PyObject *args)
 {
@@ -687,11 +575,16 @@ index_members(PyObject *self, PyObject *args)
     Py_ssize_t pos, n;
     long long base;
     int last_dot;
-    PyObject *codes, *keys, *samples, *members, *key;
-    if (!PyArg_ParseTuple(args, "y*nLnpO!O!O!O!O", &view, &pos, &base, &n, &last_dot,
+    PyObject *codes, *keys, *samples, *members, *key, *checksum;
+    if (!PyArg_ParseTuple(args, "y*nLnpO!O!O!O!OO", &view, &pos, &base, &n, &last_dot,
                           &PyDict_Type, &codes, &PyList_Type, &keys, &PyByteArray_Type,
-                          &samples, &PyByteArray_Type, &members, &key))
+                          &samples, &PyByteArray_Type, &members, &key, &checksum))
         return NULL;
+    if (!PyCallable_Check(checksum)) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_TypeError, "index_members: checksum must be callable");
+        return NULL;
+    }
     const unsigned char *buf = (const unsigned char *)view.buf;
     if (n > view.len || n < 0)
         n = view.len;
@@ -760,6 +653,9 @@ index_members(PyObject *self, PyObject *args)
         }
         if (dot <= sl || dot == len - 1)
             continue;
+        uint64_t sum; /* before any record changes: a failing call leaves them whole */
+        if (call_checksum_mem(checksum, h + BLOCK, (Py_ssize_t)size, &sum) < 0)
+            goto fail;
         if (!(kdata != NULL && kl == dot && memcmp(kdata, name, (size_t)dot) == 0)) {
             PyObject *k = PyUnicode_DecodeASCII(name, dot, NULL);
             if (k == NULL)
@@ -816,7 +712,7 @@ index_members(PyObject *self, PyObject *args)
         put_u64(r + 16, (uint64_t)hoff);
         put_u64(r + 24, (uint64_t)doff);
         put_u64(r + 32, (uint64_t)size);
-        put_u64(r + 40, wmix64_bytes(h + BLOCK, (Py_ssize_t)size));
+        put_u64(r + 40, sum);
     }
     Py_XDECREF(last_ext);
     PyBuffer_Release(&view);
@@ -864,16 +760,13 @@ static PyMethodDef methods[] = {
      "ustar_parts(parts, members, start, mtime, mode) -> (nbytes, stop)."},
     {"group_members", group_members, METH_VARARGS,
      "group_members(batch, start, url, last_dot, sample, key) -> (samples, sample, key, stop)."},
-    {"wmix64", wmix64, METH_O, "wmix64(data) -> int: the index's member checksum."},
     {"header_ok", header_ok, METH_VARARGS,
      "header_ok(data, at, size) -> bool: a sound header storing size (else: ask Python)."},
-    {"wmix64_words", wmix64_words, METH_VARARGS,
-     "wmix64_words(data, first) -> int: the unfinished sum of the words of data."},
     {"record_members", (PyCFunction)(void (*)(void))record_members, METH_FASTCALL,
-     "record_members(members, key, codes, packed) -> bool: the writer's index records."},
+     "record_members(members, key, codes, packed, checksum) -> bool: the writer's index records."},
     {"index_members", index_members, METH_VARARGS,
-     "index_members(buf, pos, base, end, last_dot, codes, keys, samples, members, key) -> "
-     "(pos, key)."},
+     "index_members(buf, pos, base, end, last_dot, codes, keys, samples, members, key, "
+     "checksum) -> (pos, key)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_speedups",

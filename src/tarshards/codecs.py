@@ -77,7 +77,7 @@ class Codec:
 
 _REGISTRY: dict[str, Codec] = {}
 # extensions whose codec an optional module registers on first use (``safe=`` known before)
-OPTIONAL_CODECS = OptionalEntries("codec")
+OPTIONAL_CODECS = OptionalEntries("codec", "codecs.OPTIONAL_CODECS")
 
 
 def register_codec(codec: Codec) -> None:

@@ -55,7 +55,7 @@ _JPEG_EXTENSIONS = ("jpg", "jpeg")
 # is the only module that imports torch); the package declares it, so that this module never
 # names a higher one.
 _CROP_CONVERTERS: dict[str, Callable[..., Any]] = {}
-OPTIONAL_CROP_CONVERTERS = OptionalEntries("crop output")
+OPTIONAL_CROP_CONVERTERS = OptionalEntries("crop output", "crop.OPTIONAL_CROP_CONVERTERS")
 
 
 def register_crop_converter(name: str, fn: Callable[..., Any]) -> None:

@@ -146,7 +146,7 @@ class ArrayKind:
 
 _ARRAY_KINDS: dict[str, ArrayKind] = {}
 # kinds that an optional module registers on first use ("torch-uint8", "torch-float")
-OPTIONAL_ARRAY_KINDS = OptionalEntries("image mode kind")
+OPTIONAL_ARRAY_KINDS = OptionalEntries("image mode kind", "images.OPTIONAL_ARRAY_KINDS")
 
 
 def register_array_kind(

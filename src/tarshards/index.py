@@ -332,6 +332,7 @@ class IndexBuilder:
 
     def __init__(self, *, member_hash: str = MEMBER_HASH, last_dot: bool = False):
         self.member_hash = member_hash
+        self.checksum = member_checksum_fn(member_hash)  # bytes-like -> int, one member's data
         self.last_dot = last_dot
         self._key: str | None = None
         self._keys: list[str] = []
@@ -381,9 +382,10 @@ class IndexBuilder:
 
     def scan(self, buf, pos: int, base: int, end: int) -> int:
         """:meth:`add` every plain member of a run lying wholly in ``buf[pos:end]`` (``base``:
-        the stream offset of ``buf[0]``), computing ``wmix64`` checksums, in C; returns where
-        it stopped (``pos`` when the C scanner is missing, or the checksum is not wmix64)."""
-        if _index_members is None or self.member_hash != "wmix64":
+        the stream offset of ``buf[0]``), in C, which calls :meth:`checksum` on a memoryview of
+        each member's data (no copy); returns where it stopped (``pos`` when the C scanner is
+        missing)."""
+        if _index_members is None:
             return pos
         pos, self._key = _index_members(
             buf,
@@ -396,6 +398,7 @@ class IndexBuilder:
             self._samples,
             self._members,
             self._key,
+            self.checksum,
         )
         return pos
 
@@ -466,19 +469,22 @@ class IndexBuilder:
                 name = f"{keys[write_of[j]]}.{exts[int(rec[j, 0])]}"
                 hsize[j] = header_size(name, int(size[j]))
         offsets, data_offsets, total = _layout(hsize, size, start)
-        if not self._fast_ok(keys, counts, n):  # pragma: no cover - record_members' rules
+        if not self._fast_ok(keys, counts, n, dot_slash=False):  # pragma: no cover
             raise ValueError("add_records: the writes do not cover the members")
         self._add_keyed(
             keys, counts, rec[:, 0].astype(np.int64), offsets, data_offsets, size, total, rec[:, 2]
         )
 
-    def _fast_ok(self, keys, counts, n) -> bool:
+    def _fast_ok(self, keys, counts, n, dot_slash: bool = True) -> bool:
+        """Whether the writes' keys and counts cover the members as _add_keyed needs;
+        ``dot_slash=False``: the keys are known not to start with ``./`` (record_members
+        refuses those)."""
         return (
             not self._keys
             and sum(counts) == n
             and len(keys) == len(counts)
             and all(counts)
-            and not any(map(operator.methodcaller("startswith", "./"), keys))
+            and not (dot_slash and any(map(operator.methodcaller("startswith", "./"), keys)))
         )
 
     def _add_keyed(self, keys, counts, ext_codes, offsets, data_offsets, size, total, checksums):
@@ -710,7 +716,7 @@ class _Blocks:
                 self.buf = nxt
                 self.pos = n - have
                 return b"".join(parts)
-            parts.append(nxt)
+            parts.append(bytes(nxt))  # a copy: the next chunk may refill the same buffer
             have += len(nxt)
             self.base += len(nxt)
 
@@ -743,10 +749,10 @@ def _walk(blocks: _Blocks, builder: IndexBuilder, url) -> None:
     from .tario.headers import _checksum_ok, _nts, _number, _parse_pax
 
     new_hasher = member_hasher_factory(builder.member_hash)
-    checksum = member_checksum_fn(builder.member_hash)
+    checksum = builder.checksum
     add = builder.add
     scan = None
-    if _index_members is None or builder.member_hash != "wmix64":
+    if _index_members is None:
         try:  # the reader's C scanner: runs of plain ustar members wholly inside the buffer
             from ._speedups import scan_members as scan
         except ImportError:  # pragma: no cover - built by default

@@ -263,7 +263,7 @@ def default_collation_fn(samples: list) -> Any:
 # module of the type (tarshards.torch for torch.Tensor); optional types are declared by name
 # ("module.QualName") and their module is imported when such a column is first met
 _COLLATE: dict[type, Callable[[list], Any]] = {}
-OPTIONAL_COLLATION = OptionalEntries("collation of")
+OPTIONAL_COLLATION = OptionalEntries("collation of", "stages.OPTIONAL_COLLATION")
 
 
 def register_collation(cls: type, fn: Callable[[list], Any]) -> None:

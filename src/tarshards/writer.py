@@ -222,7 +222,8 @@ class _Recorder:
     gzip member or zstd frame, so it decompresses alone; still a valid .tar.gz / .tar.zst).
 
     The hot path is one C call per write (``_speedups.record_members``: per member its
-    extension's code, size, ``wmix64`` checksum and header size, packed); offsets, keys and
+    extension's code, size, checksum and header size, packed; the C loop calls the member
+    checksum, xxhash's ``xxh3_64_intdigest``, on each bytes value as given); offsets, keys and
     samples are worked out in bulk when the shard is closed. Writes the C path does not take
     (names that are not ``KEY.EXT``, no C extension) are kept as lists (name, size, checksum).
     A plain shard is hashed one sample (its parts joined, in cache) at a time on its way into
@@ -234,7 +235,7 @@ class _Recorder:
         self.writer = writer
         # the fast path: one C call per write packs each member's extension code, size,
         # checksum and header size (record_members); the lists below are the general path
-        self._record = _record_members if MEMBER_HASH == "wmix64" else None
+        self._record = _record_members
         self._codes: dict = {}
         self._packed = bytearray()
         self.save_to = index if isinstance(index, str) or hasattr(index, "__fspath__") else None
@@ -300,7 +301,7 @@ class _Recorder:
         if not members:
             return
         if self._record is not None:
-            if key is not None and self._record(members, key, self._codes, self._packed):
+            if key is not None and self._record(members, key, self._codes, self._packed, self.csum):
                 self.keys.append(key)  # type: ignore[union-attr]
                 self.counts.append(len(members))
                 return

@@ -21,7 +21,6 @@ import click
 
 from ..errors import ShardFormatError, TarshardsError, TruncatedShardError
 from ..format import parse_size as _parse_size
-from ..pipeline import shard_samples
 from ..specs import expand_urls
 from ..storage import open_url
 
@@ -280,6 +279,8 @@ def shard_reader(url: str) -> Iterator[dict]:
 
     An input of 0 bytes is an error (as for tar itself), not an empty dataset.
     """
+    from ..pipeline import shard_samples  # here: the commands that read no samples start faster
+
     counted = []
 
     @contextlib.contextmanager
