@@ -35,6 +35,49 @@ parse_octal(const unsigned char *p, Py_ssize_t len, long long *out)
     return 1;
 }
 
+#include <stdint.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+/* the sum of a header's 512 bytes, its checksum field counted as spaces (psadbw with SSE2) */
+static unsigned long
+header_sum(const unsigned char *h)
+{
+    unsigned long sum = 0;
+#if defined(__SSE2__)
+    __m128i acc = _mm_setzero_si128(), zero = _mm_setzero_si128();
+    for (int i = 0; i < BLOCK; i += 16)
+        acc = _mm_add_epi64(acc, _mm_sad_epu8(_mm_loadu_si128((const __m128i *)(h + i)), zero));
+    uint64_t lanes[2];
+    _mm_storeu_si128((__m128i *)lanes, acc);
+    sum = (unsigned long)(lanes[0] + lanes[1]);
+#else
+    for (int i = 0; i < BLOCK; i++)
+        sum += h[i];
+#endif
+    for (int i = 148; i < 156; i++)
+        sum -= h[i];
+    return sum + 8 * ' ';
+}
+
+/* a canonical ustar header of a regular file ('0', no prefix or link name, octal size, checksum
+ * right): its size in *size, else 0 (the Python path decides what the header is, and raises) */
+static int
+plain_header(const unsigned char *h, long long *size)
+{
+    long long stored;
+    if (h[156] != '0' || h[135] != 0 || h[345] != 0)
+        return 0;
+    if (!parse_octal(h + 124, 11, size))
+        return 0;
+    if (h[154] != 0 && h[154] != ' ')
+        return 0;
+    if (!parse_octal(h + 148, 6, &stored))
+        return 0;
+    return (long long)header_sum(h) == stored;
+}
+
 /* scan_members(buf, pos, base, end[, limit]) -> (members, pos)
  * members: list of (name, data, offset) for consecutive plain members; stops at the first header
  * that is not a canonical '0' member fully inside buf, or whose checksum does not match, or
@@ -56,24 +99,8 @@ scan_members(PyObject *self, PyObject *args)
         goto fail;
     while (n - pos >= BLOCK && pos < limit) {
         const unsigned char *h = buf + pos;
-        long long size, stored;
-        if (h[156] != '0' || h[135] != 0 || h[345] != 0)
-            break;
-        if (!parse_octal(h + 124, 11, &size))
-            break;
-        if (size > n - pos - BLOCK)
-            break;
-        if (h[154] != 0 && h[154] != ' ')
-            break;
-        if (!parse_octal(h + 148, 6, &stored))
-            break;
-        unsigned long sum = 0;
-        for (int i = 0; i < BLOCK; i++)
-            sum += h[i];
-        for (int i = 148; i < 156; i++)
-            sum -= h[i];
-        sum += 8 * ' ';
-        if ((long long)sum != stored)
+        long long size;
+        if (!plain_header(h, &size) || size > n - pos - BLOCK)
             break; /* the Python path decides (and raises) */
         const unsigned char *nul = memchr(h, 0, 100);
         Py_ssize_t namelen = nul ? (Py_ssize_t)(nul - h) : 100;
@@ -344,31 +371,6 @@ fail:
  * xxhash's xxh3_64_intdigest, or zlib.crc32 without xxhash), called once per member from the
  * loops below with PyObject_Vectorcall: on the user's bytes object (writer) or on a read-only
  * memoryview over the read buffer (indexer; no copy). */
-#include <stdint.h>
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-
-/* the sum of a header's 512 bytes, its checksum field counted as spaces (psadbw with SSE2) */
-static unsigned long
-header_sum(const unsigned char *h)
-{
-    unsigned long sum = 0;
-#if defined(__SSE2__)
-    __m128i acc = _mm_setzero_si128(), zero = _mm_setzero_si128();
-    for (int i = 0; i < BLOCK; i += 16)
-        acc = _mm_add_epi64(acc, _mm_sad_epu8(_mm_loadu_si128((const __m128i *)(h + i)), zero));
-    uint64_t lanes[2];
-    _mm_storeu_si128((__m128i *)lanes, acc);
-    sum = (unsigned long)(lanes[0] + lanes[1]);
-#else
-    for (int i = 0; i < BLOCK; i++)
-        sum += h[i];
-#endif
-    for (int i = 148; i < 156; i++)
-        sum -= h[i];
-    return sum + 8 * ' ';
-}
 
 /* checksum(data) as an unsigned 64-bit value into *out; -1 with an exception set on error */
 static int
@@ -599,19 +601,11 @@ index_members(PyObject *self, PyObject *args)
     long long last_code = -1;
     while (n - pos >= BLOCK) {
         const unsigned char *h = buf + pos;
-        long long size, stored;
-        if (h[156] != '0' || h[135] != 0 || h[345] != 0)
-            break;
-        if (!parse_octal(h + 124, 11, &size))
+        long long size;
+        if (!plain_header(h, &size))
             break;
         if (((size + 511) & ~(long long)511) > n - pos - BLOCK)
             break; /* data and padding wholly in buf: pos never passes end */
-        if (h[154] != 0 && h[154] != ' ')
-            break;
-        if (!parse_octal(h + 148, 6, &stored))
-            break;
-        if ((long long)header_sum(h) != stored)
-            break;
         const unsigned char *nul = memchr(h, 0, 100);
         Py_ssize_t len = nul ? (Py_ssize_t)(nul - h) : 100;
         int ascii = 1;

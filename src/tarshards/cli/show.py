@@ -7,6 +7,8 @@ import itertools
 
 import click
 
+from ..images import IMAGE_EXTENSIONS
+
 from ._common import (
     CONTEXT_SETTINGS,
     as_text,
@@ -44,22 +46,6 @@ def preview(data: bytes, width: int) -> str:
     return f"[{len(data)} bytes] {head}{' ...' if len(data) > (width - 20) // 3 else ''}"
 
 
-_IMAGE_EXTS = (
-    "jpg",
-    "jpeg",
-    "png",
-    "ppm",
-    "pgm",
-    "pbm",
-    "pnm",
-    "bmp",
-    "gif",
-    "tif",
-    "tiff",
-    "webp",
-)
-
-
 def contact_sheet(samples: list[dict], path: str, thumb: int = 160) -> int:
     """Write a grid of the image fields of ``samples`` with their keys; returns how many."""
     from PIL import Image, ImageDraw
@@ -67,7 +53,7 @@ def contact_sheet(samples: list[dict], path: str, thumb: int = 160) -> int:
     tiles = []
     for sample in samples:
         for ext, data in sample.items():
-            if ext.startswith("__") or ext.rsplit(".", 1)[-1] not in _IMAGE_EXTS:
+            if ext.startswith("__") or ext.rsplit(".", 1)[-1] not in IMAGE_EXTENSIONS:
                 continue
             try:
                 img = Image.open(io.BytesIO(data))
