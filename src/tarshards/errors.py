@@ -86,7 +86,14 @@ class ShardFormatError(TarshardsError, ValueError, _tarfile.ReadError):
 
 
 class TruncatedShardError(ShardFormatError, EOFError):
-    """The shard ends before its data does (inside a header, a member or the compression)."""
+    """The shard ends before its data does (inside a header, a member or the compression).
+
+    ``member_whole`` is True when the data of ``member`` was read whole and only what comes
+    after it is missing (the stream ends inside its zero padding): the sample it belongs to is
+    complete.
+    """
+
+    member_whole = False
 
 
 class HeaderError(ShardFormatError):

@@ -19,7 +19,7 @@ import decimal
 import re
 from typing import Any, Iterable, Iterator
 
-from .errors import DuplicateFieldError
+from .errors import CompressionError, DuplicateFieldError, TruncatedShardError
 
 try:  # optional C accelerator (see _speedups.c); the Python loop below is the reference
     from ._speedups import group_members as _group_members
@@ -99,24 +99,46 @@ def group_samples(
     reader reports it: seeking there and reading one sample gives the same sample. A repeated
     extension within one sample raises :class:`DuplicateFieldError` naming both members. With
     ``accelerate`` (default) batches are grouped in C when the extension is built.
+
+    A shard that is cut short (:class:`TruncatedShardError`, :class:`CompressionError`) yields
+    every sample that lies wholly before the damage, the last one included when the error shows
+    that the damage lies outside it (it names a member of another sample, or the stream ends just
+    after the sample's last member), and then raises the error.
     """
     if batched and accelerate and _group_members is not None:
         return _group_fast(members, url, last_dot)
     return _group(members if batched else (members,), url, last_dot)
 
 
+def _damage_after(exn: Exception, key: str | None, last_dot: bool) -> bool:
+    """Whether a reading error shows that the sample being assembled (``key``) is complete:
+    the stream was cut (not corrupted) in a member of another sample, or just after the whole
+    data of this sample's last member."""
+    if not isinstance(exn, (TruncatedShardError, CompressionError)) or exn.member is None:
+        return False
+    parts = split_name(exn.member, last_dot)
+    if parts is None:  # a member grouping skips: the sample could go on after it
+        return False
+    return parts[0] != key or isinstance(exn, TruncatedShardError) and exn.member_whole
+
+
 def _group_fast(batches: Iterable[list], url, last_dot: bool) -> Iterator[dict]:
     sample = None
     key = None
-    for batch in batches:
-        if type(batch) is not list:
-            batch = list(batch)
-        samples, sample, key, stop = _group_members(batch, 0, url, last_dot, sample, key)
-        yield from samples
-        if stop >= 0:  # a repeated extension: the reference loop raises the error
-            for _ in _group(([batch[stop]],), url, last_dot, sample, key):
-                pass
-            raise RuntimeError("internal error: C and Python grouping disagree")
+    try:
+        for batch in batches:
+            if type(batch) is not list:
+                batch = list(batch)
+            samples, sample, key, stop = _group_members(batch, 0, url, last_dot, sample, key)
+            yield from samples
+            if stop >= 0:  # a repeated extension: the reference loop raises the error
+                for _ in _group(([batch[stop]],), url, last_dot, sample, key):
+                    pass
+                raise RuntimeError("internal error: C and Python grouping disagree")
+    except (TruncatedShardError, CompressionError) as exn:
+        if sample is not None and _damage_after(exn, key, last_dot):
+            yield sample
+        raise
     if sample is not None:
         yield sample
 
@@ -125,6 +147,17 @@ def _group(
     batches: Iterable, url, last_dot: bool, sample: Any = None, key: str | None = None
 ) -> Iterator[dict]:
     """The reference grouping loop (state ``sample``/``key`` carried in from a caller)."""
+    state = [sample, key]  # the sample being assembled, for the error path
+    try:
+        yield from _group_loop(batches, url, last_dot, state)
+    except (TruncatedShardError, CompressionError) as exn:
+        if state[0] is not None and _damage_after(exn, state[1], last_dot):
+            yield state[0]
+        raise
+
+
+def _group_loop(batches: Iterable, url, last_dot: bool, state: list) -> Iterator[dict]:
+    sample, key = state
     for batch in batches:
         for member, data, offset in batch:
             # inlined split_name (hot path)
@@ -144,6 +177,8 @@ def _group(
                     yield sample
                 key = k
                 sample = {"__key__": k, "__url__": url, "__offset__": offset, ext: data}
+                state[0] = sample
+                state[1] = k
             else:
                 if ext in sample:
                     # the first member's name is rebuilt (same ./ prefix as the second one)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import warnings
 from typing import BinaryIO, Iterable, Iterator
 
-from ..errors import HeaderError, TarshardsWarning, TruncatedShardError
+from ..errors import CompressionError, HeaderError, TarshardsWarning, TruncatedShardError
 from .buffer import _Buffer, _read_data, reader_buffer, tar_byte_source
 from .headers import (
     _DRAIN_LIMIT,
@@ -164,7 +164,11 @@ def _batches(b: _Buffer, source, verify: bool, drain: bool, accelerate: bool):
                     continue
         if end - pos < BLOCK:
             b.pos = pos
-            if not fill(BLOCK):
+            try:
+                more = fill(BLOCK)
+            except (CompressionError, TruncatedShardError) as exn:  # cut in or before a header
+                raise exn.with_context(member=_partial_name(b)) from None
+            if not more:
                 _at_eof(b, source, start, long_name, pax, last)  # raises unless a clean end
                 return
             pos = b.pos
@@ -294,7 +298,10 @@ def _take(b: _Buffer, pos: int, size: int, padded: int, source, name, start) -> 
     if b.end - pos >= size:
         return bytes(b.buf[pos : pos + size]), pos + padded
     b.pos = pos
-    data = _read_data(b, size, padded, source, name, start)
+    try:
+        data = _read_data(b, size, padded, source, name, start)
+    except (CompressionError, TruncatedShardError) as exn:  # cut inside this member's data
+        raise exn.with_context(member=name) from None
     return data, b.pos
 
 
@@ -337,16 +344,20 @@ def _at_eof(b: _Buffer, source, start, long_name, pax, last) -> None:
             name, offset, data_end = last
         stream_end = b.base + b.end
         if data_end is None or stream_end >= data_end:
+            whole = True
             where = "inside the zero padding after the data of the last member"
         else:
+            whole = False
             where = f"{data_end - stream_end} bytes short of the end of a skipped member's data"
-        raise TruncatedShardError(
+        exn = TruncatedShardError(
             f"truncated tar stream: it ends {where} (after {stream_end} bytes, without the "
             "end-of-archive marker)",
             url=source,
             member=name,
             offset=offset,
         )
+        exn.member_whole = whole and name is not None
+        raise exn
     if b.offset() == b.origin:
         raise TruncatedShardError(
             "empty shard: 0 bytes, not a tar archive", url=source, offset=b.origin
@@ -365,12 +376,32 @@ def _eof_in_header(b: _Buffer, source, start, long_name, pax) -> None:
             offset=0,
         )
     what = "incomplete header block" if left else "extended header without its member"
+    member = _pending_name(long_name, pax)
+    if member is None and start is None:
+        member = _partial_name(b)
     raise TruncatedShardError(
-        f"truncated tar stream: {what}",
-        url=source,
-        member=_pending_name(long_name, pax),
-        offset=offset,
+        f"truncated tar stream: {what}", url=source, member=member, offset=offset
     )
+
+
+def _partial_name(b: _Buffer) -> str | None:
+    """The member name in the incomplete header block at ``b.pos`` when it can be read whole:
+    its name field, and its ustar prefix field (or the absence of the ustar magic)."""
+    part = bytes(b.buf[b.pos : min(b.end, b.pos + BLOCK)])
+    if len(part) < 263:  # the magic that says whether a prefix field exists is missing
+        return None
+    prefix = b""
+    if part[257:262] == b"ustar":
+        if len(part) < 500:
+            return None
+        prefix = _nts(part[345:500])
+    try:
+        name = _nts(part[:100]).decode("utf-8")
+        if prefix:
+            name = prefix.decode("utf-8") + "/" + name
+    except UnicodeDecodeError:
+        return None
+    return name if name and name.isprintable() else None
 
 
 def open_tar_bytes(stream: BinaryIO, source=None, chunk_size: int = CHUNK_SIZE):
