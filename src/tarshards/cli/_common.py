@@ -341,16 +341,7 @@ def collect_inputs(inputs: Iterable[str], listfile: str | None = None) -> list[s
     """Expand brace specs and ``-T FILE`` lists into URLs; no input means stdin (``-``)."""
     urls: list[str] = []
     specs = list(inputs)
-    if listfile is not None:
-        try:
-            with open_url(listfile) as f:
-                text = f.read().decode("utf-8")
-        except TarshardsError as exn:
-            raise DataError(f"cannot read the input list: {exn}") from None
-        specs += [
-            ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")
-        ]
-    if not specs:
+    if not specs and listfile is None:
         specs = ["-"]
     for spec in specs:
         try:
@@ -360,6 +351,11 @@ def collect_inputs(inputs: Iterable[str], listfile: str | None = None) -> list[s
         if not found:
             raise click.BadParameter(f"{spec!r} names no shards", param_hint="INPUTS")
         urls.extend(found)
+    if listfile is not None:  # read as the spec "@FILE": one spec per line, "#" comments
+        try:
+            urls.extend(expand_urls("@" + listfile))
+        except (TarshardsError, OSError, ValueError) as exn:
+            raise DataError(f"cannot read the input list: {exn}") from None
     if urls.count("-") > 1:
         raise click.BadParameter("stdin ('-') can be read only once", param_hint="INPUTS")
     return urls
