@@ -53,6 +53,15 @@ def read_all(data: bytes, chunk_size: int = 1 << 20, source="mem"):
                 results.append(list(iter_tar(chunks, source)))
             except ShardFormatError as exc:
                 results.append(exc)
+        f.seek(0)  # and zero-copy: members are read-only views of the map, the same bytes
+        try:
+            views = list(iter_tar(tar_byte_source(f, source, chunk_size), source, copy=False))
+            assert all(
+                type(d) is bytes or (type(d) is memoryview and d.readonly) for _, d, _ in views
+            )
+            results.append([(n, bytes(d), o) for n, d, o in views])
+        except ShardFormatError as exc:
+            results.append(exc)
     plain = results[0]
     if isinstance(plain, ShardFormatError):
         for other in results[1:]:
