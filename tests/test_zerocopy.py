@@ -377,3 +377,22 @@ def test_decoded_views_through_dataloader_workers(tmp_path):
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
     got = sorted(int(c) for _, c in loader)
     assert got == sorted(int(s["cls"]) for s in samples)
+
+
+def test_c_scan_slices_the_view_it_is_given():
+    from tarshards import tario
+
+    if tario._scan_members is None:
+        pytest.skip("the C accelerator is not built")
+    buf = bytearray(_member("a.bin", b"12345") + _member("b.bin", b"xy") + bytes(1024))
+    members, pos = tario._scan_members(buf, 0, 0, len(buf), len(buf), memoryview(buf))
+    assert [(n, type(d), bytes(d), o) for n, d, o in members] == [
+        ("a.bin", memoryview, b"12345", 0),
+        ("b.bin", memoryview, b"xy", 1024),
+    ]
+    buf[512] = ord("9")  # a view, not a copy: it sees the buffer change
+    assert bytes(members[0][1]) == b"92345"
+    copied, _ = tario._scan_members(buf, 0, 0, len(buf), len(buf), None)
+    assert [type(d) for _, d, _ in copied] == [bytes, bytes]
+    with pytest.raises(TypeError):
+        tario._scan_members(buf, 0, 0, len(buf), len(buf), bytes(buf))
