@@ -22,6 +22,15 @@ Methodology per row (both sides do the same work on the same files):
    ``memoryview``s into its chunk; ``litdata:bytes`` copies each into ``bytes`` (values the
    consumer owns, as ours are: the same work), ``litdata`` keeps the views (row 2d, info).
    MB/s counts the tar shards' bytes on every side, so the rows compare the same samples.
+   Zero-copy rows (2e-2h): ``ours:views`` is ``WebDataset(urls, copy=False)``: fields are
+   read-only memoryviews into the mapped shard, the payload is never touched (like
+   ``litdata``'s views); ``ours:views+xxh3``, ``litdata+xxh3`` and ``read+xxh3`` add one pass
+   over the payload (``xxhash.xxh3_64_intdigest`` of every field; for ``read+xxh3``, a
+   cat-like loop in Python, ``readinto`` of 1 MiB into one reused buffer, ``xxh3_64`` over
+   each chunk: every byte of the files, headers included). ``cat`` copies every byte into its
+   buffer and touches nothing, a views-only consumer touches only the headers: 2e is not like
+   with like; 2f (both touch every payload byte once) is. Every side of rows 2-2h (cat too) makes
+   one untimed pass first (a process's first pass pays lazy imports and set-up, ~200 ms).
 3. ``write_small``: ``TarWriter.write`` of in-memory small samples (values are bytes) to a file;
    samples/s and the size of the output.
 4. ``pil_small``: ``.decode("pil").to_tuple("jpg", "cls")`` on small samples.
@@ -78,6 +87,8 @@ def _upstream():
 def _dataset(side: str, urls):
     if side == "ours":
         return _ours().WebDataset(urls)
+    if side.startswith("ours:views"):
+        return _ours().WebDataset(urls, copy=False)
     return _upstream().WebDataset(urls, shardshuffle=False)
 
 
@@ -88,10 +99,34 @@ def _count(iterable) -> int:
     return n
 
 
+def _timed(one_pass, opts) -> dict:
+    """``common.timed_passes``, after one untimed pass when ``opts["warmup"]`` (the 100 KB rows:
+    a pass there takes ~15-40 ms, and a process's first one ~200 ms more, lazy imports and
+    first-use set-up, which would be a third of a --quick measurement)."""
+    if opts.get("warmup"):
+        one_pass()
+    return common.timed_passes(one_pass, opts["min_time"])
+
+
 def child_raw(side, urls, opts):
     nbytes = common.total_bytes(urls)
     if side.startswith("litdata"):
-        return child_raw_litdata(urls, nbytes, opts, owned=side == "litdata:bytes")
+        return child_raw_litdata(urls, nbytes, opts, owned=side == "litdata:bytes", side=side)
+    if side.endswith("+xxh3"):  # one pass over the payload: a hash of every field
+        import xxhash
+
+        h = xxhash.xxh3_64_intdigest
+
+        def one_pass():
+            n = 0
+            for sample in _dataset(side, urls):
+                for k, v in sample.items():
+                    if k[:2] != "__":
+                        h(v)
+                n += 1
+            return n, nbytes
+
+        return _timed(one_pass, opts)
 
     def one_pass():
         n = 0
@@ -99,7 +134,11 @@ def child_raw(side, urls, opts):
             n += 1
         return n, nbytes
 
-    return common.timed_passes(one_pass, opts["min_time"])
+    return _timed(one_pass, opts)
+
+
+def child_raw_large(side, urls, opts):
+    return child_raw(side, urls, {**opts, "warmup": True})
 
 
 def _litdata_shard(path):
@@ -149,14 +188,25 @@ def _litdata_dir(urls) -> str:
     return out
 
 
-def child_raw_litdata(urls, nbytes, opts, owned: bool):
+def child_raw_litdata(urls, nbytes, opts, owned: bool, side: str = "litdata"):
     import litdata
 
     out = _litdata_dir(urls)
+    h = None
+    if side.endswith("+xxh3"):
+        import xxhash
+
+        h = xxhash.xxh3_64_intdigest
 
     def one_pass():
         n = 0
-        if owned:  # values the consumer owns, as ours are: bytes copied out of the chunk
+        if h is not None:  # its memoryviews, and one pass over the payload (as ours:views+xxh3)
+            for sample in litdata.StreamingDataset(out):
+                for k, v in sample.items():
+                    if isinstance(v, (bytes, memoryview)):
+                        h(v)
+                n += 1
+        elif owned:  # values the consumer owns, as ours are: bytes copied out of the chunk
             for sample in litdata.StreamingDataset(out):
                 {k: bytes(v) if isinstance(v, memoryview) else v for k, v in sample.items()}
                 n += 1
@@ -165,19 +215,41 @@ def child_raw_litdata(urls, nbytes, opts, owned: bool):
                 n += 1
         return n, nbytes
 
-    res = common.timed_passes(one_pass, opts["min_time"])
+    res = _timed(one_pass, opts)
     res["version"] = litdata.__version__
     return res
 
 
 def child_cat(side, urls, opts):
     nbytes = common.total_bytes(urls)
+    if side == "read+xxh3":  # cat's work in a Python loop, plus one hash pass over every byte
+        import xxhash
+
+        buf = memoryview(bytearray(1 << 20))
+
+        def one_pass():
+            for u in urls:
+                hasher = xxhash.xxh3_64()
+                with open(u, "rb", buffering=0) as f:
+                    while True:
+                        got = f.readinto(buf)
+                        if not got:
+                            break
+                        hasher.update(buf[:got])
+                hasher.intdigest()
+            return 0, nbytes
+
+        return _timed(one_pass, opts)
 
     def one_pass():
         subprocess.run(["cat", *urls], stdout=subprocess.DEVNULL, check=True)
         return 0, nbytes
 
-    return common.timed_passes(one_pass, opts["min_time"])
+    return _timed(one_pass, opts)
+
+
+def child_cat_large(side, urls, opts):
+    return child_cat(side, urls, {**opts, "warmup": True})
 
 
 def _load_samples(urls, limit):
@@ -348,8 +420,8 @@ def child_memory(side, urls, opts):
 
 CHILDREN = {
     "raw_small": (child_raw, "small"),
-    "raw_large": (child_raw, "large"),
-    "cat_large": (child_cat, "large"),
+    "raw_large": (child_raw_large, "large"),
+    "cat_large": (child_cat_large, "large"),
     "write_small": (child_write, "small"),
     "pil_small": (child_pil, "small"),
     "t224_large": (child_t224, "large"),
@@ -395,8 +467,16 @@ def options(quick: bool) -> dict:
 # benchmark -> the sides it compares (first is ours)
 PLAN = {
     "raw_small": ["ours", "upstream"],
-    "raw_large": ["ours", "upstream", "litdata:bytes", "litdata"],
-    "cat_large": ["cat"],
+    "raw_large": [
+        "ours",
+        "ours:views",
+        "ours:views+xxh3",
+        "upstream",
+        "litdata:bytes",
+        "litdata",
+        "litdata+xxh3",
+    ],
+    "cat_large": ["cat", "read+xxh3"],
     "write_small": ["ours", "upstream"],
     "pil_small": ["ours", "upstream"],
     "t224_large": ["ours", "upstream:torchrgb+interp", "upstream:pil+resize"],
@@ -407,7 +487,7 @@ PLAN = {
 
 PEERS = {"python": os.path.join(common.HERE, ".venv", "bin", "python")}  # --peer-python
 # run in the peers' environment (no tarshards imported there)
-PEER_SIDES = ("litdata", "litdata:bytes")
+PEER_SIDES = ("litdata", "litdata:bytes", "litdata+xxh3")
 
 
 def spawn(name: str, side: str, quick: bool) -> dict:
@@ -546,6 +626,46 @@ def table(res: dict) -> tuple[list[list[str]], bool]:
                 "",
             ]
         )
+    # zero-copy rows: (metric, ours, (benchmark, side) of the reference, target ratio or None)
+    zero_copy = [
+        (
+            "2e. zero-copy (copy=False), views only, 100 KB (MB/s) vs cat (not like with like: "
+            "cat copies every byte, views touch only headers)",
+            "ours:views",
+            ("cat_large", "cat"),
+            0.85,
+        ),
+        (
+            "2f. zero-copy + one xxh3 pass over each field (MB/s) vs a cat-like read loop + "
+            "xxh3 over every byte",
+            "ours:views+xxh3",
+            ("cat_large", "read+xxh3"),
+            0.85,
+        ),
+        (
+            "2g. zero-copy views vs litdata's memoryviews (like with like, MB/s)",
+            "ours:views",
+            ("raw_large", "litdata"),
+            1.2,
+        ),
+        (
+            "2h. views + one xxh3 pass over each field: ours vs litdata (MB/s)",
+            "ours:views+xxh3",
+            ("raw_large", "litdata+xxh3"),
+            None,
+        ),
+    ]
+    for metric, side, (bench, ref_side), target in zero_copy:
+        o, ref = res.get("raw_large", {}).get(side), res.get(bench, {}).get(ref_side)
+        if o is None or ref is None:
+            continue
+        r = mbps(o) / mbps(ref)
+        ours_cell = f"{_fmt(mbps(o), 'MB/s')} ({_fmt(rate(o), 'samples/s')})"
+        ref_cell = f"{ref_side}: {_fmt(mbps(ref), 'MB/s')}"
+        if target is None:
+            rows.append([metric, ours_cell, ref_cell, f"{r:.2f}x", "(info)", ""])
+        else:
+            row(metric, ours_cell, ref_cell, r, f">= {target}x", r >= target)
     if "write_small" in res:
         o, u = res["write_small"]["ours"], res["write_small"]["upstream"]
         r = rate(o) / rate(u)

@@ -53,6 +53,15 @@ def read_all(data: bytes, chunk_size: int = 1 << 20, source="mem"):
                 results.append(list(iter_tar(chunks, source)))
             except ShardFormatError as exc:
                 results.append(exc)
+        f.seek(0)  # and zero-copy: members are read-only views of the map, the same bytes
+        try:
+            views = list(iter_tar(tar_byte_source(f, source, chunk_size), source, copy=False))
+            assert all(
+                type(d) is bytes or (type(d) is memoryview and d.readonly) for _, d, _ in views
+            )
+            results.append([(n, bytes(d), o) for n, d, o in views])
+        except ShardFormatError as exc:
+            results.append(exc)
     plain = results[0]
     if isinstance(plain, ShardFormatError):
         for other in results[1:]:
@@ -646,11 +655,11 @@ from tarshards.tario import iter_tar_batches  # noqa: E402
 SIZES = (1, 7, 512, 513, 4096, 1 << 20)
 
 
-def _outcome(chunks, accelerate):
+def _outcome(chunks, accelerate, copy=True):
     got = []
     try:
-        for batch in iter_tar_batches(chunks, "mem", accelerate=accelerate):
-            got.extend(batch)
+        for batch in iter_tar_batches(chunks, "mem", accelerate=accelerate, copy=copy):
+            got.extend(batch if copy else [(n, bytes(d), o) for n, d, o in batch])
     except ShardFormatError as exc:
         return got, (type(exc), str(exc))
     return got, None
@@ -676,9 +685,10 @@ def all_ways(data: bytes, sizes=SIZES):
                     assert out == first, (size, accelerate)
         with local_file(data) as f:  # memory-mapped: no chunks at all
             for accelerate in (True, False):
-                f.seek(0)
-                out = _outcome(tar_byte_source(f, "mem"), accelerate)
-                assert out == first, ("mapped", accelerate)
+                for copy in (True, False):  # copy=False: views of the map, the same bytes
+                    f.seek(0)
+                    out = _outcome(tar_byte_source(f, "mem"), accelerate, copy)
+                    assert out == first, ("mapped", accelerate, copy)
     return first
 
 

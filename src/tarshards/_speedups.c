@@ -78,19 +78,43 @@ plain_header(const unsigned char *h, long long *size)
     return (long long)header_sum(h) == stored;
 }
 
-/* scan_members(buf, pos, base, end[, limit]) -> (members, pos)
+/* scan_members(buf, pos, base, end[, limit[, view]]) -> (members, pos)
  * members: list of (name, data, offset) for consecutive plain members; stops at the first header
  * that is not a canonical '0' member fully inside buf, or whose checksum does not match, or
  * (with limit) at the first header that starts at or after limit. buf may be any buffer (a
- * bytearray, an mmap): each member's data is copied once, into its bytes object. */
+ * bytearray, an mmap): each member's data is copied once, into its bytes object; or, with view
+ * (a memoryview of buf; None: copy), it is view[start:stop], no copy: the slice holds the
+ * export of buf, so buf stays alive (and an mmap stays mapped) as long as any slice does. */
+/* view[start:stop] (a memoryview sharing view's export: no copy) */
+static PyObject *
+member_view(PyObject *view, Py_ssize_t start, Py_ssize_t stop)
+{
+    PyObject *a = PyLong_FromSsize_t(start);
+    PyObject *b = PyLong_FromSsize_t(stop);
+    PyObject *slice = (a != NULL && b != NULL) ? PySlice_New(a, b, NULL) : NULL;
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    if (slice == NULL)
+        return NULL;
+    PyObject *out = PyObject_GetItem(view, slice);
+    Py_DECREF(slice);
+    return out;
+}
+
 static PyObject *
 scan_members(PyObject *self, PyObject *args)
 {
     Py_buffer view;
     Py_ssize_t pos, n, limit = PY_SSIZE_T_MAX;
     long long base;
-    if (!PyArg_ParseTuple(args, "y*nLn|n", &view, &pos, &base, &n, &limit))
+    PyObject *slices = Py_None; /* a memoryview of buf: members are slices of it */
+    if (!PyArg_ParseTuple(args, "y*nLn|nO", &view, &pos, &base, &n, &limit, &slices))
         return NULL;
+    if (slices != Py_None && !PyMemoryView_Check(slices)) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_TypeError, "scan_members: view must be a memoryview or None");
+        return NULL;
+    }
     const unsigned char *buf = (const unsigned char *)view.buf;
     if (n > view.len || n < 0)
         n = view.len;
@@ -107,7 +131,11 @@ scan_members(PyObject *self, PyObject *args)
         PyObject *name = PyUnicode_DecodeUTF8((const char *)h, namelen, "surrogateescape");
         if (name == NULL)
             goto fail;
-        PyObject *data = PyBytes_FromStringAndSize((const char *)h + BLOCK, (Py_ssize_t)size);
+        PyObject *data;
+        if (slices == Py_None)
+            data = PyBytes_FromStringAndSize((const char *)h + BLOCK, (Py_ssize_t)size);
+        else
+            data = member_view(slices, pos + BLOCK, pos + BLOCK + (Py_ssize_t)size);
         if (data == NULL) {
             Py_DECREF(name);
             goto fail;
@@ -748,8 +776,8 @@ header_ok(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"scan_members", scan_members, METH_VARARGS,
-     "scan_members(buf, pos, base, end[, limit]) -> (members, pos): plain members wholly in "
-     "buf[:end] whose headers start before limit."},
+     "scan_members(buf, pos, base, end[, limit[, view]]) -> (members, pos): plain members "
+     "wholly in buf[:end] whose headers start before limit (data: bytes, or slices of view)."},
     {"ustar_parts", ustar_parts, METH_VARARGS,
      "ustar_parts(parts, members, start, mtime, mode) -> (nbytes, stop)."},
     {"group_members", group_members, METH_VARARGS,

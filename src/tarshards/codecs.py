@@ -65,7 +65,8 @@ class Codec:
     """How one family of extensions is written and read.
 
     ``encode(value, ext) -> bytes`` and ``decode(data, ext) -> value``; ``safe=False`` marks codecs
-    that may execute code when decoding.
+    that may execute code when decoding. ``decode`` takes any bytes-like ``data``: ``bytes``, or
+    the read-only ``memoryview`` a zero-copy reader (``copy=False``) hands out.
     """
 
     extensions: tuple[str, ...]
@@ -118,7 +119,7 @@ def _enc_text(value, ext):
 
 
 def _dec_text(data, ext):
-    return data.decode("utf-8")
+    return str(data, "utf-8")  # bytes or any buffer (a zero-copy memoryview)
 
 
 def _enc_int(value, ext):
@@ -147,7 +148,8 @@ def _enc_json(value, ext):
 
 
 def _dec_json(data, ext):
-    return json.loads(data)
+    # json.loads takes str, bytes and bytearray (it detects UTF-16/32 in bytes), not memoryview
+    return json.loads(data if isinstance(data, (bytes, bytearray)) else bytes(data))
 
 
 def _enc_npy(value, ext):

@@ -58,6 +58,10 @@ class WebDataset(DataPipeline):
     happens to the samples that do not fill ``V x B``; ``equal=True`` asks for it explicitly.
     ``prefetch``: shards opened ahead of the current one (default: 2 for remote shard lists, 0
     for local files); ``prefetch_bytes`` bounds the memory they buffer.
+    ``copy=False``: zero-copy reads: the fields of local plain shards are read-only
+    ``memoryview`` slices of the memory-mapped file instead of ``bytes`` copies (decoders take
+    either; ``bytes(v)`` copies one out); other shards still give ``bytes``. See
+    docs/performance.md.
     """
 
     def __init__(
@@ -93,6 +97,7 @@ class WebDataset(DataPipeline):
         readers: int | None = None,
         remainder: str = "drop",
         equal: bool | None = None,
+        copy: bool = True,
     ):
         super().__init__(self._samples, seed=seed, on_error=on_error, handler=handler)
         if readers is None and equal:
@@ -143,6 +148,7 @@ class WebDataset(DataPipeline):
         self.storage_options = storage_options
         self.allow_pipe = allow_pipe
         self.retries = retries
+        self.copy = bool(copy)
         if prefetch is None:
             prefetch = 2 if any(_is_remote(u) for u in self.urls) else 0
         if prefetch < 0 or prefetch_bytes < 1:
@@ -313,6 +319,8 @@ class WebDataset(DataPipeline):
             "prefetch": self.prefetch,
             "prefetch_bytes": self.prefetch_bytes,
         }
+        if not self.copy:
+            options["copy"] = False
         if self._opener is not None:
             options["opener"] = self._opener
         if self.verify and self.manifest is not None:  # verify= needs a manifest (__init__)

@@ -27,6 +27,7 @@ def shard_samples(
     chunk_size: int = 1 << 20,
     retries: int = 5,
     expect=None,
+    copy: bool = True,
 ) -> Iterator[dict]:
     """The samples of one shard (any URL :func:`tarshards.storage.open_url` opens).
 
@@ -34,6 +35,9 @@ def shard_samples(
     ``expect``: the shard's manifest record (``samples``, ``nbytes``, ``hash``): the shard is
     hashed as it streams, and after its last sample an :class:`IntegrityError` naming it is
     raised when its size, hash or sample count differ.
+    ``copy=False`` (zero-copy): the fields of a local plain shard (memory-mapped) are read-only
+    ``memoryview`` slices of the map, not ``bytes`` copies; other shards (compressed, remote,
+    piped, or verified with ``expect``) give ``bytes`` (see :func:`tarshards.tario.iter_tar`).
 
     Errors are :class:`~tarshards.errors.TarshardsError` subclasses naming the shard, the member
     and the offset; OS errors while reading become :class:`StorageError`.
@@ -48,7 +52,7 @@ def shard_samples(
             if expect is not None:
                 yield from _verified_samples(stream, url, expect, chunk_size, last_dot)
                 return
-            batches = iter_tar_batches(tar_byte_source(stream, url, chunk_size), url)
+            batches = iter_tar_batches(tar_byte_source(stream, url, chunk_size), url, copy=copy)
             yield from group_samples(batches, url, last_dot=last_dot, batched=True)
     except TarshardsError as exn:
         raise exn.with_context(url=url) from None

@@ -7,8 +7,11 @@ buffer; gzip and zstd are decompressed chunk by chunk (:mod:`tarshards.compressi
 A local plain file (an ``open(path, "rb")`` file object, buffered or not) is memory-mapped
 instead (:class:`MappedFile`, read through :class:`_MappedBuffer`): the reader parses the map in
 place and each member's bytes are copied once, from the page cache into the ``bytes`` value it
-hands out, with no read buffer in between. Pages behind the reader are released as it goes, so
-the resident memory stays that of a window, not of the file.
+hands out, with no read buffer in between; or, zero-copy (``iter_tar(..., copy=False)``), not at
+all: members are read-only ``memoryview`` slices of the map. Pages behind the reader are
+released as it goes (``MADV_DONTNEED``), so the resident memory stays that of a window, not of
+the file; a view of a released page stays valid (a read-only file mapping faults the page back
+in from the page cache).
 """
 
 from __future__ import annotations
@@ -172,7 +175,9 @@ class MappedFile:
 
     Made by :func:`tar_byte_source`; :func:`iter_tar_batches` reads the map in place. It is a
     readable stream too (``readinto``), for a consumer that treats it as one. The map is closed
-    when the reader finishes (or :meth:`close`); the file object stays the caller's.
+    when the reader finishes (or :meth:`close`); the file object stays the caller's. While
+    memoryviews of the map are alive (zero-copy members), :meth:`close` only drops this
+    object's reference: the last view to go unmaps it (``mmap.close`` would raise).
     """
 
     def __init__(self, mapping: mmap.mmap, start: int):
@@ -189,7 +194,10 @@ class MappedFile:
         return n
 
     def close(self) -> None:
-        self.map.close()
+        try:
+            self.map.close()
+        except BufferError:  # views of it are alive: the last one to go unmaps it
+            pass
 
     def __enter__(self) -> MappedFile:
         return self

@@ -57,7 +57,8 @@ def iter_tar(
     verify: bool = True,
     drain: bool = True,
     offset: int = 0,
-) -> Iterator[tuple[str, bytes, int]]:
+    copy: bool = True,
+) -> Iterator[tuple[str, bytes | memoryview, int]]:
     """Yield ``(name, data, offset)`` for each regular member of a tar byte stream.
 
     ``chunks`` is an iterable of bytes (see :func:`read_chunks` and :func:`decompressed_chunks`).
@@ -69,8 +70,18 @@ def iter_tar(
     :class:`ShardFormatError` (:class:`TruncatedShardError`, :class:`HeaderError`,
     :class:`CompressionError`) naming ``source``, the member and the byte offset, after every
     complete member before the damage has been yielded.
+
+    ``copy=False`` (zero-copy): the members of a memory-mapped local plain file (what
+    :func:`tar_byte_source` makes of ``open(path, "rb")``) are read-only ``memoryview`` slices
+    of the map instead of ``bytes`` copies; any other input (gzip, zstd, HTTP, pipes, chunk
+    iterables) yields ``bytes`` as usual, and so do sparse members. A view keeps the map alive
+    (the reader lets go of its reference when it ends, and the last view unmaps it); the file
+    must not be truncated or rewritten in place while views of it are alive (as with any map:
+    a page past a new end kills the process with SIGBUS). ``bytes(view)`` copies a member out.
     """
-    for batch in iter_tar_batches(chunks, source, verify=verify, drain=drain, offset=offset):
+    for batch in iter_tar_batches(
+        chunks, source, verify=verify, drain=drain, offset=offset, copy=copy
+    ):
         yield from batch
 
 
@@ -82,7 +93,8 @@ def iter_tar_batches(
     drain: bool = True,
     accelerate: bool = True,
     offset: int = 0,
-) -> Iterator[list[tuple[str, bytes, int]]]:
+    copy: bool = True,
+) -> Iterator[list[tuple[str, bytes | memoryview, int]]]:
     """Like :func:`iter_tar`, but yields the members in lists (one list per buffer's worth).
 
     This is the reader's hot path. Plain ustar members that lie wholly inside the current buffer
@@ -94,16 +106,17 @@ def iter_tar_batches(
     members' offsets are counted from it.
 
     A :class:`~tarshards.tario.buffer.MappedFile` (a local plain file, see
-    :func:`tar_byte_source`) is parsed in place, in windows of ``CHUNK_SIZE`` bytes of headers.
+    :func:`tar_byte_source`) is parsed in place, in windows of ``CHUNK_SIZE`` bytes of headers;
+    with ``copy=False`` its members are ``memoryview`` slices of the map (see :func:`iter_tar`).
     """
     b = reader_buffer(chunks, offset)
     try:
-        yield from _batches(b, source, verify, drain, accelerate)
+        yield from _batches(b, source, verify, drain, accelerate, copy)
     finally:
         b.close()
 
 
-def _batches(b: _Buffer, source, verify: bool, drain: bool, accelerate: bool):
+def _batches(b: _Buffer, source, verify: bool, drain: bool, accelerate: bool, copy: bool):
     long_name = None  # a GNU long name for the member being assembled
     long_first = False  # the long name came before the member's pax header (it wins)
     pax: dict | None = None  # the pax keys for the member being assembled (globals included)
@@ -117,6 +130,8 @@ def _batches(b: _Buffer, source, verify: bool, drain: bool, accelerate: bool):
     end = b.end
     base = b.base
     mapped = b.mapped  # the whole file is in buf: scan it in windows of headers
+    # zero-copy: members of a mapped file are slices of one read-only view of the map
+    view = None if copy or not mapped else memoryview(buf)
     regular = _REGULAR
     zero = _ZERO_BLOCK
     scan = _scan_members if accelerate else None
@@ -129,7 +144,7 @@ def _batches(b: _Buffer, source, verify: bool, drain: bool, accelerate: bool):
                 limit = end
             if scan is not None:
                 # stops where the general path decides, or at the first header after limit
-                batch, pos = scan(buf, pos, base, end, limit)
+                batch, pos = scan(buf, pos, base, end, limit, view)
                 if batch:
                     last = batch
                     yield batch
@@ -150,7 +165,12 @@ def _batches(b: _Buffer, source, verify: bool, drain: bool, accelerate: bool):
                         break
                     nul = hdr.find(0, 0, 100)
                     name = (hdr[:nul] if nul >= 0 else hdr[:100]).decode("utf-8", "surrogateescape")
-                    batch.append((name, bytes(buf[pos + BLOCK : pos + BLOCK + size]), base + pos))
+                    data = (
+                        bytes(buf[pos + BLOCK : pos + BLOCK + size])
+                        if view is None
+                        else view[pos + BLOCK : pos + BLOCK + size]
+                    )
+                    batch.append((name, data, base + pos))
                     headers.append(hdr)
                     pos += BLOCK + ((size + 511) & ~511)
                 if batch:
@@ -232,7 +252,11 @@ def _batches(b: _Buffer, source, verify: bool, drain: bool, accelerate: bool):
                 pos = b.pos
                 end = b.end
                 base = b.base
-            data, pos = _take(b, pos, size, padded, source, name, start)
+                data, pos = _take(b, pos, size, padded, source, name, start)
+            elif meta is None or _SPARSE_KEYS.isdisjoint(meta):
+                data, pos = _take(b, pos, size, padded, source, name, start, view)
+            else:  # pax sparse: rebuilt below (bytes)
+                data, pos = _take(b, pos, size, padded, source, name, start)
             end = b.end
             base = b.base
             if typeflag == _GNU_SPARSE:
@@ -292,10 +316,15 @@ def _batches(b: _Buffer, source, verify: bool, drain: bool, accelerate: bool):
         long_first = False
 
 
-def _take(b: _Buffer, pos: int, size: int, padded: int, source, name, start) -> tuple[bytes, int]:
+def _take(
+    b: _Buffer, pos: int, size: int, padded: int, source, name, start, view=None
+) -> tuple[bytes, int]:
     """The ``size`` data bytes at ``pos`` and the position after their padding (read into the
-    buffer first when they are not all there yet)."""
+    buffer first when they are not all there yet). With ``view`` (a memoryview of a mapped
+    buffer) they are a slice of it, not a copy."""
     if b.end - pos >= size:
+        if view is not None:
+            return view[pos : pos + size], pos + padded
         return bytes(b.buf[pos : pos + size]), pos + padded
     b.pos = pos
     try:
