@@ -257,3 +257,26 @@ def test_nodesplitter_is_given_the_rank(six_shards):
         for k in ks
     ]
     assert sorted(got) == sorted(plain)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_webloader_hands_out_bytes_for_zero_copy_fields(tmp_path, num_workers):
+    # memoryviews would collate to lists of ints and do not pickle: WebLoader makes them bytes
+    import io
+    import tarfile
+
+    path = tmp_path / "z.tar"
+    with tarfile.open(path, "w") as tf:
+        for i in range(12):
+            for ext, data in (("bin", bytes([i]) * 300), ("cls", str(i).encode())):
+                info = tarfile.TarInfo(f"s{i:02d}.{ext}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    ds = WebDataset(str(path), copy=False).to_tuple("bin", "cls")
+    assert type(next(iter(ds))[0]) is memoryview
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TarshardsWarning)  # one shard for two workers
+        got = sorted(tuple(x) for x in WebLoader(ds, batch_size=None, num_workers=num_workers))
+    assert got == [(bytes([i]) * 300, str(i).encode()) for i in range(12)]
+    batches = list(WebLoader(ds.batched(4), batch_size=None, num_workers=0))
+    assert batches[0][0] == [bytes([i]) * 300 for i in range(4)]

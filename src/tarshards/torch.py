@@ -278,14 +278,19 @@ class WebLoader(DataLoader):
         options = bound.arguments
         options.update(options.pop("kwargs", {}) or {})
         packing = transport is not None and (options.get("num_workers") or 0) > 0
-        if packing:
+        owning = getattr(dataset, "copy", True) is False  # zero-copy fields: bytes before collate
+        if packing or owning:
             inner = options.get("collate_fn")
             if inner is None:
                 inner = default_convert if options.get("batch_size", 1) is None else default_collate
-            prefetch = options.get("prefetch_factor") or 2
-            # the batches in flight, the one the user holds while asking for the next, one spare
-            packer = Packer(slots=prefetch + 3, to_array=_tensor_to_array)
-            options["collate_fn"] = _PackingCollate(inner, packer)
+            if owning:
+                inner = _Owning(inner)
+            if packing:
+                prefetch = options.get("prefetch_factor") or 2
+                # the batches in flight, the one the user holds while asking for the next, a spare
+                packer = Packer(slots=prefetch + 3, to_array=_tensor_to_array)
+                inner = _PackingCollate(inner, packer)
+            options["collate_fn"] = inner
         options.pop("self")
         super().__init__(**options)
         self._packing = packing
@@ -445,6 +450,27 @@ class WebLoader(DataLoader):
             "finished": False,
             "dataset": inner,
         }
+
+
+class _Owning:
+    """A collate function that first turns memoryviews (the fields of a ``copy=False`` dataset)
+    into bytes: torch's collation takes a view for a sequence of ints, and views do not pickle."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __call__(self, batch):
+        return self.inner(_owned(batch))
+
+
+def _owned(x):
+    if type(x) is memoryview:
+        return x.tobytes()
+    if type(x) is dict:
+        return {k: _owned(v) for k, v in x.items()}
+    if type(x) in (list, tuple):
+        return type(x)(_owned(v) for v in x)
+    return x
 
 
 class _PackingCollate:
