@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
 from .errors import IntegrityError, ShardFormatError, ShardNotFoundError, TarshardsError
-from .hashing import DEFAULT_HASH, MEMBER_HASH
+from .hashing import DEFAULT_HASH, HASHING_RELEASES_GIL, MEMBER_HASH
 from .storage import AtomicOutput, is_local, local_path, open_url, url_protocol
 
 __all__ = [
@@ -386,8 +386,10 @@ def build_manifest(
     on_error: str = "raise",
     report: Callable | None = None,
 ) -> Manifest:
-    """Index existing shards (one sequential read each, ``workers`` processes) and write the
-    manifest to ``output`` with the indexes beside it; returns the manifest.
+    """Index existing shards (one sequential read each, ``workers`` at once: threads where the
+    hashing runs without the GIL (:data:`tarshards.hashing.HASHING_RELEASES_GIL`, the ``_xxh3``
+    module built), else processes) and write the manifest to ``output`` with the indexes beside
+    it; returns the manifest.
 
     ``on_error="skip"`` leaves unreadable shards out (each one passed to ``report(url, error)``)
     instead of raising.
@@ -415,10 +417,15 @@ def build_manifest(
                     bar.update(1)
         else:
             import concurrent.futures as cf
-            import multiprocessing as mp
 
-            ctx = mp.get_context("spawn")
-            with cf.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+            pool: cf.Executor
+            if HASHING_RELEASES_GIL:  # threads: no start-up; the hashing and reads run in parallel
+                pool = cf.ThreadPoolExecutor(workers, thread_name_prefix="tarshards-index")
+            else:  # the xxhash package holds the GIL while hashing: processes
+                import multiprocessing as mp
+
+                pool = cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"))
+            with pool:
                 futures = {pool.submit(_run_one, job): i for i, job in enumerate(jobs)}
                 for fut in cf.as_completed(futures):
                     results[futures[fut]] = fut.result()

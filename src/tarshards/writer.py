@@ -230,7 +230,13 @@ class _Recorder:
     the output's buffer."""
 
     def __init__(self, writer: "TarWriter", suffix: str, level, aligned: bool, hash, index):
-        from .hashing import DEFAULT_HASH, MEMBER_HASH, file_hasher, member_checksum_fn
+        from .hashing import (
+            DEFAULT_HASH,
+            MEMBER_HASH,
+            file_hasher,
+            member_checksum_c,
+            member_checksum_fn,
+        )
 
         self.writer = writer
         # the fast path: one C call per write packs each member's extension code, size,
@@ -243,6 +249,7 @@ class _Recorder:
         self.hasher = file_hasher(self.algorithm)
         self.member_hash = MEMBER_HASH
         self.csum = member_checksum_fn(MEMBER_HASH)
+        self._ccsum = member_checksum_c(MEMBER_HASH)  # the same, for record_members
         self.names: list = []
         self.sizes: list = []
         self.sums: list = []
@@ -274,15 +281,24 @@ class _Recorder:
     def attach(self, tar: TarMemberWriter) -> None:
         if self.aligned:
             tar._writelines = self._parts.extend
-        elif self.compression == "none":  # one sample's parts: joined (in cache), hashed once
-            raw_write = self.raw.write
-            update = self.hasher.update
-            join = b"".join
+        elif self.compression == "none":  # one sample's parts hashed (in cache), then written
+            update_all = getattr(self.hasher, "update_all", None)  # _xxh3: one C call
+            if update_all is not None and hasattr(self.raw, "writelines"):
+                raw_writelines = self.raw.writelines
 
-            def writelines(parts):
-                data = join(parts)
-                update(data)
-                raw_write(data)
+                def writelines(parts):
+                    update_all(parts)
+                    raw_writelines(parts)
+
+            else:
+                raw_write = self.raw.write
+                update = self.hasher.update
+                join = b"".join
+
+                def writelines(parts):
+                    data = join(parts)
+                    update(data)
+                    raw_write(data)
 
             tar._writelines = writelines
 
@@ -301,7 +317,9 @@ class _Recorder:
         if not members:
             return
         if self._record is not None:
-            if key is not None and self._record(members, key, self._codes, self._packed, self.csum):
+            if key is not None and self._record(
+                members, key, self._codes, self._packed, self._ccsum
+            ):
                 self.keys.append(key)  # type: ignore[union-attr]
                 self.counts.append(len(members))
                 return
