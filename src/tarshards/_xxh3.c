@@ -11,7 +11,7 @@
  * checksum64                                a capsule "tarshards.checksum64": the same as a C
  *                                           function uint64_t (*)(const void *, size_t), which
  *                                           _speedups' loops call directly
- * Xxh3()                                    streaming: update(buffer), update_all(buffers),
+ * Xxh3()                                    streaming: update(buffer),
  *                                           intdigest(), hexdigest(), digest(), copy()
  */
 #define PY_SSIZE_T_CLEAN
@@ -157,26 +157,6 @@ xxh3_update(Xxh3Object *self, PyObject *data)
     Py_RETURN_NONE;
 }
 
-/* update(b) for each b of a list or tuple, in order (the parts of one write) */
-static PyObject *
-xxh3_update_all(Xxh3Object *self, PyObject *parts)
-{
-    PyObject *seq = PySequence_Fast(parts, "update_all takes a sequence of buffers");
-    if (seq == NULL)
-        return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    int rc = 0;
-    xxh3_acquire(self);
-    for (Py_ssize_t i = 0; i < n && rc == 0; i++)
-        rc = xxh3_feed(self, items[i]);
-    xxh3_release(self);
-    Py_DECREF(seq);
-    if (rc < 0)
-        return NULL;
-    Py_RETURN_NONE;
-}
-
 static XXH64_hash_t
 xxh3_value(Xxh3Object *self)
 {
@@ -222,8 +202,6 @@ xxh3_copy(Xxh3Object *self, PyObject *unused)
 
 static PyMethodDef xxh3_methods[] = {
     {"update", (PyCFunction)xxh3_update, METH_O, "update(buffer): hash more bytes."},
-    {"update_all", (PyCFunction)xxh3_update_all, METH_O,
-     "update_all(buffers): update(b) for each b of a list or tuple, in order."},
     {"intdigest", (PyCFunction)xxh3_intdigest, METH_NOARGS, "The hash so far, an int."},
     {"hexdigest", (PyCFunction)xxh3_hexdigest, METH_NOARGS, "The hash so far, 16 hex digits."},
     {"digest", (PyCFunction)xxh3_digest, METH_NOARGS, "The hash so far, 8 bytes, big-endian."},

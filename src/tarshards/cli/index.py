@@ -51,7 +51,7 @@ __all__ = ["index_cmd"]
     "--parallel",
     type=click.IntRange(min=1),
     default=None,
-    help="Shards at once (default: one per CPU).",
+    help="Shards at once (default: one per CPU; threads where hashing runs without the GIL).",
 )
 @click.option(
     "--hash",
