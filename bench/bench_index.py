@@ -564,7 +564,10 @@ def report_big(b: dict) -> None:
     ncpu = os.cpu_count() or 1
     print(f"\n4. tarshards index SPEC -o M on {mb:.0f} MB ({b['shards']} plain shards, page cache)")
     print(f"   cat FILES > /dev/null            {cat:8.0f} MB/s")
-    for key, label in (("default", f"(default: -p {ncpu})"), ("p1", "-p 1")):
+    from tarshards.hashing import HASHING_RELEASES_GIL
+
+    default = f"-p {min(ncpu, b['shards'])}" if HASHING_RELEASES_GIL else "-p 1"
+    for key, label in (("default", f"(default: {default})"), ("p1", "-p 1")):
         v = mb / b[key]
         print(f"   tarshards index {label:<16s} {v:8.0f} MB/s   {v / cat:.2f}x cat (target >= 0.5)")
     print(

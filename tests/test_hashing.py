@@ -166,3 +166,25 @@ def test_build_manifest_with_threads_equals_one_worker(tmp_path):
     assert [r.samples for r in many.shards] == [7, 7, 7, 7, 2]
     for i in range(len(urls)):
         assert one.load_index(i) == many.load_index(i)
+
+
+def test_record_members_capsule_equals_callable_and_refuses_odd_names():
+    from tarshards._speedups import record_members
+
+    members = [("d/k1.cls", b"1"), ("d/k1.jpg", os.urandom(70_000)), ("d/k1.t\u00e9", b"x")]
+    got = []
+    for checksum in (_xxh3.checksum64, _xxh3.xxh3_64_intdigest, xxhash.xxh3_64_intdigest):
+        codes: dict = {}
+        packed = bytearray()
+        assert record_members(members, "d/k1", codes, packed, checksum)
+        got.append((codes, bytes(packed)))
+    assert got[0] == got[1] == got[2]
+    for odd in (
+        [("d/k2.cls", b"1")],  # another key's member
+        [("d/k1.a/b", b"1")],  # a slash in the extension
+        [("d/k1", b"1")],  # no extension
+        [("d/k1.cls", bytearray(b"1"))],  # not bytes
+    ):
+        packed = bytearray()
+        assert not record_members(odd, "d/k1", {}, packed, _xxh3.checksum64)
+        assert packed == bytearray()

@@ -428,6 +428,8 @@ static int
 call_checksum(PyObject *fn, PyObject *data, uint64_t *out)
 {
     if (PyCapsule_CheckExact(fn)) {
+        if (PyBytes_CheckExact(data))
+            return direct_checksum(fn, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), out);
         Py_buffer view;
         if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
             return -1;
@@ -578,6 +580,13 @@ record_members(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_ssize_t len = PyUnicode_GET_LENGTH(name);
         if (len < klen + 2 || PyUnicode_READ_CHAR(name, klen) != '.')
             goto python;
+        if (PyUnicode_IS_ASCII(name) && PyUnicode_IS_ASCII(key)) { /* the usual case */
+            const char *nd = (const char *)PyUnicode_DATA(name);
+            if (memcmp(nd, PyUnicode_DATA(key), (size_t)klen) != 0 ||
+                memchr(nd + klen + 1, '/', (size_t)(len - klen - 1)) != NULL)
+                goto python;
+            continue;
+        }
         Py_ssize_t t = PyUnicode_Tailmatch(name, key, 0, klen, -1);
         if (t < 0)
             goto error;

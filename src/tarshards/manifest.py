@@ -389,7 +389,8 @@ def build_manifest(
     """Index existing shards (one sequential read each, ``workers`` at once: threads where the
     hashing runs without the GIL (:data:`tarshards.hashing.HASHING_RELEASES_GIL`, the ``_xxh3``
     module built), else processes) and write the manifest to ``output`` with the indexes beside
-    it; returns the manifest.
+    it; returns the manifest. By default one thread per CPU, or one at a time where only
+    processes would run in parallel (spawning them costs more than 1 GB of shards takes).
 
     ``on_error="skip"`` leaves unreadable shards out (each one passed to ``report(url, error)``)
     instead of raising.
@@ -401,8 +402,8 @@ def build_manifest(
         raise ValueError("on_error is 'raise' or 'skip'")
     recorder = ManifestRecorder(output, storage_options=storage_options)
     jobs = [(u, storage_options, hash, member_hash, last_dot) for u in urls]
-    if workers is None:
-        workers = min(len(urls), os.cpu_count() or 1)
+    if workers is None:  # threads start at no cost; processes each import tarshards anew
+        workers = min(len(urls), os.cpu_count() or 1) if HASHING_RELEASES_GIL else 1
     bar = None
     if progress:
         from tqdm import tqdm
