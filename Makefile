@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py src/tarshards/_speedups.c src/tarshards/_jpeg.c
+$(STAMP): pyproject.toml setup.py src/tarshards/_speedups.c src/tarshards/_jpeg.c src/tarshards/_xxh3.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install "torch==2.13.0"
@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml setup.py src/tarshards/_speedups.c src/tarshards/_jpeg.
 	$(PY) -m pip install -e ".[all,dev]" "torch==2.13.0"
 	$(PY) -c "import tarshards._speedups" || echo "note: the C accelerator did not build; using the pure Python reader"
 	$(PY) -c "import tarshards._jpeg" || echo "note: the C JPEG decoder did not build (needs libjpeg-turbo's headers: apt install libjpeg-dev); crops decode whole JPEGs"
+	$(PY) -c "import tarshards._xxh3" || echo "note: the C xxh3_64 did not build (needs libxxhash's headers: apt install libxxhash-dev); the xxhash package hashes (same values, holding the GIL)"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -10,6 +10,16 @@ setup(
             optional=True,
             extra_compile_args=["-O2"],
         ),
+        # xxh3_64 through the system's libxxhash (Debian: libxxhash-dev), vectorised at run time
+        # (AVX2 where there is one) and hashing without the GIL; skipped where its headers are
+        # missing (the xxhash package then hashes, with the same values)
+        Extension(
+            "tarshards._xxh3",
+            ["src/tarshards/_xxh3.c"],
+            optional=True,
+            libraries=["xxhash"],
+            extra_compile_args=["-O2"],
+        ),
         # JPEG decoding and cropped decoding over the system's libjpeg-turbo (Debian:
         # libjpeg-dev); skipped where its headers are missing (simplejpeg and Pillow then decode)
         Extension(

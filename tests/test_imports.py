@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
         "_lazy",
         "_speedups",
         "_jpeg",
+        "_xxh3",
     ),  # the bottom: no tarshards imports but these
     ("format", "on_error", "tenbin"),  # naming rules, parse_size; the error policy
     ("compression", "hashing"),  # one table of compressions; content hashes
@@ -128,7 +129,7 @@ def _exists(module: str) -> bool:
     return (
         (SRC / rel).with_suffix(".py").exists()
         or (SRC / rel / "__init__.py").exists()
-        or module in ("tarshards._speedups", "tarshards._jpeg")
+        or module in ("tarshards._speedups", "tarshards._jpeg", "tarshards._xxh3")
     )
 
 

@@ -401,9 +401,42 @@ fail:
  * memoryview over the read buffer (indexer; no copy). */
 
 /* checksum(data) as an unsigned 64-bit value into *out; -1 with an exception set on error */
+/* A member checksum given as a C function (a capsule named "tarshards.checksum64" holding a
+ * uint64_t (*)(const void *, size_t), as tarshards._xxh3.checksum64): called directly, without
+ * the GIL for large members (the buffer stays alive: the caller holds it). */
+typedef uint64_t (*checksum64_fn)(const void *, size_t);
+#define CHECKSUM_GIL_FREE_MIN (64 * 1024)
+
+static int
+direct_checksum(PyObject *capsule, const void *p, Py_ssize_t n, uint64_t *out)
+{
+    checksum64_fn fn = (checksum64_fn)PyCapsule_GetPointer(capsule, "tarshards.checksum64");
+    if (fn == NULL)
+        return -1;
+    if (n >= CHECKSUM_GIL_FREE_MIN) {
+        Py_BEGIN_ALLOW_THREADS
+        *out = fn(p, (size_t)n);
+        Py_END_ALLOW_THREADS
+    }
+    else {
+        *out = fn(p, (size_t)n);
+    }
+    return 0;
+}
+
 static int
 call_checksum(PyObject *fn, PyObject *data, uint64_t *out)
 {
+    if (PyCapsule_CheckExact(fn)) {
+        if (PyBytes_CheckExact(data))
+            return direct_checksum(fn, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), out);
+        Py_buffer view;
+        if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
+            return -1;
+        int rc = direct_checksum(fn, view.buf, view.len, out);
+        PyBuffer_Release(&view);
+        return rc;
+    }
     PyObject *r = PyObject_Vectorcall(fn, &data, 1, NULL);
     if (r == NULL)
         return -1;
@@ -420,6 +453,8 @@ call_checksum(PyObject *fn, PyObject *data, uint64_t *out)
 static int
 call_checksum_mem(PyObject *fn, const unsigned char *p, Py_ssize_t n, uint64_t *out)
 {
+    if (PyCapsule_CheckExact(fn))
+        return direct_checksum(fn, p, n, out);
     PyObject *mv = PyMemoryView_FromMemory((char *)p, n, PyBUF_READ);
     if (mv == NULL)
         return -1;
@@ -498,15 +533,17 @@ name_ext_code(PyObject *codes, PyObject *name, Py_ssize_t start)
  * appends four little-endian u64 per member to the bytearray packed: the extension's code in
  * the dict codes, the size, checksum(data) (data: the member's bytes object as given) and the
  * header size (512, or 0 where the name
- * needs a pax header: the Python side works that one out). Returns False, recording nothing,
+ * needs a pax header: the Python side works that one out). checksum: a callable, or a capsule
+ * "tarshards.checksum64" (direct_checksum). Returns False, recording nothing,
  * when a name or the key does not follow the rules the reader groups by (the Python path). */
 static PyObject *
 record_members(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 5 || !PyUnicode_Check(args[1]) || !PyDict_Check(args[2]) ||
-        !PyByteArray_Check(args[3]) || !PyCallable_Check(args[4])) {
+        !PyByteArray_Check(args[3]) ||
+        !(PyCallable_Check(args[4]) || PyCapsule_CheckExact(args[4]))) {
         PyErr_SetString(PyExc_TypeError, "record_members(members, key: str, codes: dict, "
-                                         "packed: bytearray, checksum: callable)");
+                                         "packed: bytearray, checksum: callable or capsule)");
         return NULL;
     }
     PyObject *members = args[0], *key = args[1], *codes = args[2], *packed = args[3];
@@ -543,6 +580,13 @@ record_members(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_ssize_t len = PyUnicode_GET_LENGTH(name);
         if (len < klen + 2 || PyUnicode_READ_CHAR(name, klen) != '.')
             goto python;
+        if (PyUnicode_IS_ASCII(name) && PyUnicode_IS_ASCII(key)) { /* the usual case */
+            const char *nd = (const char *)PyUnicode_DATA(name);
+            if (memcmp(nd, PyUnicode_DATA(key), (size_t)klen) != 0 ||
+                memchr(nd + klen + 1, '/', (size_t)(len - klen - 1)) != NULL)
+                goto python;
+            continue;
+        }
         Py_ssize_t t = PyUnicode_Tailmatch(name, key, 0, klen, -1);
         if (t < 0)
             goto error;
@@ -610,9 +654,9 @@ index_members(PyObject *self, PyObject *args)
                           &PyDict_Type, &codes, &PyList_Type, &keys, &PyByteArray_Type,
                           &samples, &PyByteArray_Type, &members, &key, &checksum))
         return NULL;
-    if (!PyCallable_Check(checksum)) {
+    if (!(PyCallable_Check(checksum) || PyCapsule_CheckExact(checksum))) {
         PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_TypeError, "index_members: checksum must be callable");
+        PyErr_SetString(PyExc_TypeError, "index_members: checksum must be callable or a capsule");
         return NULL;
     }
     const unsigned char *buf = (const unsigned char *)view.buf;

@@ -32,6 +32,7 @@ from .hashing import (
     DEFAULT_HASH,
     MEMBER_HASH,
     file_hasher,
+    member_checksum_c,
     member_checksum_fn,
     member_hasher_factory,
 )
@@ -333,6 +334,8 @@ class IndexBuilder:
     def __init__(self, *, member_hash: str = MEMBER_HASH, last_dot: bool = False):
         self.member_hash = member_hash
         self.checksum = member_checksum_fn(member_hash)  # bytes-like -> int, one member's data
+        self._checksum_fn = self.checksum
+        self._c_checksum = member_checksum_c(member_hash)  # the same, for index_members
         self.last_dot = last_dot
         self._key: str | None = None
         self._keys: list[str] = []
@@ -398,7 +401,7 @@ class IndexBuilder:
             self._samples,
             self._members,
             self._key,
-            self.checksum,
+            self._c_checksum if self.checksum is self._checksum_fn else self.checksum,
         )
         return pos
 
@@ -594,48 +597,102 @@ def _layout(hsize: np.ndarray, size: np.ndarray, start: int):
 # ---------------------------------------------------------------------------------------------
 
 
-class _RawReader:
-    """Reads the file in chunks, hashing and counting every byte.
+class _ChunkReader:
+    """Reads the file into one reused buffer (``readinto``; ``read`` where a stream has none),
+    hashing and counting every byte once, as it arrives (while it is in cache).
 
-    With ``reuse`` set (the plain tar path, whose consumer copies what it keeps before asking
-    for the next chunk) the chunks are memoryviews of one buffer filled by ``readinto``: no
-    allocation per chunk."""
+    :meth:`scan_plain` is the plain tar path: the C loop (``IndexBuilder.scan``) indexes and
+    checksums the members lying wholly in the buffer, the tail (a member cut by the buffer's end)
+    moves to the front and the buffer is filled up again, so that members never straddle two
+    reads; it stops at the first thing the C loop does not take (an extended header, a member
+    larger than the buffer, the end of the archive), and :meth:`rest` hands the bytes from there
+    on to the general (Python) walk."""
 
     def __init__(self, stream: BinaryIO, hasher, chunk_size: int = _CHUNK):
         self.stream = stream
-        self.hasher = hasher
+        self.update = hasher.update
         self.nbytes = 0
-        self.chunk_size = chunk_size
-        self.reuse = False
+        self.buf = bytearray(max(chunk_size, 2 * BLOCK))
+        self.view = memoryview(self.buf)
+        self.have = 0  # bytes of the file in buf
+        self.base = 0  # file offset of buf[0]
+        self.eof = False
+        readinto = getattr(stream, "readinto", None)
+        if readinto is None:
+            read = getattr(stream, "read1", None) or stream.read
 
-    def chunks(self) -> Iterator[bytes]:
-        read = getattr(self.stream, "read1", None) or self.stream.read
-        update = self.hasher.update
-        readinto = None
-        buf = memoryview(b"")
-        data = read(min(self.chunk_size, 1 << 16))  # enough to tell the compression by
-        if not data:
-            return
-        update(data)
-        self.nbytes += len(data)
-        yield data
+            def readinto(view) -> int:
+                data = read(len(view))
+                view[: len(data)] = data
+                return len(data)
+
+        self.readinto = readinto
+
+    def fill(self) -> None:
+        """Read until the buffer is full or the file ends."""
+        view = self.view
+        size = len(view)
+        readinto = self.readinto
+        have = self.have
+        while have < size:
+            n = readinto(view[have:])
+            if not n:
+                self.eof = True
+                break
+            self.update(view[have : have + n])
+            have += n
+            self.nbytes += n
+        self.have = have
+
+    def head(self) -> memoryview:
+        """The first buffer's worth of the file."""
+        self.fill()
+        return self.view[: self.have]
+
+    def scan_plain(self, builder: IndexBuilder) -> None:
+        view = self.view
         while True:
-            if self.reuse and readinto is None:
-                readinto = getattr(self.stream, "readinto", None)
-                if readinto is not None:
-                    buf = memoryview(bytearray(self.chunk_size))
-            if readinto is not None:
-                n = readinto(buf)
-                if not n:
-                    return
-                data = buf[:n]
-            else:
-                data = read(self.chunk_size)
-                if not data:
-                    return
-            update(data)
-            self.nbytes += len(data)
-            yield data  # type: ignore[misc]  # bytes or a memoryview of the reused buffer
+            pos = builder.scan(self.buf, 0, self.base, self.have)
+            if pos == 0:
+                return
+            rest = self.have - pos  # the cut member (or less) to the front, then read on
+            view[:rest] = view[pos : self.have]
+            self.base += pos
+            self.have = rest
+            if self.eof:
+                return
+            self.fill()
+
+    def take_head(self) -> bytes:
+        """What is in the buffer (a copy); :meth:`rest` then starts after it."""
+        head = bytes(self.view[: self.have])
+        self.base += self.have
+        self.have = 0
+        return head
+
+    def rest(self, fresh: bool = False) -> Iterator[bytes]:
+        """The file from ``base`` on, in chunks (the first: what is in the buffer, copied; then
+        views of the refilled buffer, which the consumer must copy what it keeps of before it
+        asks for the next one, or with ``fresh``, a copy of each)."""
+        if self.have:
+            yield self.take_head()
+        view = self.view
+        readinto = self.readinto
+        update = self.update
+        while not self.eof:
+            n = readinto(view)
+            if not n:
+                self.eof = True
+                return
+            update(view[:n])
+            self.nbytes += n
+            self.base += n
+            yield bytes(view[:n]) if fresh else view[:n]
+
+    def drain(self) -> None:
+        """Read (and hash) what is left of the file."""
+        for _ in self.rest():
+            pass
 
 
 def _frames(
@@ -884,39 +941,29 @@ def index_stream(
     sample-aligned compressed shard comes out ``seekable``.
     """
     hasher = file_hasher(hash)
-    raw = _RawReader(stream, hasher, chunk_size)
-    chunks = raw.chunks()
-    first = b""
-    for piece in chunks:
-        first += piece
-        if len(first) >= 4:
-            break
+    reader = _ChunkReader(stream, hasher, chunk_size)
+    head = reader.head()
     builder = IndexBuilder(member_hash=member_hash, last_dot=last_dot)
-    if first.startswith(_GZIP_MAGIC):
+    if head[:2] == _GZIP_MAGIC:
         compression = "gzip"
-    elif first.startswith(_ZSTD_MAGIC):
+    elif head[:4] == _ZSTD_MAGIC:
         compression = "zstd"
     else:
         compression = "none"
     if compression == "none":
-        raw.reuse = True  # _Blocks copies what it keeps (_frames would not)
-        data = _chain(first, chunks)
+        reader.scan_plain(builder)  # the C loop, as far as it goes
+        blocks = _Blocks(reader.rest())  # the general walk from there on
+        blocks.base = reader.base
+        _walk(blocks, builder, url)
     else:
-        data = _frames(first, chunks, compression, builder, url)
-    _walk(_Blocks(data), builder, url)
-    for _ in data:  # the rest of the file (zero padding, trailing frames) is hashed too
-        pass
-    for _ in chunks:
-        pass
+        data = _frames(reader.take_head(), reader.rest(fresh=True), compression, builder, url)
+        _walk(_Blocks(data), builder, url)
+        for _ in data:  # the rest of the file (zero padding, trailing frames) is hashed too
+            pass
+    reader.drain()
     return builder.build(
-        nbytes=raw.nbytes, hash=f"{hash}:{hasher.hexdigest()}", compression=compression, url=url
+        nbytes=reader.nbytes, hash=f"{hash}:{hasher.hexdigest()}", compression=compression, url=url
     )
-
-
-def _chain(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
-    if first:
-        yield first
-    yield from rest
 
 
 def index_url(

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
 from .errors import IntegrityError, ShardFormatError, ShardNotFoundError, TarshardsError
-from .hashing import DEFAULT_HASH, MEMBER_HASH
+from .hashing import DEFAULT_HASH, HASHING_RELEASES_GIL, MEMBER_HASH
 from .storage import AtomicOutput, is_local, local_path, open_url, url_protocol
 
 __all__ = [
@@ -386,8 +386,11 @@ def build_manifest(
     on_error: str = "raise",
     report: Callable | None = None,
 ) -> Manifest:
-    """Index existing shards (one sequential read each, ``workers`` processes) and write the
-    manifest to ``output`` with the indexes beside it; returns the manifest.
+    """Index existing shards (one sequential read each, ``workers`` at once: threads where the
+    hashing runs without the GIL (:data:`tarshards.hashing.HASHING_RELEASES_GIL`, the ``_xxh3``
+    module built), else processes) and write the manifest to ``output`` with the indexes beside
+    it; returns the manifest. By default one thread per CPU, or one at a time where only
+    processes would run in parallel (spawning them costs more than 1 GB of shards takes).
 
     ``on_error="skip"`` leaves unreadable shards out (each one passed to ``report(url, error)``)
     instead of raising.
@@ -399,8 +402,8 @@ def build_manifest(
         raise ValueError("on_error is 'raise' or 'skip'")
     recorder = ManifestRecorder(output, storage_options=storage_options)
     jobs = [(u, storage_options, hash, member_hash, last_dot) for u in urls]
-    if workers is None:
-        workers = min(len(urls), os.cpu_count() or 1)
+    if workers is None:  # threads start at no cost; processes each import tarshards anew
+        workers = min(len(urls), os.cpu_count() or 1) if HASHING_RELEASES_GIL else 1
     bar = None
     if progress:
         from tqdm import tqdm
@@ -415,10 +418,15 @@ def build_manifest(
                     bar.update(1)
         else:
             import concurrent.futures as cf
-            import multiprocessing as mp
 
-            ctx = mp.get_context("spawn")
-            with cf.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+            pool: cf.Executor
+            if HASHING_RELEASES_GIL:  # threads: no start-up; the hashing and reads run in parallel
+                pool = cf.ThreadPoolExecutor(workers, thread_name_prefix="tarshards-index")
+            else:  # the xxhash package holds the GIL while hashing: processes
+                import multiprocessing as mp
+
+                pool = cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"))
+            with pool:
                 futures = {pool.submit(_run_one, job): i for i, job in enumerate(jobs)}
                 for fut in cf.as_completed(futures):
                     results[futures[fut]] = fut.result()

@@ -51,7 +51,8 @@ __all__ = ["index_cmd"]
     "--parallel",
     type=click.IntRange(min=1),
     default=None,
-    help="Shards at once (default: one per CPU).",
+    help="Shards at once: threads where hashing runs without the GIL, else processes (default: "
+    "one per CPU, or 1 where it would take processes).",
 )
 @click.option(
     "--hash",

@@ -1,0 +1,254 @@
+/* Optional: xxh3_64 through the system's libxxhash (Debian: libxxhash-dev), whose
+ * XXH3_*_dispatch entry points pick the widest vector unit at run time (AVX2 where the CPU has it:
+ * about twice the speed of the SSE2 build inside the xxhash package), and release the GIL while
+ * hashing large buffers, so that threads hash in parallel.
+ *
+ * The values are the xxh3_64 of the xxhash package (the algorithm does not depend on the vector
+ * unit); tests/test_hashing.py checks that both agree. Where this module is missing (no
+ * libxxhash headers at build time), tarshards.hashing uses the xxhash package.
+ *
+ * xxh3_64_intdigest(buffer) -> int          one-shot, as xxhash.xxh3_64_intdigest
+ * checksum64                                a capsule "tarshards.checksum64": the same as a C
+ *                                           function uint64_t (*)(const void *, size_t), which
+ *                                           _speedups' loops call directly
+ * Xxh3()                                    streaming: update(buffer),
+ *                                           intdigest(), hexdigest(), digest(), copy()
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pythread.h>
+#include <stdint.h>
+#include <xxhash.h>
+#include <xxh_x86dispatch.h>
+
+/* below this many bytes the GIL is kept (releasing it costs more than hashing) */
+#define GIL_FREE_MIN (64 * 1024)
+
+static PyObject *
+xxh3_64_intdigest(PyObject *self, PyObject *arg)
+{
+    Py_buffer view;
+    XXH64_hash_t h;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (view.len >= GIL_FREE_MIN) {
+        Py_BEGIN_ALLOW_THREADS
+        h = XXH3_64bits_dispatch(view.buf, (size_t)view.len);
+        Py_END_ALLOW_THREADS
+    }
+    else {
+        h = XXH3_64bits_dispatch(view.buf, (size_t)view.len);
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLongLong((unsigned long long)h);
+}
+
+/* the member checksum as a C function, for the C loops of _speedups (direct_checksum there) */
+static uint64_t
+xxh3_checksum64(const void *p, size_t n)
+{
+    return (uint64_t)XXH3_64bits_dispatch(p, n);
+}
+
+typedef struct {
+    PyObject_HEAD
+    XXH3_state_t *state;
+    /* made at the first update that hashes without the GIL, and taken by every use of the state
+     * from then on (as hashlib does): before that, the GIL alone guards the state */
+    PyThread_type_lock lock;
+} Xxh3Object;
+
+static PyTypeObject Xxh3Type;
+
+static Xxh3Object *
+xxh3_new_object(void)
+{
+    Xxh3Object *self = PyObject_New(Xxh3Object, &Xxh3Type);
+    if (self == NULL)
+        return NULL;
+    self->lock = NULL;
+    self->state = XXH3_createState();
+    if (self->state == NULL) {
+        Py_DECREF(self);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    return self;
+}
+
+static PyObject *
+xxh3_type_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    if (PyTuple_GET_SIZE(args) || (kwds != NULL && PyDict_GET_SIZE(kwds))) {
+        PyErr_SetString(PyExc_TypeError, "Xxh3() takes no arguments");
+        return NULL;
+    }
+    Xxh3Object *self = xxh3_new_object();
+    if (self == NULL)
+        return NULL;
+    XXH3_64bits_reset(self->state);
+    return (PyObject *)self;
+}
+
+static void
+xxh3_dealloc(Xxh3Object *self)
+{
+    if (self->state != NULL)
+        XXH3_freeState(self->state);
+    if (self->lock != NULL)
+        PyThread_free_lock(self->lock);
+    PyObject_Free(self);
+}
+
+/* take the lock (if there is one yet) without blocking the other threads */
+static void
+xxh3_acquire(Xxh3Object *self)
+{
+    if (self->lock != NULL && !PyThread_acquire_lock(self->lock, 0)) {
+        Py_BEGIN_ALLOW_THREADS
+        PyThread_acquire_lock(self->lock, 1);
+        Py_END_ALLOW_THREADS
+    }
+}
+
+static void
+xxh3_release(Xxh3Object *self)
+{
+    if (self->lock != NULL)
+        PyThread_release_lock(self->lock);
+}
+
+/* hash one buffer; the caller holds the lock (xxh3_acquire) */
+static int
+xxh3_feed(Xxh3Object *self, PyObject *data)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
+        return -1;
+    if (view.len >= GIL_FREE_MIN) {
+        if (self->lock == NULL) { /* from now on every use takes the lock */
+            self->lock = PyThread_allocate_lock();
+            if (self->lock == NULL) {
+                PyBuffer_Release(&view);
+                PyErr_NoMemory();
+                return -1;
+            }
+            PyThread_acquire_lock(self->lock, 1);
+        }
+        Py_BEGIN_ALLOW_THREADS
+        XXH3_64bits_update_dispatch(self->state, view.buf, (size_t)view.len);
+        Py_END_ALLOW_THREADS
+    }
+    else {
+        XXH3_64bits_update_dispatch(self->state, view.buf, (size_t)view.len);
+    }
+    PyBuffer_Release(&view);
+    return 0;
+}
+
+static PyObject *
+xxh3_update(Xxh3Object *self, PyObject *data)
+{
+    xxh3_acquire(self);
+    int rc = xxh3_feed(self, data);
+    xxh3_release(self);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static XXH64_hash_t
+xxh3_value(Xxh3Object *self)
+{
+    xxh3_acquire(self);
+    XXH64_hash_t h = XXH3_64bits_digest(self->state);
+    xxh3_release(self);
+    return h;
+}
+
+static PyObject *
+xxh3_intdigest(Xxh3Object *self, PyObject *unused)
+{
+    return PyLong_FromUnsignedLongLong((unsigned long long)xxh3_value(self));
+}
+
+static PyObject *
+xxh3_hexdigest(Xxh3Object *self, PyObject *unused)
+{
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)xxh3_value(self));
+    return PyUnicode_FromStringAndSize(hex, 16);
+}
+
+static PyObject *
+xxh3_digest(Xxh3Object *self, PyObject *unused)
+{
+    XXH64_canonical_t c;
+    XXH64_canonicalFromHash(&c, xxh3_value(self));
+    return PyBytes_FromStringAndSize((const char *)c.digest, sizeof c.digest);
+}
+
+static PyObject *
+xxh3_copy(Xxh3Object *self, PyObject *unused)
+{
+    Xxh3Object *other = xxh3_new_object();
+    if (other == NULL)
+        return NULL;
+    xxh3_acquire(self);
+    XXH3_copyState(other->state, self->state);
+    xxh3_release(self);
+    return (PyObject *)other;
+}
+
+static PyMethodDef xxh3_methods[] = {
+    {"update", (PyCFunction)xxh3_update, METH_O, "update(buffer): hash more bytes."},
+    {"intdigest", (PyCFunction)xxh3_intdigest, METH_NOARGS, "The hash so far, an int."},
+    {"hexdigest", (PyCFunction)xxh3_hexdigest, METH_NOARGS, "The hash so far, 16 hex digits."},
+    {"digest", (PyCFunction)xxh3_digest, METH_NOARGS, "The hash so far, 8 bytes, big-endian."},
+    {"copy", (PyCFunction)xxh3_copy, METH_NOARGS, "A copy of this hash's state."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject Xxh3Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tarshards._xxh3.Xxh3",
+    .tp_basicsize = sizeof(Xxh3Object),
+    .tp_dealloc = (destructor)xxh3_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Streaming xxh3_64 (the xxhash package's xxh3_64, through libxxhash).",
+    .tp_methods = xxh3_methods,
+    .tp_new = xxh3_type_new,
+};
+
+static PyMethodDef methods[] = {
+    {"xxh3_64_intdigest", xxh3_64_intdigest, METH_O,
+     "xxh3_64_intdigest(buffer) -> int: as xxhash.xxh3_64_intdigest."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "_xxh3", "xxh3_64 through the system's libxxhash (optional).", -1,
+    methods,
+};
+
+PyMODINIT_FUNC
+PyInit__xxh3(void)
+{
+    if (PyType_Ready(&Xxh3Type) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&moduledef);
+    if (m == NULL)
+        return NULL;
+    PyObject *cap = PyCapsule_New((void *)xxh3_checksum64, "tarshards.checksum64", NULL);
+    if (cap == NULL || PyModule_AddObject(m, "checksum64", cap) < 0) {
+        Py_XDECREF(cap);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&Xxh3Type);
+    if (PyModule_AddObject(m, "Xxh3", (PyObject *)&Xxh3Type) < 0) {
+        Py_DECREF(&Xxh3Type);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
