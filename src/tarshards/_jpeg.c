@@ -2,6 +2,7 @@
  *
  * header(data) -> (width, height, components, color_space) | None
  * decode(data, channels, denom, fast, x0, y0, x1, y1) -> (pixels, width, height, x0) | None
+ * image(data, channels, plain) -> (pixels, width, height) | None
  *
  * decode: ``channels`` 1 (grey), 3 (RGB) or 4 (RGBX: RGB padded to 4 bytes, Pillow's layout);
  * the image scaled by 1/``denom`` (1, 2, 4 or 8, libjpeg-turbo's SIMD scales); with x1 > 0 only
@@ -10,6 +11,13 @@
  * x0 and width say where; the columns x0..x1 asked for are those of a full decode), the rows
  * above are skipped without their inverse DCT, the rows below are not read at all.
  * ``pixels`` is a bytearray of height x width x channels.
+ *
+ * image: the whole image at full scale with simplejpeg's settings (accurate DCT, fancy
+ * upsampling), the lean call the image modes make per sample. With ``plain`` true it declines,
+ * before any decoding, a JPEG that is not "plain" for that output: one with EXIF (APP1) or an
+ * ICC profile (APP2) before its frame header (Pillow would put them in ``img.info``), or whose
+ * frame header does not have 1 component (channels 1) or 3 (channels 3 or 4); the same walk
+ * over the markers as images._jpeg_frame.
  *
  * Both return None at anything unusual (a libjpeg error *or warning*, CMYK, a colour space it
  * does not convert, arguments out of range) and the Python code (simplejpeg, then Pillow) takes
@@ -268,11 +276,129 @@ done:
     return res;
 }
 
+/* the components of a JPEG's frame header when no APP1/APP2 (or scan) comes before it, else 0:
+ * images._jpeg_frame in C */
+static int
+plain_components(const unsigned char *data, Py_ssize_t n)
+{
+    Py_ssize_t pos = 2;
+    while (pos + 9 < n && data[pos] == 0xFF) {
+        unsigned char marker = data[pos + 1];
+        if (marker == 0xE1 || marker == 0xE2 || marker == 0xDA)
+            return 0;
+        if (marker >= 0xC0 && marker <= 0xCF && marker != 0xC4 && marker != 0xC8 &&
+            marker != 0xCC)
+            return data[pos + 9];
+        pos += 2 + (((Py_ssize_t)data[pos + 2] << 8) | data[pos + 3]);
+    }
+    return 0;
+}
+
+static PyObject *
+jpeg_image(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "image takes 3 arguments");
+        return NULL;
+    }
+    long channels = PyLong_AsLong(args[1]);
+    if (channels == -1 && PyErr_Occurred())
+        return NULL;
+    int plain = PyObject_IsTrue(args[2]);
+    if (plain < 0)
+        return NULL;
+    J_COLOR_SPACE out_space;
+    if (channels == 1)
+        out_space = JCS_GRAYSCALE;
+    else if (channels == 3)
+        out_space = JCS_RGB;
+    else if (channels == 4)
+        out_space = JCS_EXT_RGBX;
+    else
+        Py_RETURN_NONE;
+
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (view.len == 0 ||
+        (plain && plain_components((const unsigned char *)view.buf, view.len) !=
+                      (channels == 1 ? 1 : 3))) {
+        PyBuffer_Release(&view);
+        Py_RETURN_NONE;
+    }
+    slot_t *s = take_slot();
+    if (s == NULL) {
+        PyBuffer_Release(&view);
+        Py_RETURN_NONE;
+    }
+    struct jpeg_decompress_struct *d = &s->d;
+    /* volatile: kept across the longjmp of a libjpeg error */
+    PyObject *volatile out = NULL;
+    volatile JDIMENSION width = 0, height = 0;
+    volatile int failed = 0;
+    PyThreadState *volatile ts = PyEval_SaveThread();
+    if (setjmp(s->err.jump)) {
+        failed = 1;
+        goto done;
+    }
+    jpeg_mem_src(d, (const unsigned char *)view.buf, (unsigned long)view.len);
+    jpeg_read_header(d, TRUE);
+    if (d->jpeg_color_space != JCS_YCbCr && d->jpeg_color_space != JCS_GRAYSCALE &&
+        d->jpeg_color_space != JCS_RGB) {
+        failed = 1; /* CMYK, YCCK, unknown: not ours */
+        goto done;
+    }
+    d->out_color_space = out_space;
+    d->scale_num = 1;
+    d->scale_denom = 1;
+    d->dct_method = JDCT_ISLOW;
+    d->do_fancy_upsampling = TRUE;
+    jpeg_start_decompress(d);
+    width = d->output_width;
+    height = d->output_height;
+    PyEval_RestoreThread(ts);
+    out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)height * width * channels);
+    ts = PyEval_SaveThread();
+    if (out == NULL) {
+        failed = 1;
+        goto done;
+    }
+    {
+        unsigned char *px = (unsigned char *)PyByteArray_AS_STRING(out);
+        size_t stride = (size_t)width * channels;
+        while (d->output_scanline < height) {
+            JSAMPROW ptrs[16];
+            JDIMENSION n = height - d->output_scanline;
+            if (n > 16)
+                n = 16;
+            for (JDIMENSION i = 0; i < n; i++)
+                ptrs[i] = px + (size_t)(d->output_scanline + i) * stride;
+            if (jpeg_read_scanlines(d, ptrs, n) == 0) {
+                failed = 1;
+                goto done;
+            }
+        }
+    }
+done:
+    PyEval_RestoreThread(ts);
+    give_slot(s);
+    PyBuffer_Release(&view);
+    if (failed) {
+        if (out == NULL && PyErr_Occurred())
+            return NULL; /* out of memory */
+        Py_XDECREF(out);
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("(NII)", out, (unsigned)width, (unsigned)height);
+}
+
 static PyMethodDef methods[] = {
     {"header", (PyCFunction)jpeg_header, METH_O,
      "header(data) -> (width, height, components, color_space) or None"},
     {"decode", (PyCFunction)(void (*)(void))jpeg_decode, METH_FASTCALL,
      "decode(data, channels, denom, fast, x0, y0, x1, y1) -> (pixels, width, height, x0) or None"},
+    {"image", (PyCFunction)(void (*)(void))jpeg_image, METH_FASTCALL,
+     "image(data, channels, plain) -> (pixels, width, height) or None"},
     {NULL, NULL, 0, NULL},
 };
 
