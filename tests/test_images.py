@@ -9,27 +9,19 @@ import types
 
 import numpy as np
 import pytest
-from PIL import Image, ImageFilter
+from PIL import Image
 
 from tarshards import images
 from tarshards.decoding import _decode_tuple
 from tarshards.errors import DecodeError
 
 _jpeg = pytest.importorskip("tarshards._jpeg", reason="the C JPEG decoder was not built")
+from test_cjpeg import jpeg  # noqa: E402
 
 try:
     import torch
 except ImportError:  # the torch modes are skipped
     torch = None
-
-
-def jpeg(width, height, seed=0, mode="RGB", **save) -> bytes:
-    gen = np.random.default_rng(seed)
-    arr = (gen.random((height, width, 3)) * 255).astype(np.uint8)
-    img = Image.fromarray(arr).filter(ImageFilter.GaussianBlur(1)).convert(mode)
-    buf = io.BytesIO()
-    img.save(buf, "JPEG", **save)
-    return buf.getvalue()
 
 
 def png(width, height) -> bytes:

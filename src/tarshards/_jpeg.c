@@ -153,20 +153,17 @@ jpeg_header(PyObject *self, PyObject *arg)
     return Py_BuildValue("(IIii)", (unsigned)w, (unsigned)h, comps, space);
 }
 
-static PyObject *
-jpeg_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* what decode and image share: the pixels of ``view`` into res (1), declined (0), or a Python
+ * error set (-1: out of memory) */
+typedef struct {
+    PyObject *pixels; /* a bytearray of rows x width x channels */
+    JDIMENSION width, rows, xoff;
+} decoded_t;
+
+static int
+decode_view(Py_buffer *view, long channels, long denom, int fast, long x0, long y0, long x1,
+            long y1, decoded_t *res)
 {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "decode takes 8 arguments");
-        return NULL;
-    }
-    long channels = PyLong_AsLong(args[1]);
-    long denom = PyLong_AsLong(args[2]);
-    int fast = PyObject_IsTrue(args[3]);
-    long x0 = PyLong_AsLong(args[4]), y0 = PyLong_AsLong(args[5]);
-    long x1 = PyLong_AsLong(args[6]), y1 = PyLong_AsLong(args[7]);
-    if (PyErr_Occurred())
-        return NULL;
     J_COLOR_SPACE out_space;
     if (channels == 1)
         out_space = JCS_GRAYSCALE;
@@ -175,20 +172,14 @@ jpeg_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     else if (channels == 4)
         out_space = JCS_EXT_RGBX;
     else
-        Py_RETURN_NONE;
+        return 0;
     if (denom != 1 && denom != 2 && denom != 4 && denom != 8)
-        Py_RETURN_NONE;
-
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
-        return NULL;
+        return 0;
+    if (view->len == 0)
+        return 0;
     slot_t *s = take_slot();
-    if (s == NULL || view.len == 0) {
-        if (s != NULL)
-            give_slot(s);
-        PyBuffer_Release(&view);
-        Py_RETURN_NONE;
-    }
+    if (s == NULL)
+        return 0;
     struct jpeg_decompress_struct *d = &s->d;
     /* volatile: kept across the longjmp of a libjpeg error */
     PyObject *volatile out = NULL;
@@ -199,7 +190,7 @@ jpeg_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         failed = 1;
         goto done;
     }
-    jpeg_mem_src(d, (const unsigned char *)view.buf, (unsigned long)view.len);
+    jpeg_mem_src(d, (const unsigned char *)view->buf, (unsigned long)view->len);
     jpeg_read_header(d, TRUE);
     if (d->jpeg_color_space != JCS_YCbCr && d->jpeg_color_space != JCS_GRAYSCALE &&
         d->jpeg_color_space != JCS_RGB) {
@@ -265,15 +256,45 @@ jpeg_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 done:
     PyEval_RestoreThread(ts);
     give_slot(s);
-    PyBuffer_Release(&view);
     if (failed) {
         if (out == NULL && PyErr_Occurred())
-            return NULL; /* out of memory */
+            return -1; /* out of memory */
         Py_XDECREF(out);
-        Py_RETURN_NONE;
+        return 0;
     }
-    PyObject *res = Py_BuildValue("(NIII)", out, (unsigned)width, (unsigned)rows, (unsigned)xoff);
-    return res;
+    res->pixels = out;
+    res->width = width;
+    res->rows = rows;
+    res->xoff = xoff;
+    return 1;
+}
+
+static PyObject *
+jpeg_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "decode takes 8 arguments");
+        return NULL;
+    }
+    long channels = PyLong_AsLong(args[1]);
+    long denom = PyLong_AsLong(args[2]);
+    int fast = PyObject_IsTrue(args[3]);
+    long x0 = PyLong_AsLong(args[4]), y0 = PyLong_AsLong(args[5]);
+    long x1 = PyLong_AsLong(args[6]), y1 = PyLong_AsLong(args[7]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    decoded_t res;
+    int ok = decode_view(&view, channels, denom, fast, x0, y0, x1, y1, &res);
+    PyBuffer_Release(&view);
+    if (ok < 0)
+        return NULL;
+    if (ok == 0)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(NIII)", res.pixels, (unsigned)res.width, (unsigned)res.rows,
+                         (unsigned)res.xoff);
 }
 
 /* the components of a JPEG's frame header when no APP1/APP2 (or scan) comes before it, else 0:
@@ -307,89 +328,20 @@ jpeg_image(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int plain = PyObject_IsTrue(args[2]);
     if (plain < 0)
         return NULL;
-    J_COLOR_SPACE out_space;
-    if (channels == 1)
-        out_space = JCS_GRAYSCALE;
-    else if (channels == 3)
-        out_space = JCS_RGB;
-    else if (channels == 4)
-        out_space = JCS_EXT_RGBX;
-    else
-        Py_RETURN_NONE;
-
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
         return NULL;
-    if (view.len == 0 ||
-        (plain && plain_components((const unsigned char *)view.buf, view.len) !=
-                      (channels == 1 ? 1 : 3))) {
-        PyBuffer_Release(&view);
-        Py_RETURN_NONE;
-    }
-    slot_t *s = take_slot();
-    if (s == NULL) {
-        PyBuffer_Release(&view);
-        Py_RETURN_NONE;
-    }
-    struct jpeg_decompress_struct *d = &s->d;
-    /* volatile: kept across the longjmp of a libjpeg error */
-    PyObject *volatile out = NULL;
-    volatile JDIMENSION width = 0, height = 0;
-    volatile int failed = 0;
-    PyThreadState *volatile ts = PyEval_SaveThread();
-    if (setjmp(s->err.jump)) {
-        failed = 1;
-        goto done;
-    }
-    jpeg_mem_src(d, (const unsigned char *)view.buf, (unsigned long)view.len);
-    jpeg_read_header(d, TRUE);
-    if (d->jpeg_color_space != JCS_YCbCr && d->jpeg_color_space != JCS_GRAYSCALE &&
-        d->jpeg_color_space != JCS_RGB) {
-        failed = 1; /* CMYK, YCCK, unknown: not ours */
-        goto done;
-    }
-    d->out_color_space = out_space;
-    d->scale_num = 1;
-    d->scale_denom = 1;
-    d->dct_method = JDCT_ISLOW;
-    d->do_fancy_upsampling = TRUE;
-    jpeg_start_decompress(d);
-    width = d->output_width;
-    height = d->output_height;
-    PyEval_RestoreThread(ts);
-    out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)height * width * channels);
-    ts = PyEval_SaveThread();
-    if (out == NULL) {
-        failed = 1;
-        goto done;
-    }
-    {
-        unsigned char *px = (unsigned char *)PyByteArray_AS_STRING(out);
-        size_t stride = (size_t)width * channels;
-        while (d->output_scanline < height) {
-            JSAMPROW ptrs[16];
-            JDIMENSION n = height - d->output_scanline;
-            if (n > 16)
-                n = 16;
-            for (JDIMENSION i = 0; i < n; i++)
-                ptrs[i] = px + (size_t)(d->output_scanline + i) * stride;
-            if (jpeg_read_scanlines(d, ptrs, n) == 0) {
-                failed = 1;
-                goto done;
-            }
-        }
-    }
-done:
-    PyEval_RestoreThread(ts);
-    give_slot(s);
+    decoded_t res;
+    int ok = 0;
+    if (!plain ||
+        plain_components((const unsigned char *)view.buf, view.len) == (channels == 1 ? 1 : 3))
+        ok = decode_view(&view, channels, 1, 0, 0, 0, 0, 0, &res);
     PyBuffer_Release(&view);
-    if (failed) {
-        if (out == NULL && PyErr_Occurred())
-            return NULL; /* out of memory */
-        Py_XDECREF(out);
+    if (ok < 0)
+        return NULL;
+    if (ok == 0)
         Py_RETURN_NONE;
-    }
-    return Py_BuildValue("(NII)", out, (unsigned)width, (unsigned)height);
+    return Py_BuildValue("(NII)", res.pixels, (unsigned)res.width, (unsigned)res.rows);
 }
 
 static PyMethodDef methods[] = {
