@@ -12,7 +12,10 @@ figure is the one to read on a loaded machine).
 1. ``overhead``: 64x64 JPEGs (q=90) in one shard, ``WebDataset(shard).decode(MODE)
    .to_tuple("jpg", "cls")`` for ``pil``, ``rgb8`` and ``torchrgb8``, against simplejpeg's
    decode-only rate on the same bytes (``decode_jpeg(data)`` over the list of them, in memory).
-   Target: >= 0.9.
+   Target: >= 0.9. Where the optional C decoder is built, a row gives its decode-only rate on the
+   same list (``tarshards._jpeg.image``, what the modes call per JPEG): the bound of the modes,
+   which add reading, grouping, the fused stage and building the value (array, PIL image,
+   tensor).
 2. ``crop``: ImageNet-sized JPEGs (500x375, 640x480, 800x600 and 375x500, q=90) to a
    RandomResizedCrop(224) + horizontal flip float CxHxW tensor.
    Ours: ``.decode(random_resized_crop(224)).to_tuple("jpg", "cls")`` (and ``fast=True``).
@@ -126,6 +129,18 @@ def bench_overhead(quick: bool, repeat: int) -> dict:
         return run
 
     sides = {"simplejpeg decode only": simplejpeg_only}
+    try:
+        from tarshards._jpeg import image
+    except ImportError:  # not built: no such row
+        image = None
+    if image is not None:
+
+        def cjpeg_only():
+            for b in jpgs:
+                image(b, 3, False)
+            return len(jpgs)
+
+        sides["tarshards._jpeg decode only (the modes' C path)"] = cjpeg_only
     for m in ("pil", "rgb8", "torchrgb8"):
         sides[f'.decode("{m}")'] = mode(m)
     res = run_sides(sides, repeat)

@@ -118,3 +118,96 @@ def test_threads_share_the_decoder():
         outs = list(pool.map(lambda _: _jpeg.decode(data, 3, 1, False, 0, 0, 0, 0), range(32)))
     for got in outs:
         np.testing.assert_array_equal(pixels(got), ref)
+
+
+# ---------------------------------------------------------------------------------------------
+# image(data, channels, plain): the whole image, the per-sample call of the image modes
+# ---------------------------------------------------------------------------------------------
+
+
+def sj_jpeg(width, height, seed, subsampling) -> bytes:
+    """A JPEG at a subsampling Pillow does not write (simplejpeg's encoder: libjpeg-turbo's)."""
+    gen = np.random.default_rng(seed)
+    arr = np.asarray(
+        Image.fromarray((gen.random((height, width, 3)) * 255).astype(np.uint8)).filter(
+            ImageFilter.GaussianBlur(2)
+        )
+    )
+    return simplejpeg.encode_jpeg(np.ascontiguousarray(arr), 85, "RGB", subsampling)
+
+
+WHOLE = dict(
+    KINDS,
+    **{
+        "440": sj_jpeg(64, 64, 1, "440"),
+        "411 odd size": sj_jpeg(67, 33, 2, "411"),
+        "small 64x64 q90": jpeg(64, 64, seed=3, quality=90),
+        "progressive 444 odd": jpeg(31, 45, seed=4, progressive=True, subsampling=0),
+        "1x1": jpeg(1, 1, seed=5),
+    },
+)
+
+
+def image_pixels(got, channels) -> np.ndarray:
+    buf, w, h = got
+    assert isinstance(buf, bytearray) and len(buf) == w * h * channels
+    return np.frombuffer(buf, np.uint8).reshape(h, w, channels)
+
+
+@pytest.mark.parametrize("kind", sorted(WHOLE))
+def test_image_is_simplejpegs_decode(kind):
+    data = WHOLE[kind]
+    grey = kind == "grey"
+    for channels, space in ((3, "RGB"), (1, "GRAY"), (4, "RGBX")):
+        ref = simplejpeg.decode_jpeg(data, space, fastdct=False, fastupsample=False)
+        if channels == 4:
+            ref = ref[..., :3]
+        got = image_pixels(_jpeg.image(data, channels, False), channels)
+        np.testing.assert_array_equal(got[..., :3] if channels == 4 else got, ref)
+        plain = _jpeg.image(data, channels, True)
+        if grey == (channels == 1):  # plain: the components match the output
+            np.testing.assert_array_equal(image_pixels(plain, channels), got)
+        else:
+            assert plain is None
+
+
+def _with_app_marker(data: bytes, marker: int, payload: bytes) -> bytes:
+    """``data`` with an APPn segment inserted after SOI."""
+    seg = bytes([0xFF, marker]) + (len(payload) + 2).to_bytes(2, "big") + payload
+    return data[:2] + seg + data[2:]
+
+
+def test_image_plain_declines_what_pillow_would_put_in_info():
+    data = WHOLE["small 64x64 q90"]
+    exif = _with_app_marker(data, 0xE1, b"Exif\x00\x00" + bytes(20))
+    icc = _with_app_marker(data, 0xE2, b"ICC_PROFILE\x00" + bytes(20))
+    comment = _with_app_marker(data, 0xEE, b"other app data")  # not in info: still plain
+    ref = simplejpeg.decode_jpeg(data)
+    for marked in (exif, icc):
+        assert _jpeg.image(marked, 4, True) is None
+        np.testing.assert_array_equal(image_pixels(_jpeg.image(marked, 3, False), 3), ref)
+    np.testing.assert_array_equal(image_pixels(_jpeg.image(comment, 4, True), 4)[..., :3], ref)
+
+
+def test_image_declines_the_unusual():
+    data = WHOLE["420"]
+    cmyk = jpeg(64, 48, mode="CMYK")
+    for channels in (1, 3, 4):
+        for plain in (False, True):
+            assert _jpeg.image(cmyk, channels, plain) is None  # Pillow decides CMYK
+            assert _jpeg.image(data[: len(data) // 2], channels, plain) is None  # truncated
+            assert _jpeg.image(b"not a jpeg", channels, plain) is None
+            assert _jpeg.image(b"", channels, plain) is None
+    assert _jpeg.image(data, 2, False) is None  # no 2-channel output
+    with pytest.raises(TypeError):
+        _jpeg.image(data, 3)
+    with pytest.raises(TypeError):
+        _jpeg.image("text", 3, False)
+    # and after all that, the kept decompressors still work, from several threads at once
+    from concurrent.futures import ThreadPoolExecutor
+
+    ref = simplejpeg.decode_jpeg(data)
+    with ThreadPoolExecutor(8) as pool:
+        outs = list(pool.map(lambda _: _jpeg.image(data, 3, False), range(32)))
+    for got in outs:
+        np.testing.assert_array_equal(image_pixels(got, 3), ref)

@@ -2,6 +2,7 @@
  *
  * header(data) -> (width, height, components, color_space) | None
  * decode(data, channels, denom, fast, x0, y0, x1, y1) -> (pixels, width, height, x0) | None
+ * image(data, channels, plain) -> (pixels, width, height) | None
  *
  * decode: ``channels`` 1 (grey), 3 (RGB) or 4 (RGBX: RGB padded to 4 bytes, Pillow's layout);
  * the image scaled by 1/``denom`` (1, 2, 4 or 8, libjpeg-turbo's SIMD scales); with x1 > 0 only
@@ -10,6 +11,13 @@
  * x0 and width say where; the columns x0..x1 asked for are those of a full decode), the rows
  * above are skipped without their inverse DCT, the rows below are not read at all.
  * ``pixels`` is a bytearray of height x width x channels.
+ *
+ * image: the whole image at full scale with simplejpeg's settings (accurate DCT, fancy
+ * upsampling), the lean call the image modes make per sample. With ``plain`` true it declines,
+ * before any decoding, a JPEG that is not "plain" for that output: one with EXIF (APP1) or an
+ * ICC profile (APP2) before its frame header (Pillow would put them in ``img.info``), or whose
+ * frame header does not have 1 component (channels 1) or 3 (channels 3 or 4); the same walk
+ * over the markers as images._jpeg_frame.
  *
  * Both return None at anything unusual (a libjpeg error *or warning*, CMYK, a colour space it
  * does not convert, arguments out of range) and the Python code (simplejpeg, then Pillow) takes
@@ -145,20 +153,17 @@ jpeg_header(PyObject *self, PyObject *arg)
     return Py_BuildValue("(IIii)", (unsigned)w, (unsigned)h, comps, space);
 }
 
-static PyObject *
-jpeg_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* what decode and image share: the pixels of ``view`` into res (1), declined (0), or a Python
+ * error set (-1: out of memory) */
+typedef struct {
+    PyObject *pixels; /* a bytearray of rows x width x channels */
+    JDIMENSION width, rows, xoff;
+} decoded_t;
+
+static int
+decode_view(Py_buffer *view, long channels, long denom, int fast, long x0, long y0, long x1,
+            long y1, decoded_t *res)
 {
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "decode takes 8 arguments");
-        return NULL;
-    }
-    long channels = PyLong_AsLong(args[1]);
-    long denom = PyLong_AsLong(args[2]);
-    int fast = PyObject_IsTrue(args[3]);
-    long x0 = PyLong_AsLong(args[4]), y0 = PyLong_AsLong(args[5]);
-    long x1 = PyLong_AsLong(args[6]), y1 = PyLong_AsLong(args[7]);
-    if (PyErr_Occurred())
-        return NULL;
     J_COLOR_SPACE out_space;
     if (channels == 1)
         out_space = JCS_GRAYSCALE;
@@ -167,20 +172,14 @@ jpeg_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     else if (channels == 4)
         out_space = JCS_EXT_RGBX;
     else
-        Py_RETURN_NONE;
+        return 0;
     if (denom != 1 && denom != 2 && denom != 4 && denom != 8)
-        Py_RETURN_NONE;
-
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
-        return NULL;
+        return 0;
+    if (view->len == 0)
+        return 0;
     slot_t *s = take_slot();
-    if (s == NULL || view.len == 0) {
-        if (s != NULL)
-            give_slot(s);
-        PyBuffer_Release(&view);
-        Py_RETURN_NONE;
-    }
+    if (s == NULL)
+        return 0;
     struct jpeg_decompress_struct *d = &s->d;
     /* volatile: kept across the longjmp of a libjpeg error */
     PyObject *volatile out = NULL;
@@ -191,7 +190,7 @@ jpeg_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         failed = 1;
         goto done;
     }
-    jpeg_mem_src(d, (const unsigned char *)view.buf, (unsigned long)view.len);
+    jpeg_mem_src(d, (const unsigned char *)view->buf, (unsigned long)view->len);
     jpeg_read_header(d, TRUE);
     if (d->jpeg_color_space != JCS_YCbCr && d->jpeg_color_space != JCS_GRAYSCALE &&
         d->jpeg_color_space != JCS_RGB) {
@@ -257,15 +256,92 @@ jpeg_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 done:
     PyEval_RestoreThread(ts);
     give_slot(s);
-    PyBuffer_Release(&view);
     if (failed) {
         if (out == NULL && PyErr_Occurred())
-            return NULL; /* out of memory */
+            return -1; /* out of memory */
         Py_XDECREF(out);
-        Py_RETURN_NONE;
+        return 0;
     }
-    PyObject *res = Py_BuildValue("(NIII)", out, (unsigned)width, (unsigned)rows, (unsigned)xoff);
-    return res;
+    res->pixels = out;
+    res->width = width;
+    res->rows = rows;
+    res->xoff = xoff;
+    return 1;
+}
+
+static PyObject *
+jpeg_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "decode takes 8 arguments");
+        return NULL;
+    }
+    long channels = PyLong_AsLong(args[1]);
+    long denom = PyLong_AsLong(args[2]);
+    int fast = PyObject_IsTrue(args[3]);
+    long x0 = PyLong_AsLong(args[4]), y0 = PyLong_AsLong(args[5]);
+    long x1 = PyLong_AsLong(args[6]), y1 = PyLong_AsLong(args[7]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    decoded_t res;
+    int ok = decode_view(&view, channels, denom, fast, x0, y0, x1, y1, &res);
+    PyBuffer_Release(&view);
+    if (ok < 0)
+        return NULL;
+    if (ok == 0)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(NIII)", res.pixels, (unsigned)res.width, (unsigned)res.rows,
+                         (unsigned)res.xoff);
+}
+
+/* the components of a JPEG's frame header when no APP1/APP2 (or scan) comes before it, else 0:
+ * images._jpeg_frame in C */
+static int
+plain_components(const unsigned char *data, Py_ssize_t n)
+{
+    Py_ssize_t pos = 2;
+    while (pos + 9 < n && data[pos] == 0xFF) {
+        unsigned char marker = data[pos + 1];
+        if (marker == 0xE1 || marker == 0xE2 || marker == 0xDA)
+            return 0;
+        if (marker >= 0xC0 && marker <= 0xCF && marker != 0xC4 && marker != 0xC8 &&
+            marker != 0xCC)
+            return data[pos + 9];
+        pos += 2 + (((Py_ssize_t)data[pos + 2] << 8) | data[pos + 3]);
+    }
+    return 0;
+}
+
+static PyObject *
+jpeg_image(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "image takes 3 arguments");
+        return NULL;
+    }
+    long channels = PyLong_AsLong(args[1]);
+    if (channels == -1 && PyErr_Occurred())
+        return NULL;
+    int plain = PyObject_IsTrue(args[2]);
+    if (plain < 0)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    decoded_t res;
+    int ok = 0;
+    if (!plain ||
+        plain_components((const unsigned char *)view.buf, view.len) == (channels == 1 ? 1 : 3))
+        ok = decode_view(&view, channels, 1, 0, 0, 0, 0, 0, &res);
+    PyBuffer_Release(&view);
+    if (ok < 0)
+        return NULL;
+    if (ok == 0)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(NII)", res.pixels, (unsigned)res.width, (unsigned)res.rows);
 }
 
 static PyMethodDef methods[] = {
@@ -273,6 +349,8 @@ static PyMethodDef methods[] = {
      "header(data) -> (width, height, components, color_space) or None"},
     {"decode", (PyCFunction)(void (*)(void))jpeg_decode, METH_FASTCALL,
      "decode(data, channels, denom, fast, x0, y0, x1, y1) -> (pixels, width, height, x0) or None"},
+    {"image", (PyCFunction)(void (*)(void))jpeg_image, METH_FASTCALL,
+     "image(data, channels, plain) -> (pixels, width, height) or None"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -9,6 +9,7 @@ them); errors follow the pipeline's ``on_error`` policy (:mod:`tarshards.on_erro
 from __future__ import annotations
 
 import random
+from operator import itemgetter
 from typing import Any, Callable, Iterable, Iterator
 
 from .codecs import field_decoder
@@ -222,12 +223,13 @@ def _decode_tuple(
     options = field_options(fields)
     policy = error_policy(on_error, handler)
     custom, seeded, base, only, cache, lookup = _decoders(handlers, only, size, allow_unsafe, rng)
-    plans: dict[tuple, list[tuple[str | None, bool, Callable | None]]] = {}
+    Plan = list[tuple[str | None, bool, Callable | None]]
+    plans: dict[tuple, Plan] = {}
 
-    def plan_for(sample, keys) -> list[tuple[str | None, bool, Callable | None]]:
+    def plan_for(sample, keys) -> Plan:
         """Per tuple position: (field or None when missing, whether to check and decode it,
         its decoder)."""
-        plan: list[tuple[str | None, bool, Callable | None]] = []
+        plan: Plan = []
         for alts in options:
             for f in alts:
                 if f in sample:
@@ -248,33 +250,54 @@ def _decode_tuple(
             plans[keys] = plan
         return plan
 
+    # The common case (no custom handlers; every position one field, decoded, the first of its
+    # alternatives) has a row function: values looked up and decoded in one small call, no key
+    # tuple and no plan lookup (a sample lacking a field, or with a field already decoded, makes
+    # it return None and the plan's loop decides). It is tried on every sample while it stands.
+    fast: Callable | None = None
+
     for sample in samples:
         k = None
         try:
-            keys = tuple(sample)
-            plan = plans.get(keys)
-            if plan is None:
-                plan = plan_for(sample, keys)
-            out: list = []
-            sample_rng = None
-            for k, decoded, dec in plan:
-                if k is None:
-                    out.append(None)
-                    continue
-                v = sample[k]
-                if decoded:
-                    if type(v) is not bytes and not isinstance(v, _BYTES_LIKE):
-                        if not partial:
-                            raise _already_decoded(k, v)
-                    elif custom:
-                        value, sample_rng = _handled(custom, seeded, base, sample, sample_rng, k, v)
-                        if value is not None:
-                            v = value
+            row = None
+            if fast is not None:
+                try:
+                    row = fast(sample)
+                except Exception:  # noqa: BLE001 - decoded again below, to name the field
+                    row = None
+            if row is None:
+                keys = tuple(sample)
+                plan = plans.get(keys)
+                if plan is None:
+                    plan = plan_for(sample, keys)
+                    if not custom and all(
+                        f == alts[0] and decoded and dec is not None
+                        for (f, decoded, dec), alts in zip(plan, options)
+                    ):
+                        fast = _row_function(plan)
+                out: list = []
+                sample_rng = None
+                for k, decoded, dec in plan:
+                    if k is None:
+                        out.append(None)
+                        continue
+                    v = sample[k]
+                    if decoded:
+                        if type(v) is not bytes and not isinstance(v, _BYTES_LIKE):
+                            if not partial:
+                                raise _already_decoded(k, v)
+                        elif custom:
+                            value, sample_rng = _handled(
+                                custom, seeded, base, sample, sample_rng, k, v
+                            )
+                            if value is not None:
+                                v = value
+                            elif dec is not None:
+                                v = dec(v)
                         elif dec is not None:
                             v = dec(v)
-                    elif dec is not None:
-                        v = dec(v)
-                out.append(v)
+                    out.append(v)
+                row = tuple(out)
         except MissingFieldError as exn:
             if policy(sample_context(exn, sample)):
                 continue
@@ -283,4 +306,55 @@ def _decode_tuple(
             if policy(sample_context(exn, sample, k, wrap=True)):
                 continue
             return
-        yield tuple(out)
+        yield row
+
+
+_RAW = frozenset((bytes, bytearray, memoryview))  # what a row function decodes
+
+
+def _row_function(plan) -> Callable[[Any], tuple | None]:
+    """``row(sample)``: the decoded tuple of the plan's fields (all present and decoded), or
+    ``None`` when the sample lacks one or one is not raw bytes."""
+    names = tuple(f for f, _, _ in plan)
+    decs = tuple(dec for _, _, dec in plan)
+    raw = _RAW
+    if len(names) == 1:
+        ((k0,), (d0,)) = names, decs
+
+        def row1(sample):
+            try:
+                v0 = sample[k0]
+            except KeyError:
+                return None
+            if type(v0) in raw:
+                return (d0(v0),)
+            return None
+
+        return row1
+    if len(names) == 2:
+        (k0, k1), (d0, d1) = names, decs
+
+        def row2(sample):
+            try:
+                v0 = sample[k0]
+                v1 = sample[k1]
+            except KeyError:
+                return None
+            if type(v0) in raw and type(v1) in raw:
+                return (d0(v0), d1(v1))
+            return None
+
+        return row2
+    get = itemgetter(*names)
+
+    def row(sample):
+        try:
+            vals = get(sample)
+        except KeyError:
+            return None
+        for v in vals:
+            if type(v) not in raw:
+                return None
+        return tuple([d(v) for d, v in zip(decs, vals)])
+
+    return row

@@ -138,10 +138,14 @@ def register_image_mode(name: str, fn: Callable[[bytes, str], Any]) -> None:
 class ArrayKind:
     """What a kind of :data:`IMAGE_MODES` makes of the decoded HxWxC (or HxW) uint8 array:
     ``convert(array, size)``. With ``resizes``, ``convert`` resizes to ``size=(w, h)`` itself, so
-    JPEGs are decoded at the smallest reduced scale that is at least ``size``."""
+    JPEGs are decoded at the smallest reduced scale that is at least ``size``. ``wrap``, when
+    given, is what ``convert(array, None)`` gives, made from the array's CxHxW view (HxW for one
+    channel) instead: images decoded at their own size are built as that view directly
+    (``torch.from_numpy`` for the torch kinds)."""
 
     convert: Callable[[Any, Any], Any]
     resizes: bool = False
+    wrap: Callable[[Any], Any] | None = None
 
 
 _ARRAY_KINDS: dict[str, ArrayKind] = {}
@@ -150,10 +154,15 @@ OPTIONAL_ARRAY_KINDS = OptionalEntries("image mode kind", "images.OPTIONAL_ARRAY
 
 
 def register_array_kind(
-    kind: str, convert: Callable[[Any, Any], Any], *, resizes: bool = False
+    kind: str,
+    convert: Callable[[Any, Any], Any],
+    *,
+    resizes: bool = False,
+    wrap: Callable[[Any], Any] | None = None,
 ) -> None:
-    """Add (or replace) the kind ``kind`` of image modes: ``convert(uint8_array, size)``."""
-    _ARRAY_KINDS[kind] = ArrayKind(convert, resizes)
+    """Add (or replace) the kind ``kind`` of image modes: ``convert(uint8_array, size)`` (see
+    :class:`ArrayKind` for ``resizes`` and ``wrap``)."""
+    _ARRAY_KINDS[kind] = ArrayKind(convert, resizes, wrap)
 
 
 def _array_kind(kind: str, mode: str) -> ArrayKind:
@@ -172,12 +181,13 @@ def _array_kind(kind: str, mode: str) -> ArrayKind:
 @functools.cache
 def _cjpeg():
     """The optional C decoder over the system's libjpeg-turbo (``tarshards._jpeg``), or
-    ``None`` where it was not built: it decodes a crop's rows and columns only."""
+    ``None`` where it was not built: whole images (``image``) and a crop's rows and columns
+    (``decode``)."""
     try:
-        from ._jpeg import decode, header
+        from ._jpeg import decode, header, image
     except ImportError:
         return None
-    return types.SimpleNamespace(decode=decode, header=header)
+    return types.SimpleNamespace(decode=decode, header=header, image=image)
 
 
 @functools.cache
@@ -344,15 +354,17 @@ def _pil_jpeg_fast(data: bytes, pil_mode: str | None, size, memo: _HeaderMemo | 
 
 
 @functools.cache
-def _rgbx_image_mapper() -> Callable[[Any], Any] | None:
-    """``wrap(arr)``: an RGB PIL image over the memory of an HxWx4 RGBX uint8 array, or ``None``.
+def _rgbx_buffer_mapper() -> Callable[[Any, int, int], Any] | None:
+    """``wrap(buf, width, height)``: an RGB PIL image over the memory of ``buf`` (height x width
+    RGBX pixels: a bytearray, an HxWx4 uint8 array), or ``None``.
 
-    Pillow keeps RGB pixels in 4 bytes (the 4th is padding), which is exactly simplejpeg's RGBX
-    output, so the image can share the decoded buffer: no copy and no unpacking (for RGB,
-    ``Image.frombuffer`` falls back to a copying ``frombytes``). This maps the buffer through
-    Pillow's own buffer mapper (what ``frombuffer`` uses for RGBX) under the RGB mode; the image
-    is read-only, so Pillow copies it before any in-place change. Checked once on a probe
-    image; when this Pillow does not give the expected pixels, ``None`` (the copying path).
+    Pillow keeps RGB pixels in 4 bytes (the 4th is padding), which is exactly the RGBX output of
+    simplejpeg and of ``tarshards._jpeg``, so the image can share the decoded buffer: no copy and
+    no unpacking (for RGB, ``Image.frombuffer`` falls back to a copying ``frombytes``). This maps
+    the buffer through Pillow's own buffer mapper (what ``frombuffer`` uses for RGBX) under the
+    RGB mode; the image is read-only, so Pillow copies it before any in-place change. Checked
+    once on a probe image; when this Pillow does not give the expected pixels, ``None`` (the
+    copying path).
     """
     from PIL import Image
 
@@ -361,30 +373,48 @@ def _rgbx_image_mapper() -> Callable[[Any], Any] | None:
         new_image = Image.Image
         args = ("RGB", 0, 1)
 
-        def wrap(arr):
-            size = (arr.shape[1], arr.shape[0])
+        def wrap(buf, width, height):
+            size = (width, height)
             img = new_image()  # what Image._new does, less its palette and info copies
-            img.im = map_buffer(arr, size, "raw", 0, args)
+            img.im = map_buffer(buf, size, "raw", 0, args)
             img._mode = "RGB"
             img._size = size
             img.readonly = 1
             return img
 
-        probe = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
-        probe[..., 3] = 255
-        img = wrap(probe)
-        ok = (
-            img.mode == "RGB"
-            and img.size == (3, 2)
-            and img.getpixel((2, 1)) == (20, 21, 22)
-            and np.array_equal(np.asarray(img), probe[..., :3])
-            and img.convert("RGBA").getpixel((1, 0)) == (4, 5, 6, 255)
-        )
-        img.putpixel((0, 0), (9, 9, 9))  # copy-on-write: the probe stays as it was
-        ok = ok and img.getpixel((0, 0)) == (9, 9, 9) and probe[0, 0, 0] == 0
+        for probe in (
+            np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4),
+            bytearray(range(2 * 3 * 4)),
+        ):
+            pixels = np.frombuffer(probe, np.uint8).reshape(2, 3, 4).copy()
+            img = wrap(probe, 3, 2)
+            ok = (
+                img.mode == "RGB"
+                and img.size == (3, 2)
+                and img.getpixel((2, 1)) == (20, 21, 22)
+                and np.array_equal(np.asarray(img), pixels[..., :3])
+                and img.convert("RGBA").getpixel((1, 0)) == (4, 5, 6, 255)
+            )
+            img.putpixel((0, 0), (9, 9, 9))  # copy-on-write: the probe stays as it was
+            ok = ok and img.getpixel((0, 0)) == (9, 9, 9) and bytes(probe)[0] == 0
+            if not ok:
+                return None
     except Exception:  # noqa: BLE001 - any failure means: use the public, copying path
         return None
-    return wrap if ok else None
+    return wrap
+
+
+@functools.cache
+def _rgbx_image_mapper() -> Callable[[Any], Any] | None:
+    """``wrap(arr)``: :func:`_rgbx_buffer_mapper` over an HxWx4 RGBX uint8 array, or ``None``."""
+    wrap_buffer = _rgbx_buffer_mapper()
+    if wrap_buffer is None:
+        return None
+
+    def wrap(arr):
+        return wrap_buffer(arr, arr.shape[1], arr.shape[0])
+
+    return wrap
 
 
 def _pil_plain(data: bytes, ext: str, *, decode_jpeg, wrap, memo: _HeaderMemo, pil_mode):
@@ -433,50 +463,147 @@ def image_decoder(mode: str, size=None) -> Callable[[bytes, str], Any]:
         if isinstance(size, int):
             size = (size, size)
         size = (int(size[0]), int(size[1]))
-    # partials (not lambdas): field_decoder binds ``ext`` into the same partial, one call less
+    plain = size is None and pil_mode in ("RGB", "L")  # the image's own size, 3 or 1 channels
     if kind == "pil":
         sj = _simplejpeg() if size is None and pil_mode in (None, "RGB") else None
         wrap = _rgbx_image_mapper() if sj is not None else None
         if sj is not None and wrap is not None:  # the common case in as few steps as possible
-            return functools.partial(
+            fallback = functools.partial(
                 _pil_plain,
                 decode_jpeg=sj.decode_jpeg,
                 wrap=wrap,
                 memo=_HeaderMemo(),
                 pil_mode=pil_mode,
             )
-        return functools.partial(_pil_open, pil_mode=pil_mode, size=size, memo=_HeaderMemo())
-    if kind == "uint8":
-        sj = _simplejpeg() if size is None and pil_mode in ("RGB", "L") else None
-        if sj is not None:  # the common case in as few Python steps as possible
-            return functools.partial(
-                _image_array_plain, decode_jpeg=sj.decode_jpeg, pil_mode=pil_mode
+        else:
+            fallback = functools.partial(
+                _pil_open, pil_mode=pil_mode, size=size, memo=_HeaderMemo()
             )
-        return functools.partial(_image_array, pil_mode=pil_mode, size=size)
+        if size is None and pil_mode in (None, "RGB"):
+            return _pil_cjpeg(fallback) or fallback
+        return fallback
+    if kind == "uint8":
+        return _plain_array_decoder(pil_mode) if plain else _sized_array_decoder(pil_mode, size)
     if kind == "float":
+        to_uint8 = _plain_array_decoder(pil_mode) if plain else _sized_array_decoder(pil_mode, size)
+        float32, scale = np.float32, np.float32(255)
 
         def dec_float(data, ext):
-            return _image_array(data, ext, pil_mode, size).astype(np.float32) / np.float32(255)
+            return to_uint8(data, ext).astype(float32) / scale
 
         return dec_float
-    # other kinds (torch tensors: registered by tarshards.torch) convert the uint8 array;
-    # partials, as above (one C-level call once field_decoder binds ``ext``)
+    # other kinds (torch tensors: registered by tarshards.torch) convert the uint8 array
     found = _array_kind(kind, mode)
+    if plain:
+        return _plain_array_decoder(pil_mode, found)
     # with a converter that resizes: decode at a reduced JPEG scale, let it resize (faster
     # than PIL for torch)
     resize = size is not None and found.resizes
-    sj = _simplejpeg() if size is None and pil_mode in ("RGB", "L") else None
-    if sj is not None:
-        return functools.partial(
-            _converted_plain, convert=found.convert, decode_jpeg=sj.decode_jpeg, pil_mode=pil_mode
-        )
     return functools.partial(
         _converted_image, convert=found.convert, pil_mode=pil_mode, size=size, resize=resize
     )
 
 
-def _converted_plain(data: bytes, ext: str, *, convert, decode_jpeg, pil_mode):
-    return convert(_image_array_plain(data, ext, decode_jpeg=decode_jpeg, pil_mode=pil_mode), None)
+# Per-sample decoders are closures, not partials with keywords: a partial's keywords are
+# merged into a new dict at every call (about 0.4 us, a percent of a small JPEG's decode).
+
+
+def _sized_array_decoder(pil_mode: str | None, size) -> Callable[[bytes, str], Any]:
+    def dec(data, ext):
+        return _image_array(data, ext, pil_mode, size)
+
+    return dec
+
+
+def _plain_array_decoder(pil_mode: str | None, kind: ArrayKind | None = None):
+    """``(data, ext) -> value`` at the image's own size for ``pil_mode`` ``"RGB"`` or ``"L"``:
+    the HxWx3 (HxW) uint8 array, or with an array ``kind`` its value (``kind.wrap`` of the CxHxW
+    view when it has one, else ``kind.convert(array, None)``).
+
+    JPEGs go through the C decoder (``tarshards._jpeg``, a kept decompressor, straight into the
+    array's buffer; the pixels simplejpeg gives), then simplejpeg, then Pillow, as each declines.
+    """
+    sj = _simplejpeg()
+    decode_jpeg = None if sj is None else sj.decode_jpeg
+
+    def to_array(data, ext):
+        if decode_jpeg is not None:
+            return _image_array_plain(data, ext, decode_jpeg=decode_jpeg, pil_mode=pil_mode)
+        return _image_array(data, ext, pil_mode, None)
+
+    convert = None if kind is None else kind.convert
+    wrap = None if kind is None else kind.wrap
+
+    def fallback(data, ext):
+        if convert is None:
+            return to_array(data, ext)
+        return convert(to_array(data, ext), None)
+
+    cj = _cjpeg()
+    if cj is None:
+        return fallback
+    image, ndarray, uint8 = cj.image, np.ndarray, np.uint8
+
+    if pil_mode == "L":
+
+        def grey(data, ext):
+            if ext in _JPEG:
+                got = image(data, 1, False)
+                if got is not None:
+                    px, w, h = got
+                    arr = ndarray((h, w), uint8, px)
+                    if wrap is not None:
+                        return wrap(arr)
+                    return arr if convert is None else convert(arr, None)
+            return fallback(data, ext)
+
+        return grey
+
+    if wrap is not None:
+
+        def rgb_chw(data, ext):
+            if ext in _JPEG:
+                got = image(data, 3, False)
+                if got is not None:
+                    px, w, h = got
+                    return wrap(ndarray((3, h, w), uint8, px, 0, (1, 3 * w, 3)))
+            return fallback(data, ext)
+
+        return rgb_chw
+
+    def rgb(data, ext):
+        if ext in _JPEG:
+            got = image(data, 3, False)
+            if got is not None:
+                px, w, h = got
+                arr = ndarray((h, w, 3), uint8, px)
+                return arr if convert is None else convert(arr, None)
+        return fallback(data, ext)
+
+    return rgb
+
+
+def _pil_cjpeg(fallback) -> Callable[[bytes, str], Any] | None:
+    """``pil``/``pilrgb`` at the image's own size: a plain RGB JPEG (3 components, no EXIF or ICC
+    profile before its frame header: what :class:`_HeaderMemo` lets through) decoded by the C
+    decoder into RGBX and wrapped as a PIL image over that buffer; anything else to
+    ``fallback``. ``None`` without the C decoder or Pillow's buffer mapping."""
+    cj = _cjpeg()
+    wrap = _rgbx_buffer_mapper()
+    if cj is None or wrap is None:
+        return None
+    image = cj.image
+
+    def dec(data, ext):
+        if ext in _JPEG:
+            got = image(data, 4, True)
+            if got is not None:
+                img = wrap(*got)
+                img.format = "JPEG"
+                return img
+        return fallback(data, ext)
+
+    return dec
 
 
 def _converted_image(data: bytes, ext: str, *, convert, pil_mode: str | None, size, resize: bool):

@@ -610,10 +610,16 @@ def load_pth(data: bytes):
 # ---------------------------------------------------------------------------------------------
 
 register_array_kind(
-    "torch-uint8", lambda arr, size: image_to_tensor(arr, False, size=size), resizes=True
+    "torch-uint8",
+    lambda arr, size: image_to_tensor(arr, False, size=size),
+    resizes=True,
+    wrap=torch.from_numpy,  # image_to_tensor(arr, False) of the CxHxW view
 )
 register_array_kind(
-    "torch-float", lambda arr, size: image_to_tensor(arr, True, size=size), resizes=True
+    "torch-float",
+    lambda arr, size: image_to_tensor(arr, True, size=size),
+    resizes=True,
+    wrap=lambda chw: torch.from_numpy(chw).to(torch.float32).div_(255.0),
 )
 register_codec(
     Codec(
