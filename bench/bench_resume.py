@@ -19,7 +19,9 @@ Rows:
    loader, ``load_state_dict``, first batch, checked against step k of an uninterrupted run.
    Its times include opening its index (ours are given the shard table).
 5. ``raw`` / ``decode``: samples per CPU second over a whole epoch, plain pipeline (shard
-   split) vs planned pipeline (same stages), taken in turn, best of ``--repeat``.
+   split) vs planned pipeline (same stages), taken in turn, best of ``--repeat``. The raw rows
+   add the planned pipeline with one virtual reader (``V=1``): what the plan costs without the
+   interleaving of readers (global batch ``g`` comes from reader ``g mod V``).
 
 Figures from a loaded machine are noisy; compare rows of one run only.
 """
@@ -42,10 +44,10 @@ READERS, BATCH, BUF, SEED = 12, 64, 1000, 0
 FRACTIONS = (0.1, 0.5, 0.9)
 
 
-def planned(urls, table=None, decode=False, shuffle=BUF):
+def planned(urls, table=None, decode=False, shuffle=BUF, readers=READERS):
     from tarshards.pipeline import WebDataset
 
-    ds = WebDataset(urls, shardshuffle=True, seed=SEED, readers=READERS)
+    ds = WebDataset(urls, shardshuffle=True, seed=SEED, readers=readers)
     if table is not None:
         ds.set_table(table)
     return _stages(ds, decode, shuffle)
@@ -241,18 +243,19 @@ def main(argv=None) -> int:
             "mds_dir": os.path.join(DATA, f"mds-small{'-quick' if args.quick else ''}"),
         }
         rows += mosaic_rows(run_peer(args.peer_python, job))
+    one = planned(urls, readers=1).table
     for name, dec, shuf in (
         ("raw, no shuffle", False, 0),
         (f"raw, shuffle({BUF})", False, BUF),
         (f"decode rgb8, shuffle({BUF})", True, BUF),
     ):
-        got = rates(
-            {
-                "plain": lambda dec=dec, shuf=shuf: plain(urls, decode=dec, shuffle=shuf),
-                "planned": lambda dec=dec, shuf=shuf: planned(urls, table, dec, shuf),
-            },
-            args.repeat,
-        )
+        makes = {
+            "plain": lambda dec=dec, shuf=shuf: plain(urls, decode=dec, shuffle=shuf),
+            "planned": lambda dec=dec, shuf=shuf: planned(urls, table, dec, shuf),
+        }
+        if not dec:
+            makes["V=1"] = lambda shuf=shuf: planned(urls, one, False, shuf, readers=1)
+        got = rates(makes, args.repeat)
         a, b = got["plain"], got["planned"]
         rows.append(
             (
@@ -260,6 +263,11 @@ def main(argv=None) -> int:
                 f"{a:,.0f} / {b:,.0f} ({(b / a - 1) * 100:+.1f}%)",
             )
         )
+        if "V=1" in got:
+            c = got["V=1"]
+            rows.append(
+                ("  the same, planned with readers=1", f"{c:,.0f} ({(c / a - 1) * 100:+.1f}%)")
+            )
     n = sum(table.counts)
     print(
         f"# bench_resume: {len(urls)} shards, {n} samples, readers={READERS}, "
