@@ -4,11 +4,13 @@ offsets and a seekable file, offsets and a stream that cannot seek, or no offset
 from __future__ import annotations
 
 import contextlib
+import io
 import itertools
 
 import pytest
 
 from tarshards.source import EpochPlan, PlanConfig, ReaderStream, ShardTable, scan_shards
+from tarshards.tario.buffer import map_local
 
 from test_resume import COUNTS, write_uneven
 
@@ -101,3 +103,64 @@ def test_reader_stream_names_a_shard_that_changed(urls, tmp_path):
         stream.take(plan.segment_length)
     assert urls[0] in str(info.value)
     stream.close()
+
+
+def _open_bytes(url):
+    """A seekable stream that is no file: read through the reader's buffer, never mapped."""
+    with open(url, "rb") as f:
+        return io.BytesIO(f.read())
+
+
+@pytest.mark.parametrize("remainder", ["drop", "pad"])
+def test_mapped_and_buffered_reads_give_the_same_samples_from_every_position(urls, remainder):
+    """A local file is mapped (the segment's runs and a resumed shuffle buffer's samples parsed
+    in place); any other stream is read through a buffer of the reader's size. Both give the
+    same samples, offsets and padding flags, fresh and resumed (padding puts one sample in the
+    buffer twice: it is read once and copied)."""
+    table = scan_shards(urls, opener=_open)
+    # padding: one reader whose buffer outgrows its segment holds repeated samples twice
+    readers, bufsize = (2, 9) if remainder == "drop" else (1, 100)
+    cfg = PlanConfig(seed=5, readers=readers, batch_size=4, bufsize=bufsize, remainder=remainder)
+    plan = EpochPlan(table.counts, cfg, 0)
+    padded = False
+    for reader in range(readers):
+        fresh = ReaderStream(table, plan, reader, opener=_open_bytes)
+        whole = fresh.take(plan.segment_length)
+        fresh.close()
+        for position in range(0, plan.segment_length, 3):
+            got = {}
+            for name, opener in (("mapped", _open), ("buffered", _open_bytes)):
+                stream = ReaderStream(table, plan, reader, opener=opener, chunk_bytes=700)
+                stream.seek(position)
+                got[name] = stream.take(plan.segment_length - position)
+                stream.close()
+            assert got["mapped"] == got["buffered"] == whole[position:]
+            assert all(s["__offset__"] >= 0 and s["__url__"] in urls for s in got["mapped"])
+            padded = padded or any(s["__pad__"] for s in got["mapped"])
+    assert padded == (remainder == "pad")
+
+
+def test_a_planned_reader_maps_a_local_file(urls, monkeypatch):
+    import tarshards.source as source
+
+    mapped = []
+
+    def spy(stream, length=-1):
+        file = map_local(stream, length)
+        mapped.append(file is not None)
+        return file
+
+    monkeypatch.setattr(source, "map_local", spy)
+    table = scan_shards(urls, opener=_open)
+    plan = EpochPlan(table.counts, PlanConfig(seed=1, readers=2, batch_size=2, bufsize=4), 0)
+    stream = ReaderStream(table, plan, 1, opener=_open)
+    stream.seek(3)  # the buffer's samples by offset, then the rest of the segment
+    stream.take(plan.segment_length - 3)
+    stream.close()
+    assert mapped and all(mapped)
+    mapped.clear()
+    stream = ReaderStream(table, plan, 1, opener=_open_bytes)
+    stream.seek(3)
+    stream.take(plan.segment_length - 3)
+    stream.close()
+    assert mapped and not any(mapped)

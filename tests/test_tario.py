@@ -30,7 +30,7 @@ from tarshards.tario import (
     read_chunks,
     tar_header,
 )
-from tarshards.tario.buffer import MappedFile
+from tarshards.tario.buffer import MappedFile, map_local
 
 FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
 HAVE_TAR = shutil.which("tar") is not None
@@ -118,6 +118,62 @@ def test_local_plain_files_are_mapped():
     with local_file(b"") as f:
         assert not isinstance(tar_byte_source(f, "f"), MappedFile)
     assert not isinstance(tar_byte_source(io.BytesIO(two), "f"), MappedFile)
+
+
+def test_a_mapped_range_ends_where_it_is_told():
+    """``map_local(stream, length)`` and ``MappedFile.part`` read a byte range of a file (a
+    planned reader's run of samples, a resumed buffer's samples): the members inside it with
+    their offsets in the file, the end of the range taken as the end of the input. A part
+    leaves the map open for the next part; the whole file's object closes it."""
+    members = [_member(f"{i}.txt", bytes([65 + i]) * (100 * i + 1)) for i in range(5)]
+    data = b"".join(members) + bytes(1024)
+    starts = [sum(map(len, members[:i])) for i in range(6)]
+    want = [(f"{i}.txt", bytes([65 + i]) * (100 * i + 1), starts[i]) for i in range(5)]
+    with local_file(data, -1) as f:
+        f.seek(starts[1])
+        src = map_local(f, starts[3] - starts[1])
+        assert isinstance(src, MappedFile) and (src.start, src.stop) == (starts[1], starts[3])
+        assert list(iter_tar(src, "f", offset=starts[1])) == want[1:3]
+        assert src.map.closed
+        f.seek(0)
+        whole = map_local(f)
+        assert whole is not None and whole.stop == len(data)
+        for a, b in ((0, 1), (2, 5), (4, 5), (1, 4)):
+            for size in (512, 700, 1 << 20):  # the window of headers parsed at a time
+                part = whole.part(starts[a], starts[b])
+                batches = iter_tar_batches(part, "f", offset=starts[a], chunk_size=size)
+                assert [m for batch in batches for m in batch] == want[a:b]
+                assert not whole.map.closed
+        assert list(iter_tar(whole.part(starts[3]), "f", offset=starts[3])) == want[3:]
+        whole.close()
+        assert whole.map.closed
+        f.seek(0)
+        assert map_local(f, 0) is None  # nothing to read
+    assert map_local(io.BytesIO(data), 10) is None  # not a file: the caller reads it
+
+
+@pytest.mark.parametrize("size", [512, 700, 4096, 1 << 20])
+def test_the_reader_buffer_size_changes_nothing_but_the_reads(size):
+    """A reader's buffer reads ``chunk_size`` bytes at a time (a planned reader passes a small
+    one): the members are the same for every size, from a stream and from a map."""
+    members = [_member(f"m{i}.bin", os.urandom(37 * i)) for i in range(40)]
+    data = b"".join(members) + bytes(1024)
+    want = list(iter_tar([data], "f"))
+    reads = []
+
+    class Counting(Trickle):
+        def readinto(self, view):
+            reads.append(len(view))
+            return super().readinto(view)
+
+    got = iter_tar_batches(
+        tar_byte_source(Counting(data, 1 << 30), "f", size), "f", chunk_size=size
+    )
+    assert [m for batch in got for m in batch] == want
+    assert size <= max(reads) <= 2 * size + 4096  # about a chunk at a time (or one member)
+    with local_file(data) as f:
+        got = iter_tar_batches(tar_byte_source(f, "f"), "f", chunk_size=size)
+        assert [m for batch in got for m in batch] == want
 
 
 class Trickle(io.RawIOBase):

@@ -8,10 +8,12 @@ the samples the buffer holds, seeking to their byte offsets in plain tar shards.
 
 from __future__ import annotations
 
+import bisect
+import collections
 import hashlib
 import itertools
 import random
-from typing import Callable, Generator, Iterator, Sequence
+from typing import Any, Callable, Generator, Iterator, Sequence
 
 from ._lazy import LazyModule
 from .errors import ResumeError, TarshardsError
@@ -28,6 +30,7 @@ from .plan import (
     scan_shards,
 )
 from .tario import iter_tar_batches, tar_byte_source
+from .tario.buffer import map_local
 
 np = LazyModule("numpy", globals(), "np")
 
@@ -54,6 +57,10 @@ __all__ = [
 _END = object()
 CHUNK_BYTES = 1 << 17  # a reader's read size: a dozen readers' buffers stay in the CPU caches
 _LIST_SAMPLES = 64  # samples handed on in one list
+# a resume reads the samples a shuffle buffer held in runs, reading through gaps of up to this
+# many samples between wanted ones (a mapped file: a run costs less, so the gaps are shorter)
+_READ_THROUGH = 16
+_READ_THROUGH_MAPPED = 4
 
 
 class ShuffleCore:
@@ -108,10 +115,11 @@ class ShuffleCore:
     def replay(self, total: int, outputs: int) -> None:
         """Advance over positions ``0..total-1`` until ``outputs`` have come out (no data)."""
         gen = self.run(iter(range(total)))
-        for _ in range(outputs):
-            if next(gen, _END) is _END:
-                raise ResumeError(f"shuffle replay: {outputs} outputs asked of {total} inputs")
+        before = self.emitted
+        collections.deque(itertools.islice(gen, outputs), maxlen=0)  # consumed at C speed
         gen.close()
+        if self.emitted - before < outputs:
+            raise ResumeError(f"shuffle replay: {outputs} outputs asked of {total} inputs")
 
     def positions(self) -> list[int]:
         """The positions the buffer holds (after :meth:`replay`), in buffer order."""
@@ -235,7 +243,7 @@ class ReaderStream:
                 size, skip = -1, a
                 origin = 0  # where the read starts in the tar stream (samples' __offset__)
                 if offsets is not None:
-                    begin = int(offsets[a]) if a < len(offsets) else 0
+                    begin = int(offsets[a]) if 0 < a < len(offsets) else 0
                     if a and not _seek(stream, begin):
                         _discard(stream, begin, url)
                     if a:
@@ -243,10 +251,15 @@ class ReaderStream:
                     skip = 0
                     if b < len(offsets):  # stop reading where the run ends
                         size = int(offsets[b]) - begin
-                src = _Window(stream, size, self.chunk_bytes)
-                batches = iter_tar_batches(
-                    tar_byte_source(src, url, self.chunk_bytes), url, offset=origin
-                )
+                # a local file is mapped from the run's first byte to its last (parsed in
+                # place, as the plain path does); other streams are read through a window
+                src: Any = map_local(stream, size) if offsets is not None else None
+                if src is not None:
+                    origin = src.start
+                else:
+                    window = _Window(stream, size, self.chunk_bytes)
+                    src = tar_byte_source(window, url, self.chunk_bytes, mapped=False)
+                batches = iter_tar_batches(src, url, offset=origin, chunk_size=self.chunk_bytes)
                 groups = group_samples(batches, url, last_dot=self.last_dot, batched=True)
                 if skip:
                     next(itertools.islice(groups, skip - 1, skip), None)
@@ -269,63 +282,53 @@ class ReaderStream:
         )
 
     def read_positions(self, positions: Sequence[int]) -> dict[int, dict]:
-        """The samples at some positions of this reader's segment, by position."""
-        plan = self.plan
-        wanted: dict[tuple[int, int], list[tuple[int, bool]]] = {}
-        for p in positions:
-            shard, idx, pad = plan.locate(plan.reader_position(self.reader, p))
-            wanted.setdefault((shard, idx), []).append((p, pad))
-        by_shard: dict[int, list[int]] = {}
-        for shard, idx in wanted:
-            by_shard.setdefault(shard, []).append(idx)
+        """The samples at some positions of this reader's segment, by position (a sample at
+        two positions, as padding repeats it, is read once and copied)."""
+        ps = sorted(positions)
+        per_shard: dict[int, list[tuple[int, int, bool]]] = {}  # (index, position, pad)
+        i, start = 0, 0  # the next position to place; the segment position of the run's start
+        for shard, a, b, pad in self.plan.segment_runs(self.reader):
+            end = start + b - a
+            j = bisect.bisect_left(ps, end, i)
+            if j > i:
+                shift = a - start
+                per_shard.setdefault(shard, []).extend([(shift + p, p, pad) for p in ps[i:j]])
+                i = j
+                if i == len(ps):
+                    break
+            start = end
+        if i < len(ps):
+            raise ValueError(f"position {ps[i]} outside reader segment of {start}")
         out: dict[int, dict] = {}
-        for shard, idxs in by_shard.items():
-            for idx, sample in self._read_samples(shard, sorted(idxs)):
-                for p, pad in wanted[(shard, idx)]:
-                    s = dict(sample)
-                    s["__pad__"] = pad
-                    out[p] = s
+        for shard, wanted in per_shard.items():
+            wanted.sort()
+            idxs = list(dict.fromkeys(w[0] for w in wanted))
+            got = dict(itertools.chain.from_iterable(self._read_samples(shard, idxs)))
+            prev = -1
+            for idx, p, pad in wanted:
+                sample = got[idx] if idx != prev else dict(got[idx])  # held twice: a copy
+                sample["__pad__"] = pad
+                out[p] = sample
+                prev = idx
         return out
 
-    def _read_samples(self, shard: int, idxs: list[int]) -> Iterator[tuple[int, dict]]:
+    def _read_samples(self, shard: int, idxs: list[int]) -> Iterator[list[tuple[int, dict]]]:
+        """The samples ``idxs`` (sorted) of one shard, as lists of ``(index, sample)``."""
         table = self.table
         url = table.urls[shard]
         offsets = table.sample_offsets(shard)
         try:
             with self.opener(url) as stream:
                 if offsets is not None and table.plain[shard] and _seekable(stream):
-                    # one read per run of nearby samples (gaps of a few samples read through)
-                    n = len(offsets)
-                    runs, start = [], 0
-                    for k in range(1, len(idxs) + 1):
-                        if k == len(idxs) or idxs[k] - idxs[k - 1] > 4:
-                            runs.append(idxs[start:k])
-                            start = k
-                    for run in runs:
-                        lo, hi = run[0], run[-1]
-                        begin = int(offsets[lo])
-                        stream.seek(begin)
-                        if hi + 1 < n:
-                            data = stream.read(int(offsets[hi + 1]) - begin)
-                        else:
-                            data = stream.read()
-                        want = set(run)
-                        batches = iter_tar_batches([data], url, offset=begin)
-                        got = 0
-                        for i, sample in enumerate(
-                            group_samples(batches, url, last_dot=self.last_dot, batched=True), lo
-                        ):
-                            if i in want:
-                                got += 1
-                                yield i, sample
-                            if i >= hi:
-                                break
-                        if got != len(run):
-                            raise TarshardsError(
-                                f"samples {lo}..{hi} not found at offset {begin}",
-                                url=url,
-                                offset=begin,
-                            )
+                    # one read per run of nearby samples (gaps of a few samples read through); a
+                    # local file is mapped once and each run parsed in place
+                    stream.seek(0)
+                    whole = map_local(stream)
+                    try:
+                        yield from self._read_runs(stream, whole, url, offsets, idxs)
+                    finally:
+                        if whole is not None:
+                            whole.close()
                     return
                 want = set(idxs)
                 last = idxs[-1]
@@ -334,12 +337,40 @@ class ReaderStream:
                     group_samples(batches, url, last_dot=self.last_dot, batched=True)
                 ):
                     if i in want:
-                        yield i, sample
+                        yield [(i, sample)]
                     if i >= last:
                         return
         except TarshardsError as exn:
             raise exn.with_context(url=url) from None
         raise TarshardsError("shard has fewer samples than counted", url=url)
+
+    def _read_runs(self, stream, whole, url, offsets, idxs: list[int]):
+        gap = _READ_THROUGH if whole is None else _READ_THROUGH_MAPPED
+        runs, start = [], 0
+        for k in range(1, len(idxs) + 1):
+            if k == len(idxs) or idxs[k] - idxs[k - 1] > gap:
+                runs.append(idxs[start:k])
+                start = k
+        n = len(offsets)
+        for run in runs:
+            lo, hi = run[0], run[-1]
+            begin = int(offsets[lo])
+            stop = int(offsets[hi + 1]) if hi + 1 < n else None
+            src: Any
+            if whole is not None:
+                src = whole.part(begin, stop)
+            else:
+                stream.seek(begin)
+                src = [stream.read(stop - begin) if stop else stream.read()]
+            batches = iter_tar_batches(src, url, offset=begin, chunk_size=self.chunk_bytes)
+            groups = group_samples(batches, url, last_dot=self.last_dot, batched=True)
+            got = list(itertools.islice(groups, hi + 1 - lo))
+            groups.close()
+            if len(got) != hi + 1 - lo:
+                raise TarshardsError(
+                    f"samples {lo}..{hi} not found at offset {begin}", url=url, offset=begin
+                )
+            yield [(i, got[i - lo]) for i in run]
 
 
 class _Window:

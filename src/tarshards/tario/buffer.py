@@ -63,13 +63,16 @@ class _Buffer:
     kernel) or an iterable of byte chunks (copied in). Data handed out must be copied out as
     ``bytes``. The buffer grows by at most its own size per read, so a size declared in a header
     is never allocated before its bytes exist.
+
+    ``size`` is how much it asks of the input at a time (and so about how large it grows): a
+    reader among many (the planned pipeline's virtual readers) passes a small one.
     """
 
-    __slots__ = ("it", "readinto", "buf", "pos", "end", "base", "origin")
+    __slots__ = ("it", "readinto", "buf", "pos", "end", "base", "origin", "size")
 
     mapped = False  # the whole input is in ``buf`` (see _MappedBuffer)
 
-    def __init__(self, source, origin: int = 0):
+    def __init__(self, source, origin: int = 0, size: int = CHUNK_SIZE):
         self.readinto = getattr(source, "readinto", None)
         self.it: Any = None if self.readinto is not None else iter(source)
         self.buf: Any = bytearray()
@@ -77,6 +80,7 @@ class _Buffer:
         self.end = 0
         self.base = origin  # stream offset of buf[0]
         self.origin = origin  # stream offset of the first byte read
+        self.size = size
 
     def _more(self, room: int) -> int:
         """Append up to ``room`` (or one chunk's worth of) bytes at ``end``; 0 at EOF."""
@@ -114,7 +118,7 @@ class _Buffer:
             self.base += end
             self.pos = self.end = 0
             while skip:
-                got = self._more(CHUNK_SIZE)
+                got = self._more(self.size)
                 if not got:
                     self.pos = skip  # beyond end: the stream ends inside the skipped bytes
                     return False
@@ -136,7 +140,7 @@ class _Buffer:
             self.end = end - pos
         while self.end < n:
             # ask for at least a chunk, and for at most as much as is already there
-            if not self._more(max(CHUNK_SIZE, min(n - self.end, self.end))):
+            if not self._more(max(self.size, min(n - self.end, self.end))):
                 return False
         return True
 
@@ -150,7 +154,7 @@ class _Buffer:
         total = max(0, self.end - self.pos)
         while total <= limit:
             self.pos = self.end = 0
-            got = self._more(CHUNK_SIZE)
+            got = self._more(self.size)
             if not got:
                 return
             total += got
@@ -178,15 +182,28 @@ class MappedFile:
     when the reader finishes (or :meth:`close`); the file object stays the caller's. While
     memoryviews of the map are alive (zero-copy members), :meth:`close` only drops this
     object's reference: the last view to go unmaps it (``mmap.close`` would raise).
+
+    ``stop``: the reader sees the end of the input there (a byte range of the file).
+    :meth:`part` gives such a range of the same map, which it does not close (the whole
+    file's object does).
     """
 
-    def __init__(self, mapping: mmap.mmap, start: int):
+    def __init__(self, mapping: mmap.mmap, start: int, stop: int | None = None):
         self.map = mapping
         self.start = start
+        self.stop = len(mapping) if stop is None else min(stop, len(mapping))
         self._pos = start
+        self._owner = True
+
+    def part(self, start: int, stop: int | None = None) -> MappedFile:
+        """Bytes ``start:stop`` of the same map, read as a file of their own (closing it leaves
+        the map open)."""
+        part = MappedFile(self.map, start, self.stop if stop is None else min(stop, self.stop))
+        part._owner = False
+        return part
 
     def readinto(self, view) -> int:
-        n = min(len(view), len(self.map) - self._pos)
+        n = min(len(view), self.stop - self._pos)
         if n <= 0:
             return 0
         view[:n] = self.map[self._pos : self._pos + n]
@@ -194,6 +211,8 @@ class MappedFile:
         return n
 
     def close(self) -> None:
+        if not self._owner:  # a part: the whole file's object closes the map
+            return
         try:
             self.map.close()
         except BufferError:  # views of it are alive: the last one to go unmaps it
@@ -207,25 +226,27 @@ class MappedFile:
 
 
 class _MappedBuffer(_Buffer):
-    """The reader's buffer over a :class:`MappedFile`: ``buf`` is the map, ``end`` its length.
+    """The reader's buffer over a :class:`MappedFile`: ``buf`` is the map, ``end`` the file's stop.
 
-    Nothing is ever read or moved: :meth:`fill` only says whether the bytes are there.
+    Nothing is ever read or moved: :meth:`fill` only says whether the bytes are there; ``size``
+    is the window of headers the reader parses at a time.
     """
 
     __slots__ = ("file", "released")
 
     mapped = True
 
-    def __init__(self, file: MappedFile, origin: int = 0):
+    def __init__(self, file: MappedFile, origin: int = 0, size: int = CHUNK_SIZE):
         self.file = file
         self.readinto = None
         self.it = None
         self.buf = file.map
         self.pos = file.start
-        self.end = len(file.map)
+        self.end = file.stop
         self.base = origin - file.start
         self.origin = origin
-        self.released = 0
+        self.released = file.start & ~(mmap.PAGESIZE - 1)  # nothing before the start is read
+        self.size = size
 
     def fill(self, n: int) -> bool:
         return self.end - self.pos >= n
@@ -247,9 +268,10 @@ class _MappedBuffer(_Buffer):
         self.file.close()
 
 
-def _map_local(stream) -> MappedFile | None:
+def map_local(stream, length: int = -1) -> MappedFile | None:
     """A :class:`MappedFile` of ``stream`` when it is a local regular file holding a plain tar
-    from its current position on; else ``None`` (nothing read, the position unchanged)."""
+    from its current position on; else ``None`` (nothing read, the position unchanged).
+    ``length >= 0``: the input ends that many bytes after the position (a byte range)."""
     if type(stream) not in (io.FileIO, io.BufferedReader) or not stream.readable():
         return None
     try:
@@ -260,20 +282,23 @@ def _map_local(stream) -> MappedFile | None:
         start = stream.tell()
         if start >= st.st_size:
             return None
+        if length == 0:
+            return None
         mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError):  # a file system without mmap, a pipe that says it is a file
         return None
     if len(mapping) <= start or by_magic(mapping[start : start + 4]) is not None:
         mapping.close()  # compressed: read as a stream (decompressed chunk by chunk)
         return None
-    return MappedFile(mapping, start)
+    return MappedFile(mapping, start, start + length if length >= 0 else None)
 
 
-def reader_buffer(source, origin: int = 0) -> _Buffer:
-    """The reader's buffer over what :func:`tar_byte_source` gave (or any iterable of chunks)."""
+def reader_buffer(source, origin: int = 0, size: int = CHUNK_SIZE) -> _Buffer:
+    """The reader's buffer over what :func:`tar_byte_source` gave (or any iterable of chunks),
+    reading (or, over a map, parsing) ``size`` bytes at a time."""
     if isinstance(source, MappedFile):
-        return _MappedBuffer(source, origin)
-    return _Buffer(source, origin)
+        return _MappedBuffer(source, origin, size)
+    return _Buffer(source, origin, size)
 
 
 class PlainStream:
@@ -303,7 +328,7 @@ def tar_byte_source(
     touching pages past a new end kills the process with SIGBUS); the writers here never do
     that (they write to a temporary name and rename)."""
     if mapped:
-        file = _map_local(stream)
+        file = map_local(stream)
         if file is not None:
             return file
     if getattr(stream, "readinto", None) is None:

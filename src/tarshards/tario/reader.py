@@ -94,6 +94,7 @@ def iter_tar_batches(
     accelerate: bool = True,
     offset: int = 0,
     copy: bool = True,
+    chunk_size: int = CHUNK_SIZE,
 ) -> Iterator[list[tuple[str, bytes | memoryview, int]]]:
     """Like :func:`iter_tar`, but yields the members in lists (one list per buffer's worth).
 
@@ -106,10 +107,11 @@ def iter_tar_batches(
     members' offsets are counted from it.
 
     A :class:`~tarshards.tario.buffer.MappedFile` (a local plain file, see
-    :func:`tar_byte_source`) is parsed in place, in windows of ``CHUNK_SIZE`` bytes of headers;
+    :func:`tar_byte_source`) is parsed in place, in windows of ``chunk_size`` bytes of headers;
     with ``copy=False`` its members are ``memoryview`` slices of the map (see :func:`iter_tar`).
+    A stream is read ``chunk_size`` bytes at a time (a reader among many passes a small one).
     """
-    b = reader_buffer(chunks, offset)
+    b = reader_buffer(chunks, offset, chunk_size)
     try:
         yield from _batches(b, source, verify, drain, accelerate, copy)
     finally:
@@ -139,7 +141,7 @@ def _batches(b: _Buffer, source, verify: bool, drain: bool, accelerate: bool, co
         if start is None and not global_read and end - pos >= BLOCK:
             if mapped:
                 b.release(pos)
-                limit = pos + CHUNK_SIZE
+                limit = pos + b.size
             else:
                 limit = end
             if scan is not None:
