@@ -239,6 +239,7 @@ class _Cursor:
                     plan,
                     self.reader,
                     opener=self.src._open,
+                    range_opener=self.src._range_opener(),
                     last_dot=self.src.last_dot,
                 )
                 self.npass = npass

@@ -223,6 +223,21 @@ class WebDataset(DataPipeline):
             retries=self.retries,
         )
 
+    def _open_range(self, url, offset: int, length: int | None):
+        """A stream of ``length`` bytes (``None``: to the end) from byte ``offset`` of a shard."""
+        return open_url(
+            url,
+            offset=offset,
+            length=length,
+            storage_options=self.storage_options,
+            allow_pipe=self.allow_pipe,
+            retries=self.retries,
+        )
+
+    def _range_opener(self):
+        """``_open_range``, or ``None`` with a user's opener (it cannot be asked for a range)."""
+        return self._open_range if self._opener is None else None
+
     def _plan_parts(self):
         """(PlanConfig, stages before the batch, the batch stage, stages after it)."""
         stages = self._stages

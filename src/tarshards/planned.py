@@ -69,7 +69,14 @@ class _SingleProgram(PlannedProgram):
 
     def _stream(self, reader: int) -> ReaderStream:
         ds = self.ds
-        return ReaderStream(ds.table, self.plan, reader, opener=ds._open, last_dot=ds.last_dot)
+        return ReaderStream(
+            ds.table,
+            self.plan,
+            reader,
+            opener=ds._open,
+            range_opener=ds._range_opener(),
+            last_dot=ds.last_dot,
+        )
 
     def chain(self, it, reader, batches):
         cfg, ds = self.cfg, self.ds

@@ -30,6 +30,7 @@ from .plan import (
     scan_shards,
 )
 from .tario import iter_tar_batches, tar_byte_source
+from .storage.paths import is_local
 from .tario.buffer import map_local
 
 np = LazyModule("numpy", globals(), "np")
@@ -159,6 +160,7 @@ class ReaderStream:
         reader: int,
         *,
         opener: Callable,
+        range_opener: Callable | None = None,
         last_dot: bool = False,
         chunk_bytes: int = CHUNK_BYTES,
     ):
@@ -166,6 +168,9 @@ class ReaderStream:
         self.plan = plan
         self.reader = reader
         self.opener = opener
+        # (url, offset, length or None) -> a stream of that byte range: remote shards are then
+        # read from a sample's offset (an HTTP/object-store range) instead of from their start
+        self.range_opener = range_opener
         self.last_dot = last_dot
         self.chunk_bytes = chunk_bytes
         self.position = 0
@@ -238,19 +243,24 @@ class ReaderStream:
         url = table.urls[shard]
         offsets = table.sample_offsets(shard) if table.plain[shard] else None
         want = b - a
+        size, skip, begin = -1, a, 0
+        if offsets is not None:
+            begin = int(offsets[a]) if 0 < a < len(offsets) else 0
+            skip = 0
+            if b < len(offsets):  # stop reading where the run ends
+                size = int(offsets[b]) - begin
+        ranged = self._ranged(url) and offsets is not None and (begin > 0 or size >= 0)
         try:
-            with self.opener(url) as stream:
-                size, skip = -1, a
+            with (
+                self.range_opener(url, begin, size if size >= 0 else None)  # type: ignore[misc]
+                if ranged
+                else self.opener(url)
+            ) as stream:
                 origin = 0  # where the read starts in the tar stream (samples' __offset__)
-                if offsets is not None:
-                    begin = int(offsets[a]) if 0 < a < len(offsets) else 0
-                    if a and not _seek(stream, begin):
+                if offsets is not None and begin:
+                    if not ranged and not _seek(stream, begin):
                         _discard(stream, begin, url)
-                    if a:
-                        origin = begin
-                    skip = 0
-                    if b < len(offsets):  # stop reading where the run ends
-                        size = int(offsets[b]) - begin
+                    origin = begin
                 # a local file is mapped from the run's first byte to its last (parsed in
                 # place, as the plain path does); other streams are read through a window
                 src: Any = map_local(stream, size) if offsets is not None else None
@@ -317,6 +327,9 @@ class ReaderStream:
         table = self.table
         url = table.urls[shard]
         offsets = table.sample_offsets(shard)
+        if offsets is not None and table.plain[shard] and self._ranged(url):
+            yield from self._read_span(url, offsets, idxs)
+            return
         try:
             with self.opener(url) as stream:
                 if offsets is not None and table.plain[shard] and _seekable(stream):
@@ -343,6 +356,36 @@ class ReaderStream:
         except TarshardsError as exn:
             raise exn.with_context(url=url) from None
         raise TarshardsError("shard has fewer samples than counted", url=url)
+
+    def _ranged(self, url: str) -> bool:
+        return self.range_opener is not None and not is_local(url)
+
+    def _read_span(self, url: str, offsets, idxs: list[int]) -> Iterator[list[tuple[int, dict]]]:
+        """The samples ``idxs`` (sorted) of a remote plain shard: one ranged read from the first
+        one's offset to the end of the last one, parsed in order."""
+        lo, hi = idxs[0], idxs[-1]
+        begin = int(offsets[lo])
+        length = int(offsets[hi + 1]) - begin if hi + 1 < len(offsets) else None
+        want = set(idxs)
+        try:
+            with self.range_opener(url, begin, length) as stream:  # type: ignore[misc]
+                batches = iter_tar_batches(
+                    tar_byte_source(stream, url, self.chunk_bytes, mapped=False),
+                    url,
+                    offset=begin,
+                    chunk_size=self.chunk_bytes,
+                )
+                groups = group_samples(batches, url, last_dot=self.last_dot, batched=True)
+                for i, sample in enumerate(groups, lo):
+                    if i in want:
+                        yield [(i, sample)]
+                    if i >= hi:
+                        return
+        except TarshardsError as exn:
+            raise exn.with_context(url=url) from None
+        raise TarshardsError(
+            f"samples {lo}..{hi} not found at offset {begin}", url=url, offset=begin
+        )
 
     def _read_runs(self, stream, whole, url, offsets, idxs: list[int]):
         gap = _READ_THROUGH if whole is None else _READ_THROUGH_MAPPED
@@ -386,7 +429,13 @@ class _Window:
         n = min(len(view), self._left, self._step)
         if n <= 0:
             return 0
-        got = self._stream.readinto(view[:n] if n < len(view) else view) or 0
+        readinto = getattr(self._stream, "readinto", None)
+        if readinto is None:  # a stream with read() only
+            data = self._stream.read(n)
+            got = len(data)
+            view[:got] = data
+        else:
+            got = readinto(view[:n] if n < len(view) else view) or 0
         self._left -= got
         return got
 

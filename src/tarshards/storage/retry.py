@@ -199,6 +199,13 @@ class ResumingReader:
 
     read1 = read
 
+    def readinto(self, view) -> int:
+        """Read into a writable buffer (the reader's buffer); the bytes read, 0 at the end."""
+        data = self.read(len(view))
+        n = len(data)
+        view[:n] = data
+        return n
+
     def readable(self) -> bool:
         return True
 
