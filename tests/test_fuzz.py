@@ -456,6 +456,7 @@ def _decompress(data: bytes, comp):
 # ---------------------------------------------------------------------------------------------
 
 _EMPTY_PAX = re.compile(rb"\d+ (path|size|GNU\.sparse\.name)=/*\n")
+_EMPTY_SIZE = re.compile(rb"\d+ size=\n")
 
 
 def _deviation(mine, theirs, raw: bytes) -> str | None:
@@ -469,6 +470,11 @@ def _deviation(mine, theirs, raw: bytes) -> str | None:
         )
     if o1 != o2:
         return None
+    if n1 != n2 and n2 == "" and d1 != d2 and _EMPTY_SIZE.search(raw) and _EMPTY_PAX.search(raw):
+        return (
+            "tarfile names a member '' and reads its empty pax size= as 0 (POSIX: an empty "
+            "value deletes the keyword)"
+        )
     if n1 != n2 and d1 == d2:
         if b" path=" in _global_records(raw):
             return "tarfile does not apply a global path= to every member type (GNU tar does)"
