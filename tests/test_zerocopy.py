@@ -4,6 +4,8 @@ input gives bytes; decoders, stages and writers take views."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import gc
 import gzip
 import io
@@ -103,6 +105,8 @@ def test_mid_shard_offsets(tmp_path):
 @pytest.mark.skipif(not WDS_TESTDATA.is_dir(), reason="shared/testdata/webdataset is absent")
 @pytest.mark.parametrize("name", ["compressed.tar", "mpdata.tar", "tendata.tar", "testgz.tar"])
 def test_webdataset_shards(name):
+    if name == "mpdata.tar":
+        pytest.importorskip("msgpack", reason="its samples are msgpack (an optional codec)")
     path = WDS_TESTDATA / name
     with open(path, "rb") as f:
         expected = list(iter_tar(tar_byte_source(f, name), name))
@@ -235,7 +239,7 @@ def test_released_pages_read_right_through_a_live_view(tmp_path):
 def _values():
     img = np.zeros((24, 32, 3), np.uint8)
     img[4:12, 8:20] = (200, 40, 90)
-    return {
+    values = {
         "txt": "héllo",
         "cls": 7,
         "json": {"a": [1, 2], "b": "ü"},
@@ -249,6 +253,9 @@ def _values():
         "jpg": img,
         "png": img,
     }
+    if importlib.util.find_spec("msgpack") is None:  # an optional codec (the lean job has none)
+        del values["msgpack"]
+    return values
 
 
 def _same(a, b) -> bool:
