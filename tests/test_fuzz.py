@@ -39,6 +39,7 @@ zstandard = pytest.importorskip("zstandard")
 
 from tarshards.compression import by_magic  # noqa: E402
 from tarshards.errors import TarshardsError, TarshardsWarning  # noqa: E402
+from tarshards.format import group_samples, split_name  # noqa: E402
 from tarshards.tario import (  # noqa: E402
     decompressed_chunks,
     iter_tar_batches,
@@ -610,3 +611,79 @@ def test_fuzz_oracle_catches_a_reader_that_drops_members(seeds, monkeypatch):
     seeds_, plain = seeds
     with pytest.raises(AssertionError, match="silent loss"):
         classify(plain["ustar"])
+
+
+# ---------------------------------------------------------------------------------------------
+# samples: grouping a damaged stream
+# ---------------------------------------------------------------------------------------------
+
+SAMPLE_N = int(os.environ.get("TARSHARDS_FUZZ_SAMPLES_N", "600"))
+_META_KEYS = ("__key__", "__url__", "__offset__")
+
+
+def _grouped(data: bytes, accelerate: bool, chunk: int):
+    """``(samples as (key, {ext: bytes}) pairs, error)`` of a mutant, grouped in C or Python."""
+    got, err = [], None
+    chunks = decompressed_chunks(read_chunks(io.BytesIO(data), chunk), "fuzz")
+    batches = iter_tar_batches(chunks, "fuzz", accelerate=accelerate)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TarshardsWarning)
+        try:
+            for s in group_samples(batches, "fuzz", batched=True, accelerate=accelerate):
+                got.append(
+                    (s["__key__"], {k: bytes(v) for k, v in s.items() if k not in _META_KEYS})
+                )
+        except TarshardsError as exc:
+            err = (type(exc).__name__, str(exc), exc.member)
+    return got, err
+
+
+def _groups(members):
+    """The members' samples as :func:`group_samples` forms them, stopping at a repeated field."""
+    out: list = []
+    for name, data, _ in members:
+        parts = split_name(name)
+        if parts is None:
+            continue
+        key, ext = parts
+        if out and out[-1][0] == key:
+            if ext in out[-1][1]:
+                break
+            out[-1][1][ext] = bytes(data)
+        else:
+            out.append((key, {ext: bytes(data)}))
+    return out
+
+
+def test_fuzz_samples_of_damaged_shards(seeds):
+    """Samples read from mutants: C and Python grouping agree at every read size; every sample
+    yielded is made of the members the member reader yields, in order, with their bytes; only
+    the last sample can be held back, and only when the stream raised."""
+    seeds_, plain = seeds
+    rng = random.Random(SEED + 1)
+    held_back = flushed = 0
+    for i in range(SAMPLE_N):
+        data, ops = mutate(seeds_, plain, rng)
+        members, member_err, _ = ours(data)
+        first = _grouped(data, True, 1 << 20)
+        for accelerate, chunk in ((False, 1 << 20), (True, 513), (False, 64)):
+            assert _grouped(data, accelerate, chunk) == first, (i, ops, accelerate, chunk)
+        samples, err = first
+        groups = _groups(members)
+        assert samples == groups[: len(samples)], (i, ops)
+        if err is None:
+            assert samples == groups, (i, ops)
+        else:
+            assert len(groups) - len(samples) <= 1, (i, ops, err)
+            cut = err[0] in ("TruncatedShardError", "CompressionError") and err[2] is not None
+            named = split_name(err[2]) if cut else None
+            if groups and named is not None and named[0] != groups[-1][0]:
+                # the stream was cut in another sample's member: the last one is complete
+                assert samples == groups, (i, ops, err)
+            if groups and member_err is not None:
+                if len(samples) == len(groups):
+                    flushed += 1
+                else:
+                    held_back += 1
+    # the mutations reach both outcomes at a cut: the last sample kept, and held back
+    assert flushed > 0 and held_back > 0, (flushed, held_back)
