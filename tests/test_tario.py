@@ -1183,3 +1183,27 @@ def test_decompression_steps_are_bounded(kind):
         tracemalloc.stop()
     assert sum(sizes) == 64 << 20 and max(sizes) <= 4 << 20
     assert peak < 24 << 20
+
+
+class _Hoarder:
+    """A stream that keeps every buffer it reads into, as a frame kept alive by a logged
+    exception's traceback keeps its arguments (seen with S3 retries under log capture)."""
+
+    def __init__(self, data: bytes, step: int):
+        self.data, self.pos, self.step, self.kept = data, 0, step, []
+
+    def readinto(self, view) -> int:
+        self.kept.append(view)
+        n = min(len(view), len(self.data) - self.pos, self.step)
+        view[:n] = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return n
+
+
+def test_buffer_grows_while_a_stream_holds_its_views():
+    members = [("a.bin", bytes(range(256)) * 20), ("b.bin", b"x" * 3_000_000), ("c.txt", b"c")]
+    raw = b"".join(tar_header(n, len(d)) + d + bytes(-len(d) % 512) for n, d in members)
+    raw += bytes(1024)
+    stream = _Hoarder(raw, 100_000)
+    got = [(n, d) for n, d, _ in iter_tar(stream, "hoard")]
+    assert got == members and len(stream.kept) > 3

@@ -434,8 +434,14 @@ class _Window:
             data = self._stream.read(n)
             got = len(data)
             view[:got] = data
+        elif n < len(view):
+            part = view[:n]
+            try:
+                got = readinto(part) or 0
+            finally:
+                part.release()  # (see tario.buffer._Buffer._more)
         else:
-            got = readinto(view[:n] if n < len(view) else view) or 0
+            got = readinto(view) or 0
         self._left -= got
         return got
 

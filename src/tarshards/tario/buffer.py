@@ -89,9 +89,13 @@ class _Buffer:
             if len(buf) - end < room:
                 buf.extend(bytes(end + room - len(buf)))
             view = memoryview(buf)
+            part = view[end:]
             try:
-                got = self.readinto(view[end:]) or 0
+                got = self.readinto(part) or 0
             finally:
+                # both released here: a reference to the slice that outlives the call (a frame
+                # kept by a logged exception's traceback, say) must not keep buf from growing
+                part.release()
                 view.release()
         else:
             chunk = next(self.it, None)
