@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Iterator
 from .codecs import field_decoder
 from .images import _EXTRA_MODES, IMAGE_MODES, image_decoder
 from .errors import DecodeError, MissingFieldError
-from .format import field_options
+from .format import field_options, missing_field
 from .on_error import OnError, error_policy, sample_context
 
 __all__ = ["decode", "handle_extension"]
@@ -240,11 +240,7 @@ def _decode_tuple(
                     break
             else:
                 if missing_is_error:
-                    raise MissingFieldError(
-                        f"to_tuple: sample {sample.get('__key__')!r} has none of "
-                        f"{';'.join(alts)!r} (fields: "
-                        f"{', '.join(k for k in sample if not k.startswith('__'))})"
-                    )
+                    raise missing_field(sample, alts)
                 plan.append((None, False, None))
         if len(plans) < 64:
             plans[keys] = plan

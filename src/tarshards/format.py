@@ -19,7 +19,7 @@ import decimal
 import re
 from typing import Any, Iterable, Iterator
 
-from .errors import CompressionError, DuplicateFieldError, TruncatedShardError
+from .errors import CompressionError, DuplicateFieldError, MissingFieldError, TruncatedShardError
 
 try:  # optional C accelerator (see _speedups.c); the Python loop below is the reference
     from ._speedups import group_members as _group_members
@@ -199,3 +199,12 @@ def field_options(spec) -> list[list[str]]:
     """``("jpg;png", "cls")`` as ``[["jpg", "png"], ["cls"]]``: each field's alternatives, the
     first present one chosen (``to_tuple``'s and ``decode``'s field specs)."""
     return [s.split(";") for s in spec]
+
+
+def missing_field(sample: dict, alts: list[str]) -> MissingFieldError:
+    """``to_tuple``'s error for a sample that has none of one field's alternatives."""
+    fields = ", ".join(k for k in sample if not k.startswith("__"))
+    return MissingFieldError(
+        f"to_tuple: sample {sample.get('__key__')!r} has none of {';'.join(alts)!r} "
+        f"(fields: {fields})"
+    )

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 from ._lazy import LazyModule, OptionalEntries
 from .decoding import decode, handle_extension
 from .errors import MissingFieldError
-from .format import field_options
+from .format import field_options, missing_field
 from .on_error import (
     OnError,
     error_policy,
@@ -197,11 +197,7 @@ def to_tuple(
                         break
                 else:
                     if missing_is_error:
-                        raise MissingFieldError(
-                            f"to_tuple: sample {sample.get('__key__')!r} has none of "
-                            f"{';'.join(alts)!r} (fields: "
-                            f"{', '.join(k for k in sample if not k.startswith('__'))})"
-                        )
+                        raise missing_field(sample, alts)
                     out.append(None)
         except Exception as exn:
             if policy(sample_context(exn, sample)):
