@@ -16,9 +16,9 @@ runs every contender once, the peers staying up in their own processes between r
    read, so they are compared on the same samples.
 3. ``ShardWriter`` samples/s with and without ``manifest=`` (raw bytes fields, ``encoder=False``;
    CPU time of this process, the writes going to page cache). Target: <= 5% slower.
-4. With ``--big GB``: ``tarshards index SPEC -o M`` as users run it (the installed console
-   script, a brace spec) on about GB gigabytes of plain shards (64 MB each, ~100 kB samples of
-   random bytes, made once into ``bench/_data/big-GB``, page-cached), with its default
+4. With ``--big GB`` (repeatable): ``tarshards index SPEC -o M`` as users run it (the installed
+   console script, a brace spec) on about GB gigabytes of plain shards (64 MB each, ~100 kB
+   samples of random bytes, made once into ``bench/_data/big-GB``, page-cached), with its default
    parallelism and with ``-p 1``, beside ``cat FILES > /dev/null``; the command's start-up on
    a one-member shard on its own row, and the two runs less that start-up. (Section 1's data is
    40 MB, which cat reads in tens of ms, so there the command's start-up decides the ratio; on
@@ -240,6 +240,16 @@ def _wall(cmd: list[str] | str, env=None) -> float:
     return time.perf_counter() - t0
 
 
+def _command_env() -> dict:
+    """The environment the timed commands run in: this tree's ``src`` first, and byte code
+    cached as an installed package has it (``pip install`` compiles it; a
+    ``PYTHONDONTWRITEBYTECODE`` set around the benchmark would have every run compile the
+    modules from source, about 0.1 s of the start-up)."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
 def _tiny_shard(tmp: str) -> str:
     import io
     import tarfile
@@ -261,7 +271,7 @@ def bench_index_vs_cat(paths, tmp: str, repeat: int) -> dict:
 
     from tarshards.index import index_url
 
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"))
+    env = _command_env()
     nbytes = common.total_bytes(paths)
     out = os.path.join(tmp, "index-cli", "manifest.json")
     tiny = _tiny_shard(tmp)
@@ -344,7 +354,7 @@ def bench_index_big(paths, tmp: str, repeat: int) -> dict:
     parallelism), the same with ``-p 1``, and the command on a one-member shard (start-up)."""
     import common
 
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"))
+    env = _command_env()
     script = os.path.join(os.path.dirname(sys.executable), "tarshards")
     cmd = [script] if os.path.exists(script) else [sys.executable, "-m", "tarshards.cli.main"]
     folder = os.path.dirname(paths[0])
@@ -426,7 +436,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=None)
     ap.add_argument("--peer-python", default=PEER_VENV)
     ap.add_argument(
-        "--big", type=float, default=0.0, metavar="GB", help="also section 4 on GB of shards"
+        "--big",
+        type=float,
+        action="append",
+        default=[],
+        metavar="GB",
+        help="also section 4 on GB of shards (repeat it for several sizes: --big 1 --big 4)",
     )
     ap.add_argument("--only-big", action="store_true", help="section 4 alone (with --big)")
     ap.add_argument("--peer", nargs=2, metavar=("NAME", "JOB"), help=argparse.SUPPRESS)
@@ -454,12 +469,14 @@ def main() -> None:
     )
     results: dict = {"machine": common.machine_info(), "layout": args.layout, "quick": args.quick}
     try:
-        if args.big:
-            big = make_big(args.big)
+        results["big"] = []
+        for gb in args.big:
+            big = make_big(gb)
             common.warm_cache(big)
-            results["big"] = bench_index_big(big, tmp, repeat)
+            results["big"].append(bench_index_big(big, tmp, repeat))
         if args.only_big:
-            report_big(results["big"])
+            for b in results["big"]:
+                report_big(b)
             return
         # 1. indexing vs cat
         r1 = bench_index_vs_cat(paths, tmp, repeat)
@@ -553,8 +570,8 @@ def report(r: dict, nrandom: int) -> None:
         f"   manifest=PATH                    {b:8.0f} samples/s   "
         f"{100 * (a / b - 1):.1f}% slower (target <= 5%)"
     )
-    if "big" in r:
-        report_big(r["big"])
+    for big in r.get("big", []):
+        report_big(big)
     print("\n(best of interleaved rounds; figures from a loaded machine are noisy, ratios matter)")
 
 

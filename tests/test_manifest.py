@@ -260,3 +260,41 @@ def test_map_shards_writes_a_manifest(tmp_path):
 
 def _upper(sample):
     return {"__key__": sample["__key__"], "txt": sample["txt"].upper()}
+
+
+def test_writer_sweeps_the_index_directory_once_not_per_shard(tmp_path, monkeypatch):
+    """Stale temporaries (a writer killed mid-save) are cleared from where the indexes go, once
+    per directory: listing it for every shard's index made writing N shards cost O(N^2)."""
+    import time
+
+    from tarshards.storage import atomic
+
+    real_listdir = os.listdir
+
+    def run(folder, shards):
+        folder.mkdir()
+        other = "0" * 8 if atomic._host_tag() != "0" * 8 else "1" * 8
+        stale = folder / f".s-00000.tar.tsidx.123-{other}-5-00000004.tmp"  # another host's, old
+        stale.write_bytes(b"partial index")
+        old = time.time() - atomic.STALE_AFTER - 10
+        os.utime(stale, (old, old))
+        listed = []
+
+        def listdir(path="."):
+            listed.append(os.path.abspath(path))
+            return real_listdir(path)
+
+        monkeypatch.setattr(os, "listdir", listdir)
+        with ShardWriter(str(folder / "s-%05d.tar"), maxcount=2, manifest=folder / "m.json") as w:
+            for i in range(2 * shards):
+                w.write({"__key__": f"k{i:03d}", "txt": b"x" * i})
+        monkeypatch.undo()
+        assert not stale.exists()
+        m = Manifest.load(str(folder / "m.json"))
+        assert len(m.shards) == shards and m.num_samples == 2 * shards
+        assert sorted(p.name for p in folder.iterdir() if p.name.endswith(".tsidx")) == [
+            f"s-{i:05d}.tar.tsidx" for i in range(shards)
+        ]
+        return listed.count(str(folder))
+
+    assert run(tmp_path / "one", 1) == run(tmp_path / "many", 8)

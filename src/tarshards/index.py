@@ -241,11 +241,13 @@ class ShardIndex:
             url=url,
         )
 
-    def save(self, path, *, storage_options: dict | None = None) -> None:
-        """Write the index to ``path`` (a path or URL), atomically."""
+    def save(self, path, *, storage_options: dict | None = None, remove_stale: bool = True) -> None:
+        """Write the index to ``path`` (a path or URL), atomically (``remove_stale``: as
+        :class:`tarshards.storage.AtomicOutput`'s; a writer of many indexes into one directory
+        sweeps it once and passes ``False``)."""
         from .storage import AtomicOutput
 
-        with AtomicOutput(path, storage_options=storage_options) as out:
+        with AtomicOutput(path, storage_options=storage_options, remove_stale=remove_stale) as out:
             out.stream.write(self.to_bytes())
 
     @classmethod

@@ -27,7 +27,15 @@ from typing import Callable, Iterable, Sequence
 
 from .errors import IntegrityError, ShardFormatError, ShardNotFoundError, TarshardsError
 from .hashing import DEFAULT_HASH, HASHING_RELEASES_GIL, MEMBER_HASH
-from .storage import AtomicOutput, is_local, local_path, open_url, url_protocol
+from .storage import (
+    AtomicOutput,
+    is_local,
+    local_path,
+    open_url,
+    remove_stale_temporaries,
+    temporary_directory,
+    url_protocol,
+)
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -341,12 +349,18 @@ class ManifestRecorder:
         self.storage_options = storage_options
         self.base = _base_of(self.path)
         self.records: list[ShardRecord] = []
+        self._swept: set = set()  # index directories cleared of stale temporaries
 
     def add(self, shard_url: str, index, *, save_index: bool = True) -> ShardRecord:
         rel = relative_url(shard_url, self.base)
         index_rel = index_path_for(rel)
         if save_index:
-            index.save(resolve_url(index_rel, self.base), storage_options=self.storage_options)
+            target = resolve_url(index_rel, self.base)
+            folder = temporary_directory(target)
+            if folder is not None and folder not in self._swept:  # once, not once per shard
+                remove_stale_temporaries(folder)
+                self._swept.add(folder)
+            index.save(target, storage_options=self.storage_options, remove_stale=False)
         record = ShardRecord(
             url=rel,
             samples=index.num_samples,
