@@ -73,6 +73,10 @@ _ARRAYS = (  # name, dtype, per ("samples" | "members" | "samples+1" | "keys")
     ("key_blob", "u1", "keys"),
 )
 FLAG_DOT_SLASH = 1  # the sample's member names start with "./" (as tar -C DIR . writes them)
+# the sample holds a member whose stored bytes are not its content (a GNU sparse member: a map
+# and the stored chunks); its size and checksum are those of the content, and a random read
+# parses the sample's bytes with the tar reader instead of slicing them
+FLAG_REBUILT = 2
 
 
 @dataclass(frozen=True, eq=False)
@@ -356,8 +360,16 @@ class IndexBuilder:
         self._frames_tar.append(tar_offset)
 
     def add(
-        self, name: str, header_offset: int, data_offset: int, size: int, checksum: int
+        self,
+        name: str,
+        header_offset: int,
+        data_offset: int,
+        size: int,
+        checksum: int,
+        stored: int | None = None,
     ) -> None:
+        """Record a member; ``stored``: its bytes in the archive where they are not its
+        ``size`` bytes of content (a sparse member, :data:`FLAG_REBUILT`)."""
         dot_slash = name.startswith("./")
         if dot_slash:
             name = name[2:]
@@ -369,7 +381,8 @@ class IndexBuilder:
             return
         key = name[:dot]
         ext = name[dot + 1 :]
-        end = data_offset + size + (-size % BLOCK)
+        n = size if stored is None else stored
+        end = data_offset + n + (-n % BLOCK)
         if key != self._key:
             self._key = key
             self._keys.append(key)
@@ -378,6 +391,9 @@ class IndexBuilder:
             )
         else:
             _SAMPLE_END.pack_into(self._samples, len(self._samples) - 16, end)
+        if stored is not None:
+            flags = _SAMPLE_END.unpack_from(self._samples, len(self._samples) - 8)[0]
+            _SAMPLE_END.pack_into(self._samples, len(self._samples) - 8, flags | FLAG_REBUILT)
         code = self._ext_codes.get(ext)
         if code is None:
             code = self._ext_codes[ext] = len(self._ext_codes)
@@ -805,7 +821,7 @@ class _Blocks:
 
 def _walk(blocks: _Blocks, builder: IndexBuilder, url) -> None:
     """Read tar headers and record every regular member (the reader's naming rules)."""
-    from .tario.headers import _checksum_ok, _nts, _number, _parse_pax
+    from .tario.headers import _SPARSE_KEYS, _checksum_ok, _nts, _number, _parse_pax
 
     new_hasher = member_hasher_factory(builder.member_hash)
     checksum = builder.checksum
@@ -884,6 +900,12 @@ def _walk(blocks: _Blocks, builder: IndexBuilder, url) -> None:
             data_off = blocks.offset()
             if not typeflag and name[-1:] == "/":
                 blocks.feed(padded, None)
+            elif pax is not None and not _SPARSE_KEYS.isdisjoint(pax):  # GNU sparse, pax
+                from .tario.sparse import _pax_unsparse
+
+                stored = _take_stored(blocks, size, padded, url, name, start)
+                content = _pax_unsparse(stored, pax, url, name, start)
+                add(name, start, data_off, len(content), checksum(content), stored=size)
             else:
                 if size <= _CHUNK:  # one piece (a small copy), one checksum call
                     piece = blocks.take(size) if size else b""
@@ -922,9 +944,65 @@ def _walk(blocks: _Blocks, builder: IndexBuilder, url) -> None:
                 global_pax.update(_parse_pax(payload, url, start))
                 start = None
             continue
-        if typeflag not in (0x31, 0x32, 0x33, 0x34, 0x35, 0x36):
+        if typeflag == 0x53:  # an old-GNU sparse member: its map, then the stored chunks
+            from .tario.sparse import _sparse_entries, _unsparse
+
+            name = (
+                long_name
+                if long_name is not None
+                else _nts(hdr[:100]).decode("utf-8", "surrogateescape")
+            )
+            chunks = _sparse_entries(hdr, 386, 4, url, name, start)
+            try:
+                realsize = _number(hdr[483:495])
+            except ValueError:
+                raise HeaderError(
+                    "bad GNU sparse real size", url=url, member=name, offset=start
+                ) from None
+            extended = hdr[482]
+            while extended:
+                block = blocks.take(BLOCK)
+                if block is None or len(block) < BLOCK:
+                    raise TruncatedShardError(
+                        "truncated tar stream in a GNU sparse map",
+                        url=url,
+                        member=name,
+                        offset=start,
+                    )
+                chunks.extend(_sparse_entries(block, 0, 21, url, name, start))
+                extended = block[504]
+            data_off = blocks.offset()
+            stored = _take_stored(blocks, size, padded, url, name, start)
+            content = _unsparse(stored, chunks, realsize, url, name, start)
+            add(name, start, data_off, len(content), checksum(content), stored=size)
+        elif typeflag not in (0x31, 0x32, 0x33, 0x34, 0x35, 0x36):
             blocks.feed(padded, None)
         long_name = pax = start = None
+
+
+def _take_stored(blocks: "_Blocks", size: int, padded: int, url, name, start) -> bytes:
+    """A sparse member's stored bytes (then past their padding)."""
+    from .tario.headers import _MAX_SPARSE
+
+    if size > _MAX_SPARSE:
+        raise HeaderError(
+            f"sparse member storing {size} bytes: more than the {_MAX_SPARSE} the reader "
+            "rebuilds in memory",
+            url=url,
+            member=name,
+            offset=start,
+        )
+    stored = blocks.take(size) if size else b""
+    if stored is None or len(stored) < size:
+        raise TruncatedShardError(
+            f"truncated tar stream: member needs {size} bytes, stream ended after "
+            f"{len(stored or b'')}",
+            url=url,
+            member=name,
+            offset=start,
+        )
+    blocks.feed(padded - size, None)
+    return bytes(stored)
 
 
 def index_stream(

@@ -32,6 +32,8 @@ from .errors import (
 from .manifest import Manifest, as_manifest
 from .storage import is_local, local_path, open_url
 from .storage.seek import read_exact
+from .index import FLAG_REBUILT
+from .tario import BLOCK, iter_tar
 from .tario.headers import _checksum_ok, _number
 
 __all__ = ["IndexedDataset"]
@@ -267,6 +269,8 @@ class IndexedDataset:
                 url=url,
             )
         m0, m1 = info.starts[j], info.starts[j + 1]
+        if j in info.rebuilt:
+            return self._rebuilt_sample(info, j, data, m0, m1)
         doffs, sizes, exts = info.data_offsets, info.sizes, info.exts
         at = info.member_offsets[m0] - base
         if _header_ok is None or not _header_ok(data, at, sizes[m0]):
@@ -277,6 +281,38 @@ class IndexedDataset:
         for m in range(m0, m1):
             a = doffs[m] - base
             sample[exts[m]] = data[a : a + sizes[m]]
+        if self.verify:
+            _check_members(sample, info.index, j, url)
+        return sample
+
+    def _rebuilt_sample(self, info: "_ShardInfo", j: int, data, m0: int, m1: int) -> dict:
+        """A sample holding a member whose stored bytes are not its content (a GNU sparse
+        member): its bytes parsed by the tar reader, which rebuilds it, member for member as
+        the index lists them."""
+        base = info.tar_offsets[j]
+        url = info.url
+        members = [
+            (name, content)
+            for name, content, _ in iter_tar((bytes(data), bytes(2 * BLOCK)), url, offset=base)
+            if _takes_part(name, info.keys[j])
+        ]
+        if len(members) != m1 - m0:
+            raise IntegrityError(
+                f"the index lists {m1 - m0} members of sample {info.keys[j]!r}, its bytes "
+                f"hold {len(members)}",
+                url=url,
+                offset=base,
+            )
+        sample = {"__key__": info.keys[j], "__url__": url, "__offset__": int(base)}
+        for m, (name, content) in zip(range(m0, m1), members):
+            if len(content) != info.sizes[m]:
+                raise IntegrityError(
+                    f"member of {len(content)} bytes where the index says {info.sizes[m]}",
+                    url=url,
+                    member=name,
+                    offset=info.member_offsets[m],
+                )
+            sample[info.exts[m]] = content
         if self.verify:
             _check_members(sample, info.index, j, url)
         return sample
@@ -367,6 +403,7 @@ class _ShardInfo:
         "seekable",
         "compression",
         "plain",
+        "rebuilt",
     )
 
     def __init__(self, idx, url: str):
@@ -386,6 +423,16 @@ class _ShardInfo:
         self.seekable = idx.seekable
         self.compression = idx.compression
         self.plain = idx.seekable and idx.compression == "none"
+        # samples with a member to rebuild (GNU sparse): parsed, not sliced (usually none)
+        self.rebuilt = frozenset(np.flatnonzero(idx.sample_flags & FLAG_REBUILT).tolist())
+
+
+def _takes_part(name: str, key: str) -> bool:
+    """Whether a member named ``name`` belongs to the sample ``key`` (as the indexer groups:
+    a leading ``./`` dropped, ``KEY.EXT``)."""
+    if name.startswith("./"):
+        name = name[2:]
+    return name.startswith(key + ".")
 
 
 def _inflate(data: bytes, compression: str, url, offset: int) -> bytes:
