@@ -169,6 +169,12 @@ def header_size(name: str, size: int) -> int:
     return len(tar_header(name, size))
 
 
+# a write of at most this many bytes is joined into one piece first (measured on a 1 MiB
+# buffered file, a 6.6 kB sample of 9 parts: 4.1 us joined, 5.5 us as writelines); larger ones
+# go part by part, so that big members are not copied once more
+_JOIN_MAX = 64 << 10
+
+
 class _HeaderTemplate:
     """The fixed parts of our ustar headers, so a plain header costs a join and two sums."""
 
@@ -250,6 +256,8 @@ class TarMemberWriter:
             if fast is None or len(members) == 1:
                 break
             start = 1
+        if n <= _JOIN_MAX and len(parts) > 1:  # one copy and one write beat a write per part
+            parts = [b"".join(parts)]
         self._writelines(parts)
         self.bytes_written += n
         return n
