@@ -122,6 +122,62 @@ def test_dataset_resumes_exactly(urls, shuffle, remainder):
     )
 
 
+def make_plain(urls, *, shuffle=5, batch=4, seed=1, ctor=False, torch_ds=False, **kw):
+    """A pipeline without an epoch plan (no readers=): the plain shard split."""
+    if torch_ds:
+        from tarshards.torch import WebDataset
+    else:
+        from tarshards.pipeline import WebDataset
+    if ctor:  # the seed's API: shuffle= in the constructor
+        ds = WebDataset(urls, shuffle=shuffle, seed=seed, **kw)
+    else:
+        ds = WebDataset(urls, shardshuffle=True, seed=seed, **kw)
+        if shuffle:
+            ds = ds.shuffle(shuffle)
+    return ds.decode().to_tuple("__key__", "cls").batched(batch)
+
+
+@pytest.mark.parametrize(
+    "variant", ["shuffle", "no-shuffle", "ctor-shuffle", "with-epoch", "samples"]
+)
+def test_plain_pipeline_resumes_exactly(urls, variant):
+    """Without an epoch plan the state names the epoch and the items yielded in it, and a
+    resumed pipeline replays the epoch to there: exact (its state used to name only the
+    next epoch, so a mid-epoch state silently dropped the rest of the epoch)."""
+    from tarshards.pipeline import WebDataset
+
+    def make():
+        if variant == "samples":  # no batching: the position counts samples
+            return WebDataset(urls, shuffle=7, seed=3)
+        ds = make_plain(
+            urls, shuffle=0 if variant == "no-shuffle" else 5, ctor=variant == "ctor-shuffle"
+        )
+        return ds.with_epoch(23) if variant == "with-epoch" else ds
+
+    ref = check_resume(make, epochs=2, resumes_in_one_epoch=3)
+    assert ref[0] != ref[1]
+    ds = make()
+    it = iter(ds)
+    next(it)
+    state = ds.state_dict()
+    assert state["kind"] == "stream" and state["epoch"] == 0 and state["position"] == 1
+
+
+def test_plain_pipeline_state_refuses_another_place(urls):
+    ds = make_plain(urls, rank=0, world_size=2)
+    it = iter(ds)
+    next(it)
+    state = ds.state_dict()
+    other = make_plain(urls, rank=1, world_size=2)
+    other.load_state_dict(state)  # the place is checked when the iteration starts
+    with pytest.raises(ResumeError, match="same place.*rank: saved 0, here 1"):
+        iter(other)
+    short = make_plain(urls)
+    short.load_state_dict(dict(short.state_dict(), position=10_000))
+    with pytest.raises(ResumeError, match="at item 10000 of epoch 0"):
+        iter(short)
+
+
 def test_every_sample_once_and_equal_batches(urls):
     ds = make_ds(urls)
     batches = list(ds)
@@ -210,10 +266,10 @@ class _SDLRun:
     """A StatefulDataLoader as a trainer drives it (set_epoch each epoch when workers are not
     persistent: torchdata does not pass the epoch on)."""
 
-    def __init__(self, urls, num_workers, persistent):
+    def __init__(self, urls, num_workers, persistent, planned=True):
         from torchdata.stateful_dataloader import StatefulDataLoader
 
-        self.ds = make_ds(urls, torch_ds=True)
+        self.ds = make_ds(urls, torch_ds=True) if planned else make_plain(urls, torch_ds=True)
         self.persistent = persistent
         self.loader = StatefulDataLoader(
             self.ds, batch_size=None, num_workers=num_workers, persistent_workers=persistent
@@ -240,6 +296,16 @@ def test_stateful_dataloader_resumes_exactly(urls, num_workers, persistent):
     _quiet()
     cuts = [(0, 0), (0, 7), (0, 18), (1, 5)]
     check_resume(lambda: _SDLRun(urls, num_workers, persistent), epochs=2, cuts=cuts)
+
+
+@pytest.mark.parametrize("num_workers,persistent", [(0, False), (2, False), (2, True)])
+def test_stateful_dataloader_resumes_a_plain_pipeline_exactly(urls, num_workers, persistent):
+    """StatefulDataLoader keeps each worker's dataset state: without a plan, each worker's
+    pipeline replays its own stream to its own position."""
+    pytest.importorskip("torchdata.stateful_dataloader")
+    _quiet()
+    cuts = [(0, 0), (0, 3), (0, 15), (1, 4)]  # not "end": torchdata's own (see the planned test)
+    check_resume(lambda: _SDLRun(urls, num_workers, persistent, planned=False), epochs=2, cuts=cuts)
 
 
 def test_manifest_gives_the_plan_without_a_scan(urls, tmp_path):

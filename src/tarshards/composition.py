@@ -17,10 +17,12 @@ import copy
 import functools
 import inspect
 import itertools
+import operator
 from typing import Any, Callable, Iterable, Iterator
 
 from . import decoding as _decoding
 from . import stages as _stages
+from .errors import ResumeError
 from .on_error import OnError, error_policy
 from .planned import _PlannedIterator
 from .shards import make_rng
@@ -227,17 +229,24 @@ class DataPipeline:
     def __iter__(self) -> Iterator:
         pending, self._pending_state = getattr(self, "_pending_state", None), None
         if getattr(self, "_plan_config", None) is not None:
-            it = _PlannedIterator(self, pending)
-            self._live = it
-            return it
-        if pending is not None:  # a stream state: it only names the epoch to run
+            planned = _PlannedIterator(self, pending)
+            self._live = planned
+            return planned
+        if pending is not None:  # a stream state: the epoch, and the items yielded in it
             self._auto_epoch = pending["epoch"]
             if self.epoch is not None:
                 self.epoch = pending["epoch"]
         ctx = self._context()
         if self._nsamples is None:
-            return self._run(ctx)
-        return itertools.islice(self._repeated(ctx), self._nsamples)
+            data = self._run(ctx)
+        else:
+            data = itertools.islice(self._repeated(ctx), self._nsamples)
+        live = _LiveStream(ctx)
+        self._live = live
+        it = live.follow(data)
+        if pending is not None and pending.get("position"):
+            live.replay(it, int(pending["position"]), pending)
+        return it
 
     def _repeated(self, ctx: dict) -> Iterator:
         """The epoch's data, run again (pass 1, 2... with their own shuffles) while it lasts."""
@@ -304,7 +313,10 @@ class DataPipeline:
         In a planned pipeline (``WebDataset(..., readers=V)``) it names the epoch and the global
         batch position reached by the iteration in progress (or, in a DataLoader worker, this
         worker's next step), plus what the plan depends on, so that :meth:`load_state_dict`
-        can check it. Otherwise it names the epoch the next iteration runs.
+        can check it. Otherwise it names the epoch of the iteration in progress and the items
+        it has yielded, and the place (rank, DataLoader worker) it runs in: a pipeline that
+        loads it replays that epoch to there (exact, at the cost of making those items again;
+        only in the same place); between iterations, the epoch the next one runs.
         """
         if getattr(self, "_plan_config", None) is not None:
             live = getattr(self, "_live", None)
@@ -313,11 +325,29 @@ class DataPipeline:
             if self._pending_state is not None:
                 return dict(self._pending_state)
             return self.plan_state(self._next_epoch(), 0)
+        live = getattr(self, "_live", None)
+        if isinstance(live, _LiveStream):
+            if live.done:  # the epoch ended: the next one from its start
+                epoch, position = live.epoch + 1, 0
+            else:
+                epoch, position = live.epoch, live.position()
+            return dict(
+                live.place,
+                format=STATE_FORMAT,
+                kind="stream",
+                seed=self.seed,
+                epoch=epoch,
+                position=position,
+            )
+        pending = getattr(self, "_pending_state", None)
+        if pending is not None:
+            return dict(pending)
         return {
             "format": STATE_FORMAT,
             "kind": "stream",
             "seed": self.seed,
             "epoch": self._next_epoch(),
+            "position": 0,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -408,6 +438,61 @@ class DataPipeline:
 
     def _source_repr(self) -> str:
         return f"{type(self).__name__}({_short(self._source)})"
+
+
+class _LiveStream:
+    """The iteration in progress of a pipeline without an epoch plan: its epoch, its place
+    (rank and worker) and the items it has yielded, counted at C speed (a ``zip`` with an
+    ``itertools.count``), so that :meth:`DataPipeline.state_dict` can name the position and a
+    resumed pipeline replays the epoch to it. The stream is a pure function of the seed, the
+    epoch and the place, so the replayed rest equals the uninterrupted rest; the cost of
+    resuming grows with the position (the items before it are made again). A planned pipeline
+    (``readers=V``) seeks instead, and may change its world size."""
+
+    __slots__ = ("epoch", "place", "_count", "done")
+
+    def __init__(self, ctx: dict):
+        self.epoch = int(ctx["epoch"])
+        self.place = {k: ctx[k] for k in ("rank", "world_size", "worker", "num_workers")}
+        self._count = itertools.count()
+        self.done = False
+
+    def follow(self, data) -> Iterator:
+        counted = map(_FIRST, zip(data, self._count))  # the count: items yielded so far
+        return itertools.chain(counted, self._end())
+
+    def _end(self):
+        self.done = True
+        return
+        yield
+
+    def position(self) -> int:
+        return int(repr(self._count)[6:-1])  # "count(N)": N items yielded
+
+    def replay(self, it: Iterator, n: int, state: dict) -> None:
+        """Make and drop the first ``n`` items (those the saved run had yielded)."""
+        moved = [
+            f"{k}: saved {state.get(k)!r}, here {v!r}"
+            for k, v in self.place.items()
+            if state.get(k, v) != v
+        ]
+        if moved:
+            raise ResumeError(
+                "a pipeline without an epoch plan resumes mid-epoch only in the same place "
+                "(its stream depends on the rank and the DataLoader worker); pass readers=V "
+                "for a plan that moves between world sizes: " + "; ".join(moved)
+            )
+        for _ in itertools.islice(it, n - 1):
+            pass
+        if next(it, _MISSING) is _MISSING:
+            raise ResumeError(
+                f"the saved state is at item {n} of epoch {self.epoch}, but this epoch has "
+                f"{self.position()} items here (other data?)"
+            )
+
+
+_FIRST = operator.itemgetter(0)
+_MISSING = object()
 
 
 def _tuple_fields(args) -> list[str]:
