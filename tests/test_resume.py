@@ -244,6 +244,26 @@ def test_webloader_resumes_exactly(urls, num_workers, persistent):
     assert len(make()) == 18 and [len(e) for e in ref] == [18, 18] and ref[0] != ref[1]
 
 
+@pytest.mark.parametrize("num_workers,persistent", [(0, False), (2, False), (2, True), (3, True)])
+def test_webloader_resumes_a_plain_pipeline_exactly(urls, num_workers, persistent):
+    """Without a plan WebLoader's state names the epoch and the batches handed out, and a
+    resumed loader replays the epoch to there."""
+    from tarshards.torch import WebLoader
+
+    _quiet()
+
+    def make():
+        return WebLoader(
+            make_plain(urls, torch_ds=True),
+            batch_size=None,
+            num_workers=num_workers,
+            persistent_workers=persistent,
+        )
+
+    ref = check_resume(make, epochs=2, state_roundtrip=_torch_roundtrip)
+    assert ref[0] != ref[1]
+
+
 def _torch_roundtrip(state):
     buf = io.BytesIO()
     torch.save(state, buf)
