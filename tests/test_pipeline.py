@@ -257,3 +257,45 @@ def test_pipe_urls_expand_braces(shards, tmp_path):
     paths, samples = shards
     spec = f"pipe:cat {tmp_path}/shard-{{0000..0001}}.tar"
     assert keys(WebDataset(spec, allow_pipe=True)) == [s["__key__"] for s in samples[:50]]
+
+
+def _uneven_shards(directory, counts):
+    from tarshards import TarWriter
+
+    urls = []
+    for i, n in enumerate(counts):
+        url = str(directory / f"u-{i:03d}.tar")
+        with TarWriter(url) as t:
+            for j in range(n):
+                t.write({"__key__": f"s{i:03d}_{j:03d}", "cls": j})
+        urls.append(url)
+    return urls
+
+
+def test_unequal_ranks_are_warned_about(tmp_path):
+    """The plain shard split can give ranks different sample counts (a DDP step then waits on
+    the rank that ran dry): rank 0 says so, with the counts when a manifest knows them."""
+    from tarshards.manifest import build_manifest
+
+    urls = _uneven_shards(tmp_path, [7, 13, 5, 11])
+    manifest = build_manifest(urls, str(tmp_path / "m.json"), workers=1)
+
+    def caught(ds):
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            n = sum(1 for _ in ds)
+        return n, [str(w.message) for w in got if issubclass(w.category, TarshardsWarning)]
+
+    n, msgs = caught(WebDataset(manifest, rank=0, world_size=2))
+    assert n == 12 and len(msgs) == 1 and "2 ranks read 12 to 24 samples in epoch 0" in msgs[0]
+    assert "readers=V" in msgs[0]
+    n, msgs = caught(WebDataset(urls, rank=0, world_size=2))
+    assert n == 12 and len(msgs) == 1 and "may read different numbers" in msgs[0]
+    assert caught(WebDataset(urls, rank=1, world_size=2))[1] == []  # rank 0 speaks for all
+    assert caught(WebDataset(urls, rank=0, world_size=2, equal=False))[1] == []
+    assert caught(WebDataset(urls, rank=0, world_size=2).with_epoch(5))[1] == []
+    assert caught(WebDataset(urls))[1] == []  # one rank: nothing to wait for
+    (tmp_path / "even").mkdir()
+    even = _uneven_shards(tmp_path / "even", [7, 13, 13, 7])  # ranks: 7 + 13 and 13 + 7
+    even_manifest = build_manifest(even, str(tmp_path / "even.json"), workers=1)
+    assert caught(WebDataset(even_manifest, rank=0, world_size=2))[1] == []

@@ -111,6 +111,7 @@ class WebDataset(DataPipeline):
                 "rank; leave readers= out for the plain shard split"
             )
         self._plan_config = None
+        self._equal = equal
         if readers is not None:
             PlanConfig(readers=readers, remainder=remainder)  # checks the arguments
             self._plan_config = {"readers": int(readers), "remainder": remainder}
@@ -288,6 +289,49 @@ class WebDataset(DataPipeline):
     def _epoch_program(self, epoch: int) -> "PlannedProgram":
         return _SingleProgram(self, epoch)
 
+    def _warn_unequal(self, ctx: dict) -> None:
+        """Say (once, from rank 0's first worker) that the plain shard split may give the ranks
+        different numbers of samples, which stalls a synchronous (DDP) step at the epoch's end:
+        with a manifest, only when it does, with the counts."""
+        import warnings
+
+        from .errors import TarshardsWarning
+
+        world = ctx["world_size"]
+        if self.manifest is not None:
+            counts = self.manifest.counts()
+            order = shard_order(
+                self.urls, seed=ctx["seed"], epoch=ctx["epoch"], shuffle=self.shardshuffle
+            )
+            per_rank = [
+                sum(
+                    counts.get(u, 0)
+                    for w in range(ctx["num_workers"])
+                    for u in split_shards(
+                        order,
+                        rank=r,
+                        world_size=world,
+                        worker=w,
+                        num_workers=ctx["num_workers"],
+                        warn=False,
+                    )
+                )
+                for r in range(world)
+            ]
+            if len(set(per_rank)) == 1 or self.nodesplitter or self.workersplitter:
+                return
+            what = f"read {min(per_rank)} to {max(per_rank)} samples in epoch {ctx['epoch']}"
+        else:
+            what = "may read different numbers of samples (the shards' counts are unknown)"
+        warnings.warn(
+            f"{world} ranks {what}: a synchronous (DDP) step waits forever on a rank that ran "
+            "dry. Pass readers=V (a multiple of the world size) for equal batches on every "
+            "rank, with exact and elastic resume; or end the epoch with .with_epoch(n); "
+            "equal=False silences this",
+            TarshardsWarning,
+            stacklevel=3,
+        )
+
     def shard_list(self, ctx: dict) -> Iterable[str]:
         """The shards this reader reads in the epoch described by ``ctx``.
 
@@ -326,6 +370,14 @@ class WebDataset(DataPipeline):
         shards: Any = self.shard_list(ctx)
         if not self.resampled:
             shards = list(shards)
+            if (
+                ctx["world_size"] > 1
+                and ctx["rank"] == 0
+                and ctx["worker"] == 0
+                and self._equal is None
+                and self._nsamples is None
+            ):
+                self._warn_unequal(ctx)
         options: dict[str, Any] = {
             "storage_options": self.storage_options,
             "allow_pipe": self.allow_pipe,
