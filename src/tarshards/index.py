@@ -27,14 +27,13 @@ from typing import BinaryIO, Iterator, Sequence
 
 import numpy as np
 
-from .errors import CompressionError, HeaderError, IntegrityError, TruncatedShardError
+from .errors import CompressionError, IntegrityError, TruncatedShardError
 from .hashing import (
     DEFAULT_HASH,
     MEMBER_HASH,
     file_hasher,
     member_checksum_c,
     member_checksum_fn,
-    member_hasher_factory,
 )
 
 __all__ = [
@@ -759,250 +758,25 @@ def _frames(
         raise CompressionError(f"corrupt {kind} data: {exc}", url=url, offset=consumed) from None
 
 
-class _Blocks:
-    """A forward-only window over the uncompressed tar bytes, with absolute offsets."""
+def _read_members(chunks, offset: int, builder: IndexBuilder, url) -> None:
+    """Record the members of the tar stream ``chunks`` (from tar offset ``offset`` on) as the
+    reader reads them: the reader's own parser decides what a member is, its name, its bytes
+    (sparse members rebuilt), and where the archive ends, so that the index lists exactly what
+    a sequential read yields (its layout side channel gives where each member's data lies)."""
+    from .tario.reader import iter_tar_batches
 
-    __slots__ = ("it", "buf", "pos", "base")
-
-    def __init__(self, chunks: Iterator[bytes]):
-        self.it = chunks
-        self.buf = b""
-        self.pos = 0
-        self.base = 0
-
-    def take(self, n: int) -> bytes | None:
-        """The next ``n`` bytes (fewer only at EOF; None when nothing is left). Across a chunk
-        boundary only the bytes asked for are copied: the window moves into the next chunk."""
-        pos = self.pos
-        if len(self.buf) - pos >= n:
-            self.pos = pos + n
-            return bytes(self.buf[pos : pos + n])  # a copy: chunks may be a reused buffer
-        parts = [bytes(self.buf[pos:])]
-        have = len(parts[0])
-        self.base += len(self.buf)
-        self.buf = b""
-        self.pos = 0
-        while True:
-            nxt = next(self.it, None)
-            if nxt is None:
-                return b"".join(parts) or None
-            if have + len(nxt) >= n:
-                parts.append(nxt[: n - have])
-                self.buf = nxt
-                self.pos = n - have
-                return b"".join(parts)
-            parts.append(bytes(nxt))  # a copy: the next chunk may refill the same buffer
-            have += len(nxt)
-            self.base += len(nxt)
-
-    def feed(self, n: int, update) -> int:
-        """Pass the next ``n`` bytes to ``update`` without keeping them; returns bytes passed."""
-        done = 0
-        while done < n:
-            left = len(self.buf) - self.pos
-            if not left:
-                nxt = next(self.it, None)
-                if nxt is None:
-                    return done
-                self.base += len(self.buf)
-                self.buf = nxt
-                self.pos = 0
-                left = len(nxt)
-            k = min(left, n - done)
-            if update is not None:
-                update(memoryview(self.buf)[self.pos : self.pos + k])
-            self.pos += k
-            done += k
-        return done
-
-    def offset(self) -> int:
-        return self.base + self.pos
-
-
-def _walk(blocks: _Blocks, builder: IndexBuilder, url) -> None:
-    """Read tar headers and record every regular member (the reader's naming rules)."""
-    from .tario.headers import _SPARSE_KEYS, _checksum_ok, _nts, _number, _parse_pax
-
-    new_hasher = member_hasher_factory(builder.member_hash)
     checksum = builder.checksum
     add = builder.add
-    scan = None
-    if _index_members is None:
-        try:  # the reader's C scanner: runs of plain ustar members wholly inside the buffer
-            from ._speedups import scan_members as scan
-        except ImportError:  # pragma: no cover - built by default
-            scan = None
-    fast = builder.scan if scan is None else None
-    long_name = None
-    pax = None
-    global_pax: dict = {}
-    start = None
-    while True:
-        if start is None and len(blocks.buf) - blocks.pos >= BLOCK:
-            if fast is not None:  # index, checksum and group in C, without copying the data
-                pos = fast(blocks.buf, blocks.pos, blocks.base, len(blocks.buf))
-                if pos != blocks.pos:
-                    blocks.pos = pos
-                    continue
-            elif scan is not None:
-                batch, pos = scan(blocks.buf, blocks.pos, blocks.base, len(blocks.buf))
-                if batch:
-                    have = len(blocks.buf)
-                    blocks.pos = min(pos, have)
-                    if pos > have:  # the last member's padding is in the next chunk
-                        blocks.feed(pos - have, None)
-                    for name, data, moff in batch:
-                        add(name, moff, moff + BLOCK, len(data), checksum(data))
-                    continue
-        off = blocks.offset()
-        hdr = blocks.take(BLOCK)
-        if hdr is None:
-            if start is not None:
-                raise TruncatedShardError(
-                    "truncated tar stream: extended header without its member",
-                    url=url,
-                    offset=start,
-                )
-            return
-        if len(hdr) < BLOCK:
-            raise TruncatedShardError(
-                "truncated tar stream: incomplete header block", url=url, offset=off
-            )
-        if hdr == bytes(BLOCK):
-            return
-        if not _checksum_ok(hdr):
-            raise HeaderError("bad tar header checksum", url=url, offset=off)
-        try:
-            size = _number(hdr[124:136])
-        except ValueError:
-            raise HeaderError("bad size field in tar header", url=url, offset=off) from None
-        if start is None:
-            start = off
-        if pax is not None and "size" in pax:
-            try:
-                size = int(pax["size"])
-            except ValueError:
-                raise HeaderError("bad size in pax header", url=url, offset=start) from None
-        if size < 0:
-            raise HeaderError("negative member size", url=url, offset=start)
-        padded = size + (-size % BLOCK)
-        typeflag = hdr[156]
-        if typeflag in (0x30, 0x00, 0x37):
-            if pax is not None and "path" in pax:
-                name = pax["path"]
-            elif long_name is not None:
-                name = long_name
-            else:
-                raw = _nts(hdr[:100])
-                if hdr[345] != 0 and hdr[257:263] == b"ustar\0":
-                    raw = _nts(hdr[345:500]) + b"/" + raw
-                name = raw.decode("utf-8", "surrogateescape")
-            data_off = blocks.offset()
-            if not typeflag and name[-1:] == "/":
-                blocks.feed(padded, None)
-            elif pax is not None and not _SPARSE_KEYS.isdisjoint(pax):  # GNU sparse, pax
-                from .tario.sparse import _pax_unsparse
-
-                stored = _take_stored(blocks, size, padded, url, name, start)
-                content = _pax_unsparse(stored, pax, url, name, start)
-                add(name, start, data_off, len(content), checksum(content), stored=size)
-            else:
-                if size <= _CHUNK:  # one piece (a small copy), one checksum call
-                    piece = blocks.take(size) if size else b""
-                    got = len(piece) if piece else 0
-                    csum = checksum(piece or b"")
-                else:
-                    h = new_hasher()
-                    got = blocks.feed(size, h.update)
-                    csum = h.intdigest()
-                if got < size:
-                    raise TruncatedShardError(
-                        f"truncated tar stream: member needs {size} bytes, stream ended after "
-                        f"{got}",
-                        url=url,
-                        member=name,
-                        offset=start,
-                    )
-                blocks.feed(padded - size, None)
-                builder.add(name, start, data_off, size, csum)
-            long_name = pax = start = None
-            continue
-        if typeflag in (0x4C, 0x4B, 0x78, 0x67):  # GNU long name/link, pax, global pax
-            payload = blocks.take(padded)
-            if payload is None or len(payload) < padded:
-                if payload is None or len(payload) < size:
-                    raise TruncatedShardError(
-                        "truncated tar stream in an extended header", url=url, offset=start
-                    )
-            payload = payload[:size]
-            if typeflag == 0x4C:
-                long_name = _nts(payload).decode("utf-8", "surrogateescape")
-            elif typeflag == 0x78:
-                pax = dict(global_pax)
-                pax.update(_parse_pax(payload, url, start))
-            elif typeflag == 0x67:
-                global_pax.update(_parse_pax(payload, url, start))
-                start = None
-            continue
-        if typeflag == 0x53:  # an old-GNU sparse member: its map, then the stored chunks
-            from .tario.sparse import _sparse_entries, _unsparse
-
-            name = (
-                long_name
-                if long_name is not None
-                else _nts(hdr[:100]).decode("utf-8", "surrogateescape")
-            )
-            chunks = _sparse_entries(hdr, 386, 4, url, name, start)
-            try:
-                realsize = _number(hdr[483:495])
-            except ValueError:
-                raise HeaderError(
-                    "bad GNU sparse real size", url=url, member=name, offset=start
-                ) from None
-            extended = hdr[482]
-            while extended:
-                block = blocks.take(BLOCK)
-                if block is None or len(block) < BLOCK:
-                    raise TruncatedShardError(
-                        "truncated tar stream in a GNU sparse map",
-                        url=url,
-                        member=name,
-                        offset=start,
-                    )
-                chunks.extend(_sparse_entries(block, 0, 21, url, name, start))
-                extended = block[504]
-            data_off = blocks.offset()
-            stored = _take_stored(blocks, size, padded, url, name, start)
-            content = _unsparse(stored, chunks, realsize, url, name, start)
-            add(name, start, data_off, len(content), checksum(content), stored=size)
-        elif typeflag not in (0x31, 0x32, 0x33, 0x34, 0x35, 0x36):
-            blocks.feed(padded, None)
-        long_name = pax = start = None
-
-
-def _take_stored(blocks: "_Blocks", size: int, padded: int, url, name, start) -> bytes:
-    """A sparse member's stored bytes (then past their padding)."""
-    from .tario.headers import _MAX_SPARSE
-
-    if size > _MAX_SPARSE:
-        raise HeaderError(
-            f"sparse member storing {size} bytes: more than the {_MAX_SPARSE} the reader "
-            "rebuilds in memory",
-            url=url,
-            member=name,
-            offset=start,
-        )
-    stored = blocks.take(size) if size else b""
-    if stored is None or len(stored) < size:
-        raise TruncatedShardError(
-            f"truncated tar stream: member needs {size} bytes, stream ended after "
-            f"{len(stored or b'')}",
-            url=url,
-            member=name,
-            offset=start,
-        )
-    blocks.feed(padded - size, None)
-    return bytes(stored)
+    layout: list = []
+    for batch in iter_tar_batches(
+        chunks, url, offset=offset, drain=False, _layout=layout, _index_scan=builder.scan
+    ):
+        for name, data, first in batch:
+            if layout and layout[0][0] == first:  # from the general path
+                _, data_at, stored, rebuilt = layout.pop(0)
+                add(name, first, data_at, len(data), checksum(data), stored if rebuilt else None)
+            else:  # a fast-path member: one ustar header, then its data
+                add(name, first, first + BLOCK, len(data), checksum(data))
 
 
 def index_stream(
@@ -1032,12 +806,10 @@ def index_stream(
         compression = "none"
     if compression == "none":
         reader.scan_plain(builder)  # the C loop, as far as it goes
-        blocks = _Blocks(reader.rest())  # the general walk from there on
-        blocks.base = reader.base
-        _walk(blocks, builder, url)
+        _read_members(reader.rest(fresh=True), reader.base, builder, url)
     else:
         data = _frames(reader.take_head(), reader.rest(fresh=True), compression, builder, url)
-        _walk(_Blocks(data), builder, url)
+        _read_members(data, 0, builder, url)
         for _ in data:  # the rest of the file (zero padding, trailing frames) is hashed too
             pass
     reader.drain()

@@ -95,6 +95,8 @@ def iter_tar_batches(
     offset: int = 0,
     copy: bool = True,
     chunk_size: int = CHUNK_SIZE,
+    _layout: list | None = None,
+    _index_scan=None,
 ) -> Iterator[list[tuple[str, bytes | memoryview, int]]]:
     """Like :func:`iter_tar`, but yields the members in lists (one list per buffer's worth).
 
@@ -110,15 +112,31 @@ def iter_tar_batches(
     :func:`tar_byte_source`) is parsed in place, in windows of ``chunk_size`` bytes of headers;
     with ``copy=False`` its members are ``memoryview`` slices of the map (see :func:`iter_tar`).
     A stream is read ``chunk_size`` bytes at a time (a reader among many passes a small one).
+
+    ``_layout`` (the indexer's): a list to which the general path appends, for each member it
+    yields, ``(offset, data offset, stored size, rebuilt)`` (``rebuilt``: a sparse member, whose
+    stored bytes are a map and runs); a member of a fast-path batch, not listed, is one ustar
+    header followed by its data. ``_index_scan(buf, pos, base, end) -> pos`` (the indexer's C
+    loop, :meth:`tarshards.index.IndexBuilder.scan`) takes runs of plain members out of the
+    buffer before the fast path would (recording them, not yielding them).
     """
     b = reader_buffer(chunks, offset, chunk_size)
     try:
-        yield from _batches(b, source, verify, drain, accelerate, copy)
+        yield from _batches(b, source, verify, drain, accelerate, copy, _layout, _index_scan)
     finally:
         b.close()
 
 
-def _batches(b: _Buffer, source, verify: bool, drain: bool, accelerate: bool, copy: bool):
+def _batches(
+    b: _Buffer,
+    source,
+    verify: bool,
+    drain: bool,
+    accelerate: bool,
+    copy: bool,
+    layout=None,
+    index_scan=None,
+):
     long_name = None  # a GNU long name for the member being assembled
     long_first = False  # the long name came before the member's pax header (it wins)
     pax: dict | None = None  # the pax keys for the member being assembled (globals included)
@@ -144,6 +162,12 @@ def _batches(b: _Buffer, source, verify: bool, drain: bool, accelerate: bool, co
                 limit = pos + b.size
             else:
                 limit = end
+            if index_scan is not None:  # the indexer records plain runs itself, in C
+                taken = index_scan(buf, pos, base, min(end, limit))
+                if taken != pos:
+                    pos = taken
+                    last = None
+                    continue
             if scan is not None:
                 # stops where the general path decides, or at the first header after limit
                 batch, pos = scan(buf, pos, base, end, limit, view)
@@ -254,10 +278,13 @@ def _batches(b: _Buffer, source, verify: bool, drain: bool, accelerate: bool, co
                 pos = b.pos
                 end = b.end
                 base = b.base
+                data_at = base + pos
                 data, pos = _take(b, pos, size, padded, source, name, start)
             elif meta is None or _SPARSE_KEYS.isdisjoint(meta):
+                data_at = base + pos
                 data, pos = _take(b, pos, size, padded, source, name, start, view)
             else:  # pax sparse: rebuilt below (bytes)
+                data_at = base + pos
                 data, pos = _take(b, pos, size, padded, source, name, start)
             end = b.end
             base = b.base
@@ -266,6 +293,17 @@ def _batches(b: _Buffer, source, verify: bool, drain: bool, accelerate: bool, co
             elif meta is not None and not _SPARSE_KEYS.isdisjoint(meta):
                 data = _pax_unsparse(data, meta, source, name, start)
             last = (name, start, None)
+            if layout is not None:
+                layout.append(
+                    (
+                        first,
+                        data_at,
+                        size,
+                        len(data) != size
+                        or typeflag == _GNU_SPARSE
+                        or (meta is not None and not _SPARSE_KEYS.isdisjoint(meta)),
+                    )
+                )
             yield [(name, data, first)]
             long_name = pax = start = None
             long_first = False
