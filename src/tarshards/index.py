@@ -643,13 +643,13 @@ class _ChunkReader:
                 view[: len(data)] = data
                 return len(data)
 
-        self.readinto = readinto
+        self.readinto_raw = readinto
 
     def fill(self) -> None:
         """Read until the buffer is full or the file ends."""
         view = self.view
         size = len(view)
-        readinto = self.readinto
+        readinto = self.readinto_raw
         have = self.have
         while have < size:
             n = readinto(view[have:])
@@ -694,7 +694,7 @@ class _ChunkReader:
         if self.have:
             yield self.take_head()
         view = self.view
-        readinto = self.readinto
+        readinto = self.readinto_raw
         update = self.update
         while not self.eof:
             n = readinto(view)
@@ -705,6 +705,27 @@ class _ChunkReader:
             self.nbytes += n
             self.base += n
             yield bytes(view[:n]) if fresh else view[:n]
+
+    def readinto(self, view) -> int:
+        """The file from ``base`` on as a stream (what is in the buffer first), for a reader that
+        reads straight into its own buffer: hashed and counted as it goes, one copy."""
+        if self.have:
+            n = min(self.have, len(view))
+            view[:n] = self.view[:n]
+            self.view[: self.have - n] = self.view[n : self.have]
+            self.have -= n
+            self.base += n
+            return n
+        if self.eof:
+            return 0
+        n = self.readinto_raw(view)
+        if not n:
+            self.eof = True
+            return 0
+        self.update(view[:n])
+        self.nbytes += n
+        self.base += n
+        return n
 
     def drain(self) -> None:
         """Read (and hash) what is left of the file."""
@@ -806,7 +827,7 @@ def index_stream(
         compression = "none"
     if compression == "none":
         reader.scan_plain(builder)  # the C loop, as far as it goes
-        _read_members(reader.rest(fresh=True), reader.base, builder, url)
+        _read_members(reader, reader.base, builder, url)  # read as a stream (readinto)
     else:
         data = _frames(reader.take_head(), reader.rest(fresh=True), compression, builder, url)
         _read_members(data, 0, builder, url)
