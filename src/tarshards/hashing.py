@@ -100,19 +100,6 @@ def file_hasher(name: str = DEFAULT_HASH):
     raise ValueError(f"unknown hash {name!r}; choose one of {', '.join(HASHES)}")
 
 
-def member_hasher_factory(name: str):
-    """A function making incremental member hashers with ``update`` and ``intdigest``."""
-    if name == "xxh3_64":
-        if _xxh3 is not None:
-            return _xxh3.Xxh3
-        if _xxhash is None:
-            raise MissingDependencyError("xxh3_64 member checksums need xxhash: pip install xxhash")
-        return _xxhash.xxh3_64
-    if name == "crc32":
-        return Crc32
-    raise ValueError(f"unknown member checksum {name!r} ({', '.join(MEMBER_HASHES)})")
-
-
 def member_checksum_fn(name: str = MEMBER_HASH):
     """The one-shot member checksum ``bytes -> int`` of algorithm ``name``."""
     if name == "xxh3_64":
