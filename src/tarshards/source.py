@@ -186,8 +186,7 @@ class ReaderStream:
         self.position = 0
         self._it: Iterator | None = None  # with a shuffle buffer: what comes out of it
         self._lists: Iterator[list[dict]] | None = None  # without one: the segment's lists
-        self._cur: Sequence[dict] = ()  # the list being taken from, from index _at
-        self._at = 0
+        self._cur: list[dict] = []  # the list being taken from
         self._open: list[Generator] = []  # what close() closes
 
     def seek(self, position: int) -> None:
@@ -234,22 +233,22 @@ class ReaderStream:
 
     def _take_lists(self, n: int) -> list[dict]:
         """The next ``n`` samples from the segment's lists (fewer at its end). A list taken
-        whole is handed on itself; none taken is kept."""
+        whole is handed on itself; what is taken of a list leaves it (nothing handed on is
+        kept here)."""
         got: list[dict] = []
         lists = self._lists
         while len(got) < n:
-            cur, at = self._cur, self._at
-            if at >= len(cur):
-                cur, at = next(lists, ()), 0  # type: ignore[arg-type]
+            cur = self._cur
+            if not cur:
+                cur = self._cur = next(lists, None) or []  # type: ignore[arg-type]
                 if not cur:
                     break
             want = n - len(got)
-            if not at and not got and len(cur) == want:
-                self._cur, self._at = (), 0
-                return cur  # type: ignore[return-value]
-            got += cur[at : at + want]
-            at += want
-            self._cur, self._at = (cur, at) if at < len(cur) else ((), 0)
+            if not got and len(cur) == want:
+                self._cur = []
+                return cur
+            got += cur[:want]
+            del cur[:want]
         return got
 
     def skip(self, n: int) -> None:
@@ -260,7 +259,7 @@ class ReaderStream:
             gen.close()
         self._open.clear()
         self._it = self._lists = None
-        self._cur, self._at = (), 0
+        self._cur = []
 
     # ---- reading ---------------------------------------------------------------------------
     def _read_from(self, position: int) -> Iterator[dict]:
@@ -327,8 +326,7 @@ class ReaderStream:
                     chunk = list(itertools.islice(groups, k))
                     if not chunk:
                         break
-                    for sample in chunk:
-                        sample["__pad__"] = pad
+                    _flag(chunk, pad)
                     n += len(chunk)
                     yield chunk
                 if n == want:
@@ -359,8 +357,7 @@ class ReaderStream:
                     url=url,
                     offset=lo,
                 )
-            for sample in got:
-                sample["__pad__"] = pad
+            _flag(got, pad)
             src.release(hi)
             i = j
             yield got
@@ -488,6 +485,12 @@ class ReaderStream:
                     f"samples {lo}..{hi} not found at offset {begin}", url=url, offset=begin
                 )
             yield [(i, got[i - lo]) for i in run]
+
+
+def _flag(samples: list[dict], pad: bool) -> None:
+    """Set ``__pad__`` on each sample (here, so that no loop variable keeps the last one)."""
+    for sample in samples:
+        sample["__pad__"] = pad
 
 
 class _Window:

@@ -307,6 +307,7 @@ def batched(
     for sample in samples:
         batch.append(sample)
         if len(batch) == batchsize:
+            del sample
             full.append(batch)
             batch = []
             yield collation_fn(full.pop()) if collation_fn is not None else full.pop()
