@@ -22,7 +22,10 @@ Rows:
 5. ``raw`` / ``decode``: samples per CPU second over a whole epoch, plain pipeline (shard
    split) vs planned pipeline (same stages), taken in turn, best of ``--repeat``. The raw rows
    add the planned pipeline with one virtual reader (``V=1``): what the plan costs without the
-   interleaving of readers (global batch ``g`` comes from reader ``g mod V``).
+   interleaving of readers (global batch ``g`` comes from reader ``g mod V``). The shuffled raw
+   row adds the plain pipeline with ``shuffle(V * 1000)``: as many samples held as the planned
+   pipeline's V readers hold in their buffers of 1000 (each reader shuffles its own segment),
+   which is what bounds that row (samples held long in buffers go cold in the CPU caches).
 
 Figures from a loaded machine are noisy; compare rows of one run only.
 """
@@ -268,6 +271,8 @@ def main(argv=None) -> int:
         }
         if not dec:
             makes["V=1"] = lambda shuf=shuf: planned(urls, one, False, shuf, readers=1)
+        if shuf and not dec:
+            makes["held"] = lambda shuf=shuf: plain(urls, shuffle=shuf * READERS)
         got = rates(makes, args.repeat)
         a, b = got["plain"], got["planned"]
         rows.append(
@@ -280,6 +285,15 @@ def main(argv=None) -> int:
             c = got["V=1"]
             rows.append(
                 ("  the same, planned with readers=1", f"{c:,.0f} ({(c / a - 1) * 100:+.1f}%)")
+            )
+        if "held" in got:
+            c = got["held"]
+            rows.append(
+                (
+                    f"  the same, plain with shuffle({shuf * READERS}) (as many held)",
+                    f"{c:,.0f} ({(c / a - 1) * 100:+.1f}%; planned vs it "
+                    f"{(b / c - 1) * 100:+.1f}%)",
+                )
             )
     n = sum(table.counts)
     print(

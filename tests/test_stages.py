@@ -186,6 +186,35 @@ def test_take_and_slice():
     assert list(stages.slice(range(10), 4)) == [0, 1, 2, 3]
 
 
+def test_batched_keeps_no_reference_to_a_batch_it_handed_on():
+    """A consumer that interleaves several pipelines (a planned pipeline's readers) frees a
+    batch when it is done with it, not when this pipeline's next batch is asked for."""
+    import weakref
+
+    class Item:
+        pass
+
+    for collation in (None, list):
+        alive = []
+
+        def make(alive=alive):
+            item = Item()
+            alive.append(weakref.ref(item))
+            return item
+
+        def items(make=make):
+            for _ in range(6):
+                yield make()
+
+        it = stages.batched(items(), 3, collation_fn=collation)
+        batch = next(it)
+        assert len(batch) == 3 and all(r() is not None for r in alive)
+        del batch
+        assert [r() is None for r in alive] == [True, True, True]
+        assert len(next(it)) == 3
+        it.close()
+
+
 def test_batched_rejects_bad_size():
     with pytest.raises(ValueError):
         list(stages.batched([1], 0))

@@ -9,6 +9,7 @@ loaded state at once, runs the rank's steps and says where it is (``state_dict()
 from __future__ import annotations
 
 import itertools
+import operator
 from typing import Any, Iterator
 
 from .errors import ResumeError, TarshardsError
@@ -36,26 +37,56 @@ class PlannedProgram:
     def pad_chain(self, it: "_PlannedIterator"):
         raise NotImplementedError
 
+    def turn_done(self, reader: int) -> None:
+        """Reader ``reader`` delivered a batch (its chain may let go of what it used)."""
+
+
+class _Feed:
+    """The raw samples of batches ``batches`` (``size`` samples each) of one reader stream,
+    seeking over gaps (or reading through small ones): one list per batch, flattened in C
+    (iterate :attr:`samples`).
+
+    :meth:`release`, called when the reader's batch is out, empties the lists the stages have
+    wholly consumed. A list is otherwise kept alive by the flattening (until it is asked for
+    the next sample) and with it the batch's samples: with V readers interleaved, until the
+    reader's next turn, V batches later, which made every batch allocate and free memory that
+    had gone cold in the CPU caches (about 20% of the raw rate with 12 readers).
+    """
+
+    def __init__(self, stream: ReaderStream, batches: list[int], size: int, bufsize: int):
+        self._held: list[tuple[list, Iterator]] = []  # lists handed on, with their iterators
+        self.samples = itertools.chain.from_iterable(self._lists(stream, batches, size, bufsize))
+
+    def _lists(self, stream: ReaderStream, batches: list[int], size: int, bufsize: int):
+        held = self._held
+        try:
+            for j in batches:
+                p = j * size
+                if p != stream.position:
+                    gap = p - stream.position
+                    if stream.position == 0 or gap > 2 * bufsize or gap < 0:
+                        stream.seek(p)
+                    else:
+                        stream.skip(gap)
+                got = stream.take(size)
+                it = iter(got)
+                held.append((got, it))
+                yield it
+        finally:
+            stream.close()
+
+    def release(self) -> None:
+        held = self._held
+        # a list whose iterator has handed out every sample is done with (a stage that reads
+        # ahead has already moved on to the next one, which stays)
+        while held and not operator.length_hint(held[0][1]):
+            held.pop(0)[0].clear()
+
 
 def feed_batches(stream: ReaderStream, batches: list[int], size: int, bufsize: int) -> Iterator:
-    """The raw samples of batches ``batches`` (``size`` samples each) of one reader stream,
-    seeking over gaps (or reading through small ones): one list per batch, flattened in C."""
-    return itertools.chain.from_iterable(_batch_lists(stream, batches, size, bufsize))
-
-
-def _batch_lists(stream: ReaderStream, batches: list[int], size: int, bufsize: int):
-    try:
-        for j in batches:
-            p = j * size
-            if p != stream.position:
-                gap = p - stream.position
-                if stream.position == 0 or gap > 2 * bufsize or gap < 0:
-                    stream.seek(p)
-                else:
-                    stream.skip(gap)
-            yield stream.take(size)
-    finally:
-        stream.close()
+    """The raw samples of batches ``batches`` (``size`` samples each) of one reader stream
+    (see :class:`_Feed`)."""
+    return _Feed(stream, batches, size, bufsize).samples
 
 
 class _SingleProgram(PlannedProgram):
@@ -66,6 +97,7 @@ class _SingleProgram(PlannedProgram):
         self.num_batches = self.plan.num_batches
         self.readers = cfg.readers
         self.pre, self.bstage, self.post = pre, bstage, post
+        self._feeds: dict[int, _Feed] = {}
 
     def _stream(self, reader: int) -> ReaderStream:
         ds = self.ds
@@ -76,14 +108,23 @@ class _SingleProgram(PlannedProgram):
             opener=ds._open,
             range_opener=ds._range_opener(),
             last_dot=ds.last_dot,
+            unit=self.cfg.batch_size,
         )
 
     def chain(self, it, reader, batches):
         cfg, ds = self.cfg, self.ds
-        raw = feed_batches(self._stream(reader), batches, cfg.batch_size, cfg.bufsize)
+        feed = _Feed(self._stream(reader), batches, cfg.batch_size, cfg.bufsize)
+        self._feeds[reader] = feed
         ctx = dict(it.ctx, reader=reader)
-        data = ds._run_stages(raw, self.pre, ctx, ("reader", reader), first=1 if cfg.bufsize else 0)
+        data = ds._run_stages(
+            feed.samples, self.pre, ctx, ("reader", reader), first=1 if cfg.bufsize else 0
+        )
         return iter(ds._run_stages(data, [self.bstage], ctx, ("reader", reader)))
+
+    def turn_done(self, reader: int) -> None:
+        feed = self._feeds.get(reader)
+        if feed is not None:
+            feed.release()
 
     def pad_chain(self, it):
         """One batch of padding: the epoch's first samples again, flagged ``__pad__``."""
@@ -234,6 +275,8 @@ class _PlannedIterator:
             g = sched.global_batch(k)
             chain = chains[g % V] if g < prog.num_batches else prog.pad_chain(self)
             batch = next(chain, _DEFAULT)
+            if g < prog.num_batches:
+                prog.turn_done(g % V)
             if batch is _DEFAULT:
                 raise TarshardsError(
                     f"reader {g % V} of epoch {self.epoch} yielded fewer batches than planned: a "

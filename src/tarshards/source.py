@@ -57,7 +57,8 @@ __all__ = [
 
 _END = object()
 CHUNK_BYTES = 1 << 17  # a reader's read size: a dozen readers' buffers stay in the CPU caches
-_LIST_SAMPLES = 64  # samples handed on in one list
+_LIST_SAMPLES = 64  # samples handed on in one list (when no batch size aligns the lists)
+_MIN_LIST = 16  # the fewest samples in one list: a small batch size's lists hold several batches
 # a resume reads the samples a shuffle buffer held in runs, reading through gaps of up to this
 # many samples between wanted ones (a mapped file: a run costs less, so the gaps are shorter)
 _READ_THROUGH = 16
@@ -145,12 +146,18 @@ class ReaderStream:
     the segment at ``p``; with one it replays the buffer on positions, reads the buffered
     samples by their offsets, and continues reading at the input position reached.
 
-    Samples are read in *chunks* (lists): from a plain tar whose sample offsets are known, each
-    chunk is one read of the byte range of about ``chunk_bytes`` worth of samples (so a reader
-    holds no buffer between batches, and many readers interleaved stay in the CPU caches);
-    otherwise the shard is streamed and cut into lists. Nothing here costs a Python frame per
-    sample: the flat stream is ``itertools.chain`` over the chunks, and :meth:`take` slices it
-    at C speed.
+    Samples are read in *lists*, cut at the segment positions that are multiples of ``unit``
+    (the batch size: a list is one batch, or a few batches of a small one). From a local plain
+    tar whose sample offsets are known the shard's run is mapped once, and each list is parsed
+    afresh from its own byte range, to its end: when a list is handed on, nothing of it stays
+    behind (no member tuples, no sample waiting for its next member). Otherwise the shard is
+    streamed (read ``chunk_bytes`` at a time) and cut into lists. Without a shuffle buffer
+    :meth:`take` hands a whole list on as it is and keeps no reference to what it handed on.
+
+    This is what makes many readers interleaved cost what one reader costs: a reader that
+    kept the last turn's samples alive until its next turn (a dozen turns later) made every
+    batch allocate memory that had gone cold in the CPU caches, and free cold objects.
+    Nothing here costs a Python frame per sample: lists are made and sliced at C speed.
     """
 
     def __init__(
@@ -163,6 +170,7 @@ class ReaderStream:
         range_opener: Callable | None = None,
         last_dot: bool = False,
         chunk_bytes: int = CHUNK_BYTES,
+        unit: int = _LIST_SAMPLES,
     ):
         self.table = table
         self.plan = plan
@@ -173,8 +181,12 @@ class ReaderStream:
         self.range_opener = range_opener
         self.last_dot = last_dot
         self.chunk_bytes = chunk_bytes
+        unit = max(1, int(unit))
+        self.unit = unit * -(-_MIN_LIST // unit)  # the samples in a list (between two cuts)
         self.position = 0
-        self._it: Iterator | None = None
+        self._it: Iterator | None = None  # with a shuffle buffer: what comes out of it
+        self._lists: Iterator[list[dict]] | None = None  # without one: the segment's lists
+        self._cur: list[dict] = []  # the list being taken from
         self._open: list[Generator] = []  # what close() closes
 
     def seek(self, position: int) -> None:
@@ -184,7 +196,9 @@ class ReaderStream:
         self.close()
         self.position = position
         if cfg.bufsize <= 1:
-            self._it = self._read_from(position)
+            lists = self.chunks(position)
+            self._open.append(lists)
+            self._lists = lists
             return
         core = ShuffleCore(cfg.bufsize, cfg.initial, reader_rng(cfg.seed, plan.epoch, self.reader))
         if position:
@@ -201,9 +215,12 @@ class ReaderStream:
 
     def take(self, n: int) -> list[dict]:
         """The next ``n`` samples (a list: one batch's worth is taken at C speed)."""
-        if self._it is None:
+        if self._it is None and self._lists is None:
             self.seek(self.position)
-        got = list(itertools.islice(self._it, n))  # type: ignore[arg-type]
+        if self._it is not None:
+            got = list(itertools.islice(self._it, n))
+        else:
+            got = self._take_lists(n)
         self.position += len(got)
         if len(got) < n:
             raise TarshardsError(
@@ -214,6 +231,26 @@ class ReaderStream:
             )
         return got
 
+    def _take_lists(self, n: int) -> list[dict]:
+        """The next ``n`` samples from the segment's lists (fewer at its end). A list taken
+        whole is handed on itself; what is taken of a list leaves it (nothing handed on is
+        kept here)."""
+        got: list[dict] = []
+        lists = self._lists
+        while len(got) < n:
+            cur = self._cur
+            if not cur:
+                cur = self._cur = next(lists, None) or []  # type: ignore[arg-type]
+                if not cur:
+                    break
+            want = n - len(got)
+            if not got and len(cur) == want:
+                self._cur = []
+                return cur
+            got += cur[:want]
+            del cur[:want]
+        return got
+
     def skip(self, n: int) -> None:
         self.take(n)
 
@@ -221,7 +258,8 @@ class ReaderStream:
         for gen in reversed(self._open):
             gen.close()
         self._open.clear()
-        self._it = None
+        self._it = self._lists = None
+        self._cur = []
 
     # ---- reading ---------------------------------------------------------------------------
     def _read_from(self, position: int) -> Iterator[dict]:
@@ -231,14 +269,20 @@ class ReaderStream:
         return itertools.chain.from_iterable(chunks)
 
     def chunks(self, position: int = 0) -> Generator[list[dict], None, None]:
-        """The segment's samples in list order from ``position`` on, in lists."""
+        """The segment's samples in list order from ``position`` on, in lists cut at the
+        segment positions that are multiples of :attr:`unit` (and where a shard's run ends)."""
+        at = position
         for shard, a, b, pad in self.plan.segment_runs(self.reader, position):
-            yield from self._shard_chunks(shard, a, b, pad)
+            yield from self._shard_chunks(shard, a, b, pad, at)
+            at += b - a
 
-    def _shard_chunks(self, shard: int, a: int, b: int, pad: bool) -> Iterator[list[dict]]:
-        """Samples ``a:b`` of one shard in lists. In a plain tar whose sample offsets are known
-        the read starts at sample ``a`` (a seek, or bytes dropped unparsed) and stops at the
-        end of sample ``b - 1``; otherwise the first ``a`` samples are parsed and dropped."""
+    def _shard_chunks(
+        self, shard: int, a: int, b: int, pad: bool, at: int = 0
+    ) -> Iterator[list[dict]]:
+        """Samples ``a:b`` of one shard (sample ``a`` at segment position ``at``) in lists. In a
+        plain tar whose sample offsets are known the read starts at sample ``a`` (a seek, or
+        bytes dropped unparsed) and stops at the end of sample ``b - 1``; otherwise the first
+        ``a`` samples are parsed and dropped."""
         table = self.table
         url = table.urls[shard]
         offsets = table.sample_offsets(shard) if table.plain[shard] else None
@@ -265,21 +309,24 @@ class ReaderStream:
                 # place, as the plain path does); other streams are read through a window
                 src: Any = map_local(stream, size) if offsets is not None else None
                 if src is not None:
-                    origin = src.start
-                else:
-                    window = _Window(stream, size, self.chunk_bytes)
-                    src = tar_byte_source(window, url, self.chunk_bytes, mapped=False)
+                    try:
+                        yield from self._mapped_lists(src, url, offsets, a, b, pad, at)
+                    finally:
+                        src.close()
+                    return
+                window = _Window(stream, size, self.chunk_bytes)
+                src = tar_byte_source(window, url, self.chunk_bytes, mapped=False)
                 batches = iter_tar_batches(src, url, offset=origin, chunk_size=self.chunk_bytes)
                 groups = group_samples(batches, url, last_dot=self.last_dot, batched=True)
                 if skip:
                     next(itertools.islice(groups, skip - 1, skip), None)
-                n = 0
+                n, unit = 0, self.unit
                 while n < want:
-                    chunk = list(itertools.islice(groups, min(want - n, _LIST_SAMPLES)))
+                    k = min(want - n, unit - (at + n) % unit)
+                    chunk = list(itertools.islice(groups, k))
                     if not chunk:
                         break
-                    for sample in chunk:
-                        sample["__pad__"] = pad
+                    _flag(chunk, pad)
                     n += len(chunk)
                     yield chunk
                 if n == want:
@@ -290,6 +337,30 @@ class ReaderStream:
             f"shard has fewer samples than the {table.counts[shard]} counted (wanted {a}:{b})",
             url=url,
         )
+
+    def _mapped_lists(self, src, url: str, offsets, a: int, b: int, pad: bool, at: int):
+        """Samples ``a:b`` of a mapped plain shard (``src``: the run's bytes) in lists, each
+        parsed from its own byte range to its end (see the class notes)."""
+        unit, n, last_dot = self.unit, len(offsets), self.last_dot
+        i = a
+        while i < b:
+            j = min(b, i + unit - (at + i - a) % unit)
+            lo = src.start if i == a else int(offsets[i])
+            hi = int(offsets[j]) if j < n else src.stop
+            batches = iter_tar_batches(src.part(lo, hi), url, offset=lo, chunk_size=hi - lo)
+            got = list(group_samples(batches, url, last_dot=last_dot, batched=True))
+            if len(got) != j - i:
+                how = "fewer" if len(got) < j - i else "more"
+                raise TarshardsError(
+                    f"shard has {how} samples than counted: {len(got)} between the offsets of "
+                    f"samples {i} and {j} (the shard changed since it was indexed)",
+                    url=url,
+                    offset=lo,
+                )
+            _flag(got, pad)
+            src.release(hi)
+            i = j
+            yield got
 
     def read_positions(self, positions: Sequence[int]) -> dict[int, dict]:
         """The samples at some positions of this reader's segment, by position (a sample at
@@ -414,6 +485,12 @@ class ReaderStream:
                     f"samples {lo}..{hi} not found at offset {begin}", url=url, offset=begin
                 )
             yield [(i, got[i - lo]) for i in run]
+
+
+def _flag(samples: list[dict], pad: bool) -> None:
+    """Set ``__pad__`` on each sample (here, so that no loop variable keeps the last one)."""
+    for sample in samples:
+        sample["__pad__"] = pad
 
 
 class _Window:

@@ -302,12 +302,15 @@ def batched(
     """Group samples into batches of ``batchsize``; the last smaller one only when ``partial``."""
     if batchsize < 1:
         raise ValueError(f"batchsize must be >= 1, got {batchsize}")
-    batch = []
+    batch: list = []
+    full: list = []  # the full batch, handed on from here: no reference to it stays behind
     for sample in samples:
         batch.append(sample)
         if len(batch) == batchsize:
-            yield collation_fn(batch) if collation_fn is not None else batch
+            del sample
+            full.append(batch)
             batch = []
+            yield collation_fn(full.pop()) if collation_fn is not None else full.pop()
     if batch and partial:
         yield collation_fn(batch) if collation_fn is not None else batch
 

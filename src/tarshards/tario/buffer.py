@@ -198,6 +198,7 @@ class MappedFile:
         self.stop = len(mapping) if stop is None else min(stop, len(mapping))
         self._pos = start
         self._owner = True
+        self._released = start & ~(mmap.PAGESIZE - 1)  # nothing before the start is read
 
     def part(self, start: int, stop: int | None = None) -> MappedFile:
         """Bytes ``start:stop`` of the same map, read as a file of their own (closing it leaves
@@ -205,6 +206,18 @@ class MappedFile:
         part = MappedFile(self.map, start, self.stop if stop is None else min(stop, self.stop))
         part._owner = False
         return part
+
+    def release(self, pos: int) -> None:
+        """Nothing before ``pos`` is read again: its pages are given back to the kernel
+        (``MADV_DONTNEED``) each time ``_RELEASE`` bytes of them have accumulated."""
+        upto = min(pos, self.stop) & ~(mmap.PAGESIZE - 1)
+        if _DONTNEED is not None and upto - self._released >= _RELEASE:
+            start = self._released
+            self._released = upto
+            try:
+                self.map.madvise(_DONTNEED, start, upto - start)
+            except (OSError, ValueError):  # pragma: no cover - an advice, never an error
+                pass
 
     def readinto(self, view) -> int:
         n = min(len(view), self.stop - self._pos)
@@ -236,7 +249,7 @@ class _MappedBuffer(_Buffer):
     is the window of headers the reader parses at a time.
     """
 
-    __slots__ = ("file", "released")
+    __slots__ = ("file",)
 
     mapped = True
 
@@ -249,7 +262,6 @@ class _MappedBuffer(_Buffer):
         self.end = file.stop
         self.base = origin - file.start
         self.origin = origin
-        self.released = file.start & ~(mmap.PAGESIZE - 1)  # nothing before the start is read
         self.size = size
 
     def fill(self, n: int) -> bool:
@@ -259,14 +271,12 @@ class _MappedBuffer(_Buffer):
         pass  # a plain file: nothing after the end-of-archive marker needs reading
 
     def release(self, pos: int) -> None:
-        upto = min(pos, self.end) & ~(mmap.PAGESIZE - 1)
-        if _DONTNEED is not None and upto - self.released >= _RELEASE:
-            start = self.released
-            self.released = upto
-            try:
-                self.buf.madvise(_DONTNEED, start, upto - start)
-            except (OSError, ValueError):  # pragma: no cover - an advice, never an error
-                pass
+        self.file.release(pos)
+
+    @property
+    def released(self) -> int:
+        """Where the pages given back end (those before it are no longer mapped in)."""
+        return self.file._released
 
     def close(self) -> None:
         self.file.close()
