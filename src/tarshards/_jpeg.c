@@ -25,6 +25,17 @@
  *
  * Decompressors are kept between calls (a few slots, taken under the GIL, used without it), so a
  * small image does not pay for creating and destroying one.
+ *
+ * The entropy-coded data of a small single-scan JPEG is decoded from a copy followed by an EOI
+ * marker and PAD_BYTES more bytes: libjpeg-turbo takes its fast Huffman decoder only while at
+ * least 512 bytes per block of an MCU (up to 5120) remain in the source buffer, so a JPEG of a
+ * few KB was decoded wholly by the slow one (about a tenth more time for a 64x64 image). Both
+ * decoders stop at a marker and read nothing past it, so the bytes after the EOI are never read;
+ * the pixels are the same. Only a JPEG that ends with its EOI is padded (a truncated one is read as
+ * before: the warning at its end declines it). One difference, on corrupt data only: the fast decoder reads an invalid
+ * Huffman code as 0 without the warning the slow one gives (what libjpeg-turbo does for the
+ * whole of a large JPEG but its last few KB anyway), so such a small JPEG is decoded here
+ * rather than declined.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -48,7 +59,14 @@ typedef struct {
     error_mgr err;
     int ready;
     int busy;
+    unsigned char *copy; /* the padded copy of a small JPEG (PyMem_Raw, kept with the slot) */
+    size_t copy_size;
 } slot_t;
+
+/* the fast Huffman decoder wants 512 bytes per block of an MCU (at most 10 blocks) left in the
+ * buffer; JPEGs up to PAD_LIMIT bytes are copied (larger ones are decoded mostly by it anyway) */
+#define PAD_BYTES 8192
+#define PAD_LIMIT 65536
 
 #define NSLOTS 4
 static slot_t slots[NSLOTS];
@@ -116,6 +134,7 @@ give_slot(slot_t *s)
 {
     if (s->busy == 2) {
         jpeg_destroy_decompress(&s->d);
+        PyMem_RawFree(s->copy);
         PyMem_RawFree(s);
         return;
     }
@@ -151,6 +170,35 @@ jpeg_header(PyObject *self, PyObject *arg)
     if (!ok)
         Py_RETURN_NONE;
     return Py_BuildValue("(IIii)", (unsigned)w, (unsigned)h, comps, space);
+}
+
+/* after the header of a single-scan JPEG (sequential, all components in its one scan): its
+ * entropy-coded data, when small, from the slot's padded copy (see the top). The header is read
+ * from the JPEG itself, and so is every scan of a multi-scan one: marker segments are read by
+ * their length, which would take in the bytes after a truncated JPEG's end. No GIL needed (the
+ * buffer is held by the caller, the copy is the slot's). */
+static void
+pad_entropy_data(slot_t *s)
+{
+    struct jpeg_source_mgr *src = s->d.src;
+    size_t n = src->bytes_in_buffer;
+    /* a JPEG that does not end with its EOI (truncated, trailing bytes) is read as it is */
+    if (n > PAD_LIMIT || n < 2 || src->next_input_byte[n - 2] != 0xFF ||
+        src->next_input_byte[n - 1] != 0xD9 || jpeg_has_multiple_scans(&s->d))
+        return;
+    size_t need = n + 2 + PAD_BYTES;
+    if (s->copy_size < need) {
+        unsigned char *grown = (unsigned char *)PyMem_RawRealloc(s->copy, need);
+        if (grown == NULL)
+            return; /* decoded from the JPEG itself */
+        s->copy = grown;
+        s->copy_size = need;
+    }
+    memcpy(s->copy, src->next_input_byte, n);
+    s->copy[n] = 0xFF; /* one more EOI: where both Huffman decoders stop */
+    s->copy[n + 1] = 0xD9;
+    src->next_input_byte = s->copy;
+    src->bytes_in_buffer = need;
 }
 
 /* what decode and image share: the pixels of ``view`` into res (1), declined (0), or a Python
@@ -197,6 +245,7 @@ decode_view(Py_buffer *view, long channels, long denom, int fast, long x0, long 
         failed = 1; /* CMYK, YCCK, unknown: not ours */
         goto done;
     }
+    pad_entropy_data(s);
     d->out_color_space = out_space;
     d->scale_num = 1;
     d->scale_denom = (unsigned int)denom;
