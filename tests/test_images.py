@@ -62,7 +62,8 @@ def _without_c(monkeypatch):
 
 
 def _counting_c(monkeypatch) -> list:
-    """The C decoder, with its ``image`` calls (and what they returned) recorded."""
+    """The C decoder, with its ``image`` and ``dlpack`` calls (and whether they decoded)
+    recorded."""
     real = images._cjpeg()
     calls: list = []
 
@@ -71,7 +72,12 @@ def _counting_c(monkeypatch) -> list:
         calls.append(got is not None)
         return got
 
-    ns = types.SimpleNamespace(decode=real.decode, header=real.header, image=image)
+    def dlpack(data, channels):
+        got = real.dlpack(data, channels)
+        calls.append(got is not None)
+        return got
+
+    ns = types.SimpleNamespace(decode=real.decode, header=real.header, image=image, dlpack=dlpack)
     monkeypatch.setattr(images, "_cjpeg", lambda: ns)
     return calls
 
@@ -141,6 +147,54 @@ def test_arrays_own_writable_memory_and_pil_images_copy_on_write():
     img.putpixel((0, 0), (9, 9, 9))
     assert img.getpixel((0, 0)) == (9, 9, 9) and before != (9, 9, 9)
     assert img.copy().getpixel((0, 0)) == (9, 9, 9)
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("mode", ["torchrgb8", "torchl8", "torchrgb"])
+def test_torch_modes_build_their_tensors_from_dlpack_capsules(mode, monkeypatch):
+    """JPEGs the C decoder takes become tensors over its pixels through a DLPack capsule (no
+    numpy array in between): the tensor the numpy path gives, and one that owns its memory."""
+    import pickle
+
+    calls: list = []
+    real = images._cjpeg()
+    ns = types.SimpleNamespace(**vars(real))
+    ns.image = lambda *a: calls.append("image") or real.image(*a)
+    ns.dlpack = lambda *a: calls.append("dlpack") or real.dlpack(*a)
+    monkeypatch.setattr(images, "_cjpeg", lambda: ns)
+    dec = images.image_field_decoder(mode, None, "jpg")
+    ns.dlpack = None  # the same decoder built without the capsule path: numpy's
+    want_dec = images.image_field_decoder(mode, None, "jpg")
+    ns.dlpack = lambda *a: calls.append("dlpack") or real.dlpack(*a)
+    for kind in ("420 64x64", "444 odd", "422", "grey"):
+        data = IMAGES[kind][0]
+        calls.clear()
+        got = dec(data)
+        assert calls == ["dlpack"]
+        calls.clear()
+        want = want_dec(data)
+        assert calls == ["image"]
+        _assert_same(got, want)
+        assert got.untyped_storage().nbytes() == want.numel() * want.element_size()
+        back = pickle.loads(pickle.dumps(got))
+        assert torch.equal(back, want)
+        got.zero_()  # writable, its own memory
+        assert not torch.equal(got, want) and torch.equal(back, want)
+        del got, back  # the pixels go with the tensor (the DLPack deleter)
+    # what the C decoder declines (CMYK) still goes to Pillow
+    cmyk = IMAGES["cmyk"][0]
+    calls.clear()
+    _assert_same(dec(cmyk), want_dec(cmyk))
+
+
+def test_an_unconsumed_capsule_frees_its_pixels():
+    data = IMAGES["420 64x64"][0]
+    for channels in (1, 3):
+        for _ in range(1000):  # each capsule dropped unconsumed: freed by its destructor
+            assert _jpeg.dlpack(data, channels) is not None
+    assert _jpeg.dlpack(data, 4) is None and _jpeg.dlpack(b"not a jpeg", 3) is None
+    with pytest.raises(TypeError):
+        _jpeg.dlpack(data)
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")

@@ -3,6 +3,7 @@
  * header(data) -> (width, height, components, color_space) | None
  * decode(data, channels, denom, fast, x0, y0, x1, y1) -> (pixels, width, height, x0) | None
  * image(data, channels, plain) -> (pixels, width, height) | None
+ * dlpack(data, channels) -> DLPack capsule | None
  *
  * decode: ``channels`` 1 (grey), 3 (RGB) or 4 (RGBX: RGB padded to 4 bytes, Pillow's layout);
  * the image scaled by 1/``denom`` (1, 2, 4 or 8, libjpeg-turbo's SIMD scales); with x1 > 0 only
@@ -19,7 +20,14 @@
  * frame header does not have 1 component (channels 1) or 3 (channels 3 or 4); the same walk
  * over the markers as images._jpeg_frame.
  *
- * Both return None at anything unusual (a libjpeg error *or warning*, CMYK, a colour space it
+ * dlpack: what image(data, channels, False) decodes, for channels 3 as the CxHxW uint8 view of
+ * the HxWx3 pixels (strides 1, 3 x width, 3; what torch.from_numpy of that view of image()'s
+ * array gives), for channels 1 as HxW: a "dltensor" capsule (DLPack), so that an array library
+ * makes its tensor over the pixels with no array object in between (torch: about 1.5 us less a
+ * 64x64 image than torch.from_numpy of a numpy view). The pixels are freed by the DLPack
+ * deleter, or with the capsule when nobody took it.
+ *
+ * All return None at anything unusual (a libjpeg error *or warning*, CMYK, a colour space it
  * does not convert, arguments out of range) and the Python code (simplejpeg, then Pillow) takes
  * over, so this module decides nothing about errors: tarshards.codecs stays the definition.
  *
@@ -40,7 +48,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <setjmp.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <jpeglib.h>
@@ -201,16 +211,63 @@ pad_entropy_data(slot_t *s)
     src->bytes_in_buffer = need;
 }
 
-/* what decode and image share: the pixels of ``view`` into res (1), declined (0), or a Python
- * error set (-1: out of memory) */
+/* A DLPack tensor (the DLPack 0.x ABI, the "dltensor" capsule every array library imports):
+ * the structs as the DLPack specification lays them out, and one block holding them, the shape,
+ * the strides and the pixels, freed by its deleter (any thread, no GIL: torch calls it when the
+ * tensor goes). */
+typedef struct {
+    int32_t device_type; /* 1: CPU */
+    int32_t device_id;
+} dl_device_t;
+
+typedef struct {
+    uint8_t code; /* 1: unsigned int */
+    uint8_t bits;
+    uint16_t lanes;
+} dl_dtype_t;
+
+typedef struct {
+    void *data;
+    dl_device_t device;
+    int32_t ndim;
+    dl_dtype_t dtype;
+    int64_t *shape;
+    int64_t *strides; /* in elements */
+    uint64_t byte_offset;
+} dl_tensor_t;
+
+typedef struct dl_managed_s {
+    dl_tensor_t dl_tensor;
+    void *manager_ctx;
+    void (*deleter)(struct dl_managed_s *);
+} dl_managed_t;
+
+typedef struct {
+    dl_managed_t managed;
+    int64_t shape[3];
+    int64_t strides[3];
+    /* the pixels follow, at PIXELS_AT */
+} dl_block_t;
+
+#define PIXELS_AT ((sizeof(dl_block_t) + 63) & ~(size_t)63)
+
+static void
+dl_block_free(dl_managed_t *m)
+{
+    free(m);
+}
+
+/* what decode, image and dlpack share: the pixels of ``view`` into res (1), declined (0), or a
+ * Python error set (-1: out of memory); into a bytearray, or with ``raw`` a dl_block_t */
 typedef struct {
     PyObject *pixels; /* a bytearray of rows x width x channels */
+    dl_block_t *block; /* or, with raw, the block whose pixels they are */
     JDIMENSION width, rows, xoff;
 } decoded_t;
 
 static int
 decode_view(Py_buffer *view, long channels, long denom, int fast, long x0, long y0, long x1,
-            long y1, decoded_t *res)
+            long y1, int raw, decoded_t *res)
 {
     J_COLOR_SPACE out_space;
     if (channels == 1)
@@ -231,6 +288,7 @@ decode_view(Py_buffer *view, long channels, long denom, int fast, long x0, long 
     struct jpeg_decompress_struct *d = &s->d;
     /* volatile: kept across the longjmp of a libjpeg error */
     PyObject *volatile out = NULL;
+    dl_block_t *volatile block = NULL;
     volatile JDIMENSION xoff = 0, width = 0, rows = 0;
     volatile int failed = 0;
     PyThreadState *volatile ts = PyEval_SaveThread();
@@ -275,15 +333,26 @@ decode_view(Py_buffer *view, long channels, long denom, int fast, long x0, long 
     }
     width = d->output_width;
     rows = bottom - top;
-    PyEval_RestoreThread(ts);
-    out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)rows * width * channels);
-    ts = PyEval_SaveThread();
-    if (out == NULL) {
-        failed = 1;
-        goto done;
+    unsigned char *px;
+    if (raw) {
+        block = (dl_block_t *)malloc(PIXELS_AT + (size_t)rows * width * channels);
+        if (block == NULL) {
+            failed = 2; /* out of memory */
+            goto done;
+        }
+        px = (unsigned char *)block + PIXELS_AT;
+    }
+    else {
+        PyEval_RestoreThread(ts);
+        out = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)rows * width * channels);
+        ts = PyEval_SaveThread();
+        if (out == NULL) {
+            failed = 1;
+            goto done;
+        }
+        px = (unsigned char *)PyByteArray_AS_STRING(out);
     }
     {
-        unsigned char *px = (unsigned char *)PyByteArray_AS_STRING(out);
         size_t stride = (size_t)width * channels;
         if (top > 0 && jpeg_skip_scanlines(d, top) != top) {
             failed = 1;
@@ -306,12 +375,18 @@ done:
     PyEval_RestoreThread(ts);
     give_slot(s);
     if (failed) {
-        if (out == NULL && PyErr_Occurred())
+        if (failed == 2) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        if (out == NULL && !raw && PyErr_Occurred())
             return -1; /* out of memory */
         Py_XDECREF(out);
+        free(block);
         return 0;
     }
     res->pixels = out;
+    res->block = block;
     res->width = width;
     res->rows = rows;
     res->xoff = xoff;
@@ -336,7 +411,7 @@ jpeg_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
         return NULL;
     decoded_t res;
-    int ok = decode_view(&view, channels, denom, fast, x0, y0, x1, y1, &res);
+    int ok = decode_view(&view, channels, denom, fast, x0, y0, x1, y1, 0, &res);
     PyBuffer_Release(&view);
     if (ok < 0)
         return NULL;
@@ -384,13 +459,80 @@ jpeg_image(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int ok = 0;
     if (!plain ||
         plain_components((const unsigned char *)view.buf, view.len) == (channels == 1 ? 1 : 3))
-        ok = decode_view(&view, channels, 1, 0, 0, 0, 0, 0, &res);
+        ok = decode_view(&view, channels, 1, 0, 0, 0, 0, 0, 0, &res);
     PyBuffer_Release(&view);
     if (ok < 0)
         return NULL;
     if (ok == 0)
         Py_RETURN_NONE;
     return Py_BuildValue("(NII)", res.pixels, (unsigned)res.width, (unsigned)res.rows);
+}
+
+/* the capsule's destructor: a capsule nobody consumed (still named "dltensor") owns its tensor */
+static void
+dl_capsule_free(PyObject *capsule)
+{
+    if (PyCapsule_IsValid(capsule, "dltensor")) {
+        dl_managed_t *m = (dl_managed_t *)PyCapsule_GetPointer(capsule, "dltensor");
+        m->deleter(m);
+    }
+}
+
+static PyObject *
+jpeg_dlpack(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "dlpack takes 2 arguments");
+        return NULL;
+    }
+    long channels = PyLong_AsLong(args[1]);
+    if (channels == -1 && PyErr_Occurred())
+        return NULL;
+    if (channels != 1 && channels != 3)
+        Py_RETURN_NONE;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    decoded_t res;
+    int ok = decode_view(&view, channels, 1, 0, 0, 0, 0, 0, 1, &res);
+    PyBuffer_Release(&view);
+    if (ok < 0)
+        return NULL;
+    if (ok == 0)
+        Py_RETURN_NONE;
+    dl_block_t *b = res.block;
+    dl_tensor_t *t = &b->managed.dl_tensor;
+    t->data = (unsigned char *)b + PIXELS_AT;
+    t->device.device_type = 1; /* kDLCPU */
+    t->device.device_id = 0;
+    t->dtype.code = 1; /* kDLUInt */
+    t->dtype.bits = 8;
+    t->dtype.lanes = 1;
+    t->byte_offset = 0;
+    t->shape = b->shape;
+    t->strides = b->strides;
+    if (channels == 3) { /* CxHxW over the HxWx3 pixels */
+        t->ndim = 3;
+        b->shape[0] = 3;
+        b->shape[1] = res.rows;
+        b->shape[2] = res.width;
+        b->strides[0] = 1;
+        b->strides[1] = 3 * (int64_t)res.width;
+        b->strides[2] = 3;
+    }
+    else {
+        t->ndim = 2;
+        b->shape[0] = res.rows;
+        b->shape[1] = res.width;
+        b->strides[0] = res.width;
+        b->strides[1] = 1;
+    }
+    b->managed.manager_ctx = NULL;
+    b->managed.deleter = dl_block_free;
+    PyObject *capsule = PyCapsule_New(&b->managed, "dltensor", dl_capsule_free);
+    if (capsule == NULL)
+        free(b);
+    return capsule;
 }
 
 static PyMethodDef methods[] = {
@@ -400,6 +542,8 @@ static PyMethodDef methods[] = {
      "decode(data, channels, denom, fast, x0, y0, x1, y1) -> (pixels, width, height, x0) or None"},
     {"image", (PyCFunction)(void (*)(void))jpeg_image, METH_FASTCALL,
      "image(data, channels, plain) -> (pixels, width, height) or None"},
+    {"dlpack", (PyCFunction)(void (*)(void))jpeg_dlpack, METH_FASTCALL,
+     "dlpack(data, channels) -> DLPack capsule of the CxHxW (channels 3) or HxW pixels, or None"},
     {NULL, NULL, 0, NULL},
 };
 
