@@ -4,6 +4,7 @@
  * decode(data, channels, denom, fast, x0, y0, x1, y1) -> (pixels, width, height, x0) | None
  * image(data, channels, plain) -> (pixels, width, height) | None
  * dlpack(data, channels) -> DLPack capsule | None
+ * pil_image(image_class, template, core_key, size_key, map_buffer, map_args, fallback, data)
  *
  * decode: ``channels`` 1 (grey), 3 (RGB) or 4 (RGBX: RGB padded to 4 bytes, Pillow's layout);
  * the image scaled by 1/``denom`` (1, 2, 4 or 8, libjpeg-turbo's SIMD scales); with x1 > 0 only
@@ -468,6 +469,62 @@ jpeg_image(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return Py_BuildValue("(NII)", res.pixels, (unsigned)res.width, (unsigned)res.rows);
 }
 
+/* pil_image(image_class, template, core_key, size_key, map_buffer, map_args, fallback, data):
+ * a plain RGB JPEG (image(data, 4, True)) as an instance of image_class whose __dict__ is a copy
+ * of template with core_key set to map_buffer(pixels, (width, height), "raw", 0, map_args),
+ * size_key to (width, height) and "info" to a new dict: what images._templated's wrap makes,
+ * made here (the template is checked there); anything declined is fallback(data). */
+static PyObject *raw_name, *info_name, *zero_obj;
+
+static PyObject *
+jpeg_pil_image(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "pil_image takes 8 arguments");
+        return NULL;
+    }
+    PyObject *cls = args[0], *tmpl = args[1], *data = args[7];
+    if (!PyType_Check(cls) || !PyDict_Check(tmpl)) {
+        PyErr_SetString(PyExc_TypeError, "pil_image: a class and a dict");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    decoded_t res;
+    int ok = 0;
+    if (plain_components((const unsigned char *)view.buf, view.len) == 3)
+        ok = decode_view(&view, 4, 1, 0, 0, 0, 0, 0, 0, &res);
+    PyBuffer_Release(&view);
+    if (ok < 0)
+        return NULL;
+    if (ok == 0)
+        return PyObject_CallOneArg(args[6], data);
+    PyObject *obj = NULL, *core = NULL, *attrs = NULL, *info = NULL;
+    PyObject *size = Py_BuildValue("(II)", (unsigned)res.width, (unsigned)res.rows);
+    if (size == NULL)
+        goto done;
+    PyObject *margs[5] = {res.pixels, size, raw_name, zero_obj, args[5]};
+    core = PyObject_Vectorcall(args[4], margs, 5, NULL);
+    if (core == NULL)
+        goto done;
+    attrs = PyDict_Copy(tmpl);
+    info = PyDict_New();
+    if (attrs == NULL || info == NULL || PyDict_SetItem(attrs, args[2], core) < 0 ||
+        PyDict_SetItem(attrs, args[3], size) < 0 || PyDict_SetItem(attrs, info_name, info) < 0)
+        goto done;
+    obj = ((PyTypeObject *)cls)->tp_alloc((PyTypeObject *)cls, 0); /* object.__new__(cls) */
+    if (obj != NULL && PyObject_GenericSetDict(obj, attrs, NULL) < 0)
+        Py_CLEAR(obj);
+done:
+    Py_DECREF(res.pixels);
+    Py_XDECREF(size);
+    Py_XDECREF(core);
+    Py_XDECREF(attrs);
+    Py_XDECREF(info);
+    return obj;
+}
+
 /* the capsule's destructor: a capsule nobody consumed (still named "dltensor") owns its tensor */
 static void
 dl_capsule_free(PyObject *capsule)
@@ -542,6 +599,8 @@ static PyMethodDef methods[] = {
      "decode(data, channels, denom, fast, x0, y0, x1, y1) -> (pixels, width, height, x0) or None"},
     {"image", (PyCFunction)(void (*)(void))jpeg_image, METH_FASTCALL,
      "image(data, channels, plain) -> (pixels, width, height) or None"},
+    {"pil_image", (PyCFunction)(void (*)(void))jpeg_pil_image, METH_FASTCALL,
+     "pil_image(image_class, template, core_key, size_key, map_buffer, map_args, fallback, data)"},
     {"dlpack", (PyCFunction)(void (*)(void))jpeg_dlpack, METH_FASTCALL,
      "dlpack(data, channels) -> DLPack capsule of the CxHxW (channels 3) or HxW pixels, or None"},
     {NULL, NULL, 0, NULL},
@@ -555,5 +614,10 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__jpeg(void)
 {
+    raw_name = PyUnicode_InternFromString("raw");
+    info_name = PyUnicode_InternFromString("info");
+    zero_obj = PyLong_FromLong(0);
+    if (raw_name == NULL || info_name == NULL || zero_obj == NULL)
+        return NULL;
     return PyModule_Create(&module);
 }

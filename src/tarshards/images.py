@@ -187,15 +187,21 @@ def _array_kind(kind: str, mode: str) -> ArrayKind:
 def _cjpeg():
     """The optional C decoder over the system's libjpeg-turbo (``tarshards._jpeg``), or
     ``None`` where it was not built: whole images (``image``) and a crop's rows and columns
-    (``decode``), and whole images as DLPack capsules (``dlpack``)."""
+    (``decode``), whole images as DLPack capsules (``dlpack``) and as PIL images (``pil_image``)."""
     try:
         from ._jpeg import decode, header, image
     except ImportError:
         return None
     from . import _jpeg
 
-    dlpack = getattr(_jpeg, "dlpack", None)  # None in a module built before it
-    return types.SimpleNamespace(decode=decode, header=header, image=image, dlpack=dlpack)
+    return types.SimpleNamespace(
+        decode=decode,
+        header=header,
+        image=image,
+        # None in a module built before them
+        dlpack=getattr(_jpeg, "dlpack", None),
+        pil_image=getattr(_jpeg, "pil_image", None),
+    )
 
 
 @functools.cache
@@ -390,7 +396,8 @@ def _rgbx_buffer_mapper() -> Callable[[Any, int, int], Any] | None:
             img.readonly = 1
             return img
 
-        wrap = _templated(wrap_plain, image_class, map_buffer, args) or wrap_plain
+        templated = _templated(wrap_plain, image_class, map_buffer, args)
+        wrap = wrap_plain if templated is None else templated[0]
         for probe in (
             np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4),
             bytearray(range(2 * 3 * 4)),
@@ -416,6 +423,9 @@ def _rgbx_buffer_mapper() -> Callable[[Any, int, int], Any] | None:
 _IMMUTABLE = (type(None), bool, int, float, str, bytes)
 
 
+_PIL_TEMPLATE: list = []  # the parts of _templated's wrap, once _rgbx_buffer_mapper found them
+
+
 def _templated(wrap_plain, image_class, map_buffer, args):
     """:func:`_rgbx_buffer_mapper`'s ``wrap`` in fewer steps, or ``None``: the attributes of an
     image that ``wrap_plain`` made, copied from a template dict, with the mapped core, the size
@@ -423,6 +433,9 @@ def _templated(wrap_plain, image_class, map_buffer, args):
     (about a microsecond less each). ``None`` when that image's attributes are not what this
     expects (one holding the core, one the size, an empty ``info``, the rest immutable), so
     that an image is never made to share anything but immutable values with another.
+
+    Returns ``(wrap, (image_class, template, core_key, size_key, map_buffer, args))``: the
+    parts are what ``tarshards._jpeg.pil_image`` makes the same image from.
     """
     buf = bytearray(4 * 3 * 2)
     img = wrap_plain(buf, 3, 2)
@@ -439,6 +452,7 @@ def _templated(wrap_plain, image_class, map_buffer, args):
     new = object.__new__
     if image_class.__new__ is not new:
         return None
+    template[core_key] = template[size_key] = None  # set per image (not the probe's, kept)
 
     def wrap(buf, width, height):
         size = (width, height)
@@ -453,7 +467,8 @@ def _templated(wrap_plain, image_class, map_buffer, args):
     made = wrap(buf, 3, 2)
     if vars(made).keys() != template.keys() or made.mode != "RGB" or made.size != (3, 2):
         return None
-    return wrap
+    _PIL_TEMPLATE[:] = [(image_class, template, core_key, size_key, map_buffer, args)]
+    return wrap, _PIL_TEMPLATE[0]
 
 
 @functools.cache
@@ -694,7 +709,11 @@ def _pil_cjpeg(fallback) -> Callable[[bytes, str], Any] | None:
     """``pil``/``pilrgb`` at the image's own size: a plain RGB JPEG (3 components, no EXIF or ICC
     profile before its frame header: what :class:`_HeaderMemo` lets through) decoded by the C
     decoder into RGBX and wrapped as a PIL image over that buffer; anything else to
-    ``fallback``. ``None`` without the C decoder or Pillow's buffer mapping."""
+    ``fallback``. ``None`` without the C decoder or Pillow's buffer mapping.
+
+    Where the image's attributes come from a template (:func:`_templated`), the C decoder makes
+    the image itself (``_jpeg.pil_image``, the same attributes; checked here on a probe JPEG):
+    one C call per sample."""
     cj = _cjpeg()
     wrap = _rgbx_buffer_mapper()
     if cj is None or wrap is None:
@@ -709,7 +728,48 @@ def _pil_cjpeg(fallback) -> Callable[[bytes, str], Any] | None:
             return img
         return fallback(data, "jpg")
 
-    return _by_extension(pil, fallback)
+    made = _pil_image_in_c(cj, fallback, pil)
+    return _by_extension(made or pil, fallback)
+
+
+def _pil_image_in_c(cj, fallback, pil) -> Callable[[Any], Any] | None:
+    """``_jpeg.pil_image`` bound to the template's parts (a C call per sample), or ``None`` when
+    there is no template or the image it makes of a probe JPEG is not the one ``pil`` makes."""
+    pil_image = getattr(cj, "pil_image", None)
+    if pil_image is None or not _PIL_TEMPLATE:
+        return None
+    image_class, template, core_key, size_key, map_buffer, args = _PIL_TEMPLATE[0]
+
+    def declined(data):
+        return fallback(data, "jpg")
+
+    made = functools.partial(
+        pil_image,
+        image_class,
+        dict(template, format="JPEG"),
+        core_key,
+        size_key,
+        map_buffer,
+        args,
+        declined,
+    )
+    try:
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.new("RGB", (5, 3), (200, 30, 90)).save(buf, "JPEG")
+        probe = buf.getvalue()
+        a, b = made(probe), pil(probe)
+        if not (
+            type(a) is type(b)
+            and vars(a).keys() == vars(b).keys()
+            and (a.mode, a.size, a.format, a.info, a.readonly) == (b.mode, b.size, "JPEG", {}, 1)
+            and a.tobytes() == b.tobytes()
+        ):
+            return None
+    except Exception:  # noqa: BLE001 - any failure means: the Python wrap
+        return None
+    return made
 
 
 def _converted_image(data: bytes, ext: str, *, convert, pil_mode: str | None, size, resize: bool):
