@@ -13,9 +13,13 @@ figure is the one to read on a loaded machine).
    .to_tuple("jpg", "cls")`` for ``pil``, ``rgb8`` and ``torchrgb8``, against simplejpeg's
    decode-only rate on the same bytes (``decode_jpeg(data)`` over the list of them, in memory).
    Target: >= 0.9. Where the optional C decoder is built, a row gives its decode-only rate on the
-   same list (``tarshards._jpeg.image``, what the modes call per JPEG): the bound of the modes,
-   which add reading, grouping, the fused stage and building the value (array, PIL image,
-   tensor).
+   same list (``tarshards._jpeg.image``, the C decoder the modes call per JPEG): the bound of the
+   modes, which add reading the shard (page-cached), grouping, the fused stage and building the
+   value (array, PIL image, tensor). Each pass of a side (a whole pass over the shard, the
+   pipeline made and opened inside it) takes turns of 250 samples with the reference on as
+   many samples (:func:`run_paired`), so both are timed at the same moments of the machine's
+   load; the ratio is each pass's, the median over 15 passes (9 with ``--quick``) after a
+   warm-up, and the last column gives the range over the passes.
 2. ``crop``: ImageNet-sized JPEGs (500x375, 640x480, 800x600 and 375x500, q=90) to a
    RandomResizedCrop(224) + horizontal flip float CxHxW tensor.
    Ours: ``.decode(random_resized_crop(224)).to_tuple("jpg", "cls")`` (and ``fast=True``).
@@ -190,6 +194,9 @@ def bench_overhead(quick: bool, repeat: int) -> dict:
         )
     for m in ("pil", "rgb8", "torchrgb8"):
         sides[f'.decode("{m}")'] = mode(m)
+    for make in sides.values():  # warm-up: imports (torch), probes, the shard in the page cache
+        for _ in itertools.islice(make(), 300):
+            pass
     res = run_paired(jpgs, simplejpeg.decode_jpeg, sides, repeat)
     res = {"simplejpeg decode only": res.pop("reference"), **res}
     return res
