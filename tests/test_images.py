@@ -4,6 +4,7 @@ strides, PIL mode/size/format/info), and what it declines goes to them as before
 
 from __future__ import annotations
 
+import functools
 import io
 import types
 
@@ -120,9 +121,7 @@ def test_the_c_path_gives_what_the_other_paths_give(mode, kind, monkeypatch):
         _without_c(m)
         want = images.image_decoder(mode)(data, ext)
     calls = _counting_c(monkeypatch)
-    dec = images.image_decoder(mode)
-    calls.clear()  # (building a decoder may try the C decoder on a probe)
-    got = dec(data, ext)
+    got = images.image_decoder(mode)(data, ext)
     _assert_same(got, want)
     # which images the C decoder took: plain JPEGs (for pil, RGB ones without EXIF/ICC)
     took = any(calls)
@@ -239,3 +238,29 @@ def test_a_broken_jpeg_fails_as_before_naming_shard_and_member(mode, monkeypatch
     assert "k2.jpg" in msg and "shard-0.tar" in msg
     _without_c(monkeypatch)
     assert run() == msg
+
+
+def test_pil_images_are_made_in_c_with_this_pillow():
+    """With the Pillow installed here the template of a PIL image's attributes passes its checks,
+    so a JPEG field's ``pil`` decoder is the C call itself; the image is an ordinary one."""
+    dec = images.image_field_decoder("pil", None, "jpg")
+    assert isinstance(dec, functools.partial) and dec.func is _jpeg.pil_image, (
+        "the PIL template was refused: check images._templated against this Pillow"
+    )
+    data = IMAGES["420 64x64"][0]
+    img = dec(data)
+    want = Image.open(io.BytesIO(data))
+    want.load()
+    assert type(img) is Image.Image and (img.mode, img.size, img.format) == (
+        "RGB",
+        (64, 64),
+        "JPEG",
+    )
+    np.testing.assert_array_equal(np.asarray(img), np.asarray(want))
+    assert img.info == {} and img.readonly
+    other = dec(data)
+    assert other.info is not img.info  # nothing mutable shared between images
+    img.info["x"] = 1
+    assert other.info == {}
+    assert np.asarray(img.resize((8, 8))).shape == (8, 8, 3)
+    assert np.asarray(img.convert("L")).shape == (64, 64)

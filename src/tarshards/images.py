@@ -728,38 +728,42 @@ def _pil_cjpeg(fallback) -> Callable[[bytes, str], Any] | None:
             return img
         return fallback(data, "jpg")
 
-    made = _pil_image_in_c(cj, fallback, pil)
-    return _by_extension(made or pil, fallback)
-
-
-def _pil_image_in_c(cj, fallback, pil) -> Callable[[Any], Any] | None:
-    """``_jpeg.pil_image`` bound to the template's parts (a C call per sample), or ``None`` when
-    there is no template or the image it makes of a probe JPEG is not the one ``pil`` makes."""
     pil_image = getattr(cj, "pil_image", None)
-    if pil_image is None or not _PIL_TEMPLATE:
-        return None
-    image_class, template, core_key, size_key, map_buffer, args = _PIL_TEMPLATE[0]
+    parts = _pil_image_template()
+    if pil_image is None or parts is None:
+        return _by_extension(pil, fallback)
 
     def declined(data):
         return fallback(data, "jpg")
 
-    made = functools.partial(
-        pil_image,
-        image_class,
-        dict(template, format="JPEG"),
-        core_key,
-        size_key,
-        map_buffer,
-        args,
-        declined,
-    )
+    return _by_extension(functools.partial(pil_image, *parts, declined), fallback)
+
+
+@functools.cache
+def _pil_image_template() -> tuple | None:
+    """``(image_class, template, core_key, size_key, map_buffer, args)``: the first arguments of
+    ``tarshards._jpeg.pil_image`` for ``pil``'s image of a plain RGB JPEG (then what it declines
+    goes to, and the data); ``None`` without the C decoder, without a template
+    (:func:`_templated`), or when the image it makes of a probe JPEG is not the one the Python
+    wrap makes."""
+    try:
+        from ._jpeg import image, pil_image
+    except ImportError:
+        return None
+    wrap = _rgbx_buffer_mapper()
+    if wrap is None or not _PIL_TEMPLATE:
+        return None
+    image_class, template, core_key, size_key, map_buffer, args = _PIL_TEMPLATE[0]
+    parts = (image_class, dict(template, format="JPEG"), core_key, size_key, map_buffer, args)
     try:
         from PIL import Image
 
         buf = io.BytesIO()
         Image.new("RGB", (5, 3), (200, 30, 90)).save(buf, "JPEG")
         probe = buf.getvalue()
-        a, b = made(probe), pil(probe)
+        a = pil_image(*parts, lambda data: None, probe)
+        b = wrap(*image(probe, 4, True))
+        b.format = "JPEG"
         if not (
             type(a) is type(b)
             and vars(a).keys() == vars(b).keys()
@@ -769,7 +773,7 @@ def _pil_image_in_c(cj, fallback, pil) -> Callable[[Any], Any] | None:
             return None
     except Exception:  # noqa: BLE001 - any failure means: the Python wrap
         return None
-    return made
+    return parts
 
 
 def _converted_image(data: bytes, ext: str, *, convert, pil_mode: str | None, size, resize: bool):
