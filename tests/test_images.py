@@ -78,15 +78,26 @@ def _counting_c(monkeypatch) -> list:
         calls.append(got is not None)
         return got
 
-    def pil_image(*args):
-        declined: list = []
-        fallback = args[6]
-        got = real.pil_image(*args[:6], lambda d: declined.append(1) or fallback(d), args[7])
-        calls.append(not declined)
-        return got
+    def counted(fn):
+        """``fn(..., fallback, data)`` counted: whether it decoded (not its fallback)"""
+
+        def call(*args):
+            declined: list = []
+            fallback = args[-2]
+            got = fn(*args[:-2], lambda d: declined.append(1) or fallback(d), args[-1])
+            calls.append(not declined)
+            return got
+
+        return call
 
     ns = types.SimpleNamespace(
-        decode=real.decode, header=real.header, image=image, dlpack=dlpack, pil_image=pil_image
+        decode=real.decode,
+        header=real.header,
+        image=image,
+        dlpack=dlpack,
+        pil_image=counted(real.pil_image),
+        dlpack_value=counted(real.dlpack_value),
+        array_value=counted(real.array_value),
     )
     monkeypatch.setattr(images, "_cjpeg", lambda: ns)
     return calls
@@ -170,12 +181,11 @@ def test_torch_modes_build_their_tensors_from_dlpack_capsules(mode, monkeypatch)
     real = images._cjpeg()
     ns = types.SimpleNamespace(**vars(real))
     ns.image = lambda *a: calls.append("image") or real.image(*a)
-    ns.dlpack = lambda *a: calls.append("dlpack") or real.dlpack(*a)
+    ns.dlpack_value = lambda *a: calls.append("dlpack") or real.dlpack_value(*a)
     monkeypatch.setattr(images, "_cjpeg", lambda: ns)
     dec = images.image_field_decoder(mode, None, "jpg")
-    ns.dlpack = None  # the same decoder built without the capsule path: numpy's
+    ns.dlpack_value = None  # the same decoder built without the capsule path: numpy's
     want_dec = images.image_field_decoder(mode, None, "jpg")
-    ns.dlpack = lambda *a: calls.append("dlpack") or real.dlpack(*a)
     for kind in ("420 64x64", "444 odd", "422", "grey"):
         data = IMAGES[kind][0]
         calls.clear()

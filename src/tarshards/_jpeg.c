@@ -5,6 +5,8 @@
  * image(data, channels, plain) -> (pixels, width, height) | None
  * dlpack(data, channels) -> DLPack capsule | None
  * pil_image(image_class, template, core_key, size_key, map_buffer, map_args, fallback, data)
+ * dlpack_value(from_dlpack, channels, fallback, data), array_value(ndarray, dtype, channels,
+ *     fallback, data): a JPEG field's value in one call (see each)
  *
  * decode: ``channels`` 1 (grey), 3 (RGB) or 4 (RGBX: RGB padded to 4 bytes, Pillow's layout);
  * the image scaled by 1/``denom`` (1, 2, 4 or 8, libjpeg-turbo's SIMD scales); with x1 > 0 only
@@ -535,20 +537,14 @@ dl_capsule_free(PyObject *capsule)
     }
 }
 
+/* the DLPack capsule of data's pixels (see the top), Py_None when declined, NULL on an error */
 static PyObject *
-jpeg_dlpack(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+dlpack_capsule(PyObject *data, long channels)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "dlpack takes 2 arguments");
-        return NULL;
-    }
-    long channels = PyLong_AsLong(args[1]);
-    if (channels == -1 && PyErr_Occurred())
-        return NULL;
     if (channels != 1 && channels != 3)
         Py_RETURN_NONE;
     Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
         return NULL;
     decoded_t res;
     int ok = decode_view(&view, channels, 1, 0, 0, 0, 0, 0, 1, &res);
@@ -592,6 +588,82 @@ jpeg_dlpack(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return capsule;
 }
 
+static PyObject *
+jpeg_dlpack(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "dlpack takes 2 arguments");
+        return NULL;
+    }
+    long channels = PyLong_AsLong(args[1]);
+    if (channels == -1 && PyErr_Occurred())
+        return NULL;
+    return dlpack_capsule(args[0], channels);
+}
+
+/* dlpack_value(from_dlpack, channels, fallback, data): from_dlpack(dlpack(data, channels)), or
+ * fallback(data) when declined: a JPEG field's decoder in one C call */
+static PyObject *
+jpeg_dlpack_value(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "dlpack_value takes 4 arguments");
+        return NULL;
+    }
+    long channels = PyLong_AsLong(args[1]);
+    if (channels == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *capsule = dlpack_capsule(args[3], channels);
+    if (capsule == NULL)
+        return NULL;
+    if (capsule == Py_None) {
+        Py_DECREF(capsule);
+        return PyObject_CallOneArg(args[2], args[3]);
+    }
+    PyObject *value = PyObject_CallOneArg(args[0], capsule);
+    Py_DECREF(capsule);
+    return value;
+}
+
+/* array_value(ndarray, dtype, channels, fallback, data): ndarray(shape, dtype, pixels) of
+ * image(data, channels, False), shape (height, width, 3) for channels 3, (height, width) for 1,
+ * or fallback(data) when declined: a JPEG field's decoder in one C call */
+static PyObject *
+jpeg_array_value(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "array_value takes 5 arguments");
+        return NULL;
+    }
+    long channels = PyLong_AsLong(args[2]);
+    if (channels == -1 && PyErr_Occurred())
+        return NULL;
+    decoded_t res;
+    int ok = 0;
+    if (channels == 1 || channels == 3) {
+        Py_buffer view;
+        if (PyObject_GetBuffer(args[4], &view, PyBUF_SIMPLE) < 0)
+            return NULL;
+        ok = decode_view(&view, channels, 1, 0, 0, 0, 0, 0, 0, &res);
+        PyBuffer_Release(&view);
+    }
+    if (ok < 0)
+        return NULL;
+    if (ok == 0)
+        return PyObject_CallOneArg(args[3], args[4]);
+    PyObject *shape = channels == 3
+                          ? Py_BuildValue("(III)", (unsigned)res.rows, (unsigned)res.width, 3u)
+                          : Py_BuildValue("(II)", (unsigned)res.rows, (unsigned)res.width);
+    PyObject *value = NULL;
+    if (shape != NULL) {
+        PyObject *call[3] = {shape, args[1], res.pixels};
+        value = PyObject_Vectorcall(args[0], call, 3, NULL);
+        Py_DECREF(shape);
+    }
+    Py_DECREF(res.pixels);
+    return value;
+}
+
 static PyMethodDef methods[] = {
     {"header", (PyCFunction)jpeg_header, METH_O,
      "header(data) -> (width, height, components, color_space) or None"},
@@ -601,6 +673,10 @@ static PyMethodDef methods[] = {
      "image(data, channels, plain) -> (pixels, width, height) or None"},
     {"pil_image", (PyCFunction)(void (*)(void))jpeg_pil_image, METH_FASTCALL,
      "pil_image(image_class, template, core_key, size_key, map_buffer, map_args, fallback, data)"},
+    {"dlpack_value", (PyCFunction)(void (*)(void))jpeg_dlpack_value, METH_FASTCALL,
+     "dlpack_value(from_dlpack, channels, fallback, data)"},
+    {"array_value", (PyCFunction)(void (*)(void))jpeg_array_value, METH_FASTCALL,
+     "array_value(ndarray, dtype, channels, fallback, data)"},
     {"dlpack", (PyCFunction)(void (*)(void))jpeg_dlpack, METH_FASTCALL,
      "dlpack(data, channels) -> DLPack capsule of the CxHxW (channels 3) or HxW pixels, or None"},
     {NULL, NULL, 0, NULL},

@@ -187,7 +187,9 @@ def _array_kind(kind: str, mode: str) -> ArrayKind:
 def _cjpeg():
     """The optional C decoder over the system's libjpeg-turbo (``tarshards._jpeg``), or
     ``None`` where it was not built: whole images (``image``) and a crop's rows and columns
-    (``decode``), whole images as DLPack capsules (``dlpack``) and as PIL images (``pil_image``)."""
+    (``decode``), whole images as DLPack capsules (``dlpack``), and a JPEG field's value in one
+    call: an array (``array_value``), a tensor from a capsule (``dlpack_value``), a PIL image
+    (``pil_image``)."""
     try:
         from ._jpeg import decode, header, image
     except ImportError:
@@ -200,6 +202,8 @@ def _cjpeg():
         image=image,
         # None in a module built before them
         dlpack=getattr(_jpeg, "dlpack", None),
+        dlpack_value=getattr(_jpeg, "dlpack_value", None),
+        array_value=getattr(_jpeg, "array_value", None),
         pil_image=getattr(_jpeg, "pil_image", None),
     )
 
@@ -645,19 +649,25 @@ def _plain_array_decoder(pil_mode: str | None, kind: ArrayKind | None = None):
     if cj is None:
         return fallback
     image, ndarray, uint8 = cj.image, np.ndarray, np.uint8
+    channels = 1 if pil_mode == "L" else 3
+
     # what the C decoder declines goes to the fallback as a JPEG: "jpg" and "jpeg" are one to it
-    dlpack = getattr(cj, "dlpack", None)
+    def declined(data):
+        return fallback(data, "jpg")
+
+    # a JPEG field's decoder in one C call: a tensor from a DLPack capsule of the pixels, or the
+    # array over them
+    dlpack_value = getattr(cj, "dlpack_value", None)
     from_dlpack = None if kind is None else kind.from_dlpack
-    if dlpack is not None and from_dlpack is not None:
-        channels = 1 if pil_mode == "L" else 3
-
-        def from_capsule(data):
-            capsule = dlpack(data, channels)
-            if capsule is not None:
-                return from_dlpack(capsule)
-            return fallback(data, "jpg")
-
-        return _by_extension(from_capsule, fallback)
+    if dlpack_value is not None and from_dlpack is not None:
+        return _by_extension(
+            functools.partial(dlpack_value, from_dlpack, channels, declined), fallback
+        )
+    array_value = getattr(cj, "array_value", None)
+    if array_value is not None and kind is None:
+        return _by_extension(
+            functools.partial(array_value, ndarray, uint8, channels, declined), fallback
+        )
 
     if pil_mode == "L":
 
