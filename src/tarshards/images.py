@@ -371,8 +371,15 @@ def _pil_jpeg_fast(data: bytes, pil_mode: str | None, size, memo: _HeaderMemo | 
     return img
 
 
-@functools.cache
 def _rgbx_buffer_mapper() -> Callable[[Any, int, int], Any] | None:
+    """``wrap(buf, width, height)``: an RGB PIL image over the memory of ``buf`` (see
+    :func:`_rgbx_mapping`), or ``None``."""
+    mapping = _rgbx_mapping()
+    return None if mapping is None else mapping[0]
+
+
+@functools.cache
+def _rgbx_mapping() -> tuple[Callable[[Any, int, int], Any], tuple | None] | None:
     """``wrap(buf, width, height)``: an RGB PIL image over the memory of ``buf`` (height x width
     RGBX pixels: a bytearray, an HxWx4 uint8 array), or ``None``.
 
@@ -383,6 +390,9 @@ def _rgbx_buffer_mapper() -> Callable[[Any, int, int], Any] | None:
     RGB mode; the image is read-only, so Pillow copies it before any in-place change. Checked
     once on a probe image; when this Pillow does not give the expected pixels, ``None`` (the
     copying path).
+
+    Returns ``(wrap, parts)``: ``parts`` are those of :func:`_templated` (``None`` when wrap is
+    the plain one).
     """
     from PIL import Image
 
@@ -401,7 +411,7 @@ def _rgbx_buffer_mapper() -> Callable[[Any, int, int], Any] | None:
             return img
 
         templated = _templated(wrap_plain, image_class, map_buffer, args)
-        wrap = wrap_plain if templated is None else templated[0]
+        wrap, parts = (wrap_plain, None) if templated is None else templated
         for probe in (
             np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4),
             bytearray(range(2 * 3 * 4)),
@@ -421,13 +431,10 @@ def _rgbx_buffer_mapper() -> Callable[[Any, int, int], Any] | None:
                 return None
     except Exception:  # noqa: BLE001 - any failure means: use the public, copying path
         return None
-    return wrap
+    return wrap, parts
 
 
 _IMMUTABLE = (type(None), bool, int, float, str, bytes)
-
-
-_PIL_TEMPLATE: list = []  # the parts of _templated's wrap, once _rgbx_buffer_mapper found them
 
 
 def _templated(wrap_plain, image_class, map_buffer, args):
@@ -471,8 +478,7 @@ def _templated(wrap_plain, image_class, map_buffer, args):
     made = wrap(buf, 3, 2)
     if vars(made).keys() != template.keys() or made.mode != "RGB" or made.size != (3, 2):
         return None
-    _PIL_TEMPLATE[:] = [(image_class, template, core_key, size_key, map_buffer, args)]
-    return wrap, _PIL_TEMPLATE[0]
+    return wrap, (image_class, template, core_key, size_key, map_buffer, args)
 
 
 @functools.cache
@@ -760,10 +766,13 @@ def _pil_image_template() -> tuple | None:
         from ._jpeg import image, pil_image
     except ImportError:
         return None
-    wrap = _rgbx_buffer_mapper()
-    if wrap is None or not _PIL_TEMPLATE:
+    mapping = _rgbx_mapping()
+    if mapping is None:
         return None
-    image_class, template, core_key, size_key, map_buffer, args = _PIL_TEMPLATE[0]
+    wrap, found = mapping
+    if found is None:
+        return None
+    image_class, template, core_key, size_key, map_buffer, args = found
     parts = (image_class, dict(template, format="JPEG"), core_key, size_key, map_buffer, args)
     try:
         from PIL import Image
