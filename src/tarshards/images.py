@@ -9,6 +9,7 @@ modes' array kinds are optional entries that :mod:`tarshards.torch` fills.
 
 from __future__ import annotations
 
+import base64
 import functools
 import io
 import types
@@ -755,6 +756,17 @@ def _pil_cjpeg(fallback) -> Callable[[bytes, str], Any] | None:
     return _by_extension(functools.partial(pil_image, *parts, declined), fallback)
 
 
+# a 5x3 RGB JPEG (Pillow's, optimized tables: 286 bytes), the probe of _pil_image_template (made
+# here once: encoding one would load Pillow's plugins, some 20 ms in every new process)
+_PROBE_JPEG = (
+    "/9j/4AAQSkZJRgABAQAAAQABAAD/2wBDAFA3PEY8MlBGQUZaVVBfeMiCeG5uePWvuZHI//////////////////////"
+    "//////////////////////////////2wBDAVVaWnhpeOuCguv///////////////////////////////////////"
+    "//////////////////////////////////wAARCAADAAUDASIAAhEBAxEB/8QAFQABAQAAAAAAAAAAAAAAAAAAAAP/"
+    "xAAUEAEAAAAAAAAAAAAAAAAAAAAA/8QAFQEBAQAAAAAAAAAAAAAAAAAAAAT/xAAUEQEAAAAAAAAAAAAAAAAAAAAA/9oA"
+    "DAMBAAIRAxEAPwCYAof/2Q=="
+)
+
+
 @functools.cache
 def _pil_image_template() -> tuple | None:
     """``(image_class, template, core_key, size_key, map_buffer, args)``: the first arguments of
@@ -775,11 +787,7 @@ def _pil_image_template() -> tuple | None:
     image_class, template, core_key, size_key, map_buffer, args = found
     parts = (image_class, dict(template, format="JPEG"), core_key, size_key, map_buffer, args)
     try:
-        from PIL import Image
-
-        buf = io.BytesIO()
-        Image.new("RGB", (5, 3), (200, 30, 90)).save(buf, "JPEG")
-        probe = buf.getvalue()
+        probe = base64.b64decode(_PROBE_JPEG)
         a = pil_image(*parts, lambda data: None, probe)
         b = wrap(*image(probe, 4, True))
         b.format = "JPEG"
