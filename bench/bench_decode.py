@@ -13,9 +13,13 @@ figure is the one to read on a loaded machine).
    .to_tuple("jpg", "cls")`` for ``pil``, ``rgb8`` and ``torchrgb8``, against simplejpeg's
    decode-only rate on the same bytes (``decode_jpeg(data)`` over the list of them, in memory).
    Target: >= 0.9. Where the optional C decoder is built, a row gives its decode-only rate on the
-   same list (``tarshards._jpeg.image``, what the modes call per JPEG): the bound of the modes,
-   which add reading, grouping, the fused stage and building the value (array, PIL image,
-   tensor).
+   same list (``tarshards._jpeg.image``, the C decoder the modes call per JPEG): the bound of the
+   modes, which add reading the shard (page-cached), grouping, the fused stage and building the
+   value (array, PIL image, tensor). Each pass of a side (a whole pass over the shard, the
+   pipeline made and opened inside it) takes turns of 250 samples with the reference on as
+   many samples (:func:`run_paired`), so both are timed at the same moments of the machine's
+   load; the ratio is each pass's, the median over 15 passes (9 with ``--quick``) after a
+   warm-up, and the last column gives the range over the passes.
 2. ``crop``: ImageNet-sized JPEGs (500x375, 640x480, 800x600 and 375x500, q=90) to a
    RandomResizedCrop(224) + horizontal flip float CxHxW tensor.
    Ours: ``.decode(random_resized_crop(224)).to_tuple("jpg", "cls")`` (and ``fast=True``).
@@ -105,6 +109,69 @@ def run_sides(sides: dict, repeat: int) -> dict:
     }
 
 
+def run_paired(ref_items: list, ref_fn, sides: dict, repeat: int, chunk: int = 250) -> dict:
+    """Each side against the reference, measured in turns of ``chunk`` samples.
+
+    A side is ``make() -> iterator`` (one item per sample; making it, e.g. opening the shard, is
+    timed with it). In a pass, ``chunk`` items of the side and then as many of the reference
+    (``ref_fn(item)`` over ``ref_items``, a plain loop over a slice of the list, cycling) take
+    turns until the side's iterator ends: both see the same moments of the machine's load, and a
+    pass's ratio is the reference's time over the side's for the same number of samples. Passes
+    go through the sides in turn (the order reversed every other repetition); a side's figures
+    are the medians over its passes (samples/s by wall clock and by CPU time, and the ratios),
+    the reference's the medians over every pass.
+    """
+    clock, cpu_clock = time.perf_counter, time.process_time
+    islice = itertools.islice
+    res: dict = {k: {"wall": [], "cpu": [], "vs_wall": [], "vs_cpu": []} for k in sides}
+    ref_wall: list = []
+    ref_cpu: list = []
+    names = list(sides)
+    pos = 0
+    total = len(ref_items)
+    for rep in range(repeat):
+        for name in names if rep % 2 == 0 else names[::-1]:
+            side_t = side_c = ref_t = ref_c = 0.0
+            n = 0
+            t0, c0 = clock(), cpu_clock()
+            it = iter(sides[name]())
+            side_t, side_c = clock() - t0, cpu_clock() - c0
+            while True:
+                t0, c0 = clock(), cpu_clock()
+                k = 0
+                for _ in islice(it, chunk):
+                    k += 1
+                side_t += clock() - t0
+                side_c += cpu_clock() - c0
+                if k == 0:
+                    break
+                part = ref_items[pos : pos + k]
+                if len(part) < k:
+                    part = part + ref_items[: k - len(part)]
+                pos = (pos + k) % total
+                t0, c0 = clock(), cpu_clock()
+                for item in part:
+                    ref_fn(item)
+                ref_t += clock() - t0
+                ref_c += cpu_clock() - c0
+                n += k
+                if k < chunk:
+                    break
+            r = res[name]
+            r["wall"].append(n / side_t)
+            r["cpu"].append(n / max(side_c, 1e-9))
+            r["vs_wall"].append(ref_t / side_t)
+            r["vs_cpu"].append(ref_c / max(side_c, 1e-9))
+            ref_wall.append(n / ref_t)
+            ref_cpu.append(n / max(ref_c, 1e-9))
+    med = statistics.median
+    out = {"reference": {"wall": med(ref_wall), "cpu": med(ref_cpu), "vs_wall": 1.0, "vs_cpu": 1.0}}
+    for name, r in res.items():
+        out[name] = {f: med(r[f]) for f in ("wall", "cpu", "vs_wall", "vs_cpu")}
+        out[name]["range_cpu"] = [min(r["vs_cpu"]), max(r["vs_cpu"])]
+    return out
+
+
 def bench_overhead(quick: bool, repeat: int) -> dict:
     import simplejpeg
 
@@ -112,42 +179,26 @@ def bench_overhead(quick: bool, repeat: int) -> dict:
 
     path = make_shard("small64", 2000 if quick else 4000, [(64, 64)], 4.0, 500)
     jpgs = [s["jpg"] for s in tarshards.WebDataset(path)]
-    decode_jpeg = simplejpeg.decode_jpeg
-
-    def simplejpeg_only():
-        for b in jpgs:
-            decode_jpeg(b)
-        return len(jpgs)
 
     def mode(m):
-        def run():
-            n = 0
-            for _ in tarshards.WebDataset(path).decode(m).to_tuple("jpg", "cls"):
-                n += 1
-            return n
+        return lambda: tarshards.WebDataset(path).decode(m).to_tuple("jpg", "cls")
 
-        return run
-
-    sides = {"simplejpeg decode only": simplejpeg_only}
+    sides = {}
     try:
         from tarshards._jpeg import image
     except ImportError:  # not built: no such row
         image = None
     if image is not None:
-
-        def cjpeg_only():
-            for b in jpgs:
-                image(b, 3, False)
-            return len(jpgs)
-
-        sides["tarshards._jpeg decode only (the modes' C path)"] = cjpeg_only
+        sides["tarshards._jpeg decode only (the modes' C path)"] = lambda: (
+            image(b, 3, False) for b in jpgs
+        )
     for m in ("pil", "rgb8", "torchrgb8"):
         sides[f'.decode("{m}")'] = mode(m)
-    res = run_sides(sides, repeat)
-    ref = res["simplejpeg decode only"]
-    for v in res.values():
-        v["vs_wall"] = v["wall"] / ref["wall"]
-        v["vs_cpu"] = v["cpu"] / ref["cpu"]
+    for make in sides.values():  # warm-up: imports (torch), probes, the shard in the page cache
+        for _ in itertools.islice(make(), 300):
+            pass
+    res = run_paired(jpgs, simplejpeg.decode_jpeg, sides, repeat)
+    res = {"simplejpeg decode only": res.pop("reference"), **res}
     return res
 
 
@@ -270,11 +321,19 @@ def table(title: str, res: dict) -> str:
         "| side | samples/s (wall) | samples/s (CPU) | x ref (wall) | x ref (CPU) |",
         "|---|---:|---:|---:|---:|",
     ]
+    ranges = any("range_cpu" in v for v in res.values())
+    if ranges:
+        lines[2] += " passes' x ref (CPU) |"
+        lines[3] += "---|"
     for name, v in res.items():
-        lines.append(
+        line = (
             f"| {name} | {v['wall']:.0f} | {v['cpu']:.0f} | {v['vs_wall']:.2f} "
             f"| {v['vs_cpu']:.2f} |"
         )
+        if ranges:
+            lo, hi = v.get("range_cpu", (1.0, 1.0))
+            line += f" {lo:.2f}-{hi:.2f} |"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -302,7 +361,8 @@ def main(argv=None) -> int:
     repeat = args.repeat or (3 if args.quick else 5)
     results = {}
     if "overhead" in args.only:
-        results["overhead"] = bench_overhead(args.quick, repeat)
+        # passes of one shard are short (a fraction of a second): many of them, cheaply
+        results["overhead"] = bench_overhead(args.quick, args.repeat or (9 if args.quick else 15))
     if "crop" in args.only:
         results["crop"] = bench_crop(args.quick, repeat)
     if args.json:

@@ -211,3 +211,26 @@ def test_image_declines_the_unusual():
         outs = list(pool.map(lambda _: _jpeg.image(data, 3, False), range(32)))
     for got in outs:
         np.testing.assert_array_equal(image_pixels(got, 3), ref)
+
+
+def test_small_jpegs_truncated_or_followed_by_bytes():
+    """A small single-scan JPEG's entropy-coded data is decoded from a padded copy (libjpeg-turbo's
+    fast Huffman decoder wants KBs left in its buffer): the same pixels, with restart markers
+    too; truncated at any point it is still declined, and a lost EOI is not made up."""
+    data = WHOLE["small 64x64 q90"]
+    ref = simplejpeg.decode_jpeg(data)
+    buf = io.BytesIO()
+    Image.fromarray(ref).save(buf, "JPEG", quality=90, restart_marker_blocks=2)
+    restarts = buf.getvalue()
+    assert b"\xff\xd0" in restarts
+    for jpg in (data, restarts, WHOLE["tiny"], WHOLE["1x1"], WHOLE["440"]):
+        want = simplejpeg.decode_jpeg(jpg, fastdct=False, fastupsample=False)
+        for _ in range(3):  # a kept decompressor and its kept copy, used again
+            np.testing.assert_array_equal(image_pixels(_jpeg.image(jpg, 3, False), 3), want)
+        h, w = want.shape[:2]
+        got = _jpeg.decode(jpg, 3, 1, False, 0, h // 2, w, h)  # rows skipped, then decoded
+        np.testing.assert_array_equal(pixels(got)[:, : w - got[3]], want[h // 2 :, got[3] :])
+        for cut in range(len(jpg) - 1, 1, -max(1, len(jpg) // 200)):
+            assert _jpeg.image(jpg[:cut], 3, False) is None, cut
+        # bytes after the EOI are not read (such a JPEG is not padded: read as it is)
+        np.testing.assert_array_equal(image_pixels(_jpeg.image(jpg + b"\0" * 9, 3, False), 3), want)

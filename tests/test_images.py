@@ -4,6 +4,7 @@ strides, PIL mode/size/format/info), and what it declines goes to them as before
 
 from __future__ import annotations
 
+import functools
 import io
 import types
 
@@ -62,7 +63,8 @@ def _without_c(monkeypatch):
 
 
 def _counting_c(monkeypatch) -> list:
-    """The C decoder, with its ``image`` calls (and what they returned) recorded."""
+    """The C decoder, with its ``image`` and ``dlpack`` calls (and whether they decoded)
+    recorded."""
     real = images._cjpeg()
     calls: list = []
 
@@ -71,7 +73,32 @@ def _counting_c(monkeypatch) -> list:
         calls.append(got is not None)
         return got
 
-    ns = types.SimpleNamespace(decode=real.decode, header=real.header, image=image)
+    def dlpack(data, channels):
+        got = real.dlpack(data, channels)
+        calls.append(got is not None)
+        return got
+
+    def counted(fn):
+        """``fn(..., fallback, data)`` counted: whether it decoded (not its fallback)"""
+
+        def call(*args):
+            declined: list = []
+            fallback = args[-2]
+            got = fn(*args[:-2], lambda d: declined.append(1) or fallback(d), args[-1])
+            calls.append(not declined)
+            return got
+
+        return call
+
+    ns = types.SimpleNamespace(
+        decode=real.decode,
+        header=real.header,
+        image=image,
+        dlpack=dlpack,
+        pil_image=counted(real.pil_image),
+        dlpack_value=counted(real.dlpack_value),
+        array_value=counted(real.array_value),
+    )
     monkeypatch.setattr(images, "_cjpeg", lambda: ns)
     return calls
 
@@ -144,6 +171,53 @@ def test_arrays_own_writable_memory_and_pil_images_copy_on_write():
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("mode", ["torchrgb8", "torchl8", "torchrgb"])
+def test_torch_modes_build_their_tensors_from_dlpack_capsules(mode, monkeypatch):
+    """JPEGs the C decoder takes become tensors over its pixels through a DLPack capsule (no
+    numpy array in between): the tensor the numpy path gives, and one that owns its memory."""
+    import pickle
+
+    calls: list = []
+    real = images._cjpeg()
+    ns = types.SimpleNamespace(**vars(real))
+    ns.image = lambda *a: calls.append("image") or real.image(*a)
+    ns.dlpack_value = lambda *a: calls.append("dlpack") or real.dlpack_value(*a)
+    monkeypatch.setattr(images, "_cjpeg", lambda: ns)
+    dec = images.image_field_decoder(mode, None, "jpg")
+    ns.dlpack_value = None  # the same decoder built without the capsule path: numpy's
+    want_dec = images.image_field_decoder(mode, None, "jpg")
+    for kind in ("420 64x64", "444 odd", "422", "grey"):
+        data = IMAGES[kind][0]
+        calls.clear()
+        got = dec(data)
+        assert calls == ["dlpack"]
+        calls.clear()
+        want = want_dec(data)
+        assert calls == ["image"]
+        _assert_same(got, want)
+        assert got.untyped_storage().nbytes() == want.numel() * want.element_size()
+        back = pickle.loads(pickle.dumps(got))
+        assert torch.equal(back, want)
+        got.zero_()  # writable, its own memory
+        assert not torch.equal(got, want) and torch.equal(back, want)
+        del got, back  # the pixels go with the tensor (the DLPack deleter)
+    # what the C decoder declines (CMYK) still goes to Pillow
+    cmyk = IMAGES["cmyk"][0]
+    calls.clear()
+    _assert_same(dec(cmyk), want_dec(cmyk))
+
+
+def test_an_unconsumed_capsule_frees_its_pixels():
+    data = IMAGES["420 64x64"][0]
+    for channels in (1, 3):
+        for _ in range(1000):  # each capsule dropped unconsumed: freed by its destructor
+            assert _jpeg.dlpack(data, channels) is not None
+    assert _jpeg.dlpack(data, 4) is None and _jpeg.dlpack(b"not a jpeg", 3) is None
+    with pytest.raises(TypeError):
+        _jpeg.dlpack(data)
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
 def test_torch_uint8_is_the_chw_view_of_the_rgb8_array():
     data = IMAGES["444 odd"][0]
     t = images.image_decoder("torchrgb8")(data, "jpg")
@@ -174,3 +248,29 @@ def test_a_broken_jpeg_fails_as_before_naming_shard_and_member(mode, monkeypatch
     assert "k2.jpg" in msg and "shard-0.tar" in msg
     _without_c(monkeypatch)
     assert run() == msg
+
+
+def test_pil_images_are_made_in_c_with_this_pillow():
+    """With the Pillow installed here the template of a PIL image's attributes passes its checks,
+    so a JPEG field's ``pil`` decoder is the C call itself; the image is an ordinary one."""
+    dec = images.image_field_decoder("pil", None, "jpg")
+    assert isinstance(dec, functools.partial) and dec.func is _jpeg.pil_image, (
+        "the PIL template was refused: check images._templated against this Pillow"
+    )
+    data = IMAGES["420 64x64"][0]
+    img = dec(data)
+    want = Image.open(io.BytesIO(data))
+    want.load()
+    assert type(img) is Image.Image and (img.mode, img.size, img.format) == (
+        "RGB",
+        (64, 64),
+        "JPEG",
+    )
+    np.testing.assert_array_equal(np.asarray(img), np.asarray(want))
+    assert img.info == {} and img.readonly
+    other = dec(data)
+    assert other.info is not img.info  # nothing mutable shared between images
+    img.info["x"] = 1
+    assert other.info == {}
+    assert np.asarray(img.resize((8, 8))).shape == (8, 8, 3)
+    assert np.asarray(img.convert("L")).shape == (64, 64)

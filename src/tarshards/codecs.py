@@ -15,7 +15,6 @@ declared here by the package (:data:`OPTIONAL_CODECS`, :data:`OPTIONAL_ARRAY_KIN
 
 from __future__ import annotations
 
-import functools
 import gzip
 import importlib
 import io
@@ -33,6 +32,7 @@ from .images import (
     _dec_image_pil,
     _enc_image,
     image_decoder,
+    image_field_decoder,
     register_array_kind,
     register_image_mode,
 )
@@ -308,10 +308,7 @@ def field_decoder(
     if codec.image:
         if image_mode is None:
             return None
-        img = image_decoder(image_mode, size)
-        if type(img) is functools.partial:
-            return functools.partial(img, ext=last)  # flattened: one C-level call
-        return lambda data: img(data, last)
+        return image_field_decoder(image_mode, size, last)
     if not codec.safe and not allow_unsafe:
         return _refuse(ext)
     dec = codec.decode

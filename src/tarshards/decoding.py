@@ -247,110 +247,128 @@ def _decode_tuple(
         return plan
 
     # The common case (no custom handlers; every position one field, decoded, the first of its
-    # alternatives) has a row function: values looked up and decoded in one small call, no key
-    # tuple and no plan lookup (a sample lacking a field, or with a field already decoded, makes
-    # it return None and the plan's loop decides). It is tried on every sample while it stands.
-    fast: Callable | None = None
+    # alternatives) has a loop of its own once a sample shows it: values looked up and decoded
+    # inline, no key tuple, no plan lookup and no call but the decoders'. A sample lacking a
+    # field, with a field already decoded, or whose decoding fails goes through row() (the plan's
+    # loop), which decides, names the field of an error and applies the policy.
+    fast_plan: Plan | None = None
 
-    for sample in samples:
+    def row(sample):
+        """The sample's tuple, or _SKIP / _STOP (what the policy says of its error)."""
+        nonlocal fast_plan
         k = None
         try:
-            row = None
-            if fast is not None:
-                try:
-                    row = fast(sample)
-                except Exception:  # noqa: BLE001 - decoded again below, to name the field
-                    row = None
-            if row is None:
-                keys = tuple(sample)
-                plan = plans.get(keys)
-                if plan is None:
-                    plan = plan_for(sample, keys)
-                    if not custom and all(
+            keys = tuple(sample)
+            plan = plans.get(keys)
+            if plan is None:
+                plan = plan_for(sample, keys)
+                if (
+                    fast_plan is None
+                    and not custom
+                    and all(
                         f == alts[0] and decoded and dec is not None
                         for (f, decoded, dec), alts in zip(plan, options)
-                    ):
-                        fast = _row_function(plan)
-                out: list = []
-                sample_rng = None
-                for k, decoded, dec in plan:
-                    if k is None:
-                        out.append(None)
-                        continue
-                    v = sample[k]
-                    if decoded:
-                        if type(v) is not bytes and not isinstance(v, _BYTES_LIKE):
-                            if not partial:
-                                raise _already_decoded(k, v)
-                        elif custom:
-                            value, sample_rng = _handled(
-                                custom, seeded, base, sample, sample_rng, k, v
-                            )
-                            if value is not None:
-                                v = value
-                            elif dec is not None:
-                                v = dec(v)
+                    )
+                ):
+                    fast_plan = plan
+            out: list = []
+            sample_rng = None
+            for k, decoded, dec in plan:
+                if k is None:
+                    out.append(None)
+                    continue
+                v = sample[k]
+                if decoded:
+                    if type(v) is not bytes and not isinstance(v, _BYTES_LIKE):
+                        if not partial:
+                            raise _already_decoded(k, v)
+                    elif custom:
+                        value, sample_rng = _handled(custom, seeded, base, sample, sample_rng, k, v)
+                        if value is not None:
+                            v = value
                         elif dec is not None:
                             v = dec(v)
-                    out.append(v)
-                row = tuple(out)
+                    elif dec is not None:
+                        v = dec(v)
+                out.append(v)
+            return tuple(out)
         except MissingFieldError as exn:
-            if policy(sample_context(exn, sample)):
-                continue
-            return
+            return _SKIP if policy(sample_context(exn, sample)) else _STOP
         except Exception as exn:
-            if policy(sample_context(exn, sample, k, wrap=True)):
-                continue
+            return _SKIP if policy(sample_context(exn, sample, k, wrap=True)) else _STOP
+
+    it = iter(samples)
+    for sample in it:
+        first = row(sample)
+        if first is _SKIP:
+            continue
+        if first is _STOP:
             return
-        yield row
-
-
-_RAW = frozenset((bytes, bytearray, memoryview))  # what a row function decodes
-
-
-def _row_function(plan) -> Callable[[Any], tuple | None]:
-    """``row(sample)``: the decoded tuple of the plan's fields (all present and decoded), or
-    ``None`` when the sample lacks one or one is not raw bytes."""
-    names = tuple(f for f, _, _ in plan)
-    decs = tuple(dec for _, _, dec in plan)
+        yield first
+        if fast_plan is not None:
+            break
+    else:
+        return
+    # the rest in the common case's loop (one generator: no frame more per sample)
+    names = tuple(f for f, _, _ in fast_plan)
+    decs: tuple[Callable, ...] = tuple(dec for _, _, dec in fast_plan if dec is not None)
     raw = _RAW
-    if len(names) == 1:
-        ((k0,), (d0,)) = names, decs
-
-        def row1(sample):
-            try:
-                v0 = sample[k0]
-            except KeyError:
-                return None
-            if type(v0) in raw:
-                return (d0(v0),)
-            return None
-
-        return row1
+    got: Any
     if len(names) == 2:
         (k0, k1), (d0, d1) = names, decs
-
-        def row2(sample):
+        for sample in it:
             try:
                 v0 = sample[k0]
                 v1 = sample[k1]
-            except KeyError:
-                return None
-            if type(v0) in raw and type(v1) in raw:
-                return (d0(v0), d1(v1))
-            return None
-
-        return row2
+                got = (d0(v0), d1(v1)) if type(v0) in raw and type(v1) in raw else None
+            except Exception:  # noqa: BLE001 - row() decodes it again, to name the field
+                got = None
+            if got is None:
+                got = row(sample)
+                if got is _SKIP:
+                    continue
+                if got is _STOP:
+                    return
+            yield got
+        return
+    if len(names) == 1:
+        ((k0,), (d0,)) = names, decs
+        for sample in it:
+            try:
+                v0 = sample[k0]
+                got = (d0(v0),) if type(v0) in raw else None
+            except Exception:  # noqa: BLE001 - row() decodes it again, to name the field
+                got = None
+            if got is None:
+                got = row(sample)
+                if got is _SKIP:
+                    continue
+                if got is _STOP:
+                    return
+            yield got
+        return
     get = itemgetter(*names)
-
-    def row(sample):
+    for sample in it:
         try:
             vals = get(sample)
-        except KeyError:
-            return None
-        for v in vals:
-            if type(v) not in raw:
-                return None
-        return tuple([d(v) for d, v in zip(decs, vals)])
+            got = None
+            for v in vals:
+                if type(v) not in raw:
+                    break
+            else:
+                got = tuple([d(v) for d, v in zip(decs, vals)])
+        except Exception:  # noqa: BLE001 - row() decodes it again, to name the field
+            got = None
+        if got is None:
+            got = row(sample)
+            if got is _SKIP:
+                continue
+            if got is _STOP:
+                return
+        yield got
 
-    return row
+
+_SKIP = object()  # row(): the policy skips the sample
+_STOP = object()  # row(): the policy ends the stage
+
+_RAW = frozenset((bytes, bytearray, memoryview))  # what the common case's loop decodes

@@ -9,6 +9,7 @@ modes' array kinds are optional entries that :mod:`tarshards.torch` fills.
 
 from __future__ import annotations
 
+import base64
 import functools
 import io
 import types
@@ -27,6 +28,7 @@ __all__ = [
     "IMAGE_EXTENSIONS",
     "IMAGE_MODES",
     "image_decoder",
+    "image_field_decoder",
     "register_array_kind",
     "register_image_mode",
 ]
@@ -141,11 +143,14 @@ class ArrayKind:
     JPEGs are decoded at the smallest reduced scale that is at least ``size``. ``wrap``, when
     given, is what ``convert(array, None)`` gives, made from the array's CxHxW view (HxW for one
     channel) instead: images decoded at their own size are built as that view directly
-    (``torch.from_numpy`` for the torch kinds)."""
+    (``torch.from_numpy`` for the torch kinds). ``from_dlpack``, when given, is what ``wrap``
+    gives, made from a DLPack capsule of that view (no array object in between): what the C
+    decoder's JPEGs are built with (``torch.from_dlpack`` for the torch kinds)."""
 
     convert: Callable[[Any, Any], Any]
     resizes: bool = False
     wrap: Callable[[Any], Any] | None = None
+    from_dlpack: Callable[[Any], Any] | None = None
 
 
 _ARRAY_KINDS: dict[str, ArrayKind] = {}
@@ -159,10 +164,11 @@ def register_array_kind(
     *,
     resizes: bool = False,
     wrap: Callable[[Any], Any] | None = None,
+    from_dlpack: Callable[[Any], Any] | None = None,
 ) -> None:
     """Add (or replace) the kind ``kind`` of image modes: ``convert(uint8_array, size)`` (see
-    :class:`ArrayKind` for ``resizes`` and ``wrap``)."""
-    _ARRAY_KINDS[kind] = ArrayKind(convert, resizes, wrap)
+    :class:`ArrayKind` for ``resizes``, ``wrap`` and ``from_dlpack``)."""
+    _ARRAY_KINDS[kind] = ArrayKind(convert, resizes, wrap, from_dlpack)
 
 
 def _array_kind(kind: str, mode: str) -> ArrayKind:
@@ -182,12 +188,25 @@ def _array_kind(kind: str, mode: str) -> ArrayKind:
 def _cjpeg():
     """The optional C decoder over the system's libjpeg-turbo (``tarshards._jpeg``), or
     ``None`` where it was not built: whole images (``image``) and a crop's rows and columns
-    (``decode``)."""
+    (``decode``), whole images as DLPack capsules (``dlpack``), and a JPEG field's value in one
+    call: an array (``array_value``), a tensor from a capsule (``dlpack_value``), a PIL image
+    (``pil_image``)."""
     try:
         from ._jpeg import decode, header, image
     except ImportError:
         return None
-    return types.SimpleNamespace(decode=decode, header=header, image=image)
+    from . import _jpeg
+
+    return types.SimpleNamespace(
+        decode=decode,
+        header=header,
+        image=image,
+        # None in a module built before them
+        dlpack=getattr(_jpeg, "dlpack", None),
+        dlpack_value=getattr(_jpeg, "dlpack_value", None),
+        array_value=getattr(_jpeg, "array_value", None),
+        pil_image=getattr(_jpeg, "pil_image", None),
+    )
 
 
 @functools.cache
@@ -353,8 +372,15 @@ def _pil_jpeg_fast(data: bytes, pil_mode: str | None, size, memo: _HeaderMemo | 
     return img
 
 
-@functools.cache
 def _rgbx_buffer_mapper() -> Callable[[Any, int, int], Any] | None:
+    """``wrap(buf, width, height)``: an RGB PIL image over the memory of ``buf`` (see
+    :func:`_rgbx_mapping`), or ``None``."""
+    mapping = _rgbx_mapping()
+    return None if mapping is None else mapping[0]
+
+
+@functools.cache
+def _rgbx_mapping() -> tuple[Callable[[Any, int, int], Any], tuple | None] | None:
     """``wrap(buf, width, height)``: an RGB PIL image over the memory of ``buf`` (height x width
     RGBX pixels: a bytearray, an HxWx4 uint8 array), or ``None``.
 
@@ -365,23 +391,28 @@ def _rgbx_buffer_mapper() -> Callable[[Any, int, int], Any] | None:
     RGB mode; the image is read-only, so Pillow copies it before any in-place change. Checked
     once on a probe image; when this Pillow does not give the expected pixels, ``None`` (the
     copying path).
+
+    Returns ``(wrap, parts)``: ``parts`` are those of :func:`_templated` (``None`` when wrap is
+    the plain one).
     """
     from PIL import Image
 
     try:
         map_buffer = Image.core.map_buffer
-        new_image = Image.Image
+        image_class = Image.Image
         args = ("RGB", 0, 1)
 
-        def wrap(buf, width, height):
+        def wrap_plain(buf, width, height):
             size = (width, height)
-            img = new_image()  # what Image._new does, less its palette and info copies
+            img = image_class()  # what Image._new does, less its palette and info copies
             img.im = map_buffer(buf, size, "raw", 0, args)
             img._mode = "RGB"
             img._size = size
             img.readonly = 1
             return img
 
+        templated = _templated(wrap_plain, image_class, map_buffer, args)
+        wrap, parts = (wrap_plain, None) if templated is None else templated
         for probe in (
             np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4),
             bytearray(range(2 * 3 * 4)),
@@ -401,7 +432,54 @@ def _rgbx_buffer_mapper() -> Callable[[Any, int, int], Any] | None:
                 return None
     except Exception:  # noqa: BLE001 - any failure means: use the public, copying path
         return None
-    return wrap
+    return wrap, parts
+
+
+_IMMUTABLE = (type(None), bool, int, float, str, bytes)
+
+
+def _templated(wrap_plain, image_class, map_buffer, args):
+    """:func:`_rgbx_buffer_mapper`'s ``wrap`` in fewer steps, or ``None``: the attributes of an
+    image that ``wrap_plain`` made, copied from a template dict, with the mapped core, the size
+    and a new ``info`` dict put in; no ``Image.__init__`` and no property setters per image
+    (about a microsecond less each). ``None`` when that image's attributes are not what this
+    expects (one holding the core, one the size, an empty ``info``, the rest immutable), so
+    that an image is never made to share anything but immutable values with another.
+
+    Returns ``(wrap, (image_class, template, core_key, size_key, map_buffer, args))``: the
+    parts are what ``tarshards._jpeg.pil_image`` makes the same image from.
+    """
+    buf = bytearray(4 * 3 * 2)
+    img = wrap_plain(buf, 3, 2)
+    core = img.im
+    template = dict(vars(img))
+    core_keys = [k for k, v in template.items() if v is core]
+    size_keys = [k for k, v in template.items() if v == (3, 2) and type(v) is tuple]
+    if len(core_keys) != 1 or len(size_keys) != 1 or template.get("info") != {}:
+        return None
+    core_key, size_key = core_keys[0], size_keys[0]
+    for k, v in template.items():
+        if k not in (core_key, size_key, "info") and type(v) not in _IMMUTABLE:
+            return None
+    new = object.__new__
+    if image_class.__new__ is not new:
+        return None
+    template[core_key] = template[size_key] = None  # set per image (not the probe's, kept)
+
+    def wrap(buf, width, height):
+        size = (width, height)
+        img = new(image_class)
+        attrs = template.copy()
+        attrs[core_key] = map_buffer(buf, size, "raw", 0, args)
+        attrs[size_key] = size
+        attrs["info"] = {}
+        img.__dict__ = attrs
+        return img
+
+    made = wrap(buf, 3, 2)
+    if vars(made).keys() != template.keys() or made.mode != "RGB" or made.size != (3, 2):
+        return None
+    return wrap, (image_class, template, core_key, size_key, map_buffer, args)
 
 
 @functools.cache
@@ -491,7 +569,14 @@ def image_decoder(mode: str, size=None) -> Callable[[bytes, str], Any]:
         def dec_float(data, ext):
             return to_uint8(data, ext).astype(float32) / scale
 
-        return dec_float
+        jpeg_uint8 = getattr(to_uint8, "jpeg", None)
+        if jpeg_uint8 is None:
+            return dec_float
+
+        def jpeg_float(data):
+            return jpeg_uint8(data).astype(float32) / scale
+
+        return _by_extension(jpeg_float, dec_float)
     # other kinds (torch tensors: registered by tarshards.torch) convert the uint8 array
     found = _array_kind(kind, mode)
     if plain:
@@ -513,6 +598,34 @@ def _sized_array_decoder(pil_mode: str | None, size) -> Callable[[bytes, str], A
         return _image_array(data, ext, pil_mode, size)
 
     return dec
+
+
+def _by_extension(jpeg: Callable[[Any], Any], fallback: Callable[[Any, str], Any]):
+    """``dec(data, ext)``: ``jpeg(data)`` for a JPEG extension, ``fallback(data, ext)`` for the
+    rest. ``dec.jpeg`` is ``jpeg`` itself: what a JPEG field's decoder is
+    (:func:`image_field_decoder`), one call per sample."""
+
+    def dec(data, ext):
+        if ext in _JPEG:
+            return jpeg(data)
+        return fallback(data, ext)
+
+    dec.jpeg = jpeg  # type: ignore[attr-defined]
+    return dec
+
+
+def image_field_decoder(mode: str, size=None, ext: str = "jpg") -> Callable[[Any], Any]:
+    """``decode(data) -> image`` for a field of extension ``ext`` (lower case) in ``mode``: what
+    ``image_decoder(mode, size)(data, ext)`` gives, with the JPEG paths through the C decoder
+    called directly (no wrapper per sample)."""
+    dec = image_decoder(mode, size)
+    if ext in _JPEG:
+        jpeg = getattr(dec, "jpeg", None)
+        if jpeg is not None:
+            return jpeg
+    if type(dec) is functools.partial:
+        return functools.partial(dec, ext=ext)  # flattened: one C-level call
+    return lambda data: dec(data, ext)
 
 
 def _plain_array_decoder(pil_mode: str | None, kind: ArrayKind | None = None):
@@ -543,67 +656,151 @@ def _plain_array_decoder(pil_mode: str | None, kind: ArrayKind | None = None):
     if cj is None:
         return fallback
     image, ndarray, uint8 = cj.image, np.ndarray, np.uint8
+    channels = 1 if pil_mode == "L" else 3
+
+    # what the C decoder declines goes to the fallback as a JPEG: "jpg" and "jpeg" are one to it
+    def declined(data):
+        return fallback(data, "jpg")
+
+    # a JPEG field's decoder in one C call: a tensor from a DLPack capsule of the pixels, or the
+    # array over them
+    dlpack_value = getattr(cj, "dlpack_value", None)
+    from_dlpack = None if kind is None else kind.from_dlpack
+    if dlpack_value is not None and from_dlpack is not None:
+        return _by_extension(
+            functools.partial(dlpack_value, from_dlpack, channels, declined), fallback
+        )
+    array_value = getattr(cj, "array_value", None)
+    if array_value is not None and kind is None:
+        return _by_extension(
+            functools.partial(array_value, ndarray, uint8, channels, declined), fallback
+        )
 
     if pil_mode == "L":
 
-        def grey(data, ext):
-            if ext in _JPEG:
-                got = image(data, 1, False)
-                if got is not None:
-                    px, w, h = got
-                    arr = ndarray((h, w), uint8, px)
-                    if wrap is not None:
-                        return wrap(arr)
-                    return arr if convert is None else convert(arr, None)
-            return fallback(data, ext)
+        def grey(data):
+            got = image(data, 1, False)
+            if got is not None:
+                px, w, h = got
+                arr = ndarray((h, w), uint8, px)
+                if wrap is not None:
+                    return wrap(arr)
+                return arr if convert is None else convert(arr, None)
+            return fallback(data, "jpg")
 
-        return grey
+        return _by_extension(grey, fallback)
 
     if wrap is not None:
 
-        def rgb_chw(data, ext):
-            if ext in _JPEG:
-                got = image(data, 3, False)
-                if got is not None:
-                    px, w, h = got
-                    return wrap(ndarray((3, h, w), uint8, px, 0, (1, 3 * w, 3)))
-            return fallback(data, ext)
-
-        return rgb_chw
-
-    def rgb(data, ext):
-        if ext in _JPEG:
+        def rgb_chw(data):
             got = image(data, 3, False)
             if got is not None:
                 px, w, h = got
-                arr = ndarray((h, w, 3), uint8, px)
-                return arr if convert is None else convert(arr, None)
-        return fallback(data, ext)
+                return wrap(ndarray((3, h, w), uint8, px, 0, (1, 3 * w, 3)))
+            return fallback(data, "jpg")
 
-    return rgb
+        return _by_extension(rgb_chw, fallback)
+
+    if convert is None:
+
+        def rgb(data):
+            got = image(data, 3, False)
+            if got is not None:
+                px, w, h = got
+                return ndarray((h, w, 3), uint8, px)
+            return fallback(data, "jpg")
+
+        return _by_extension(rgb, fallback)
+
+    def rgb_converted(data):
+        got = image(data, 3, False)
+        if got is not None:
+            px, w, h = got
+            return convert(ndarray((h, w, 3), uint8, px), None)
+        return fallback(data, "jpg")
+
+    return _by_extension(rgb_converted, fallback)
 
 
 def _pil_cjpeg(fallback) -> Callable[[bytes, str], Any] | None:
     """``pil``/``pilrgb`` at the image's own size: a plain RGB JPEG (3 components, no EXIF or ICC
     profile before its frame header: what :class:`_HeaderMemo` lets through) decoded by the C
     decoder into RGBX and wrapped as a PIL image over that buffer; anything else to
-    ``fallback``. ``None`` without the C decoder or Pillow's buffer mapping."""
+    ``fallback``. ``None`` without the C decoder or Pillow's buffer mapping.
+
+    Where the image's attributes come from a template (:func:`_templated`), the C decoder makes
+    the image itself (``_jpeg.pil_image``, the same attributes; checked here on a probe JPEG):
+    one C call per sample."""
     cj = _cjpeg()
     wrap = _rgbx_buffer_mapper()
     if cj is None or wrap is None:
         return None
     image = cj.image
 
-    def dec(data, ext):
-        if ext in _JPEG:
-            got = image(data, 4, True)
-            if got is not None:
-                img = wrap(*got)
-                img.format = "JPEG"
-                return img
-        return fallback(data, ext)
+    def pil(data):
+        got = image(data, 4, True)
+        if got is not None:
+            img = wrap(*got)
+            img.format = "JPEG"
+            return img
+        return fallback(data, "jpg")
 
-    return dec
+    pil_image = getattr(cj, "pil_image", None)
+    parts = _pil_image_template()
+    if pil_image is None or parts is None:
+        return _by_extension(pil, fallback)
+
+    def declined(data):
+        return fallback(data, "jpg")
+
+    return _by_extension(functools.partial(pil_image, *parts, declined), fallback)
+
+
+# a 5x3 RGB JPEG (Pillow's, optimized tables: 286 bytes), the probe of _pil_image_template (made
+# here once: encoding one would load Pillow's plugins, some 20 ms in every new process)
+_PROBE_JPEG = (
+    "/9j/4AAQSkZJRgABAQAAAQABAAD/2wBDAFA3PEY8MlBGQUZaVVBfeMiCeG5uePWvuZHI//////////////////////"
+    "//////////////////////////////2wBDAVVaWnhpeOuCguv///////////////////////////////////////"
+    "//////////////////////////////////wAARCAADAAUDASIAAhEBAxEB/8QAFQABAQAAAAAAAAAAAAAAAAAAAAP/"
+    "xAAUEAEAAAAAAAAAAAAAAAAAAAAA/8QAFQEBAQAAAAAAAAAAAAAAAAAAAAT/xAAUEQEAAAAAAAAAAAAAAAAAAAAA/9oA"
+    "DAMBAAIRAxEAPwCYAof/2Q=="
+)
+
+
+@functools.cache
+def _pil_image_template() -> tuple | None:
+    """``(image_class, template, core_key, size_key, map_buffer, args)``: the first arguments of
+    ``tarshards._jpeg.pil_image`` for ``pil``'s image of a plain RGB JPEG (then what it declines
+    goes to, and the data); ``None`` without the C decoder, without a template
+    (:func:`_templated`), or when the image it makes of a probe JPEG is not the one the Python
+    wrap makes."""
+    try:
+        from ._jpeg import image, pil_image
+    except ImportError:
+        return None
+    mapping = _rgbx_mapping()
+    if mapping is None:
+        return None
+    wrap, found = mapping
+    if found is None:
+        return None
+    image_class, template, core_key, size_key, map_buffer, args = found
+    parts = (image_class, dict(template, format="JPEG"), core_key, size_key, map_buffer, args)
+    try:
+        probe = base64.b64decode(_PROBE_JPEG)
+        a = pil_image(*parts, lambda data: None, probe)
+        b = wrap(*image(probe, 4, True))
+        b.format = "JPEG"
+        if not (
+            type(a) is type(b)
+            and vars(a).keys() == vars(b).keys()
+            and (a.mode, a.size, a.format, a.info, a.readonly) == (b.mode, b.size, "JPEG", {}, 1)
+            and a.tobytes() == b.tobytes()
+        ):
+            return None
+    except Exception:  # noqa: BLE001 - any failure means: the Python wrap
+        return None
+    return parts
 
 
 def _converted_image(data: bytes, ext: str, *, convert, pil_mode: str | None, size, resize: bool):

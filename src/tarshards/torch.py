@@ -609,17 +609,21 @@ def load_pth(data: bytes):
 # the registry entries that need torch (declared by name in tarshards/__init__.py)
 # ---------------------------------------------------------------------------------------------
 
+# a DLPack capsule's tensor: torch.from_dlpack less its checks for objects with __dlpack__
+_from_capsule = getattr(torch._C, "_from_dlpack", None) or torch.from_dlpack
 register_array_kind(
     "torch-uint8",
     lambda arr, size: image_to_tensor(arr, False, size=size),
     resizes=True,
     wrap=torch.from_numpy,  # image_to_tensor(arr, False) of the CxHxW view
+    from_dlpack=_from_capsule,
 )
 register_array_kind(
     "torch-float",
     lambda arr, size: image_to_tensor(arr, True, size=size),
     resizes=True,
     wrap=lambda chw: torch.from_numpy(chw).to(torch.float32).div_(255.0),
+    from_dlpack=lambda capsule: _from_capsule(capsule).to(torch.float32).div_(255.0),
 )
 register_codec(
     Codec(
