@@ -55,8 +55,8 @@ def test_bench_pipeline_measures_each_stage(shards):
         report, stage_names=["read + group", "decode", "to_tuple", "batched"], loader=False
     )
     assert report["stages"][1]["samples"] == 60  # batches of 8 count as 8 samples
-    # decoding JPEGs costs more per sample than grouping their bytes
-    assert report["stages"][1]["stage_us_per_sample"] > report["stages"][2]["stage_us_per_sample"]
+    # (which stage costs more is a timing, of a few milliseconds here: not asserted; it flipped
+    # under load, and the fused decode+to_tuple can make the to_tuple prefix the faster one)
     text = format_report(report)
     assert "raw read" in text and "decode" in text and "bottleneck" in text
 
