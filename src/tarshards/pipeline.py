@@ -320,7 +320,7 @@ class WebDataset(DataPipeline):
             ]
             if len(set(per_rank)) == 1 or self.nodesplitter or self.workersplitter:
                 return
-            what = f"read {min(per_rank)} to {max(per_rank)} samples in epoch {ctx['epoch']}"
+            what = f"read {min(per_rank)} to {max(per_rank)} samples an epoch"
         else:
             what = "may read different numbers of samples (the shards' counts are unknown)"
         warnings.warn(
