@@ -32,6 +32,7 @@ from .errors import (
 from .manifest import Manifest, as_manifest
 from .storage import is_local, local_path, open_url
 from .storage.seek import read_exact
+from .format import split_name
 from .index import FLAG_REBUILT
 from .tario import BLOCK, iter_tar
 from .tario.headers import _checksum_ok, _number
@@ -294,7 +295,7 @@ class IndexedDataset:
         members = [
             (name, content)
             for name, content, _ in iter_tar((bytes(data), bytes(2 * BLOCK)), url, offset=base)
-            if _takes_part(name, info.keys[j])
+            if (split_name(name, info.index.last_dot) or ("",))[0] == info.keys[j]
         ]
         if len(members) != m1 - m0:
             raise IntegrityError(
@@ -425,14 +426,6 @@ class _ShardInfo:
         self.plain = idx.seekable and idx.compression == "none"
         # samples with a member to rebuild (GNU sparse): parsed, not sliced (usually none)
         self.rebuilt = frozenset(np.flatnonzero(idx.sample_flags & FLAG_REBUILT).tolist())
-
-
-def _takes_part(name: str, key: str) -> bool:
-    """Whether a member named ``name`` belongs to the sample ``key`` (as the indexer groups:
-    a leading ``./`` dropped, ``KEY.EXT``)."""
-    if name.startswith("./"):
-        name = name[2:]
-    return name.startswith(key + ".")
 
 
 def _inflate(data: bytes, compression: str, url, offset: int) -> bytes:

@@ -299,6 +299,8 @@ class WebDataset(DataPipeline):
 
         world = ctx["world_size"]
         if self.manifest is not None:
+            if self.nodesplitter or self.workersplitter:  # their split is not ours to count
+                return
             counts = self.manifest.counts()
             order = shard_order(
                 self.urls, seed=ctx["seed"], epoch=ctx["epoch"], shuffle=self.shardshuffle
@@ -318,7 +320,7 @@ class WebDataset(DataPipeline):
                 )
                 for r in range(world)
             ]
-            if len(set(per_rank)) == 1 or self.nodesplitter or self.workersplitter:
+            if len(set(per_rank)) == 1:
                 return
             what = f"read {min(per_rank)} to {max(per_rank)} samples an epoch"
         else:

@@ -264,8 +264,9 @@ def _batches(
                 long_name = pax = start = None
                 long_first = False
                 continue
+            pax_sparse = meta is not None and not _SPARSE_KEYS.isdisjoint(meta)
             if typeflag == _GNU_SPARSE:
-                if meta is not None and not _SPARSE_KEYS.isdisjoint(meta):
+                if pax_sparse:
                     raise HeaderError(
                         "an old-GNU sparse member with pax GNU.sparse records "
                         "(contradictory sparse maps)",
@@ -278,32 +279,18 @@ def _batches(
                 pos = b.pos
                 end = b.end
                 base = b.base
-                data_at = base + pos
-                data, pos = _take(b, pos, size, padded, source, name, start)
-            elif meta is None or _SPARSE_KEYS.isdisjoint(meta):
-                data_at = base + pos
-                data, pos = _take(b, pos, size, padded, source, name, start, view)
-            else:  # pax sparse: rebuilt below (bytes)
-                data_at = base + pos
-                data, pos = _take(b, pos, size, padded, source, name, start)
+            sparse = pax_sparse or typeflag == _GNU_SPARSE  # rebuilt below (bytes)
+            data_at = base + pos
+            data, pos = _take(b, pos, size, padded, source, name, start, None if sparse else view)
             end = b.end
             base = b.base
             if typeflag == _GNU_SPARSE:
                 data = _unsparse(data, chunks_map, realsize, source, name, start)
-            elif meta is not None and not _SPARSE_KEYS.isdisjoint(meta):
+            elif pax_sparse and meta is not None:
                 data = _pax_unsparse(data, meta, source, name, start)
             last = (name, start, None)
             if layout is not None:
-                layout.append(
-                    (
-                        first,
-                        data_at,
-                        size,
-                        len(data) != size
-                        or typeflag == _GNU_SPARSE
-                        or (meta is not None and not _SPARSE_KEYS.isdisjoint(meta)),
-                    )
-                )
+                layout.append((first, data_at, size, sparse))
             yield [(name, data, first)]
             long_name = pax = start = None
             long_first = False
