@@ -217,17 +217,30 @@ def _quiet():
     warnings.filterwarnings("ignore", message=".*worker processes in total.*")
 
 
-@pytest.mark.parametrize(
-    "num_workers,persistent", [(0, False), (1, False), (2, False), (3, False), (2, True), (3, True)]
-)
-def test_webloader_resumes_exactly(urls, num_workers, persistent):
+# (num_workers, persistent workers, shuffle buffer): 0-3 workers, persistent on and off, the
+# shuffle buffer on (5) and off (0)
+LOADER_CASES = [
+    (0, False, 5),
+    (1, False, 5),
+    (2, False, 5),
+    (3, False, 5),
+    (2, True, 5),
+    (3, True, 5),
+    (0, False, 0),
+    (1, True, 0),
+    (3, False, 0),
+]
+
+
+@pytest.mark.parametrize("num_workers,persistent,shuffle", LOADER_CASES)
+def test_webloader_resumes_exactly(urls, num_workers, persistent, shuffle):
     from tarshards.torch import WebLoader
 
     _quiet()
 
     def make():
         return WebLoader(
-            make_ds(urls, torch_ds=True),
+            make_ds(urls, torch_ds=True, shuffle=shuffle),
             batch_size=None,
             num_workers=num_workers,
             persistent_workers=persistent,
@@ -286,10 +299,11 @@ class _SDLRun:
     """A StatefulDataLoader as a trainer drives it (set_epoch each epoch when workers are not
     persistent: torchdata does not pass the epoch on)."""
 
-    def __init__(self, urls, num_workers, persistent, planned=True):
+    def __init__(self, urls, num_workers, persistent, planned=True, shuffle=5):
         from torchdata.stateful_dataloader import StatefulDataLoader
 
-        self.ds = make_ds(urls, torch_ds=True) if planned else make_plain(urls, torch_ds=True)
+        make = make_ds if planned else make_plain
+        self.ds = make(urls, torch_ds=True, shuffle=shuffle)
         self.persistent = persistent
         self.loader = StatefulDataLoader(
             self.ds, batch_size=None, num_workers=num_workers, persistent_workers=persistent
@@ -310,15 +324,17 @@ class _SDLRun:
         self.epoch = state["epoch"] - 1
 
 
-@pytest.mark.parametrize("num_workers,persistent", [(0, False), (2, False), (2, True)])
-def test_stateful_dataloader_resumes_exactly(urls, num_workers, persistent):
+@pytest.mark.parametrize("num_workers,persistent,shuffle", LOADER_CASES)
+def test_stateful_dataloader_resumes_exactly(urls, num_workers, persistent, shuffle):
     pytest.importorskip("torchdata.stateful_dataloader")
     _quiet()
     cuts = [(0, 0), (0, 7), (0, 18), (1, 5)]
-    check_resume(lambda: _SDLRun(urls, num_workers, persistent), epochs=2, cuts=cuts)
+    check_resume(
+        lambda: _SDLRun(urls, num_workers, persistent, shuffle=shuffle), epochs=2, cuts=cuts
+    )
 
 
-@pytest.mark.parametrize("num_workers,persistent", [(0, False), (2, False), (2, True)])
+@pytest.mark.parametrize("num_workers,persistent", [(0, False), (2, False), (2, True), (3, True)])
 def test_stateful_dataloader_resumes_a_plain_pipeline_exactly(urls, num_workers, persistent):
     """StatefulDataLoader keeps each worker's dataset state: without a plan, each worker's
     pipeline replays its own stream to its own position."""
