@@ -175,3 +175,74 @@ def test_c_scan_reads_a_header_whose_byte_sum_is_above_65521():
     members, pos = tario._scan_members(buf, 0, 0, len(buf))
     assert len(members) == 1 and members[0][1:] == (b"cc", 0) and pos == 1024
     assert members_of(buf, True) == members_of(buf, False) == (members, None)
+
+
+# ---- members behind pax headers (Python's tarfile and webdataset put one before every member) --
+
+
+def _pax_tar(members, **records) -> bytes:
+    """A PAX archive as tarfile writes files added from disk: a float mtime on every member (so a
+    pax header before each), extra records given as keyword arguments."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for name, data in members:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            ti.mtime = 1699848965.4376638
+            ti.pax_headers = dict(records)
+            tf.addfile(ti, io.BytesIO(data))
+    return buf.getvalue()
+
+
+_PAX_MEMBERS = [
+    ("s0.jpg", b"j" * 700),
+    ("s0.cls", b"3"),
+    ("d/" + "long" * 40 + ".txt", b"a long name: a path record"),
+    ("é/ü.json", b"{}"),
+    ("s1.cls", b""),
+]
+
+
+@pytest.mark.parametrize("records", [{}, {"comment": "x", "SCHILY.xattr.user.k": "v"}])
+def test_c_scan_reads_members_behind_harmless_pax_headers(records):
+    data = _pax_tar(_PAX_MEMBERS, **records)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        want = [(ti.name, tf.extractfile(ti).read(), ti.offset) for ti in tf]
+    assert all(data[o + 156] == ord("x") for _, _, o in want)  # each member behind a pax header
+    got, pos = tario._scan_members(data, 0, 0, len(data), len(data), None, True)
+    assert got == want and data[pos : pos + 1024] == bytes(1024)
+    assert tario._scan_members(data, 0, 0, len(data), len(data), None, False) == ([], 0)
+    assert members_of(data, True) == members_of(data, False) == (want, None)
+    assert read(data, 1 << 20, True) == read(data, 1 << 20, False)
+
+
+def _pax_header(payload: bytes) -> bytes:
+    ti = tarfile.TarInfo("././@PaxHeader")
+    ti.type = tarfile.XHDTYPE
+    ti.size = len(payload)
+    return ti.tobuf(tarfile.USTAR_FORMAT) + payload + bytes(-len(payload) % 512)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"12 size=700\n",  # changes the data's size
+        b"22 GNU.sparse.major=1\n",  # a sparse member
+        b"9 path=\n",  # an empty path: the header's name wins
+        b"11 path=d/\n",  # a path ending in '/'
+        b"15 path=x.jpg\n",  # a length beyond the record
+        b"10 pathx.jpg\n",  # no '='
+        b"x9 path=a\n",  # not a length
+        b"13 path=x.jpg",  # no newline
+    ],
+)
+def test_c_scan_hands_other_pax_headers_to_python(payload):
+    """What the C loop does not read exactly as the Python path does, it leaves to it: the
+    Python path reads the member (or raises) and both paths agree."""
+    member = tarfile.TarInfo("s0.jpg")
+    member.size = 700
+    data = _pax_header(payload) + member.tobuf(tarfile.USTAR_FORMAT) + b"j" * 700 + bytes(324)
+    data += bytes(1024)
+    assert tario._scan_members(data, 0, 0, len(data), len(data), None, True) == ([], 0)
+    assert members_of(data, True) == members_of(data, False)
+    assert read(data, 1 << 20, True) == read(data, 1 << 20, False)

@@ -64,12 +64,10 @@ header_sum(const unsigned char *h)
 /* a canonical ustar header of a regular file ('0', no prefix or link name, octal size, checksum
  * right): its size in *size, else 0 (the Python path decides what the header is, and raises) */
 static int
-plain_header(const unsigned char *h, long long *size)
+canonical_header(const unsigned char *h, long long *size)
 {
     long long stored;
-    if (h[156] != '0' || h[135] != 0 || h[345] != 0)
-        return 0;
-    if (!parse_octal(h + 124, 11, size))
+    if (h[135] != 0 || !parse_octal(h + 124, 11, size))
         return 0;
     if (h[154] != 0 && h[154] != ' ')
         return 0;
@@ -78,13 +76,91 @@ plain_header(const unsigned char *h, long long *size)
     return (long long)header_sum(h) == stored;
 }
 
-/* scan_members(buf, pos, base, end[, limit[, view]]) -> (members, pos)
+static int
+plain_header(const unsigned char *h, long long *size)
+{
+    if (h[156] != '0' || h[345] != 0)
+        return 0;
+    return canonical_header(h, size);
+}
+
+#define MAX_META (1 << 20) /* tario.headers._MAX_META */
+
+/* The records of a pax header's payload that leave the member's reading as the plain path reads
+ * it: every record well formed (as tario.headers._parse_pax accepts it), no "size" and no
+ * "GNU.sparse." key (those change what the data is), no empty or '/'-ended "path" (those change
+ * which name wins: the Python path decides). *path: the value of the last "path" record, or
+ * NULL. Returns 0 at anything else (the Python path reads the member, and raises). */
+static int
+harmless_pax(const unsigned char *p, Py_ssize_t n, const unsigned char **path, Py_ssize_t *pathlen)
+{
+    Py_ssize_t pos = 0;
+    *path = NULL;
+    *pathlen = 0;
+    while (pos < n && p[pos] != 0) {
+        Py_ssize_t sp = pos, length = 0;
+        while (sp < n && sp < pos + 21 && p[sp] != ' ')
+            sp++;
+        if (sp >= n || sp == pos || sp >= pos + 21 || p[sp] != ' ')
+            return 0;
+        for (Py_ssize_t i = pos; i < sp; i++) {
+            if (p[i] < '0' || p[i] > '9' || length > (PY_SSIZE_T_MAX - 9) / 10)
+                return 0;
+            length = length * 10 + (p[i] - '0');
+        }
+        if (length > n - pos || pos + length <= sp + 1 || p[pos + length - 1] != '\n')
+            return 0;
+        const unsigned char *key = p + sp + 1;
+        Py_ssize_t reclen = pos + length - 1 - (sp + 1); /* the record without its newline */
+        const unsigned char *eq = memchr(key, '=', (size_t)reclen);
+        if (eq == NULL)
+            return 0;
+        Py_ssize_t keylen = eq - key, vallen = reclen - keylen - 1;
+        if ((keylen == 4 && memcmp(key, "size", 4) == 0) ||
+            (keylen >= 10 && memcmp(key, "GNU.sparse", 10) == 0))
+            return 0;
+        if (keylen == 4 && memcmp(key, "path", 4) == 0) {
+            if (vallen == 0 || eq[vallen] == '/')
+                return 0;
+            *path = eq + 1;
+            *pathlen = vallen;
+        }
+        pos += length;
+    }
+    return 1;
+}
+
+/* A pax extended header ('x') at h whose records are harmless (see harmless_pax), followed by a
+ * plain member header, all inside the first `room` bytes from h: the member header's distance
+ * from h in *at, its data size in *size, the pax path (or NULL) in *path and *pathlen. */
+static int
+pax_member(const unsigned char *h, Py_ssize_t room, Py_ssize_t *at, long long *size,
+           const unsigned char **path, Py_ssize_t *pathlen)
+{
+    long long psize;
+    if (h[156] != 'x' || !canonical_header(h, &psize) || psize > MAX_META)
+        return 0;
+    Py_ssize_t member = BLOCK + (Py_ssize_t)((psize + 511) & ~(long long)511);
+    if (member > room - BLOCK)
+        return 0;
+    if (!harmless_pax(h + BLOCK, (Py_ssize_t)psize, path, pathlen))
+        return 0;
+    if (!plain_header(h + member, size) || *size > room - member - BLOCK)
+        return 0;
+    *at = member;
+    return 1;
+}
+
+/* scan_members(buf, pos, base, end[, limit[, view[, pax]]]) -> (members, pos)
  * members: list of (name, data, offset) for consecutive plain members; stops at the first header
  * that is not a canonical '0' member fully inside buf, or whose checksum does not match, or
  * (with limit) at the first header that starts at or after limit. buf may be any buffer (a
  * bytearray, an mmap): each member's data is copied once, into its bytes object; or, with view
  * (a memoryview of buf; None: copy), it is view[start:stop], no copy: the slice holds the
- * export of buf, so buf stays alive (and an mmap stays mapped) as long as any slice does. */
+ * export of buf, so buf stays alive (and an mmap stays mapped) as long as any slice does.
+ * With pax true, a member whose pax extended header holds only records that leave its reading
+ * unchanged (mtime, atime, ctime, uid...; a path, which names it) is read too, offset at its
+ * pax header (as Python tarfile and webdataset write every member, and GNU tar --format=posix). */
 /* view[start:stop] (a memoryview sharing view's export: no copy) */
 static PyObject *
 member_view(PyObject *view, Py_ssize_t start, Py_ssize_t stop)
@@ -108,7 +184,8 @@ scan_members(PyObject *self, PyObject *args)
     Py_ssize_t pos, n, limit = PY_SSIZE_T_MAX;
     long long base;
     PyObject *slices = Py_None; /* a memoryview of buf: members are slices of it */
-    if (!PyArg_ParseTuple(args, "y*nLn|nO", &view, &pos, &base, &n, &limit, &slices))
+    int pax = 0;
+    if (!PyArg_ParseTuple(args, "y*nLn|nOp", &view, &pos, &base, &n, &limit, &slices, &pax))
         return NULL;
     if (slices != Py_None && !PyMemoryView_Check(slices)) {
         PyBuffer_Release(&view);
@@ -124,18 +201,28 @@ scan_members(PyObject *self, PyObject *args)
     while (n - pos >= BLOCK && pos < limit) {
         const unsigned char *h = buf + pos;
         long long size;
-        if (!plain_header(h, &size) || size > n - pos - BLOCK)
-            break; /* the Python path decides (and raises) */
-        const unsigned char *nul = memchr(h, 0, 100);
-        Py_ssize_t namelen = nul ? (Py_ssize_t)(nul - h) : 100;
-        PyObject *name = PyUnicode_DecodeUTF8((const char *)h, namelen, "surrogateescape");
+        Py_ssize_t at = 0; /* the member's own header: h + at (after a pax header) */
+        const unsigned char *path = NULL;
+        Py_ssize_t pathlen = 0;
+        if (!plain_header(h, &size) || size > n - pos - BLOCK) {
+            if (!pax || !pax_member(h, n - pos, &at, &size, &path, &pathlen))
+                break; /* the Python path decides (and raises) */
+        }
+        PyObject *name;
+        if (path != NULL) {
+            name = PyUnicode_DecodeUTF8((const char *)path, pathlen, "surrogateescape");
+        } else {
+            const unsigned char *nul = memchr(h + at, 0, 100);
+            Py_ssize_t namelen = nul ? (Py_ssize_t)(nul - (h + at)) : 100;
+            name = PyUnicode_DecodeUTF8((const char *)h + at, namelen, "surrogateescape");
+        }
         if (name == NULL)
             goto fail;
         PyObject *data;
         if (slices == Py_None)
-            data = PyBytes_FromStringAndSize((const char *)h + BLOCK, (Py_ssize_t)size);
+            data = PyBytes_FromStringAndSize((const char *)h + at + BLOCK, (Py_ssize_t)size);
         else
-            data = member_view(slices, pos + BLOCK, pos + BLOCK + (Py_ssize_t)size);
+            data = member_view(slices, pos + at + BLOCK, pos + at + BLOCK + (Py_ssize_t)size);
         if (data == NULL) {
             Py_DECREF(name);
             goto fail;
@@ -156,7 +243,7 @@ scan_members(PyObject *self, PyObject *args)
         Py_DECREF(t);
         if (rc < 0)
             goto fail;
-        pos += BLOCK + ((size + 511) & ~(long long)511);
+        pos += at + BLOCK + ((size + 511) & ~(long long)511);
     }
     PyBuffer_Release(&view);
     return Py_BuildValue("(Nn)", out, pos);
@@ -820,7 +907,7 @@ header_ok(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"scan_members", scan_members, METH_VARARGS,
-     "scan_members(buf, pos, base, end[, limit[, view]]) -> (members, pos): plain members "
+     "scan_members(buf, pos, base, end[, limit[, view[, pax]]]) -> (members, pos): plain members "
      "wholly in buf[:end] whose headers start before limit (data: bytes, or slices of view)."},
     {"ustar_parts", ustar_parts, METH_VARARGS,
      "ustar_parts(parts, members, start, mtime, mode) -> (nbytes, stop)."},

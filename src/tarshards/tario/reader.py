@@ -155,6 +155,9 @@ def _batches(
     regular = _REGULAR
     zero = _ZERO_BLOCK
     scan = _scan_members if accelerate else None
+    # members behind harmless pax headers (tarfile's and webdataset's float mtime on every
+    # member) are read by the C scan too, except for the indexer, which records their layout
+    pax_fast = layout is None
     while True:
         if start is None and not global_read and end - pos >= BLOCK:
             if mapped:
@@ -170,7 +173,7 @@ def _batches(
                     continue
             if scan is not None:
                 # stops where the general path decides, or at the first header after limit
-                batch, pos = scan(buf, pos, base, end, limit, view)
+                batch, pos = scan(buf, pos, base, end, limit, view, pax_fast)
                 if batch:
                     last = batch
                     yield batch
