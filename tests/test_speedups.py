@@ -246,3 +246,30 @@ def test_c_scan_hands_other_pax_headers_to_python(payload):
     assert tario._scan_members(data, 0, 0, len(data), len(data), None, True) == ([], 0)
     assert members_of(data, True) == members_of(data, False)
     assert read(data, 1 << 20, True) == read(data, 1 << 20, False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    edits=st.lists(
+        st.tuples(st.integers(0, 10**6), st.sampled_from(list(b" =\n0123456789/\0xa\xff"))),
+        min_size=1,
+        max_size=3,
+    ),
+    in_pax=st.booleans(),
+    chunk_size=st.sampled_from([512, 700, 1 << 20]),
+)
+def test_mutated_pax_headers_read_alike(edits, in_pax, chunk_size):
+    """Bytes of the pax headers (their blocks and records) or anywhere changed: the C scan and
+    the Python path give the same members, or the same error."""
+    data = bytearray(_pax_tar(_PAX_MEMBERS, comment="hello world"))
+    pax_blocks = [o for o in range(0, len(data) - 512, 512) if data[o + 156] == ord("x")]
+    for where, value in edits:
+        if in_pax:
+            o = pax_blocks[where % len(pax_blocks)]
+            pos = o + (where // 7) % 612  # the header block or the first 100 bytes of records
+        else:
+            pos = where % len(data)
+        data[pos] = value
+    mutated = bytes(data)
+    assert members(mutated, chunk_size, True) == members(mutated, chunk_size, False)
+    assert read(mutated, chunk_size, True) == read(mutated, chunk_size, False)
