@@ -208,9 +208,12 @@ def test_c_scan_reads_members_behind_harmless_pax_headers(records):
     data = _pax_tar(_PAX_MEMBERS, **records)
     with tarfile.open(fileobj=io.BytesIO(data)) as tf:
         want = [(ti.name, tf.extractfile(ti).read(), ti.offset) for ti in tf]
+        where = [(ti.offset, ti.offset_data, ti.size, False) for ti in tf]
     assert all(data[o + 156] == ord("x") for _, _, o in want)  # each member behind a pax header
-    got, pos = tario._scan_members(data, 0, 0, len(data), len(data), None, True)
+    layout: list = []
+    got, pos = tario._scan_members(data, 0, 0, len(data), len(data), None, True, layout)
     assert got == want and data[pos : pos + 1024] == bytes(1024)
+    assert layout == where  # where each member's data lies, for the indexer
     assert tario._scan_members(data, 0, 0, len(data), len(data), None, False) == ([], 0)
     assert members_of(data, True) == members_of(data, False) == (want, None)
     assert read(data, 1 << 20, True) == read(data, 1 << 20, False)

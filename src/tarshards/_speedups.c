@@ -151,7 +151,7 @@ pax_member(const unsigned char *h, Py_ssize_t room, Py_ssize_t *at, long long *s
     return 1;
 }
 
-/* scan_members(buf, pos, base, end[, limit[, view[, pax]]]) -> (members, pos)
+/* scan_members(buf, pos, base, end[, limit[, view[, pax[, layout]]]]) -> (members, pos)
  * members: list of (name, data, offset) for consecutive plain members; stops at the first header
  * that is not a canonical '0' member fully inside buf, or whose checksum does not match, or
  * (with limit) at the first header that starts at or after limit. buf may be any buffer (a
@@ -160,7 +160,9 @@ pax_member(const unsigned char *h, Py_ssize_t room, Py_ssize_t *at, long long *s
  * export of buf, so buf stays alive (and an mmap stays mapped) as long as any slice does.
  * With pax true, a member whose pax extended header holds only records that leave its reading
  * unchanged (mtime, atime, ctime, uid...; a path, which names it) is read too, offset at its
- * pax header (as Python tarfile and webdataset write every member, and GNU tar --format=posix). */
+ * pax header (as Python tarfile and webdataset write every member, and GNU tar --format=posix);
+ * with layout (a list), each such member's (first header offset, data offset, size, False) is
+ * appended to it, as the Python path reports a member it reads itself. */
 /* view[start:stop] (a memoryview sharing view's export: no copy) */
 static PyObject *
 member_view(PyObject *view, Py_ssize_t start, Py_ssize_t stop)
@@ -185,8 +187,15 @@ scan_members(PyObject *self, PyObject *args)
     long long base;
     PyObject *slices = Py_None; /* a memoryview of buf: members are slices of it */
     int pax = 0;
-    if (!PyArg_ParseTuple(args, "y*nLn|nOp", &view, &pos, &base, &n, &limit, &slices, &pax))
+    PyObject *layout = Py_None; /* a list: (first, data_at, size, False) of each pax member */
+    if (!PyArg_ParseTuple(args, "y*nLn|nOpO", &view, &pos, &base, &n, &limit, &slices, &pax,
+                          &layout))
         return NULL;
+    if (layout != Py_None && !PyList_Check(layout)) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_TypeError, "scan_members: layout must be a list or None");
+        return NULL;
+    }
     if (slices != Py_None && !PyMemoryView_Check(slices)) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_TypeError, "scan_members: view must be a memoryview or None");
@@ -243,6 +252,14 @@ scan_members(PyObject *self, PyObject *args)
         Py_DECREF(t);
         if (rc < 0)
             goto fail;
+        if (at && layout != Py_None) { /* where its data lies (the reader's layout channel) */
+            PyObject *entry = Py_BuildValue("(LLLO)", base + pos, base + pos + at + BLOCK, size,
+                                            Py_False);
+            rc = entry == NULL ? -1 : PyList_Append(layout, entry);
+            Py_XDECREF(entry);
+            if (rc < 0)
+                goto fail;
+        }
         pos += at + BLOCK + ((size + 511) & ~(long long)511);
     }
     PyBuffer_Release(&view);
@@ -907,7 +924,7 @@ header_ok(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"scan_members", scan_members, METH_VARARGS,
-     "scan_members(buf, pos, base, end[, limit[, view[, pax]]]) -> (members, pos): plain members "
+     "scan_members(buf, pos, base, end[, limit[, view[, pax[, layout]]]]) -> (members, pos): plain members "
      "wholly in buf[:end] whose headers start before limit (data: bytes, or slices of view)."},
     {"ustar_parts", ustar_parts, METH_VARARGS,
      "ustar_parts(parts, members, start, mtime, mode) -> (nbytes, stop)."},

@@ -115,10 +115,11 @@ def iter_tar_batches(
 
     ``_layout`` (the indexer's): a list to which the general path appends, for each member it
     yields, ``(offset, data offset, stored size, rebuilt)`` (``rebuilt``: a sparse member, whose
-    stored bytes are a map and runs); a member of a fast-path batch, not listed, is one ustar
-    header followed by its data. ``_index_scan(buf, pos, base, end) -> pos`` (the indexer's C
-    loop, :meth:`tarshards.index.IndexBuilder.scan`) takes runs of plain members out of the
-    buffer before the fast path would (recording them, not yielding them).
+    stored bytes are a map and runs), and so does the C scan for a member behind a pax header; a
+    member of a fast-path batch that is not listed is one ustar header followed by its data.
+    ``_index_scan(buf, pos, base, end) -> pos`` (the indexer's C loop,
+    :meth:`tarshards.index.IndexBuilder.scan`) takes runs of plain members out of the buffer
+    before the fast path would (recording them, not yielding them).
     """
     b = reader_buffer(chunks, offset, chunk_size)
     try:
@@ -156,8 +157,7 @@ def _batches(
     zero = _ZERO_BLOCK
     scan = _scan_members if accelerate else None
     # members behind harmless pax headers (tarfile's and webdataset's float mtime on every
-    # member) are read by the C scan too, except for the indexer, which records their layout
-    pax_fast = layout is None
+    # member) are read by the C scan too; it reports where their data lies in layout
     while True:
         if start is None and not global_read and end - pos >= BLOCK:
             if mapped:
@@ -173,7 +173,7 @@ def _batches(
                     continue
             if scan is not None:
                 # stops where the general path decides, or at the first header after limit
-                batch, pos = scan(buf, pos, base, end, limit, view, pax_fast)
+                batch, pos = scan(buf, pos, base, end, limit, view, True, layout)
                 if batch:
                     last = batch
                     yield batch
