@@ -15,6 +15,9 @@ Methodology per row (both sides do the same work on the same files):
 
 1. ``raw_small``: iterate the sample dicts (bytes) of the small shards.
    ``tarshards.WebDataset(urls)`` vs ``webdataset.WebDataset(urls, shardshuffle=False)``.
+1b. ``raw_pax``: the same on copies of the small shards with a pax header before every member
+   (a float ``mtime``, as webdataset's ``TarWriter`` and ``tarfile.add`` write them), made once
+   with ``tarfile`` into ``bench/_data/small-pax*``; info: ours on them vs ours on the ustar ones.
 2. ``raw_large``: the same on the 100 KB shards, MB/s, vs ``cat FILES > /dev/null``, and vs
    litdata (``litdata.optimize()`` of the same samples, raw bytes fields, made once into
    ``bench/_data/litdata-*``; then its ``StreamingDataset`` iterated), run in the peers'
@@ -135,6 +138,39 @@ def child_raw(side, urls, opts):
         return n, nbytes
 
     return _timed(one_pass, opts)
+
+
+def _pax_copies(urls) -> list[str]:
+    """The shards ``urls`` rewritten by ``tarfile`` in its PAX format with a float ``mtime`` on
+    every member, so a pax header before each (as webdataset's ``TarWriter`` writes, stamping
+    ``time.time()``); made once, reused while the sources' names and sizes are the same."""
+    import tarfile
+
+    tag = os.path.basename(os.path.dirname(urls[0]))
+    out = os.path.join(common.DATA, f"{tag}-pax")
+    stamp = os.path.join(out, "made.json")
+    want = [[os.path.basename(u), os.path.getsize(u)] for u in urls]
+    paths = [os.path.join(out, os.path.basename(u)) for u in urls]
+    try:
+        with open(stamp) as f:
+            if json.load(f) == want and all(os.path.exists(p) for p in paths):
+                return paths
+    except (OSError, ValueError):
+        pass
+    os.makedirs(out, exist_ok=True)
+    for src, dst in zip(urls, paths):
+        with tarfile.open(src) as tin, tarfile.open(dst, "w", format=tarfile.PAX_FORMAT) as tout:
+            for ti in tin:
+                data = tin.extractfile(ti)
+                ti.mtime = 1_700_000_000.25
+                tout.addfile(ti, data)
+    with open(stamp, "w") as f:
+        json.dump(want, f)
+    return paths
+
+
+def child_raw_pax(side, urls, opts):
+    return child_raw(side, _pax_copies(urls), opts)
 
 
 def child_raw_large(side, urls, opts):
@@ -420,6 +456,7 @@ def child_memory(side, urls, opts):
 
 CHILDREN = {
     "raw_small": (child_raw, "small"),
+    "raw_pax": (child_raw_pax, "small"),
     "raw_large": (child_raw_large, "large"),
     "cat_large": (child_cat_large, "large"),
     "write_small": (child_write, "small"),
@@ -467,6 +504,7 @@ def options(quick: bool) -> dict:
 # benchmark -> the sides it compares (first is ours)
 PLAN = {
     "raw_small": ["ours", "upstream"],
+    "raw_pax": ["ours", "upstream"],
     "raw_large": [
         "ours",
         "ours:views",
@@ -576,6 +614,23 @@ def table(res: dict) -> tuple[list[list[str]], bool]:
             r,
             ">= 20x",
             r >= 20,
+        )
+    if "raw_pax" in res:
+        o, u = res["raw_pax"]["ours"], res["raw_pax"]["upstream"]
+        r = rate(o) / rate(u)
+        same = ""
+        if "raw_small" in res:
+            same = f"; {rate(o) / rate(res['raw_small']['ours']):.2f}x of ours on ustar shards"
+        rows.append(
+            [
+                "1b. raw iteration, small samples, a pax header per member (as webdataset's "
+                "TarWriter writes) (samples/s)",
+                f"{_fmt(rate(o), 'samples/s')}{same}",
+                _fmt(rate(u), "samples/s"),
+                f"{r:.2f}x",
+                "(info)",
+                "",
+            ]
         )
     if "raw_large" in res and "cat_large" in res:
         o, c = res["raw_large"]["ours"], res["cat_large"]["cat"]
