@@ -219,6 +219,24 @@ def test_c_scan_reads_members_behind_harmless_pax_headers(records):
     assert read(data, 1 << 20, True) == read(data, 1 << 20, False)
 
 
+def test_c_scan_reads_members_behind_gnu_long_names():
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tf:
+        for name, data in _PAX_MEMBERS:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    data = buf.getvalue()
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        want = [(ti.name, tf.extractfile(ti).read(), ti.offset) for ti in tf]
+        where = [(ti.offset, ti.offset_data, ti.size, False) for ti in tf if len(ti.name) > 99]
+    assert where  # one member behind a long-name header
+    layout: list = []
+    got, _ = tario._scan_members(data, 0, 0, len(data), len(data), None, True, layout)
+    assert got == want and layout == where
+    assert members_of(data, True) == members_of(data, False) == (want, None)
+
+
 def _pax_header(payload: bytes) -> bytes:
     ti = tarfile.TarInfo("././@PaxHeader")
     ti.type = tarfile.XHDTYPE
@@ -260,12 +278,22 @@ def test_c_scan_hands_other_pax_headers_to_python(payload):
     ),
     in_pax=st.booleans(),
     chunk_size=st.sampled_from([512, 700, 1 << 20]),
+    gnu=st.booleans(),
 )
-def test_mutated_pax_headers_read_alike(edits, in_pax, chunk_size):
-    """Bytes of the pax headers (their blocks and records) or anywhere changed: the C scan and
-    the Python path give the same members, or the same error."""
-    data = bytearray(_pax_tar(_PAX_MEMBERS, comment="hello world"))
-    pax_blocks = [o for o in range(0, len(data) - 512, 512) if data[o + 156] == ord("x")]
+def test_mutated_pax_headers_read_alike(edits, in_pax, chunk_size, gnu):
+    """Bytes of the pax or GNU long-name headers (their blocks and payloads) or anywhere
+    changed: the C scan and the Python path give the same members, or the same error."""
+    if gnu:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tf:
+            for name, value in _PAX_MEMBERS:
+                ti = tarfile.TarInfo(name + "_" * 100)
+                ti.size = len(value)
+                tf.addfile(ti, io.BytesIO(value))
+        data = bytearray(buf.getvalue())
+    else:
+        data = bytearray(_pax_tar(_PAX_MEMBERS, comment="hello world"))
+    pax_blocks = [o for o in range(0, len(data) - 512, 512) if data[o + 156] in b"xL"]
     for where, value in edits:
         if in_pax:
             o = pax_blocks[where % len(pax_blocks)]

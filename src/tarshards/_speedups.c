@@ -130,20 +130,26 @@ harmless_pax(const unsigned char *p, Py_ssize_t n, const unsigned char **path, P
     return 1;
 }
 
-/* A pax extended header ('x') at h whose records are harmless (see harmless_pax), followed by a
- * plain member header, all inside the first `room` bytes from h: the member header's distance
+/* A pax extended header ('x') at h whose records are harmless (see harmless_pax), or a GNU long
+ * name ('L', not empty), followed by a plain member header, all inside the first `room` bytes from h: the member header's distance
  * from h in *at, its data size in *size, the pax path (or NULL) in *path and *pathlen. */
 static int
 pax_member(const unsigned char *h, Py_ssize_t room, Py_ssize_t *at, long long *size,
            const unsigned char **path, Py_ssize_t *pathlen)
 {
     long long psize;
-    if (h[156] != 'x' || !canonical_header(h, &psize) || psize > MAX_META)
+    if ((h[156] != 'x' && h[156] != 'L') || !canonical_header(h, &psize) || psize > MAX_META)
         return 0;
     Py_ssize_t member = BLOCK + (Py_ssize_t)((psize + 511) & ~(long long)511);
     if (member > room - BLOCK)
         return 0;
-    if (!harmless_pax(h + BLOCK, (Py_ssize_t)psize, path, pathlen))
+    if (h[156] == 'L') { /* a GNU long name: the payload up to its first NUL names the member */
+        const unsigned char *nul = memchr(h + BLOCK, 0, (size_t)psize);
+        *path = h + BLOCK;
+        *pathlen = nul ? (Py_ssize_t)(nul - (h + BLOCK)) : (Py_ssize_t)psize;
+        if (*pathlen == 0)
+            return 0;
+    } else if (!harmless_pax(h + BLOCK, (Py_ssize_t)psize, path, pathlen))
         return 0;
     if (!plain_header(h + member, size) || *size > room - member - BLOCK)
         return 0;
@@ -159,8 +165,8 @@ pax_member(const unsigned char *h, Py_ssize_t room, Py_ssize_t *at, long long *s
  * (a memoryview of buf; None: copy), it is view[start:stop], no copy: the slice holds the
  * export of buf, so buf stays alive (and an mmap stays mapped) as long as any slice does.
  * With pax true, a member whose pax extended header holds only records that leave its reading
- * unchanged (mtime, atime, ctime, uid...; a path, which names it) is read too, offset at its
- * pax header (as Python tarfile and webdataset write every member, and GNU tar --format=posix);
+ * unchanged (mtime, atime, ctime, uid...; a path, which names it), or whose GNU long name header
+ * names it, is read too, offset at that header (as Python tarfile and webdataset write every member, and GNU tar --format=posix);
  * with layout (a list), each such member's (first header offset, data offset, size, False) is
  * appended to it, as the Python path reports a member it reads itself. */
 /* view[start:stop] (a memoryview sharing view's export: no copy) */
