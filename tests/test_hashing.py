@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import struct
 import tarfile
 import threading
 from pathlib import Path
@@ -62,6 +63,23 @@ def test_copy_and_large_updates():
         a.update(5)
     with pytest.raises(TypeError):
         _xxh3.Xxh3(1)
+
+
+def test_tee_hashes_each_part_then_writes_them():
+    parts = [os.urandom(n) for n in (512, 100_000, 3, 0, 70_000)]
+    h = _xxh3.Xxh3()
+    out = io.BytesIO()
+    tee = h.tee(out.writelines)
+    tee(parts)
+    tee((bytearray(b"ab"), memoryview(b"cd")))
+    data = b"".join(parts) + b"abcd"
+    assert out.getvalue() == data
+    assert h.intdigest() == xxhash.xxh3_64(data).intdigest()
+    with pytest.raises(TypeError):
+        tee([b"x", 5])  # not a buffer: nothing written
+    assert out.getvalue() == data
+    with pytest.raises(TypeError):
+        h.tee(5)
 
 
 def test_threads_share_one_hasher_safely():
@@ -176,9 +194,19 @@ def test_record_members_capsule_equals_callable_and_refuses_odd_names():
     for checksum in (_xxh3.checksum64, _xxh3.xxh3_64_intdigest, xxhash.xxh3_64_intdigest):
         codes: dict = {}
         packed = bytearray()
-        assert record_members(members, "d/k1", codes, packed, checksum)
+        keys: list = []
+        assert record_members(codes, packed, checksum, keys, members, "d/k1")
+        assert record_members(codes, packed, checksum, keys, members[:1], "d/k1")  # same sample
+        assert record_members(codes, packed, checksum, keys, [("d/k2.cls", b"2")], "d/k2")
+        assert record_members(codes, packed, checksum, keys, [], "d/k3")  # nothing to record
+        assert keys == ["d/k1", "d/k2"]
         got.append((codes, bytes(packed)))
     assert got[0] == got[1] == got[2]
+    rec = [struct.unpack_from("<5Q", got[0][1], 40 * i) for i in range(5)]
+    assert [r[4] for r in rec] == [0, 0, 0, 0, 1]  # the members' sample numbers
+    assert [r[1] for r in rec] == [1, 70_000, 1, 1, 1]
+    assert rec[1][2] == xxhash.xxh3_64_intdigest(members[1][1])
+    assert [r[3] for r in rec] == [512, 512, 0, 512, 512]  # 0: a pax header (non-ASCII name)
     for odd in (
         [("d/k2.cls", b"1")],  # another key's member
         [("d/k1.a/b", b"1")],  # a slash in the extension
@@ -186,5 +214,6 @@ def test_record_members_capsule_equals_callable_and_refuses_odd_names():
         [("d/k1.cls", bytearray(b"1"))],  # not bytes
     ):
         packed = bytearray()
-        assert not record_members(odd, "d/k1", {}, packed, _xxh3.checksum64)
-        assert packed == bytearray()
+        keys = []
+        assert not record_members({}, packed, _xxh3.checksum64, keys, odd, "d/k1")
+        assert packed == bytearray() and keys == []

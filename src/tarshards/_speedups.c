@@ -638,26 +638,30 @@ name_ext_code(PyObject *codes, PyObject *name, Py_ssize_t start)
     return code;
 }
 
-/* record_members(members, key, codes, packed, checksum) -> bool
+/* record_members(codes, packed, checksum, keys, members, key) -> bool
  * What writer._Recorder keeps of one write of (name, data) members whose names are KEY.EXT:
- * appends four little-endian u64 per member to the bytearray packed: the extension's code in
- * the dict codes, the size, checksum(data) (data: the member's bytes object as given) and the
- * header size (512, or 0 where the name
- * needs a pax header: the Python side works that one out). checksum: a callable, or a capsule
- * "tarshards.checksum64" (direct_checksum). Returns False, recording nothing,
- * when a name or the key does not follow the rules the reader groups by (the Python path). */
+ * appends key to the list keys unless it is keys[-1] already (consecutive writes of one key are
+ * one sample, as the reader groups them), and five little-endian u64 per member to the bytearray
+ * packed: the extension's code in the dict codes, the size, checksum(data) (data: the member's
+ * bytes object as given), the header size (512, or 0 where the name needs a pax header: the
+ * Python side works that one out) and the sample's number in keys. checksum: a callable, or a
+ * capsule "tarshards.checksum64" (direct_checksum). Returns False, recording nothing, when a name
+ * or the key does not follow the rules the reader groups by (the Python path). */
+#define RECORD_FIELDS 5
 static PyObject *
 record_members(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5 || !PyUnicode_Check(args[1]) || !PyDict_Check(args[2]) ||
-        !PyByteArray_Check(args[3]) ||
-        !(PyCallable_Check(args[4]) || PyCapsule_CheckExact(args[4]))) {
-        PyErr_SetString(PyExc_TypeError, "record_members(members, key: str, codes: dict, "
-                                         "packed: bytearray, checksum: callable or capsule)");
+    /* the per-writer arguments first, so that the writer binds them once (functools.partial) */
+    if (nargs != 6 || !PyDict_Check(args[0]) || !PyByteArray_Check(args[1]) ||
+        !(PyCallable_Check(args[2]) || PyCapsule_CheckExact(args[2])) || !PyList_Check(args[3]) ||
+        !PyUnicode_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "record_members(codes: dict, packed: bytearray, checksum: callable or "
+                        "capsule, keys: list, members, key: str)");
         return NULL;
     }
-    PyObject *members = args[0], *key = args[1], *codes = args[2], *packed = args[3];
-    PyObject *checksum = args[4];
+    PyObject *codes = args[0], *packed = args[1], *checksum = args[2], *keys = args[3];
+    PyObject *members = args[4], *key = args[5];
     Py_ssize_t klen = PyUnicode_GET_LENGTH(key);
     if (klen == 0)
         Py_RETURN_FALSE;
@@ -708,9 +712,29 @@ record_members(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (sl >= 0)
             goto python;
     }
-    Py_ssize_t old = PyByteArray_GET_SIZE(packed);
-    if (PyByteArray_Resize(packed, old + count * 32) < 0)
+    if (count == 0) { /* nothing written, nothing recorded */
+        Py_DECREF(seq);
+        Py_RETURN_TRUE;
+    }
+    Py_ssize_t nkeys = PyList_GET_SIZE(keys);
+    int new_sample = 1;
+    if (nkeys > 0) {
+        PyObject *last = PyList_GET_ITEM(keys, nkeys - 1);
+        if (last == key)
+            new_sample = 0;
+        else if (PyUnicode_Check(last)) {
+            int ne = PyUnicode_Compare(last, key);
+            if (ne == -1 && PyErr_Occurred())
+                goto error;
+            new_sample = ne != 0;
+        }
+    }
+    if (new_sample && PyList_Append(keys, key) < 0)
         goto error;
+    uint64_t sample = (uint64_t)(PyList_GET_SIZE(keys) - 1);
+    Py_ssize_t old = PyByteArray_GET_SIZE(packed);
+    if (PyByteArray_Resize(packed, old + count * RECORD_FIELDS * 8) < 0)
+        goto unkey;
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *m = PySequence_Fast_GET_ITEM(seq, i);
         PyObject *name = PyTuple_GET_ITEM(m, 0);
@@ -725,16 +749,26 @@ record_members(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             goto undo;
         int plain = PyUnicode_IS_ASCII(name) && len <= 100 && (long long)size < (1LL << 33) &&
                     memchr(PyUnicode_DATA(name), 0, (size_t)len) == NULL;
-        unsigned char *rec = (unsigned char *)PyByteArray_AS_STRING(packed) + old + i * 32;
+        unsigned char *rec =
+            (unsigned char *)PyByteArray_AS_STRING(packed) + old + i * RECORD_FIELDS * 8;
         put_u64(rec, (uint64_t)code);
         put_u64(rec + 8, (uint64_t)size);
         put_u64(rec + 16, sum);
         put_u64(rec + 24, plain ? BLOCK : 0);
+        put_u64(rec + 32, sample);
     }
     Py_DECREF(seq);
     Py_RETURN_TRUE;
 undo:
     PyByteArray_Resize(packed, old);
+unkey:
+    if (new_sample) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (PyList_SetSlice(keys, PyList_GET_SIZE(keys) - 1, PyList_GET_SIZE(keys), NULL) < 0)
+            PyErr_Clear();
+        PyErr_Restore(type, value, tb);
+    }
 error:
     Py_DECREF(seq);
     return NULL;
@@ -939,7 +973,8 @@ static PyMethodDef methods[] = {
     {"header_ok", header_ok, METH_VARARGS,
      "header_ok(data, at, size) -> bool: a sound header storing size (else: ask Python)."},
     {"record_members", (PyCFunction)(void (*)(void))record_members, METH_FASTCALL,
-     "record_members(members, key, codes, packed, checksum) -> bool: the writer's index records."},
+     "record_members(codes, packed, checksum, keys, members, key) -> bool: the writer's index "
+     "records."},
     {"index_members", index_members, METH_VARARGS,
      "index_members(buf, pos, base, end, last_dot, codes, keys, samples, members, key, "
      "checksum) -> (pos, key)."},

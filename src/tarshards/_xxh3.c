@@ -13,6 +13,10 @@
  *                                           _speedups' loops call directly
  * Xxh3()                                    streaming: update(buffer),
  *                                           intdigest(), hexdigest(), digest(), copy()
+ * Xxh3.tee(writelines)                      a callable f(parts): hashes each buffer of the list
+ *                                           parts in order, then calls writelines(parts) (the
+ *                                           writer's plain shards: hashed on their way out, one
+ *                                           C call per sample, no joined copy)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -200,12 +204,85 @@ xxh3_copy(Xxh3Object *self, PyObject *unused)
     return (PyObject *)other;
 }
 
+/* Xxh3.tee(writelines): see the top of the file */
+typedef struct {
+    PyObject_HEAD
+    Xxh3Object *hasher;
+    PyObject *writelines;
+} TeeObject;
+
+static PyTypeObject TeeType;
+
+static PyObject *
+xxh3_tee(Xxh3Object *self, PyObject *writelines)
+{
+    if (!PyCallable_Check(writelines)) {
+        PyErr_SetString(PyExc_TypeError, "tee(writelines): writelines must be callable");
+        return NULL;
+    }
+    TeeObject *t = PyObject_New(TeeObject, &TeeType);
+    if (t == NULL)
+        return NULL;
+    Py_INCREF(self);
+    t->hasher = self;
+    Py_INCREF(writelines);
+    t->writelines = writelines;
+    return (PyObject *)t;
+}
+
+static void
+tee_dealloc(TeeObject *self)
+{
+    Py_DECREF(self->hasher);
+    Py_DECREF(self->writelines);
+    PyObject_Free(self);
+}
+
+static PyObject *
+tee_call(TeeObject *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *parts;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
+        PyErr_SetString(PyExc_TypeError, "a tee takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "O", &parts))
+        return NULL;
+    PyObject *seq = PySequence_Fast(parts, "a tee takes a sequence of buffers");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int rc = 0;
+    xxh3_acquire(self->hasher);
+    for (Py_ssize_t i = 0; i < n && rc == 0; i++)
+        rc = xxh3_feed(self->hasher, PySequence_Fast_GET_ITEM(seq, i));
+    xxh3_release(self->hasher);
+    if (rc < 0) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    PyObject *r = PyObject_CallOneArg(self->writelines, seq);
+    Py_DECREF(seq);
+    return r;
+}
+
+static PyTypeObject TeeType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tarshards._xxh3.Tee",
+    .tp_basicsize = sizeof(TeeObject),
+    .tp_dealloc = (destructor)tee_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "f(parts): hash each buffer of parts, then writelines(parts) (Xxh3.tee).",
+    .tp_call = (ternaryfunc)tee_call,
+};
+
 static PyMethodDef xxh3_methods[] = {
     {"update", (PyCFunction)xxh3_update, METH_O, "update(buffer): hash more bytes."},
     {"intdigest", (PyCFunction)xxh3_intdigest, METH_NOARGS, "The hash so far, an int."},
     {"hexdigest", (PyCFunction)xxh3_hexdigest, METH_NOARGS, "The hash so far, 16 hex digits."},
     {"digest", (PyCFunction)xxh3_digest, METH_NOARGS, "The hash so far, 8 bytes, big-endian."},
     {"copy", (PyCFunction)xxh3_copy, METH_NOARGS, "A copy of this hash's state."},
+    {"tee", (PyCFunction)xxh3_tee, METH_O,
+     "tee(writelines) -> f(parts): hash each buffer of parts, then writelines(parts)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -233,7 +310,7 @@ static struct PyModuleDef moduledef = {
 PyMODINIT_FUNC
 PyInit__xxh3(void)
 {
-    if (PyType_Ready(&Xxh3Type) < 0)
+    if (PyType_Ready(&Xxh3Type) < 0 || PyType_Ready(&TeeType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (m == NULL)

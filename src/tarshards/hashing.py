@@ -23,12 +23,6 @@ from typing import Any, BinaryIO
 
 from .errors import IntegrityError, MissingDependencyError
 
-_xxhash: Any
-try:
-    import xxhash as _xxhash
-except ImportError:  # pragma: no cover - a core dependency; the fallbacks keep working
-    _xxhash = None
-
 _xxh3: Any
 try:  # optional C module over libxxhash (see _xxh3.c); the xxhash package is the reference
     from . import _xxh3 as _xxh3_module
@@ -36,6 +30,24 @@ try:  # optional C module over libxxhash (see _xxh3.c); the xxhash package is th
     _xxh3 = _xxh3_module
 except ImportError:  # pragma: no cover - built where libxxhash-dev is installed
     _xxh3 = None
+
+
+def _xxhash_package() -> Any:
+    """The ``xxhash`` package (imported on first use: where ``_xxh3`` is built, the hashes do
+    not need it, and the tools start without loading it), or None where it is missing."""
+    global _xxhash
+    if _xxhash is _UNSET:
+        try:
+            import xxhash as package
+        except ImportError:  # pragma: no cover - a core dependency; the fallbacks keep working
+            package = None  # type: ignore[assignment]
+        _xxhash = package
+    return _xxhash
+
+
+_UNSET: Any = object()
+_xxhash: Any = _UNSET
+_HAVE_XXH3 = _xxh3 is not None or _xxhash_package() is not None
 
 # whether the default hashes (xxh3_64 of shards and members) run without the GIL
 HASHING_RELEASES_GIL = _xxh3 is not None
@@ -53,8 +65,8 @@ __all__ = [
     "split_hash",
 ]
 
-DEFAULT_HASH = "xxh3_64" if _xxhash is not None else "blake2b"
-MEMBER_HASH = "xxh3_64" if _xxhash is not None else "crc32"
+DEFAULT_HASH = "xxh3_64" if _HAVE_XXH3 else "blake2b"
+MEMBER_HASH = "xxh3_64" if _HAVE_XXH3 else "crc32"
 MEMBER_HASHES = ("xxh3_64", "crc32")
 HASHES = ("xxh3_64", "blake3", "sha256", "blake2b", "md5")
 
@@ -82,9 +94,10 @@ def file_hasher(name: str = DEFAULT_HASH):
     if name == "xxh3_64":
         if _xxh3 is not None:
             return _xxh3.Xxh3()
-        if _xxhash is None:
+        package = _xxhash_package()
+        if package is None:
             raise MissingDependencyError("the xxh3_64 hash needs xxhash: pip install xxhash")
-        return _xxhash.xxh3_64()
+        return package.xxh3_64()
     if name == "blake3":
         try:
             import blake3
@@ -105,9 +118,10 @@ def member_checksum_fn(name: str = MEMBER_HASH):
     if name == "xxh3_64":
         if _xxh3 is not None:
             return _xxh3.xxh3_64_intdigest
-        if _xxhash is None:
+        package = _xxhash_package()
+        if package is None:
             raise MissingDependencyError("xxh3_64 member checksums need xxhash: pip install xxhash")
-        return _xxhash.xxh3_64_intdigest
+        return package.xxh3_64_intdigest
     if name == "crc32":
         return zlib.crc32
     raise ValueError(f"unknown member checksum {name!r} ({', '.join(MEMBER_HASHES)})")

@@ -346,6 +346,9 @@ class IndexBuilder:
         self._keys: list[str] = []
         self._samples = bytearray()
         self._members = bytearray()
+        # the records as arrays where they came in bulk (_add_grouped): (samples, members), the
+        # members a structured array of _MEMBER_DTYPE's fields; packed again before more come
+        self._grouped: tuple | None = None
         self._ext_codes: dict[str, int] = {}
         self._frames_file: list[int] = []
         self._frames_tar: list[int] = []
@@ -369,6 +372,8 @@ class IndexBuilder:
     ) -> None:
         """Record a member; ``stored``: its bytes in the archive where they are not its
         ``size`` bytes of content (a sparse member, :data:`FLAG_REBUILT`)."""
+        if self._grouped is not None:
+            self._pack_grouped()
         dot_slash = name.startswith("./")
         if dot_slash:
             name = name[2:]
@@ -407,6 +412,8 @@ class IndexBuilder:
         missing)."""
         if _index_members is None:
             return pos
+        if self._grouped is not None:
+            self._pack_grouped()
         pos, self._key = _index_members(
             buf,
             pos,
@@ -466,84 +473,108 @@ class IndexBuilder:
         ):
             add(name, off, doff, sz, cs)
 
-    def add_records(
-        self, keys: Sequence[str], counts: Sequence[int], packed, start: int = 0
-    ) -> None:
+    def add_records(self, keys: Sequence[str], packed, start: int = 0) -> None:
         """Record the writes :func:`tarshards._speedups.record_members` packed (per member: the
         extension's code in this builder's ``_ext_codes``, size, checksum, header size or 0 for
-        a pax header), written back to back from tar offset ``start``; ``keys``/``counts``: the
-        key and member count of each write."""
+        a pax header, and its sample's number in ``keys``), written back to back from tar offset
+        ``start``; ``keys``: the samples' keys."""
         from .tario import header_size
 
-        rec = np.frombuffer(packed, "<u8").reshape(-1, 4)
+        rec = np.frombuffer(packed, "<u8").reshape(-1, 5)
         n = len(rec)
         if not n:
             return
         size = rec[:, 1].astype(np.int64)
         hsize = rec[:, 3].astype(np.int64)
+        sample = rec[:, 4].astype(np.int64)
         special = np.flatnonzero(hsize == 0).tolist()
         if special:
             exts = list(self._ext_codes)
-            write_of = np.repeat(np.arange(len(keys)), counts)
             for j in special:
-                name = f"{keys[write_of[j]]}.{exts[int(rec[j, 0])]}"
+                name = f"{keys[sample[j]]}.{exts[int(rec[j, 0])]}"
                 hsize[j] = header_size(name, int(size[j]))
         offsets, data_offsets, total = _layout(hsize, size, start)
-        if not self._fast_ok(keys, counts, n, dot_slash=False):  # pragma: no cover
-            raise ValueError("add_records: the writes do not cover the members")
-        self._add_keyed(
-            keys, counts, rec[:, 0].astype(np.int64), offsets, data_offsets, size, total, rec[:, 2]
+        if self._keys or int(sample[-1]) != len(keys) - 1:  # pragma: no cover
+            raise ValueError("add_records: the records do not cover the samples")
+        self._add_grouped(
+            keys, sample, rec[:, 0].astype(np.int64), offsets, data_offsets, size, total, rec[:, 2]
         )
 
-    def _fast_ok(self, keys, counts, n, dot_slash: bool = True) -> bool:
-        """Whether the writes' keys and counts cover the members as _add_keyed needs;
-        ``dot_slash=False``: the keys are known not to start with ``./`` (record_members
-        refuses those)."""
+    def _fast_ok(self, keys, counts, n) -> bool:
+        """Whether the writes' keys and counts cover the members as _add_keyed needs."""
         return (
             not self._keys
             and sum(counts) == n
             and len(keys) == len(counts)
             and all(counts)
-            and not (dot_slash and any(map(operator.methodcaller("startswith", "./"), keys)))
+            and not any(map(operator.methodcaller("startswith", "./"), keys))
         )
 
     def _add_keyed(self, keys, counts, ext_codes, offsets, data_offsets, size, total, checksums):
         """The writer's members, its sample keys known: names are ``KEY.EXT`` (as
         :func:`tarshards.writer.sample_members` makes them); consecutive equal keys form one
         sample, as the reader groups them."""
-        counts_a = np.asarray(counts, np.int64)
-        first = np.zeros(len(keys), np.int64)
-        np.cumsum(counts_a[:-1], out=first[1:])
         new_list = [True]
         new_list += map(operator.ne, keys[1:], keys[:-1])
-        new = np.array(new_list, bool)
-        sample_of_write = np.cumsum(new) - 1
-        starts = first[new]
-        last = np.concatenate([first[1:], [len(size)]]) - 1
-        group_last = np.concatenate([np.flatnonzero(new)[1:], [len(keys)]]) - 1
-        ends = offsets[last[group_last]] + total[last[group_last]]
+        sample_of_write = np.cumsum(np.array(new_list, bool)) - 1
+        self._add_grouped(
+            list(itertools.compress(keys, new_list)),
+            np.repeat(sample_of_write, np.asarray(counts, np.int64)),
+            ext_codes,
+            offsets,
+            data_offsets,
+            size,
+            total,
+            checksums,
+        )
+
+    def _add_grouped(self, keys, sample, ext_codes, offsets, data_offsets, size, total, checksums):
+        """The records of members written back to back, ``sample[j]``: the number of member
+        ``j``'s sample in ``keys`` (the samples' keys; non-decreasing, each sample's members
+        together)."""
+        n = len(size)
+        starts = np.flatnonzero(np.diff(sample, prepend=-1))  # each sample's first member
+        lasts = np.empty(len(starts), np.int64)  # and its last
+        lasts[:-1] = starts[1:] - 1
+        lasts[-1] = n - 1
         samples = np.zeros((len(starts), 3), np.int64)
         samples[:, 0] = offsets[starts]
-        samples[:, 1] = ends
-        self._samples = bytearray(samples.astype("<i8").tobytes())
-        members = np.empty(len(size), _MEMBER_DTYPE)
-        members["sample"] = np.repeat(sample_of_write, counts_a)
-        members["ext"] = ext_codes
-        members["offset"] = offsets
-        members["data"] = data_offsets
-        members["size"] = size
-        members["checksum"] = np.asarray(checksums, np.uint64)
-        self._members = bytearray(members.tobytes())
-        self._keys = list(itertools.compress(keys, new_list))
+        samples[:, 1] = offsets[lasts] + total[lasts]
+        members = {
+            "sample": sample,
+            "ext": ext_codes,
+            "offset": offsets,
+            "data": data_offsets,
+            "size": size,
+            "checksum": np.array(checksums, np.uint64),  # a copy: contiguous, and our own
+        }
+        self._grouped = (samples, members)
+        self._keys = list(keys)
         self._key = self._keys[-1]
+
+    def _pack_grouped(self) -> None:
+        """The bulk records (``_grouped``) packed as :meth:`add` and the C scanner append."""
+        samples, columns = self._grouped  # type: ignore[misc]
+        packed = np.empty(len(columns["size"]), _MEMBER_DTYPE)
+        for name, values in columns.items():
+            packed[name] = values
+        self._samples = bytearray(samples.astype("<i8").tobytes())
+        self._members = bytearray(packed.tobytes())
+        self._grouped = None
 
     def build(
         self, *, nbytes: int, hash: str | None, compression: str = "none", url: str | None = None
     ) -> ShardIndex:
-        srec = np.frombuffer(self._samples, "<i8").reshape(-1, 3)
-        mrec = np.frombuffer(self._members, _MEMBER_DTYPE)
-        tar_offsets = srec[:, 0].copy()
-        ends = srec[:, 1].copy()
+        if self._grouped is not None:  # fresh arrays: the members' taken as they are
+            srec, mrec = self._grouped
+            tar_offsets, ends = srec[:, 0].copy(), srec[:, 1].copy()
+            copy = _as_is
+        else:  # views of the packed records: copied out
+            srec = np.frombuffer(self._samples, "<i8").reshape(-1, 3)
+            mrec = np.frombuffer(self._members, _MEMBER_DTYPE)
+            tar_offsets = srec[:, 0].copy()
+            ends = srec[:, 1].copy()
+            copy = np.copy
         seekable = True
         if compression == "none":
             sample_offsets, sample_ends = tar_offsets, ends
@@ -584,10 +615,10 @@ class IndexBuilder:
             key_blob=np.frombuffer(key_blob, np.uint8),
             member_sample=mrec["sample"].astype(np.uint32),
             member_ext=mrec["ext"].astype(np.uint16),
-            member_offsets=mrec["offset"].copy(),
-            member_data_offsets=mrec["data"].copy(),
-            member_sizes=mrec["size"].copy(),
-            member_checksums=mrec["checksum"].copy(),
+            member_offsets=copy(mrec["offset"]),
+            member_data_offsets=copy(mrec["data"]),
+            member_sizes=copy(mrec["size"]),
+            member_checksums=copy(mrec["checksum"]),
             extensions=tuple(self._ext_codes),
             compression=compression,
             seekable=seekable,
@@ -597,6 +628,10 @@ class IndexBuilder:
             last_dot=self.last_dot,
             url=url,
         )
+
+
+def _as_is(a: np.ndarray) -> np.ndarray:
+    return a
 
 
 def _layout(hsize: np.ndarray, size: np.ndarray, start: int):

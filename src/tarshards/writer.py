@@ -6,6 +6,7 @@ a crash or an exception never leaves a half-written shard under its final name.
 
 from __future__ import annotations
 
+import functools
 import io
 import sys
 import time
@@ -24,6 +25,9 @@ try:  # optional C accelerator (see _speedups.c); _Recorder's lists are the refe
     from ._speedups import record_members as _record_members
 except ImportError:  # pragma: no cover - built by default
     _record_members = None
+# u64 fields per member in what record_members packs (extension code, size, checksum, header
+# size, sample number; IndexBuilder.add_records reads them)
+RECORD_FIELDS = 5
 
 
 def sample_members(sample: dict, encoder: bool = True) -> list[tuple[str, bytes]]:
@@ -172,7 +176,8 @@ class TarWriter:
         if self.closed:
             raise ValueError(f"write to a closed TarWriter ({self.name})")
         rec = self._recorder
-        if rec is not None:
+        # the recorder's hot path: one C call (record_members) per write; else its general path
+        if rec is not None and (rec.record is None or key is None or not rec.record(members, key)):
             rec.before_sample(members, key)
         n = self._tar.add_all(members)
         if rec is not None and rec.aligned:
@@ -221,13 +226,15 @@ class _Recorder:
     offsets and checksums, the file's hash), and sample-aligned compression (each sample its own
     gzip member or zstd frame, so it decompresses alone; still a valid .tar.gz / .tar.zst).
 
-    The hot path is one C call per write (``_speedups.record_members``: per member its
-    extension's code, size, checksum and header size, packed; the C loop calls the member
-    checksum, xxhash's ``xxh3_64_intdigest``, on each bytes value as given); offsets, keys and
-    samples are worked out in bulk when the shard is closed. Writes the C path does not take
-    (names that are not ``KEY.EXT``, no C extension) are kept as lists (name, size, checksum).
-    A plain shard is hashed one sample (its parts joined, in cache) at a time on its way into
-    the output's buffer."""
+    The hot path is one C call per write (``_speedups.record_members``, bound to this
+    recorder's records as ``record``: per member its extension's code, size, checksum, header
+    size and sample number, packed; the key appended to ``keys`` when a new sample starts; the
+    member checksum, xxh3_64, computed in C on each bytes value as given); offsets and samples
+    are worked out in bulk when the shard is closed. Writes the C path does not take (names that
+    are not ``KEY.EXT``, no C extension) are kept as lists (name, size, checksum). A plain shard
+    is hashed on its way into the output's buffer: one C call per sample where the file hash is
+    ``_xxh3``'s (``Xxh3.tee``, each part hashed, then written: no joined copy), else its parts
+    joined (in cache) and hashed once."""
 
     def __init__(self, writer: "TarWriter", suffix: str, level, aligned: bool, hash, index):
         from .hashing import (
@@ -239,9 +246,6 @@ class _Recorder:
         )
 
         self.writer = writer
-        # the fast path: one C call per write packs each member's extension code, size,
-        # checksum and header size (record_members); the lists below are the general path
-        self._record = _record_members
         self._codes: dict = {}
         self._packed = bytearray()
         self.save_to = index if isinstance(index, str) or hasattr(index, "__fspath__") else None
@@ -249,12 +253,11 @@ class _Recorder:
         self.hasher = file_hasher(self.algorithm)
         self.member_hash = MEMBER_HASH
         self.csum = member_checksum_fn(MEMBER_HASH)
-        self._ccsum = member_checksum_c(MEMBER_HASH)  # the same, for record_members
         self.names: list = []
         self.sizes: list = []
         self.sums: list = []
-        self.keys: list | None = []  # per write: its key (None once a write came without one)
-        self.counts: list = []
+        self.keys: list | None = []  # the samples' keys (None once a write came without one)
+        self.counts: list = []  # the general path's: members per entry of keys
         self.frames: list = []  # (file offset, tar offset) of each sample's frame (aligned)
         self.nbytes = 0
         self.raw = writer._out.stream
@@ -267,6 +270,20 @@ class _Recorder:
             else "none"
         )
         self.aligned = aligned and self.compression != "none"
+        # the fast path (None: the lists below, the general path); `record` is what
+        # TarWriter.write_members calls first (not in aligned mode: before_sample marks frames)
+        self._fast = (
+            None
+            if _record_members is None
+            else functools.partial(
+                _record_members,
+                self._codes,
+                self._packed,
+                member_checksum_c(MEMBER_HASH),  # the member checksum, for the C loop
+                self.keys,
+            )
+        )
+        self.record = None if self.aligned else self._fast
         self._parts: list = []
         if self.aligned:
             self._compress = _frame_compressor(self.compression, level)
@@ -281,8 +298,13 @@ class _Recorder:
     def attach(self, tar: TarMemberWriter) -> None:
         if self.aligned:
             tar._writelines = self._parts.extend
-        elif self.compression == "none":  # one sample's parts: joined (in cache), hashed once
-            # (measured: one join and one write beat hashing and writing the parts one by one)
+        elif self.compression == "none":
+            tee = getattr(self.hasher, "tee", None)
+            if tee is not None and isinstance(self.raw, (io.BufferedWriter, io.BytesIO, io.FileIO)):
+                tar._writelines = tee(self.raw.writelines)  # hash each part, then write them
+                return
+            # one sample's parts: joined (in cache), hashed once (measured: one join and one
+            # write beat hashing and writing the parts one by one from Python)
             raw_write = self.raw.write
             update = self.hasher.update
             join = b"".join
@@ -304,16 +326,14 @@ class _Recorder:
         self.raw.write(data)
 
     def before_sample(self, members, key=None) -> None:
+        """The general path of a write (and the frames of aligned mode); TarWriter tried
+        ``record`` first where there is one."""
         if self.aligned:
             self.frames.append((self.nbytes, self.writer._tar.bytes_written))
         if not members:
             return
-        if self._record is not None:
-            if key is not None and self._record(
-                members, key, self._codes, self._packed, self._ccsum
-            ):
-                self.keys.append(key)  # type: ignore[union-attr]
-                self.counts.append(len(members))
+        if self._fast is not None:
+            if key is not None and self._fast(members, key):
                 return
             self._to_lists()
         names, datas = zip(*members)
@@ -331,13 +351,16 @@ class _Recorder:
         """Leave the fast path: the packed records so far become the general path's lists."""
         import numpy as np
 
-        self._record = None
-        rec = np.frombuffer(self._packed, "<u8").reshape(-1, 4)
+        self._fast = self.record = None
+        rec = np.frombuffer(self._packed, "<u8").reshape(-1, RECORD_FIELDS)
         exts = list(self._codes)
-        keys = [k for k, c in zip(self.keys or [], self.counts) for _ in range(c)]
-        self.names = [f"{k}.{exts[c]}" for k, c in zip(keys, rec[:, 0].tolist())]
+        keys = self.keys or []
+        self.names = [
+            f"{keys[s]}.{exts[c]}" for s, c in zip(rec[:, 4].tolist(), rec[:, 0].tolist())
+        ]
         self.sizes = rec[:, 1].tolist()
         self.sums = rec[:, 2].tolist()
+        self.counts = np.bincount(rec[:, 4].astype(np.int64), minlength=len(keys)).tolist()
         self._packed = bytearray()
 
     def after_sample(self) -> None:
@@ -355,9 +378,9 @@ class _Recorder:
         builder = IndexBuilder(member_hash=self.member_hash)
         for file_offset, tar_offset in self.frames:
             builder.frame(file_offset, tar_offset)
-        if self._record is not None:
+        if self._fast is not None:
             builder._ext_codes = self._codes
-            builder.add_records(self.keys or [], self.counts, self._packed)
+            builder.add_records(self.keys or [], self._packed)
         else:
             builder.add_written(
                 self.names, self.sizes, self.sums, keys=self.keys, counts=self.counts

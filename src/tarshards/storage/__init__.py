@@ -16,13 +16,36 @@ shard cache, prefetching, and reading samples at byte offsets.
 
 from __future__ import annotations
 
-from .atomic import AtomicOutput, remove_stale_temporaries, temporary_directory
-from .cache import ShardCache
-from .open import open_url
-from .paths import filesystem, is_local, local_path, url_protocol
-from .prefetch import ShardPrefetcher
-from .retry import ResumingReader
-from .seek import read_sample_at, samples_from
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the names as the type checker sees them; at run time, __getattr__ below
+    from .atomic import AtomicOutput, remove_stale_temporaries, temporary_directory
+    from .cache import ShardCache
+    from .open import open_url
+    from .paths import filesystem, is_local, local_path, url_protocol
+    from .prefetch import ShardPrefetcher
+    from .retry import ResumingReader
+    from .seek import read_sample_at, samples_from
+
+# name -> the submodule that defines it: imported on first use (PEP 562), so that a tool which
+# writes one file does not load the cache, the prefetcher, the HTTP and S3 streams and the tar
+# reader at start-up
+_NAMES = {
+    "AtomicOutput": "atomic",
+    "remove_stale_temporaries": "atomic",
+    "temporary_directory": "atomic",
+    "ShardCache": "cache",
+    "open_url": "open",
+    "filesystem": "paths",
+    "is_local": "paths",
+    "local_path": "paths",
+    "url_protocol": "paths",
+    "ShardPrefetcher": "prefetch",
+    "ResumingReader": "retry",
+    "read_sample_at": "seek",
+    "samples_from": "seek",
+}
 
 __all__ = [
     "AtomicOutput",
@@ -39,3 +62,16 @@ __all__ = [
     "temporary_directory",
     "url_protocol",
 ]
+
+
+def __getattr__(name: str):
+    module = _NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tarshards.storage' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -16,7 +16,6 @@ import socket
 import sys
 import tempfile
 import time
-import uuid
 from typing import cast
 
 try:  # POSIX: a lock on the temporary file tells a running writer from a dead one
@@ -101,11 +100,18 @@ def _try_lock(fd: int) -> bool:
     return True
 
 
+# this process's part of a temporary name (pid, host, start time), by pid: worked out once per
+# process (a forked child has its own pid), not once per file
+_PROCESS_TAGS: dict[int, str] = {}
+
+
 def temporary_name(directory: str, base: str) -> str:
     """A fresh temporary path for the final name ``base`` in ``directory`` (see _TEMP_RE)."""
     pid = os.getpid()
-    tag = f"{pid}-{_host_tag()}-{_process_start(pid)}-{uuid.uuid4().hex[:8]}"
-    return os.path.join(directory, f".{base}.{tag}{_TEMP_SUFFIX}")
+    tag = _PROCESS_TAGS.get(pid)
+    if tag is None:
+        tag = _PROCESS_TAGS[pid] = f"{pid}-{_host_tag()}-{_process_start(pid)}"
+    return os.path.join(directory, f".{base}.{tag}-{os.urandom(4).hex()}{_TEMP_SUFFIX}")
 
 
 def _create_temporary(directory: str, base: str):

@@ -18,10 +18,8 @@ from typing import IO, BinaryIO, Iterator, cast
 
 from ..errors import PipeNotAllowedError, ShardNotFoundError, StorageError
 from ..types import ReadOptions
-from .http import HTTPStream
 from .paths import filesystem, is_local, local_path
 from .retry import ResumingReader, read_to_end
-from .s3 import S3Stream
 
 __all__ = ["PipeStream", "open_url"]
 
@@ -112,11 +110,13 @@ def _remote_reader(
     fs, path = filesystem(url, storage_options)
     protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
     if "http" in protocols or "https" in protocols:
+        from .http import HTTPStream  # here: opening local files does not load the streams
 
         def open_at(start):
             s = HTTPStream(fs, path, start, stop=stop, timeout=timeout)
             return s, s.size
     elif "s3" in protocols and hasattr(fs, "_call_s3"):
+        from .s3 import S3Stream
 
         def open_at(start):
             s = S3Stream(fs, path, start, stop=stop)
