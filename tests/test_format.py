@@ -216,3 +216,29 @@ def test_one_parse_size_for_cache_and_cli(tmp_path):
         cli_bytes = _common.SIZE.convert(text, None, None)
         assert ShardCache(tmp_path / "c", max_bytes=text).max_bytes == cli_bytes
         assert cli_bytes == parse_size(text)
+
+
+def test_grouping_holds_nothing_of_a_batch_while_the_next_is_read():
+    """When the grouping asks for the next batch, it keeps neither the last batch nor the
+    samples it handed on (the reader copies the next batch into the memory they free)."""
+    import sys
+
+    first = [("a.cls", b"1", 0), ("a.jpg", b"A" * 1000, 512), ("b.cls", b"2", 2048)]
+    data = first[1][1]
+    seen = []
+
+    def batches():
+        batch = first
+        yield batch
+        # each: in one variable here, in ``first`` (or its member tuple), and getrefcount's
+        # argument
+        seen.append((sys.getrefcount(batch), sys.getrefcount(data)))
+        yield [("b.jpg", b"B", 2560)]
+
+    it = group_samples(batches(), "u", batched=True)
+    sample = next(it)
+    assert sample["jpg"] is data
+    del sample
+    rest = list(it)
+    assert [s["__key__"] for s in rest] == ["b"]
+    assert seen == [(3, 3)]

@@ -120,6 +120,32 @@ def test_local_plain_files_are_mapped():
     assert not isinstance(tar_byte_source(io.BytesIO(two), "f"), MappedFile)
 
 
+@pytest.mark.parametrize("accelerate", [True, False])
+def test_mapped_copies_come_in_small_batches(accelerate):
+    """Members copied out of a mapped file come in batches of at most ``COPY_WINDOW`` bytes of
+    the file (plus the member that starts before it ends), so that a batch's fresh ``bytes``
+    reuse the memory the consumer freed of the last one; views keep the 1 MiB header window."""
+    from tarshards.tario import iter_tar_batches
+    from tarshards.tario.buffer import COPY_WINDOW
+
+    member = 100_000
+    members = [(f"{i:04d}.jpg", bytes([i % 251]) * member) for i in range(40)]
+    raw = b"".join(tar_header(n, len(d)) + d + bytes(-len(d) % 512) for n, d in members)
+    raw += bytes(1024)
+    step = 512 + member + (-member % 512)  # a member's bytes in the file
+    with local_file(raw) as f:
+        batches = list(iter_tar_batches(tar_byte_source(f, "f"), "f", accelerate=accelerate))
+        f.seek(0)
+        views = list(
+            iter_tar_batches(tar_byte_source(f, "f"), "f", accelerate=accelerate, copy=False)
+        )
+        assert [(n, bytes(d)) for b in views for n, d, _ in b] == members
+        assert max(len(b) for b in views) > COPY_WINDOW // step + 1
+    assert [(n, d) for b in batches for n, d, _ in b] == members
+    assert all(type(d) is bytes for b in batches for _, d, _ in b)
+    assert max(len(b) for b in batches) == -(-COPY_WINDOW // step)
+
+
 def test_a_mapped_range_ends_where_it_is_told():
     """``map_local(stream, length)`` and ``MappedFile.part`` read a byte range of a file (a
     planned reader's run of samples, a resumed buffer's samples): the members inside it with

@@ -130,11 +130,16 @@ def _group_fast(batches: Iterable[list], url, last_dot: bool) -> Iterator[dict]:
             if type(batch) is not list:
                 batch = list(batch)
             samples, sample, key, stop = _group_members(batch, 0, url, last_dot, sample, key)
-            yield from samples
             if stop >= 0:  # a repeated extension: the reference loop raises the error
+                yield from samples
                 for _ in _group(([batch[stop]],), url, last_dot, sample, key):
                     pass
                 raise RuntimeError("internal error: C and Python grouping disagree")
+            # nothing of this batch is held while the next one is read (its members are copied
+            # into memory the consumer freed: see tario.buffer.COPY_WINDOW)
+            del batch
+            yield from samples
+            del samples
     except (TruncatedShardError, CompressionError) as exn:
         if sample is not None and _damage_after(exn, key, last_dot):
             yield sample

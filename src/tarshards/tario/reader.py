@@ -12,7 +12,7 @@ import warnings
 from typing import BinaryIO, Iterable, Iterator
 
 from ..errors import CompressionError, HeaderError, TarshardsWarning, TruncatedShardError
-from .buffer import _Buffer, _read_data, reader_buffer, tar_byte_source
+from .buffer import COPY_WINDOW, _Buffer, _read_data, reader_buffer, tar_byte_source
 from .headers import (
     _DRAIN_LIMIT,
     _GNU_LONGNAME,
@@ -153,6 +153,8 @@ def _batches(
     mapped = b.mapped  # the whole file is in buf: scan it in windows of headers
     # zero-copy: members of a mapped file are slices of one read-only view of the map
     view = None if copy or not mapped else memoryview(buf)
+    # a batch of copies is kept small, so that its bytes go where the last batch's were
+    window = b.size if view is not None else min(b.size, COPY_WINDOW)
     regular = _REGULAR
     zero = _ZERO_BLOCK
     scan = _scan_members if accelerate else None
@@ -162,7 +164,7 @@ def _batches(
         if start is None and not global_read and end - pos >= BLOCK:
             if mapped:
                 b.release(pos)
-                limit = pos + b.size
+                limit = pos + window
             else:
                 limit = end
             if index_scan is not None:  # the indexer records plain runs itself, in C
@@ -175,8 +177,9 @@ def _batches(
                 # stops where the general path decides, or at the first header after limit
                 batch, pos = scan(buf, pos, base, end, limit, view, True, layout)
                 if batch:
-                    last = batch
+                    last = _last_of(batch)
                     yield batch
+                    batch = None  # the consumer's to free before the next batch is copied
                     if pos >= limit:
                         continue
             else:  # the same fast path in Python: plain members wholly inside the buffer
@@ -208,8 +211,9 @@ def _batches(
                         if bad:
                             yield batch[:bad]
                         raise _bad_header(headers[bad], source, batch[bad][2], b.origin)
-                    last = batch
+                    last = _last_of(batch)
                     yield batch
+                    batch, headers = [], []
                     continue
         if end - pos < BLOCK:
             b.pos = pos
@@ -346,6 +350,13 @@ def _batches(
         long_first = False
 
 
+def _last_of(batch: list) -> tuple:
+    """What the end-of-stream error needs of a batch's last member (name, offset), without
+    its data: a batch kept for it would stay alive while the next is read."""
+    name, _, offset = batch[-1]
+    return (name, offset, None)
+
+
 def _take(
     b: _Buffer, pos: int, size: int, padded: int, source, name, start, view=None
 ) -> tuple[bytes, int]:
@@ -396,11 +407,7 @@ def _at_eof(b: _Buffer, source, start, long_name, pax, last) -> None:
     if start is not None or b.end > b.pos:
         _eof_in_header(b, source, start, long_name, pax)
     if b.pos > b.end:  # the stream ends inside the data or padding of the last member
-        if isinstance(last, list):  # a batch of plain members
-            name, data, offset = last[-1]
-            data_end = None
-        else:
-            name, offset, data_end = last
+        name, offset, data_end = last
         stream_end = b.base + b.end
         if data_end is None or stream_end >= data_end:
             whole = True
