@@ -77,6 +77,21 @@ def _write_plain_tar(path: str, samples) -> None:
     os.replace(tmp, path)
 
 
+def is_made(stamp: str, want, paths=()) -> bool:
+    """Whether what ``stamp`` (a JSON file written by :func:`mark_made`) records equals ``want``
+    and every one of ``paths`` exists: data made once and reused while its recipe is the same."""
+    try:
+        with open(stamp) as f:
+            return json.load(f) == want and all(os.path.exists(p) for p in paths)
+    except (OSError, ValueError):
+        return False
+
+
+def mark_made(stamp: str, want) -> None:
+    with open(stamp, "w") as f:
+        json.dump(want, f)
+
+
 def make_dataset(name: str, quick: bool = False) -> list[str]:
     """Make (or reuse) the shards of one layout; returns their paths."""
     lay = layout(name, quick)
@@ -85,12 +100,8 @@ def make_dataset(name: str, quick: bool = False) -> list[str]:
     manifest = os.path.join(outdir, "manifest.json")
     want = json.loads(json.dumps(dict(lay, seed=SEED, version=1)))
     paths = [os.path.join(outdir, f"{name}-{i:04d}.tar") for i in range(lay["shards"])]
-    try:
-        with open(manifest) as f:
-            if json.load(f) == want and all(os.path.exists(p) for p in paths):
-                return paths
-    except (OSError, ValueError):
-        pass
+    if is_made(manifest, want, paths):
+        return paths
     os.makedirs(outdir, exist_ok=True)
     t0 = time.time()
     rng = np.random.default_rng([SEED, len(name)])
@@ -114,8 +125,7 @@ def make_dataset(name: str, quick: bool = False) -> list[str]:
             samples.append((f"{name}_{k:08d}", sorted(fields)))
             k += 1
         _write_plain_tar(path, samples)
-    with open(manifest, "w") as f:
-        json.dump(want, f)
+    mark_made(manifest, want)
     total = sum(os.path.getsize(p) for p in paths)
     print(
         f"made {name} shards: {len(paths)} x {lay['per_shard']} samples, "

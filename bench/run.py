@@ -151,12 +151,8 @@ def _pax_copies(urls) -> list[str]:
     stamp = os.path.join(out, "made.json")
     want = [[os.path.basename(u), os.path.getsize(u)] for u in urls]
     paths = [os.path.join(out, os.path.basename(u)) for u in urls]
-    try:
-        with open(stamp) as f:
-            if json.load(f) == want and all(os.path.exists(p) for p in paths):
-                return paths
-    except (OSError, ValueError):
-        pass
+    if common.is_made(stamp, want, paths):
+        return paths
     os.makedirs(out, exist_ok=True)
     for src, dst in zip(urls, paths):
         with tarfile.open(src) as tin, tarfile.open(dst, "w", format=tarfile.PAX_FORMAT) as tout:
@@ -164,8 +160,7 @@ def _pax_copies(urls) -> list[str]:
                 data = tin.extractfile(ti)
                 ti.mtime = 1_700_000_000.25
                 tout.addfile(ti, data)
-    with open(stamp, "w") as f:
-        json.dump(want, f)
+    common.mark_made(stamp, want)
     return paths
 
 
@@ -204,12 +199,8 @@ def _litdata_dir(urls) -> str:
     out = os.path.join(common.DATA, f"litdata-{tag}")
     stamp = os.path.join(out, "made.json")
     want = [[os.path.basename(u), os.path.getsize(u)] for u in urls]
-    try:
-        with open(stamp) as f:
-            if json.load(f) == want:
-                return out
-    except (OSError, ValueError):
-        pass
+    if common.is_made(stamp, want):
+        return out
     shutil.rmtree(out, ignore_errors=True)
     litdata.optimize(
         fn=_litdata_shard,
@@ -219,8 +210,7 @@ def _litdata_dir(urls) -> str:
         num_workers=1,
         verbose=False,
     )
-    with open(stamp, "w") as f:
-        json.dump(want, f)
+    common.mark_made(stamp, want)
     return out
 
 

@@ -68,13 +68,7 @@ def test_same_samples_as_python(entries, fmt, chunk_size, last_dot):
 
 
 def _tar(names_and_data):
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
-        for name, data in names_and_data:
-            ti = tarfile.TarInfo(name)
-            ti.size = len(data)
-            tf.addfile(ti, io.BytesIO(data))
-    return buf.getvalue()
+    return _tarfile_bytes(names_and_data, tarfile.USTAR_FORMAT)
 
 
 _names = st.lists(
@@ -180,18 +174,23 @@ def test_c_scan_reads_a_header_whose_byte_sum_is_above_65521():
 # ---- members behind pax headers (Python's tarfile and webdataset put one before every member) --
 
 
-def _pax_tar(members, **records) -> bytes:
-    """A PAX archive as tarfile writes files added from disk: a float mtime on every member (so a
-    pax header before each), extra records given as keyword arguments."""
+def _tarfile_bytes(members, fmt, mtime=0, **records) -> bytes:
+    """An archive of ``members`` (name, data) as tarfile writes it in format ``fmt``."""
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tf:
         for name, data in members:
             ti = tarfile.TarInfo(name)
             ti.size = len(data)
-            ti.mtime = 1699848965.4376638
+            ti.mtime = mtime
             ti.pax_headers = dict(records)
             tf.addfile(ti, io.BytesIO(data))
     return buf.getvalue()
+
+
+def _pax_tar(members, **records) -> bytes:
+    """A PAX archive as tarfile writes files added from disk: a float mtime on every member (so a
+    pax header before each), extra records given as keyword arguments."""
+    return _tarfile_bytes(members, tarfile.PAX_FORMAT, 1699848965.4376638, **records)
 
 
 _PAX_MEMBERS = [
@@ -220,13 +219,7 @@ def test_c_scan_reads_members_behind_harmless_pax_headers(records):
 
 
 def test_c_scan_reads_members_behind_gnu_long_names():
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tf:
-        for name, data in _PAX_MEMBERS:
-            ti = tarfile.TarInfo(name)
-            ti.size = len(data)
-            tf.addfile(ti, io.BytesIO(data))
-    data = buf.getvalue()
+    data = _tarfile_bytes(_PAX_MEMBERS, tarfile.GNU_FORMAT)
     with tarfile.open(fileobj=io.BytesIO(data)) as tf:
         want = [(ti.name, tf.extractfile(ti).read(), ti.offset) for ti in tf]
         where = [(ti.offset, ti.offset_data, ti.size, False) for ti in tf if len(ti.name) > 99]
@@ -284,13 +277,8 @@ def test_mutated_pax_headers_read_alike(edits, in_pax, chunk_size, gnu):
     """Bytes of the pax or GNU long-name headers (their blocks and payloads) or anywhere
     changed: the C scan and the Python path give the same members, or the same error."""
     if gnu:
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tf:
-            for name, value in _PAX_MEMBERS:
-                ti = tarfile.TarInfo(name + "_" * 100)
-                ti.size = len(value)
-                tf.addfile(ti, io.BytesIO(value))
-        data = bytearray(buf.getvalue())
+        long = [(name + "_" * 100, value) for name, value in _PAX_MEMBERS]
+        data = bytearray(_tarfile_bytes(long, tarfile.GNU_FORMAT))
     else:
         data = bytearray(_pax_tar(_PAX_MEMBERS, comment="hello world"))
     pax_blocks = [o for o in range(0, len(data) - 512, 512) if data[o + 156] in b"xL"]
