@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import random
 import tarfile
 
 import pytest
@@ -10,9 +11,11 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tarshards import format as fmt_mod
+from tarshards import source as source_mod
 from tarshards import tario
 from tarshards.errors import DuplicateFieldError, ShardFormatError
 from tarshards.format import group_samples
+from tarshards.source import ShuffleCore
 from tarshards.tario import decompressed_chunks, iter_tar_batches, read_chunks
 
 from test_tario import FORMATS, archive_entries, build_tarfile
@@ -292,3 +295,84 @@ def test_mutated_pax_headers_read_alike(edits, in_pax, chunk_size, gnu):
     mutated = bytes(data)
     assert members(mutated, chunk_size, True) == members(mutated, chunk_size, False)
     assert read(mutated, chunk_size, True) == read(mutated, chunk_size, False)
+
+
+# ---- the shuffle buffer's C loop (source.ShuffleCore.run, prefetch=True) ---------------------
+
+_c_shuffle = pytest.mark.skipif(source_mod._ShuffleRun is None, reason="no C shuffle loop")
+
+
+def _shuffled(bufsize, initial, n, seed, prefetch, start=0):
+    """The outputs of a core over ``range(n)`` from output ``start`` on (replayed to there)."""
+    core = ShuffleCore(bufsize, initial, random.Random(seed))
+    if start:
+        core.replay(n, start)
+    out = list(core.run(iter(range(core.consumed, n)), prefetch=prefetch))
+    return out, core
+
+
+@_c_shuffle
+@settings(max_examples=300, deadline=None)
+@given(
+    bufsize=st.integers(1, 300),
+    initial=st.one_of(st.none(), st.integers(1, 400)),
+    n=st.integers(0, 700),
+    seed=st.integers(0, 2**40),
+    at=st.floats(0, 1),
+)
+def test_c_shuffle_loop_equals_python(bufsize, initial, n, seed, at):
+    """The same outputs from the same draws, from the start and from a replayed position; the
+    generator ends in the same state (the last shuffle drew after every pick, as in Python)."""
+    start = int(at * n)
+    ref, ref_core = _shuffled(bufsize, initial, n, seed, False, start)
+    got, core = _shuffled(bufsize, initial, n, seed, True, start)
+    assert got == ref
+    assert core.emitted == ref_core.emitted == n
+    assert core.rng.getstate() == ref_core.rng.getstate()
+
+
+@_c_shuffle
+def test_c_shuffle_loop_counts_outputs_as_handed_on():
+    core = ShuffleCore(100, None, random.Random(3))
+    run = core.run(iter(range(1000)), prefetch=True)
+    ref = ShuffleCore(100, None, random.Random(3))._run(iter(range(1000)))
+    for k in range(1, 250):
+        assert next(run) == next(ref)
+        assert core.emitted == k  # what a stateful stage saves: outputs handed on
+    run.close()
+    assert next(run, None) is None and core.emitted == 249
+    with pytest.raises(RuntimeError, match="already runs"):
+        core.run(iter(()), prefetch=True)
+
+
+@_c_shuffle
+def test_c_shuffle_loop_passes_input_errors_on():
+    def failing():
+        yield from range(50)
+        raise ValueError("shard broke")
+
+    run = ShuffleCore(10, None, random.Random(0)).run(failing(), prefetch=True)
+    got = []
+    with pytest.raises(ValueError, match="shard broke"):
+        for x in run:
+            got.append(x)
+    assert len(set(got)) == len(got) and set(got) <= set(range(50))
+    assert next(run, None) is None  # finished, like a generator that raised
+
+
+@_c_shuffle
+def test_c_shuffle_loop_holds_samples_of_any_type():
+    samples = [{"__key__": str(i), "x": bytes(600 * (i % 3)), "y": [i]} for i in range(300)]
+    samples += [(i, "t") for i in range(50)] + [[i] for i in range(50)] + list(range(50))
+    ref = list(ShuffleCore(64, 8, random.Random(1))._run(iter(samples)))
+    got = list(ShuffleCore(64, 8, random.Random(1)).run(iter(samples), prefetch=True))
+    assert [id(x) for x in got] == [id(x) for x in ref]
+
+
+def test_shuffle_of_another_generator_runs_in_python():
+    class Mine(random.Random):
+        def random(self):
+            return 0.5
+
+    core = ShuffleCore(10, None, Mine(0))
+    assert not isinstance(core.run(iter(range(5)), prefetch=True), source_mod._ShuffleRun or ())

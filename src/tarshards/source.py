@@ -33,6 +33,11 @@ from .tario import iter_tar_batches, tar_byte_source
 from .storage.paths import is_local
 from .tario.buffer import map_local
 
+try:  # optional C accelerator (see _speedups.c); ShuffleCore._run is the reference
+    from ._speedups import ShuffleRun as _ShuffleRun
+except ImportError:  # pragma: no cover - without the extension
+    _ShuffleRun = None
+
 np = LazyModule("numpy", globals(), "np")
 
 __all__ = [
@@ -70,28 +75,58 @@ class ShuffleCore:
 
     :meth:`run` is the one implementation: it is run over integers (positions) to find the
     state at any output position, and over samples to produce the stream. ``run`` resumes from
-    the state the object holds, so a core prepared by a replay continues exactly.
+    the state the object holds, so a core prepared by a replay continues exactly. Over samples
+    (``prefetch=True``) the C loop of ``_speedups.ShuffleRun`` runs where it is built: the same
+    outputs from the same draws, each pick handed on a few outputs after it was drawn while its
+    objects are fetched into the CPU cache (a buffer of many samples has long let them go cold).
     """
 
-    __slots__ = ("bufsize", "initial", "rng", "buf", "emitted", "tail")
+    __slots__ = ("bufsize", "initial", "rng", "buf", "_emitted", "_tail", "_c")
 
     def __init__(self, bufsize: int, initial: int | None, rng: random.Random):
         self.bufsize = bufsize
         self.initial = bufsize if initial is None else max(1, min(initial, bufsize))
         self.rng = rng
         self.buf: list = []
-        self.emitted = 0
-        self.tail = -1  # >= 0: the input ended, buf is shuffled, next output is buf[tail]
+        self._emitted = 0
+        self._tail = -1  # >= 0: the input ended, buf is shuffled, next output is buf[tail]
+        self._c: Any = None  # the C loop running over the samples, which keeps the counts
+
+    @property
+    def emitted(self) -> int:
+        return self._emitted if self._c is None else self._c.emitted
+
+    @property
+    def tail(self) -> int:
+        return self._tail if self._c is None else self._c.tail
 
     @property
     def consumed(self) -> int:
+        held = len(self.buf) + (0 if self._c is None else self._c.held)
         if self.tail >= 0:
-            return self.emitted + len(self.buf) - self.tail
-        return self.emitted + len(self.buf)
+            return self.emitted + held - self.tail
+        return self.emitted + held
 
-    def run(self, it: Iterator) -> Iterator:
+    def run(self, it: Iterator, prefetch: bool = False) -> Iterator:
+        if prefetch and _ShuffleRun is not None and type(self.rng) is random.Random:
+            if self._c is not None:
+                raise RuntimeError("ShuffleCore.run: the core already runs")
+            self._c = _ShuffleRun(
+                self.buf,
+                it,
+                self.rng.getrandbits,
+                self.rng.shuffle,
+                self.bufsize,
+                self.initial,
+                self._emitted,
+                self._tail,
+            )
+            return self._c
+        return self._run(it)
+
+    def _run(self, it: Iterator) -> Iterator:
         buf = self.buf
-        if self.tail < 0:
+        if self._tail < 0:
             bufsize, initial = self.bufsize, self.initial
             randrange = self.rng.randrange
             for sample in it:
@@ -103,20 +138,20 @@ class ShuffleCore:
                 if len(buf) >= initial:
                     i = randrange(len(buf))
                     buf[i], buf[-1] = buf[-1], buf[i]
-                    self.emitted += 1
+                    self._emitted += 1
                     yield buf.pop()
             self.rng.shuffle(buf)
-            self.tail = 0
-        while self.tail < len(buf):
-            x = buf[self.tail]
-            buf[self.tail] = None
-            self.tail += 1
-            self.emitted += 1
+            self._tail = 0
+        while self._tail < len(buf):
+            x = buf[self._tail]
+            buf[self._tail] = None
+            self._tail += 1
+            self._emitted += 1
             yield x
 
     def replay(self, total: int, outputs: int) -> None:
         """Advance over positions ``0..total-1`` until ``outputs`` have come out (no data)."""
-        gen = self.run(iter(range(total)))
+        gen = self._run(iter(range(total)))
         before = self.emitted
         collections.deque(itertools.islice(gen, outputs), maxlen=0)  # consumed at C speed
         gen.close()
@@ -209,7 +244,7 @@ class ReaderStream:
                 core.buf[core.tail :] = [samples[p] for p in held]
             else:
                 core.buf[:] = [samples[p] for p in held]
-        run = core.run(self._read_from(core.consumed))
+        run = core.run(self._read_from(core.consumed), prefetch=True)
         self._open.append(run)
         self._it = run
 

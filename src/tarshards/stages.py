@@ -86,7 +86,7 @@ def shuffle(
     if rng is None:
         rng = random.Random(seed)
     # one implementation with the resumable pipelines' buffer (tarshards.source.ShuffleCore)
-    yield from ShuffleCore(bufsize, initial, rng).run(iter(samples))
+    yield from ShuffleCore(bufsize, initial, rng).run(iter(samples), prefetch=True)
 
 
 def select(samples: Iterable, predicate: Callable[[Any], bool]) -> Iterator:

@@ -149,7 +149,7 @@ class Shuffle:
             core.buf[start:] = [got[p] for p in held]
         upstream.seek(core.consumed)
         self._core = core
-        return _StageIter(self, core.run(iter(upstream)))
+        return _StageIter(self, core.run(iter(upstream), prefetch=True))
 
     def state_dict(self) -> dict:
         return {"emitted": self._core.emitted if self._core is not None else 0}
