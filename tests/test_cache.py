@@ -119,6 +119,25 @@ def test_lru_eviction_beyond_the_limit(served, tmp_path):
     )
 
 
+def test_a_download_takes_its_last_use_from_the_clock_hits_use(served, tmp_path, monkeypatch):
+    """A new entry's last use is set from ``time.time_ns()``, as a hit's is: the file system's
+    own write time comes from a coarser clock (seen here up to 0.2 ms behind), which made a
+    shard fetched just after another's hit look older than it, and evicted first."""
+    import types
+
+    from tarshards.storage import cache as cache_mod
+
+    _, urls, _, _ = served
+    cache = ShardCache(tmp_path / "cache")
+    later = time.time_ns() + 3_600 * 10**9  # an hour ahead: no write time can be that
+    clock = types.SimpleNamespace(**{k: getattr(time, k) for k in dir(time) if k[0] != "_"})
+    clock.time_ns = lambda: later
+    monkeypatch.setattr(cache_mod, "time", clock)
+    _keys(shard_samples(urls[0], opener=cache.open))
+    [(_, _, used)] = cache.entries()
+    assert used == later
+
+
 def test_samples_stream_while_the_shard_is_cached(served, tmp_path):
     srv, urls, samples, _ = served
     cache = ShardCache(tmp_path / "cache")

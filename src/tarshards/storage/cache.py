@@ -298,6 +298,12 @@ class ShardCache:
                         f"the download does not match the manifest ({bad}); it was not cached",
                         url=url,
                     )
+            # its last use now, on the clock the hits use (os.utime, below): the file system's
+            # own write time comes from a coarser clock, up to a tick behind, which made a
+            # shard fetched just after another's hit look older than it, and evicted first
+            now = time.time_ns()
+            with contextlib.suppress(OSError):
+                os.utime(tmp, ns=(now, now))
             os.replace(tmp, path)
             self.downloads += 1
             logger.debug("cached %s (%d bytes) as %s", url, tee.nbytes, path)
