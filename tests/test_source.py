@@ -303,3 +303,101 @@ def test_interleaved_readers_hold_about_one_batch(tmp_path):
         tracemalloc.stop()
     per_batch = B * (16 << 10)
     assert held < 2.5 * per_batch  # six readers keeping their last batch: >= 6 batches
+
+
+# ---- a mapped list in one C call, the general path for the rest ------------------------------
+
+
+def _foreign_shard(path, n=64):
+    """A tarfile-written shard (GNU format) with, between its first samples, members the C scan
+    does not read (a directory, a symlink, a hard link), and members it reads behind extra
+    headers (a GNU long name) throughout."""
+    import tarfile
+
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        for i in range(n):
+            key = f"d{i:03d}" if i % 5 != 3 else f"{'long' * 30}{i:03d}"
+            if i in (2, 9):
+                d = tarfile.TarInfo(f"dir{i}")
+                d.type = tarfile.DIRTYPE
+                tar.addfile(d)
+            if i in (4, 11):
+                link = tarfile.TarInfo(f"link{i}")
+                link.type = tarfile.SYMTYPE if i % 2 else tarfile.LNKTYPE
+                link.linkname = f"d{i - 1:03d}.cls"
+                tar.addfile(link)
+            for ext, data in (("cls", str(i).encode()), ("txt", b"t" * (i * 37 % 1500))):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return str(path)
+
+
+def test_mapped_lists_equal_the_general_path_over_foreign_members(tmp_path, monkeypatch):
+    """A list of a mapped shard is read in one C call when its bytes are plain members up to the
+    next sample's offset; lists holding members the C scan leaves to the general path (links,
+    directories) go through it. Both give what a buffered (never mapped) read gives, and the C
+    call does take the plain lists."""
+    import tarshards.source as source
+
+    urls = [_foreign_shard(tmp_path / f"f{s}.tar", n=64 + 3 * s) for s in range(2)]
+    real = source.plain_run
+    taken = []
+
+    def spy(buf, lo, hi):
+        got = real(buf, lo, hi)
+        taken.append(got is not None)
+        return got
+
+    monkeypatch.setattr(source, "plain_run", spy)
+    table = scan_shards(urls, opener=_open)
+    for unit in (1, 3, 4):
+        plan = EpochPlan(table.counts, PlanConfig(seed=2, readers=2, batch_size=unit), 0)
+        for reader in range(2):
+            got = {}
+            for name, opener in (("mapped", _open), ("buffered", _open_bytes)):
+                stream = ReaderStream(table, plan, reader, opener=opener, unit=unit)
+                stream.seek(0)
+                got[name] = stream.take(plan.segment_length)
+                stream.close()
+            assert got["mapped"] == got["buffered"]
+            assert [s["__key__"][-3:] for s in got["mapped"]] == [
+                k[-3:] for k, _ in _expected_foreign(plan, reader, table)
+            ]
+    assert any(taken) and not all(taken)  # plain lists in one call, the others by the general path
+
+
+def _expected_foreign(plan, reader, table):
+    import tarfile
+
+    keys = []
+    for s, a, b, pad in plan.segment_runs(reader, 0):
+        with tarfile.open(table.urls[s]) as tar:
+            names = [m.name.rsplit(".", 1)[0] for m in tar.getmembers() if m.name.endswith(".cls")]
+        keys += [(k, pad) for k in names[a:b]]
+    return keys
+
+
+def test_a_damaged_header_inside_a_mapped_list_is_reported_as_by_the_plain_reader(tmp_path):
+    """The one-call read of a list stops at a header whose checksum is wrong, and the general
+    path reports it: the same error as a plain sequential read, naming the shard, the member
+    and its offset."""
+    from tarshards.errors import TarshardsError
+    from tarshards.pipeline import iter_samples
+
+    bad = _foreign_shard(tmp_path / "s.tar")
+    table = scan_shards([bad], opener=_open)  # counted and indexed while intact
+    with open(bad, "r+b") as f:
+        f.seek(int(table.sample_offsets(0)[37]) + 148)  # sample 37's first header's checksum
+        f.write(b"0000000\0")
+    with pytest.raises(TarshardsError) as plain:
+        list(iter_samples([bad]))
+    plan = EpochPlan(table.counts, PlanConfig(readers=1, batch_size=4, shardshuffle=False), 0)
+    stream = ReaderStream(table, plan, 0, opener=_open, unit=4)
+    stream.seek(0)
+    with pytest.raises(TarshardsError) as planned:
+        stream.take(plan.segment_length)
+    stream.close()
+    assert type(planned.value) is type(plain.value)
+    assert planned.value.url == bad and planned.value.offset == plain.value.offset
+    assert planned.value.member == plain.value.member and plain.value.offset is not None

@@ -110,6 +110,20 @@ def group_samples(
     return _group(members if batched else (members,), url, last_dot)
 
 
+def group_run(members: list, url, last_dot: bool = False) -> list[dict] | None:
+    """The samples of ``members`` (a list of ``(name, data, offset)`` that ends where a sample
+    ends) grouped in one C call, as :func:`group_samples` groups them; ``None`` without the C
+    extension or where the reference loop must decide (a repeated extension: it raises)."""
+    if _group_members is None:
+        return None
+    samples, sample, _key, stop = _group_members(members, 0, url, last_dot, None, None)
+    if stop >= 0:
+        return None
+    if sample is not None:
+        samples.append(sample)
+    return samples
+
+
 def _damage_after(exn: Exception, key: str | None, last_dot: bool) -> bool:
     """Whether a reading error shows that the sample being assembled (``key``) is complete:
     the stream was cut (not corrupted) in a member of another sample, or just after the whole

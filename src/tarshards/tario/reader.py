@@ -85,6 +85,19 @@ def iter_tar(
         yield from batch
 
 
+def plain_run(buf, lo: int, hi: int) -> list | None:
+    """The members ``(name, bytes, offset)`` of bytes ``lo:hi`` of ``buf`` (a map of a local
+    plain tar; offsets are positions in it) in one C call, when the run is members the fast path
+    reads (plain ustar members, or behind harmless pax / long-name headers), all with valid
+    header checksums, and ends exactly at ``hi``; else ``None``: read it with
+    :func:`iter_tar_batches`, which raises the right error where there is one. For a reader that
+    knows where its samples start and end (the planned path's lists)."""
+    if _scan_members is None:
+        return None
+    members, pos = _scan_members(buf, lo, 0, hi, hi, None, True, None)
+    return members if pos == hi else None
+
+
 def iter_tar_batches(
     chunks: Iterable[bytes],
     source=None,
