@@ -437,3 +437,42 @@ def test_map_subcommand_registered():
     from tarshards.cli.map_cmd import map_cmd
 
     assert cli.group.get_command(None, "map") is map_cmd
+
+
+_BLAS_PROBE = """
+import os, sys
+from tarshards.cli.main import main
+sys.argv = ["tarshards", "index", sys.argv[1], "-o", sys.argv[2], "-q"]
+try:
+    main()
+except SystemExit as exn:
+    assert not exn.code, exn.code
+from threadpoolctl import threadpool_info
+blas = [p["num_threads"] for p in threadpool_info() if p["internal_api"] == "openblas"]
+print(blas, os.environ.get("OPENBLAS_NUM_THREADS"))
+"""
+
+
+@pytest.mark.parametrize("user", [None, "2"])
+def test_index_loads_openblas_with_one_thread_unless_the_user_chose(shards, tmp_path, user):
+    """`tarshards index` never calls BLAS: numpy's OpenBLAS is loaded with one thread (its
+    others spin at load, taking a core from the hashing), the variable is gone again after the
+    import (children inherit nothing), and a number the user set stands."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("threadpoolctl")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if user is not None:
+        env["OPENBLAS_NUM_THREADS"] = user
+    out = subprocess.run(
+        [sys.executable, "-c", _BLAS_PROBE, shards[0][0], str(tmp_path / "m.json")],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    if out[0] == "[]":  # a numpy without OpenBLAS: nothing to check
+        pytest.skip("numpy is not built with OpenBLAS here")
+    assert out == (["[1]", "None"] if user is None else ["[2]", "2"])
+    assert (tmp_path / "m.json").exists()

@@ -14,13 +14,12 @@ import os
 import click
 
 from ..hashing import DEFAULT_HASH, HASHES
-from ..index import INDEX_SUFFIX
-from ..manifest import build_manifest, resolve_url
 from ._common import (
     CONTEXT_SETTINGS,
     collect_inputs,
     files_from_option,
     handle_errors,
+    one_blas_thread,
     on_error_option,
     print_err,
     quiet_option,
@@ -68,6 +67,9 @@ __all__ = ["index_cmd"]
 @handle_errors
 def index_cmd(inputs, output, listfile, parallel, hash_name, dali, on_error, quiet):
     """Index shards: write MANIFEST (counts, sizes, hashes) and one index per shard."""
+    with one_blas_thread():
+        from ..index import INDEX_SUFFIX
+        from ..manifest import build_manifest, resolve_url
     if not inputs and listfile is None:
         raise click.UsageError("name the shards to index (SPEC... or -T FILE)")
     urls = collect_inputs(inputs, listfile)
