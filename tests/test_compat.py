@@ -609,3 +609,28 @@ def test_import_tarshards_alone_stays_light():
         env=dict(os.environ, PYTHONPATH=os.pathsep.join([SRC] + sys.path)),
     )
     assert out.stdout.strip() == "False"
+
+
+def test_cache_dir_samples_carry_their_local_path(tmp_path):
+    """With ``cache_dir=`` every sample has webdataset's ``__local_path__``: the cached copy of
+    a remote shard (served by a real HTTP server on 127.0.0.1), the file itself for a local
+    shard (read in place); without ``cache_dir=`` there is none."""
+    from conftest import load_servers
+
+    servers = load_servers()
+    root = tmp_path / "www"
+    root.mkdir()
+    paths, _ = write_shards(root, 2, 3)
+    cache = tmp_path / "cache"
+    with servers.HTTPFileServer(root) as srv:
+        remote = [f"{srv.url}/{os.path.basename(p)}" for p in paths]
+        got = list(wds.WebDataset(remote, cache_dir=str(cache), shardshuffle=False))
+        assert len(got) == 6
+        for sample in got:
+            local = sample["__local_path__"]
+            assert local.startswith(str(cache)) and os.path.isfile(local)
+            with open(local, "rb") as f, open(paths[remote.index(sample["__url__"])], "rb") as g:
+                assert f.read() == g.read()
+    here = list(wds.WebDataset(paths, cache_dir=str(cache), shardshuffle=False))
+    assert [s["__local_path__"] for s in here] == [s["__url__"] for s in here]
+    assert all("__local_path__" not in s for s in wds.WebDataset(paths, shardshuffle=False))

@@ -108,16 +108,34 @@ class WebDataset(_CompatMixin, FluidInterface, TSWebDataset):
 
     def _samples(self, ctx: dict):
         if self.select_files is None and self.rename_files is None:
-            return TSWebDataset._samples(self, ctx)
-        urls = ({"url": u} for u in self.shard_list(ctx))
-        return tarfile_samples(
-            urls,
-            handler=self.handler,
-            select_files=self.select_files,
-            rename_files=self.rename_files,
-            allow_pipe=self.allow_pipe,
-            storage_options=self.storage_options,
-        )
+            samples = TSWebDataset._samples(self, ctx)
+        else:
+            urls = ({"url": u} for u in self.shard_list(ctx))
+            samples = tarfile_samples(
+                urls,
+                handler=self.handler,
+                select_files=self.select_files,
+                rename_files=self.rename_files,
+                allow_pipe=self.allow_pipe,
+                storage_options=self.storage_options,
+            )
+        cache = getattr(self._opener, "__self__", None)  # the ShardCache of cache_dir=
+        if cache is None:
+            return samples
+        return _with_local_path(samples, cache)
+
+
+def _with_local_path(samples, cache):
+    """webdataset's ``__local_path__`` with ``cache_dir=``: the file the sample was read from."""
+    paths: dict = {}
+    for sample in samples:
+        url = sample.get("__url__")
+        if url is not None:
+            path = paths.get(url)
+            if path is None:
+                path = paths[url] = cache.local_path(url)
+            sample["__local_path__"] = path
+        yield sample
 
 
 class FluidWrapper(DataPipeline):

@@ -146,6 +146,12 @@ class ShardCache:
         """Where ``url`` is (or would be) cached."""
         return os.path.join(self.cache_dir, cache_name(url))
 
+    def local_path(self, url: str) -> str:
+        """The file that holds ``url``'s bytes when read through this cache: its cached copy,
+        or the local file itself (local files are read in place, never copied)."""
+        url = os.fspath(url)
+        return self.path_for(url) if self._is_cacheable(url) else url
+
     def _lock_path(self, path: str) -> str:
         return os.path.join(self.cache_dir, _LOCK_DIR, os.path.basename(path) + ".lock")
 
