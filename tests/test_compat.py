@@ -617,6 +617,7 @@ def test_cache_dir_samples_carry_their_local_path(tmp_path):
     shard (read in place); without ``cache_dir=`` there is none."""
     from conftest import load_servers
 
+    pytest.importorskip("aiohttp", reason="http:// needs aiohttp (pip install 'tarshards[http]')")
     servers = load_servers()
     root = tmp_path / "www"
     root.mkdir()
