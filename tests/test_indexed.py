@@ -4,9 +4,11 @@ shards written by tarfile (ustar/gnu/pax), GNU tar and ShardWriter, plain, gzip 
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import importlib.util
 import io
+import lzma
 import os
 import pickle
 import subprocess
@@ -96,6 +98,14 @@ def _compress(path: str, compression: str) -> str:
         out = path + ".gz"
         with gzip.open(out, "wb") as g:
             g.write(data)
+    elif compression == "bz2":  # bzip2 and xz as GNU tar -j / -J write them (one stream)
+        out = path + ".bz2"
+        with open(out, "wb") as f:
+            f.write(bz2.compress(data))
+    elif compression == "xz":
+        out = path + ".xz"
+        with open(out, "wb") as f:
+            f.write(lzma.compress(data, format=lzma.FORMAT_XZ))
     else:
         out = path + ".zst"
         with open(out, "wb") as f:
@@ -132,7 +142,7 @@ def _check_random_access(manifest: Manifest, expect_seekable: bool | None = None
     writer=st.sampled_from(
         ["tarfile-ustar", "tarfile-gnu", "tarfile-pax", "gnutar-gnu", "gnutar-pax"]
     ),
-    compression=st.sampled_from(["none", "gz", "zst"]),
+    compression=st.sampled_from(["none", "gz", "zst", "bz2", "xz"]),
 )
 def test_foreign_shards_random_access_equals_sequential(shards, writer, compression):
     with tempfile.TemporaryDirectory() as d:
@@ -149,13 +159,19 @@ def test_foreign_shards_random_access_equals_sequential(shards, writer, compress
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     shards=datasets(),
-    compression=st.sampled_from(["none", "gz", "zst"]),
+    compression=st.sampled_from(["none", "gz", "zst", "bz2", "xz"]),
     aligned=st.booleans(),
     maxcount=st.integers(1, 6),
 )
 def test_shardwriter_manifest_equals_index_command(shards, compression, aligned, maxcount):
     samples = [s for shard in shards for s in shard]
-    suffix = {"none": ".tar", "gz": ".tar.gz", "zst": ".tar.zst"}[compression]
+    suffix = {
+        "none": ".tar",
+        "gz": ".tar.gz",
+        "zst": ".tar.zst",
+        "bz2": ".tar.bz2",
+        "xz": ".tar.xz",
+    }[compression]
     with tempfile.TemporaryDirectory() as d:
         with ShardWriter(
             os.path.join(d, "out-%04d" + suffix),

@@ -222,7 +222,7 @@ def test_write_after_close_fails(tmp_path):
     with pytest.raises(ValueError):
         w.write({"__key__": "b", "txt": "y"})
     with pytest.raises(ValueError):
-        TarWriter(str(tmp_path / "d.tar"), compress="lz4")
+        TarWriter(str(tmp_path / "d.tar"), compress="lzip")
     assert sorted(os.listdir(tmp_path)) == ["c.tar"]  # no temporary file left behind
 
 

@@ -1,12 +1,17 @@
 """The compressions tarshards reads and writes: one table, one frame loop.
 
-Every part of the library that needs to know about gzip or zstd asks this module: the reader
-(:func:`decompressed_chunks`, found by magic bytes), the writer (:func:`open_compressed_writer`,
-chosen by file suffix) and the cache (:func:`by_magic`, to tell a shard from an error page).
+Every part of the library that needs to know about compression asks this module: the reader
+(:func:`decompressed_chunks`, found by magic bytes), the indexer (the same, with ``on_frame``),
+the writer (:func:`open_compressed_writer`, chosen by file suffix) and the cache
+(:func:`by_magic`, to tell a shard from an error page).
 
-Both compressions are read by the same loop, :func:`_frames`: a stream may hold several
-members/frames back to back (``cat a.gz b.gz``, pigz, multi-frame zstd), with zero padding after
-the last one. A corrupt stream raises :class:`~tarshards.errors.CompressionError` at the
+gzip and zstandard are the library's own (written sample-aligned too); bzip2 and xz (the standard
+library's ``bz2``/``lzma``) and lz4 (the optional ``lz4`` package) are read and written as GNU
+tar's ``-j``/``-J``/``--lz4`` make them. Formats that hold no tar stream tarshards can read
+(lzip, Unix compress, zip, 7z, rar) are named in the error. All are read by the same loop,
+:func:`_frames`: a stream may hold several members/frames/streams back to back (``cat a.gz
+b.gz``, pigz, pzstd's skippable frames, pbzip2, multi-stream xz), with zero padding after the
+last one. A corrupt stream raises :class:`~tarshards.errors.CompressionError` at the
 compressed byte offset of the damage, after yielding everything that decompressed before it; a
 stream that stops inside a member raises :class:`~tarshards.errors.TruncatedShardError`.
 """
@@ -25,7 +30,9 @@ __all__ = [
     "by_magic",
     "by_name",
     "decompressed_chunks",
+    "foreign_format",
     "is_compressed_name",
+    "not_plain",
     "open_compressed_writer",
 ]
 
@@ -36,15 +43,20 @@ _SALVAGE_LIMIT = 64 << 20  # most output salvaged from one failing step
 
 @dataclass(frozen=True)
 class Compression:
-    """One compression: its ``name``, the ``magic`` bytes its streams start with, the file
-    ``suffixes`` that choose it for writing (the first is the canonical one), ``reader`` (returns
-    a fresh decoder for one member/frame) and ``writer`` (``(raw, level) -> (stream, close)``)."""
+    """One compression: its ``name``, the ``magics`` its streams may start with (the first is
+    the usual one), the file ``suffixes`` that choose it for writing (the first is the canonical
+    one), ``reader`` (returns a fresh decoder for one member/frame/stream) and ``writer``
+    (``(raw, level) -> (stream, close)``)."""
 
     name: str
-    magic: bytes
+    magics: tuple[bytes, ...]
     suffixes: tuple[str, ...]
     reader: Callable[[], "_Decoder"]
     writer: Callable[[BinaryIO, int | None], tuple]
+
+    @property
+    def magic(self) -> bytes:
+        return self.magics[0]
 
     @property
     def suffix(self) -> str:
@@ -75,6 +87,7 @@ class _Decoder:
     """
 
     eof = False
+    more = False  # output held back inside the decoder: step(b"") gives more of it
 
     def step(self, data) -> tuple[bytes, bytes]:
         raise NotImplementedError
@@ -148,6 +161,11 @@ def _replay(d, data: bytes) -> tuple[bytes, int]:
 
 
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+# skippable frames (magic 0x184D2A50..5F, little-endian): pzstd puts one before every frame, and
+# seekable-zstd writers a seek table after the last; zstandard reads them as empty frames
+_ZSTD_SKIPPABLE = tuple(bytes((0x50 + i, 0x2A, 0x4D, 0x18)) for i in range(16))
+# the largest window a frame may ask for: zstd --long=31 (zstandard's default limit is 128 MiB)
+_ZSTD_WINDOW_MAX = 1 << 31
 
 
 class _ZstdDecoder(_Decoder):
@@ -158,7 +176,8 @@ class _ZstdDecoder(_Decoder):
 
     def __init__(self):
         zstandard = _zstandard()
-        self._d = zstandard.ZstdDecompressor().decompressobj()  # one frame; not reusable
+        # one frame; not reusable
+        self._d = zstandard.ZstdDecompressor(max_window_size=_ZSTD_WINDOW_MAX).decompressobj()
         self._error = zstandard.ZstdError
         self._buf = b""  # input held back: an incomplete unit
         self._fed = 0  # bytes of this frame handed to zstandard
@@ -230,6 +249,68 @@ class _ZstdDecoder(_Decoder):
         return b"".join(outs), b""
 
 
+class _StreamDecoder(_Decoder):
+    """One bzip2 / xz / lz4 stream, through a decompressor with the API of ``bz2``'s and
+    ``lzma``'s (``decompress(data, max_length)``, ``eof``, ``unused_data``, ``needs_input``).
+
+    They take all the input they are given and hold back the output over ``max_length`` (then
+    ``more`` is true, and ``step(b"")`` gives the next part). They cannot be copied, so the
+    offset of a damage is that of the step's input (where the bad block starts or earlier), and
+    the output of the failing step is lost."""
+
+    __slots__ = ("_d", "_fed", "_errors", "_name")
+
+    def __init__(self, d, errors: tuple, name: str):
+        self._d = d
+        self._errors = errors
+        self._name = name
+        self._fed = 0
+
+    @property
+    def eof(self):
+        return self._d.eof
+
+    @property
+    def more(self):
+        d = self._d
+        return not d.eof and not d.needs_input
+
+    def step(self, data):
+        d = self._d
+        try:
+            out = d.decompress(data, _OUT_LIMIT)
+        except self._errors as exc:
+            raise _Damage(f"corrupt {self._name} data: {exc}", self._fed, b"") from None
+        left = (d.unused_data or b"") if d.eof else b""  # lz4's is None at the end of input
+        self._fed += len(data) - len(left)
+        return out, left
+
+
+def _bzip2_decoder() -> _Decoder:
+    import bz2
+
+    return _StreamDecoder(bz2.BZ2Decompressor(), (OSError, ValueError), "bzip2")
+
+
+def _xz_decoder() -> _Decoder:
+    import lzma
+
+    return _StreamDecoder(lzma.LZMADecompressor(lzma.FORMAT_XZ), (lzma.LZMAError,), "xz")
+
+
+def _lz4_frame():
+    try:
+        import lz4.frame
+    except ImportError:
+        raise MissingDependencyError("lz4 shards need the lz4 package: pip install lz4") from None
+    return lz4.frame
+
+
+def _lz4_decoder() -> _Decoder:
+    frame = _lz4_frame()
+    return _StreamDecoder(frame.LZ4FrameDecompressor(), (RuntimeError,), "lz4")
+
+
 def _zstandard():
     try:
         import zstandard
@@ -267,18 +348,121 @@ def _zstd_writer(raw: BinaryIO, level: int | None):
     return zw, close
 
 
-GZIP = Compression("gzip", b"\x1f\x8b", (".tgz", ".tar.gz", ".gz"), _GzipDecoder, _gzip_writer)
-ZSTD = Compression("zstd", _ZSTD_MAGIC, (".tar.zst", ".tzst", ".zst"), _ZstdDecoder, _zstd_writer)
-COMPRESSIONS: tuple[Compression, ...] = (GZIP, ZSTD)
-_MAGIC_LEN = max(len(c.magic) for c in COMPRESSIONS)
-_ALIASES = {"gz": GZIP, "gzip": GZIP, "tgz": GZIP, "zst": ZSTD, "zstd": ZSTD}
+def _file_writer(opener, level_name: str, default: int):
+    """A writer over a file-object compressor of the standard library's kind (bz2, lzma, lz4)."""
+
+    def writer(raw: BinaryIO, level: int | None):
+        f = opener(raw, **{level_name: default if level is None else level})
+        return f, f.close  # closes the compressor, not raw
+
+    return writer
+
+
+def _bz2_open(raw, compresslevel):
+    import bz2
+
+    return bz2.BZ2File(raw, "wb", compresslevel=compresslevel)
+
+
+def _xz_open(raw, preset):
+    import lzma
+
+    return lzma.LZMAFile(raw, "wb", format=lzma.FORMAT_XZ, preset=preset)
+
+
+def _lz4_open(raw, compression_level):
+    return _lz4_frame().LZ4FrameFile(raw, "wb", compression_level=compression_level)
+
+
+GZIP = Compression("gzip", (b"\x1f\x8b",), (".tgz", ".tar.gz", ".gz"), _GzipDecoder, _gzip_writer)
+ZSTD = Compression(
+    "zstd",
+    (_ZSTD_MAGIC, *_ZSTD_SKIPPABLE),
+    (".tar.zst", ".tzst", ".zst"),
+    _ZstdDecoder,
+    _zstd_writer,
+)
+BZIP2 = Compression(
+    "bzip2",
+    (b"BZh",),
+    (".tar.bz2", ".tbz2", ".tbz", ".bz2"),
+    _bzip2_decoder,
+    _file_writer(_bz2_open, "compresslevel", 9),
+)
+XZ = Compression(
+    "xz",
+    (b"\xfd7zXZ\x00",),
+    (".tar.xz", ".txz", ".xz"),
+    _xz_decoder,
+    _file_writer(_xz_open, "preset", 6),
+)
+LZ4 = Compression(
+    "lz4",
+    (b"\x04\x22\x4d\x18",),
+    (".tar.lz4", ".tlz4", ".lz4"),
+    _lz4_decoder,
+    _file_writer(_lz4_open, "compression_level", 0),
+)
+COMPRESSIONS: tuple[Compression, ...] = (GZIP, ZSTD, BZIP2, XZ, LZ4)
+# containers and compressions that hold no tar stream tarshards reads: named in the error (only
+# where the first block is not a tar header: a member may be called "PK...")
+_FOREIGN = (
+    (b"LZIP", "lzip", "decompress it (lzip -d) and re-compress with gzip, zstd or xz"),
+    (b"\x1f\x9d", "Unix compress (.Z)", "decompress it (gzip -d or uncompress)"),
+    (b"\x1f\xa0", "LZH compress", "decompress it"),
+    (b"PK\x03\x04", "zip", "a zip archive is not a tar shard: unpack it and tar the files"),
+    (b"7z\xbc\xaf\x27\x1c", "7z", "a 7z archive is not a tar shard: unpack it and tar the files"),
+    (b"Rar!\x1a\x07", "rar", "a rar archive is not a tar shard: unpack it and tar the files"),
+    (b"\x5d\x00\x00", "lzma (legacy .lzma)", "re-compress it as xz, gzip or zstd"),
+)
+_MAGIC_LEN = max(max(len(m) for c in COMPRESSIONS for m in c.magics), 6)
+_ALIASES = {
+    "gz": GZIP,
+    "gzip": GZIP,
+    "tgz": GZIP,
+    "zst": ZSTD,
+    "zstd": ZSTD,
+    "bz2": BZIP2,
+    "bzip2": BZIP2,
+    "xz": XZ,
+    "lz4": LZ4,
+}
 
 
 def by_magic(head: bytes) -> Compression | None:
     """The compression whose magic bytes ``head`` starts with, or None (plain data)."""
+    head = bytes(head[:_MAGIC_LEN])
     for comp in COMPRESSIONS:
-        if head[: len(comp.magic)] == comp.magic:
-            return comp
+        for magic in comp.magics:
+            if head[: len(magic)] == magic:
+                return comp
+    return None
+
+
+def _tar_header_ok(block: bytes) -> bool:
+    """Whether ``block`` (512 bytes) has a valid tar header checksum (unsigned or signed)."""
+    if len(block) < 512:
+        return False
+    try:
+        stored = int(bytes(block[148:156]).split(b"\0")[0].strip() or b"-1", 8)
+    except ValueError:
+        return False
+    rest = bytes(block[:148]) + b" " * 8 + bytes(block[156:512])
+    return stored in (sum(rest), sum(b - 256 if b > 127 else b for b in rest))
+
+
+def not_plain(head: bytes) -> bool:
+    """Whether a stream starting with ``head`` (its first 512 bytes, or all of a shorter one)
+    goes through :func:`decompressed_chunks` (compressed, or a format it names in an error)."""
+    return by_magic(head) is not None or foreign_format(head) is not None
+
+
+def foreign_format(head: bytes) -> tuple[str, str] | None:
+    """``(name, what to do)`` where ``head`` starts like a format tarshards does not read (and
+    is not a tar header), else None."""
+    for magic, name, advice in _FOREIGN:
+        if bytes(head[: len(magic)]) == magic:
+            return None if _tar_header_ok(head[:512]) else (name, advice)
     return None
 
 
@@ -316,35 +500,59 @@ def open_compressed_writer(raw: BinaryIO, name, level: int | None = None):
 # ---------------------------------------------------------------------------------------------
 
 
-def decompressed_chunks(chunks: Iterable[bytes], source=None) -> Iterator[bytes]:
-    """Detect gzip or zstd by magic bytes and yield the decompressed stream; pass others through.
+def decompressed_chunks(
+    chunks: Iterable[bytes], source=None, on_frame: Callable[[int, int], None] | None = None
+) -> Iterator[bytes]:
+    """Detect the compression by magic bytes and yield the decompressed stream; pass plain data
+    through. A format tarshards does not read (zip, lzip, ...) raises
+    :class:`~tarshards.errors.CompressionError` saying what it is and what to do.
 
-    The chunks may be memoryviews of a reused buffer (see ``tario.read_chunks(reuse=True)``).
+    ``on_frame(compressed offset, decompressed offset)`` is called where each gzip member, zstd
+    frame or bzip2/xz/lz4 stream starts (the indexer records them: a sample-aligned shard's
+    samples can be read alone). The chunks may be memoryviews of a reused buffer (see
+    ``tario.read_chunks(reuse=True)``).
     """
     it = iter(chunks)
     first = b""
+    want = _MAGIC_LEN
     for piece in it:  # gather enough bytes to see a magic number
         first += piece
-        if len(first) >= _MAGIC_LEN:
+        if len(first) >= want:
+            if want < 512 and by_magic(first) is None and foreign_format(first) is not None:
+                want = 512  # the first block, to tell a tar header from the foreign format
+                continue
             break
     if not first:
         return
     comp = by_magic(first)
     if comp is None:
+        foreign = foreign_format(first)
+        if foreign is not None:
+            name, advice = foreign
+            raise CompressionError(
+                f"this shard is {name} data, which tarshards does not read: {advice}",
+                url=source,
+                offset=0,
+            )
         yield first
         yield from it
     else:
-        yield from _frames(comp, first, it, source)
+        yield from _frames(comp, first, it, source, on_frame)
 
 
-def _frames(comp: Compression, first: bytes, rest: Iterator[bytes], source) -> Iterator[bytes]:
-    """The one frame loop: members/frames back to back, zero padding after the last one."""
+def _frames(
+    comp: Compression, first: bytes, rest: Iterator[bytes], source, on_frame=None
+) -> Iterator[bytes]:
+    """The one frame loop: members/frames/streams back to back, zero padding after the last."""
     d = comp.reader()
     pending = first
     consumed = 0  # compressed bytes handed to the decoders so far
+    produced = 0  # decompressed bytes handed out
     member = 0  # offset of the current member/frame in the compressed stream
+    if on_frame is not None:
+        on_frame(0, 0)
     while True:
-        while pending:
+        while pending or d.more:
             if d.eof:  # a member/frame ended: zero padding, or the next one
                 stripped = bytes(pending).lstrip(b"\0")  # may be a reused memoryview
                 consumed += len(pending) - len(stripped)
@@ -353,6 +561,8 @@ def _frames(comp: Compression, first: bytes, rest: Iterator[bytes], source) -> I
                     break
                 d = comp.reader()
                 member = consumed
+                if on_frame is not None:
+                    on_frame(member, produced)
             try:
                 out, left = d.step(pending)
             except _Damage as damage:
@@ -362,6 +572,7 @@ def _frames(comp: Compression, first: bytes, rest: Iterator[bytes], source) -> I
             consumed += len(pending) - len(left)
             pending = left
             if out:
+                produced += len(out)
                 yield out
         nxt = next(rest, None)
         if nxt is None:

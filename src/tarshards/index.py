@@ -21,13 +21,13 @@ import itertools
 import json
 import operator
 import struct
-import zlib
 from dataclasses import dataclass, field
 from typing import BinaryIO, Iterator, Sequence
 
 import numpy as np
 
-from .errors import CompressionError, IntegrityError, TruncatedShardError
+from .errors import IntegrityError
+from .compression import by_magic, decompressed_chunks, foreign_format
 from .hashing import (
     DEFAULT_HASH,
     MEMBER_HASH,
@@ -50,8 +50,6 @@ INDEX_VERSION = 1
 INDEX_SUFFIX = ".tsidx"
 BLOCK = 512
 _CHUNK = 1 << 20
-_GZIP_MAGIC = b"\x1f\x8b"
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 # ---------------------------------------------------------------------------------------------
 # the index value
@@ -768,52 +766,6 @@ class _ChunkReader:
             pass
 
 
-def _frames(
-    first: bytes, rest: Iterator[bytes], kind: str, builder: IndexBuilder, url
-) -> Iterator[bytes]:
-    """Decompress gzip members / zstd frames, recording where each one starts."""
-    if kind == "gzip":
-        new = lambda: zlib.decompressobj(31)  # noqa: E731
-        errors = (zlib.error,)
-    else:
-        import zstandard
-
-        dctx = zstandard.ZstdDecompressor()
-        new = dctx.decompressobj
-        errors = (zstandard.ZstdError,)
-    d = new()
-    pending = first
-    consumed = 0  # compressed bytes consumed
-    produced = 0  # uncompressed bytes produced
-    builder.frame(0, 0)
-    try:
-        while True:
-            while pending:
-                if d.eof:
-                    stripped = pending.lstrip(b"\0")
-                    consumed += len(pending) - len(stripped)
-                    pending = stripped
-                    if not pending:
-                        break
-                    d = new()
-                    builder.frame(consumed, produced)
-                out = d.decompress(pending)
-                left = d.unused_data if d.eof else b""
-                consumed += len(pending) - len(left)
-                pending = left
-                if out:
-                    produced += len(out)
-                    yield out
-            nxt = next(rest, None)
-            if nxt is None:
-                break
-            pending = nxt
-        if not d.eof:
-            raise TruncatedShardError(f"{kind} stream ends early", url=url, offset=consumed)
-    except errors as exc:
-        raise CompressionError(f"corrupt {kind} data: {exc}", url=url, offset=consumed) from None
-
-
 def _read_members(chunks, offset: int, builder: IndexBuilder, url) -> None:
     """Record the members of the tar stream ``chunks`` (from tar offset ``offset`` on) as the
     reader reads them: the reader's own parser decides what a member is, its name, its bytes
@@ -846,25 +798,24 @@ def index_stream(
 ) -> ShardIndex:
     """Index a shard by reading ``stream`` once from its start to its end.
 
-    The whole file is hashed (``hash``) and each member's data (``member_hash``); gzip and zstd
-    shards are decompressed, and the start of each gzip member / zstd frame is recorded, so a
-    sample-aligned compressed shard comes out ``seekable``.
+    The whole file is hashed (``hash``) and each member's data (``member_hash``); compressed
+    shards (gzip, zstd, bzip2, xz, lz4) are decompressed by the reader's frame loop, and the
+    start of each gzip member / zstd frame / stream is recorded, so a sample-aligned compressed
+    shard comes out ``seekable``. Damage raises the reader's errors, at the reader's offsets.
     """
     hasher = file_hasher(hash)
     reader = _ChunkReader(stream, hasher, chunk_size)
     head = reader.head()
     builder = IndexBuilder(member_hash=member_hash, last_dot=last_dot)
-    if head[:2] == _GZIP_MAGIC:
-        compression = "gzip"
-    elif head[:4] == _ZSTD_MAGIC:
-        compression = "zstd"
-    else:
-        compression = "none"
-    if compression == "none":
+    comp = by_magic(head)
+    compression = "none" if comp is None else comp.name
+    if comp is None:
+        if foreign_format(head) is not None:  # the reader's error, naming the format
+            next(decompressed_chunks([bytes(head)], url))
         reader.scan_plain(builder)  # the C loop, as far as it goes
         _read_members(reader, reader.base, builder, url)  # read as a stream (readinto)
-    else:
-        data = _frames(reader.take_head(), reader.rest(fresh=True), compression, builder, url)
+    else:  # the reader's own frame loop (and errors), recording where each frame starts
+        data = decompressed_chunks(reader.rest(fresh=True), url, on_frame=builder.frame)
         _read_members(data, 0, builder, url)
         for _ in data:  # the rest of the file (zero padding, trailing frames) is hashed too
             pass

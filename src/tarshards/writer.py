@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from .codecs import encode_value
-from .compression import GZIP, ZSTD, is_compressed_name, open_compressed_writer
+from .compression import by_name, is_compressed_name, open_compressed_writer
 from .errors import PipeNotAllowedError
 from .format import parse_size
 from .tario import BLOCK, TarMemberWriter, header_number, header_size
@@ -93,8 +93,9 @@ class TarWriter:
     ``encoder=False``. Members are sorted by extension within a sample; headers are deterministic
     (``mtime``, mode 0444, owner 0), so equal samples give byte-identical shards. Compression is
     chosen by suffix (``.tgz``, ``.tar.gz``, ``.tar.zst``; not for ``pipe:``, where the command
-    decides) or by ``compress="gz"|"zst"|None``. An ``mtime`` that does not fit a tar header
-    (negative, or in milliseconds) raises :class:`~tarshards.errors.EncodeError`.
+    decides) or by ``compress="gz"|"zst"|"bz2"|"xz"|"lz4"|None`` (``.tar.bz2``, ``.tar.xz``,
+    ``.tar.lz4`` by suffix too; lz4 needs the ``lz4`` package). An ``mtime`` that does not fit
+    a tar header (negative, or in milliseconds) raises :class:`~tarshards.errors.EncodeError`.
 
     A local shard is written to a temporary file beside it and appears under its final name only
     when complete (flushed to disk first); opening also removes temporaries that writers killed
@@ -120,12 +121,13 @@ class TarWriter:
         self.encoder = encoder
         if compress in (None, False):
             suffix = None
-        elif compress is True or compress in ("gz", "gzip"):
-            suffix = GZIP.suffix
-        elif compress in ("zst", "zstd"):
-            suffix = ZSTD.suffix
         else:
-            raise ValueError(f"compress must be None, 'gz' or 'zst', not {compress!r}")
+            chosen = by_name("gz" if compress is True else compress)
+            if chosen is None or not isinstance(compress, (str, bool)):
+                raise ValueError(
+                    f"compress must be None, 'gz', 'zst', 'bz2', 'xz' or 'lz4', not {compress!r}"
+                )
+            suffix = chosen.suffix
         mtime = header_number(mtime, 8**11, "mtime")  # before anything is created
         self._out = AtomicOutput(
             dest, storage_options=storage_options, allow_pipe=allow_pipe, remove_stale=remove_stale
@@ -135,12 +137,12 @@ class TarWriter:
         self._recorder = None
         try:
             if suffix is None:
-                by_name = (
+                named = (
                     isinstance(self.name, str)
                     and compress is None
                     and not self.name.startswith("pipe:")
                 )
-                suffix = self.name if by_name else ""
+                suffix = self.name if named else ""
             self.compressed = is_compressed_name(suffix)
             if index or aligned:
                 self._recorder = _Recorder(self, suffix, level, aligned, hash, index)
@@ -261,14 +263,8 @@ class _Recorder:
         self.frames: list = []  # (file offset, tar offset) of each sample's frame (aligned)
         self.nbytes = 0
         self.raw = writer._out.stream
-        lower = str(suffix).lower()
-        self.compression = (
-            "gzip"
-            if lower.endswith((".tgz", ".tar.gz", ".gz"))
-            else "zstd"
-            if lower.endswith((".tar.zst", ".tzst", ".zst"))
-            else "none"
-        )
+        comp = by_name(suffix) if suffix else None
+        self.compression = "none" if comp is None else comp.name
         self.aligned = aligned and self.compression != "none"
         # the fast path (None: the lists below, the general path); `record` is what
         # TarWriter.write_members calls first (not in aligned mode: before_sample marks frames)
@@ -420,7 +416,8 @@ class _HashingSink(io.RawIOBase):
 
 
 def _frame_compressor(compression: str, level):
-    """``bytes -> one complete gzip member / zstd frame`` (deterministic: no name, mtime 0)."""
+    """``bytes -> one complete gzip member / zstd frame / bzip2, xz or lz4 stream``
+    (deterministic: no name, mtime 0)."""
     if compression == "gzip":
         import zlib
 
@@ -431,6 +428,22 @@ def _frame_compressor(compression: str, level):
             return c.compress(data) + c.flush()
 
         return gz
+    if compression == "bzip2":
+        import bz2
+
+        return functools.partial(bz2.compress, compresslevel=9 if level is None else level)
+    if compression == "xz":
+        import lzma
+
+        return functools.partial(
+            lzma.compress, format=lzma.FORMAT_XZ, preset=6 if level is None else level
+        )
+    if compression == "lz4":
+        from .compression import _lz4_frame
+
+        return functools.partial(
+            _lz4_frame().compress, compression_level=0 if level is None else level
+        )
     import zstandard
 
     return zstandard.ZstdCompressor(

@@ -22,9 +22,9 @@ import os
 import stat
 from typing import Any, BinaryIO, Iterator, cast
 
-from ..compression import by_magic, decompressed_chunks
+from ..compression import decompressed_chunks, not_plain
 from ..errors import TruncatedShardError
-from .headers import CHUNK_SIZE
+from .headers import BLOCK, CHUNK_SIZE
 
 
 def read_chunks(
@@ -308,7 +308,7 @@ def map_local(stream, length: int = -1) -> MappedFile | None:
         mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     except (OSError, ValueError):  # a file system without mmap, a pipe that says it is a file
         return None
-    if len(mapping) <= start or by_magic(mapping[start : start + 4]) is not None:
+    if len(mapping) <= start or not_plain(mapping[start : start + BLOCK]):
         mapping.close()  # compressed: read as a stream (decompressed chunk by chunk)
         return None
     return MappedFile(mapping, start, start + length if length >= 0 else None)
@@ -355,12 +355,12 @@ def tar_byte_source(
     if getattr(stream, "readinto", None) is None:
         return decompressed_chunks(read_chunks(stream, chunk_size), source)
     first = b""
-    while len(first) < 4:
+    while len(first) < BLOCK:  # enough to tell a tar header from a compression or a zip
         piece = (getattr(stream, "read1", None) or stream.read)(chunk_size)
         if not piece:
             break
         first += piece
-    if by_magic(first) is not None:
+    if not_plain(first):
         return decompressed_chunks(_chain_chunks(first, read_chunks(stream, chunk_size)), source)
     return PlainStream(stream, first)
 
