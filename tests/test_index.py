@@ -228,6 +228,24 @@ def test_corrupt_shards_raise_with_context(tmp_path):
         index_url(bad)
 
 
+@pytest.mark.parametrize("compress", [None, "gz"])
+@pytest.mark.parametrize("chunk", [512, 1 << 20])
+def test_a_tar_without_its_end_marker_indexes_as_it_reads(tmp_path, compress, chunk):
+    """Writers that stop after the last member (no two zero blocks): the reader accepts them as
+    tar does, and so does the index, whichever of its loops reached the end."""
+    path = _tarfile_shard(str(tmp_path / "a.tar"), _members())
+    data = Path(path).read_bytes()
+    data = data[: int(index_url(path).sample_ends[-1])]  # up to the last member's padding
+    assert data[-1024:] != bytes(1024)
+    cut = tmp_path / "noeoa.tar"
+    cut.write_bytes(gzip.compress(data) if compress else data)
+    read = [(s["__key__"], s["__offset__"]) for s in shard_samples(str(cut))]
+    with open(cut, "rb") as f:
+        idx = index_stream(f, url=str(cut), chunk_size=chunk)
+    assert len(read) == len(idx) > 3
+    assert idx.tar_offsets.tolist() == [offset for _, offset in read]
+
+
 def test_dali_export_matches_wds2idx_format(tmp_path):
     members = _members(6, long_every=10**9)
     path = _tarfile_shard(str(tmp_path / "a.tar"), members, tarfile.USTAR_FORMAT)

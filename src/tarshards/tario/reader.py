@@ -437,10 +437,9 @@ def _at_eof(b: _Buffer, source, start, long_name, pax, last) -> None:
         )
         exn.member_whole = whole and name is not None
         raise exn
-    if b.offset() == b.origin:
-        raise TruncatedShardError(
-            "empty shard: 0 bytes, not a tar archive", url=source, offset=b.origin
-        )
+    if b.offset() == b.origin == 0:  # (read on from an offset: the end of a tar without
+        # its end-of-archive marker, which the reader accepts as tar does)
+        raise TruncatedShardError("empty shard: 0 bytes, not a tar archive", url=source, offset=0)
 
 
 def _eof_in_header(b: _Buffer, source, start, long_name, pax) -> None:
