@@ -202,6 +202,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--peer-python", default=PEER_VENV)
     ap.add_argument("--no-peer", action="store_true", help="leave MosaicML Streaming out")
+    ap.add_argument(
+        "--rates-only", action="store_true", help="only the raw/decode rows (section 5)"
+    )
     ap.add_argument("--peer", metavar="JOB", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.peer:
@@ -209,7 +212,7 @@ def main(argv=None) -> int:
             print(json.dumps(peer_streaming(json.load(f))))
         return 0
 
-    from common import DATA, make_dataset, warm_cache
+    from common import make_dataset, warm_cache
 
     urls = make_dataset("small", quick=args.quick)
     warm_cache(urls)
@@ -217,10 +220,28 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     table = planned(urls).table
     scan = time.perf_counter() - t0
+    rows = [("scan (counts + offsets, once; free with a manifest)", f"{scan * 1e3:.0f} ms")]
+    if not args.rates_only:
+        rows += resume_rows(args, urls, table)
+    rows += rate_rows(args, urls, table)
+    n = sum(table.counts)
+    print(
+        f"# bench_resume: {len(urls)} shards, {n} samples, readers={READERS}, "
+        f"batch={BATCH}, shuffle={BUF}"
+    )
+    for k, v in rows:
+        print(f"{k:66s} {v}")
+    return 0
+
+
+def resume_rows(args, urls, table) -> list[tuple[str, str]]:
+    """Rows 1-4: fresh start, resumes, state size, MosaicML Streaming beside them."""
+    from common import DATA
+
     make = lambda: planned(urls, table)  # noqa: E731
     epoch = [batch_crc(b) for b in make()]  # the uninterrupted run
     steps = len(epoch)
-    rows = [("scan (counts + offsets, once; free with a manifest)", f"{scan * 1e3:.0f} ms")]
+    rows = []
     # the fresh start and the resumes taken in turn, best of --repeat rounds (a loaded machine
     # slows rounds, not one row)
     states = {frac: make().state_from_step(int(steps * frac), world_size=1) for frac in FRACTIONS}
@@ -259,20 +280,28 @@ def main(argv=None) -> int:
             "mds_dir": os.path.join(DATA, f"mds-small{'-quick' if args.quick else ''}"),
         }
         rows += mosaic_rows(run_peer(args.peer_python, job))
+    return rows
+
+
+def rate_rows(args, urls, table) -> list[tuple[str, str]]:
+    """Row 5: the planned pipeline's cost on the raw and decode rows."""
+    rows = []
     one = planned(urls, readers=1).table
     for name, dec, shuf in (
         ("raw, no shuffle", False, 0),
         (f"raw, shuffle({BUF})", False, BUF),
+        ("decode rgb8, no shuffle", True, 0),
         (f"decode rgb8, shuffle({BUF})", True, BUF),
     ):
         makes = {
             "plain": lambda dec=dec, shuf=shuf: plain(urls, decode=dec, shuffle=shuf),
             "planned": lambda dec=dec, shuf=shuf: planned(urls, table, dec, shuf),
+            "V=1": lambda dec=dec, shuf=shuf: planned(urls, one, dec, shuf, readers=1),
         }
-        if not dec:
-            makes["V=1"] = lambda shuf=shuf: planned(urls, one, False, shuf, readers=1)
-        if shuf and not dec:
-            makes["held"] = lambda shuf=shuf: plain(urls, shuffle=shuf * READERS)
+        if shuf:
+            makes["held"] = lambda dec=dec, shuf=shuf: plain(
+                urls, decode=dec, shuffle=shuf * READERS
+            )
         got = rates(makes, args.repeat)
         a, b = got["plain"], got["planned"]
         rows.append(
@@ -295,14 +324,7 @@ def main(argv=None) -> int:
                     f"{(b / c - 1) * 100:+.1f}%)",
                 )
             )
-    n = sum(table.counts)
-    print(
-        f"# bench_resume: {len(urls)} shards, {n} samples, readers={READERS}, "
-        f"batch={BATCH}, shuffle={BUF}"
-    )
-    for k, v in rows:
-        print(f"{k:66s} {v}")
-    return 0
+    return rows
 
 
 def mosaic_rows(peer: dict) -> list[tuple[str, str]]:

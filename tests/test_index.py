@@ -212,6 +212,40 @@ def test_foreign_compressed_shard_is_indexed_but_not_seekable(tmp_path):
     assert idx.nbytes == os.path.getsize(tgz)
 
 
+@pytest.mark.parametrize("kind", ["gz", "zst", "bz2", "xz"])
+@pytest.mark.parametrize("damage", ["cut", "flip"])
+def test_compressed_damage_is_reported_as_the_reader_reports_it(tmp_path, kind, damage):
+    """The indexer decompresses with the reader's frame loop: the same error class, shard and
+    compressed offset as a sequential read of the same damaged file."""
+    import bz2
+    import lzma
+
+    raw = Path(_tarfile_shard(str(tmp_path / "a.tar"), _members(40))).read_bytes()
+    data = bytearray(
+        {
+            "gz": gzip.compress,
+            "zst": zstandard.ZstdCompressor(write_checksum=True).compress,  # else a flip in
+            # literal bytes decodes to other bytes, silently
+            "bz2": bz2.compress,
+            "xz": lambda b: lzma.compress(b, format=lzma.FORMAT_XZ),
+        }[kind](raw)
+    )
+    if damage == "cut":
+        data = data[: len(data) * 2 // 3]
+    else:
+        for i in range(len(data) // 2, len(data) // 2 + 16):
+            data[i] ^= 0xA5
+    bad = tmp_path / f"bad.tar.{kind}"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ShardFormatError) as read:
+        list(shard_samples(str(bad)))
+    with pytest.raises(ShardFormatError) as indexed:
+        index_url(str(bad))
+    assert type(indexed.value) is type(read.value)
+    assert (indexed.value.url, indexed.value.offset) == (read.value.url, read.value.offset)
+    assert indexed.value.url == str(bad) and indexed.value.offset is not None
+
+
 def test_corrupt_shards_raise_with_context(tmp_path):
     path = _tarfile_shard(str(tmp_path / "a.tar"), _members())
     data = bytearray(Path(path).read_bytes())
