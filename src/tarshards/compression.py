@@ -18,6 +18,7 @@ stream that stops inside a member raises :class:`~tarshards.errors.TruncatedShar
 
 from __future__ import annotations
 
+import functools
 import zlib
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Iterable, Iterator
@@ -45,14 +46,16 @@ _SALVAGE_LIMIT = 64 << 20  # most output salvaged from one failing step
 class Compression:
     """One compression: its ``name``, the ``magics`` its streams may start with (the first is
     the usual one), the file ``suffixes`` that choose it for writing (the first is the canonical
-    one), ``reader`` (returns a fresh decoder for one member/frame/stream) and ``writer``
-    (``(raw, level) -> (stream, close)``)."""
+    one), ``reader`` (returns a fresh decoder for one member/frame/stream), ``writer``
+    (``(raw, level) -> (stream, close)``) and ``frame`` (``level -> (bytes -> one complete
+    member/frame/stream)``, deterministic: sample-aligned writing)."""
 
     name: str
     magics: tuple[bytes, ...]
     suffixes: tuple[str, ...]
     reader: Callable[[], "_Decoder"]
     writer: Callable[[BinaryIO, int | None], tuple]
+    frame: Callable[[int | None], Callable[[bytes], bytes]]
 
     @property
     def magic(self) -> bytes:
@@ -348,6 +351,41 @@ def _zstd_writer(raw: BinaryIO, level: int | None):
     return zw, close
 
 
+def _gzip_frame(level: int | None):
+    lv = 6 if level is None else level
+
+    def gz(data: bytes) -> bytes:  # no name, mtime 0
+        c = zlib.compressobj(lv, zlib.DEFLATED, 31)
+        return c.compress(data) + c.flush()
+
+    return gz
+
+
+def _zstd_frame(level: int | None):
+    zstandard = _zstandard()
+    return zstandard.ZstdCompressor(
+        level=3 if level is None else level, write_content_size=True
+    ).compress
+
+
+def _bz2_frame(level: int | None):
+    import bz2
+
+    return functools.partial(bz2.compress, compresslevel=9 if level is None else level)
+
+
+def _xz_frame(level: int | None):
+    import lzma
+
+    return functools.partial(
+        lzma.compress, format=lzma.FORMAT_XZ, preset=6 if level is None else level
+    )
+
+
+def _lz4_one_frame(level: int | None):
+    return functools.partial(_lz4_frame().compress, compression_level=0 if level is None else level)
+
+
 def _file_writer(opener, level_name: str, default: int):
     """A writer over a file-object compressor of the standard library's kind (bz2, lzma, lz4)."""
 
@@ -374,13 +412,16 @@ def _lz4_open(raw, compression_level):
     return _lz4_frame().LZ4FrameFile(raw, "wb", compression_level=compression_level)
 
 
-GZIP = Compression("gzip", (b"\x1f\x8b",), (".tgz", ".tar.gz", ".gz"), _GzipDecoder, _gzip_writer)
+GZIP = Compression(
+    "gzip", (b"\x1f\x8b",), (".tgz", ".tar.gz", ".gz"), _GzipDecoder, _gzip_writer, _gzip_frame
+)
 ZSTD = Compression(
     "zstd",
     (_ZSTD_MAGIC, *_ZSTD_SKIPPABLE),
     (".tar.zst", ".tzst", ".zst"),
     _ZstdDecoder,
     _zstd_writer,
+    _zstd_frame,
 )
 BZIP2 = Compression(
     "bzip2",
@@ -388,6 +429,7 @@ BZIP2 = Compression(
     (".tar.bz2", ".tbz2", ".tbz", ".bz2"),
     _bzip2_decoder,
     _file_writer(_bz2_open, "compresslevel", 9),
+    _bz2_frame,
 )
 XZ = Compression(
     "xz",
@@ -395,6 +437,7 @@ XZ = Compression(
     (".tar.xz", ".txz", ".xz"),
     _xz_decoder,
     _file_writer(_xz_open, "preset", 6),
+    _xz_frame,
 )
 LZ4 = Compression(
     "lz4",
@@ -402,6 +445,7 @@ LZ4 = Compression(
     (".tar.lz4", ".tlz4", ".lz4"),
     _lz4_decoder,
     _file_writer(_lz4_open, "compression_level", 0),
+    _lz4_one_frame,
 )
 COMPRESSIONS: tuple[Compression, ...] = (GZIP, ZSTD, BZIP2, XZ, LZ4)
 # containers and compressions that hold no tar stream tarshards reads: named in the error (only
@@ -415,7 +459,9 @@ _FOREIGN = (
     (b"Rar!\x1a\x07", "rar", "a rar archive is not a tar shard: unpack it and tar the files"),
     (b"\x5d\x00\x00", "lzma (legacy .lzma)", "re-compress it as xz, gzip or zstd"),
 )
-_MAGIC_LEN = max(max(len(m) for c in COMPRESSIONS for m in c.magics), 6)
+_MAGIC_LEN = max(
+    len(m) for m in [*(m for c in COMPRESSIONS for m in c.magics), *(f[0] for f in _FOREIGN)]
+)
 _ALIASES = {
     "gz": GZIP,
     "gzip": GZIP,

@@ -27,7 +27,7 @@ from typing import BinaryIO, Iterator, Sequence
 import numpy as np
 
 from .errors import IntegrityError
-from .compression import by_magic, decompressed_chunks, foreign_format
+from .compression import by_magic, decompressed_chunks, not_plain
 from .hashing import (
     DEFAULT_HASH,
     MEMBER_HASH,
@@ -809,12 +809,11 @@ def index_stream(
     builder = IndexBuilder(member_hash=member_hash, last_dot=last_dot)
     comp = by_magic(head)
     compression = "none" if comp is None else comp.name
-    if comp is None:
-        if foreign_format(head) is not None:  # the reader's error, naming the format
-            next(decompressed_chunks([bytes(head)], url))
+    if not not_plain(head):
         reader.scan_plain(builder)  # the C loop, as far as it goes
         _read_members(reader, reader.base, builder, url)  # read as a stream (readinto)
-    else:  # the reader's own frame loop (and errors), recording where each frame starts
+    else:  # the reader's own frame loop (and errors, a format it does not read among them),
+        # recording where each frame starts
         data = decompressed_chunks(reader.rest(fresh=True), url, on_frame=builder.frame)
         _read_members(data, 0, builder, url)
         for _ in data:  # the rest of the file (zero padding, trailing frames) is hashed too

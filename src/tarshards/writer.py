@@ -282,7 +282,7 @@ class _Recorder:
         self.record = None if self.aligned else self._fast
         self._parts: list = []
         if self.aligned:
-            self._compress = _frame_compressor(self.compression, level)
+            self._compress = by_name(self.compression).frame(level)
             writer._stream, writer._close_compressor = self, (lambda: None)
         elif self.compression != "none":
             writer._stream, writer._close_compressor = open_compressed_writer(
@@ -413,42 +413,6 @@ class _HashingSink(io.RawIOBase):
         raw = self.rec.raw
         if not getattr(raw, "closed", False):
             raw.flush()
-
-
-def _frame_compressor(compression: str, level):
-    """``bytes -> one complete gzip member / zstd frame / bzip2, xz or lz4 stream``
-    (deterministic: no name, mtime 0)."""
-    if compression == "gzip":
-        import zlib
-
-        lv = 6 if level is None else level
-
-        def gz(data: bytes) -> bytes:
-            c = zlib.compressobj(lv, zlib.DEFLATED, 31)
-            return c.compress(data) + c.flush()
-
-        return gz
-    if compression == "bzip2":
-        import bz2
-
-        return functools.partial(bz2.compress, compresslevel=9 if level is None else level)
-    if compression == "xz":
-        import lzma
-
-        return functools.partial(
-            lzma.compress, format=lzma.FORMAT_XZ, preset=6 if level is None else level
-        )
-    if compression == "lz4":
-        from .compression import _lz4_frame
-
-        return functools.partial(
-            _lz4_frame().compress, compression_level=0 if level is None else level
-        )
-    import zstandard
-
-    return zstandard.ZstdCompressor(
-        level=3 if level is None else level, write_content_size=True
-    ).compress
 
 
 def shard_name(pattern: str, index: int) -> str:
