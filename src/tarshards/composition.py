@@ -97,6 +97,20 @@ def _place(info: WorkerInfo) -> dict:
     }
 
 
+def _collates_by_default(st: _Stage) -> bool:
+    if st.fn is not _stages.batched:
+        return False
+    fn = st.kwargs.get("collation_fn", st.args[1] if len(st.args) > 1 else _DEFAULT)
+    return fn is _DEFAULT or fn is _stages.default_collation_fn
+
+
+def _with_allocation(st: _Stage, allocate) -> _Stage:
+    """``st`` (a ``batched()`` with the default collation) stacking into ``allocate``'s memory."""
+    kwargs = dict(st.kwargs)
+    kwargs["collation_fn"] = functools.partial(_stages.default_collation_fn, allocate=allocate)
+    return _Stage(st.fn, st.args[:1], kwargs, label=st.label)
+
+
 def _short(v) -> str:
     if callable(v) and hasattr(v, "__name__"):
         return v.__name__
@@ -223,6 +237,9 @@ class DataPipeline:
             self._auto_epoch += 1
         ctx["epoch"] = epoch
         ctx["seed"] = self.seed
+        allocate = getattr(self, "_batch_allocate", None)
+        if allocate is not None:  # a loader worker's transport: where batches are made
+            ctx["allocate"] = allocate
         return ctx
 
     # ---- iteration ---------------------------------------------------------------------------
@@ -263,7 +280,13 @@ class DataPipeline:
     def _run(self, ctx: dict) -> Iterator:
         src = self._source
         data = src(ctx) if callable(src) else iter(src)
-        data = self._run_stages(data, self._stages, ctx, ("stage",))
+        stages = self._stages
+        allocate = ctx.get("allocate")
+        if allocate is not None and stages and _collates_by_default(stages[-1]):
+            # the batches are this pipeline's items (nothing after batched() keeps them): the
+            # loader's transport gives the memory that each batch's columns are stacked into
+            stages = [*stages[:-1], _with_allocation(stages[-1], allocate)]
+        data = self._run_stages(data, stages, ctx, ("stage",))
         return iter(data)
 
     def _run_stages(self, data, stages, ctx: dict, rng_tag: tuple, first: int = 0):

@@ -241,18 +241,22 @@ def rename(
         yield out
 
 
-def default_collation_fn(samples: list) -> Any:
+def default_collation_fn(samples: list, allocate: Callable | None = None) -> Any:
     """Collate a list of samples into a batch.
 
     Tuples/lists are collated element-wise; dicts key-wise. Tensors are stacked (torch), arrays
     stacked (numpy), numbers become arrays, everything else becomes a list.
+
+    ``allocate(shape, dtype)``, when given, returns the empty array that a column of arrays of
+    one shape and dtype is stacked into (or ``None``: a new one); a loader's transport gives
+    its shared memory this way (:meth:`tarshards.transport.Packer.allocate`).
     """
     first = samples[0]
     if isinstance(first, dict):
-        return {k: _collate_column([s[k] for s in samples]) for k in first}
+        return {k: _collate_column([s[k] for s in samples], allocate) for k in first}
     if isinstance(first, (tuple, list)):
-        return tuple(_collate_column(list(col)) for col in zip(*samples))
-    return _collate_column(samples)
+        return tuple(_collate_column(list(col), allocate) for col in zip(*samples))
+    return _collate_column(samples, allocate)
 
 
 # how a column of values of one type is collated, beyond numbers and arrays: registered by the
@@ -262,24 +266,37 @@ _COLLATE: dict[type, Callable[[list], Any]] = {}
 OPTIONAL_COLLATION = OptionalEntries("collation of", "stages.OPTIONAL_COLLATION")
 
 
-def register_collation(cls: type, fn: Callable[[list], Any]) -> None:
-    """Collate columns whose first value is a ``cls`` (or a subclass) with ``fn(column)``."""
+_COLLATE_INTO: dict[type, Callable[[list, Callable], Any]] = {}
+
+
+def register_collation(
+    cls: type, fn: Callable[[list], Any], into: Callable[[list, Callable], Any] | None = None
+) -> None:
+    """Collate columns whose first value is a ``cls`` (or a subclass) with ``fn(column)``.
+
+    ``into(column, allocate)``, if given, collates into memory from ``allocate(shape, dtype)``
+    (see :func:`default_collation_fn`), returning ``None`` where it cannot (then ``fn`` does).
+    """
     _COLLATE[cls] = fn
+    if into is not None:
+        _COLLATE_INTO[cls] = into
+    else:
+        _COLLATE_INTO.pop(cls, None)
 
 
-def _registered_collation(x) -> Callable[[list], Any] | None:
+def _registered_collation(x) -> type | None:
+    """The registered class that a column of ``x`` is collated as."""
     for cls in type(x).__mro__:
-        fn = _COLLATE.get(cls)
-        if fn is not None:
-            return fn
+        if cls in _COLLATE:
+            return cls
         name = f"{cls.__module__}.{cls.__qualname__}"
         if name in OPTIONAL_COLLATION:
             OPTIONAL_COLLATION.load(name)
-            return _COLLATE.get(cls)
+            return cls if cls in _COLLATE else None
     return None
 
 
-def _collate_column(col: list) -> Any:
+def _collate_column(col: list, allocate: Callable | None = None) -> Any:
     x = col[0]
     if isinstance(x, (bool, np.bool_)):
         return np.array(col, dtype=bool)
@@ -288,9 +305,24 @@ def _collate_column(col: list) -> Any:
     if isinstance(x, (float, np.floating)):
         return np.array(col, dtype=np.float64 if isinstance(x, float) else x.dtype)
     if isinstance(x, np.ndarray):
+        if allocate is not None and not x.dtype.hasobject:
+            out = allocate((len(col), *x.shape), x.dtype)
+            if out is not None:
+                try:  # the same shape and dtype all through, else as np.stack has it
+                    return np.stack(col, out=out, casting="no")
+                except (TypeError, ValueError):
+                    pass
         return np.stack(col)
-    fn = _registered_collation(x) if _COLLATE or OPTIONAL_COLLATION else None
-    return list(col) if fn is None else fn(col)
+    cls = _registered_collation(x) if _COLLATE or OPTIONAL_COLLATION else None
+    if cls is None:
+        return list(col)
+    if allocate is not None:
+        into = _COLLATE_INTO.get(cls)
+        if into is not None:
+            out = into(col, allocate)
+            if out is not None:
+                return out
+    return _COLLATE[cls](col)
 
 
 def batched(

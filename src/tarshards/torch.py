@@ -22,10 +22,14 @@ place is discovered and handed down as a :class:`~tarshards.types.WorkerInfo`:
 from __future__ import annotations
 
 import abc
+import collections
 import inspect
 import io
+import itertools
 import multiprocessing.context
+from multiprocessing import resource_tracker
 import os
+import weakref
 
 import numpy as np
 import torch
@@ -41,7 +45,7 @@ from .crop import register_crop_converter
 from .errors import ResumeError
 from .plan import STATE_FORMAT, check_state
 from .stages import register_collation
-from .transport import Packer, Unpacker
+from .transport import Group, Packer, Unpacker, new_token, remove_orphans
 from .types import WorkerInfo
 
 __all__ = [
@@ -150,6 +154,8 @@ class _TorchMixin:
 
     def __getstate__(self):
         state = self.__dict__.copy()
+        state.pop("_batch_allocate", None)  # a worker's own transport, not to be carried on
+        state.pop("_loader_group", None)
         if multiprocessing.context.get_spawning_popen() is not None and get_worker_info() is None:
             # sent to a new process (a spawn/forkserver DataLoader worker): carry the rank
             # discovered here, and share the epoch cell with it
@@ -164,7 +170,9 @@ class _TorchMixin:
             _received_rank = tuple(state["_parent_rank"])
 
     def __iter__(self):
-        return _pipeline.DataPipeline.__iter__(self)
+        it = _pipeline.DataPipeline.__iter__(self)
+        grouping = self.__dict__.get("_loader_group")  # in a WebLoader worker: batches are
+        return it if grouping is None else _grouped(it, *grouping)  # sent a few at a time
 
     def __getitem__(self, index):
         return _pipeline.DataPipeline.__getitem__(self, index)
@@ -264,7 +272,14 @@ class WebLoader(DataLoader):
     ``pin_memory`` they are copied into pinned memory instead): the slot is written again only
     once they are all garbage collected, and a worker whose slots are all still held sends its
     batches the usual way. Anything else in a batch (keys, strings) travels as usual; batches
-    without array data, or with very little, pass through unchanged. With
+    without array data, or with very little, pass through unchanged. When the dataset is a
+    tarshards pipeline whose last stage is ``.batched()`` with its default collation (and the
+    loader's ``batch_size=None``, default ``collate_fn``), each worker stacks its batches
+    straight into its slots (the pixels are written once, no copy into shared memory) and sends
+    a few consecutive batches at a time (up to 8, or 8 MiB of arrays: a worker's ring is then
+    ``prefetch_factor + 3`` slots of up to about 10 MiB, or of one batch where that is more);
+    they are handed out in DataLoader's own order (the workers in turn), so steps and resumed
+    positions are those of ``transport=None``. With
     ``persistent_workers=True``, an epoch broken off restarts the workers (the batches they
     had made ahead would keep their slots).
     """
@@ -278,6 +293,7 @@ class WebLoader(DataLoader):
         options = bound.arguments
         options.update(options.pop("kwargs", {}) or {})
         packing = transport is not None and (options.get("num_workers") or 0) > 0
+        grouping = None
         owning = getattr(dataset, "copy", True) is False  # zero-copy fields: bytes before collate
         if packing or owning:
             inner = options.get("collate_fn")
@@ -288,12 +304,34 @@ class WebLoader(DataLoader):
             if packing:
                 prefetch = options.get("prefetch_factor") or 2
                 # the batches in flight, the one the user holds while asking for the next, a spare
-                packer = Packer(slots=prefetch + 3, to_array=_tensor_to_array)
+                token = new_token()
+                packer = Packer(slots=prefetch + 3, to_array=_tensor_to_array, token=token)
+                plain = inner.inner if isinstance(inner, _Owning) else inner
+                in_order = options.get("in_order", True)  # the order that _InTurn keeps
+                if (
+                    isinstance(dataset, _pipeline.DataPipeline)
+                    and plain is default_convert
+                    and in_order
+                ):
+                    # the dataset's batches go straight to the packer: the pipeline's last
+                    # batched() stacks them in the worker's slot (no copy on the way), and
+                    # they travel a few at a time (a group size the main process sets in
+                    # `cell` once it has seen a batch; 0: one at a time)
+                    cell = torch.zeros(1, dtype=torch.int64).share_memory_()
+                    grouping = (packer, cell)
+                    options["worker_init_fn"] = _GivingSlots(
+                        options.get("worker_init_fn"), packer, cell
+                    )
                 inner = _PackingCollate(inner, packer)
             options["collate_fn"] = inner
         options.pop("self")
         super().__init__(**options)
         self._packing = packing
+        self._grouping = grouping
+        if packing:
+            # segments of exited workers whose tickets were dropped (an epoch broken off)
+            self._token = token
+            weakref.finalize(self, remove_orphans, token)
         self._unpacker = None
         if self._planned():
             dataset._plan_identity()  # count the shards once here, not in every worker
@@ -358,8 +396,13 @@ class WebLoader(DataLoader):
         self.epoch = epoch + 1
         self._current, self._step, self._finished = epoch, step, False
         self._origin = origin
+        if self._packing:
+            # one resource tracker for this process and its workers (forked ones would each
+            # start their own): the names of their segments are withdrawn where registered
+            resource_tracker.ensure_running()
         it = super().__iter__()
         if self._packing:
+            remove_orphans(self._token)  # of the workers of earlier epochs
             if self._unpacker is None or not self.persistent_workers:
                 if self._unpacker is not None:
                     self._unpacker.close()  # the previous epoch's workers (and rings) are gone
@@ -369,7 +412,11 @@ class WebLoader(DataLoader):
                     alloc=_pinned_alloc if pinned else None,
                     copy=pinned,  # else the batch's tensors are views of the slot (no copy)
                 )
-            it = _UnpackingIterator(it, self._unpacker)
+            in_turn = None
+            if self._grouping is not None:
+                packer, cell = self._grouping
+                in_turn = _InTurn(self.num_workers, packer, cell)
+            it = _UnpackingIterator(it, self._unpacker, in_turn)
         if pending is not None and not self._planned() and step:
             for _ in range(step):  # a plain stream: replay to the position
                 next(it)
@@ -481,7 +528,115 @@ class _PackingCollate:
         self.packer = packer
 
     def __call__(self, batch):
+        if type(batch) is Group:  # batches that the worker sends together
+            return self.packer(batch.like([self.inner(b) for b in batch]))
         return self.packer(self.inner(batch))
+
+
+class _GivingSlots:
+    """A worker's init function: the worker's copy of the dataset stacks its batches in the
+    slots of the worker's packer (``_batch_allocate``, read by the pipeline's context) and
+    yields them in groups of the size in ``cell`` (``_loader_group``); then the user's
+    ``worker_init_fn``."""
+
+    def __init__(self, inner, packer, cell):
+        self.inner = inner
+        self.packer = packer
+        self.cell = cell
+
+    def __call__(self, worker_id):
+        info = get_worker_info()
+        if info is not None and isinstance(info.dataset, _pipeline.DataPipeline):
+            info.dataset._batch_allocate = self.packer.allocate
+            info.dataset._loader_group = (self.cell, info.id)
+        if self.inner is not None:
+            self.inner(worker_id)
+
+
+def _grouped(it, cell: torch.Tensor, worker: int):
+    """The batches of ``it`` in groups (:class:`~tarshards.transport.Group`, marked with the
+    worker's id) of the size the main process set in ``cell`` (one at a time until it has):
+    what a WebLoader worker sends at a time."""
+    it = iter(it)
+    size = cell.numpy()
+    for first in it:
+        group = Group([first], worker)
+        del first
+        k = int(size[0])
+        if k > 1:
+            group.extend(itertools.islice(it, k - 1))
+        yield group
+        del group
+
+
+class _InTurn:
+    """Main side of the groups: their batches handed out in the order of DataLoader's own path
+    (the workers in turn, one batch each, skipping those that have run out), which a planned
+    pipeline's steps and a resumed position rely on.
+
+    DataLoader itself hands out the groups with the workers in turn: a worker that another one
+    has delivered twice since its own last group has run out. The first batch sets the group
+    size (``cell``): the packer's for that many bytes; the workers take it up from their next
+    group on.
+    """
+
+    def __init__(self, num_workers: int, packer: Packer, cell: torch.Tensor):
+        self.queues = [collections.deque() for _ in range(num_workers)]
+        self.done = [False] * num_workers
+        self.since = [[0] * num_workers for _ in range(num_workers)]  # [w][u]: groups of u
+        self.turn = 0
+        self.ended = False  # DataLoader's iterator is exhausted
+        self.packer = packer
+        self.cell = cell
+
+    def next(self, pull):
+        queues, done = self.queues, self.done
+        while True:
+            w = self.turn
+            queue = queues[w]
+            while not queue and not done[w]:
+                self._pull(pull)
+            self.turn = (w + 1) % len(queues)
+            if queue:
+                return queue.popleft()
+            if all(done) and not any(queues):
+                if self.ended:
+                    raise StopIteration
+                self._pull(pull)  # (never short of the loader's own end)
+
+    def _pull(self, pull) -> None:
+        try:
+            group = pull()
+        except StopIteration:
+            self.done[:] = [True] * len(self.queues)
+            self.ended = True
+            return
+        if type(group) is not Group:
+            raise TypeError(f"a WebLoader worker sent {type(group).__name__}, not a batch group")
+        u = group.worker
+        if self.packer is not None and group:
+            if int(self.cell[0]) < 1:
+                self.cell.fill_(self.packer.group_size(_array_bytes(group[0])))
+            self.packer = None
+        self.queues[u].extend(group)
+        for w, row in enumerate(self.since):
+            if w != u:
+                row[u] += 1
+                if row[u] >= 2:
+                    self.done[w] = True
+        self.since[u][:] = [0] * len(self.queues)
+
+
+def _array_bytes(batch) -> int:
+    if isinstance(batch, np.ndarray):
+        return batch.nbytes
+    if isinstance(batch, torch.Tensor):
+        return batch.numel() * batch.element_size()
+    if isinstance(batch, (tuple, list)):
+        return sum(_array_bytes(x) for x in batch)
+    if isinstance(batch, dict):
+        return sum(_array_bytes(x) for x in batch.values())
+    return 0
 
 
 class _UnpackingIterator:
@@ -493,15 +648,21 @@ class _UnpackingIterator:
     about an IterableDataset yielding more than ``len()``).
     """
 
-    def __init__(self, it, unpacker):
+    def __init__(self, it, unpacker, in_turn: _InTurn | None = None):
         self._it = it
         self._unpack = unpacker
         self._direct = all(hasattr(it, a) for a in ("_next_data", "_sampler_iter", "_num_yielded"))
+        self._in_turn = in_turn  # the workers send groups of batches
 
     def __iter__(self):
         return self
 
     def __next__(self):
+        if self._in_turn is not None:
+            return self._in_turn.next(self._pull)
+        return self._pull()
+
+    def _pull(self):
         it = self._it
         if not self._direct or torch.autograd._profiler_enabled():
             return self._unpack(next(it))
@@ -595,6 +756,40 @@ def stack(tensors: list) -> torch.Tensor:
     return torch.stack(tensors)
 
 
+def stack_into(tensors: list, allocate):
+    """:func:`stack` into the array that ``allocate(shape, dtype)`` gives (a loader's
+    shared-memory slot), as a tensor over it; ``None`` where it cannot."""
+    x = tensors[0]
+    if x.device.type != "cpu" or x.requires_grad or x.layout != torch.strided:
+        return None
+    dtype = _NUMPY_DTYPES.get(x.dtype)
+    if dtype is None:
+        return None
+    out = allocate((len(tensors), *x.shape), dtype)
+    if out is None:
+        return None
+    try:
+        return torch.stack(tensors, out=torch.from_numpy(out))
+    except (RuntimeError, TypeError):  # shapes or dtypes that differ: as torch.stack has it
+        return None
+
+
+_NUMPY_DTYPES = {
+    t: np.dtype(n)
+    for t, n in [
+        (torch.uint8, "uint8"),
+        (torch.int8, "int8"),
+        (torch.int16, "int16"),
+        (torch.int32, "int32"),
+        (torch.int64, "int64"),
+        (torch.float16, "float16"),
+        (torch.float32, "float32"),
+        (torch.float64, "float64"),
+        (torch.bool, "bool"),
+    ]
+}
+
+
 def save_pth(value) -> bytes:
     buf = io.BytesIO()
     torch.save(value, buf)
@@ -630,5 +825,5 @@ register_codec(
         ("pth",), lambda value, ext: save_pth(value), lambda data, ext: load_pth(data), safe=False
     )
 )
-register_collation(torch.Tensor, stack)
+register_collation(torch.Tensor, stack, into=stack_into)
 register_crop_converter("tensor", resized_crop)
