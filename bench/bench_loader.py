@@ -29,14 +29,18 @@ HxWx3 uint8 array and hands out batches of 64 (images and labels):
   ``DataLoader``. Those four decode with simplejpeg (``--peer-decoder``), the decoder
   tarshards' ``rgb8`` uses, so that the loaders are compared and not the JPEG decoders.
 
-Each row runs in fresh processes, rows alternate within each repetition, and the median of
-``--repeat`` runs is kept. Samples/s are counted from the first batch (start-up excluded, shown
-apart). "CPU ms/sample" is the CPU time of all the row's processes (the main one and its
-workers, from ``iter()`` to the workers' exit) per sample: on a machine shared with other jobs it
-is steadier than samples/s and says what the loader costs on top of the decoding (it grows when
-two processes share the two hyperthreads of a core, so compare it with ``ceiling``'s). Every row
-reports its sample count and the sum of its labels: the same for all rows (every sample once).
-Targets (issue 15): ``webloader_shm`` >= 1.6x ``single`` and >= 2x the best peer.
+Every row reads the same list of shards, each of them ``--passes`` times in a row (default 3:
+60,000 samples, a few seconds per row; one pass of 20,000 is over in under a second with two
+workers, and the ramp-up and uneven finish of the workers then weigh on the rate more than in
+any real epoch). Each row runs in fresh processes, rows alternate within each repetition, and
+the median of ``--repeat`` runs is kept. Samples/s are counted from the first batch (start-up
+excluded, shown apart). "CPU ms/sample" is the CPU time of all the row's processes (the main one
+and its workers, from ``iter()`` to the workers' exit) per sample: on a machine shared with
+other jobs it is steadier than samples/s and says what the loader costs on top of the decoding
+(it grows when two processes share the two hyperthreads of a core, so compare it with
+``ceiling``'s). Every row reports its sample count and the sum of its labels: the same for all
+rows (every sample once). Targets (issue 15): ``webloader_shm`` >= 1.6x ``single`` and >= 2x the
+best peer.
 """
 
 from __future__ import annotations
@@ -110,7 +114,7 @@ def _stdin_barrier():
 # ---------------------------------------------------------------------------------------------
 
 
-def child(row: str, quick: bool, part: str | None) -> dict:
+def child(row: str, quick: bool, part: str | None, passes: int = 1) -> dict:
     sys.path.insert(0, HERE)
     sys.path.insert(0, os.path.join(HERE, "..", "src"))
     import torch
@@ -119,7 +123,7 @@ def child(row: str, quick: bool, part: str | None) -> dict:
     from tarshards import WebDataset, WebLoader
 
     torch.set_num_threads(1)
-    urls = common.make_dataset("small", quick=quick)
+    urls = common.make_dataset("small", quick=quick) * passes
     barrier = None
     if part is not None:  # one half of the ceiling row
         i, k = (int(v) for v in part.split("/"))
@@ -143,9 +147,10 @@ def child(row: str, quick: bool, part: str | None) -> dict:
     return _measure(source, barrier)
 
 
-def run_ceiling(quick: bool) -> dict:
+def run_ceiling(quick: bool, passes: int = 1) -> dict:
     """Two ``single`` halves at once; total samples over the span of both."""
-    cmd = [sys.executable, __file__, "--child", "single"] + (["--quick"] if quick else [])
+    cmd = [sys.executable, __file__, "--child", "single", "--passes", str(passes)]
+    cmd += ["--quick"] if quick else []
     procs = [
         subprocess.Popen(
             cmd + ["--part", f"{i}/2"],
@@ -388,6 +393,13 @@ def run_peer(python: str, row: str, job: dict, timeout: float = 900) -> dict:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument(
+        "--passes",
+        type=int,
+        default=3,
+        help="each row reads the shards this many times in a row (one stream): the rate of a "
+        "long epoch rather than of the first second (2 workers ramp up and finish unevenly)",
+    )
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--rows", default=None, help="comma-separated rows (default: all)")
     ap.add_argument("--no-peers", action="store_true")
@@ -399,7 +411,7 @@ def main():
     ap.add_argument("--peer", nargs=2, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.quick, args.part)))
+        print(json.dumps(child(args.child, args.quick, args.part, args.passes)))
         return
     if args.peer:
         print(json.dumps(peer(args.peer[0], json.loads(args.peer[1]))))
@@ -413,11 +425,12 @@ def main():
     rows = OURS + ([] if args.no_peers else PEERS)
     if args.rows:
         rows = [r for r in args.rows.split(",") if r]
-    job = {
-        "urls": urls,
-        "counts": [lay["per_shard"]] * len(urls),
+    job = {  # the peers convert and read the same list of shards (each one `passes` times)
+        "urls": urls * args.passes,
+        "counts": [lay["per_shard"]] * len(urls) * args.passes,
         "decoder": args.peer_decoder,
-        "data": os.path.join(common.DATA, "small-q" if args.quick else "small") + "-conv",
+        "data": os.path.join(common.DATA, "small-q" if args.quick else "small")
+        + f"-conv{'' if args.passes == 1 else args.passes}",
     }
     os.makedirs(job["data"], exist_ok=True)
     runs: dict[str, list] = {r: [] for r in rows}
@@ -425,11 +438,11 @@ def main():
     for _ in range(args.repeat):
         for row in rows:
             if row == "ceiling":
-                runs[row].append(run_ceiling(args.quick))
+                runs[row].append(run_ceiling(args.quick, args.passes))
             elif row in PEERS:
                 runs[row].append(run_peer(args.peer_python, row, job))
             else:
-                cmd = [sys.executable, __file__, "--child", row]
+                cmd = [sys.executable, __file__, "--child", row, "--passes", str(args.passes)]
                 out = subprocess.run(
                     cmd + (["--quick"] if args.quick else []),
                     capture_output=True,
@@ -456,7 +469,8 @@ def report(runs: dict, args, seconds: float, machine: dict) -> None:
     ref = med.get("single")
     print(
         f"# bench_loader (small 96x96 JPEGs{', quick' if args.quick else ''}; batches of "
-        f"{BATCH}, {WORKERS} workers; median of {args.repeat}; {machine.get('cpu', '')}, "
+        f"{BATCH}, {WORKERS} workers; {args.passes} pass(es) over the shards; median of "
+        f"{args.repeat}; {machine.get('cpu', '')}, "
         f"nproc={machine.get('nproc')}; load average {os.getloadavg()[0]:.1f}; {seconds:.0f} s)"
     )
     print(
