@@ -358,3 +358,26 @@ def test_pipelines_fuse_decode_and_to_tuple(tmp_path):
         WebDataset(path).decode("rgb8").to_tuple("png;jpg.png", "cls", "__key__", on_error="raise")
     )
     _same(list(ds2), want)
+
+
+def test_collation_stacks_into_the_memory_allocate_gives():
+    given_out = []
+
+    def allocate(shape, dtype):
+        out = np.zeros(shape, dtype)
+        given_out.append(out)
+        return out
+
+    rows = [(np.full((2, 3), i, np.uint8), i) for i in range(4)]
+    images, labels = stages.default_collation_fn(rows, allocate=allocate)
+    assert images is given_out[0] and images.shape == (4, 2, 3)
+    assert [int(v) for v in images[:, 0, 0]] == [0, 1, 2, 3] and list(labels) == [0, 1, 2, 3]
+    # a column of mixed dtypes is stacked as np.stack has it (promoted), not cast into `out`
+    mixed = [np.zeros(3, np.uint8), np.full(3, 300, np.int16)]
+    stacked = stages.default_collation_fn(mixed, allocate=allocate)
+    assert stacked.dtype == np.int16 and stacked is not given_out[-1]
+    # shapes that differ raise as without an allocation
+    with pytest.raises(ValueError):
+        stages.default_collation_fn([np.zeros(2), np.zeros(3)], allocate=allocate)
+    # no memory given: a new array
+    assert stages.default_collation_fn(rows, allocate=lambda s, d: None)[0].shape == (4, 2, 3)

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import abc
 import collections
+import functools
 import inspect
 import io
 import itertools
 import multiprocessing.context
-from multiprocessing import resource_tracker
 import os
 import weakref
+from multiprocessing import resource_tracker
 
 import numpy as np
 import torch
@@ -762,7 +763,7 @@ def stack_into(tensors: list, allocate):
     x = tensors[0]
     if x.device.type != "cpu" or x.requires_grad or x.layout != torch.strided:
         return None
-    dtype = _NUMPY_DTYPES.get(x.dtype)
+    dtype = _numpy_dtype(x.dtype)
     if dtype is None:
         return None
     out = allocate((len(tensors), *x.shape), dtype)
@@ -774,20 +775,12 @@ def stack_into(tensors: list, allocate):
         return None
 
 
-_NUMPY_DTYPES = {
-    t: np.dtype(n)
-    for t, n in [
-        (torch.uint8, "uint8"),
-        (torch.int8, "int8"),
-        (torch.int16, "int16"),
-        (torch.int32, "int32"),
-        (torch.int64, "int64"),
-        (torch.float16, "float16"),
-        (torch.float32, "float32"),
-        (torch.float64, "float64"),
-        (torch.bool, "bool"),
-    ]
-}
+@functools.cache
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype | None:
+    try:
+        return torch.empty(0, dtype=dtype).numpy().dtype
+    except TypeError:  # no numpy twin (bfloat16...)
+        return None
 
 
 def save_pth(value) -> bytes:

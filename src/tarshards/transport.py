@@ -283,28 +283,22 @@ class Packer:
         ring, open_slot, bump = self._ring, self._open, self._bump
         placed = [self._in_slot(arr) for arr, _kind in arrays]  # written there by allocate()
         self._open, self._bump, self._allocated = None, 0, {}
-        if open_slot is not None and any(p is not None for p in placed):
-            assert ring is not None
-            offsets, total = [], bump  # the other arrays go after those already there
-            for (arr, _kind), p in zip(arrays, placed):
-                if p is None:
-                    offsets.append(total)
-                    total += _round(arr.nbytes)
-                else:
-                    offsets.append(p)
-            if total <= ring.slot_bytes:
-                return self._ticket(ring, open_slot, tree, arrays, offsets, placed)
-            # no room for the rest: all of it into a slot of a larger ring, then the open
-            # slot is free again
-            ticket = self._copied(tree, arrays, grow=True)
-            _free(ring, open_slot)
-            return ticket
         if open_slot is not None:
             assert ring is not None
+            if any(p is not None for p in placed):
+                offsets, total = [], bump  # the other arrays go after those already there
+                for (arr, _kind), p in zip(arrays, placed):
+                    if p is None:
+                        offsets.append(total)
+                        total += _round(arr.nbytes)
+                    else:
+                        offsets.append(p)
+                if total <= ring.slot_bytes:
+                    return self._ticket(ring, open_slot, tree, arrays, offsets, placed)
             start = ring.address + ring.header + open_slot * ring.slot_bytes
             if any(start <= _address(arr) < start + ring.slot_bytes for arr, _kind in arrays):
-                # a part of an allocation (a view): copied into another slot before this one
-                # can be written again
+                # allocations (or views of them) without room for the rest: all of it into
+                # another slot (of a larger ring where needed) before this one is written again
                 ticket = self._copied(tree, arrays, grow=True)
                 _free(ring, open_slot)
                 return ticket
