@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import os
-import struct
 import tarfile
 import threading
 from pathlib import Path
@@ -186,34 +185,213 @@ def test_build_manifest_with_threads_equals_one_worker(tmp_path):
         assert one.load_index(i) == many.load_index(i)
 
 
-def test_record_members_capsule_equals_callable_and_refuses_odd_names():
-    from tarshards._speedups import record_members
+def _recorder(checksum):
+    from tarshards._speedups import Recorder
+    from tarshards.tario import header_size
 
-    members = [("d/k1.cls", b"1"), ("d/k1.jpg", os.urandom(70_000)), ("d/k1.t\u00e9", b"x")]
+    keys: list = []
+    codes: dict = {}
+    return Recorder(keys, codes, checksum, header_size), keys, codes
+
+
+def _rows(rec):
+    import numpy as np
+
+    return np.frombuffer(rec.members, index_mod._MEMBER_DTYPE)
+
+
+def test_recorder_rows_are_where_the_writer_puts_the_members():
+    """Recorder lays out each member's offsets as TarMemberWriter writes them (a pax header for
+    the non-ASCII name included), with the same checksums for each way of giving the hash."""
+    import numpy as np
+
+    from tarshards.tario import TarMemberWriter
+
+    writes = [
+        ([("d/k1.cls", b"1"), ("d/k1.jpg", os.urandom(70_000)), ("d/k1.t\u00e9", b"x")], "d/k1"),
+        ([("d/k1.cls", b"1")], "d/k1"),  # the same key again: the same sample
+        ([("d/k2.cls", b"2")], "d/k2"),
+        ([], "d/k3"),  # nothing to record
+    ]
     got = []
     for checksum in (_xxh3.checksum64, _xxh3.xxh3_64_intdigest, xxhash.xxh3_64_intdigest):
-        codes: dict = {}
-        packed = bytearray()
-        keys: list = []
-        assert record_members(codes, packed, checksum, keys, members, "d/k1")
-        assert record_members(codes, packed, checksum, keys, members[:1], "d/k1")  # same sample
-        assert record_members(codes, packed, checksum, keys, [("d/k2.cls", b"2")], "d/k2")
-        assert record_members(codes, packed, checksum, keys, [], "d/k3")  # nothing to record
-        assert keys == ["d/k1", "d/k2"]
-        got.append((codes, bytes(packed)))
+        rec, keys, codes = _recorder(checksum)
+        for members, key in writes:
+            assert rec.record(members, key)
+        assert keys == ["d/k1", "d/k2"] and rec.count == 5
+        got.append((dict(codes), bytes(rec.members), bytes(rec.samples)))
     assert got[0] == got[1] == got[2]
-    rec = [struct.unpack_from("<5Q", got[0][1], 40 * i) for i in range(5)]
-    assert [r[4] for r in rec] == [0, 0, 0, 0, 1]  # the members' sample numbers
-    assert [r[1] for r in rec] == [1, 70_000, 1, 1, 1]
-    assert rec[1][2] == xxhash.xxh3_64_intdigest(members[1][1])
-    assert [r[3] for r in rec] == [512, 512, 0, 512, 512]  # 0: a pax header (non-ASCII name)
-    for odd in (
-        [("d/k2.cls", b"1")],  # another key's member
-        [("d/k1.a/b", b"1")],  # a slash in the extension
-        [("d/k1", b"1")],  # no extension
-        [("d/k1.cls", bytearray(b"1"))],  # not bytes
+    buf = io.BytesIO()
+    tw = TarMemberWriter(buf)
+    for members, _ in writes:
+        tw.add_all(members)
+    tw.finish()
+    with tarfile.open(fileobj=io.BytesIO(buf.getvalue())) as tf:
+        infos = tf.getmembers()
+    rows = _rows(rec)
+    assert rows["offset"].tolist() == [i.offset for i in infos]
+    assert rows["data"].tolist() == [i.offset_data for i in infos]
+    assert rows["size"].tolist() == [i.size for i in infos]
+    assert rows["sample"].tolist() == [0, 0, 0, 0, 1]
+    all_members = [m for members, _ in writes for m in members]
+    assert rows["checksum"].tolist() == [xxhash.xxh3_64_intdigest(d) for _, d in all_members]
+    assert list(codes) == ["cls", "jpg", "t\u00e9"]
+    samples = np.frombuffer(rec.samples, "<i8").reshape(-1, 3)
+    assert samples.tolist() == [
+        [infos[0].offset, infos[4].offset, 0],
+        [infos[4].offset, infos[4].offset_data + 512, 0],
+    ]
+    assert bytes(rec.key_blob) == b"d/k1d/k2"
+    assert np.frombuffer(rec.key_offsets, "<i8").tolist() == [0, 4, 8]
+
+
+def test_recorder_refuses_what_the_reader_would_group_otherwise():
+    rec, keys, _ = _recorder(_xxh3.checksum64)
+    for members, key in (
+        ([("d/k2.cls", b"1")], "d/k1"),  # another key's member
+        ([("d/k1.a/b", b"1")], "d/k1"),  # a slash in the extension
+        ([("d/k1", b"1")], "d/k1"),  # no extension
+        ([("d/k1.cls", bytearray(b"1"))], "d/k1"),  # not bytes
+        ([("d/a.b.cls", b"1")], "d/a.b"),  # a dot in the key's base name
+        ([("d/__x.cls", b"1")], "d/__x"),  # a name the reader skips
+        ([("./k.cls", b"1")], "./k"),  # "./", which the reader strips
+        ([("k\udcff.cls", b"1")], "k\udcff"),  # not UTF-8 (a lone surrogate)
     ):
-        packed = bytearray()
-        keys = []
-        assert not record_members({}, packed, _xxh3.checksum64, keys, odd, "d/k1")
-        assert packed == bytearray() and keys == []
+        assert not rec.record(members, key), key
+    assert keys == [] and rec.count == 0 and bytes(rec.samples) == b""
+
+
+def test_recorder_deferred_checksums_are_filled_in():
+    with _tmp_file() as path:
+        bg = _xxh3.Background(path)
+        try:
+            rec, _, _ = _recorder(bg.checksum)
+            data = [os.urandom(n) for n in (3, 5000, 0)]
+            assert rec.record([(f"k.e{i}", d) for i, d in enumerate(data)], "k")
+            assert _rows(rec)["checksum"].tolist() == [0, 0, 0]
+            sums = b"".join(xxhash.xxh3_64_intdigest(d).to_bytes(8, "little") for d in data)
+            rec.fill_checksums(sums)
+            assert _rows(rec)["checksum"].tolist() == [xxhash.xxh3_64_intdigest(d) for d in data]
+            with pytest.raises(ValueError, match="2 checksums for 3 members"):
+                rec.fill_checksums(sums[:16])
+        finally:
+            bg.close()
+
+
+class _tmp_file:
+    def __enter__(self):
+        import tempfile
+
+        fd, self.path = tempfile.mkstemp()
+        os.close(fd)
+        return self.path
+
+    def __exit__(self, *exc):
+        os.unlink(self.path)
+
+
+def _tar_bytes(members, fmt=tarfile.PAX_FORMAT) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_background_reads_back_what_is_written(tmp_path, fmt):
+    """The thread follows a file while it grows, in pieces of every size, and gives the file's
+    xxh3_64 and each regular member's, in order (pax and GNU long-name headers skipped)."""
+    import random
+
+    rnd = random.Random(fmt)
+    members = [
+        (
+            ("d" * rnd.choice([1, 120]) if fmt != tarfile.USTAR_FORMAT else "d") + f"/k{i}.bin",
+            os.urandom(rnd.choice([0, 1, 511, 512, 513, 70_000, 300_000])),
+        )
+        for i in range(40)
+    ]
+    members.append(("d/caf\u00e9.txt", b"non-ascii")) if fmt == tarfile.PAX_FORMAT else None
+    data = _tar_bytes(members, fmt)
+    path = tmp_path / "a.tar"
+    with open(path, "wb") as f:
+        bg = _xxh3.Background(str(path))
+        pos = 0
+        while pos < len(data):  # written in pieces, flushed as a writer's buffer would be
+            step = rnd.choice([1, 100, 512, 4096, 1 << 20])
+            f.write(data[pos : pos + step])
+            f.flush()
+            pos += step
+        digest, sums = bg.finish(len(data))
+    assert digest == xxhash.xxh3_64(data).hexdigest()
+    assert [int.from_bytes(sums[i : i + 8], "little") for i in range(0, len(sums), 8)] == [
+        xxhash.xxh3_64_intdigest(d) for _, d in members
+    ]
+    bg.close()  # again: nothing happens
+
+
+def test_background_honours_a_pax_size_record(tmp_path):
+    """A member whose size only a pax record gives (as the writer does from 8 GiB on): the size
+    field says 0, the pax "size" record the real size."""
+    from tarshards.tario.writer import _pax_record, tar_header
+
+    payload = _pax_record("size", "700")
+    data = tar_header("././@PaxHeader", len(payload), typeflag=b"x") + payload
+    data += bytes(-len(data) % 512)
+    body = os.urandom(700)
+    data += tar_header("k.bin", 0) + body + bytes(-700 % 512) + bytes(1024)
+    path = tmp_path / "p.tar"
+    path.write_bytes(data)
+    bg = _xxh3.Background(str(path))
+    digest, sums = bg.finish(len(data))
+    assert int.from_bytes(sums, "little") == xxhash.xxh3_64_intdigest(body)
+    assert digest == xxhash.xxh3_64(data).hexdigest()
+
+
+def test_background_errors(tmp_path):
+    path = tmp_path / "t.tar"
+    path.write_bytes(b"x" * 100)
+    with pytest.raises(OSError):  # the file is shorter than the writer says
+        _xxh3.Background(str(path)).finish(200)
+    path.write_bytes(_tar_bytes([("k.a", b"1" * 1000)])[:900])  # ends inside a member
+    with pytest.raises(ValueError, match="ends inside a member"):
+        _xxh3.Background(str(path)).finish(900)
+    bad = bytearray(_tar_bytes([("k.a", b"1")]))
+    bad[156:157] = b"5"  # a directory: not what the writer makes
+    path.write_bytes(bytes(bad))
+    with pytest.raises(ValueError, match="not a regular file"):
+        _xxh3.Background(str(path)).finish(len(bad))
+    with pytest.raises(OSError):
+        _xxh3.Background(str(tmp_path / "missing.tar"))
+    bg = _xxh3.Background(str(path))
+    bg.close()
+    with pytest.raises(ValueError, match="closed"):
+        bg.finish(len(bad))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_background_refuses_a_forked_child(tmp_path):
+    path = tmp_path / "t.tar"
+    path.write_bytes(bytes(1024))
+    bg = _xxh3.Background(str(path))
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the thread is not here; the call says so, it does not hang
+        try:
+            bg.finish(1024)
+            code = 1
+        except RuntimeError as exc:
+            code = 0 if "forked child" in str(exc) else 2
+        except BaseException:
+            code = 3
+        os.write(w, bytes([code]))
+        os._exit(0)
+    os.close(w)
+    got = os.read(r, 1)
+    os.waitpid(pid, 0)
+    assert got == b"\x00"
+    digest, sums = bg.finish(1024)  # the parent's thread is unharmed
+    assert digest == xxhash.xxh3_64(bytes(1024)).hexdigest() and sums == b""

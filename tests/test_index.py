@@ -153,7 +153,10 @@ def test_non_ascii_keys_and_skipped_members(tmp_path):
         assert list(samples_from(f, int(idx.sample_offsets[1]), url=path)) == seq[1:]
 
 
-def test_writer_records_what_a_read_finds(tmp_path):
+@pytest.mark.parametrize("background", [True, False])
+def test_writer_records_what_a_read_finds(tmp_path, monkeypatch, background):
+    if not background:  # hashed on the writing thread (no _xxh3, or not a file it can read)
+        monkeypatch.setattr(hashing, "background_hasher", lambda *a, **k: None)
     samples = [
         {"__key__": f"s{i}", "txt": "x" * (i * 300), "cls": i, "json": {"i": i}} for i in range(30)
     ]
@@ -371,7 +374,7 @@ def test_shardwriter_sample_offsets_open_samples(tmp_path):
 # ---- the C paths (member scan, writer's records) agree with the Python reference -------------
 
 needs_c = pytest.mark.skipif(
-    index_mod._index_members is None or writer_mod._record_members is None,
+    index_mod._index_members is None or writer_mod._CRecorder is None,
     reason="the C accelerator is not built",
 )
 
@@ -392,7 +395,7 @@ def test_member_checksum_is_xxhash_xxh3_64():
 
 def _python_only(monkeypatch):
     monkeypatch.setattr(index_mod, "_index_members", None)
-    monkeypatch.setattr(writer_mod, "_record_members", None)
+    monkeypatch.setattr(writer_mod, "_CRecorder", None)
 
 
 @needs_c
@@ -548,3 +551,80 @@ def test_writer_c_records_equal_python_records(tmp_path, monkeypatch):
             py = write(str(tmp_path / f"p{odd}.tar"), odd)
         assert c == py
         assert c == index_url(str(tmp_path / f"c{odd}.tar"))
+
+
+def _threads() -> int:
+    """This process's hashing threads (named by _xxh3) and index savers."""
+    import threading
+
+    count = sum(t.name.startswith("tarshards-index") for t in threading.enumerate())
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                count += f.read().strip() == "tarshards-hash"
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return count
+
+
+@pytest.mark.skipif(
+    hashing._xxh3 is None or not os.path.isdir("/proc/self/task"),
+    reason="the hashing thread needs _xxh3; counting threads needs /proc",
+)
+def test_writer_hashing_threads_end_with_the_shard(tmp_path):
+    """Each shard's read-back thread ends when the shard is closed or aborted, whatever
+    happens; so does the thread saving ShardWriter's indexes."""
+    before = _threads()
+    w = TarWriter(str(tmp_path / "a.tar"), index=True)
+    assert w._recorder.background is not None and _threads() == before + 1
+    w.write({"__key__": "k", "txt": "x"})
+    w.close()
+    assert _threads() == before
+    w = TarWriter(str(tmp_path / "b.tar"), index=True)
+    w.write({"__key__": "k", "txt": "x"})
+    w.abort()
+    assert _threads() == before and not (tmp_path / "b.tar").exists()
+    with pytest.raises(RuntimeError, match="boom"):
+        with ShardWriter(
+            str(tmp_path / "s-%02d.tar"), maxcount=2, manifest=tmp_path / "m.json"
+        ) as sw:
+            for i in range(5):
+                sw.write({"__key__": f"k{i}", "txt": "x"})
+            raise RuntimeError("boom")
+    assert _threads() == before
+    with ShardWriter(str(tmp_path / "t-%02d.tar"), maxcount=2, manifest=tmp_path / "n.json") as sw:
+        for i in range(5):
+            sw.write({"__key__": f"k{i}", "txt": "x"})
+    assert _threads() == before
+    assert [i.samples for i in sw.manifest.shards] == [2, 2, 1]
+    for i in range(3):
+        assert sw.manifest.load_index(i) == index_url(str(tmp_path / f"t-{i:02d}.tar"))
+
+
+def test_shardwriter_index_saves_in_the_background_report_their_errors(tmp_path):
+    """An index that cannot be saved (its folder is a file) fails close(), naming the cause."""
+    out = tmp_path / "shards"
+    out.mkdir()
+    meta = tmp_path / "meta"
+    meta.mkdir()
+    (meta / "_index").write_text("in the way")  # the indexes of shards elsewhere go in _index/
+    with pytest.raises(OSError):
+        with ShardWriter(str(out / "s-%02d.tar"), maxcount=2, manifest=meta / "m.json") as sw:
+            for i in range(5):
+                sw.write({"__key__": f"k{i}", "txt": "x"})
+    assert not (meta / "m.json").exists()
+
+
+def test_shardwriter_post_sees_the_index(tmp_path):
+    """With post=, each shard's index is saved before post(url) is called."""
+    seen = []
+
+    def post(url):
+        seen.append(os.path.exists(url + ".tsidx"))
+
+    with ShardWriter(
+        str(tmp_path / "s-%02d.tar"), maxcount=2, manifest=tmp_path / "m.json", post=post
+    ) as sw:
+        for i in range(5):
+            sw.write({"__key__": f"k{i}", "txt": "x"})
+    assert seen == [True, True, True]

@@ -531,11 +531,8 @@ typedef uint64_t (*checksum64_fn)(const void *, size_t);
 #define CHECKSUM_GIL_FREE_MIN (64 * 1024)
 
 static int
-direct_checksum(PyObject *capsule, const void *p, Py_ssize_t n, uint64_t *out)
+direct_checksum_fn(checksum64_fn fn, const void *p, Py_ssize_t n, uint64_t *out)
 {
-    checksum64_fn fn = (checksum64_fn)PyCapsule_GetPointer(capsule, "tarshards.checksum64");
-    if (fn == NULL)
-        return -1;
     if (n >= CHECKSUM_GIL_FREE_MIN) {
         Py_BEGIN_ALLOW_THREADS
         *out = fn(p, (size_t)n);
@@ -548,9 +545,31 @@ direct_checksum(PyObject *capsule, const void *p, Py_ssize_t n, uint64_t *out)
 }
 
 static int
+direct_checksum(PyObject *capsule, const void *p, Py_ssize_t n, uint64_t *out)
+{
+    checksum64_fn fn = (checksum64_fn)PyCapsule_GetPointer(capsule, "tarshards.checksum64");
+    if (fn == NULL)
+        return -1;
+    return direct_checksum_fn(fn, p, n, out);
+}
+
+/* A checksum deferred to another thread (a capsule "tarshards.defer64", as
+ * tarshards._xxh3.Background().checksum): the member's bytes object is queued there, and the
+ * checksum recorded as 0 until the writer fills in the values the thread worked out, in order. */
+typedef struct {
+    int (*submit)(void *ctx, PyObject *data);
+    void *ctx;
+} DeferApi;
+
+static int
 call_checksum(PyObject *fn, PyObject *data, uint64_t *out)
 {
     if (PyCapsule_CheckExact(fn)) {
+        if (PyCapsule_IsValid(fn, "tarshards.defer64")) {
+            DeferApi *api = (DeferApi *)PyCapsule_GetPointer(fn, "tarshards.defer64");
+            *out = 0;
+            return api->submit(api->ctx, data);
+        }
         if (PyBytes_CheckExact(data))
             return direct_checksum(fn, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), out);
         Py_buffer view;
@@ -627,54 +646,177 @@ ext_code(PyObject *codes, PyObject *ext)
     return rc < 0 ? -1 : (long long)n;
 }
 
-/* the code of the extension name[start:] in the dict codes, found without making a string
- * (codes holds a few extensions); a new one is numbered len(codes); -1 on error */
+/* Recorder(keys, codes, checksum, header_size): what writer._Recorder keeps of the writes whose
+ * member names are KEY.EXT, laid out as the index stores it, in bytearrays that the index builder
+ * takes as they are (closing a shard copies nothing and computes nothing per member):
+ *   members      per member six little-endian 64-bit fields (index._MEMBER_DTYPE): its sample's
+ *                number in keys, its extension's code in the dict codes, its header's offset in
+ *                the tar stream, its data's offset, its size, checksum(data);
+ *   samples      per sample three (the C scanner's layout): the first header's offset, the end
+ *                of its last member (padding included), flags (0);
+ *   key_blob     the samples' keys in UTF-8, back to back; key_offsets: little-endian i8, one
+ *                more than there are samples (key i is key_blob[key_offsets[i]:key_offsets[i+1]])
+ *   keys         the samples' keys (a write whose key is keys[-1] adds to that sample, as the
+ *                reader groups consecutive members of one key).
+ * Offsets count from 0, each member taking its header (512 bytes, or header_size(name, size)
+ * where the name needs a pax header), its data and the padding to 512, back to back, as
+ * TarMemberWriter writes them. checksum: a callable, a capsule "tarshards.checksum64" (called
+ * directly) or "tarshards.defer64" (checksums worked out elsewhere: 0 here, see
+ * fill_checksums).
+ * record(members, key) -> bool: False, recording nothing, when a name or the key does not follow
+ * the rules the reader groups by, or the key is not valid UTF-8 (the writer's general path takes
+ * those). */
+
+/* the rows are laid out as they lie in memory: little-endian hosts only (elsewhere this module
+ * does not build, and the pure Python writer records) */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#error "Recorder's rows assume a little-endian host"
+#endif
+typedef struct {
+    int64_t sample, ext, offset, data, size;
+    uint64_t checksum;
+} MemberRow;
+
+typedef struct {
+    int64_t offset, end, flags;
+} SampleRow;
+
+#define HINTS 16
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *keys, *codes, *checksum, *header_size;
+    /* bytearrays, grown by doubling and holding `used` bytes (their getters trim them) */
+    PyObject *members, *samples, *key_blob, *key_offsets;
+    Py_ssize_t m_used, s_used, kb_used, ko_used;
+    int kind; /* 0: a callable, 1: checksum64, 2: defer64 */
+    checksum64_fn fn;
+    DeferApi *defer;
+    int64_t offset;
+    PyObject *hint[HINTS]; /* the extension of the i-th member of the last write (a dict key) */
+    int64_t hint_code[HINTS];
+} RecorderObject;
+
+static PyTypeObject RecorderType;
+
+static PyObject *
+recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"keys", "codes", "checksum", "header_size", NULL};
+    PyObject *keys, *codes, *checksum, *header_size;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OO", kwlist, &PyList_Type, &keys,
+                                     &PyDict_Type, &codes, &checksum, &header_size))
+        return NULL;
+    int kind = 0;
+    checksum64_fn fn = NULL;
+    DeferApi *defer = NULL;
+    if (PyCapsule_IsValid(checksum, "tarshards.checksum64")) {
+        kind = 1;
+        fn = (checksum64_fn)PyCapsule_GetPointer(checksum, "tarshards.checksum64");
+    }
+    else if (PyCapsule_IsValid(checksum, "tarshards.defer64")) {
+        kind = 2;
+        defer = (DeferApi *)PyCapsule_GetPointer(checksum, "tarshards.defer64");
+    }
+    else if (!PyCallable_Check(checksum)) {
+        PyErr_SetString(PyExc_TypeError, "Recorder: checksum must be a callable or a capsule");
+        return NULL;
+    }
+    if (!PyCallable_Check(header_size)) {
+        PyErr_SetString(PyExc_TypeError, "Recorder: header_size must be callable");
+        return NULL;
+    }
+    if (PyList_GET_SIZE(keys)) {
+        PyErr_SetString(PyExc_ValueError, "Recorder: keys must start empty");
+        return NULL;
+    }
+    RecorderObject *r = (RecorderObject *)type->tp_alloc(type, 0);
+    if (r == NULL)
+        return NULL;
+    Py_INCREF(keys);
+    r->keys = keys;
+    Py_INCREF(codes);
+    r->codes = codes;
+    Py_INCREF(checksum);
+    r->checksum = checksum;
+    Py_INCREF(header_size);
+    r->header_size = header_size;
+    r->kind = kind;
+    r->fn = fn;
+    r->defer = defer;
+    r->members = PyByteArray_FromStringAndSize(NULL, 0);
+    r->samples = PyByteArray_FromStringAndSize(NULL, 0);
+    r->key_blob = PyByteArray_FromStringAndSize(NULL, 0);
+    r->key_offsets = PyByteArray_FromStringAndSize(NULL, 8);
+    if (r->members == NULL || r->samples == NULL || r->key_blob == NULL ||
+        r->key_offsets == NULL) {
+        Py_DECREF(r);
+        return NULL;
+    }
+    memset(PyByteArray_AS_STRING(r->key_offsets), 0, 8);
+    r->ko_used = 8;
+    return (PyObject *)r;
+}
+
+/* room for `more` bytes after the `used` ones of the bytearray ba (its size doubled as needed) */
+static int
+reserve(PyObject *ba, Py_ssize_t used, Py_ssize_t more)
+{
+    Py_ssize_t size = PyByteArray_GET_SIZE(ba), need = used + more;
+    if (need <= size)
+        return 0;
+    Py_ssize_t cap = size < 4096 ? 4096 : 2 * size;
+    while (cap < need)
+        cap *= 2;
+    return PyByteArray_Resize(ba, cap);
+}
+
+static void
+recorder_dealloc(RecorderObject *r)
+{
+    Py_XDECREF(r->keys);
+    Py_XDECREF(r->codes);
+    Py_XDECREF(r->checksum);
+    Py_XDECREF(r->header_size);
+    Py_XDECREF(r->members);
+    Py_XDECREF(r->samples);
+    Py_XDECREF(r->key_blob);
+    Py_XDECREF(r->key_offsets);
+    for (int i = 0; i < HINTS; i++)
+        Py_XDECREF(r->hint[i]);
+    Py_TYPE(r)->tp_free((PyObject *)r);
+}
+
+/* the extension name[start:]'s code: the hint for this position first, then the dict */
 static long long
-name_ext_code(PyObject *codes, PyObject *name, Py_ssize_t start)
+recorder_ext(RecorderObject *r, Py_ssize_t i, PyObject *name, Py_ssize_t start)
 {
     Py_ssize_t len = PyUnicode_GET_LENGTH(name) - start;
-    if (PyUnicode_IS_ASCII(name)) {
-        const char *e = (const char *)PyUnicode_DATA(name) + start;
-        Py_ssize_t i = 0;
-        PyObject *k, *v;
-        while (PyDict_Next(codes, &i, &k, &v)) {
-            if (PyUnicode_IS_ASCII(k) && PyUnicode_GET_LENGTH(k) == len &&
-                memcmp(PyUnicode_DATA(k), e, (size_t)len) == 0)
-                return PyLong_AsLongLong(v);
-        }
-    }
+    PyObject *h = i < HINTS ? r->hint[i] : NULL;
+    if (h != NULL && PyUnicode_IS_ASCII(name) && PyUnicode_GET_LENGTH(h) == len &&
+        memcmp(PyUnicode_DATA(h), (const char *)PyUnicode_DATA(name) + start, (size_t)len) == 0)
+        return r->hint_code[i];
     PyObject *ext = PyUnicode_Substring(name, start, start + len);
     if (ext == NULL)
         return -1;
-    long long code = ext_code(codes, ext);
-    Py_DECREF(ext);
+    long long code = ext_code(r->codes, ext);
+    if (code >= 0 && i < HINTS && PyUnicode_IS_ASCII(ext)) {
+        Py_XSETREF(r->hint[i], ext);
+        r->hint_code[i] = code;
+    }
+    else
+        Py_DECREF(ext);
     return code;
 }
 
-/* record_members(codes, packed, checksum, keys, members, key) -> bool
- * What writer._Recorder keeps of one write of (name, data) members whose names are KEY.EXT:
- * appends key to the list keys unless it is keys[-1] already (consecutive writes of one key are
- * one sample, as the reader groups them), and five little-endian u64 per member to the bytearray
- * packed: the extension's code in the dict codes, the size, checksum(data) (data: the member's
- * bytes object as given), the header size (512, or 0 where the name needs a pax header: the
- * Python side works that one out) and the sample's number in keys. checksum: a callable, or a
- * capsule "tarshards.checksum64" (direct_checksum). Returns False, recording nothing, when a name
- * or the key does not follow the rules the reader groups by (the Python path). */
-#define RECORD_FIELDS 5
 static PyObject *
-record_members(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+recorder_record(RecorderObject *r, PyObject *const *args, Py_ssize_t nargs)
 {
-    /* the per-writer arguments first, so that the writer binds them once (functools.partial) */
-    if (nargs != 6 || !PyDict_Check(args[0]) || !PyByteArray_Check(args[1]) ||
-        !(PyCallable_Check(args[2]) || PyCapsule_CheckExact(args[2])) || !PyList_Check(args[3]) ||
-        !PyUnicode_Check(args[5])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "record_members(codes: dict, packed: bytearray, checksum: callable or "
-                        "capsule, keys: list, members, key: str)");
+    if (nargs != 2 || !PyUnicode_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "record(members, key: str)");
         return NULL;
     }
-    PyObject *codes = args[0], *packed = args[1], *checksum = args[2], *keys = args[3];
-    PyObject *members = args[4], *key = args[5];
+    PyObject *members = args[0], *key = args[1], *keys = r->keys;
     Py_ssize_t klen = PyUnicode_GET_LENGTH(key);
     if (klen == 0)
         Py_RETURN_FALSE;
@@ -697,6 +839,7 @@ record_members(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (seq == NULL)
         return NULL;
     Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    int key_ascii = PyUnicode_IS_ASCII(key);
     for (Py_ssize_t i = 0; i < count; i++) { /* check them all before recording any */
         PyObject *m = PySequence_Fast_GET_ITEM(seq, i);
         if (!PyTuple_Check(m) || PyTuple_GET_SIZE(m) != 2)
@@ -707,7 +850,7 @@ record_members(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_ssize_t len = PyUnicode_GET_LENGTH(name);
         if (len < klen + 2 || PyUnicode_READ_CHAR(name, klen) != '.')
             goto python;
-        if (PyUnicode_IS_ASCII(name) && PyUnicode_IS_ASCII(key)) { /* the usual case */
+        if (key_ascii && PyUnicode_IS_ASCII(name)) { /* the usual case */
             const char *nd = (const char *)PyUnicode_DATA(name);
             if (memcmp(nd, PyUnicode_DATA(key), (size_t)klen) != 0 ||
                 memchr(nd + klen + 1, '/', (size_t)(len - klen - 1)) != NULL)
@@ -742,46 +885,103 @@ record_members(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             new_sample = ne != 0;
         }
     }
-    if (new_sample && PyList_Append(keys, key) < 0)
+    Py_ssize_t nsamples = r->s_used / (Py_ssize_t)sizeof(SampleRow);
+    if (nkeys != nsamples) {
+        PyErr_SetString(PyExc_RuntimeError, "Recorder: its keys changed behind its back");
         goto error;
-    uint64_t sample = (uint64_t)(PyList_GET_SIZE(keys) - 1);
-    Py_ssize_t old = PyByteArray_GET_SIZE(packed);
-    if (PyByteArray_Resize(packed, old + count * RECORD_FIELDS * 8) < 0)
-        goto unkey;
+    }
+    const char *kdata = NULL;
+    Py_ssize_t kbytes = 0;
+    if (new_sample) {
+        if (key_ascii) {
+            kdata = (const char *)PyUnicode_DATA(key);
+            kbytes = klen;
+        }
+        else {
+            kdata = PyUnicode_AsUTF8AndSize(key, &kbytes);
+            if (kdata == NULL) { /* lone surrogates: the general path encodes those */
+                PyErr_Clear();
+                goto python;
+            }
+        }
+    }
+    Py_ssize_t old = r->m_used;
+    if (reserve(r->members, old, count * (Py_ssize_t)sizeof(MemberRow)) < 0 ||
+        (new_sample && (reserve(r->samples, r->s_used, (Py_ssize_t)sizeof(SampleRow)) < 0 ||
+                        reserve(r->key_blob, r->kb_used, kbytes) < 0 ||
+                        reserve(r->key_offsets, r->ko_used, 8) < 0)))
+        goto error;
+    int64_t start = r->offset, offset = r->offset;
+    int64_t sample = new_sample ? (int64_t)nkeys : (int64_t)nkeys - 1;
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *m = PySequence_Fast_GET_ITEM(seq, i);
         PyObject *name = PyTuple_GET_ITEM(m, 0);
         PyObject *data = PyTuple_GET_ITEM(m, 1);
         Py_ssize_t len = PyUnicode_GET_LENGTH(name);
-        long long code = name_ext_code(codes, name, klen + 1);
-        if (code < 0)
-            goto undo;
         Py_ssize_t size = PyBytes_GET_SIZE(data);
-        uint64_t sum;
-        if (call_checksum(checksum, data, &sum) < 0)
-            goto undo;
-        int plain = PyUnicode_IS_ASCII(name) && len <= 100 && (long long)size < (1LL << 33) &&
-                    memchr(PyUnicode_DATA(name), 0, (size_t)len) == NULL;
-        unsigned char *rec =
-            (unsigned char *)PyByteArray_AS_STRING(packed) + old + i * RECORD_FIELDS * 8;
-        put_u64(rec, (uint64_t)code);
-        put_u64(rec + 8, (uint64_t)size);
-        put_u64(rec + 16, sum);
-        put_u64(rec + 24, plain ? BLOCK : 0);
-        put_u64(rec + 32, sample);
+        long long code = recorder_ext(r, i, name, klen + 1);
+        if (code < 0)
+            goto error;
+        int64_t hsize = BLOCK;
+        if (!(PyUnicode_IS_ASCII(name) && len <= 100 && (long long)size < (1LL << 33) &&
+              memchr(PyUnicode_DATA(name), 0, (size_t)len) == NULL)) {
+            PyObject *n = PyLong_FromSsize_t(size);
+            if (n == NULL)
+                goto error;
+            PyObject *argv[2] = {name, n};
+            PyObject *h = PyObject_Vectorcall(r->header_size, argv, 2, NULL);
+            Py_DECREF(n);
+            if (h == NULL)
+                goto error;
+            hsize = (int64_t)PyLong_AsLongLong(h);
+            Py_DECREF(h);
+            if (hsize == -1 && PyErr_Occurred())
+                goto error;
+        }
+        MemberRow *row = (MemberRow *)(PyByteArray_AS_STRING(r->members) + old) + i;
+        row->sample = sample;
+        row->ext = (int64_t)code;
+        row->offset = offset;
+        row->data = offset + hsize;
+        row->size = (int64_t)size;
+        row->checksum = 0;
+        offset += hsize + (int64_t)size + ((-(int64_t)size) & (BLOCK - 1));
+    }
+    if (new_sample) {
+        if (PyList_Append(keys, key) < 0)
+            goto error;
+        SampleRow *srow = (SampleRow *)(PyByteArray_AS_STRING(r->samples) + r->s_used);
+        srow->offset = start;
+        srow->flags = 0;
+        r->s_used += (Py_ssize_t)sizeof(SampleRow);
+        memcpy(PyByteArray_AS_STRING(r->key_blob) + r->kb_used, kdata, (size_t)kbytes);
+        r->kb_used += kbytes;
+        int64_t end = (int64_t)r->kb_used;
+        memcpy(PyByteArray_AS_STRING(r->key_offsets) + r->ko_used, &end, 8);
+        r->ko_used += 8;
+    }
+    ((SampleRow *)(PyByteArray_AS_STRING(r->samples) + r->s_used) - 1)->end = offset;
+    r->offset = offset;
+    r->m_used = old + count * (Py_ssize_t)sizeof(MemberRow);
+    /* the checksums last: once one is deferred (queued elsewhere) nothing may fail */
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *data = PyTuple_GET_ITEM(PySequence_Fast_GET_ITEM(seq, i), 1);
+        uint64_t sum = 0;
+        int rc;
+        if (r->kind == 1)
+            rc = direct_checksum_fn(r->fn, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), &sum);
+        else if (r->kind == 2)
+            rc = r->defer->submit(r->defer->ctx, data);
+        else
+            rc = call_checksum(r->checksum, data, &sum);
+        if (rc < 0) { /* the write stands recorded; the writer stops at this error */
+            Py_DECREF(seq);
+            return NULL;
+        }
+        ((MemberRow *)(PyByteArray_AS_STRING(r->members) + old))[i].checksum = sum;
     }
     Py_DECREF(seq);
     Py_RETURN_TRUE;
-undo:
-    PyByteArray_Resize(packed, old);
-unkey:
-    if (new_sample) {
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        if (PyList_SetSlice(keys, PyList_GET_SIZE(keys) - 1, PyList_GET_SIZE(keys), NULL) < 0)
-            PyErr_Clear();
-        PyErr_Restore(type, value, tb);
-    }
 error:
     Py_DECREF(seq);
     return NULL;
@@ -789,6 +989,101 @@ python:
     Py_DECREF(seq);
     Py_RETURN_FALSE;
 }
+
+/* fill_checksums(buffer): the members' checksums, worked out elsewhere (little-endian u64 in
+ * the members' order, as many as there are members), into the rows */
+static PyObject *
+recorder_fill_checksums(RecorderObject *r, PyObject *arg)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Py_ssize_t n = r->m_used / (Py_ssize_t)sizeof(MemberRow);
+    if (view.len != n * 8) {
+        PyErr_Format(PyExc_ValueError, "fill_checksums: %zd checksums for %zd members",
+                     view.len / 8, n);
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    const unsigned char *p = (const unsigned char *)view.buf;
+    MemberRow *rows = (MemberRow *)PyByteArray_AS_STRING(r->members);
+    for (Py_ssize_t i = 0; i < n; i++)
+        memcpy(&rows[i].checksum, p + 8 * i, 8);
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+recorder_get_count(RecorderObject *r, void *unused)
+{
+    return PyLong_FromSsize_t(r->m_used / (Py_ssize_t)sizeof(MemberRow));
+}
+
+/* a bytearray trimmed to the bytes in use (the next record grows it again) */
+static PyObject *
+trimmed(PyObject *ba, Py_ssize_t used)
+{
+    if (PyByteArray_GET_SIZE(ba) != used && PyByteArray_Resize(ba, used) < 0)
+        return NULL;
+    Py_INCREF(ba);
+    return ba;
+}
+
+static PyObject *
+recorder_get_members(RecorderObject *r, void *unused)
+{
+    return trimmed(r->members, r->m_used);
+}
+
+static PyObject *
+recorder_get_samples(RecorderObject *r, void *unused)
+{
+    return trimmed(r->samples, r->s_used);
+}
+
+static PyObject *
+recorder_get_key_blob(RecorderObject *r, void *unused)
+{
+    return trimmed(r->key_blob, r->kb_used);
+}
+
+static PyObject *
+recorder_get_key_offsets(RecorderObject *r, void *unused)
+{
+    return trimmed(r->key_offsets, r->ko_used);
+}
+
+static PyMethodDef recorder_methods[] = {
+    {"record", (PyCFunction)(void (*)(void))recorder_record, METH_FASTCALL,
+     "record(members, key) -> bool: record one write (False: the general path's)."},
+    {"fill_checksums", (PyCFunction)recorder_fill_checksums, METH_O,
+     "fill_checksums(buffer): the members' checksums (little-endian u64, in order)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef recorder_getset[] = {
+    {"count", (getter)recorder_get_count, NULL, "The members recorded.", NULL},
+    {"members", (getter)recorder_get_members, NULL,
+     "The member rows (index._MEMBER_DTYPE), a bytearray.", NULL},
+    {"samples", (getter)recorder_get_samples, NULL,
+     "The sample rows (offset, end, flags; little-endian i8), a bytearray.", NULL},
+    {"key_blob", (getter)recorder_get_key_blob, NULL,
+     "The keys in UTF-8, back to back, a bytearray.", NULL},
+    {"key_offsets", (getter)recorder_get_key_offsets, NULL,
+     "Where each key starts in key_blob, and the end (little-endian i8), a bytearray.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject RecorderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tarshards._speedups.Recorder",
+    .tp_basicsize = sizeof(RecorderObject),
+    .tp_dealloc = (destructor)recorder_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Recorder(keys, codes, checksum, header_size): the writer's index rows.",
+    .tp_methods = recorder_methods,
+    .tp_getset = recorder_getset,
+    .tp_new = recorder_new,
+};
 
 /* index_members(buf, pos, base, end, last_dot, codes, keys, samples, members, key, checksum)
  *     -> (pos, key)
@@ -1332,9 +1627,6 @@ static PyMethodDef methods[] = {
      "group_members(batch, start, url, last_dot, sample, key) -> (samples, sample, key, stop)."},
     {"header_ok", header_ok, METH_VARARGS,
      "header_ok(data, at, size) -> bool: a sound header storing size (else: ask Python)."},
-    {"record_members", (PyCFunction)(void (*)(void))record_members, METH_FASTCALL,
-     "record_members(codes, packed, checksum, keys, members, key) -> bool: the writer's index "
-     "records."},
     {"index_members", index_members, METH_VARARGS,
      "index_members(buf, pos, base, end, last_dot, codes, keys, samples, members, key, "
      "checksum) -> (pos, key)."},
@@ -1356,7 +1648,8 @@ PyInit__speedups(void)
     if (KEY_STR == NULL || URL_STR == NULL || OFFSET_STR == NULL || ZERO_PAD == NULL)
         return NULL;
     THIRTY_TWO = PyLong_FromLong(32);
-    if (THIRTY_TWO == NULL || PyType_Ready(&ShuffleRunType) < 0)
+    if (THIRTY_TWO == NULL || PyType_Ready(&ShuffleRunType) < 0 ||
+        PyType_Ready(&RecorderType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
@@ -1364,6 +1657,12 @@ PyInit__speedups(void)
     Py_INCREF(&ShuffleRunType);
     if (PyModule_AddObject(m, "ShuffleRun", (PyObject *)&ShuffleRunType) < 0) {
         Py_DECREF(&ShuffleRunType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&RecorderType);
+    if (PyModule_AddObject(m, "Recorder", (PyObject *)&RecorderType) < 0) {
+        Py_DECREF(&RecorderType);
         Py_DECREF(m);
         return NULL;
     }

@@ -58,6 +58,7 @@ __all__ = [
     "HASHING_RELEASES_GIL",
     "HashingReader",
     "MEMBER_HASH",
+    "background_hasher",
     "check_shard",
     "file_hasher",
     "member_checksum_c",
@@ -128,13 +129,28 @@ def member_checksum_fn(name: str = MEMBER_HASH):
 
 
 def member_checksum_c(name: str = MEMBER_HASH):
-    """The member checksum for the C loops of ``_speedups`` (``record_members``,
+    """The member checksum for the C loops of ``_speedups`` (``Recorder``,
     ``index_members``): a capsule holding ``_xxh3``'s C function where that module is built
     (called there without a Python call per member), else :func:`member_checksum_fn`'s
     callable. The same values either way."""
     if name == "xxh3_64" and _xxh3 is not None:
         return _xxh3.checksum64
     return member_checksum_fn(name)
+
+
+def background_hasher(
+    path, file_hash: str = DEFAULT_HASH, member_hash: str = MEMBER_HASH, *, members: bool = True
+):
+    """A thread that reads the file at ``path`` back while a writer appends to it and hashes it
+    (``_xxh3.Background``: the file's xxh3_64 and, with ``members``, each tar member's, in
+    order), so that the writing thread does not; None where the hashes are not xxh3_64,
+    ``_xxh3`` is not built or no thread can be had (the writer then hashes inline)."""
+    if _xxh3 is None or file_hash != "xxh3_64" or (members and member_hash != "xxh3_64"):
+        return None
+    try:
+        return _xxh3.Background(path, members=members)
+    except (OSError, RuntimeError):  # pragma: no cover - no thread, or the file not readable
+        return None
 
 
 def split_hash(value: str) -> tuple[str, str]:

@@ -189,14 +189,20 @@ class ShardIndex:
 
     def to_bytes(self) -> bytes:
         """The index file's bytes (deterministic: equal indexes give equal bytes)."""
+        return b"".join(self._parts())
+
+    def _parts(self) -> list:
+        """The index file as a list of buffers (the arrays as they are, where no conversion
+        is needed: no copy)."""
         meta = json.dumps(self._meta(), sort_keys=True, separators=(",", ":")).encode()
         meta += b" " * (-len(meta) % 8)
         parts = [INDEX_MAGIC, np.array([INDEX_VERSION, len(meta)], "<u4").tobytes(), meta]
         for name, dtype, _ in _ARRAYS:
-            data = np.ascontiguousarray(getattr(self, name), dtype=dtype).tobytes()
-            parts.append(data)
-            parts.append(bytes(-len(data) % 8))
-        return b"".join(parts)
+            data = np.ascontiguousarray(getattr(self, name), dtype=dtype)
+            parts.append(data.data.cast("B") if data.ndim else data.tobytes())
+            if -data.nbytes % 8:
+                parts.append(bytes(-data.nbytes % 8))
+        return parts
 
     @classmethod
     def from_bytes(cls, data: bytes, url: str | None = None) -> "ShardIndex":
@@ -249,7 +255,7 @@ class ShardIndex:
         from .storage import AtomicOutput
 
         with AtomicOutput(path, storage_options=storage_options, remove_stale=remove_stale) as out:
-            out.stream.write(self.to_bytes())
+            out.stream.writelines(self._parts())  # large parts written without the GIL
 
     @classmethod
     def load(cls, url, *, storage_options: dict | None = None) -> "ShardIndex":
@@ -350,6 +356,7 @@ class IndexBuilder:
         self._ext_codes: dict[str, int] = {}
         self._frames_file: list[int] = []
         self._frames_tar: list[int] = []
+        self._key_rows: tuple | None = None  # (UTF-8 keys back to back, offsets): add_rows'
 
     @property
     def count(self) -> int:
@@ -471,32 +478,18 @@ class IndexBuilder:
         ):
             add(name, off, doff, sz, cs)
 
-    def add_records(self, keys: Sequence[str], packed, start: int = 0) -> None:
-        """Record the writes :func:`tarshards._speedups.record_members` packed (per member: the
-        extension's code in this builder's ``_ext_codes``, size, checksum, header size or 0 for
-        a pax header, and its sample's number in ``keys``), written back to back from tar offset
-        ``start``; ``keys``: the samples' keys."""
-        from .tario import header_size
-
-        rec = np.frombuffer(packed, "<u8").reshape(-1, 5)
-        n = len(rec)
-        if not n:
-            return
-        size = rec[:, 1].astype(np.int64)
-        hsize = rec[:, 3].astype(np.int64)
-        sample = rec[:, 4].astype(np.int64)
-        special = np.flatnonzero(hsize == 0).tolist()
-        if special:
-            exts = list(self._ext_codes)
-            for j in special:
-                name = f"{keys[sample[j]]}.{exts[int(rec[j, 0])]}"
-                hsize[j] = header_size(name, int(size[j]))
-        offsets, data_offsets, total = _layout(hsize, size, start)
-        if self._keys or int(sample[-1]) != len(keys) - 1:  # pragma: no cover
-            raise ValueError("add_records: the records do not cover the samples")
-        self._add_grouped(
-            keys, sample, rec[:, 0].astype(np.int64), offsets, data_offsets, size, total, rec[:, 2]
-        )
+    def add_rows(self, keys: list, samples, members, key_blob, key_offsets) -> None:
+        """Take the rows :class:`tarshards._speedups.Recorder` laid out while writing, as they
+        are (bytearrays the builder then owns: ``samples`` and ``members`` as this builder packs
+        them, the keys' UTF-8 bytes back to back and where each starts; ``keys``: the samples'
+        keys), as this builder's first records."""
+        if self._keys or self._grouped is not None:  # pragma: no cover - the writer's use
+            raise ValueError("add_rows: the builder already holds records")
+        self._samples = samples
+        self._members = members
+        self._keys = keys
+        self._key = keys[-1] if keys else None
+        self._key_rows = (key_blob, key_offsets)
 
     def _fast_ok(self, keys, counts, n) -> bool:
         """Whether the writes' keys and counts cover the members as _add_keyed needs."""
@@ -594,16 +587,11 @@ class IndexBuilder:
                 )
             else:  # offsets into the decompressed stream: not a place to start reading the file
                 sample_offsets, sample_ends = tar_offsets, ends
-        joined = "".join(self._keys)
-        if joined.isascii():  # one encode for all keys
-            key_blob = joined.encode("ascii")
-            lengths = np.fromiter(map(len, self._keys), np.int64, len(self._keys))
+        if self._key_rows is not None and len(self._key_rows[1]) == 8 * (len(self._keys) + 1):
+            key_blob = self._key_rows[0]
+            key_offsets = np.frombuffer(self._key_rows[1], "<i8")
         else:
-            raw_keys = [k.encode("utf-8", "surrogateescape") for k in self._keys]
-            key_blob = b"".join(raw_keys)
-            lengths = np.fromiter(map(len, raw_keys), np.int64, len(raw_keys))
-        key_offsets = np.zeros(len(self._keys) + 1, np.int64)
-        np.cumsum(lengths, out=key_offsets[1:])
+            key_blob, key_offsets = _key_arrays(self._keys)
         return ShardIndex(
             sample_offsets=np.asarray(sample_offsets, np.int64),
             sample_ends=np.asarray(sample_ends, np.int64),
@@ -630,6 +618,22 @@ class IndexBuilder:
 
 def _as_is(a: np.ndarray) -> np.ndarray:
     return a
+
+
+def _key_arrays(keys: list) -> tuple:
+    """The keys' UTF-8 bytes (surrogateescape) back to back, and where each starts (and the
+    end)."""
+    joined = "".join(keys)
+    if joined.isascii():  # one encode for all keys
+        key_blob = joined.encode("ascii")
+        lengths = np.fromiter(map(len, keys), np.int64, len(keys))
+    else:
+        raw_keys = [k.encode("utf-8", "surrogateescape") for k in keys]
+        key_blob = b"".join(raw_keys)
+        lengths = np.fromiter(map(len, raw_keys), np.int64, len(raw_keys))
+    key_offsets = np.zeros(len(keys) + 1, np.int64)
+    np.cumsum(lengths, out=key_offsets[1:])
+    return key_blob, key_offsets
 
 
 def _layout(hsize: np.ndarray, size: np.ndarray, start: int):

@@ -6,7 +6,6 @@ a crash or an exception never leaves a half-written shard under its final name.
 
 from __future__ import annotations
 
-import functools
 import io
 import sys
 import time
@@ -22,12 +21,9 @@ from .storage import AtomicOutput, remove_stale_temporaries, temporary_directory
 __all__ = ["ShardInfo", "ShardWriter", "TarWriter", "sample_members", "shard_name"]
 
 try:  # optional C accelerator (see _speedups.c); _Recorder's lists are the reference
-    from ._speedups import record_members as _record_members
+    from ._speedups import Recorder as _CRecorder
 except ImportError:  # pragma: no cover - built by default
-    _record_members = None
-# u64 fields per member in what record_members packs (extension code, size, checksum, header
-# size, sample number; IndexBuilder.add_records reads them)
-RECORD_FIELDS = 5
+    _CRecorder = None
 
 
 def sample_members(sample: dict, encoder: bool = True) -> list[tuple[str, bytes]]:
@@ -178,12 +174,17 @@ class TarWriter:
         if self.closed:
             raise ValueError(f"write to a closed TarWriter ({self.name})")
         rec = self._recorder
-        # the recorder's hot path: one C call (record_members) per write; else its general path
-        if rec is not None and (rec.record is None or key is None or not rec.record(members, key)):
+        if rec is None:
+            n = self._tar.add_all(members)
+        elif rec.record is None:  # the recorder's general path (and aligned frames): before
             rec.before_sample(members, key)
-        n = self._tar.add_all(members)
-        if rec is not None and rec.aligned:
-            rec.after_sample()
+            n = self._tar.add_all(members)
+            if rec.aligned:
+                rec.after_sample()
+        else:  # its hot path, one C call, after the write: the members' headers are in cache
+            n = self._tar.add_all(members)
+            if key is None or not rec.record(members, key):
+                rec.before_sample(members, key)
         self.count += 1
         return n
 
@@ -200,16 +201,25 @@ class TarWriter:
                 self._recorder.after_sample()
             self._close_compressor()
         except BaseException:
+            if self._recorder is not None:
+                self._recorder.close()
             self._out.abort()
             raise
-        self._out.commit()
-        if self._recorder is not None:
+        if self._recorder is None:
+            self._out.commit()
+            return
+        try:
+            self._out.commit()
             self._recorder.finish()
+        finally:
+            self._recorder.close()  # the hashing thread ends with the shard, whatever happened
 
     def abort(self) -> None:
         """Discard the shard (nothing appears under the final name)."""
         if not self.closed:
             self.closed = True
+            if self._recorder is not None:
+                self._recorder.close()
             self._out.abort()
 
     def __enter__(self):
@@ -228,20 +238,26 @@ class _Recorder:
     offsets and checksums, the file's hash), and sample-aligned compression (each sample its own
     gzip member or zstd frame, so it decompresses alone; still a valid .tar.gz / .tar.zst).
 
-    The hot path is one C call per write (``_speedups.record_members``, bound to this
-    recorder's records as ``record``: per member its extension's code, size, checksum, header
-    size and sample number, packed; the key appended to ``keys`` when a new sample starts; the
-    member checksum, xxh3_64, computed in C on each bytes value as given); offsets and samples
-    are worked out in bulk when the shard is closed. Writes the C path does not take (names that
-    are not ``KEY.EXT``, no C extension) are kept as lists (name, size, checksum). A plain shard
-    is hashed on its way into the output's buffer: one C call per sample where the file hash is
-    ``_xxh3``'s (``Xxh3.tee``, each part hashed, then written: no joined copy), else its parts
-    joined (in cache) and hashed once."""
+    The hot path is one C call per write (``_speedups.Recorder.record``, bound as ``record``):
+    it lays out the index's rows as it goes (per member: sample number, extension code, header
+    and data offsets, size, checksum; per sample: offset and end; the key appended to ``keys``
+    when a new sample starts), so closing the shard only copies them out. Writes the C path does
+    not take (names that are not ``KEY.EXT``, no C extension) are kept as lists (name, size,
+    checksum).
+
+    Hashing: where the output is a temporary file (local or to be uploaded) and both hashes are
+    xxh3_64 (the defaults), a thread reads the shard back as it is written and hashes it there
+    (``hashing.background_hasher``): the file hash, and for a plain shard the member checksums,
+    recorded as 0 until the shard is closed. The writing thread then hashes nothing. Elsewhere a
+    plain shard is hashed on its way into the output's buffer (``Xxh3.tee``: each part hashed,
+    then written), a compressed one as its compressed bytes leave, and the member checksums are
+    computed in C on each bytes value as given."""
 
     def __init__(self, writer: "TarWriter", suffix: str, level, aligned: bool, hash, index):
         from .hashing import (
             DEFAULT_HASH,
             MEMBER_HASH,
+            background_hasher,
             file_hasher,
             member_checksum_c,
             member_checksum_fn,
@@ -249,7 +265,6 @@ class _Recorder:
 
         self.writer = writer
         self._codes: dict = {}
-        self._packed = bytearray()
         self.save_to = index if isinstance(index, str) or hasattr(index, "__fspath__") else None
         self.algorithm = hash or DEFAULT_HASH
         self.hasher = file_hasher(self.algorithm)
@@ -266,20 +281,37 @@ class _Recorder:
         comp = by_name(suffix) if suffix else None
         self.compression = "none" if comp is None else comp.name
         self.aligned = aligned and self.compression != "none"
-        # the fast path (None: the lists below, the general path); `record` is what
-        # TarWriter.write_members calls first (not in aligned mode: before_sample marks frames)
-        self._fast = (
+        # the hashes worked out by a thread that reads the shard back from its temporary file
+        # as it is written (hashing.background_hasher; None: hashed here, inline): the file
+        # hash, and for a plain shard the member checksums too (recorded as 0 until finish)
+        tmp = writer._out.temporary_path
+        self.background = (
             None
-            if _record_members is None
-            else functools.partial(
-                _record_members,
-                self._codes,
-                self._packed,
-                member_checksum_c(MEMBER_HASH),  # the member checksum, for the C loop
-                self.keys,
+            if tmp is None or self.aligned
+            else background_hasher(
+                tmp, self.algorithm, MEMBER_HASH, members=self.compression == "none"
             )
         )
-        self.record = None if self.aligned else self._fast
+        self._deferred = self.background is not None and self.compression == "none"
+        if self.background is not None:
+            self.hasher = _NO_HASH
+        if self._deferred:
+            self.csum = _zero
+        # the fast path (None: the lists below, the general path); `record` is what
+        # TarWriter.write_members calls after each write (not in aligned mode, where
+        # before_sample marks the frames before the write)
+        self._fast = (
+            None
+            if _CRecorder is None
+            else _CRecorder(
+                self.keys,
+                self._codes,
+                # the member checksum, for the C loop (a C function, or the thread's)
+                self.background.checksum if self._deferred else member_checksum_c(MEMBER_HASH),
+                header_size,
+            )
+        )
+        self.record = None if self.aligned or self._fast is None else self._fast.record
         self._parts: list = []
         if self.aligned:
             self._compress = by_name(self.compression).frame(level)
@@ -295,8 +327,12 @@ class _Recorder:
         if self.aligned:
             tar._writelines = self._parts.extend
         elif self.compression == "none":
+            bufferable = isinstance(self.raw, (io.BufferedWriter, io.BytesIO, io.FileIO))
+            if self.background is not None and bufferable:
+                tar._writelines = self.raw.writelines  # the thread hashes what is written
+                return
             tee = getattr(self.hasher, "tee", None)
-            if tee is not None and isinstance(self.raw, (io.BufferedWriter, io.BytesIO, io.FileIO)):
+            if tee is not None and bufferable:
                 tar._writelines = tee(self.raw.writelines)  # hash each part, then write them
                 return
             # one sample's parts: joined (in cache), hashed once (measured: one join and one
@@ -329,7 +365,7 @@ class _Recorder:
         if not members:
             return
         if self._fast is not None:
-            if key is not None and self._fast(members, key):
+            if key is not None and self._fast.record(members, key):
                 return
             self._to_lists()
         names, datas = zip(*members)
@@ -347,17 +383,46 @@ class _Recorder:
         """Leave the fast path: the packed records so far become the general path's lists."""
         import numpy as np
 
+        from .index import _MEMBER_DTYPE
+
+        rows = np.frombuffer(self._fast.members, _MEMBER_DTYPE)
         self._fast = self.record = None
-        rec = np.frombuffer(self._packed, "<u8").reshape(-1, RECORD_FIELDS)
         exts = list(self._codes)
         keys = self.keys or []
         self.names = [
-            f"{keys[s]}.{exts[c]}" for s, c in zip(rec[:, 4].tolist(), rec[:, 0].tolist())
+            f"{keys[s]}.{exts[c]}" for s, c in zip(rows["sample"].tolist(), rows["ext"].tolist())
         ]
-        self.sizes = rec[:, 1].tolist()
-        self.sums = rec[:, 2].tolist()
-        self.counts = np.bincount(rec[:, 4].astype(np.int64), minlength=len(keys)).tolist()
-        self._packed = bytearray()
+        self.sizes = rows["size"].tolist()
+        self.sums = rows["checksum"].tolist()
+        self.counts = np.bincount(rows["sample"], minlength=len(keys)).tolist()
+
+    def _background_hashes(self) -> str:
+        """Wait for the thread's hashes (the file is complete): the file hash's hex digest; the
+        member checksums into the records (the fast path's or the general path's lists), which
+        held 0 until now. The thread reads every member of the file in order, as the records
+        list them."""
+        import numpy as np
+
+        digest, packed = self.background.finish(self.nbytes)
+        if not self._deferred:
+            return digest
+        found = len(packed) // 8
+        written = self._fast.count if self._fast is not None else len(self.names)
+        if found != written:  # pragma: no cover - the thread reads what the writer writes
+            raise RuntimeError(
+                f"{self.writer.name}: reading the shard back found {found} members, "
+                f"not the {written} written"
+            )
+        if self._fast is not None:
+            self._fast.fill_checksums(packed)
+        else:
+            self.sums = np.frombuffer(packed, "<u8").tolist()
+        return digest
+
+    def close(self) -> None:
+        """Stop the hashing thread (idempotent; finish() and the writer's abort() call it)."""
+        if self.background is not None:
+            self.background.close()
 
     def after_sample(self) -> None:
         if self.aligned and self._parts:
@@ -374,24 +439,47 @@ class _Recorder:
         builder = IndexBuilder(member_hash=self.member_hash)
         for file_offset, tar_offset in self.frames:
             builder.frame(file_offset, tar_offset)
+        try:
+            digest = (
+                self.hasher.hexdigest() if self.background is None else self._background_hashes()
+            )
+        finally:
+            self.close()
         if self._fast is not None:
             builder._ext_codes = self._codes
-            builder.add_records(self.keys or [], self._packed)
+            fast = self._fast
+            builder.add_rows(self.keys, fast.samples, fast.members, fast.key_blob, fast.key_offsets)
         else:
             builder.add_written(
                 self.names, self.sizes, self.sums, keys=self.keys, counts=self.counts
             )
         index = builder.build(
             nbytes=self.nbytes,
-            hash=f"{self.algorithm}:{self.hasher.hexdigest()}",
+            hash=f"{self.algorithm}:{digest}",
             compression=self.compression,
             url=w.name if isinstance(w.name, str) else None,
         )
         self.names = self.sizes = self.sums = self.frames = []
-        self._packed = bytearray()
+        self._fast = None
         w.index = index
         if self.save_to is not None:
             index.save(self.save_to, storage_options=w._out.storage_options)
+
+
+def _zero(data) -> int:
+    """The general path's member checksum while the thread works them out (filled at close)."""
+    return 0
+
+
+class _NoHash:
+    """The file hash object while the thread hashes the file (its digest comes from there)."""
+
+    @staticmethod
+    def update(data) -> None:
+        pass
+
+
+_NO_HASH = _NoHash()
 
 
 class _HashingSink(io.RawIOBase):
@@ -522,8 +610,8 @@ class ShardWriter:
         if w.index is not None:
             info.extra["hash"] = w.index.hash
             info.extra["nbytes"] = w.index.nbytes
-            if self._manifest is not None:
-                self._manifest.add(w.name, w.index)
+            if self._manifest is not None:  # the index saved by a thread (unless post waits)
+                self._manifest.add(w.name, w.index, background=self.post is None)
         self.shards.append(info)
         if self.post is not None:
             self.post(w.name)
@@ -546,8 +634,12 @@ class ShardWriter:
 
     def close(self) -> None:
         """Commit the last shard (and write the manifest, with ``manifest=``)."""
-        self._finish_current()
-        self.save_manifest()
+        try:
+            self._finish_current()
+            self.save_manifest()
+        finally:
+            if self._manifest is not None:
+                self._manifest.close()
 
     def save_manifest(self):
         """Write the manifest of the shards committed so far (with ``manifest=``); returns it."""
@@ -559,6 +651,11 @@ class ShardWriter:
         if self._writer is not None:
             self._writer.abort()
             self._writer = None
+        if self._manifest is not None:
+            try:
+                self._manifest.close()
+            except Exception:  # aborting already: an index that failed to save changes nothing
+                pass
 
     def __enter__(self):
         return self

@@ -261,6 +261,12 @@ class AtomicOutput:
             self._tmp, self.stream = _create_temporary(d, base)
             self._owned = True
 
+    @property
+    def temporary_path(self) -> str | None:
+        """The local file being written until :meth:`commit` (also for an upload), else None
+        (stdout, a pipe, a file object; and once committed or aborted)."""
+        return self._tmp
+
     def commit(self) -> None:
         """Publish the output under its final name (or finish the command / the upload)."""
         if self.done:
