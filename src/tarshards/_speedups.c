@@ -809,35 +809,30 @@ recorder_ext(RecorderObject *r, Py_ssize_t i, PyObject *name, Py_ssize_t start)
     return code;
 }
 
-static PyObject *
-recorder_record(RecorderObject *r, PyObject *const *args, Py_ssize_t nargs)
+/* record the write seq (a sequence from PySequence_Fast) of key: 1 recorded, 0 not (nothing
+ * recorded: the general path's), -1 an error */
+static int
+recorder_record_seq(RecorderObject *r, PyObject *seq, PyObject *key)
 {
-    if (nargs != 2 || !PyUnicode_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "record(members, key: str)");
-        return NULL;
-    }
-    PyObject *members = args[0], *key = args[1], *keys = r->keys;
+    PyObject *keys = r->keys;
     Py_ssize_t klen = PyUnicode_GET_LENGTH(key);
     if (klen == 0)
-        Py_RETURN_FALSE;
+        return 0;
     /* the key: not "./...", its base name neither empty, nor "__...", nor holding a dot */
     Py_ssize_t slash = PyUnicode_FindChar(key, '/', 0, klen, -1);
     if (slash == -2)
-        return NULL;
+        return -1;
     Py_ssize_t b = slash + 1;
     if (b >= klen || (klen - b >= 2 && PyUnicode_READ_CHAR(key, b) == '_' &&
                       PyUnicode_READ_CHAR(key, b + 1) == '_'))
-        Py_RETURN_FALSE;
+        return 0;
     if (klen >= 2 && PyUnicode_READ_CHAR(key, 0) == '.' && PyUnicode_READ_CHAR(key, 1) == '/')
-        Py_RETURN_FALSE;
+        return 0;
     Py_ssize_t dot = PyUnicode_FindChar(key, '.', b, klen, 1);
     if (dot == -2)
-        return NULL;
+        return -1;
     if (dot >= 0)
-        Py_RETURN_FALSE;
-    PyObject *seq = PySequence_Fast(members, "members must be a sequence");
-    if (seq == NULL)
-        return NULL;
+        return 0;
     Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
     int key_ascii = PyUnicode_IS_ASCII(key);
     for (Py_ssize_t i = 0; i < count; i++) { /* check them all before recording any */
@@ -868,10 +863,8 @@ recorder_record(RecorderObject *r, PyObject *const *args, Py_ssize_t nargs)
         if (sl >= 0)
             goto python;
     }
-    if (count == 0) { /* nothing written, nothing recorded */
-        Py_DECREF(seq);
-        Py_RETURN_TRUE;
-    }
+    if (count == 0) /* nothing written, nothing recorded */
+        return 1;
     Py_ssize_t nkeys = PyList_GET_SIZE(keys);
     int new_sample = 1;
     if (nkeys > 0) {
@@ -974,20 +967,32 @@ recorder_record(RecorderObject *r, PyObject *const *args, Py_ssize_t nargs)
             rc = r->defer->submit(r->defer->ctx, data);
         else
             rc = call_checksum(r->checksum, data, &sum);
-        if (rc < 0) { /* the write stands recorded; the writer stops at this error */
-            Py_DECREF(seq);
-            return NULL;
-        }
+        if (rc < 0) /* the write stands recorded; the writer stops at this error */
+            return -1;
         ((MemberRow *)(PyByteArray_AS_STRING(r->members) + old))[i].checksum = sum;
     }
-    Py_DECREF(seq);
-    Py_RETURN_TRUE;
+    return 1;
 error:
-    Py_DECREF(seq);
-    return NULL;
+    return -1;
 python:
+    return 0;
+}
+
+static PyObject *
+recorder_record(RecorderObject *r, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyUnicode_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "record(members, key: str)");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[0], "members must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    int rc = recorder_record_seq(r, seq, args[1]);
     Py_DECREF(seq);
-    Py_RETURN_FALSE;
+    if (rc < 0)
+        return NULL;
+    return PyBool_FromLong(rc);
 }
 
 /* fill_checksums(buffer): the members' checksums, worked out elsewhere (little-endian u64 in
@@ -1073,6 +1078,116 @@ static PyGetSetDef recorder_getset[] = {
      "Where each key starts in key_blob, and the end (little-endian i8), a bytearray.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
+
+static PyTypeObject RecorderType;
+
+/* tar_sample(members, mtime, mode, max_size[, recorder, key]) -> bytes or None
+ * One write of (name, bytes) members as its tar bytes, built in one buffer: each member's ustar
+ * header (as ustar_parts makes it), data and padding, back to back (one allocation and one copy
+ * of the data, no header or padding objects, no join). With a Recorder, the write is recorded
+ * there too (Recorder.record). None, having written and recorded nothing, where the sample needs
+ * more than this: a member that is not a plain ustar member (a pax header, not bytes), more than
+ * max_size bytes in all, mtime or mode out of range, or a write the recorder does not take. */
+static PyObject *
+tar_sample(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 && nargs != 6) {
+        PyErr_SetString(PyExc_TypeError,
+                        "tar_sample(members, mtime, mode, max_size[, recorder, key])");
+        return NULL;
+    }
+    PyObject *recorder = NULL, *key = NULL;
+    long long mtime = PyLong_AsLongLong(args[1]), mode = PyLong_AsLongLong(args[2]);
+    Py_ssize_t max_size = PyLong_AsSsize_t(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (nargs == 6) {
+        if (!PyObject_TypeCheck(args[4], &RecorderType)) {
+            PyErr_SetString(PyExc_TypeError, "tar_sample: recorder must be a Recorder");
+            return NULL;
+        }
+        recorder = args[4];
+        key = args[5];
+        if (key == Py_None) /* a write without a key: the general path records it */
+            Py_RETURN_NONE;
+        if (!PyUnicode_Check(key)) {
+            PyErr_SetString(PyExc_TypeError, "tar_sample: the key must be a str");
+            return NULL;
+        }
+    }
+    if (mtime < 0 || mtime >= (1LL << 33) || mode < 0 || mode >= (1LL << 21))
+        Py_RETURN_NONE;
+    PyObject *seq = PySequence_Fast(args[0], "members must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *m = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyTuple_Check(m) || PyTuple_GET_SIZE(m) != 2)
+            goto none;
+        PyObject *name = PyTuple_GET_ITEM(m, 0);
+        PyObject *data = PyTuple_GET_ITEM(m, 1);
+        if (!PyUnicode_Check(name) || !PyUnicode_IS_ASCII(name) ||
+            PyUnicode_GET_LENGTH(name) > 100 || !PyBytes_CheckExact(data) ||
+            memchr(PyUnicode_DATA(name), 0, PyUnicode_GET_LENGTH(name)) != NULL)
+            goto none;
+        Py_ssize_t size = PyBytes_GET_SIZE(data);
+        total += BLOCK + size + (BLOCK - size % BLOCK) % BLOCK;
+        if (total > max_size)
+            goto none;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL)
+        goto error;
+    if (recorder != NULL) {
+        int rc = recorder_record_seq((RecorderObject *)recorder, seq, key);
+        if (rc <= 0) {
+            Py_DECREF(out);
+            if (rc < 0)
+                goto error;
+            goto none;
+        }
+    }
+    char head[BLOCK];
+    memset(head, 0, BLOCK);
+    put_octal(head + 100, 7, (unsigned long long)mode);
+    memcpy(head + 108, "0000000", 8);
+    memcpy(head + 116, "0000000", 8);
+    put_octal(head + 136, 11, (unsigned long long)mtime);
+    head[156] = '0';
+    memcpy(head + 257, "ustar", 6);
+    memcpy(head + 263, "00", 2);
+    memcpy(head + 329, "0000000", 8);
+    memcpy(head + 337, "0000000", 8);
+    char *o = PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *m = PySequence_Fast_GET_ITEM(seq, i);
+        PyObject *name = PyTuple_GET_ITEM(m, 0);
+        PyObject *data = PyTuple_GET_ITEM(m, 1);
+        Py_ssize_t size = PyBytes_GET_SIZE(data), nlen = PyUnicode_GET_LENGTH(name);
+        memcpy(o, head, BLOCK);
+        memcpy(o, PyUnicode_DATA(name), (size_t)nlen);
+        put_octal(o + 124, 11, (unsigned long long)size);
+        put_octal(o + 148, 6, header_sum((const unsigned char *)o));
+        o[154] = 0;
+        o[155] = ' ';
+        o += BLOCK;
+        memcpy(o, PyBytes_AS_STRING(data), (size_t)size);
+        o += size;
+        Py_ssize_t pad = (BLOCK - size % BLOCK) % BLOCK;
+        memset(o, 0, (size_t)pad);
+        o += pad;
+    }
+    Py_DECREF(seq);
+    return out;
+none:
+    Py_DECREF(seq);
+    Py_RETURN_NONE;
+error:
+    Py_DECREF(seq);
+    return NULL;
+}
 
 static PyTypeObject RecorderType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tarshards._speedups.Recorder",
@@ -1627,6 +1742,9 @@ static PyMethodDef methods[] = {
      "group_members(batch, start, url, last_dot, sample, key) -> (samples, sample, key, stop)."},
     {"header_ok", header_ok, METH_VARARGS,
      "header_ok(data, at, size) -> bool: a sound header storing size (else: ask Python)."},
+    {"tar_sample", (PyCFunction)(void (*)(void))tar_sample, METH_FASTCALL,
+     "tar_sample(members, mtime, mode, max_size[, recorder, key]) -> bytes or None: one write's "
+     "tar bytes (recorded by the recorder too)."},
     {"index_members", index_members, METH_VARARGS,
      "index_members(buf, pos, base, end, last_dot, codes, keys, samples, members, key, "
      "checksum) -> (pos, key)."},

@@ -181,10 +181,12 @@ class TarWriter:
             n = self._tar.add_all(members)
             if rec.aligned:
                 rec.after_sample()
-        else:  # its hot path, one C call, after the write: the members' headers are in cache
-            n = self._tar.add_all(members)
-            if key is None or not rec.record(members, key):
-                rec.before_sample(members, key)
+        else:  # its hot path: written and recorded in one C call (else the write, then record)
+            n = None if key is None else self._tar.add_recorded(members, rec._fast, key)
+            if n is None:
+                n = self._tar.add_all(members)
+                if key is None or not rec.record(members, key):
+                    rec.before_sample(members, key)
         self.count += 1
         return n
 

@@ -16,9 +16,10 @@ from ..errors import EncodeError
 from .headers import _ZERO_BLOCK, BLOCK
 
 try:  # optional C accelerator (see _speedups.c); the Python code below is the reference
+    from .._speedups import tar_sample as _tar_sample
     from .._speedups import ustar_parts as _ustar_parts
 except ImportError:  # pragma: no cover - built by default; pure Python works the same
-    _ustar_parts = None
+    _ustar_parts = _tar_sample = None
 
 _HEADER = struct.Struct("100s8s8s8s12s12s8sc100s6s2s32s32s8s8s155s12x")
 DEFAULT_MTIME = 0
@@ -241,6 +242,12 @@ class TarMemberWriter:
         """Append ``(name, data)`` members with one write; returns the number of bytes written."""
         if not isinstance(members, (list, tuple)):
             members = list(members)
+        if accelerate and _tar_sample is not None:  # plain members: built in one buffer, in C
+            data = _tar_sample(members, self._mtime, self._mode, _JOIN_MAX)
+            if data is not None:
+                self._writelines([data])
+                self.bytes_written += len(data)
+                return len(data)
         parts: list = []
         n = 0
         start = 0
@@ -261,6 +268,20 @@ class TarMemberWriter:
         self._writelines(parts)
         self.bytes_written += n
         return n
+
+    def add_recorded(self, members, recorder, key: str) -> int | None:
+        """:meth:`add_all`'s fast path, the write also recorded by ``recorder`` (a
+        ``tarshards._speedups.Recorder``, in the same C call); None, having written and
+        recorded nothing, where that path does not take the write (:meth:`add_all` and the
+        recorder's own ``record`` then do)."""
+        if _tar_sample is None or not isinstance(members, (list, tuple)):
+            return None
+        data = _tar_sample(members, self._mtime, self._mode, _JOIN_MAX, recorder, key)
+        if data is None:
+            return None
+        self._writelines([data])
+        self.bytes_written += len(data)
+        return len(data)
 
     def _add_python(self, parts: list, members) -> int:
         append = parts.append
