@@ -482,6 +482,17 @@ def test_c_header_writer_stops_at_fields_that_do_not_fit():
         assert parts == []
     parts = []
     assert tario._ustar_parts(parts, members, 0, 0, 0o444) == (1024, 1)  # stops at the NUL
+    # the one-buffer writer takes plain members only, and all of them, or nothing
+    sample = tario.writer._tar_sample
+    for mtime, mode in ((8**11, 0o444), (-1, 0o444), (0, 8**7), (0, -1)):
+        assert sample(members[:1], mtime, mode, 1 << 20) is None
+    assert sample(members, 0, 0o444, 1 << 20) is None  # the NUL
+    assert sample([("a.txt", bytearray(b"x"))], 0, 0o444, 1 << 20) is None  # not bytes
+    assert sample([("\u00e9.txt", b"x")], 0, 0o444, 1 << 20) is None  # a pax header
+    assert sample([("a.txt", b"x" * 600)], 0, 0o444, 1535) is None  # over max_size
+    got = sample([("a.txt", b"x" * 600)], 0, 0o444, 1536)
+    header = tario.TarMemberWriter(io.BytesIO())._template.header(b"a.txt", 600)  # Python's
+    assert got == header + b"x" * 600 + bytes(424)
 
 
 @pytest.mark.parametrize("mtime", [1_700_000_000_000, 8**11, -1, 2**64])

@@ -433,6 +433,35 @@ put_octal(char *dst, int digits, unsigned long long v)
     }
 }
 
+/* the fields every plain member's ustar block shares (mode, owner, mtime, type, magic) */
+static void
+ustar_template(char head[BLOCK], long long mode, long long mtime)
+{
+    memset(head, 0, BLOCK);
+    put_octal(head + 100, 7, (unsigned long long)mode);
+    memcpy(head + 108, "0000000", 8);
+    memcpy(head + 116, "0000000", 8);
+    put_octal(head + 136, 11, (unsigned long long)mtime);
+    head[156] = '0';
+    memcpy(head + 257, "ustar", 6);
+    memcpy(head + 263, "00", 2);
+    memcpy(head + 329, "0000000", 8);
+    memcpy(head + 337, "0000000", 8);
+}
+
+/* one plain member's block into h: the template, its name (ASCII, at most 100 characters), its
+ * size and the checksum */
+static void
+ustar_header(char *h, const char head[BLOCK], PyObject *name, Py_ssize_t size)
+{
+    memcpy(h, head, BLOCK);
+    memcpy(h, PyUnicode_DATA(name), (size_t)PyUnicode_GET_LENGTH(name));
+    put_octal(h + 124, 11, (unsigned long long)size);
+    put_octal(h + 148, 6, header_sum((const unsigned char *)h));
+    h[154] = 0;
+    h[155] = ' ';
+}
+
 static PyObject *
 ustar_parts(PyObject *self, PyObject *args)
 {
@@ -452,16 +481,7 @@ ustar_parts(PyObject *self, PyObject *args)
         return Py_BuildValue("(Ln)", 0LL, start < count ? start : (Py_ssize_t)-1);
     }
     char head[BLOCK];
-    memset(head, 0, BLOCK);
-    put_octal(head + 100, 7, (unsigned long long)mode);
-    memcpy(head + 108, "0000000", 8);
-    memcpy(head + 116, "0000000", 8);
-    put_octal(head + 136, 11, (unsigned long long)mtime);
-    head[156] = '0';
-    memcpy(head + 257, "ustar", 6);
-    memcpy(head + 263, "00", 2);
-    memcpy(head + 329, "0000000", 8);
-    memcpy(head + 337, "0000000", 8);
+    ustar_template(head, mode, mtime);
     for (Py_ssize_t i = start; i < count; i++) {
         PyObject *m = PySequence_Fast_GET_ITEM(seq, i);
         if (!PyTuple_Check(m) || PyTuple_GET_SIZE(m) != 2) {
@@ -482,13 +502,7 @@ ustar_parts(PyObject *self, PyObject *args)
             break;
         }
         char h[BLOCK];
-        memcpy(h, head, BLOCK);
-        Py_ssize_t nlen = PyUnicode_GET_LENGTH(name);
-        memcpy(h, PyUnicode_DATA(name), nlen);
-        put_octal(h + 124, 11, (unsigned long long)size);
-        put_octal(h + 148, 6, header_sum((const unsigned char *)h));
-        h[154] = 0;
-        h[155] = ' ';
+        ustar_header(h, head, name, size);
         PyObject *hdr = PyBytes_FromStringAndSize(h, BLOCK);
         if (hdr == NULL)
             goto fail;
@@ -1150,28 +1164,14 @@ tar_sample(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     char head[BLOCK];
-    memset(head, 0, BLOCK);
-    put_octal(head + 100, 7, (unsigned long long)mode);
-    memcpy(head + 108, "0000000", 8);
-    memcpy(head + 116, "0000000", 8);
-    put_octal(head + 136, 11, (unsigned long long)mtime);
-    head[156] = '0';
-    memcpy(head + 257, "ustar", 6);
-    memcpy(head + 263, "00", 2);
-    memcpy(head + 329, "0000000", 8);
-    memcpy(head + 337, "0000000", 8);
+    ustar_template(head, mode, mtime);
     char *o = PyBytes_AS_STRING(out);
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *m = PySequence_Fast_GET_ITEM(seq, i);
         PyObject *name = PyTuple_GET_ITEM(m, 0);
         PyObject *data = PyTuple_GET_ITEM(m, 1);
-        Py_ssize_t size = PyBytes_GET_SIZE(data), nlen = PyUnicode_GET_LENGTH(name);
-        memcpy(o, head, BLOCK);
-        memcpy(o, PyUnicode_DATA(name), (size_t)nlen);
-        put_octal(o + 124, 11, (unsigned long long)size);
-        put_octal(o + 148, 6, header_sum((const unsigned char *)o));
-        o[154] = 0;
-        o[155] = ' ';
+        Py_ssize_t size = PyBytes_GET_SIZE(data);
+        ustar_header(o, head, name, size);
         o += BLOCK;
         memcpy(o, PyBytes_AS_STRING(data), (size_t)size);
         o += size;
