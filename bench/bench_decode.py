@@ -216,9 +216,9 @@ def peer_crop(job: dict) -> dict:
     torch.set_num_threads(1)
     # torchvision's compiled operators do not load against this torch: their schemas, so that
     # its Python transforms import (see bench_index.py)
-    lib = torch.library.Library("torchvision", "DEF")  # noqa: F841 - keep it alive
-    lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    lib.define("qnms(Tensor qdets, Tensor scores, float iou_threshold) -> Tensor")
+    import common
+
+    common.torchvision_importable()
     import torchvision
     import webdataset as wds
     from torchvision import transforms as T

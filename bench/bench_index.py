@@ -158,11 +158,9 @@ def _mds_dir(job: dict) -> str:
 
 
 def peer_streaming(job: dict) -> None:
-    import torch
+    import common
 
-    lib = torch.library.Library("torchvision", "DEF")  # noqa: F841 - keep it alive
-    lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    lib.define("qnms(Tensor qdets, Tensor scores, float iou_threshold) -> Tensor")
+    common.torchvision_importable()
     import streaming
     from streaming import StreamingDataset
 

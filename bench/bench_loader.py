@@ -326,9 +326,9 @@ def peer(row: str, job: dict) -> dict:
         ds = StreamingDataset(local, shuffle=False, transform=_LitTransform(job["decoder"]))
         loader = StreamingDataLoader(ds, batch_size=BATCH, num_workers=WORKERS)
     elif row == "streaming":
-        lib = torch.library.Library("torchvision", "DEF")  # noqa: F841 - keep it alive
-        lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        lib.define("qnms(Tensor qdets, Tensor scores, float iou_threshold) -> Tensor")
+        import common
+
+        common.torchvision_importable()
         import streaming
         from streaming import StreamingDataset
 

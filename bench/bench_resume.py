@@ -113,11 +113,9 @@ def peer_streaming(job: dict) -> dict:
     k of an uninterrupted run."""
     import gc
 
-    import torch
+    import common
 
-    lib = torch.library.Library("torchvision", "DEF")  # noqa: F841 - keep it alive
-    lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    lib.define("qnms(Tensor qdets, Tensor scores, float iou_threshold) -> Tensor")
+    common.torchvision_importable()
     import streaming
     from streaming import StreamingDataLoader, StreamingDataset
 

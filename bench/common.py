@@ -204,3 +204,31 @@ def timed_passes(fn, min_time: float, max_passes: int = 50):
         elapsed = time.perf_counter() - t0
         if elapsed >= min_time or passes >= max_passes:
             return {"items": items, "bytes": nbytes, "seconds": elapsed, "passes": passes}
+
+
+_TORCHVISION_SHIM: list = []  # the Library that defines the schemas, kept alive
+
+
+def torchvision_importable() -> None:
+    """Make ``import torchvision`` (and MosaicML Streaming, which imports it) work in a peer's
+    environment. Where torchvision's build matches torch, its compiled operators load and
+    nothing is done. Where they do not (PyPI's torchvision beside a torch it was not built for:
+    "operator torchvision::nms does not exist"), the schemas of the two operators its Python
+    code looks up are defined first, so that its Python transforms import (its compiled
+    operators stay unusable; the benchmarks do not call them). Which case holds is tried in a
+    child process, since a failed import leaves torchvision half-loaded."""
+    if _TORCHVISION_SHIM or "torchvision" in sys.modules:
+        return
+    ok = (
+        subprocess.run([sys.executable, "-c", "import torchvision"], capture_output=True).returncode
+        == 0
+    )
+    if ok:
+        _TORCHVISION_SHIM.append(None)
+        return
+    import torch
+
+    lib = torch.library.Library("torchvision", "DEF")
+    lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    lib.define("qnms(Tensor qdets, Tensor scores, float iou_threshold) -> Tensor")
+    _TORCHVISION_SHIM.append(lib)

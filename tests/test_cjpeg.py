@@ -234,3 +234,42 @@ def test_small_jpegs_truncated_or_followed_by_bytes():
             assert _jpeg.image(jpg[:cut], 3, False) is None, cut
         # bytes after the EOI are not read (such a JPEG is not padded: read as it is)
         np.testing.assert_array_equal(image_pixels(_jpeg.image(jpg + b"\0" * 9, 3, False), 3), want)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_into_writes_what_image_gives(kind):
+    """into(channels, data, out): the pixels image() gives, written into out; another size, a
+    JPEG declined or damaged: False (the caller decodes another way)."""
+    data = KINDS[kind]
+    for channels in (3, 1):
+        got = _jpeg.image(data, channels, False)
+        if got is None:
+            out = np.empty((8, 8, 3) if channels == 3 else (8, 8), np.uint8)
+            assert _jpeg.into(channels, data, out) is False
+            continue
+        px, w, h = got
+        want = np.frombuffer(px, np.uint8).reshape((h, w, 3) if channels == 3 else (h, w))
+        out = np.zeros(want.shape, np.uint8)
+        assert _jpeg.into(channels, data, out) is True
+        assert np.array_equal(out, want)
+        rows = np.zeros((2, *want.shape), np.uint8)
+        assert _jpeg.into(channels, data, rows[1]) is True  # a row of a batch
+        assert np.array_equal(rows[1], want) and not rows[0].any()
+        other = np.zeros((h + 1, w, 3)[: 3 if channels == 3 else 2], np.uint8)
+        assert _jpeg.into(channels, data, other) is False
+    assert _jpeg.into(3, data[: len(data) // 2], np.empty((1, 1, 3), np.uint8)) is False
+
+
+def test_into_refuses_memory_of_another_kind():
+    data = KINDS["420"]
+    for bad in (
+        np.empty((375, 500, 3), np.float32),
+        np.empty((375, 500, 4), np.uint8),
+        np.empty((375, 500), np.uint8),  # channels 3 wants (h, w, 3)
+        np.empty((375, 1000, 3), np.uint8)[:, ::2],  # not contiguous
+    ):
+        with pytest.raises((ValueError, BufferError)):
+            _jpeg.into(3, data, bad)
+    with pytest.raises(BufferError):
+        _jpeg.into(3, data, b"\0" * (375 * 500 * 3))  # read-only
+    assert _jpeg.into(4, data, np.empty((375, 500, 4), np.uint8)) is False

@@ -261,11 +261,16 @@ dl_block_free(dl_managed_t *m)
 }
 
 /* what decode, image and dlpack share: the pixels of ``view`` into res (1), declined (0), or a
- * Python error set (-1: out of memory); into a bytearray, or with ``raw`` a dl_block_t */
+ * Python error set (-1: out of memory); into a bytearray, with ``raw`` 1 a dl_block_t, with
+ * ``raw`` 2 the caller's memory res->into */
 typedef struct {
     PyObject *pixels; /* a bytearray of rows x width x channels */
     dl_block_t *block; /* or, with raw, the block whose pixels they are */
     JDIMENSION width, rows, xoff;
+    /* with raw == 2, the caller's memory the pixels go to (into_h rows of into_w x channels),
+     * declined where the image has another size */
+    unsigned char *into;
+    JDIMENSION into_w, into_h;
 } decoded_t;
 
 static int
@@ -337,7 +342,14 @@ decode_view(Py_buffer *view, long channels, long denom, int fast, long x0, long 
     width = d->output_width;
     rows = bottom - top;
     unsigned char *px;
-    if (raw) {
+    if (raw == 2) {
+        if (width != res->into_w || rows != res->into_h) {
+            failed = 1; /* another size: not for this memory */
+            goto done;
+        }
+        px = res->into;
+    }
+    else if (raw) {
         block = (dl_block_t *)malloc(PIXELS_AT + (size_t)rows * width * channels);
         if (block == NULL) {
             failed = 2; /* out of memory */
@@ -664,7 +676,55 @@ jpeg_array_value(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return value;
 }
 
+/* into(channels, data, out) -> bool: a JPEG's pixels decoded straight into out, a writable
+ * C-contiguous uint8 buffer of shape (height, width, channels) (channels 3) or (height, width)
+ * (channels 1), as image(data, channels, False) gives them; False, out's contents undefined,
+ * where the C decoder declines the JPEG or it has another size (the caller decodes it another
+ * way then) */
+static PyObject *
+jpeg_into(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "into takes 3 arguments");
+        return NULL;
+    }
+    long channels = PyLong_AsLong(args[0]);
+    if (channels == -1 && PyErr_Occurred())
+        return NULL;
+    if (channels != 1 && channels != 3)
+        Py_RETURN_FALSE;
+    Py_buffer out;
+    if (PyObject_GetBuffer(args[2], &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT) < 0)
+        return NULL;
+    int shaped = out.itemsize == 1 && (out.format == NULL || strcmp(out.format, "B") == 0) &&
+                 out.ndim == (channels == 3 ? 3 : 2) && (channels == 1 || out.shape[2] == 3) &&
+                 out.shape[0] > 0 && out.shape[1] > 0;
+    if (!shaped) {
+        PyBuffer_Release(&out);
+        PyErr_SetString(PyExc_ValueError,
+                        "into: out must be a C-contiguous uint8 (height, width[, 3]) buffer");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    decoded_t res;
+    res.into = (unsigned char *)out.buf;
+    res.into_h = (JDIMENSION)out.shape[0];
+    res.into_w = (JDIMENSION)out.shape[1];
+    int ok = decode_view(&view, channels, 1, 0, 0, 0, 0, 0, 2, &res);
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&out);
+    if (ok < 0)
+        return NULL;
+    return PyBool_FromLong(ok);
+}
+
 static PyMethodDef methods[] = {
+    {"into", (PyCFunction)(void (*)(void))jpeg_into, METH_FASTCALL,
+     "into(channels, data, out) -> bool: the pixels decoded straight into out (same size only)"},
     {"header", (PyCFunction)jpeg_header, METH_O,
      "header(data) -> (width, height, components, color_space) or None"},
     {"decode", (PyCFunction)(void (*)(void))jpeg_decode, METH_FASTCALL,

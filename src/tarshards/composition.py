@@ -104,11 +104,19 @@ def _collates_by_default(st: _Stage) -> bool:
     return fn is _DEFAULT or fn is _stages.default_collation_fn
 
 
-def _with_allocation(st: _Stage, allocate) -> _Stage:
-    """``st`` (a ``batched()`` with the default collation) stacking into ``allocate``'s memory."""
+def _with_allocation(st: _Stage, allocate, rows=None) -> _Stage:
+    """``st`` (a ``batched()`` with the default collation) stacking into ``allocate``'s memory
+    (taking the columns that ``rows``, a :class:`~tarshards.decoding.BatchRows`, decoded there)."""
     kwargs = dict(st.kwargs)
-    kwargs["collation_fn"] = functools.partial(_stages.default_collation_fn, allocate=allocate)
+    kwargs["collation_fn"] = functools.partial(
+        _stages.default_collation_fn, allocate=allocate, rows=rows
+    )
     return _Stage(st.fn, st.args[:1], kwargs, label=st.label)
+
+
+def _batch_size(st: _Stage) -> int | None:
+    size = st.args[0] if st.args else st.kwargs.get("batchsize")
+    return size if isinstance(size, int) and size > 0 else None
 
 
 def _short(v) -> str:
@@ -284,8 +292,19 @@ class DataPipeline:
         allocate = ctx.get("allocate")
         if allocate is not None and stages and _collates_by_default(stages[-1]):
             # the batches are this pipeline's items (nothing after batched() keeps them): the
-            # loader's transport gives the memory that each batch's columns are stacked into
-            stages = [*stages[:-1], _with_allocation(stages[-1], allocate)]
+            # loader's transport gives the memory that each batch's columns are stacked into;
+            # right after .decode(...).to_tuple(...), the images are decoded into it
+            rows = None
+            size = _batch_size(stages[-1])
+            if (
+                len(stages) >= 3
+                and stages[-3].fn is _stages.decode
+                and stages[-2].fn is _stages.to_tuple
+                and size is not None
+            ):
+                rows = _decoding.BatchRows(allocate, size)
+                ctx = dict(ctx, batch_rows=(len(stages) - 3, rows))
+            stages = [*stages[:-1], _with_allocation(stages[-1], allocate, rows)]
         data = self._run_stages(data, stages, ctx, ("stage",))
         return iter(data)
 
@@ -310,6 +329,9 @@ class DataPipeline:
                     fused = n + 1
                     fn, args = _decoding._decode_tuple, (tup.args, *st.args)
                     kwargs = dict(kwargs, **tup.kwargs)
+                    batch_rows = ctx.get("batch_rows")
+                    if batch_rows is not None and batch_rows[0] == i:  # images into the batch
+                        kwargs["rows"] = batch_rows[1]
                 elif "only" not in kwargs:
                     # to_tuple keeps only the fields it names: decoding the others is wasted work
                     kwargs = dict(kwargs, only=_tuple_fields(tup.args))

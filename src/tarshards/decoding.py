@@ -13,7 +13,7 @@ from operator import itemgetter
 from typing import Any, Callable, Iterable, Iterator
 
 from .codecs import field_decoder
-from .images import _EXTRA_MODES, IMAGE_MODES, image_decoder
+from .images import _EXTRA_MODES, IMAGE_MODES, image_decoder, jpeg_into
 from .errors import DecodeError, MissingFieldError
 from .format import field_options, missing_field
 from .on_error import OnError, error_policy, sample_context
@@ -80,6 +80,81 @@ def _decoders(handlers, only, size, allow_unsafe: bool, rng):
         return dec
 
     return custom, seeded, base, only, cache, lookup
+
+
+class BatchRows:
+    """A batch's image columns decoded straight into the memory the batch leaves in, instead of
+    decoded, then stacked there: what ``.decode("rgb8").to_tuple(...).batched(n)`` runs in a
+    ``WebLoader`` worker, whose transport gives that memory (``allocate(shape, dtype)``, see
+    :meth:`tarshards.transport.Packer.allocate`).
+
+    For a tuple position whose field is a JPEG decoded as ``rgb8`` or ``l8`` at its own size
+    (:func:`tarshards.images.jpeg_into`), the first row of a batch allocates the whole column (n
+    rows the size of that image) and each JPEG of that size is decoded into the next row; its
+    value is that row: the pixels that decoding it alone gives. The collation
+    (:func:`tarshards.stages.default_collation_fn`) takes the column as it is (:meth:`take`)
+    when the batch's values are those rows, in order, from the first. Anything else (an image
+    of another size, a JPEG the C decoder declines, a row that the error policy dropped after
+    its image was decoded) is decoded and stacked as always: the same batches either way."""
+
+    def __init__(self, allocate: Callable, batchsize: int):
+        self.allocate = allocate
+        self.batchsize = batchsize
+        self._columns: dict[int, list] = {}  # position -> [column, its rows handed out]
+        self._decoders: dict[tuple, Callable] = {}
+
+    def decoder(self, position: int, ext: str, dec: Callable, mode: str | None, size) -> Callable:
+        """``dec`` (the field's decoder) for the JPEG at tuple ``position``, decoding into the
+        batch's column where it can; ``dec`` itself where it cannot."""
+        if mode is None or ext not in ("jpg", "jpeg"):
+            return dec
+        got = self._decoders.get((position, dec))
+        if got is not None:
+            return got
+        into_mode = jpeg_into(mode, size)
+        if into_mode is None:
+            return dec
+        channels, into, header = into_mode
+        state = self._columns.setdefault(position, [None, []])
+        allocate, batchsize = self.allocate, self.batchsize
+        import numpy as np
+
+        uint8 = np.uint8
+
+        def decode(data):
+            column, rows = state
+            if column is None or len(rows) == len(column):
+                got = header(data)
+                if got is None:
+                    return dec(data)
+                shape = (batchsize, got[1], got[0], 3)[: 3 if channels == 1 else 4]
+                column = allocate(shape, uint8)
+                if column is None:
+                    return dec(data)
+                state[0] = column
+                rows = state[1] = []
+            row = column[len(rows)]
+            if into(data, row):  # False: declined, or another size
+                rows.append(row)
+                return row
+            return dec(data)
+
+        self._decoders[(position, dec)] = decode
+        return decode
+
+    def take(self, position: int, values: list):
+        """The batch's column at ``position``, as it lies in the transport's memory, when
+        ``values`` are its first rows in order; else None (the caller stacks them). Either way
+        the next batch starts a column of its own."""
+        state = self._columns.get(position)
+        if state is None:
+            return None
+        column, rows = state
+        state[0], state[1] = None, []
+        n = len(values)
+        if column is None or n > len(rows) or any(v is not r for v, r in zip(values, rows)):
+            return None
+        return column if n == len(column) else column[:n]
 
 
 def _already_decoded(k: str, v) -> DecodeError:
@@ -209,9 +284,12 @@ def _decode_tuple(
     on_error: OnError = "raise",
     handler: Callable | None = None,
     rng: random.Random | None = None,
+    rows: BatchRows | None = None,
 ) -> Iterator[tuple]:
     """``to_tuple(decode(samples, *handlers, ...), *fields)`` in one pass: what a pipeline runs
-    for ``.decode(...).to_tuple(...)`` (one policy for both).
+    for ``.decode(...).to_tuple(...)`` (one policy for both). With ``rows`` (a pipeline whose
+    next stage is the batching of a loader's transport), JPEG images are decoded into the
+    batch's memory (:class:`BatchRows`).
 
     The same values and errors, less the per-sample work in between: no decoded copy of the
     sample dict, no second stage; only the fields the tuple takes are decoded (of ``"jpg;png"``,
@@ -223,6 +301,9 @@ def _decode_tuple(
     options = field_options(fields)
     policy = error_policy(on_error, handler)
     custom, seeded, base, only, cache, lookup = _decoders(handlers, only, size, allow_unsafe, rng)
+    modes = [h for h in handlers if isinstance(h, str)]
+    if custom or len(modes) != 1:
+        rows = None  # custom handlers come first, and decide per sample
     Plan = list[tuple[str | None, bool, Callable | None]]
     plans: dict[tuple, Plan] = {}
 
@@ -234,9 +315,11 @@ def _decode_tuple(
             for f in alts:
                 if f in sample:
                     decoded = f[:2] != "__" and (only is None or f in only)
-                    plan.append(
-                        (f, decoded, (cache[f] if f in cache else lookup(f)) if decoded else None)
-                    )
+                    dec = (cache[f] if f in cache else lookup(f)) if decoded else None
+                    if rows is not None and dec is not None:
+                        ext = f.rpartition(".")[2].lower()
+                        dec = rows.decoder(len(plan), ext, dec, modes[0], size)
+                    plan.append((f, decoded, dec))
                     break
             else:
                 if missing_is_error:

@@ -206,7 +206,23 @@ def _cjpeg():
         dlpack_value=getattr(_jpeg, "dlpack_value", None),
         array_value=getattr(_jpeg, "array_value", None),
         pil_image=getattr(_jpeg, "pil_image", None),
+        into=getattr(_jpeg, "into", None),
     )
+
+
+def jpeg_into(mode: str, size=None):
+    """For an image mode whose value is a plain uint8 array at the image's own size (``rgb8``:
+    HxWx3, ``l8``: HxW), what decodes a JPEG straight into given memory: ``(channels, into,
+    header)``, ``into(data, out) -> bool`` writing the pixels ``image_decoder(mode)`` gives into
+    ``out`` (a C-contiguous uint8 array of the image's shape; False where the C decoder declines
+    the JPEG or its size is another: ``out`` then holds anything), ``header(data)`` the JPEG's
+    ``(width, height, components, color space)`` or None. None for other modes, with a ``size``,
+    or where the C decoder is missing."""
+    channels = {"rgb8": 3, "l8": 1}.get(mode)
+    cj = _cjpeg()
+    if channels is None or size is not None or cj is None or cj.into is None:
+        return None
+    return channels, functools.partial(cj.into, channels), cj.header
 
 
 @functools.cache

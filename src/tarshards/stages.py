@@ -241,7 +241,7 @@ def rename(
         yield out
 
 
-def default_collation_fn(samples: list, allocate: Callable | None = None) -> Any:
+def default_collation_fn(samples: list, allocate: Callable | None = None, rows=None) -> Any:
     """Collate a list of samples into a batch.
 
     Tuples/lists are collated element-wise; dicts key-wise. Tensors are stacked (torch), arrays
@@ -249,13 +249,22 @@ def default_collation_fn(samples: list, allocate: Callable | None = None) -> Any
 
     ``allocate(shape, dtype)``, when given, returns the empty array that a column of arrays of
     one shape and dtype is stacked into (or ``None``: a new one); a loader's transport gives
-    its shared memory this way (:meth:`tarshards.transport.Packer.allocate`).
+    its shared memory this way (:meth:`tarshards.transport.Packer.allocate`). ``rows`` (a
+    :class:`tarshards.decoding.BatchRows`): tuple columns whose images were decoded straight
+    into such memory, taken as they lie where they are.
     """
     first = samples[0]
     if isinstance(first, dict):
         return {k: _collate_column([s[k] for s in samples], allocate) for k in first}
     if isinstance(first, (tuple, list)):
-        return tuple(_collate_column(list(col), allocate) for col in zip(*samples))
+        if rows is None:
+            return tuple(_collate_column(list(col), allocate) for col in zip(*samples))
+        out = []
+        for i, col in enumerate(zip(*samples)):
+            values = list(col)
+            got = rows.take(i, values)
+            out.append(_collate_column(values, allocate) if got is None else got)
+        return tuple(out)
     return _collate_column(samples, allocate)
 
 
