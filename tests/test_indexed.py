@@ -264,6 +264,7 @@ def test_verify_names_the_member(tmp_path):
 def test_index_for_another_shard_is_refused(tmp_path, monkeypatch, accelerate):
     if not accelerate:  # the header check in Python (the C one only says "sound" or "ask")
         monkeypatch.setattr(indexed_mod, "_header_ok", None)
+        monkeypatch.setattr(indexed_mod, "_read_sample", None)
     m = _manifest(tmp_path)
     url = m.shard_urls()[1]
     with ShardWriter(url.replace("001", "%03d"), start_shard=1, maxcount=100) as w:
@@ -280,8 +281,10 @@ def test_without_the_c_extension_samples_are_the_same(tmp_path, monkeypatch):
     with IndexedDataset(m, verify=True) as ds:
         fast = [ds[i] for i in range(len(ds))]
     monkeypatch.setattr(indexed_mod, "_header_ok", None)
+    monkeypatch.setattr(indexed_mod, "_read_sample", None)
     with IndexedDataset(m, verify=True) as ds:
         assert [ds[i] for i in range(len(ds))] == fast
+        assert [ds[i] for i in range(len(ds) - 1, -1, -1)] == fast[::-1]
     assert fast == list(iter_samples(m.shard_urls()))
 
 
@@ -429,3 +432,18 @@ def test_gnu_tar_sparse_members_random_access(tmp_path, fmt):
     for i, s in enumerate(seq):
         assert ids[i] == s
     assert [s["bin"] for s in WebDataset(manifest, verify=True)] == [s["bin"] for s in seq]
+
+
+def test_large_and_empty_members_read_at_random_equal_a_sequential_read(tmp_path):
+    """ds[i] through the one-call C read (a sample larger than its stack buffer, empty members,
+    a sample of one member) gives what a sequential read gives."""
+    urls = str(tmp_path / "big-%02d.tar")
+    with ShardWriter(urls, maxcount=3, manifest=tmp_path / "m.json") as w:
+        for i in range(7):
+            w.write({"__key__": f"b{i}", "bin": os.urandom(70_000 * (i % 3)), "txt": "t" * i})
+        w.write({"__key__": "solo", "bin": b""})
+    m = w.manifest
+    with IndexedDataset(m) as ds:
+        assert [ds[i] for i in (7, 0, 5, 3, 6, 1, 4, 2)] == [
+            list(iter_samples(m.shard_urls()))[i] for i in (7, 0, 5, 3, 6, 1, 4, 2)
+        ]

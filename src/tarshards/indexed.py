@@ -41,8 +41,9 @@ __all__ = ["IndexedDataset"]
 
 try:  # optional C accelerator (see _speedups.c); _check_header is the reference
     from ._speedups import header_ok as _header_ok
+    from ._speedups import read_sample as _read_sample
 except ImportError:  # pragma: no cover - built by default
-    _header_ok = None
+    _header_ok = _read_sample = None
 
 
 class _LocalRanges:
@@ -251,7 +252,28 @@ class IndexedDataset:
         end = info.ends[j]
         base = info.tar_offsets[j]
         r = self._readers.get(shard) if info.plain else None
-        if type(r) is _LocalRanges:  # the usual case: one pread (fds survive a fork)
+        if type(r) is _LocalRanges and _read_sample is not None and j not in info.rebuilt:
+            # the usual case, in one C call: one pread, the header checked, the dict made
+            m0 = info.starts[j]
+            sample = _read_sample(
+                r.fd,
+                start,
+                end,
+                base,
+                info.member_offsets[m0] if m0 < len(info.member_offsets) else base,
+                info.data_offsets,
+                info.sizes,
+                info.exts,
+                m0,
+                info.starts[j + 1],
+                info.keys[j],
+                url,
+            )
+            if sample is not None:  # else the general path, which says what is wrong
+                if self.verify:
+                    _check_members(sample, info.index, j, url)
+                return sample
+        if type(r) is _LocalRanges:  # one pread (fds survive a fork)
             data = os.pread(r.fd, end - start, start)
             if len(data) != end - start:
                 data = r.read(start, end)
