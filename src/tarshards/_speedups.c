@@ -567,23 +567,10 @@ direct_checksum(PyObject *capsule, const void *p, Py_ssize_t n, uint64_t *out)
     return direct_checksum_fn(fn, p, n, out);
 }
 
-/* A checksum deferred to another thread (a capsule "tarshards.defer64", as
- * tarshards._xxh3.Background().checksum): the member's bytes object is queued there, and the
- * checksum recorded as 0 until the writer fills in the values the thread worked out, in order. */
-typedef struct {
-    int (*submit)(void *ctx, PyObject *data);
-    void *ctx;
-} DeferApi;
-
 static int
 call_checksum(PyObject *fn, PyObject *data, uint64_t *out)
 {
     if (PyCapsule_CheckExact(fn)) {
-        if (PyCapsule_IsValid(fn, "tarshards.defer64")) {
-            DeferApi *api = (DeferApi *)PyCapsule_GetPointer(fn, "tarshards.defer64");
-            *out = 0;
-            return api->submit(api->ctx, data);
-        }
         if (PyBytes_CheckExact(data))
             return direct_checksum(fn, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), out);
         Py_buffer view;
@@ -675,8 +662,7 @@ ext_code(PyObject *codes, PyObject *ext)
  * Offsets count from 0, each member taking its header (512 bytes, or header_size(name, size)
  * where the name needs a pax header), its data and the padding to 512, back to back, as
  * TarMemberWriter writes them. checksum: a callable, a capsule "tarshards.checksum64" (called
- * directly) or "tarshards.defer64" (checksums worked out elsewhere: 0 here, see
- * fill_checksums).
+ * directly), or None: worked out elsewhere (0 here until fill_checksums).
  * record(members, key) -> bool: False, recording nothing, when a name or the key does not follow
  * the rules the reader groups by, or the key is not valid UTF-8 (the writer's general path takes
  * those). */
@@ -703,9 +689,8 @@ typedef struct {
     /* bytearrays, grown by doubling and holding `used` bytes (their getters trim them) */
     PyObject *members, *samples, *key_blob, *key_offsets;
     Py_ssize_t m_used, s_used, kb_used, ko_used;
-    int kind; /* 0: a callable, 1: checksum64, 2: defer64 */
+    int kind; /* 0: a callable, 1: checksum64, 2: None (filled in later) */
     checksum64_fn fn;
-    DeferApi *defer;
     int64_t offset;
     PyObject *hint[HINTS]; /* the extension of the i-th member of the last write (a dict key) */
     int64_t hint_code[HINTS];
@@ -723,17 +708,15 @@ recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return NULL;
     int kind = 0;
     checksum64_fn fn = NULL;
-    DeferApi *defer = NULL;
-    if (PyCapsule_IsValid(checksum, "tarshards.checksum64")) {
+    if (checksum == Py_None)
+        kind = 2;
+    else if (PyCapsule_IsValid(checksum, "tarshards.checksum64")) {
         kind = 1;
         fn = (checksum64_fn)PyCapsule_GetPointer(checksum, "tarshards.checksum64");
     }
-    else if (PyCapsule_IsValid(checksum, "tarshards.defer64")) {
-        kind = 2;
-        defer = (DeferApi *)PyCapsule_GetPointer(checksum, "tarshards.defer64");
-    }
     else if (!PyCallable_Check(checksum)) {
-        PyErr_SetString(PyExc_TypeError, "Recorder: checksum must be a callable or a capsule");
+        PyErr_SetString(PyExc_TypeError,
+                        "Recorder: checksum must be a callable, a capsule or None");
         return NULL;
     }
     if (!PyCallable_Check(header_size)) {
@@ -757,7 +740,6 @@ recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     r->header_size = header_size;
     r->kind = kind;
     r->fn = fn;
-    r->defer = defer;
     r->members = PyByteArray_FromStringAndSize(NULL, 0);
     r->samples = PyByteArray_FromStringAndSize(NULL, 0);
     r->key_blob = PyByteArray_FromStringAndSize(NULL, 0);
@@ -945,13 +927,20 @@ recorder_record_seq(RecorderObject *r, PyObject *seq, PyObject *key)
             if (hsize == -1 && PyErr_Occurred())
                 goto error;
         }
+        uint64_t sum = 0;
+        if (r->kind == 1) {
+            if (direct_checksum_fn(r->fn, PyBytes_AS_STRING(data), size, &sum) < 0)
+                goto error;
+        }
+        else if (r->kind == 0 && call_checksum(r->checksum, data, &sum) < 0)
+            goto error;
         MemberRow *row = (MemberRow *)(PyByteArray_AS_STRING(r->members) + old) + i;
         row->sample = sample;
         row->ext = (int64_t)code;
         row->offset = offset;
         row->data = offset + hsize;
         row->size = (int64_t)size;
-        row->checksum = 0;
+        row->checksum = sum;
         offset += hsize + (int64_t)size + ((-(int64_t)size) & (BLOCK - 1));
     }
     if (new_sample) {
@@ -970,21 +959,6 @@ recorder_record_seq(RecorderObject *r, PyObject *seq, PyObject *key)
     ((SampleRow *)(PyByteArray_AS_STRING(r->samples) + r->s_used) - 1)->end = offset;
     r->offset = offset;
     r->m_used = old + count * (Py_ssize_t)sizeof(MemberRow);
-    /* the checksums last: once one is deferred (queued elsewhere) nothing may fail */
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *data = PyTuple_GET_ITEM(PySequence_Fast_GET_ITEM(seq, i), 1);
-        uint64_t sum = 0;
-        int rc;
-        if (r->kind == 1)
-            rc = direct_checksum_fn(r->fn, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), &sum);
-        else if (r->kind == 2)
-            rc = r->defer->submit(r->defer->ctx, data);
-        else
-            rc = call_checksum(r->checksum, data, &sum);
-        if (rc < 0) /* the write stands recorded; the writer stops at this error */
-            return -1;
-        ((MemberRow *)(PyByteArray_AS_STRING(r->members) + old))[i].checksum = sum;
-    }
     return 1;
 error:
     return -1;

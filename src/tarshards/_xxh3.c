@@ -347,8 +347,6 @@ static PyTypeObject Xxh3Type = {
  * file order. The writer's temporary file is append-only, so what the thread reads below the end
  * of the file is final. It reads what is there, then sleeps 1 ms (or until finish()) and reads on.
  *
- *   checksum      a capsule "tarshards.defer64" for _speedups.Recorder: checksums recorded
- *                 as 0 there (this thread works them out)
  *   finish(size)  wait until the thread has read size bytes (the whole file), then
  *                 (file hexdigest, member checksums as little-endian u64 bytes); OSError if the
  *                 file cannot be read or is shorter, ValueError if its tar stream is not one the
@@ -361,11 +359,6 @@ static PyTypeObject Xxh3Type = {
 #define BG_POLL_NS 1000000L
 
 enum { ST_HDR, ST_PAX, ST_DATA, ST_SKIP, ST_END };
-
-typedef struct {
-    int (*submit)(void *ctx, PyObject *data);
-    void *ctx;
-} DeferApi;
 
 typedef struct {
     PyObject_HEAD
@@ -397,7 +390,6 @@ typedef struct {
     uint64_t *sums;
     size_t nsums, capsums;
     pid_t pid;
-    DeferApi api;
 } BackgroundObject;
 
 static PyTypeObject BackgroundType;
@@ -727,14 +719,6 @@ bg_stop(BackgroundObject *b)
     }
 }
 
-static int
-bg_noop_submit(void *ctx, PyObject *data)
-{
-    (void)ctx;
-    (void)data;
-    return 0;
-}
-
 static PyObject *
 bg_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
@@ -755,8 +739,6 @@ bg_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     b->target = -1;
     b->size_override = -1;
     b->state = ST_HDR;
-    b->api.submit = bg_noop_submit;
-    b->api.ctx = b;
     b->file = XXH3_createState();
     b->member = XXH3_createState();
     if (b->file == NULL || b->member == NULL) {
@@ -875,40 +857,11 @@ bg_finish(BackgroundObject *b, PyObject *arg)
     return Py_BuildValue("(s#N)", hex, (Py_ssize_t)16, sums);
 }
 
-static void
-bg_capsule_free(PyObject *capsule)
-{
-    Py_XDECREF((PyObject *)PyCapsule_GetContext(capsule));
-}
-
-static PyObject *
-bg_get_checksum(BackgroundObject *b, void *unused)
-{
-    (void)unused;
-    PyObject *cap = PyCapsule_New(&b->api, "tarshards.defer64", bg_capsule_free);
-    if (cap == NULL)
-        return NULL;
-    Py_INCREF(b); /* the capsule keeps its hasher alive */
-    if (PyCapsule_SetContext(cap, b) < 0) {
-        Py_DECREF(b);
-        Py_DECREF(cap);
-        return NULL;
-    }
-    return cap;
-}
-
 static PyMethodDef bg_methods[] = {
     {"finish", (PyCFunction)bg_finish, METH_O,
      "finish(size) -> (file hexdigest, member checksums as little-endian u64 bytes)."},
     {"close", (PyCFunction)bg_close, METH_NOARGS, "Stop the thread and close the file."},
     {NULL, NULL, 0, NULL},
-};
-
-static PyGetSetDef bg_getset[] = {
-    {"checksum", (getter)bg_get_checksum, NULL,
-     "A capsule 'tarshards.defer64' for _speedups.Recorder (checksums recorded as 0).",
-     NULL},
-    {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyTypeObject BackgroundType = {
@@ -919,7 +872,6 @@ static PyTypeObject BackgroundType = {
     .tp_doc = "Background(path, members=True): a file's xxh3_64 (and its tar members') worked "
               "out by a thread that reads it back while it is written.",
     .tp_methods = bg_methods,
-    .tp_getset = bg_getset,
     .tp_new = bg_new,
 };
 

@@ -269,7 +269,6 @@ class _Recorder:
         self._codes: dict = {}
         self.save_to = index if isinstance(index, str) or hasattr(index, "__fspath__") else None
         self.algorithm = hash or DEFAULT_HASH
-        self.hasher = file_hasher(self.algorithm)
         self.member_hash = MEMBER_HASH
         self.csum = member_checksum_fn(MEMBER_HASH)
         self.names: list = []
@@ -295,8 +294,8 @@ class _Recorder:
             )
         )
         self._deferred = self.background is not None and self.compression == "none"
-        if self.background is not None:
-            self.hasher = _NO_HASH
+        # the file hash object (the thread's digest is taken at close where there is one)
+        self.hasher = file_hasher(self.algorithm) if self.background is None else _NO_HASH
         if self._deferred:
             self.csum = _zero
         # the fast path (None: the lists below, the general path); `record` is what
@@ -308,8 +307,8 @@ class _Recorder:
             else _CRecorder(
                 self.keys,
                 self._codes,
-                # the member checksum, for the C loop (a C function, or the thread's)
-                self.background.checksum if self._deferred else member_checksum_c(MEMBER_HASH),
+                # the member checksum, for the C loop (None: the thread's, filled in at close)
+                None if self._deferred else member_checksum_c(MEMBER_HASH),
                 header_size,
             )
         )
