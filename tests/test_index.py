@@ -7,6 +7,7 @@ import gzip
 import io
 import os
 import subprocess
+import sys
 import tarfile
 import zlib
 from pathlib import Path
@@ -628,3 +629,132 @@ def test_shardwriter_post_sees_the_index(tmp_path):
         for i in range(5):
             sw.write({"__key__": f"k{i}", "txt": "x"})
     assert seen == [True, True, True]
+
+
+def _sparse_shard(path) -> str:
+    """A GNU tar shard with a sparse member (a sample with FLAG_REBUILT) beside plain ones."""
+    src = Path(path).parent / "sparse-src"
+    src.mkdir()
+    (src / "a.txt").write_bytes(b"first")
+    with open(src / "b.bin", "wb") as f:  # a hole, then data
+        f.seek(300_000)
+        f.write(b"tail")
+    (src / "c.txt").write_bytes(b"third")
+    subprocess.run(
+        ["tar", "--format=gnu", "-S", "-cf", str(path), "-C", str(src), "a.txt", "b.bin", "c.txt"],
+        check=True,
+    )
+    return str(path)
+
+
+def _shards_of_every_kind(tmp_path) -> list:
+    out = []
+    for fmt in (tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT):
+        members = _members(long_every=4 if fmt != tarfile.USTAR_FORMAT else 10**9)
+        out.append(_tarfile_shard(str(tmp_path / f"f{fmt}.tar"), members, fmt, dirs=["dir/"]))
+    out.append(  # non-ASCII keys, "./" names, members the reader skips
+        _tarfile_shard(
+            str(tmp_path / "odd.tar"),
+            [
+                ("./k\u00e9y.txt", b"a"),
+                ("./k\u00e9y.cls", b"1"),
+                ("__meta__", b"m"),
+                ("noext", b"n"),
+                ("./b.c.d", b"xyz"),
+            ],
+        )
+    )
+    out.append(_sparse_shard(tmp_path / "sparse.tar"))
+    path = str(tmp_path / "w.tar")
+    with TarWriter(path) as w:
+        for i in range(50):
+            w.write({"__key__": f"s{i}", "txt": "x" * i, "cls": i})
+    out.append(path)
+    return out
+
+
+@pytest.mark.parametrize("last_dot", [False, True])
+def test_index_built_without_numpy_equals_numpy_build(tmp_path, monkeypatch, last_dot):
+    """tarshards index builds indexes before numpy is imported (``_build_raw``): the same
+    bytes, the same arrays, for every kind of shard the reader takes."""
+    for path in _shards_of_every_kind(tmp_path):
+        with_numpy = index_url(path, last_dot=last_dot)
+        with monkeypatch.context() as m:
+            m.setattr(index_mod, "_numpy_loaded", lambda: False)
+            raw = index_url(path, last_dot=last_dot)
+        assert "sample_offsets" not in raw.__dict__  # not made into arrays yet
+        assert raw.num_samples == with_numpy.num_samples
+        assert raw.keys == with_numpy.keys
+        assert raw.to_bytes() == with_numpy.to_bytes(), path
+        for name, dtype, _ in index_mod._ARRAYS:  # and asked for, each array as numpy's
+            a, b = getattr(raw, name), getattr(with_numpy, name)
+            assert a.dtype == np.dtype(dtype) and np.array_equal(a, b), (path, name)
+        back = ShardIndex.from_bytes(raw.to_bytes())
+        assert back == with_numpy and back.member_names(0) == with_numpy.member_names(0)
+
+
+def test_writer_index_without_numpy_equals_numpy_build(tmp_path, monkeypatch):
+    samples = [{"__key__": f"d/s{i}", "txt": "x" * (i * 301), "cls": i} for i in range(40)]
+    samples[3]["__key__"] = "p/" + "q" * 150 + "/s\u00e93"  # a pax header, a non-ASCII key
+    indexes = []
+    for raw in (False, True):
+        with monkeypatch.context() as m:
+            if raw:
+                m.setattr(index_mod, "_numpy_loaded", lambda: False)
+            with TarWriter(str(tmp_path / f"w{raw}.tar"), index=True) as w:
+                for s in samples:
+                    w.write(s)
+        indexes.append(w.index)
+    assert indexes[0].to_bytes() == indexes[1].to_bytes()
+    assert indexes[1] == index_url(str(tmp_path / "wTrue.tar"))
+
+
+def test_shard_index_is_immutable_and_checks_its_arrays(tmp_path):
+    path = _tarfile_shard(str(tmp_path / "a.tar"), _members(4))
+    idx = ShardIndex.from_bytes(index_url(path).to_bytes())
+    with pytest.raises(AttributeError):
+        idx.nbytes = 3
+    with pytest.raises(AttributeError):
+        assert idx.no_such_thing is None  # raises
+    arrays = {name: getattr(idx, name) for name, _, _ in index_mod._ARRAYS}
+    assert ShardIndex(**arrays, nbytes=idx.nbytes, hash=idx.hash, extensions=idx.extensions) == idx
+    del arrays["member_sizes"]
+    with pytest.raises(TypeError, match="member_sizes"):
+        ShardIndex(**arrays)
+
+
+def test_tarshards_index_does_not_import_numpy(tmp_path):
+    """The command's start-up (numpy costs ~60 ms of it) and what it writes: the same manifest
+    and indexes as the library writes with numpy."""
+    paths = [_tarfile_shard(str(tmp_path / f"s{i}.tar"), _members(6 + i)) for i in range(3)]
+    code = (
+        "import sys; from tarshards.cli.main import main\n"
+        "try:\n"
+        f"    main(['index', '-q', '-p', '1', *{paths!r}, '-o', {str(tmp_path / 'm.json')!r}])\n"
+        "except SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'numpy'))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout
+    assert out.strip() == "[]"
+    written = [Path(p + ".tsidx").read_bytes() for p in paths]
+    from tarshards.manifest import build_manifest
+
+    build_manifest(paths, tmp_path / "m2.json", workers=1)
+    assert [Path(p + ".tsidx").read_bytes() for p in paths] == written
+    assert (tmp_path / "m.json").read_text() == (tmp_path / "m2.json").read_text()
+
+
+def test_shard_index_pickles_as_its_file(tmp_path, monkeypatch):
+    import pickle
+
+    path = _tarfile_shard(str(tmp_path / "a.tar"), _members(5))
+    with monkeypatch.context() as m:
+        m.setattr(index_mod, "_numpy_loaded", lambda: False)
+        raw = index_url(path)
+    for idx in (raw, index_url(path), ShardIndex.from_bytes(memoryview(raw.to_bytes()), url=path)):
+        back = pickle.loads(pickle.dumps(idx))
+        assert back == idx and back.url == path and back.keys == idx.keys
+        assert np.array_equal(back.member_sizes, idx.member_sizes)

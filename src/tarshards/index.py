@@ -17,15 +17,15 @@ is not ``seekable``: random access to it needs a re-write or decompression from 
 
 from __future__ import annotations
 
+import array
 import itertools
 import json
 import operator
 import struct
-from dataclasses import dataclass, field
+import sys
 from typing import BinaryIO, Iterator, Sequence
 
-import numpy as np
-
+from ._lazy import LazyModule
 from .errors import IntegrityError
 from .compression import by_magic, decompressed_chunks, not_plain
 from .hashing import (
@@ -44,6 +44,8 @@ __all__ = [
     "index_stream",
     "index_url",
 ]
+
+np = LazyModule("numpy", globals(), "np")  # imported when an array is first asked for
 
 INDEX_MAGIC = b"TSIDX\x00\r\n"
 INDEX_VERSION = 1
@@ -69,6 +71,10 @@ _ARRAYS = (  # name, dtype, per ("samples" | "members" | "samples+1" | "keys")
     ("member_checksums", "<u8", "members"),
     ("key_blob", "u1", "keys"),
 )
+_ARRAY_NAMES = frozenset(name for name, _, _ in _ARRAYS)
+_ARRAY_SPEC = {name: (dtype, per) for name, dtype, per in _ARRAYS}
+_ITEMSIZE = {"<i8": 8, "<u8": 8, "<u4": 4, "<u2": 2, "u1": 1}
+_HEAD = struct.Struct("<II")  # after the magic bytes: format version, JSON header's length
 FLAG_DOT_SLASH = 1  # the sample's member names start with "./" (as tar -C DIR . writes them)
 # the sample holds a member whose stored bytes are not its content (a GNU sparse member: a map
 # and the stored chunks); its size and checksum are those of the content, and a random read
@@ -76,7 +82,6 @@ FLAG_DOT_SLASH = 1  # the sample's member names start with "./" (as tar -C DIR .
 FLAG_REBUILT = 2
 
 
-@dataclass(frozen=True, eq=False)
 class ShardIndex:
     """Where each sample and member of one shard is (see the module docstring for offsets).
 
@@ -86,6 +91,10 @@ class ShardIndex:
     ``member_data_offsets``, ``member_sizes``, ``member_checksums`` (``member_hash`` of the
     data). Offsets of members are in the uncompressed tar stream. ``nbytes``/``hash``: the
     shard file's size and hash.
+
+    Immutable. The arrays are numpy arrays; an index read from a file or built from a sequential
+    read holds them as little-endian bytes until one is first asked for (numpy is imported
+    then), so that counting, hashing and saving indexes (``tarshards index``) never import it.
     """
 
     sample_offsets: np.ndarray
@@ -100,19 +109,87 @@ class ShardIndex:
     member_data_offsets: np.ndarray
     member_sizes: np.ndarray
     member_checksums: np.ndarray
-    extensions: tuple = ()
-    compression: str = "none"  # "none", "gzip" or "zstd"
-    seekable: bool = True  # sample_offsets are offsets one can start reading the file at
-    member_hash: str = MEMBER_HASH
-    nbytes: int = 0
-    hash: str | None = None
-    last_dot: bool = False
-    url: str | None = field(default=None, compare=False)
+
+    def __init__(
+        self,
+        *,
+        extensions: tuple = (),
+        compression: str = "none",  # "none", "gzip" or "zstd"
+        seekable: bool = True,  # sample_offsets are offsets one can start reading the file at
+        member_hash: str = MEMBER_HASH,
+        nbytes: int = 0,
+        hash: str | None = None,
+        last_dot: bool = False,
+        url: str | None = None,
+        **arrays,
+    ):
+        if arrays.keys() != _ARRAY_NAMES:
+            wrong = sorted(arrays.keys() ^ _ARRAY_NAMES)
+            raise TypeError(f"ShardIndex: missing or unknown arrays: {', '.join(wrong)}")
+        self._init(
+            arrays,
+            {},
+            {
+                "samples": len(arrays["sample_offsets"]),
+                "members": len(arrays["member_sample"]),
+                "keys": len(arrays["key_blob"]),
+            },
+            extensions=tuple(extensions),
+            compression=compression,
+            seekable=bool(seekable),
+            member_hash=member_hash,
+            nbytes=int(nbytes),
+            hash=hash,
+            last_dot=bool(last_dot),
+            url=url,
+        )
+
+    def _init(self, arrays: dict, raw: dict, counts: dict, **fields) -> None:
+        d = self.__dict__
+        d.update(arrays)
+        d.update(fields)
+        d["_raw"] = raw  # name -> (buffer, offset): the array's little-endian bytes, not read yet
+        d["_counts"] = counts  # "samples", "members", "keys"
+
+    @classmethod
+    def _from_raw(cls, raw: dict, counts: dict, **fields) -> "ShardIndex":
+        """An index whose arrays are ``raw[name] = (buffer, offset)``: each array's bytes, as
+        the index file stores them (little-endian, of ``_ARRAYS``' dtype and count), at
+        ``offset`` of ``buffer``."""
+        self = cls.__new__(cls)
+        self._init({}, raw, counts, **fields)
+        return self
+
+    def __getattr__(self, name: str):
+        raw = self.__dict__.get("_raw")
+        if raw is None or name not in raw:
+            raise AttributeError(f"'ShardIndex' object has no attribute {name!r}")
+        buffer, offset = raw[name]
+        dtype, per = _ARRAY_SPEC[name]
+        array = np.frombuffer(buffer, dtype, self._count(per), offset)
+        self.__dict__[name] = array
+        return array
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"ShardIndex is immutable: cannot set {name!r}")
+
+    __delattr__ = __setattr__
+
+    def __reduce__(self):  # pickled as its index file (processes, DataLoader workers)
+        return (_from_bytes, (bytes(self.to_bytes()), self.url))
+
+    def _count(self, per: str) -> int:
+        if per == "samples+1":
+            return self._counts["samples"] + 1
+        return self._counts[per]
+
+    def _cache(self, name: str, value) -> None:
+        self.__dict__[name] = value
 
     # ---- derived -----------------------------------------------------------------------------
     @property
     def num_samples(self) -> int:
-        return len(self.sample_offsets)
+        return self._counts["samples"]
 
     def __len__(self) -> int:
         return self.num_samples
@@ -122,10 +199,13 @@ class ShardIndex:
         """The sample keys (as the reader gives them in ``__key__``)."""
         cached = self.__dict__.get("_keys")
         if cached is None:
-            blob = self.key_blob.tobytes().decode("utf-8", "surrogateescape")
+            raw = bytes(self._array_bytes("key_blob"))
+            blob = raw.decode("utf-8", "surrogateescape")
             # offsets are in bytes: decode per key when any key is not ASCII
-            raw = self.key_blob.tobytes()
-            offs = self.key_offsets.tolist()
+            if "key_offsets" in self.__dict__:
+                offs = self.key_offsets.tolist()
+            else:  # not read yet (and numpy perhaps not imported)
+                offs = self._array_bytes("key_offsets").cast("q").tolist()
             if len(blob) == len(raw):
                 cached = [blob[offs[i] : offs[i + 1]] for i in range(len(offs) - 1)]
             else:
@@ -133,7 +213,7 @@ class ShardIndex:
                     raw[offs[i] : offs[i + 1]].decode("utf-8", "surrogateescape")
                     for i in range(len(offs) - 1)
                 ]
-            object.__setattr__(self, "_keys", cached)
+            self._cache("_keys", cached)
         return cached
 
     @property
@@ -142,7 +222,7 @@ class ShardIndex:
         cached = self.__dict__.get("_member_starts")
         if cached is None:
             cached = np.searchsorted(self.member_sample, np.arange(self.num_samples + 1))
-            object.__setattr__(self, "_member_starts", cached)
+            self._cache("_member_starts", cached)
         return cached
 
     def member_names(self, i: int) -> list[str]:
@@ -164,7 +244,7 @@ class ShardIndex:
 
     def __repr__(self):
         return (
-            f"ShardIndex({self.num_samples} samples, {len(self.member_sample)} members, "
+            f"ShardIndex({self.num_samples} samples, {self._counts['members']} members, "
             f"compression={self.compression!r}, seekable={self.seekable}, "
             f"url={self.url!r})"
         )
@@ -175,8 +255,8 @@ class ShardIndex:
             "format": "tarshards.index",
             "version": INDEX_VERSION,
             "samples": self.num_samples,
-            "members": int(len(self.member_sample)),
-            "key_bytes": int(len(self.key_blob)),
+            "members": self._counts["members"],
+            "key_bytes": self._counts["keys"],
             "extensions": list(self.extensions),
             "compression": self.compression,
             "seekable": bool(self.seekable),
@@ -196,21 +276,35 @@ class ShardIndex:
         is needed: no copy)."""
         meta = json.dumps(self._meta(), sort_keys=True, separators=(",", ":")).encode()
         meta += b" " * (-len(meta) % 8)
-        parts = [INDEX_MAGIC, np.array([INDEX_VERSION, len(meta)], "<u4").tobytes(), meta]
-        for name, dtype, _ in _ARRAYS:
-            data = np.ascontiguousarray(getattr(self, name), dtype=dtype)
-            parts.append(data.data.cast("B") if data.ndim else data.tobytes())
-            if -data.nbytes % 8:
-                parts.append(bytes(-data.nbytes % 8))
+        parts = [INDEX_MAGIC, _HEAD.pack(INDEX_VERSION, len(meta)), meta]
+        for name, _, _ in _ARRAYS:
+            data = self._array_bytes(name)
+            parts.append(data)
+            if -len(data) % 8:
+                parts.append(bytes(-len(data) % 8))
         return parts
+
+    def _array_bytes(self, name: str):
+        """Array ``name``'s bytes as the index file stores them (little-endian, its dtype): the
+        raw buffer where it was not read yet, no copy where no conversion is needed."""
+        dtype, per = _ARRAY_SPEC[name]
+        if name not in self.__dict__:
+            buffer, offset = self._raw[name]
+            size = _ITEMSIZE[dtype] * self._count(per)
+            return memoryview(buffer).cast("B")[offset : offset + size]
+        data = np.ascontiguousarray(self.__dict__[name], dtype=dtype)
+        return data.data.cast("B") if data.ndim else data.tobytes()
 
     @classmethod
     def from_bytes(cls, data: bytes, url: str | None = None) -> "ShardIndex":
-        """Parse an index file's bytes (raises :class:`IntegrityError` when malformed)."""
+        """Parse an index file's bytes (raises :class:`IntegrityError` when malformed); the
+        arrays are views of ``data``, made when first asked for."""
         data = memoryview(data).cast("B") if not isinstance(data, bytes) else data
         if bytes(data[:8]) != INDEX_MAGIC:
             raise IntegrityError("not a tarshards index (bad magic bytes)", url=url, offset=0)
-        version, meta_len = np.frombuffer(data, "<u4", 2, 8).tolist()
+        if len(data) < 16:
+            raise IntegrityError("index file is truncated", url=url, offset=len(data))
+        version, meta_len = _HEAD.unpack_from(data, 8)
         if version != INDEX_VERSION:
             raise IntegrityError(
                 f"index format version {version} is not supported (this "
@@ -219,32 +313,34 @@ class ShardIndex:
             )
         try:
             meta = json.loads(bytes(data[16 : 16 + meta_len]))
-        except ValueError:
+            counts = {
+                "samples": int(meta["samples"]),
+                "members": int(meta["members"]),
+                "keys": int(meta["key_bytes"]),
+            }
+        except (ValueError, KeyError, TypeError):
             raise IntegrityError("corrupt index header", url=url, offset=16) from None
-        counts = {
-            "samples": meta["samples"],
-            "members": meta["members"],
-            "samples+1": meta["samples"] + 1,
-            "keys": meta["key_bytes"],
-        }
+        if min(counts.values()) < 0:
+            raise IntegrityError("corrupt index header (negative count)", url=url, offset=16)
         pos = 16 + meta_len
-        arrays = {}
+        raw = {}
         for name, dtype, per in _ARRAYS:
-            n = counts[per]
-            size = np.dtype(dtype).itemsize * n
+            n = counts[per] if per != "samples+1" else counts["samples"] + 1
+            size = _ITEMSIZE[dtype] * n
             if pos + size > len(data):
                 raise IntegrityError("index file is truncated", url=url, offset=pos)
-            arrays[name] = np.frombuffer(data, dtype, n, pos)
+            raw[name] = (data, pos)
             pos += size + (-size % 8)
-        return cls(
-            **arrays,
+        return cls._from_raw(
+            raw,
+            counts,
             extensions=tuple(meta["extensions"]),
             compression=meta["compression"],
-            seekable=meta["seekable"],
+            seekable=bool(meta["seekable"]),
             member_hash=meta["member_hash"],
-            nbytes=meta["nbytes"],
+            nbytes=int(meta["nbytes"]),
             hash=meta["hash"],
-            last_dot=meta.get("last_dot", False),
+            last_dot=bool(meta.get("last_dot", False)),
             url=url,
         )
 
@@ -308,16 +404,19 @@ class ShardIndex:
 _SAMPLE_REC = struct.Struct("<qqq")  # per sample: tar offset, end, flags
 _SAMPLE_END = struct.Struct("<q")
 _MEMBER_REC = struct.Struct("<qqqqqQ")  # sample, ext code, header/data offset, size, checksum
-_MEMBER_DTYPE = np.dtype(
-    [
-        ("sample", "<i8"),
-        ("ext", "<i8"),
-        ("offset", "<i8"),
-        ("data", "<i8"),
-        ("size", "<i8"),
-        ("checksum", "<u8"),
-    ]
-)
+_MEMBER_FIELDS = ("sample", "ext", "offset", "data", "size", "checksum")  # 64-bit each
+
+
+def _member_dtype():
+    """The member records as a numpy structured dtype (``index._MEMBER_DTYPE``)."""
+    return np.dtype([(name, "<u8" if name == "checksum" else "<i8") for name in _MEMBER_FIELDS])
+
+
+def __getattr__(name: str):  # _MEMBER_DTYPE made on first use: numpy is not imported before
+    if name == "_MEMBER_DTYPE":
+        return _member_dtype()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 try:  # optional C accelerator (see _speedups.c); IndexBuilder.add is the reference
     from ._speedups import index_members as _index_members
@@ -546,7 +645,7 @@ class IndexBuilder:
     def _pack_grouped(self) -> None:
         """The bulk records (``_grouped``) packed as :meth:`add` and the C scanner append."""
         samples, columns = self._grouped  # type: ignore[misc]
-        packed = np.empty(len(columns["size"]), _MEMBER_DTYPE)
+        packed = np.empty(len(columns["size"]), _member_dtype())
         for name, values in columns.items():
             packed[name] = values
         self._samples = bytearray(samples.astype("<i8").tobytes())
@@ -556,13 +655,28 @@ class IndexBuilder:
     def build(
         self, *, nbytes: int, hash: str | None, compression: str = "none", url: str | None = None
     ) -> ShardIndex:
+        fields = dict(
+            compression=compression,
+            member_hash=self.member_hash,
+            nbytes=int(nbytes),
+            hash=hash,
+            last_dot=self.last_dot,
+            url=url,
+        )
+        if (
+            self._grouped is None
+            and compression == "none"
+            and not _numpy_loaded()
+            and sys.byteorder == "little"
+        ):  # numpy not imported yet (tarshards index): the records cut into columns without it
+            return self._build_raw(fields)
         if self._grouped is not None:  # fresh arrays: the members' taken as they are
             srec, mrec = self._grouped
             tar_offsets, ends = srec[:, 0].copy(), srec[:, 1].copy()
             copy = _as_is
         else:  # views of the packed records: copied out
             srec = np.frombuffer(self._samples, "<i8").reshape(-1, 3)
-            mrec = np.frombuffer(self._members, _MEMBER_DTYPE)
+            mrec = np.frombuffer(self._members, _member_dtype())
             tar_offsets = srec[:, 0].copy()
             ends = srec[:, 1].copy()
             copy = np.copy
@@ -606,34 +720,87 @@ class IndexBuilder:
             member_sizes=copy(mrec["size"]),
             member_checksums=copy(mrec["checksum"]),
             extensions=tuple(self._ext_codes),
-            compression=compression,
             seekable=seekable,
-            member_hash=self.member_hash,
-            nbytes=int(nbytes),
-            hash=hash,
-            last_dot=self.last_dot,
-            url=url,
+            **fields,
         )
+
+    def _build_raw(self, fields: dict) -> ShardIndex:
+        """:meth:`build` of a plain shard's packed records without numpy: each column's
+        little-endian bytes cut out of the records (the same index, byte for byte)."""
+        samples = memoryview(self._samples).cast("q")
+        members = memoryview(self._members).cast("q")
+        n_samples = len(self._keys)
+        n_members = len(members) // len(_MEMBER_FIELDS)
+        tar_offsets = samples[0::3].tobytes()
+        ends = samples[1::3].tobytes()
+        if self._key_rows is not None and len(self._key_rows[1]) == 8 * (n_samples + 1):
+            key_blob, key_offsets = self._key_rows
+        else:
+            key_blob, offsets = _key_rows(self._keys)
+            key_offsets = array.array("q", offsets)
+        columns = {
+            "sample_offsets": tar_offsets,
+            "sample_ends": ends,
+            "tar_offsets": tar_offsets,
+            "sample_flags": bytes(samples[2::3].tolist()),
+            "key_offsets": key_offsets,
+            "member_sample": _narrow("I", 4, members[0::6]),
+            "member_ext": _narrow("H", 2, members[1::6]),
+            "member_offsets": members[2::6].tobytes(),
+            "member_data_offsets": members[3::6].tobytes(),
+            "member_sizes": members[4::6].tobytes(),
+            "member_checksums": members[5::6].tobytes(),
+            "key_blob": key_blob,
+        }
+        return ShardIndex._from_raw(
+            {name: (data, 0) for name, data in columns.items()},
+            {"samples": n_samples, "members": n_members, "keys": len(key_blob)},
+            extensions=tuple(self._ext_codes),
+            seekable=True,
+            **fields,
+        )
+
+
+def _from_bytes(data: bytes, url):
+    return ShardIndex.from_bytes(data, url=url)
+
+
+def _numpy_loaded() -> bool:
+    """Whether numpy is imported already (then :meth:`IndexBuilder.build` uses it)."""
+    return "numpy" in sys.modules
+
+
+def _narrow(code: str, size: int, values: memoryview) -> bytes:
+    """The 64-bit ``values`` as unsigned ``size``-byte integers (``array`` type ``code``),
+    their native (little-endian) bytes."""
+    out = array.array(code, values.tolist())
+    if out.itemsize != size:  # pragma: no cover - no such C ABI among the supported ones
+        raise RuntimeError(f"array type {code!r} is not {size} bytes here")
+    return out.tobytes()
 
 
 def _as_is(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def _key_arrays(keys: list) -> tuple:
+def _key_rows(keys: list) -> tuple:
     """The keys' UTF-8 bytes (surrogateescape) back to back, and where each starts (and the
-    end)."""
+    end), a list."""
     joined = "".join(keys)
     if joined.isascii():  # one encode for all keys
         key_blob = joined.encode("ascii")
-        lengths = np.fromiter(map(len, keys), np.int64, len(keys))
+        lengths = map(len, keys)
     else:
         raw_keys = [k.encode("utf-8", "surrogateescape") for k in keys]
         key_blob = b"".join(raw_keys)
-        lengths = np.fromiter(map(len, raw_keys), np.int64, len(raw_keys))
-    key_offsets = np.zeros(len(keys) + 1, np.int64)
-    np.cumsum(lengths, out=key_offsets[1:])
-    return key_blob, key_offsets
+        lengths = map(len, raw_keys)
+    return key_blob, list(itertools.accumulate(lengths, initial=0))
+
+
+def _key_arrays(keys: list) -> tuple:
+    """:func:`_key_rows`, the offsets a numpy array."""
+    key_blob, offsets = _key_rows(keys)
+    return key_blob, np.array(offsets, np.int64)
 
 
 def _layout(hsize: np.ndarray, size: np.ndarray, start: int):
