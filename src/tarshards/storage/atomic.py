@@ -12,9 +12,7 @@ import hashlib
 import logging
 import os
 import re
-import socket
 import sys
-import tempfile
 import time
 from typing import cast
 
@@ -56,7 +54,13 @@ _UPLOAD_BASE = "tarshards-upload"
 
 
 def _host_tag() -> str:
-    return hashlib.sha1(socket.gethostname().encode("utf-8", "replace")).hexdigest()[:8]
+    if hasattr(os, "uname"):  # what socket.gethostname() gives, without importing socket
+        host = os.uname().nodename
+    else:  # pragma: no cover - not POSIX
+        import socket
+
+        host = socket.gethostname()
+    return hashlib.sha1(host.encode("utf-8", "replace")).hexdigest()[:8]
 
 
 def _process_start(pid: int) -> int:
@@ -186,6 +190,8 @@ def temporary_directory(dest) -> str | None:
         return None
     if is_local(dest):
         return os.path.dirname(os.path.abspath(local_path(dest)))
+    import tempfile
+
     return tempfile.gettempdir()
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import subprocess
 import sys
 from typing import IO, BinaryIO, Iterator, cast
 
@@ -28,6 +27,8 @@ class PipeStream:
     """The stdout of a shell command; closing it checks the exit status."""
 
     def __init__(self, cmd: str, mode: str):
+        import subprocess  # here: a few ms of every command's start-up otherwise
+
         self.cmd = cmd
         self.stream: IO[bytes]
         if "r" in mode:
