@@ -123,6 +123,58 @@ def test_writer_bytes_identical_to_python(members, mtime, mode):
     assert out[0] == out[1]
 
 
+class _Sized:
+    """A value of a given length (members of 8 GiB and more, without the bytes)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(
+                _member.map(lambda m: m[0]),
+                st.text(min_size=1, max_size=120).filter(lambda t: "\0" not in t),
+            ),
+            st.one_of(
+                st.binary(max_size=1500),
+                st.sampled_from([8**11 - 1, 8**11, 8**11 + 511]).map(_Sized),
+            ),
+        ),
+        max_size=8,
+    )
+)
+def test_members_size_equals_python_and_the_bytes_written(members):
+    from tarshards import _speedups
+    from tarshards import writer as writer_mod
+
+    want = writer_mod._members_size_py(members)
+    assert _speedups.members_size(members, tario.header_size) == want
+    if all(isinstance(d, bytes) for _, d in members):
+        buf = io.BytesIO()
+        assert tario.TarMemberWriter(buf).add_all(members) == want == len(buf.getvalue())
+
+
+def test_members_size_refuses_what_is_not_a_member():
+    from tarshards import _speedups
+    from tarshards.errors import EncodeError
+
+    with pytest.raises(EncodeError, match="NUL"):  # header_size's error, as the writer's
+        _speedups.members_size([("a\0b.txt", b"x")], tario.header_size)
+
+    with pytest.raises(TypeError):
+        _speedups.members_size([("a.txt", b"x", 1)], tario.header_size)
+    with pytest.raises(TypeError):
+        _speedups.members_size([(b"a.txt", b"x")], tario.header_size)
+    with pytest.raises(TypeError):
+        _speedups.members_size([("a.txt", 3)], tario.header_size)
+
+
 def _header(name: str, size_field: bytes, delta: int = 0, high: bool = False) -> bytes:
     hdr = bytearray(tarfile.TarInfo(name).tobuf(tarfile.USTAR_FORMAT))
     hdr[124:136] = size_field

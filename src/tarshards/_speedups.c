@@ -647,6 +647,31 @@ ext_code(PyObject *codes, PyObject *ext)
     return rc < 0 ? -1 : (long long)n;
 }
 
+/* the bytes of the header blocks of a member named name (a str) of size bytes: 512 where the
+ * name and size fit a ustar header as they are, else header_size(name, size) (the Python rule:
+ * a pax header); -1 with an exception set on error */
+static long long
+member_header_size(PyObject *name, Py_ssize_t size, PyObject *header_size)
+{
+    Py_ssize_t len = PyUnicode_GET_LENGTH(name);
+    if (PyUnicode_IS_ASCII(name) && len <= 100 && (long long)size < (1LL << 33) &&
+        memchr(PyUnicode_DATA(name), 0, (size_t)len) == NULL)
+        return BLOCK;
+    PyObject *n = PyLong_FromSsize_t(size);
+    if (n == NULL)
+        return -1;
+    PyObject *argv[2] = {name, n};
+    PyObject *h = PyObject_Vectorcall(header_size, argv, 2, NULL);
+    Py_DECREF(n);
+    if (h == NULL)
+        return -1;
+    long long hsize = PyLong_AsLongLong(h);
+    Py_DECREF(h);
+    if (hsize < 0 && !PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, "header_size returned a negative size");
+    return hsize < 0 ? -1 : hsize;
+}
+
 /* Recorder(keys, codes, checksum, header_size): what writer._Recorder keeps of the writes whose
  * member names are KEY.EXT, laid out as the index stores it, in bytearrays that the index builder
  * takes as they are (closing a shard copies nothing and computes nothing per member):
@@ -906,27 +931,13 @@ recorder_record_seq(RecorderObject *r, PyObject *seq, PyObject *key)
         PyObject *m = PySequence_Fast_GET_ITEM(seq, i);
         PyObject *name = PyTuple_GET_ITEM(m, 0);
         PyObject *data = PyTuple_GET_ITEM(m, 1);
-        Py_ssize_t len = PyUnicode_GET_LENGTH(name);
         Py_ssize_t size = PyBytes_GET_SIZE(data);
         long long code = recorder_ext(r, i, name, klen + 1);
         if (code < 0)
             goto error;
-        int64_t hsize = BLOCK;
-        if (!(PyUnicode_IS_ASCII(name) && len <= 100 && (long long)size < (1LL << 33) &&
-              memchr(PyUnicode_DATA(name), 0, (size_t)len) == NULL)) {
-            PyObject *n = PyLong_FromSsize_t(size);
-            if (n == NULL)
-                goto error;
-            PyObject *argv[2] = {name, n};
-            PyObject *h = PyObject_Vectorcall(r->header_size, argv, 2, NULL);
-            Py_DECREF(n);
-            if (h == NULL)
-                goto error;
-            hsize = (int64_t)PyLong_AsLongLong(h);
-            Py_DECREF(h);
-            if (hsize == -1 && PyErr_Occurred())
-                goto error;
-        }
+        int64_t hsize = (int64_t)member_header_size(name, size, r->header_size);
+        if (hsize < 0)
+            goto error;
         uint64_t sum = 0;
         if (r->kind == 1) {
             if (direct_checksum_fn(r->fn, PyBytes_AS_STRING(data), size, &sum) < 0)
@@ -1068,6 +1079,46 @@ static PyGetSetDef recorder_getset[] = {
 };
 
 static PyTypeObject RecorderType;
+
+/* members_size(members, header_size) -> int: the bytes a write of (name, data) members takes in
+ * the tar stream (headers, data, padding to 512), as ShardWriter needs it before the write to
+ * decide on a new shard: 512 for a member whose name and size fit a ustar header as they are,
+ * header_size(name, size) (a pax header, the Python rule) for any other; data anything with a
+ * length. */
+static PyObject *
+members_size(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "members_size(members, header_size)");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[0], "members must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    long long total = 0;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *m = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyTuple_Check(m) || PyTuple_GET_SIZE(m) != 2 ||
+            !PyUnicode_Check(PyTuple_GET_ITEM(m, 0))) {
+            PyErr_SetString(PyExc_TypeError, "members are (name: str, data) pairs");
+            goto error;
+        }
+        PyObject *name = PyTuple_GET_ITEM(m, 0), *data = PyTuple_GET_ITEM(m, 1);
+        Py_ssize_t size = PyBytes_CheckExact(data) ? PyBytes_GET_SIZE(data) : PyObject_Size(data);
+        if (size < 0)
+            goto error;
+        long long hsize = member_header_size(name, size, args[1]);
+        if (hsize < 0)
+            goto error;
+        total += hsize + (long long)size + ((-(long long)size) & (BLOCK - 1));
+    }
+    Py_DECREF(seq);
+    return PyLong_FromLongLong(total);
+error:
+    Py_DECREF(seq);
+    return NULL;
+}
 
 /* tar_sample(members, mtime, mode, max_size[, recorder, key]) -> bytes or None
  * One write of (name, bytes) members as its tar bytes, built in one buffer: each member's ustar
@@ -1812,6 +1863,8 @@ static PyMethodDef methods[] = {
      "group_members(batch, start, url, last_dot, sample, key) -> (samples, sample, key, stop)."},
     {"header_ok", header_ok, METH_VARARGS,
      "header_ok(data, at, size) -> bool: a sound header storing size (else: ask Python)."},
+    {"members_size", (PyCFunction)(void (*)(void))members_size, METH_FASTCALL,
+     "members_size(members, header_size) -> int: a write's bytes in the tar stream."},
     {"tar_sample", (PyCFunction)(void (*)(void))tar_sample, METH_FASTCALL,
      "tar_sample(members, mtime, mode, max_size[, recorder, key]) -> bytes or None: one write's "
      "tar bytes (recorded by the recorder too)."},
