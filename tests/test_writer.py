@@ -710,3 +710,66 @@ def test_commit_fsyncs_before_the_rename(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "replace", lambda a, b: (calls.append("rename"), real_replace(a, b))[1])
     write(tmp_path / "f.tar", [{"__key__": "a", "txt": b"x"}])
     assert calls == ["fsync", "rename", "fsync"]  # the file, the rename, the directory
+
+
+_keys = st.one_of(
+    st.sampled_from(["k", "d/k0", "a/b/c", "", ".", "a.b", "d/__k", "__k", "d/", "d/.x"]),
+    st.text(max_size=12),
+    st.integers(),
+)
+_exts = st.one_of(
+    st.sampled_from(["jpg", "cls", "txt", "json", "gz", "t.GZ", "__meta__", "", "a/b", "x.y"]),
+    st.text(max_size=6),
+)
+_values = st.one_of(
+    st.none(),
+    st.binary(max_size=40),
+    st.text(max_size=20),
+    st.binary(max_size=10).map(bytearray),
+    st.binary(max_size=10).map(memoryview),
+    st.integers(-5, 10**6),
+    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+    st.just("lone \udc80 surrogate"),
+    st.builds(object),
+)
+
+
+def _outcome(fn, sample, encoder):
+    try:
+        return fn(sample, encoder)
+    except Exception as exc:  # noqa: BLE001 - compared: the same error, the same message
+        return (type(exc), str(exc))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_keys, st.dictionaries(_exts, _values, max_size=5), st.booleans())
+def test_c_sample_members_equal_python(key, fields, encoder):
+    from tarshards import writer as writer_mod
+
+    if writer_mod._c_sample_members is None:
+        pytest.skip("the C accelerator is not built")
+    sample = {"__key__": key, **fields}
+    got = _outcome(writer_mod.sample_members, sample, encoder)
+    want = _outcome(writer_mod._sample_members_py, sample, encoder)
+    assert got == want
+    if isinstance(got, list):
+        assert all(type(n) is str and type(d) is bytes for n, d in got)
+
+
+def test_c_sample_members_declines_what_python_decides():
+    from tarshards import _speedups
+    from tarshards.codecs import encode_value
+
+    if not hasattr(_speedups, "sample_members"):
+        pytest.skip("the C accelerator is not built")
+
+    class Sub(dict):
+        pass
+
+    for sample in (
+        Sub(__key__="k", txt="x"),  # a dict subclass
+        {"__key__": "k"},  # no member
+        {"__key__": "k", 3: b"x"},  # a field that is not a str
+        {"__key__": "a.b", "txt": "x"},  # a dot in the key's base name
+    ):
+        assert _speedups.sample_members(sample, True, encode_value) is None

@@ -1080,6 +1080,166 @@ static PyGetSetDef recorder_getset[] = {
 
 static PyTypeObject RecorderType;
 
+/* sample_members(sample, encoder, encode_value) -> list or None: writer.sample_members' list of
+ * (KEY.EXT, bytes) members, sorted by extension, in one call, for the samples it takes: a dict
+ * whose __key__ is a non-empty str with a base name that neither holds a dot nor starts with "__",
+ * whose fields are str extensions (fields starting with "__" and None values left out), none
+ * empty or holding '/'. Values: bytes as they are; str as UTF-8 (not for a .gz extension, whose
+ * text the encoder compresses); with encoder, anything else through encode_value(value, ext)
+ * (its errors raised); without, a bytearray or memoryview copied into bytes. None where the
+ * Python function decides (and raises): anything else, or no member at all. */
+static int
+gz_extension(PyObject *ext)
+{
+    Py_ssize_t n = PyUnicode_GET_LENGTH(ext);
+    if (n < 2)
+        return 0;
+    Py_UCS4 a = PyUnicode_READ_CHAR(ext, n - 2), b = PyUnicode_READ_CHAR(ext, n - 1);
+    if ((a != 'g' && a != 'G') || (b != 'z' && b != 'Z'))
+        return 0;
+    return n == 2 || PyUnicode_READ_CHAR(ext, n - 3) == '.';
+}
+
+static PyObject *
+sample_members_c(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "sample_members(sample, encoder, encode_value)");
+        return NULL;
+    }
+    PyObject *sample = args[0], *encode = args[2];
+    int encoder = PyObject_IsTrue(args[1]);
+    if (encoder < 0)
+        return NULL;
+    if (!PyDict_CheckExact(sample))
+        Py_RETURN_NONE;
+    PyObject *key = PyDict_GetItemString(sample, "__key__"); /* borrowed */
+    if (key == NULL || !PyUnicode_Check(key) || PyUnicode_GET_LENGTH(key) == 0)
+        Py_RETURN_NONE;
+    Py_ssize_t klen = PyUnicode_GET_LENGTH(key);
+    Py_ssize_t slash = PyUnicode_FindChar(key, '/', 0, klen, -1);
+    if (slash == -2)
+        return NULL;
+    Py_ssize_t b = slash + 1;
+    if (b >= klen || (klen - b >= 2 && PyUnicode_READ_CHAR(key, b) == '_' &&
+                      PyUnicode_READ_CHAR(key, b + 1) == '_'))
+        Py_RETURN_NONE;
+    Py_ssize_t dot = PyUnicode_FindChar(key, '.', b, klen, 1);
+    if (dot == -2)
+        return NULL;
+    if (dot >= 0)
+        Py_RETURN_NONE;
+    PyObject *exts = PyDict_Keys(sample);
+    if (exts == NULL)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(exts);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!PyUnicode_CheckExact(PyList_GET_ITEM(exts, i))) {
+            Py_DECREF(exts);
+            Py_RETURN_NONE;
+        }
+    if (PyList_Sort(exts) < 0) {
+        Py_DECREF(exts);
+        return NULL;
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL) {
+        Py_DECREF(exts);
+        return NULL;
+    }
+    PyObject *prefix = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *ext = PyList_GET_ITEM(exts, i);
+        Py_ssize_t elen = PyUnicode_GET_LENGTH(ext);
+        if (elen >= 2 && PyUnicode_READ_CHAR(ext, 0) == '_' && PyUnicode_READ_CHAR(ext, 1) == '_')
+            continue;
+        PyObject *value = PyDict_GetItemWithError(sample, ext); /* borrowed */
+        if (value == NULL) {
+            if (PyErr_Occurred())
+                goto error;
+            goto python; /* changed behind our back */
+        }
+        if (value == Py_None)
+            continue;
+        if (elen == 0 || PyUnicode_FindChar(ext, '/', 0, elen, 1) != -1)
+            goto python;
+        PyObject *data;
+        if (PyBytes_CheckExact(value)) {
+            Py_INCREF(value);
+            data = value;
+        }
+        else if (PyUnicode_CheckExact(value) && !(encoder && gz_extension(ext))) {
+            data = PyUnicode_AsUTF8String(value);
+            if (data == NULL) { /* lone surrogates: the Python function raises */
+                PyErr_Clear();
+                goto python;
+            }
+        }
+        else if (encoder) {
+            PyObject *argv[2] = {value, ext};
+            data = PyObject_Vectorcall(encode, argv, 2, NULL);
+            if (data == NULL)
+                goto error;
+            if (!PyBytes_Check(data)) { /* not what the writer takes: let Python decide */
+                Py_DECREF(data);
+                goto python;
+            }
+        }
+        else if (PyByteArray_CheckExact(value) || PyMemoryView_Check(value)) {
+            data = PyBytes_FromObject(value);
+            if (data == NULL)
+                goto error;
+        }
+        else
+            goto python;
+        if (prefix == NULL) { /* "KEY.", once */
+            PyObject *dot_s = PyUnicode_FromOrdinal('.');
+            if (dot_s == NULL) {
+                Py_DECREF(data);
+                goto error;
+            }
+            prefix = PyUnicode_Concat(key, dot_s);
+            Py_DECREF(dot_s);
+            if (prefix == NULL) {
+                Py_DECREF(data);
+                goto error;
+            }
+        }
+        PyObject *name = PyUnicode_Concat(prefix, ext);
+        if (name == NULL) {
+            Py_DECREF(data);
+            goto error;
+        }
+        PyObject *member = PyTuple_New(2);
+        if (member == NULL) {
+            Py_DECREF(name);
+            Py_DECREF(data);
+            goto error;
+        }
+        PyTuple_SET_ITEM(member, 0, name);
+        PyTuple_SET_ITEM(member, 1, data);
+        int rc = PyList_Append(out, member);
+        Py_DECREF(member);
+        if (rc < 0)
+            goto error;
+    }
+    if (PyList_GET_SIZE(out) == 0)
+        goto python;
+    Py_XDECREF(prefix);
+    Py_DECREF(exts);
+    return out;
+error:
+    Py_XDECREF(prefix);
+    Py_DECREF(exts);
+    Py_DECREF(out);
+    return NULL;
+python:
+    Py_XDECREF(prefix);
+    Py_DECREF(exts);
+    Py_DECREF(out);
+    Py_RETURN_NONE;
+}
+
 /* members_size(members, header_size) -> int: the bytes a write of (name, data) members takes in
  * the tar stream (headers, data, padding to 512), as ShardWriter needs it before the write to
  * decide on a new shard: 512 for a member whose name and size fit a ustar header as they are,
@@ -1863,6 +2023,9 @@ static PyMethodDef methods[] = {
      "group_members(batch, start, url, last_dot, sample, key) -> (samples, sample, key, stop)."},
     {"header_ok", header_ok, METH_VARARGS,
      "header_ok(data, at, size) -> bool: a sound header storing size (else: ask Python)."},
+    {"sample_members", (PyCFunction)(void (*)(void))sample_members_c, METH_FASTCALL,
+     "sample_members(sample, encoder, encode_value) -> list or None: writer.sample_members' "
+     "members (None: the Python function decides)."},
     {"members_size", (PyCFunction)(void (*)(void))members_size, METH_FASTCALL,
      "members_size(members, header_size) -> int: a write's bytes in the tar stream."},
     {"tar_sample", (PyCFunction)(void (*)(void))tar_sample, METH_FASTCALL,

@@ -22,12 +22,22 @@ __all__ = ["ShardInfo", "ShardWriter", "TarWriter", "sample_members", "shard_nam
 
 try:  # optional C accelerator (see _speedups.c); _Recorder's lists are the reference
     from ._speedups import Recorder as _CRecorder
+    from ._speedups import sample_members as _c_sample_members
 except ImportError:  # pragma: no cover - built by default
-    _CRecorder = None
+    _CRecorder = _c_sample_members = None
 
 
 def sample_members(sample: dict, encoder: bool = True) -> list[tuple[str, bytes]]:
     """The ``(member name, bytes)`` list a sample dict becomes, sorted by extension."""
+    if _c_sample_members is not None:  # the usual samples in one C call (None: decided here)
+        members = _c_sample_members(sample, encoder, encode_value)
+        if members is not None:
+            return members
+    return _sample_members_py(sample, encoder)
+
+
+def _sample_members_py(sample: dict, encoder: bool = True) -> list[tuple[str, bytes]]:
+    """:func:`sample_members` in Python: the reference, and every error's message."""
     if not isinstance(sample, dict):
         raise TypeError(f"a sample is a dict, not {type(sample).__name__}")
     key = sample.get("__key__")
