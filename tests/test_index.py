@@ -673,15 +673,18 @@ def _shards_of_every_kind(tmp_path) -> list:
     return out
 
 
+@needs_c
 @pytest.mark.parametrize("last_dot", [False, True])
 def test_index_built_without_numpy_equals_numpy_build(tmp_path, monkeypatch, last_dot):
-    """tarshards index builds indexes before numpy is imported (``_build_raw``): the same
-    bytes, the same arrays, for every kind of shard the reader takes."""
+    """Plain shards' indexes are built in C without numpy (``_build_raw``, what lets
+    ``tarshards index`` not import it): the same bytes, the same arrays as the numpy build, for
+    every kind of shard the reader takes."""
     for path in _shards_of_every_kind(tmp_path):
-        with_numpy = index_url(path, last_dot=last_dot)
+        raw = index_url(path, last_dot=last_dot)
         with monkeypatch.context() as m:
-            m.setattr(index_mod, "_numpy_loaded", lambda: False)
-            raw = index_url(path, last_dot=last_dot)
+            m.setattr(index_mod, "_index_columns", None)  # the numpy build
+            with_numpy = index_url(path, last_dot=last_dot)
+        assert "sample_offsets" in with_numpy.__dict__
         assert "sample_offsets" not in raw.__dict__  # not made into arrays yet
         assert raw.num_samples == with_numpy.num_samples
         assert raw.keys == with_numpy.keys
@@ -693,14 +696,15 @@ def test_index_built_without_numpy_equals_numpy_build(tmp_path, monkeypatch, las
         assert back == with_numpy and back.member_names(0) == with_numpy.member_names(0)
 
 
+@needs_c
 def test_writer_index_without_numpy_equals_numpy_build(tmp_path, monkeypatch):
     samples = [{"__key__": f"d/s{i}", "txt": "x" * (i * 301), "cls": i} for i in range(40)]
     samples[3]["__key__"] = "p/" + "q" * 150 + "/s\u00e93"  # a pax header, a non-ASCII key
     indexes = []
     for raw in (False, True):
         with monkeypatch.context() as m:
-            if raw:
-                m.setattr(index_mod, "_numpy_loaded", lambda: False)
+            if not raw:
+                m.setattr(index_mod, "_index_columns", None)
             with TarWriter(str(tmp_path / f"w{raw}.tar"), index=True) as w:
                 for s in samples:
                     w.write(s)
@@ -751,10 +755,23 @@ def test_shard_index_pickles_as_its_file(tmp_path, monkeypatch):
     import pickle
 
     path = _tarfile_shard(str(tmp_path / "a.tar"), _members(5))
+    raw = index_url(path)
     with monkeypatch.context() as m:
-        m.setattr(index_mod, "_numpy_loaded", lambda: False)
-        raw = index_url(path)
-    for idx in (raw, index_url(path), ShardIndex.from_bytes(memoryview(raw.to_bytes()), url=path)):
+        m.setattr(index_mod, "_index_columns", None)  # the numpy build
+        built = index_url(path)
+    for idx in (raw, built, ShardIndex.from_bytes(memoryview(raw.to_bytes()), url=path)):
         back = pickle.loads(pickle.dumps(idx))
         assert back == idx and back.url == path and back.keys == idx.keys
         assert np.array_equal(back.member_sizes, idx.member_sizes)
+
+
+@needs_c
+def test_index_columns_refuses_partial_rows():
+    from tarshards import _speedups
+
+    with pytest.raises(ValueError, match="whole rows"):
+        _speedups.index_columns(bytes(24), bytes(47))
+    with pytest.raises(ValueError, match="whole rows"):
+        _speedups.index_columns(bytes(25), bytes(48))
+    cols = _speedups.index_columns(b"", b"")
+    assert len(cols) == 9 and all(c == b"" for c in cols)

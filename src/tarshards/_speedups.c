@@ -1080,6 +1080,77 @@ static PyGetSetDef recorder_getset[] = {
 
 static PyTypeObject RecorderType;
 
+/* index_columns(samples, members) -> 9 bytes: the index's columns cut out of the packed rows
+ * (Recorder's and the C scanner's layout: per sample three int64, per member six), little-endian
+ * as the index file stores them: the samples' tar offsets, ends (int64) and flags (uint8); the
+ * members' sample numbers (uint32), extension codes (uint16), header offsets, data offsets,
+ * sizes (int64) and checksums (uint64). Narrower fields keep their low bytes (numpy's astype). */
+static PyObject *
+index_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "index_columns(samples, members)");
+        return NULL;
+    }
+    Py_buffer sv, mv;
+    if (PyObject_GetBuffer(args[0], &sv, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &mv, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&sv);
+        return NULL;
+    }
+    PyObject *cols[9] = {NULL};
+    PyObject *out = NULL;
+    if (sv.len % (Py_ssize_t)sizeof(SampleRow) || mv.len % (Py_ssize_t)sizeof(MemberRow)) {
+        PyErr_SetString(PyExc_ValueError, "index_columns: not whole rows");
+        goto done;
+    }
+    Py_ssize_t ns = sv.len / (Py_ssize_t)sizeof(SampleRow);
+    Py_ssize_t nm = mv.len / (Py_ssize_t)sizeof(MemberRow);
+    static const int width[9] = {8, 8, 1, 4, 2, 8, 8, 8, 8};
+    for (int c = 0; c < 9; c++) {
+        cols[c] = PyBytes_FromStringAndSize(NULL, (c < 3 ? ns : nm) * width[c]);
+        if (cols[c] == NULL)
+            goto done;
+    }
+    int64_t *off = (int64_t *)PyBytes_AS_STRING(cols[0]), *end = (int64_t *)PyBytes_AS_STRING(cols[1]);
+    uint8_t *flags = (uint8_t *)PyBytes_AS_STRING(cols[2]);
+    SampleRow srow;
+    for (Py_ssize_t i = 0; i < ns; i++) {
+        memcpy(&srow, (const char *)sv.buf + i * (Py_ssize_t)sizeof(SampleRow), sizeof srow);
+        off[i] = srow.offset;
+        end[i] = srow.end;
+        flags[i] = (uint8_t)srow.flags;
+    }
+    uint32_t *sample = (uint32_t *)PyBytes_AS_STRING(cols[3]);
+    uint16_t *ext = (uint16_t *)PyBytes_AS_STRING(cols[4]);
+    int64_t *hdr = (int64_t *)PyBytes_AS_STRING(cols[5]), *data = (int64_t *)PyBytes_AS_STRING(cols[6]);
+    int64_t *size = (int64_t *)PyBytes_AS_STRING(cols[7]);
+    uint64_t *sum = (uint64_t *)PyBytes_AS_STRING(cols[8]);
+    MemberRow row;
+    for (Py_ssize_t i = 0; i < nm; i++) {
+        memcpy(&row, (const char *)mv.buf + i * (Py_ssize_t)sizeof(MemberRow), sizeof row);
+        sample[i] = (uint32_t)row.sample;
+        ext[i] = (uint16_t)row.ext;
+        hdr[i] = row.offset;
+        data[i] = row.data;
+        size[i] = row.size;
+        sum[i] = row.checksum;
+    }
+    out = PyTuple_New(9);
+    if (out != NULL)
+        for (int c = 0; c < 9; c++) {
+            PyTuple_SET_ITEM(out, c, cols[c]);
+            cols[c] = NULL;
+        }
+done:
+    for (int c = 0; c < 9; c++)
+        Py_XDECREF(cols[c]);
+    PyBuffer_Release(&sv);
+    PyBuffer_Release(&mv);
+    return out;
+}
+
 /* sample_members(sample, encoder, encode_value) -> list or None: writer.sample_members' list of
  * (KEY.EXT, bytes) members, sorted by extension, in one call, for the samples it takes: a dict
  * whose __key__ is a non-empty str with a base name that neither holds a dot nor starts with "__",
@@ -2023,6 +2094,8 @@ static PyMethodDef methods[] = {
      "group_members(batch, start, url, last_dot, sample, key) -> (samples, sample, key, stop)."},
     {"header_ok", header_ok, METH_VARARGS,
      "header_ok(data, at, size) -> bool: a sound header storing size (else: ask Python)."},
+    {"index_columns", (PyCFunction)(void (*)(void))index_columns, METH_FASTCALL,
+     "index_columns(samples, members) -> 9 bytes: the index's columns of the packed rows."},
     {"sample_members", (PyCFunction)(void (*)(void))sample_members_c, METH_FASTCALL,
      "sample_members(sample, encoder, encode_value) -> list or None: writer.sample_members' "
      "members (None: the Python function decides)."},

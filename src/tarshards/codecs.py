@@ -123,6 +123,8 @@ def _dec_text(data, ext):
 
 
 def _enc_int(value, ext):
+    if type(value) is int:  # the usual class label: numpy (for its scalars) not imported for it
+        return str(value).encode("ascii")
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer, str)):
         if hasattr(value, "item"):
             value = value.item()

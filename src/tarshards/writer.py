@@ -423,8 +423,6 @@ class _Recorder:
         member checksums into the records (the fast path's or the general path's lists), which
         held 0 until now. The thread reads every member of the file in order, as the records
         list them."""
-        import numpy as np
-
         digest, packed = self.background.finish(self.nbytes)
         if not self._deferred:
             return digest
@@ -438,7 +436,7 @@ class _Recorder:
         if self._fast is not None:
             self._fast.fill_checksums(packed)
         else:
-            self.sums = np.frombuffer(packed, "<u8").tolist()
+            self.sums = list(memoryview(packed).cast("Q"))  # little-endian: _xxh3's hosts
         return digest
 
     def close(self) -> None:
