@@ -773,6 +773,14 @@ def test_c_sample_members_declines_what_python_decides():
         {"__key__": "a.b", "txt": "x"},  # a dot in the key's base name
     ):
         assert _speedups.sample_members(sample, True, encode_value) is None
+    calls = []
+
+    def encode(value, ext):  # what an encoder returns is taken as it is, after one call
+        calls.append(ext)
+        return bytearray(b"v")
+
+    got = _speedups.sample_members({"__key__": "k", "cls": 3, "txt": "t"}, True, encode)
+    assert got == [("k.cls", bytearray(b"v")), ("k.txt", b"t")] and calls == ["cls"]
 
 
 def test_writing_with_a_manifest_does_not_import_numpy(tmp_path):

@@ -1156,8 +1156,9 @@ done:
  * whose __key__ is a non-empty str with a base name that neither holds a dot nor starts with "__",
  * whose fields are str extensions (fields starting with "__" and None values left out), none
  * empty or holding '/'. Values: bytes as they are; str as UTF-8 (not for a .gz extension, whose
- * text the encoder compresses); with encoder, anything else through encode_value(value, ext)
- * (its errors raised); without, a bytearray or memoryview copied into bytes. None where the
+ * text the encoder compresses); with encoder, anything else through encode_value(value, ext),
+ * called once, what it returns taken as it is (its errors raised); without, a bytearray or
+ * memoryview copied into bytes. None where the
  * Python function decides (and raises): anything else, or no member at all. */
 static int
 gz_extension(PyObject *ext)
@@ -1248,13 +1249,9 @@ sample_members_c(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         else if (encoder) {
             PyObject *argv[2] = {value, ext};
-            data = PyObject_Vectorcall(encode, argv, 2, NULL);
+            data = PyObject_Vectorcall(encode, argv, 2, NULL); /* taken as it is, as there */
             if (data == NULL)
                 goto error;
-            if (!PyBytes_Check(data)) { /* not what the writer takes: let Python decide */
-                Py_DECREF(data);
-                goto python;
-            }
         }
         else if (PyByteArray_CheckExact(value) || PyMemoryView_Check(value)) {
             data = PyBytes_FromObject(value);
