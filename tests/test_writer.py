@@ -759,6 +759,7 @@ def test_c_sample_members_equal_python(key, fields, encoder):
 def test_c_sample_members_declines_what_python_decides():
     from tarshards import _speedups
     from tarshards.codecs import encode_value
+    from tarshards.writer import sample_members as writer_sample_members
 
     if not hasattr(_speedups, "sample_members"):
         pytest.skip("the C accelerator is not built")
@@ -781,6 +782,17 @@ def test_c_sample_members_declines_what_python_decides():
 
     got = _speedups.sample_members({"__key__": "k", "cls": 3, "txt": "t"}, True, encode)
     assert got == [("k.cls", bytearray(b"v")), ("k.txt", b"t")] and calls == ["cls"]
+
+    sample = {"__key__": "".join(["ke", "y"]), "cls": 1, "txt": 2, "zzz": b"c"}
+
+    def meddling(value, ext):  # changes the sample under the C loop: its key, a later field
+        sample["__key__"] = "".join(["other", "-key"])
+        sample.pop("txt", None)
+        return b"%d" % value
+
+    got = _speedups.sample_members(sample, True, meddling)
+    assert got is None  # a field gone: the Python function decides
+    assert writer_sample_members(sample) == [("other-key.cls", b"1"), ("other-key.zzz", b"c")]
 
 
 def test_writing_with_a_manifest_does_not_import_numpy(tmp_path):

@@ -1186,7 +1186,7 @@ sample_members_c(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (!PyDict_CheckExact(sample))
         Py_RETURN_NONE;
     PyObject *key = PyDict_GetItemString(sample, "__key__"); /* borrowed */
-    if (key == NULL || !PyUnicode_Check(key) || PyUnicode_GET_LENGTH(key) == 0)
+    if (key == NULL || !PyUnicode_CheckExact(key) || PyUnicode_GET_LENGTH(key) == 0)
         Py_RETURN_NONE;
     Py_ssize_t klen = PyUnicode_GET_LENGTH(key);
     Py_ssize_t slash = PyUnicode_FindChar(key, '/', 0, klen, -1);
@@ -1214,12 +1214,18 @@ sample_members_c(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(exts);
         return NULL;
     }
-    PyObject *out = PyList_New(0);
+    /* "KEY.", made now: key is borrowed from the sample, which an encoder may change */
+    PyObject *prefix = NULL, *dot_s = PyUnicode_FromOrdinal('.');
+    if (dot_s != NULL) {
+        prefix = PyUnicode_Concat(key, dot_s);
+        Py_DECREF(dot_s);
+    }
+    PyObject *out = prefix == NULL ? NULL : PyList_New(0);
     if (out == NULL) {
+        Py_XDECREF(prefix);
         Py_DECREF(exts);
         return NULL;
     }
-    PyObject *prefix = NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *ext = PyList_GET_ITEM(exts, i);
         Py_ssize_t elen = PyUnicode_GET_LENGTH(ext);
@@ -1248,8 +1254,10 @@ sample_members_c(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             }
         }
         else if (encoder) {
+            Py_INCREF(value); /* held through the call (the encoder may change the sample) */
             PyObject *argv[2] = {value, ext};
             data = PyObject_Vectorcall(encode, argv, 2, NULL); /* taken as it is, as there */
+            Py_DECREF(value);
             if (data == NULL)
                 goto error;
         }
@@ -1260,19 +1268,6 @@ sample_members_c(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         else
             goto python;
-        if (prefix == NULL) { /* "KEY.", once */
-            PyObject *dot_s = PyUnicode_FromOrdinal('.');
-            if (dot_s == NULL) {
-                Py_DECREF(data);
-                goto error;
-            }
-            prefix = PyUnicode_Concat(key, dot_s);
-            Py_DECREF(dot_s);
-            if (prefix == NULL) {
-                Py_DECREF(data);
-                goto error;
-            }
-        }
         PyObject *name = PyUnicode_Concat(prefix, ext);
         if (name == NULL) {
             Py_DECREF(data);
@@ -1293,7 +1288,7 @@ sample_members_c(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     if (PyList_GET_SIZE(out) == 0)
         goto python;
-    Py_XDECREF(prefix);
+    Py_DECREF(prefix);
     Py_DECREF(exts);
     return out;
 error:
