@@ -1315,7 +1315,8 @@ members_size(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "members_size(members, header_size)");
         return NULL;
     }
-    PyObject *seq = PySequence_Fast(args[0], "members must be a sequence");
+    /* a tuple of its own: the callbacks (header_size, a value's __len__) cannot change it */
+    PyObject *seq = PySequence_Tuple(args[0]);
     if (seq == NULL)
         return NULL;
     long long total = 0;
