@@ -727,6 +727,7 @@ def test_shard_index_is_immutable_and_checks_its_arrays(tmp_path):
         ShardIndex(**arrays)
 
 
+@needs_c  # without the C module, indexes are built with numpy
 def test_tarshards_index_does_not_import_numpy(tmp_path):
     """The command's start-up (numpy costs ~60 ms of it) and what it writes: the same manifest
     and indexes as the library writes with numpy."""

@@ -799,6 +799,10 @@ def test_writing_with_a_manifest_does_not_import_numpy(tmp_path):
     """A converting script (ints, dicts, str and bytes fields) that records a manifest never
     imports numpy: indexes built in C, class labels encoded without it (numpy and its BLAS
     threads cost ~0.1 s of a process's start)."""
+    from tarshards import index as index_mod
+
+    if index_mod._index_columns is None:
+        pytest.skip("the C accelerator is not built (indexes are then built with numpy)")
     code = (
         "import sys\n"
         "from tarshards import ShardWriter\n"
