@@ -830,6 +830,24 @@ recorder_ext(RecorderObject *r, Py_ssize_t i, PyObject *name, Py_ssize_t start)
     return code;
 }
 
+/* a sample key's base name (after its last '/') as the reader keeps it: not empty, not starting
+ * with "__", without a dot: 1, else 0; -1 with an exception set */
+static int
+key_base_ok(PyObject *key, Py_ssize_t klen)
+{
+    Py_ssize_t slash = PyUnicode_FindChar(key, '/', 0, klen, -1);
+    if (slash == -2)
+        return -1;
+    Py_ssize_t b = slash + 1;
+    if (b >= klen || (klen - b >= 2 && PyUnicode_READ_CHAR(key, b) == '_' &&
+                      PyUnicode_READ_CHAR(key, b + 1) == '_'))
+        return 0;
+    Py_ssize_t dot = PyUnicode_FindChar(key, '.', b, klen, 1);
+    if (dot == -2)
+        return -1;
+    return dot < 0;
+}
+
 /* record the write seq (a sequence from PySequence_Fast) of key: 1 recorded, 0 not (nothing
  * recorded: the general path's), -1 an error */
 static int
@@ -840,19 +858,10 @@ recorder_record_seq(RecorderObject *r, PyObject *seq, PyObject *key)
     if (klen == 0)
         return 0;
     /* the key: not "./...", its base name neither empty, nor "__...", nor holding a dot */
-    Py_ssize_t slash = PyUnicode_FindChar(key, '/', 0, klen, -1);
-    if (slash == -2)
-        return -1;
-    Py_ssize_t b = slash + 1;
-    if (b >= klen || (klen - b >= 2 && PyUnicode_READ_CHAR(key, b) == '_' &&
-                      PyUnicode_READ_CHAR(key, b + 1) == '_'))
-        return 0;
+    int ok = key_base_ok(key, klen);
+    if (ok <= 0)
+        return ok;
     if (klen >= 2 && PyUnicode_READ_CHAR(key, 0) == '.' && PyUnicode_READ_CHAR(key, 1) == '/')
-        return 0;
-    Py_ssize_t dot = PyUnicode_FindChar(key, '.', b, klen, 1);
-    if (dot == -2)
-        return -1;
-    if (dot >= 0)
         return 0;
     Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
     int key_ascii = PyUnicode_IS_ASCII(key);
@@ -1189,17 +1198,10 @@ sample_members_c(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (key == NULL || !PyUnicode_CheckExact(key) || PyUnicode_GET_LENGTH(key) == 0)
         Py_RETURN_NONE;
     Py_ssize_t klen = PyUnicode_GET_LENGTH(key);
-    Py_ssize_t slash = PyUnicode_FindChar(key, '/', 0, klen, -1);
-    if (slash == -2)
+    int ok = key_base_ok(key, klen);
+    if (ok < 0)
         return NULL;
-    Py_ssize_t b = slash + 1;
-    if (b >= klen || (klen - b >= 2 && PyUnicode_READ_CHAR(key, b) == '_' &&
-                      PyUnicode_READ_CHAR(key, b + 1) == '_'))
-        Py_RETURN_NONE;
-    Py_ssize_t dot = PyUnicode_FindChar(key, '.', b, klen, 1);
-    if (dot == -2)
-        return NULL;
-    if (dot >= 0)
+    if (ok == 0)
         Py_RETURN_NONE;
     PyObject *exts = PyDict_Keys(sample);
     if (exts == NULL)

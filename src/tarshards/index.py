@@ -200,11 +200,9 @@ class ShardIndex:
         if cached is None:
             raw = bytes(self._array_bytes("key_blob"))
             blob = raw.decode("utf-8", "surrogateescape")
-            # offsets are in bytes: decode per key when any key is not ASCII
-            if "key_offsets" in self.__dict__:
-                offs = self.key_offsets.tolist()
-            else:  # not read yet (and numpy perhaps not imported)
-                offs = self._array_bytes("key_offsets").cast("q").tolist()
+            # offsets are in bytes: decode per key when any key is not ASCII (read as the file
+            # stores them: numpy not needed)
+            offs = self._array_bytes("key_offsets").cast("q").tolist()
             if len(blob) == len(raw):
                 cached = [blob[offs[i] : offs[i + 1]] for i in range(len(offs) - 1)]
             else:

@@ -83,13 +83,9 @@ def _sample_members_py(sample: dict, encoder: bool = True) -> list[tuple[str, by
     return members
 
 
-def _member_size(name: str, size: int) -> int:
-    return header_size(name, size) + size + (-size % BLOCK)
-
-
 def _members_size_py(members, header_size=header_size) -> int:
     """The bytes a write of ``members`` takes in the tar stream (headers, data, padding)."""
-    return sum(_member_size(n, len(d)) for n, d in members)
+    return sum(header_size(n, len(d)) + len(d) + (-len(d) % BLOCK) for n, d in members)
 
 
 try:  # the same in C (one call per write instead of a few per member)
