@@ -139,10 +139,22 @@ def total_bytes(paths) -> int:
     return sum(os.path.getsize(p) for p in paths)
 
 
-def warm_cache(paths) -> None:
-    """Read the files once so that every measurement sees them page-cached."""
+def warm_cache(paths, fresh: bool = False) -> None:
+    """Read the files once so that every measurement sees them page-cached.
+
+    ``fresh``: first drop them from the page cache (``fsync``, then ``POSIX_FADV_DONTNEED``),
+    so that the cache holds what one sequential read of them leaves, whatever wrote or read
+    them before (the state a job reading shards from disk starts from). It matters on kernels
+    whose page cache keeps large folios (Linux 6.x on ext4, xfs): pages left there by the
+    writer came in small folios, and a memory-mapped reader pays its page-table work per folio
+    (on the 2-core host of bench/RESULTS.md, 100 KB samples read at 0.75x ``cat`` from pages
+    the writer left, and at about 1.0x after a fresh read; ``cat`` itself went from 8.9 to
+    12 GB/s)."""
     for p in paths:
         with open(p, "rb") as f:
+            if fresh and hasattr(os, "posix_fadvise"):
+                os.fsync(f.fileno())
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
             while f.read(1 << 22):
                 pass
 

@@ -8,7 +8,8 @@ Every measurement runs in a fresh subprocess (``run.py --child NAME SIDE``), our
 alternate, and the best of ``--repeat`` runs (5 for the noisy DataLoader row) is kept (the
 highest rate; the lowest memory).
 The data are synthetic shards made with a fixed seed in ``bench/_data/`` (see ``common.py``);
-they are read once before measuring so every run sees them page-cached. All children run with
+they are dropped from the page cache and read once before measuring, so every run sees them
+page-cached as one sequential read leaves them (``common.warm_cache(fresh=True)``). All children run with
 ``torch.set_num_threads(1)``, as DataLoader workers do.
 
 Methodology per row (both sides do the same work on the same files):
@@ -53,6 +54,7 @@ Methodology per row (both sides do the same work on the same files):
 from __future__ import annotations
 
 import argparse
+import glob
 import itertools
 import json
 import os
@@ -878,7 +880,14 @@ def main(argv=None) -> int:
         names.insert(names.index("raw_large") + 1, "cat_large")
     t0 = time.time()
     paths = common.make_dataset("small", args.quick) + common.make_dataset("large", args.quick)
-    common.warm_cache(paths)
+    # the peers' copies of the data too (made by their first run; from then on reused)
+    peers = sorted(
+        os.path.join(d, f)
+        for d in glob.glob(os.path.join(common.DATA, "litdata-*"))
+        for f in os.listdir(d)
+        if os.path.isfile(os.path.join(d, f))
+    )
+    common.warm_cache(paths + peers, fresh=True)
     for lay in ("small", "large"):
         ps = common.make_dataset(lay, args.quick)
         print(f"{lay}: {len(ps)} shards, {common.total_bytes(ps) / 1e6:.0f} MB", file=sys.stderr)
