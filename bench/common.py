@@ -148,8 +148,8 @@ def warm_cache(paths, fresh: bool = False) -> None:
     whose page cache keeps large folios (Linux 6.x on ext4, xfs): pages left there by the
     writer came in small folios, and a memory-mapped reader pays its page-table work per folio
     (on the 2-core host of bench/RESULTS.md, 100 KB samples read at 0.75x ``cat`` from pages
-    the writer left, and at about 1.0x after a fresh read; ``cat`` itself went from 8.9 to
-    12 GB/s)."""
+    the writer left, and at 0.95-0.97x after a fresh read; ``cat`` itself went from 8.9 to
+    10.4 GB/s)."""
     for p in paths:
         with open(p, "rb") as f:
             if fresh and hasattr(os, "posix_fadvise"):
