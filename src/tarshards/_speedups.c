@@ -187,6 +187,18 @@ member_view(PyObject *view, Py_ssize_t start, Py_ssize_t stop)
     return out;
 }
 
+/* ask for a header block's eight cache lines (a hint: nothing happens where it is not mapped) */
+static inline void
+prefetch_block(const unsigned char *h)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    for (int k = 0; k < BLOCK; k += 64)
+        __builtin_prefetch(h + k, 0, 3);
+#else
+    (void)h;
+#endif
+}
+
 static PyObject *
 scan_members(PyObject *self, PyObject *args)
 {
@@ -225,6 +237,11 @@ scan_members(PyObject *self, PyObject *args)
             if (!pax || !pax_member(h, n - pos, &at, &size, &path, &pathlen))
                 break; /* the Python path decides (and raises) */
         }
+        /* the next header's lines asked for now: they arrive while this member is copied out
+         * (its first touch was a cache miss, and a TLB miss, per member) */
+        Py_ssize_t next = pos + at + BLOCK + (Py_ssize_t)((size + 511) & ~(long long)511);
+        if (next <= n - BLOCK)
+            prefetch_block(buf + next);
         PyObject *name;
         if (path != NULL) {
             name = PyUnicode_DecodeUTF8((const char *)path, pathlen, "surrogateescape");
