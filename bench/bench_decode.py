@@ -19,7 +19,11 @@ figure is the one to read on a loaded machine).
    pipeline made and opened inside it) takes turns of 250 samples with the reference on as
    many samples (:func:`run_paired`), so both are timed at the same moments of the machine's
    load; the ratio is each pass's, the median over 15 passes (9 with ``--quick``) after a
-   warm-up, and the last column gives the range over the passes.
+   warm-up, and the last column gives the range over the passes. The process is pinned to one
+   CPU for this row (``--no-pin``: not), so that the reference's turns and the side's run on the
+   same core: on the 2-core host of bench/RESULTS.md one vCPU decoded the same JPEGs 12 % slower
+   than the other at times (19.8 vs 22.5 us each, ``taskset``), and a process moved between
+   them mid-pass gave ratios from 0.87 to 0.94 for the same code; pinned, 0.90-0.94.
 2. ``crop``: ImageNet-sized JPEGs (500x375, 640x480, 800x600 and 375x500, q=90) to a
    RandomResizedCrop(224) + horizontal flip float CxHxW tensor.
    Ours: ``.decode(random_resized_crop(224)).to_tuple("jpg", "cls")`` (and ``fast=True``).
@@ -38,6 +42,7 @@ figure is the one to read on a loaded machine).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import itertools
 import json
@@ -337,6 +342,21 @@ def table(title: str, res: dict) -> str:
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def one_cpu(pin: bool = True):
+    """This process on one CPU (the lowest it may use) while the block runs, where the OS
+    lets a process choose (Linux); the CPUs it had afterwards."""
+    allowed = os.sched_getaffinity(0) if pin and hasattr(os, "sched_setaffinity") else None
+    if not allowed:
+        yield
+        return
+    os.sched_setaffinity(0, {min(allowed)})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
@@ -345,6 +365,9 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--peer-python", default=None, help="the peers' Python (bench/.venv)")
     parser.add_argument("--peer-job", default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--no-pin", action="store_true", help="do not pin the overhead row to one CPU"
+    )
     args = parser.parse_args(argv)
     if args.peer_job:
         print(json.dumps(peer_crop(json.loads(args.peer_job))))
@@ -362,7 +385,10 @@ def main(argv=None) -> int:
     results = {}
     if "overhead" in args.only:
         # passes of one shard are short (a fraction of a second): many of them, cheaply
-        results["overhead"] = bench_overhead(args.quick, args.repeat or (9 if args.quick else 15))
+        with one_cpu(not args.no_pin):
+            results["overhead"] = bench_overhead(
+                args.quick, args.repeat or (9 if args.quick else 15)
+            )
     if "crop" in args.only:
         results["crop"] = bench_crop(args.quick, repeat)
     if args.json:
