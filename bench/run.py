@@ -9,8 +9,8 @@ alternate, and the best of ``--repeat`` runs (5 for the noisy DataLoader row) is
 highest rate; the lowest memory).
 The data are synthetic shards made with a fixed seed in ``bench/_data/`` (see ``common.py``);
 they are dropped from the page cache and read once before measuring, so every run sees them
-page-cached as one sequential read leaves them (``common.warm_cache(fresh=True)``). All children run with
-``torch.set_num_threads(1)``, as DataLoader workers do.
+page-cached as one sequential read leaves them (``common.warm_cache(fresh=True)``). All children
+run with ``torch.set_num_threads(1)``, as DataLoader workers do.
 
 Methodology per row (both sides do the same work on the same files):
 
