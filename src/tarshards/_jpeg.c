@@ -74,16 +74,7 @@ typedef struct {
     int busy;
     unsigned char *copy; /* the padded copy of a small JPEG (PyMem_Raw, kept with the slot) */
     size_t copy_size;
-    unsigned char *scratch; /* where a small image's rows are decoded (PyMem_Raw, kept) */
-    size_t scratch_size;
 } slot_t;
-
-/* Images of up to SCRATCH_MAX bytes are decoded into the slot's scratch memory (reused, so in
- * the CPU's caches) and then copied to their own memory in one memcpy: libjpeg-turbo's row
- * stores into memory just allocated, interleaved with its loads, stall. A 64x64 RGB image took
- * 21.7-22.9 us decoded in place against 20.6-20.9 with the scratch memory and the copy, and
- * .decode("rgb8") of such JPEGs went from 24.3 to 22.8 us a sample (2-core AMD EPYC). */
-#define SCRATCH_MAX ((size_t)256 << 10)
 
 /* the fast Huffman decoder wants 512 bytes per block of an MCU (at most 10 blocks) left in the
  * buffer; JPEGs up to PAD_LIMIT bytes are copied (larger ones are decoded mostly by it anyway) */
@@ -157,7 +148,6 @@ give_slot(slot_t *s)
     if (s->busy == 2) {
         jpeg_destroy_decompress(&s->d);
         PyMem_RawFree(s->copy);
-        PyMem_RawFree(s->scratch);
         PyMem_RawFree(s);
         return;
     }
@@ -378,19 +368,7 @@ decode_view(Py_buffer *view, long channels, long denom, int fast, long x0, long 
         px = (unsigned char *)PyByteArray_AS_STRING(out);
     }
     {
-        size_t stride = (size_t)width * channels, total = stride * rows;
-        unsigned char *rowsat = px; /* where the rows are decoded: px, or the scratch memory */
-        if (raw != 2 && total <= SCRATCH_MAX) {
-            if (s->scratch_size < total) {
-                unsigned char *grown = (unsigned char *)PyMem_RawRealloc(s->scratch, total);
-                if (grown != NULL) {
-                    s->scratch = grown;
-                    s->scratch_size = total;
-                }
-            }
-            if (s->scratch_size >= total)
-                rowsat = s->scratch;
-        }
+        size_t stride = (size_t)width * channels;
         if (top > 0 && jpeg_skip_scanlines(d, top) != top) {
             failed = 1;
             goto done;
@@ -401,14 +379,12 @@ decode_view(Py_buffer *view, long channels, long denom, int fast, long x0, long 
             if (n > 16)
                 n = 16;
             for (JDIMENSION i = 0; i < n; i++)
-                ptrs[i] = rowsat + (size_t)(d->output_scanline - top + i) * stride;
+                ptrs[i] = px + (size_t)(d->output_scanline - top + i) * stride;
             if (jpeg_read_scanlines(d, ptrs, n) == 0) {
                 failed = 1;
                 goto done;
             }
         }
-        if (rowsat != px)
-            memcpy(px, rowsat, total);
     }
 done:
     PyEval_RestoreThread(ts);
