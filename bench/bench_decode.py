@@ -19,7 +19,9 @@ figure is the one to read on a loaded machine).
    pipeline made and opened inside it) takes turns of 250 samples with the reference on as
    many samples (:func:`run_paired`), so both are timed at the same moments of the machine's
    load; the ratio is each pass's, the median over 15 passes (9 with ``--quick``) after a
-   warm-up, and the last column gives the range over the passes. The process is pinned to one
+   warm-up, and the last column gives the range over the passes. The shard is dropped from the
+   page cache and read once first (``common.warm_cache(fresh=True)``, as in bench/run.py). The
+   process is pinned to one
    CPU for this row (``--no-pin``: not), so that the reference's turns and the side's run on the
    same core: on the 2-core host of bench/RESULTS.md one vCPU decoded the same JPEGs 12 % slower
    than the other at times (19.8 vs 22.5 us each, ``taskset``), and a process moved between
@@ -57,7 +59,10 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
+sys.path.insert(0, HERE)
 DATA = os.path.join(HERE, "_data", "decode")
+
+import common  # noqa: E402
 
 
 def _jpeg(rng, w, h, noise):
@@ -183,6 +188,9 @@ def bench_overhead(quick: bool, repeat: int) -> dict:
     import tarshards
 
     path = make_shard("small64", 2000 if quick else 4000, [(64, 64)], 4.0, 500)
+    # the page cache as one sequential read leaves it, whatever wrote or read the shard before
+    # (bench/run.py's methodology: common.warm_cache)
+    common.warm_cache([path], fresh=True)
     jpgs = [s["jpg"] for s in tarshards.WebDataset(path)]
 
     def mode(m):
@@ -221,8 +229,6 @@ def peer_crop(job: dict) -> dict:
     torch.set_num_threads(1)
     # torchvision's compiled operators do not load against this torch: their schemas, so that
     # its Python transforms import (see bench_index.py)
-    import common
-
     common.torchvision_importable()
     import torchvision
     import webdataset as wds
