@@ -488,10 +488,23 @@ def _deviation(mine, theirs, raw: bytes) -> str | None:
             )
         if n2.endswith("/" + n1):
             return "tarfile applies the ustar prefix field to non-POSIX headers (GNU tar does not)"
+        if n1.endswith("/" + n2) and _prefixed_gnu_type(raw, o1):
+            return (
+                "tarfile ignores the ustar prefix field of a GNU-type member (sparse) whose "
+                "magic is POSIX's (GNU tar applies it, as we do)"
+            )
     if n1 == n2 and d1 != d2:
         if _EMPTY_PAX.search(raw):
             return "tarfile reads an empty pax size= as 0 (POSIX: it deletes the keyword)"
     return None
+
+
+def _prefixed_gnu_type(raw: bytes, offset: int) -> bool:
+    """Whether the header at ``offset`` is a GNU sparse member ('S') with the POSIX magic
+    ("ustar\\0" "00") and a prefix field: GNU tar reads the prefix into the name (it does so for
+    every type under that magic), tarfile never for GNU types."""
+    h = raw[offset : offset + 512]
+    return len(h) == 512 and h[156:157] == b"S" and h[257:265] == b"ustar\x0000" and h[345] != 0
 
 
 def _global_records(raw: bytes) -> bytes:

@@ -866,6 +866,38 @@ def test_huge_size_of_skipped_and_extended_members():
     assert err[0] is HeaderError and "implausibly large" in err[1]
 
 
+@pytest.mark.parametrize(
+    "field", [b"0000001_000\0", b"+0000001000\0", b"0o000001000\0", b"-1\0" + bytes(9)]
+)
+def test_size_field_that_int_takes_but_is_not_octal(field):
+    """A size field is octal digits between spaces and NULs: '1_000', '+1000', '0o1000' and '-1'
+    (which Python's int(x, 8), and so tarfile, takes) are rejected, as GNU tar rejects them,
+    on every read path."""
+    hdr = bytearray(tarfile.TarInfo("a.txt").tobuf(tarfile.USTAR_FORMAT))
+    hdr[124:136] = field
+    data = bytes(_fix_checksum(hdr)) + b"x" * 512 + bytes(1024)
+    got, err = all_ways(data, (512, 1 << 20))
+    assert got == [] and err[0] is HeaderError and "bad size field" in err[1]
+    # the same digits without the extra characters read as the member they describe
+    hdr[124:136] = b"%011o\0" % 512
+    got, err = all_ways(bytes(_fix_checksum(hdr)) + b"x" * 512 + bytes(1024))
+    assert err is None and got == [("a.txt", b"x" * 512, 0)]
+
+
+def test_checksum_field_that_int_takes_but_is_not_octal():
+    """A checksum written '0o12345' (the right value, with Python's prefix) is not a checksum."""
+    hdr = bytearray(tarfile.TarInfo("a.txt").tobuf(tarfile.USTAR_FORMAT))
+    hdr[124:136] = b"%011o\0" % 1
+    good = bytes(_fix_checksum(hdr))
+    assert all_ways(good + b"1" + bytes(511) + bytes(1024))[1] is None
+    field = b"0o%o" % int(good[148:154], 8)
+    assert len(field) <= 8
+    hdr = bytearray(good)
+    hdr[148:156] = field.ljust(8, b"\0")
+    got, err = all_ways(bytes(hdr) + b"1" + bytes(511) + bytes(1024))
+    assert got == [] and err[0] is HeaderError and "checksum" in err[1]
+
+
 def test_cut_after_the_last_members_data_is_the_same_at_every_size():
     raw = _member("a.txt", b"A" * 700) + _member("b.txt", b"B" * 100) + bytes(1024)
     data_end = 1536 + 512 + 100

@@ -35,7 +35,7 @@ from .storage.seek import read_exact
 from .format import split_name
 from .index import FLAG_REBUILT
 from .tario import BLOCK, iter_tar
-from .tario.headers import _checksum_ok, _number
+from .tario.headers import _checksum_ok, _number, _octal
 
 __all__ = ["IndexedDataset"]
 
@@ -467,7 +467,7 @@ def _check_header(data: bytes, at: int, size: int, url, offset: int) -> None:
         ok = False
     else:
         try:  # our writer's (and most) headers: six octal digits; else the exact check
-            ok = sum(hdr) - sum(hdr[148:156]) + 256 == int(hdr[148:154], 8) or _checksum_ok(hdr)
+            ok = sum(hdr) - sum(hdr[148:156]) + 256 == _octal(hdr[148:154]) or _checksum_ok(hdr)
         except ValueError:
             ok = _checksum_ok(hdr)
     if not ok:
@@ -479,7 +479,7 @@ def _check_header(data: bytes, at: int, size: int, url, offset: int) -> None:
         )
     if hdr[156] in (0x30, 0):
         try:
-            stored = int(hdr[124:135], 8) if hdr[135] == 0 else _number(hdr[124:136])
+            stored = _octal(hdr[124:135].lstrip(b" ")) if hdr[135] == 0 else _number(hdr[124:136])
         except ValueError:
             stored = -1
         if stored != size:

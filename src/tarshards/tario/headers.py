@@ -50,15 +50,28 @@ def _nts(field: bytes) -> bytes:
     return field if end < 0 else field[:end]
 
 
+_OCTAL_DIGITS = frozenset(b"01234567")
+
+
+def _octal(digits: bytes) -> int:
+    """The value of octal ``digits``; ValueError unless they are octal digits and nothing else
+    (``int(x, 8)`` alone also takes ``1_000``, ``+7``, ``-7`` and ``0o7``, which GNU tar
+    rejects as not numeric)."""
+    if not digits or not _OCTAL_DIGITS.issuperset(digits):
+        raise ValueError(f"not an octal number: {digits!r}")
+    return int(digits, 8)
+
+
 def _number(field: bytes) -> int:
-    """An octal number field, or GNU base-256 when the high bit is set."""
+    """An octal number field (spaces and NULs around the digits), or GNU base-256 when the high
+    bit is set."""
     if field[0] & 0x80:
         value = int.from_bytes(field[1:], "big")
         if field[0] & 0x40:  # negative base-256
             value -= 1 << (8 * len(field) - 1)
         return value
     field = _nts(field).strip(b" \0")
-    return int(field, 8) if field else 0
+    return _octal(field) if field else 0
 
 
 def _checksum_ok(hdr: bytes) -> bool:
@@ -68,7 +81,7 @@ def _checksum_ok(hdr: bytes) -> bool:
     if not stored:
         return False
     try:
-        want = int(stored, 8)
+        want = _octal(stored)
     except ValueError:
         return False
     unsigned = sum(hdr) - sum(hdr[148:156]) + 256
@@ -92,7 +105,7 @@ def _chk_value(hdr: bytes) -> int:
     """The stored checksum (an impossible value when the field is not plain octal)."""
     chk = hdr[148:156]
     try:
-        return int(chk[:6], 8) if chk[6] in (0, 32) else int(chk.strip(b" \0"), 8)
+        return _octal(chk[:6].strip(b" ")) if chk[6] in (0, 32) else _octal(chk.strip(b" \0"))
     except ValueError:
         return -1
 

@@ -14,6 +14,8 @@ from typing import BinaryIO, Iterable, Iterator
 from ..errors import CompressionError, HeaderError, TarshardsWarning, TruncatedShardError
 from .buffer import COPY_WINDOW, _Buffer, _read_data, reader_buffer, tar_byte_source
 from .headers import (
+    BLOCK,
+    CHUNK_SIZE,
     _DRAIN_LIMIT,
     _GNU_LONGNAME,
     _GNU_SPARSE,
@@ -26,8 +28,6 @@ from .headers import (
     _REGULAR,
     _SPARSE_KEYS,
     _ZERO_BLOCK,
-    BLOCK,
-    CHUNK_SIZE,
     _bad_header,
     _checksum_ok,
     _chk_value,
@@ -37,6 +37,7 @@ from .headers import (
     _merge_pax,
     _nts,
     _number,
+    _octal,
     _parse_pax,
     _pax_size,
     _pending_name,
@@ -203,7 +204,7 @@ def _batches(
                     if hdr[156] != 0x30 or hdr[135] or hdr[345]:
                         break  # not a plain regular member with a canonical size field
                     try:
-                        size = int(hdr[124:135], 8)
+                        size = _octal(hdr[124:135].lstrip(b" "))
                     except ValueError:
                         break
                     if size < 0 or end - pos - BLOCK < size:
@@ -260,7 +261,7 @@ def _batches(
         if verify and _header_sum(hdr) != _chk_value(hdr) and not _checksum_ok(hdr):
             raise _bad_header(hdr, source, base + pos, b.origin)
         try:
-            size = int(hdr[124:135], 8) if hdr[135] == 0 else _number(hdr[124:136])
+            size = _octal(hdr[124:135].lstrip(b" ")) if hdr[135] == 0 else _number(hdr[124:136])
         except ValueError:
             size = _size_field(hdr, source, base + pos)
         if size < 0:
