@@ -507,6 +507,27 @@ def _prefixed_gnu_type(raw: bytes, offset: int) -> bool:
     return len(h) == 512 and h[156:157] == b"S" and h[257:265] == b"ustar\x0000" and h[345] != 0
 
 
+def _renamed_old_directory(member, raw: bytes) -> bool:
+    """Whether ``member`` (name, data, offset of its first header) is an empty one whose own
+    header, after a GNU long name or a pax header, has type '\\0' and a name field ending in '/'
+    while the member is named otherwise."""
+    name, data, offset = member
+    if data or name.endswith("/"):
+        return False
+    pos, renamed = offset, False
+    while pos + 512 <= len(raw):
+        h = raw[pos : pos + 512]
+        if h[156:157] not in (b"L", b"x"):
+            field = h[:100].split(b"\0", 1)[0]
+            return renamed and h[156] == 0 and field.endswith(b"/")
+        digits = h[124:136].split(b"\0", 1)[0].strip(b" ")
+        if not digits or not set(digits) <= set(b"01234567"):
+            return False
+        renamed = True
+        pos += 512 + (int(digits, 8) + 511) // 512 * 512
+    return False
+
+
 def _global_records(raw: bytes) -> bytes:
     """The payloads of the pax global headers in ``raw``."""
     out = []
@@ -529,6 +550,12 @@ def classify(data: bytes):
     for i in range(common):
         if mine[i] != theirs[i]:
             why = _deviation(mine[i], theirs[i], raw)
+            if why is None and _renamed_old_directory(mine[i], raw) and mine[i + 1 :] == theirs[i:]:
+                why = (
+                    "tarfile takes a '\\0'-type member for a directory by its header's own name "
+                    "('./') although a GNU long name or pax path renames it (GNU tar lists a "
+                    "regular file under the new name, as we do)"
+                )
             if why is None:
                 raise AssertionError(
                     f"wrong bytes at member {i}: ours {_brief((mine, my_err, 0))}"
