@@ -476,6 +476,11 @@ def _deviation(mine, theirs, raw: bytes) -> str | None:
             "tarfile names a member '' and reads its empty pax size= as 0 (POSIX: an empty "
             "value deletes the keyword)"
         )
+    if n1 != n2 and d1 != d2 and n2.endswith("/" + n1) and _EMPTY_SIZE.search(raw):
+        return (
+            "tarfile applies the ustar prefix field to non-POSIX headers and reads an empty pax "
+            "size= as 0 (GNU tar does neither)"
+        )
     if n1 != n2 and d1 == d2:
         if b" path=" in _global_records(raw):
             return "tarfile does not apply a global path= to every member type (GNU tar does)"
