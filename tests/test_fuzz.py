@@ -751,7 +751,9 @@ def _index_members(data: bytes):
     out = []
     for s in range(idx.num_samples):
         for m in range(starts[s], starts[s + 1]):
-            ext = idx.extensions[int(idx.member_ext[m])]
+            # the index keeps an extension as written; samples are keyed by it lower-cased, by
+            # the reader and by IndexedDataset alike (seed 505 mutated a name to "....GNU...")
+            ext = idx.extensions[int(idx.member_ext[m])].lower()
             out.append((idx.keys[s], ext, int(idx.member_sizes[m]), int(idx.member_checksums[m])))
     return out, None
 

@@ -228,6 +228,24 @@ def test_errors_and_indexing(tmp_path):
     assert m.num_samples == 40
 
 
+@pytest.mark.parametrize("accelerate", [True, False])
+def test_upper_case_extensions_are_keyed_as_the_reader_keys_them(tmp_path, monkeypatch, accelerate):
+    """The index keeps an extension as written ("JPG"); ds[i] keys it as the reader does
+    ("jpg"), also where one sample mixes the cases of one extension's letters."""
+    if not accelerate:
+        monkeypatch.setattr(indexed_mod, "_read_sample", None)
+    path = tmp_path / "upper.tar"
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tf:
+        for name, data in (("a.JPG", b"x"), ("a.Cls", b"1"), ("b.Txt.GZ", b"y"), ("c.Ünï", b"z")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    build_manifest([str(path)], str(tmp_path / "m.json"))
+    ds = IndexedDataset(str(tmp_path / "m.json"))
+    assert [ds[i] for i in range(len(ds))] == list(iter_samples([str(path)]))
+    assert sorted(ds[0]) == ["__key__", "__offset__", "__url__", "cls", "jpg"]
+
+
 def test_decode_and_transform(tmp_path):
     _manifest(tmp_path)
     ds = IndexedDataset(
