@@ -230,8 +230,8 @@ def test_errors_and_indexing(tmp_path):
 
 @pytest.mark.parametrize("accelerate", [True, False])
 def test_upper_case_extensions_are_keyed_as_the_reader_keys_them(tmp_path, monkeypatch, accelerate):
-    """The index keeps an extension as written ("JPG"); ds[i] keys it as the reader does
-    ("jpg"), also where one sample mixes the cases of one extension's letters."""
+    """The index keeps an extension as written ("JPG", "Txt.GZ", "Ünï"); ds[i] keys it as the
+    reader does (lower-cased), on the C path and the Python path."""
     if not accelerate:
         monkeypatch.setattr(indexed_mod, "_read_sample", None)
     path = tmp_path / "upper.tar"

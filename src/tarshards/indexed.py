@@ -35,7 +35,7 @@ from .storage.seek import read_exact
 from .format import split_name
 from .index import FLAG_REBUILT
 from .tario import BLOCK, iter_tar
-from .tario.headers import _checksum_ok, _number, _octal
+from .tario.headers import _checksum_ok, _octal, _size_number
 
 __all__ = ["IndexedDataset"]
 
@@ -479,7 +479,7 @@ def _check_header(data: bytes, at: int, size: int, url, offset: int) -> None:
         )
     if hdr[156] in (0x30, 0):
         try:
-            stored = _octal(hdr[124:135].lstrip(b" ")) if hdr[135] == 0 else _number(hdr[124:136])
+            stored = _size_number(hdr)
         except ValueError:
             stored = -1
         if stored != size:

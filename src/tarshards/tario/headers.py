@@ -74,6 +74,12 @@ def _number(field: bytes) -> int:
     return _octal(field) if field else 0
 
 
+def _size_number(hdr: bytes) -> int:
+    """A header's size field: eleven octal digits and a NUL read directly, anything else by
+    :func:`_number`; ValueError when it is not a number."""
+    return _octal(hdr[124:135].lstrip(b" ")) if hdr[135] == 0 else _number(hdr[124:136])
+
+
 def _checksum_ok(hdr: bytes) -> bool:
     """Verify a header checksum exactly: the unsigned byte sum (with the checksum field counted
     as spaces), or the signed sum that some old writers stored (tarfile accepts both)."""

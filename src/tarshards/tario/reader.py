@@ -14,8 +14,6 @@ from typing import BinaryIO, Iterable, Iterator
 from ..errors import CompressionError, HeaderError, TarshardsWarning, TruncatedShardError
 from .buffer import COPY_WINDOW, _Buffer, _read_data, reader_buffer, tar_byte_source
 from .headers import (
-    BLOCK,
-    CHUNK_SIZE,
     _DRAIN_LIMIT,
     _GNU_LONGNAME,
     _GNU_SPARSE,
@@ -28,6 +26,8 @@ from .headers import (
     _REGULAR,
     _SPARSE_KEYS,
     _ZERO_BLOCK,
+    BLOCK,
+    CHUNK_SIZE,
     _bad_header,
     _checksum_ok,
     _chk_value,
@@ -36,12 +36,12 @@ from .headers import (
     _member_name,
     _merge_pax,
     _nts,
-    _number,
     _octal,
     _parse_pax,
     _pax_size,
     _pending_name,
     _size_field,
+    _size_number,
 )
 from .sparse import _old_gnu_sparse_map, _pax_unsparse, _unsparse
 
@@ -261,7 +261,7 @@ def _batches(
         if verify and _header_sum(hdr) != _chk_value(hdr) and not _checksum_ok(hdr):
             raise _bad_header(hdr, source, base + pos, b.origin)
         try:
-            size = _octal(hdr[124:135].lstrip(b" ")) if hdr[135] == 0 else _number(hdr[124:136])
+            size = _size_number(hdr)
         except ValueError:
             size = _size_field(hdr, source, base + pos)
         if size < 0:
