@@ -261,6 +261,52 @@ def test_recorder_refuses_what_the_reader_would_group_otherwise():
     assert keys == [] and rec.count == 0 and bytes(rec.samples) == b""
 
 
+def test_recorder_in_tar_sample_takes_and_refuses_what_record_does():
+    """tar_sample records ASCII keys by a shorter path than Recorder.record: the same rows for
+    the writes both take (a key again, a dot or "__" in a directory, "_" keys), and nothing for
+    the writes record refuses."""
+    from tarshards._speedups import tar_sample
+
+    taken = [
+        ([("d/k1.cls", b"1"), ("d/k1.jpg", os.urandom(3000))], "d/k1"),
+        ([("d/k1.txt", b"again")], "d/k1"),  # the same key: the same sample
+        ([("a.b/__d/_k.x.y", b"2"), ("a.b/__d/_k.z", b"")], "a.b/__d/_k"),
+        ([("k.e", b"3")], "k"),
+        ([("d/k1.cls", b"4")], "d/k1"),  # d/k1 after another key: a sample of its own
+    ]
+    refused = [
+        ([("d/k2.cls", b"1")], "d/k1"),  # another key's member
+        ([("d/k1.a/b", b"1")], "d/k1"),  # a slash in the extension
+        ([("d/k1", b"1")], "d/k1"),  # no extension
+        ([("d/k1.", b"1")], "d/k1"),  # an empty extension
+        ([("d/a.b.cls", b"1")], "d/a.b"),  # a dot in the key's base name
+        ([("d/__x.cls", b"1")], "d/__x"),  # a name the reader skips
+        ([("__x.cls", b"1")], "__x"),
+        ([("./k.cls", b"1")], "./k"),  # "./", which the reader strips
+        ([("d/.cls", b"1")], "d/"),  # an empty base name
+        ([(".cls", b"1")], ""),
+        ([("k.cls", b"1"), ("j.cls", b"1")], "k"),  # the second member another key's
+    ]
+    by_record, _, _ = _recorder(None)
+    by_tar, keys, codes = _recorder(None)
+    for members, key in taken:
+        assert by_record.record(members, key)
+        assert tar_sample(members, 0, 0o444, 1 << 30, by_tar, key) is not None, key
+        for members, key in refused:
+            assert tar_sample(members, 0, 0o444, 1 << 30, by_tar, key) is None, key
+            assert not by_record.record(members, key), key
+    assert keys == ["d/k1", "a.b/__d/_k", "k", "d/k1"] and list(codes) == [
+        "cls",
+        "jpg",
+        "txt",
+        "x.y",
+        "z",
+        "e",
+    ]
+    for name in ("members", "samples", "key_blob", "key_offsets"):
+        assert bytes(getattr(by_tar, name)) == bytes(getattr(by_record, name)), name
+
+
 def test_recorder_deferred_checksums_are_filled_in():
     rec, _, _ = _recorder(None)  # None: worked out elsewhere (the read-back thread)
     data = [os.urandom(n) for n in (3, 5000, 0)]

@@ -193,17 +193,21 @@ class TarWriter:
         rec = self._recorder
         if rec is None:
             n = self._tar.add_all(members)
-        elif rec.record is None:  # the recorder's general path (and aligned frames): before
+        elif (
+            key is not None
+            and (fast := rec.fast) is not None
+            and (n := self._tar.add_recorded(members, fast, key)) is not None
+        ):
+            pass  # the recorder's hot path: written and recorded in one C call
+        elif rec.record is None:  # its general path (and aligned frames): before the write
             rec.before_sample(members, key)
             n = self._tar.add_all(members)
             if rec.aligned:
                 rec.after_sample()
-        else:  # its hot path: written and recorded in one C call (else the write, then record)
-            n = None if key is None else self._tar.add_recorded(members, rec._fast, key)
-            if n is None:
-                n = self._tar.add_all(members)
-                if key is None or not rec.record(members, key):
-                    rec.before_sample(members, key)
+        else:  # the write, then record (else the general path)
+            n = self._tar.add_all(members)
+            if key is None or not rec.record(members, key):
+                rec.before_sample(members, key)
         self.count += 1
         return n
 
@@ -330,6 +334,8 @@ class _Recorder:
             )
         )
         self.record = None if self.aligned or self._fast is None else self._fast.record
+        # what TarWriter.write_members hands tar_sample (None: no hot path)
+        self.fast = None if self.record is None else self._fast
         self._parts: list = []
         if self.aligned:
             self._compress = by_name(self.compression).frame(level)
@@ -404,7 +410,7 @@ class _Recorder:
         from .index import _MEMBER_DTYPE
 
         rows = np.frombuffer(self._fast.members, _MEMBER_DTYPE)
-        self._fast = self.record = None
+        self._fast = self.record = self.fast = None
         exts = list(self._codes)
         keys = self.keys or []
         self.names = [
@@ -476,7 +482,7 @@ class _Recorder:
             url=w.name if isinstance(w.name, str) else None,
         )
         self.names = self.sizes = self.sums = self.frames = []
-        self._fast = None
+        self._fast = self.record = self.fast = None
         w.index = index
         if self.save_to is not None:
             index.save(self.save_to, storage_options=w._out.storage_options)
