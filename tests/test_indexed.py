@@ -14,13 +14,14 @@ import pickle
 import subprocess
 import tarfile
 import tempfile
+import warnings
 
 import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tarshards import IntegrityError, ShardFormatError, ShardWriter, WebDataset
+from tarshards import IntegrityError, ShardFormatError, ShardWriter, TarshardsWarning, WebDataset
 from tarshards import indexed as indexed_mod
 from tarshards.indexed import IndexedDataset
 from tarshards.manifest import Manifest, build_manifest
@@ -121,19 +122,20 @@ def _check_random_access(manifest: Manifest, expect_seekable: bool | None = None
     ids = IndexedDataset(manifest)
     assert len(ids) == len(seq)
     indexes = [manifest.load_index(i) for i in range(len(urls))]
-    random_ok = all(
+    # a shard compressed as one stream is read through seek points (a .tgz, with indexed_gzip)
+    # or a decompressed copy, which warns
+    copied = not all(
         ix.seekable or (ix.compression == "gzip" and HAVE_INDEXED_GZIP) for ix in indexes
     )
     if expect_seekable is not None:
         assert all(ix.seekable for ix in indexes) == expect_seekable
-    if random_ok:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         for i, want in enumerate(seq):
             assert ids[i] == want, i
         assert ids[-1] == seq[-1]
-    else:
-        with pytest.raises(ShardFormatError, match="compressed as one stream"):
-            for i in range(len(ids)):
-                ids[i]
+    said = [w for w in caught if "compressed as one stream" in str(w.message)]
+    assert bool(said) == copied
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -306,14 +308,28 @@ def test_without_the_c_extension_samples_are_the_same(tmp_path, monkeypatch):
     assert fast == list(iter_samples(m.shard_urls()))
 
 
-def test_foreign_tgz_without_random_access_says_why(tmp_path):
-    samples = [(f"k{i}", {"txt": b"x" * i}) for i in range(5)]
+@pytest.mark.parametrize("compression", ["zst", "bz2", "xz"])
+def test_one_stream_shard_read_at_random_from_a_decompressed_copy(tmp_path, compression):
+    """A shard compressed as one stream (GNU tar --zstd, -j, -J) is decompressed once, into a
+    file of the process's that is unlinked at once (nothing left behind), with a warning that
+    names the shard and says what to do; every ds[i] then equals the sequential read."""
+    samples = [(f"k{i}", {"txt": os.urandom(700 * i), "cls": b"%d" % i}) for i in range(12)]
     path = str(tmp_path / "a.tar")
     _write_tar(path, samples, "tarfile-pax")
-    zst = _compress(path, "zst")
-    m = build_manifest([zst], str(tmp_path / "m.json"), workers=1)
-    with pytest.raises(ShardFormatError, match="compressed as one stream.*aligned"):
-        IndexedDataset(m)[0]
+    one = _compress(path, compression)
+    m = build_manifest([one], str(tmp_path / "m.json"), workers=1)
+    seq = list(iter_samples([one]))
+    spare = tmp_path / "spare"
+    spare.mkdir()
+    with IndexedDataset(m, cache_dir=str(spare)) as ds:
+        with pytest.warns(
+            TarshardsWarning, match=r"a\.tar\.\w+: .*compressed as one stream.*aligned"
+        ):
+            assert ds[5] == seq[5]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once per shard and process
+            assert [ds[i] for i in reversed(range(len(ds)))] == seq[::-1]
+        assert list(spare.iterdir()) == []  # the copy was unlinked when made
 
 
 @pytest.mark.skipif(not HAVE_INDEXED_GZIP, reason="indexed_gzip is not installed")

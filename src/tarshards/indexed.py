@@ -24,8 +24,6 @@ import numpy as np
 from . import stages as _stages
 from .errors import (
     IntegrityError,
-    MissingDependencyError,
-    ShardFormatError,
     StorageError,
     TarshardsError,
 )
@@ -105,6 +103,14 @@ class _RemoteRanges:
         pass
 
 
+def _have_indexed_gzip() -> bool:
+    try:
+        import indexed_gzip  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 class _GzipSeekRanges:
     """Byte ranges of the *uncompressed* stream of a foreign .tgz (one gzip stream for the
     whole tar), through the seek points ``indexed_gzip`` builds as it goes (a one-time
@@ -113,16 +119,8 @@ class _GzipSeekRanges:
     __slots__ = ("f", "url")
 
     def __init__(self, path: str, url: str):
-        try:
-            import indexed_gzip
-        except ImportError:
-            raise MissingDependencyError(
-                "this .tgz is compressed as one gzip stream: reading its samples at random "
-                "needs seek points, from the indexed_gzip package (pip install "
-                "'tarshards[seek]'); or re-write it with sample-aligned compression "
-                "(tarsplit --aligned -z, ShardWriter(..., aligned=True)) or uncompressed",
-                url=url,
-            ) from None
+        import indexed_gzip
+
         self.f = indexed_gzip.IndexedGzipFile(path, spacing=1 << 20)
         self.url = url
 
@@ -132,6 +130,41 @@ class _GzipSeekRanges:
 
     def close(self) -> None:
         self.f.close()
+
+
+def _unpacked_copy(source: str, url: str, storage_options, directory) -> _LocalRanges:
+    """Byte ranges of the *uncompressed* stream of a shard compressed as one stream (zstd,
+    bzip2, xz, lz4; gzip where ``indexed_gzip`` is missing): the shard decompressed once into a
+    file of this process (in ``directory``, else the system's temporary directory), unlinked at
+    once (it lasts as long as the descriptor, and nothing is left behind), then read as a plain
+    shard. ``source``: where the compressed bytes are (the shard's URL, or its cached copy)."""
+    import tempfile
+    import warnings
+
+    from .errors import TarshardsWarning
+    from .tario import decompressed_chunks
+
+    warnings.warn(
+        TarshardsWarning(
+            f"{url}: this shard is compressed as one stream, so a sample cannot be read alone; "
+            "decompressing the whole shard once, into a temporary file of this process, to "
+            "read its samples at random (re-write it with sample-aligned compression, "
+            "tarsplit --aligned or ShardWriter(..., aligned=True), or uncompressed, to "
+            "avoid this)"
+        ),
+        stacklevel=5,  # the caller's ds[i]
+    )
+    fd, path = tempfile.mkstemp(prefix="tarshards-unpacked-", suffix=".tar", dir=directory)
+    try:
+        with os.fdopen(fd, "wb", closefd=False) as out:
+            with open_url(source, storage_options=storage_options) as f:
+                chunks = iter(lambda: f.read(1 << 20), b"")
+                for piece in decompressed_chunks(chunks, url):
+                    out.write(piece)
+        return _LocalRanges(path, url)
+    finally:
+        os.close(fd)
+        os.unlink(path)
 
 
 class IndexedDataset:
@@ -281,16 +314,8 @@ class IndexedDataset:
             data = self._reader(shard).read(start, end)
             if info.compression != "none":
                 data = _inflate(data, info.compression, url, start)
-        elif info.compression == "gzip":  # offsets are in the uncompressed stream
-            data = self._reader(shard, gzip_seek=True).read(start, end)
-        else:
-            raise ShardFormatError(
-                f"this {info.compression} shard is compressed as one stream, so a sample "
-                "cannot be read alone. Re-write it with sample-aligned compression "
-                "(ShardWriter(..., aligned=True), or: tarsplit --aligned), or store it "
-                "uncompressed; or read it sequentially with WebDataset",
-                url=url,
-            )
+        else:  # compressed as one stream: offsets are in the uncompressed stream
+            data = self._reader(shard, stream=True).read(start, end)
         m0, m1 = info.starts[j], info.starts[j + 1]
         if j in info.rebuilt:
             return self._rebuilt_sample(info, j, data, m0, m1)
@@ -340,7 +365,10 @@ class IndexedDataset:
             _check_members(sample, info.index, j, url)
         return sample
 
-    def _reader(self, shard: int, gzip_seek: bool = False):
+    def _reader(self, shard: int, stream: bool = False):
+        """The shard's byte ranges; ``stream``: of the uncompressed stream of a shard compressed
+        as one stream (a .tgz's through indexed_gzip's seek points where the shard is local or
+        cached and indexed_gzip is installed, else a decompressed copy: _unpacked_copy)."""
         if os.getpid() != self._pid:  # forked into a worker: do not share descriptors
             self._readers = {}
             self._cache = None
@@ -348,19 +376,20 @@ class IndexedDataset:
         r = self._readers.get(shard)
         if r is None:
             url = self.urls[shard]
-            if gzip_seek:
+            if stream:
+                source = url
                 if is_local(url):
-                    path = local_path(url)
-                elif self.cache_dir is not None:
-                    path = self._shard_cache().fetch(url)
+                    source = local_path(url)
+                elif self.cache_dir is not None:  # fetched whole and verified first
+                    source = self._shard_cache().fetch(url)
+                if (
+                    self._infos[shard].compression == "gzip"
+                    and is_local(source)
+                    and _have_indexed_gzip()
+                ):
+                    r = _GzipSeekRanges(local_path(source), url)
                 else:
-                    raise ShardFormatError(
-                        "this .tgz is compressed as one gzip stream: random access to it needs "
-                        "a local copy (pass cache_dir=) or a re-write with sample-aligned "
-                        "compression (tarsplit --aligned -z)",
-                        url=url,
-                    )
-                r = _GzipSeekRanges(path, url)
+                    r = _unpacked_copy(source, url, self.storage_options, self.cache_dir)
             elif is_local(url):
                 r = _LocalRanges(local_path(url), url)
             elif self.cache_dir is not None:
