@@ -91,6 +91,25 @@ def test_key_rules_and_duplicates_match(names, last_dot):
 
 
 @settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 5), st.integers(0, 13), st.booleans()), min_size=1, max_size=60
+    ),
+    st.booleans(),
+)
+def test_grouping_with_more_extensions_than_it_keeps(picks, last_dot):
+    """The C grouping keeps the last eight lower-case extensions it saw (their str made once):
+    fourteen in turn, some in capitals, some non-ASCII, group as the Python loop does."""
+    exts = ["jpg", "png", "cls", "json", "txt", "seg.png", "a", "b", "c", "d", "e", "f", "gé", "h"]
+    names = []
+    for key, ext, upper in picks:
+        e = exts[ext].upper() if upper else exts[ext]
+        names.append((f"d/k{key}.{e}", f"{key}{e}".encode()))
+    data = _tar(names)
+    assert read(data, 1 << 20, True, last_dot) == read(data, 1 << 20, False, last_dot)
+
+
+@settings(max_examples=60, deadline=None)
 @given(pos=st.integers(0, 511), flip=st.integers(1, 255), which=st.integers(0, 2))
 def test_corrupted_headers_give_the_same_error(pos, flip, which):
     data = bytearray(_tar([("x.cls", b"1"), ("x.jpg", b"2" * 600), ("y.cls", b"3")]))

@@ -300,6 +300,37 @@ static PyObject *KEY_STR, *URL_STR, *OFFSET_STR;
 /* group_members(batch, start, url, last_dot, sample, key) -> (samples, sample, key, stop)
  * Groups batch[start:] like format.group_samples. stop is the index of a member that repeats an
  * extension of the current sample (not consumed), or -1. */
+/* the extensions group_members saw last (ASCII, lower-case: as a sample's key uses them), so
+ * that a member whose extension is one of them takes that str (its hash known) instead of a
+ * new one (a substring, a case check and a hash per member); the GIL guards them */
+#define EXT_CACHE 8
+static PyObject *ext_cache[EXT_CACHE];
+static int ext_cache_next;
+
+static PyObject *
+cached_ext(const char *p, Py_ssize_t n)
+{
+    for (int i = 0; i < EXT_CACHE; i++) {
+        PyObject *e = ext_cache[i];
+        if (e != NULL && PyUnicode_GET_LENGTH(e) == n &&
+            memcmp(PyUnicode_DATA(e), p, (size_t)n) == 0) {
+            Py_INCREF(e);
+            return e;
+        }
+    }
+    return NULL;
+}
+
+static void
+remember_ext(PyObject *e)
+{
+    if (!PyUnicode_IS_ASCII(e) || PyUnicode_GET_LENGTH(e) > 32)
+        return;
+    Py_INCREF(e);
+    Py_XSETREF(ext_cache[ext_cache_next], e);
+    ext_cache_next = (ext_cache_next + 1) % EXT_CACHE;
+}
+
 static PyObject *
 group_members(PyObject *self, PyObject *args)
 {
@@ -346,46 +377,63 @@ group_members(PyObject *self, PyObject *args)
             goto fail;
         if (dot <= b || dot == len - 1)
             continue;
-        PyObject *k = PyUnicode_Substring(nameobj, s0, dot);
-        if (k == NULL)
-            goto fail;
-        PyObject *ext = PyUnicode_Substring(nameobj, dot + 1, len);
-        if (ext == NULL) {
-            Py_DECREF(k);
-            goto fail;
-        }
-        /* lower-case the extension unless it already is */
-        int needs_lower = 0;
-        Py_ssize_t elen = PyUnicode_GET_LENGTH(ext);
-        for (Py_ssize_t j = 0; j < elen; j++) {
-            Py_UCS4 c = PyUnicode_READ_CHAR(ext, j);
-            if (c >= 128 || (c >= 'A' && c <= 'Z')) {
-                needs_lower = 1;
-                break;
-            }
-        }
-        if (needs_lower) {
-            PyObject *low = PyObject_CallMethod(ext, "lower", NULL);
-            Py_DECREF(ext);
-            if (low == NULL) {
-                Py_DECREF(k);
-                goto fail;
-            }
-            ext = low;
-        }
+        /* the key: compared with the sample's in place where both are ASCII (the usual
+         * case: no substring for the members after a sample's first) */
+        int ascii = PyUnicode_IS_ASCII(nameobj);
+        const char *nd = ascii ? (const char *)PyUnicode_DATA(nameobj) : NULL;
         int same = 0;
-        if (key != Py_None) {
+        PyObject *k = NULL;
+        if (ascii && key != Py_None && PyUnicode_IS_ASCII(key))
+            same = PyUnicode_GET_LENGTH(key) == dot - s0 &&
+                   memcmp(PyUnicode_DATA(key), nd + s0, (size_t)(dot - s0)) == 0;
+        else if (key != Py_None) {
+            k = PyUnicode_Substring(nameobj, s0, dot);
+            if (k == NULL)
+                goto fail;
             same = PyUnicode_Compare(k, key) == 0;
             if (PyErr_Occurred()) {
                 Py_DECREF(k);
-                Py_DECREF(ext);
                 goto fail;
             }
+        }
+        if (!same && k == NULL) {
+            k = PyUnicode_Substring(nameobj, s0, dot);
+            if (k == NULL)
+                goto fail;
+        }
+        PyObject *ext = ascii ? cached_ext(nd + dot + 1, len - dot - 1) : NULL;
+        if (ext == NULL) {
+            ext = PyUnicode_Substring(nameobj, dot + 1, len);
+            if (ext == NULL) {
+                Py_XDECREF(k);
+                goto fail;
+            }
+            /* lower-case the extension unless it already is */
+            int needs_lower = 0;
+            Py_ssize_t elen = PyUnicode_GET_LENGTH(ext);
+            for (Py_ssize_t j = 0; j < elen; j++) {
+                Py_UCS4 c = PyUnicode_READ_CHAR(ext, j);
+                if (c >= 128 || (c >= 'A' && c <= 'Z')) {
+                    needs_lower = 1;
+                    break;
+                }
+            }
+            if (needs_lower) {
+                PyObject *low = PyObject_CallMethod(ext, "lower", NULL);
+                Py_DECREF(ext);
+                if (low == NULL) {
+                    Py_XDECREF(k);
+                    goto fail;
+                }
+                ext = low;
+            }
+            else
+                remember_ext(ext);
         }
         if (same) {
             int has = PyDict_Contains(sample, ext);
             if (has != 0) {
-                Py_DECREF(k);
+                Py_XDECREF(k);
                 Py_DECREF(ext);
                 if (has < 0)
                     goto fail;
@@ -393,7 +441,7 @@ group_members(PyObject *self, PyObject *args)
                 break;
             }
             int rc = PyDict_SetItem(sample, ext, data);
-            Py_DECREF(k);
+            Py_XDECREF(k);
             Py_DECREF(ext);
             if (rc < 0)
                 goto fail;
