@@ -1265,3 +1265,62 @@ def test_buffer_grows_while_a_stream_holds_its_views():
     stream = _Hoarder(raw, 100_000)
     got = [(n, d) for n, d, _ in iter_tar(stream, "hoard")]
     assert got == members and len(stream.kept) > 3
+
+
+def _linked(kind: str, name: str, target: str) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.LNKTYPE if kind == "hard" else tarfile.SYMTYPE
+    info.linkname = target
+    return info
+
+
+@pytest.mark.parametrize("kind", ["hard", "symbolic"])
+def test_a_link_that_a_sample_misses_is_named_once_a_shard(tmp_path, kind):
+    """Links are skipped (only regular files are read, as in tarfile and webdataset); where the
+    link's name is a sample's field, that sample lacks it, and a warning names the member, its
+    target and what to do, once a shard. A link that is no sample's field is not mentioned."""
+    path = tmp_path / "s.tar"
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tf:
+        for key in ("k1", "k2"):
+            for ext in ("jpg", "cls"):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = 3
+                tf.addfile(info, io.BytesIO(b"abc"))
+        tf.addfile(_linked(kind, "latest", "k2.jpg"))  # no KEY.EXT: nothing is lost
+        tf.addfile(_linked(kind, "k3.jpg", "k1.jpg"))
+        tf.addfile(_linked(kind, "k4.jpg", "k2.jpg"))
+        info = tarfile.TarInfo("k3.cls")
+        info.size = 1
+        tf.addfile(info, io.BytesIO(b"3"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        samples = list(shard_samples(str(path)))
+    assert [(s["__key__"], sorted(k for k in s if not k.startswith("__"))) for s in samples] == [
+        ("k1", ["cls", "jpg"]),
+        ("k2", ["cls", "jpg"]),
+        ("k3", ["cls"]),
+    ]
+    said = [str(w.message) for w in caught if "links to" in str(w.message)]
+    assert len(said) == 1, said
+    assert "'k3.jpg'" in said[0] and "'k1.jpg'" in said[0] and str(path) in said[0]
+    assert ("--hard-dereference" if kind == "hard" else "--dereference") in said[0]
+
+
+@pytest.mark.skipif(not HAVE_TAR, reason="GNU tar is not installed")
+def test_gnu_tar_hard_link_in_a_data_set_is_named(tmp_path):
+    """GNU tar stores a file with two names once: the second name is a hard link (the data set
+    then misses a field, as with tarfile and webdataset); the warning says so."""
+    root = tmp_path / "tree"
+    root.mkdir()
+    (root / "a1.jpg").write_bytes(b"jpeg bytes")
+    (root / "a1.cls").write_bytes(b"1")
+    os.link(root / "a1.jpg", root / "a2.jpg")
+    (root / "a2.cls").write_bytes(b"2")
+    out = tmp_path / "t.tar"
+    subprocess.run(["tar", "--sort=name", "-cf", str(out), "-C", str(root), "."], check=True)
+    with pytest.warns(TarshardsWarning, match=r"'\./a2\.jpg'.* links to '\./a1\.jpg'"):
+        samples = list(shard_samples(str(out)))
+    assert [sorted(k for k in s if not k.startswith("__")) for s in samples] == [
+        ["cls", "jpg"],
+        ["cls"],
+    ]

@@ -153,6 +153,7 @@ def _batches(
     index_scan=None,
 ):
     long_name = None  # a GNU long name for the member being assembled
+    warned_link = False  # a link that a sample misses was named (once a shard)
     long_first = False  # the long name came before the member's pax header (it wins)
     pax: dict | None = None  # the pax keys for the member being assembled (globals included)
     global_pax: dict = {}
@@ -360,8 +361,45 @@ def _batches(
         if typeflag not in _NO_DATA:
             last = (_member_name(hdr, long_name, meta), start, base + pos + size)
             pos += padded
+        elif typeflag in _LINKS and not warned_link:
+            warned_link = _warn_link(hdr, typeflag, long_name, meta, source, start)
         long_name = pax = start = None
         long_first = False
+
+
+_LINKS = (0x31, 0x32)  # '1' hard link, '2' symbolic link
+
+
+def _warn_link(hdr: bytes, typeflag: int, long_name, meta, source, start: int) -> bool:
+    """A link whose name is a sample's member (``KEY.EXT``) is skipped like every member that is
+    not a regular file, but its sample then lacks that field: say so, once a shard (True when
+    said). GNU tar writes a file with several hard links once, and the others as links to it."""
+    name = _member_name(hdr, long_name, meta)
+    base = name.rsplit("/", 1)[-1]
+    dot = base.find(".")
+    if base.startswith("__") or dot <= 0 or dot == len(base) - 1:
+        return False  # no field of a sample (the grouping's rule): nothing is lost
+    target = meta.get("linkpath") if meta is not None else None
+    if not target:
+        nul = hdr.find(0, 157, 257)
+        target = hdr[157 : nul if nul >= 0 else 257].decode("utf-8", "surrogateescape")
+    if typeflag == 0x31:
+        what = (
+            "a hard link: its data is stored once, under the member it links to; make the "
+            "shard with tar --hard-dereference to store it under this name too"
+        )
+    else:
+        what = "a symbolic link: make the shard with tar --dereference (-h) to store the data"
+    warnings.warn(
+        TarshardsWarning(
+            f"{source or 'a tar stream'}: member {name!r} at offset {start} links to "
+            f"{target!r} and is skipped (only regular files are read), so its sample has no "
+            f"such field. It is {what}. Further links in this shard are skipped without a "
+            "warning"
+        ),
+        stacklevel=5,
+    )
+    return True
 
 
 def _last_of(batch: list) -> tuple:
