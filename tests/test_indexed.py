@@ -319,8 +319,7 @@ def test_one_stream_shard_read_at_random_from_a_decompressed_copy(tmp_path, comp
     one = _compress(path, compression)
     m = build_manifest([one], str(tmp_path / "m.json"), workers=1)
     seq = list(iter_samples([one]))
-    spare = tmp_path / "spare"
-    spare.mkdir()
+    spare = tmp_path / "spare"  # made when first needed
     with IndexedDataset(m, cache_dir=str(spare)) as ds:
         with pytest.warns(
             TarshardsWarning, match=r"a\.tar\.\w+: .*compressed as one stream.*aligned"

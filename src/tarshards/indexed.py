@@ -154,6 +154,8 @@ def _unpacked_copy(source: str, url: str, storage_options, directory) -> _LocalR
         ),
         stacklevel=5,  # the caller's ds[i]
     )
+    if directory is not None:
+        os.makedirs(directory, exist_ok=True)
     fd, path = tempfile.mkstemp(prefix="tarshards-unpacked-", suffix=".tar", dir=directory)
     try:
         with os.fdopen(fd, "wb", closefd=False) as out:
