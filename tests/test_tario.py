@@ -1324,3 +1324,37 @@ def test_gnu_tar_hard_link_in_a_data_set_is_named(tmp_path):
         ["cls", "jpg"],
         ["cls"],
     ]
+
+
+@pytest.mark.parametrize(
+    "own, name",
+    [
+        ({"mtime": "1.5"}, "global/name.txt"),  # the member's pax header sets no path
+        ({"path": "own/name.txt"}, "own/name.txt"),  # its own path wins over the global one
+        ({"size": ""}, "global/name.txt"),  # an empty value deletes only that key
+    ],
+)
+def test_global_pax_header_between_a_members_pax_header_and_the_member(own, name):
+    """A pax global header ('g') that comes after a member's pax header ('x') and before the
+    member applies to that member too, under the member's own keys: GNU tar lists the member
+    under the global path= (checked with tar -tf on such an archive; the fuzzer's seed 1357
+    found it)."""
+
+    def pax(records, kind):
+        return tarfile.TarInfo._create_pax_generic_header(records, kind, "utf-8")
+
+    raw = (
+        _member("a.txt", b"first")
+        + pax(own, tarfile.XHDTYPE)
+        + pax({"path": "global/name.txt"}, tarfile.XGLTYPE)
+        + _member("b.txt", b"second")
+        + bytes(1024)
+    )
+    got, err = all_ways(raw)
+    assert err is None
+    assert [(n, d) for n, d, _ in got] == [("a.txt", b"first"), (name, b"second")]
+    if HAVE_TAR and own != {"size": ""}:  # GNU tar: "invalid size=" for the empty size
+        listed = subprocess.run(
+            ["tar", "-tf", "-"], input=raw, capture_output=True, check=True
+        ).stdout.split()
+        assert listed == [b"a.txt", name.encode()]

@@ -156,6 +156,7 @@ def _batches(
     warned_link = False  # a link that a sample misses was named (once a shard)
     long_first = False  # the long name came before the member's pax header (it wins)
     pax: dict | None = None  # the pax keys for the member being assembled (globals included)
+    own: set = set()  # the keys its own pax headers set (while pax is not None)
     global_pax: dict = {}
     global_read = False  # the global keys change how members are read: no fast path
     start = None  # offset of the first header of the member being assembled
@@ -332,7 +333,9 @@ def _batches(
                 records = _parse_pax(payload, source, start)
                 if pax is None:
                     pax = _merge_pax(global_pax, records)
+                    own = set(records)
                 else:  # a second pax header for one member: the first one's keys win
+                    own |= set(records)
                     if not (_SPARSE_KEYS.isdisjoint(pax) or _SPARSE_KEYS.isdisjoint(records)):
                         raise HeaderError(
                             "two pax headers with GNU.sparse records for one "
@@ -353,6 +356,10 @@ def _batches(
                     )
                 global_pax = _merge_pax(global_pax, records)
                 global_read = not _PAX_READ_KEYS.isdisjoint(global_pax)
+                if pax is not None:
+                    # between a member's pax header and the member: its keys apply to the member
+                    # too, under the member's own (as GNU tar applies them)
+                    pax = _merge_pax(pax, {k: v for k, v in records.items() if k not in own})
                 if fresh:  # a global header is no member's first header
                     last = (None, start, None)
                     start = None
