@@ -1327,18 +1327,20 @@ def test_gnu_tar_hard_link_in_a_data_set_is_named(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "own, name",
+    "own, after, name",
     [
-        ({"mtime": "1.5"}, "global/name.txt"),  # the member's pax header sets no path
-        ({"path": "own/name.txt"}, "own/name.txt"),  # its own path wins over the global one
-        ({"size": ""}, "global/name.txt"),  # an empty value deletes only that key
+        ({"mtime": "1.5"}, None, "global/name.txt"),  # the member's pax header sets no path
+        ({"path": "own/name.txt"}, None, "own/name.txt"),  # its own path wins over the global
+        ({"size": ""}, None, "global/name.txt"),  # an empty value deletes only that key
+        # a second pax header of the member's after the global one: its path wins (seed 1111)
+        ({"mtime": "2.5"}, {"path": "later/name.txt"}, "later/name.txt"),
     ],
 )
-def test_global_pax_header_between_a_members_pax_header_and_the_member(own, name):
+def test_global_pax_header_between_a_members_pax_header_and_the_member(own, after, name):
     """A pax global header ('g') that comes after a member's pax header ('x') and before the
     member applies to that member too, under the member's own keys: GNU tar lists the member
-    under the global path= (checked with tar -tf on such an archive; the fuzzer's seed 1357
-    found it)."""
+    under the global path= (checked with tar -tf on such an archive; the fuzzer's seeds 1357
+    and 1111 found it)."""
 
     def pax(records, kind):
         return tarfile.TarInfo._create_pax_generic_header(records, kind, "utf-8")
@@ -1347,6 +1349,7 @@ def test_global_pax_header_between_a_members_pax_header_and_the_member(own, name
         _member("a.txt", b"first")
         + pax(own, tarfile.XHDTYPE)
         + pax({"path": "global/name.txt"}, tarfile.XGLTYPE)
+        + (pax(after, tarfile.XHDTYPE) if after else b"")
         + _member("b.txt", b"second")
         + bytes(1024)
     )

@@ -157,6 +157,7 @@ def _batches(
     long_first = False  # the long name came before the member's pax header (it wins)
     pax: dict | None = None  # the pax keys for the member being assembled (globals included)
     own: set = set()  # the keys its own pax headers set (while pax is not None)
+    pax_first: dict = {}  # pax less the global headers read after the member's first pax header
     global_pax: dict = {}
     global_read = False  # the global keys change how members are read: no fast path
     start = None  # offset of the first header of the member being assembled
@@ -328,15 +329,15 @@ def _batches(
             if typeflag == _GNU_LONGNAME:
                 if long_name is None:  # the first of several long names wins (as in tarfile)
                     long_name = _nts(payload).decode("utf-8", "surrogateescape")
-                    long_first = pax is None or "path" not in pax  # the outer name wins
+                    long_first = pax is None or "path" not in pax_first  # the outer name wins
             elif typeflag == _PAX:
                 records = _parse_pax(payload, source, start)
                 if pax is None:
-                    pax = _merge_pax(global_pax, records)
+                    pax = pax_first = _merge_pax(global_pax, records)
                     own = set(records)
                 else:  # a second pax header for one member: the first one's keys win
                     own |= set(records)
-                    if not (_SPARSE_KEYS.isdisjoint(pax) or _SPARSE_KEYS.isdisjoint(records)):
+                    if not (_SPARSE_KEYS.isdisjoint(pax_first) or _SPARSE_KEYS.isdisjoint(records)):
                         raise HeaderError(
                             "two pax headers with GNU.sparse records for one "
                             "member (contradictory sparse maps)",
@@ -344,7 +345,8 @@ def _batches(
                             member=_pending_name(long_name, pax),
                             offset=start,
                         )
-                    pax = _merge_pax(pax, records, pax)
+                    pax = _merge_pax(pax, records, pax_first)
+                    pax_first = _merge_pax(pax_first, records, pax_first)
             elif typeflag == _PAX_GLOBAL:
                 records = _parse_pax(payload, source, start)
                 if not _SPARSE_KEYS.isdisjoint(records):
