@@ -486,11 +486,6 @@ def _deviation(mine, theirs, raw: bytes) -> str | None:
             return "tarfile does not apply a global path= to every member type (GNU tar does)"
         if n2 == "" and _EMPTY_PAX.search(raw):
             return "tarfile names a member '' (POSIX: an empty path= deletes the keyword)"
-        if n2.startswith(n1) and b"././@LongLink" in raw:
-            return (
-                "tarfile reads a GNU long name to the end of its block, not to its "
-                "declared size (GNU tar and we read the declared size)"
-            )
         if n2.endswith("/" + n1):
             return "tarfile applies the ustar prefix field to non-POSIX headers (GNU tar does not)"
         if n1.endswith("/" + n2) and _prefixed_gnu_type(raw, o1):

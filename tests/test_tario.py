@@ -1361,3 +1361,23 @@ def test_global_pax_header_between_a_members_pax_header_and_the_member(own, afte
             ["tar", "-tf", "-"], input=raw, capture_output=True, check=True
         ).stdout.split()
         assert listed == [b"a.txt", name.encode()]
+
+
+def test_gnu_long_name_runs_on_past_its_declared_size():
+    """A GNU long name is read to its NUL within its blocks, past the size its header declares
+    (GNU tar and tarfile read it so; the fuzzer's seed 4444 found that we stopped at the size)."""
+    long = tarfile.TarInfo("././@LongLink")
+    long.type = tarfile.GNUTYPE_LONGNAME
+    long.size = 5  # "abcde" declared; the block holds "abcdefgh.txt"
+    raw = (
+        long.tobuf(tarfile.GNU_FORMAT)
+        + b"abcdefgh.txt".ljust(512, b"\0")
+        + _member("short.txt", b"xyz", tarfile.GNU_FORMAT)
+        + bytes(1024)
+    )
+    got, err = all_ways(raw)
+    assert err is None and [(n, d) for n, d, _ in got] == [("abcdefgh.txt", b"xyz")]
+    assert tarfile_regular(raw) == got
+    if HAVE_TAR:
+        listed = subprocess.run(["tar", "-tf", "-"], input=raw, capture_output=True, check=True)
+        assert listed.stdout.split() == [b"abcdefgh.txt"]

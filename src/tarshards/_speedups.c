@@ -145,10 +145,13 @@ pax_member(const unsigned char *h, Py_ssize_t room, Py_ssize_t *at, long long *s
     Py_ssize_t member = BLOCK + (Py_ssize_t)((psize + 511) & ~(long long)511);
     if (member > room - BLOCK)
         return 0;
-    if (h[156] == 'L') { /* a GNU long name: the payload up to its first NUL names the member */
-        const unsigned char *nul = memchr(h + BLOCK, 0, (size_t)psize);
+    if (h[156] == 'L') {
+        /* a GNU long name: its blocks up to the first NUL name the member, past its declared
+         * size where the name runs on (as GNU tar and tarfile read it) */
+        Py_ssize_t blocks = member - BLOCK;
+        const unsigned char *nul = memchr(h + BLOCK, 0, (size_t)blocks);
         *path = h + BLOCK;
-        *pathlen = nul ? (Py_ssize_t)(nul - (h + BLOCK)) : (Py_ssize_t)psize;
+        *pathlen = nul ? (Py_ssize_t)(nul - (h + BLOCK)) : blocks;
         if (*pathlen == 0)
             return 0;
     } else if (!harmless_pax(h + BLOCK, (Py_ssize_t)psize, path, pathlen))

@@ -323,7 +323,10 @@ def _batches(
         if typeflag in _META:
             if size > _MAX_META:
                 raise HeaderError("implausibly large extended header", url=source, offset=start)
-            payload, pos = _take(b, pos, size, padded, source, None, start)
+            # a GNU long name is read to its NUL within its blocks, past its declared size where
+            # it runs on (as GNU tar and tarfile read it)
+            want = padded if typeflag == _GNU_LONGNAME else size
+            payload, pos = _take(b, pos, want, padded, source, None, start)
             end = b.end
             base = b.base
             if typeflag == _GNU_LONGNAME:
