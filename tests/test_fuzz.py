@@ -509,8 +509,8 @@ def _prefixed_gnu_type(raw: bytes, offset: int) -> bool:
 
 def _renamed_old_directory(member, raw: bytes) -> bool:
     """Whether ``member`` (name, data, offset of its first header) is an empty one whose own
-    header, after a GNU long name or a pax header, has type '\\0' and a name field ending in '/'
-    while the member is named otherwise."""
+    header, after a GNU long name or a pax header (or under a pax global path=), has type '\\0'
+    and a name field ending in '/' while the member is named otherwise."""
     name, data, offset = member
     if data or name.endswith("/"):
         return False
@@ -519,6 +519,7 @@ def _renamed_old_directory(member, raw: bytes) -> bool:
         h = raw[pos : pos + 512]
         if h[156:157] not in (b"L", b"x"):
             field = h[:100].split(b"\0", 1)[0]
+            renamed = renamed or b" path=" in _global_records(raw)  # (seeds 40404, 50505)
             return renamed and h[156] == 0 and field.endswith(b"/")
         digits = h[124:136].split(b"\0", 1)[0].strip(b" ")
         if not digits or not set(digits) <= set(b"01234567"):
@@ -541,6 +542,14 @@ def _global_records(raw: bytes) -> bytes:
     return b"".join(out)
 
 
+def _same_but_global_names(mine: list, theirs: list, raw: bytes) -> bool:
+    """Whether two readings agree, names aside where a pax global path= names the members
+    (tarfile does not apply it to every member type; GNU tar does, as we do)."""
+    if b" path=" not in _global_records(raw):
+        return mine == theirs
+    return [(d, o) for _, d, o in mine] == [(d, o) for _, d, o in theirs]
+
+
 def classify(data: bytes):
     """The outcome class of one mutant, or raises AssertionError for a broken promise."""
     mine, my_err, warned = ours(data)
@@ -550,7 +559,11 @@ def classify(data: bytes):
     for i in range(common):
         if mine[i] != theirs[i]:
             why = _deviation(mine[i], theirs[i], raw)
-            if why is None and _renamed_old_directory(mine[i], raw) and mine[i + 1 :] == theirs[i:]:
+            if (
+                why is None
+                and _renamed_old_directory(mine[i], raw)
+                and _same_but_global_names(mine[i + 1 :], theirs[i:], raw)
+            ):
                 why = (
                     "tarfile takes a '\\0'-type member for a directory by its header's own name "
                     "('./') although a GNU long name or pax path renames it (GNU tar lists a "
