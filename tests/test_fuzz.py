@@ -504,6 +504,12 @@ def _deviation(mine, theirs, raw: bytes) -> str | None:
     return None
 
 
+def _size_field(h: bytes) -> int | None:
+    """A header block's size field as plain octal digits, or None."""
+    digits = h[124:136].split(b"\0", 1)[0].strip(b" ")
+    return int(digits, 8) if digits and set(digits) <= set(b"01234567") else None
+
+
 def _sparse_after_pax_size(raw: bytes, offset: int) -> bool:
     """Whether the member whose first header is at ``offset`` is an old-GNU sparse one ('S')
     behind a pax header with a size= record (seed 19019: GNU tar's tar -tvf lists the sparse
@@ -511,12 +517,11 @@ def _sparse_after_pax_size(raw: bytes, offset: int) -> bool:
     pos, sized = offset, False
     while pos + 512 <= len(raw):
         h = raw[pos : pos + 512]
-        digits = h[124:136].split(b"\0", 1)[0].strip(b" ")
         if h[156:157] != b"x":
             return sized and h[156:157] == b"S"
-        if not digits or not set(digits) <= set(b"01234567"):
+        size = _size_field(h)
+        if size is None:
             return False
-        size = int(digits, 8)
         sized = sized or b" size=" in raw[pos + 512 : pos + 512 + size]
         pos += 512 + (size + 511) // 512 * 512
     return False
@@ -544,11 +549,11 @@ def _renamed_old_directory(member, raw: bytes) -> bool:
             field = h[:100].split(b"\0", 1)[0]
             renamed = renamed or b" path=" in _global_records(raw)  # (seeds 40404, 50505)
             return renamed and h[156] == 0 and field.endswith(b"/")
-        digits = h[124:136].split(b"\0", 1)[0].strip(b" ")
-        if not digits or not set(digits) <= set(b"01234567"):
+        size = _size_field(h)
+        if size is None:
             return False
         renamed = True
-        pos += 512 + (int(digits, 8) + 511) // 512 * 512
+        pos += 512 + (size + 511) // 512 * 512
     return False
 
 
@@ -582,9 +587,9 @@ def _skipped_by_sized_old_directory(raw: bytes, offsets: list) -> bool:
         blk = raw[h : h + 512]
         if blk[156] != 0 or not blk[:100].split(b"\0", 1)[0].endswith(b"/"):
             continue
-        digits = blk[124:136].split(b"\0", 1)[0].strip(b" ")
-        if digits and set(digits) <= set(b"01234567") and int(digits, 8):
-            spans.append((h + 512, h + 512 + (int(digits, 8) + 511) // 512 * 512))
+        size = _size_field(blk)
+        if size:
+            spans.append((h + 512, h + 512 + (size + 511) // 512 * 512))
     return bool(offsets) and all(any(a <= o < b for a, b in spans) for o in offsets)
 
 

@@ -927,6 +927,16 @@ recorder_ext(RecorderObject *r, Py_ssize_t i, PyObject *name, Py_ssize_t start)
 static int
 key_base_ok(PyObject *key, Py_ssize_t klen)
 {
+    if (PyUnicode_IS_ASCII(key)) { /* one backward pass over the bytes (the writer's keys) */
+        const char *kd = (const char *)PyUnicode_DATA(key);
+        Py_ssize_t b = klen;
+        int dot = 0;
+        while (b > 0 && kd[b - 1] != '/') {
+            dot |= kd[b - 1] == '.';
+            b--;
+        }
+        return !dot && b < klen && !(klen - b >= 2 && kd[b] == '_' && kd[b + 1] == '_');
+    }
     Py_ssize_t slash = PyUnicode_FindChar(key, '/', 0, klen, -1);
     if (slash == -2)
         return -1;
@@ -1003,16 +1013,7 @@ recorder_record_plain(RecorderObject *r, PyObject *seq, PyObject *key)
 {
     Py_ssize_t klen = PyUnicode_GET_LENGTH(key);
     const char *kd = (const char *)PyUnicode_DATA(key);
-    if (klen == 0 || (klen >= 2 && kd[0] == '.' && kd[1] == '/'))
-        return 0;
-    /* the base name (after the last '/'): not empty, not "__...", without a dot */
-    Py_ssize_t b = klen;
-    int dot = 0;
-    while (b > 0 && kd[b - 1] != '/') {
-        dot |= kd[b - 1] == '.';
-        b--;
-    }
-    if (dot || b == klen || (klen - b >= 2 && kd[b] == '_' && kd[b + 1] == '_'))
+    if (klen == 0 || (klen >= 2 && kd[0] == '.' && kd[1] == '/') || !key_base_ok(key, klen))
         return 0;
     Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);

@@ -26,13 +26,14 @@ from .errors import (
     IntegrityError,
     StorageError,
     TarshardsError,
+    TarshardsWarning,
 )
 from .manifest import Manifest, as_manifest
 from .storage import is_local, local_path, open_url
 from .storage.seek import read_exact
 from .format import split_name
 from .index import FLAG_REBUILT
-from .tario import BLOCK, iter_tar
+from .tario import BLOCK, decompressed_chunks, iter_tar
 from .tario.headers import _checksum_ok, _octal, _size_number
 
 __all__ = ["IndexedDataset"]
@@ -140,9 +141,6 @@ def _unpacked_copy(source: str, url: str, storage_options, directory) -> _LocalR
     shard. ``source``: where the compressed bytes are (the shard's URL, or its cached copy)."""
     import tempfile
     import warnings
-
-    from .errors import TarshardsWarning
-    from .tario import decompressed_chunks
 
     warnings.warn(
         TarshardsWarning(
@@ -483,8 +481,6 @@ class _ShardInfo:
 
 def _inflate(data: bytes, compression: str, url, offset: int) -> bytes:
     """The uncompressed bytes of one or more whole gzip members / zstd frames."""
-    from .tario import decompressed_chunks
-
     try:
         return b"".join(decompressed_chunks([data], url))
     except TarshardsError as exc:

@@ -199,14 +199,14 @@ class TarWriter:
             and (n := self._tar.add_recorded(members, fast, key)) is not None
         ):
             pass  # the recorder's hot path: written and recorded in one C call
-        elif rec.record is None:  # its general path (and aligned frames): before the write
+        elif rec.fast is None:  # its general path (and aligned frames): before the write
             rec.before_sample(members, key)
             n = self._tar.add_all(members)
             if rec.aligned:
                 rec.after_sample()
         else:  # the write, then record (else the general path)
             n = self._tar.add_all(members)
-            if key is None or not rec.record(members, key):
+            if key is None or not rec.fast.record(members, key):
                 rec.before_sample(members, key)
         self.count += 1
         return n
@@ -261,7 +261,8 @@ class _Recorder:
     offsets and checksums, the file's hash), and sample-aligned compression (each sample its own
     gzip member or zstd frame, so it decompresses alone; still a valid .tar.gz / .tar.zst).
 
-    The hot path is one C call per write (``_speedups.Recorder.record``, bound as ``record``):
+    The hot path is one C call per write (``_speedups.tar_sample`` with the shard's
+    ``_speedups.Recorder``, ``fast``; ``Recorder.record`` where a write was made apart):
     it lays out the index's rows as it goes (per member: sample number, extension code, header
     and data offsets, size, checksum; per sample: offset and end; the key appended to ``keys``
     when a new sample starts), so closing the shard only copies them out. Writes the C path does
@@ -333,9 +334,9 @@ class _Recorder:
                 header_size,
             )
         )
-        self.record = None if self.aligned or self._fast is None else self._fast.record
-        # what TarWriter.write_members hands tar_sample (None: no hot path)
-        self.fast = None if self.record is None else self._fast
+        # the hot path's recorder, which TarWriter.write_members hands tar_sample (None: none,
+        # as in aligned mode, where before_sample records ahead of each frame)
+        self.fast = None if self.aligned else self._fast
         self._parts: list = []
         if self.aligned:
             self._compress = by_name(self.compression).frame(level)
@@ -383,7 +384,7 @@ class _Recorder:
 
     def before_sample(self, members, key=None) -> None:
         """The general path of a write (and the frames of aligned mode); TarWriter tried
-        ``record`` first where there is one."""
+        ``fast`` (or its ``record``) first where there is one."""
         if self.aligned:
             self.frames.append((self.nbytes, self.writer._tar.bytes_written))
         if not members:
@@ -410,7 +411,7 @@ class _Recorder:
         from .index import _MEMBER_DTYPE
 
         rows = np.frombuffer(self._fast.members, _MEMBER_DTYPE)
-        self._fast = self.record = self.fast = None
+        self._fast = self.fast = None
         exts = list(self._codes)
         keys = self.keys or []
         self.names = [
@@ -482,7 +483,7 @@ class _Recorder:
             url=w.name if isinstance(w.name, str) else None,
         )
         self.names = self.sizes = self.sums = self.frames = []
-        self._fast = self.record = self.fast = None
+        self._fast = self.fast = None
         w.index = index
         if self.save_to is not None:
             index.save(self.save_to, storage_options=w._out.storage_options)
