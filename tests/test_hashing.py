@@ -11,11 +11,14 @@ from pathlib import Path
 
 import pytest
 import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tarshards import ShardWriter, TarWriter, hashing
 from tarshards import index as index_mod
 from tarshards.index import index_stream, index_url
 from tarshards.manifest import build_manifest
+from tarshards.writer import _READ_BACK_COLUMNS as _COLUMNS  # the order finish() gives them
 
 _xxh3 = pytest.importorskip("tarshards._xxh3", reason="built only where libxxhash-dev is installed")
 
@@ -424,3 +427,150 @@ def test_background_refuses_a_forked_child(tmp_path):
     assert got == b"\x00"
     digest, sums = bg.finish(1024)  # the parent's thread is unharmed
     assert digest == xxhash.xxh3_64(bytes(1024)).hexdigest() and sums == b""
+
+
+def _read_back(path: Path, data: bytes, rnd, end: bool = True):
+    """Write ``data`` to ``path`` in pieces while a Background(index=True) follows it; tell it the
+    size (``end``, as the writer's commit does), then collect."""
+    with open(path, "wb") as f:
+        bg = _xxh3.Background(str(path), index=True)
+        pos = 0
+        while pos < len(data):
+            step = rnd.choice([1, 100, 512, 4096, 1 << 20])
+            f.write(data[pos : pos + step])
+            f.flush()
+            pos += step
+    if end:
+        bg.end(len(data))
+    return bg.finish(len(data))
+
+
+def _assert_index_columns(got, path: Path) -> None:
+    """The thread's columns are those of the index a sequential read builds (the reader's
+    names: keys, extensions, skipped members), byte for byte."""
+    digest, *columns, exts = got
+    want = index_url(str(path))
+    assert f"xxh3_64:{digest}" == want.hash
+    assert tuple(exts) == want.extensions
+    for name, column in zip(_COLUMNS, columns):
+        assert bytes(memoryview(column)) == bytes(want._array_bytes(name)), name
+
+
+def test_background_index_names_members_as_the_reader(tmp_path):
+    """The writer's headers (plain ustar; a ustar prefix; a pax path for long and non-ASCII names;
+    a pax size), names the reader skips, keys that come back, and extensions in every order."""
+    import random
+
+    from tarshards.tario.writer import _pax_record, tar_header
+
+    rnd = random.Random(7)
+    names = [
+        "a.jpg",
+        "a.cls",
+        "a.json",
+        "b.json",
+        "b.jpg",
+        "./c.txt",  # "./": the sample's flag
+        "./c.cls",
+        "__meta__.json",  # skipped: "__"
+        "d/__x.txt",
+        "noext",  # skipped: no extension
+        ".hidden",  # skipped: the dot starts the base name
+        "trailing.",  # skipped: nothing after the dot
+        "d.e/k.tar.gz",  # the key's directory may hold dots; the extension is after the first
+        "p/" * 60 + "long.bin",  # prefix and name
+        "q" * 150 + ".bin",  # a pax path
+        "ключ.txt",  # a pax path (UTF-8)
+        "a.jpg",  # a key seen before, not the last one: a new sample
+        "empty.txt",
+        "\u00e9\u00e9.txt/",  # a pax path (not ASCII), whose trailing slash the reader drops
+    ]
+    members = [(n, os.urandom(rnd.choice([0, 1, 511, 512, 513, 9000]))) for n in names]
+    members[-1] = ("empty.txt", b"")
+    data = b""
+    for name, body in members:
+        data += tar_header(name, len(body)) + body + bytes(-len(body) % 512)
+    payload = _pax_record("size", "700")  # a size only a pax record gives (>= 8 GiB in practice)
+    data += tar_header("././@PaxHeader", len(payload), typeflag=b"x") + payload
+    data += bytes(-len(data) % 512)
+    data += tar_header("z.bin", 0) + os.urandom(700) + bytes(-700 % 512)
+    data += bytes(1024)
+    path = tmp_path / "a.tar"
+    got = _read_back(path, data, rnd)
+    _assert_index_columns(got, path)
+    assert got[-1] == ["jpg", "cls", "json", "txt", "tar.gz", "bin"]
+    assert len(got[4]) == 8 * (len(index_url(str(path))) + 1)  # key_offsets
+
+
+def test_background_index_of_the_writers_shards(tmp_path):
+    """TarWriter(index=True) takes its index from the thread, for any names it writes."""
+    import random
+
+    rnd = random.Random(3)
+    exts = ["jpg", "cls", "json", "TXT", "tar.gz"]
+    path = tmp_path / "w.tar"
+    with TarWriter(str(path), index=True) as w:
+        assert w._recorder.read_back
+        for i in range(300):
+            key = rnd.choice([f"s{i}", f"d{i % 7}/s{i}", "k" * rnd.choice([1, 99, 160]) + str(i)])
+            w.write(
+                {"__key__": key, **{e: os.urandom(rnd.randrange(2000)) for e in exts[: i % 5 + 1]}}
+            )
+        w.write_members([("__key__.txt", b"x"), ("raw", b"y"), ("x.y.z", b"z")])
+    assert w.index == index_url(str(path))
+
+
+def test_background_index_refuses_headers_the_writer_does_not_make(tmp_path):
+    import random
+
+    data = _tar_bytes([("L" * 120 + ".txt", b"1")], tarfile.GNU_FORMAT)  # a GNU long name
+    with pytest.raises(ValueError, match="the writer does not make"):
+        _read_back(tmp_path / "g.tar", data, random.Random(1))
+
+
+def test_background_end_then_finish(tmp_path):
+    """end(size) lets the thread stop by itself; finish() afterwards only collects (also when
+    the thread had found the file's end before it was told the size)."""
+    import random
+
+    rnd = random.Random(5)
+    data = _tar_bytes([(f"k{i}.bin", os.urandom(3000)) for i in range(50)], tarfile.USTAR_FORMAT)
+    for _ in range(20):
+        path = tmp_path / "e.tar"
+        with open(path, "wb") as f:
+            bg = _xxh3.Background(str(path), index=True)
+            half = rnd.randrange(len(data))
+            f.write(data[:half])
+            f.flush()
+            if rnd.random() < 0.5:
+                threading.Event().wait(0.002)  # the thread reaches the end of what is there
+            f.write(data[half:])
+        bg.end(len(data))
+        if rnd.random() < 0.5:
+            threading.Event().wait(0.002)
+        _assert_index_columns(bg.finish(len(data)), path)
+    with pytest.raises(ValueError, match="size >= 0"):
+        _xxh3.Background(str(path), index=True).end(-1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.text(alphabet="ab./_\u00e9", min_size=1, max_size=130),
+            st.binary(max_size=700),
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_background_index_property(members):
+    """Any names the writer writes: the thread's index is the sequential read's."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "h.tar")
+        with TarWriter(path, index=True) as w:
+            for name, body in members:
+                w.write_members([(name, body)])
+        assert w.index == index_url(path)

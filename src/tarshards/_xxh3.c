@@ -17,9 +17,9 @@
  *                                           parts in order, then calls writelines(parts) (the
  *                                           writer's plain shards: hashed on their way out, one
  *                                           C call per sample, no joined copy)
- * Background(path, members=True)            a thread that reads a shard back while it is
- *                                           written: its xxh3_64 and its members' (see the
- *                                           comment above BackgroundObject)
+ * Background(path, members=True, index=False) a thread that reads a shard back while it is
+ *                                           written: its xxh3_64 and its members' (and its
+ *                                           index rows; see the comment above BackgroundObject)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -353,12 +353,64 @@ static PyTypeObject Xxh3Type = {
  *                 writer makes
  *   close()       stop the thread and close the file (idempotent; finish() does it too)
  *
+ * index=True: the thread also makes the shard's index rows (bg_index), so that the writing thread
+ * records nothing per sample either (measured on 4.5 KB samples: the writer's own record of the
+ * rows, in C, cost 300-480 ns a sample on the writing thread, mostly the rows' fresh memory:
+ * page faults and cache misses beside the kernel's copies). finish(size) then returns
+ * (file hexdigest, sample_offsets, sample_ends, sample_flags, key_offsets, member_sample,
+ * member_ext, member_offsets, member_data_offsets, member_sizes, member_checksums, key_blob,
+ * extensions): the index file's columns as index._ARRAYS has them (Owned buffers, no copy),
+ * the extensions (str) in code order. The stream must be the writer's (pax 'x' headers and
+ * regular members), else ValueError.
+ *
+ * end(size)     the file's final size, told without waiting (the writer's commit): the thread
+ *               stops once it has read that much, and a later finish(size) only collects
+ *
  * Not across fork: in a child the thread does not exist; its calls raise RuntimeError and the
  * object is freed without joining. */
 #define BG_CHUNK (256 << 10)
 #define BG_POLL_NS 1000000L
 
 enum { ST_HDR, ST_PAX, ST_DATA, ST_SKIP, ST_END };
+
+/* a growing byte buffer of the thread's (malloc'd: no GIL needed) */
+typedef struct {
+    unsigned char *p;
+    size_t len, cap;
+} Grow;
+
+/* room for n more bytes at g->p + g->len (doubling); -1 when out of memory */
+static int
+grow_reserve(Grow *g, size_t n)
+{
+    if (g->len + n <= g->cap)
+        return 0;
+    size_t cap = g->cap ? 2 * g->cap : (size_t)64 << 10;
+    while (cap < g->len + n)
+        cap *= 2;
+    unsigned char *more = (unsigned char *)realloc(g->p, cap);
+    if (more == NULL)
+        return -1;
+    g->p = more;
+    g->cap = cap;
+    return 0;
+}
+
+static int
+grow_add(Grow *g, const void *src, size_t n)
+{
+    if (grow_reserve(g, n) < 0)
+        return -1;
+    memcpy(g->p + g->len, src, n);
+    g->len += n;
+    return 0;
+}
+
+static int
+grow_i64(Grow *g, int64_t v)
+{
+    return grow_add(g, &v, 8); /* little-endian hosts: the index file's order (checked at import) */
+}
 
 typedef struct {
     PyObject_HEAD
@@ -390,6 +442,17 @@ typedef struct {
     uint64_t *sums;
     size_t nsums, capsums;
     pid_t pid;
+    /* index=True: the index's rows, made here as the reader names the members (see bg_index) */
+    int index;
+    int have_start;               /* start holds the current member's first header */
+    unsigned long long start;     /* that header's offset (its pax header's, where it has one) */
+    long long path_at;            /* its pax "path" record: at pax + path_at, path_len bytes */
+    size_t path_len;              /*   (path_at -1: none) */
+    long long row;                /* its member row, whose checksum its data gives (-1: none) */
+    /* the index's columns (index._ARRAYS; tar_offsets are sample_offsets) */
+    Grow s_off, s_end, s_flags, m_sample, m_ext, m_off, m_data, m_size, m_sum;
+    Grow keys, key_offsets, exts, ext_offsets;
+    long long last_ext;           /* the code the last member's extension had (-1: none) */
 } BackgroundObject;
 
 static PyTypeObject BackgroundType;
@@ -405,6 +468,12 @@ bg_bad(BackgroundObject *b, const char *why)
 static int
 bg_sum(BackgroundObject *b, uint64_t v)
 {
+    if (b->index) { /* into the member's row (none for a member the reader skips) */
+        if (b->row >= 0)
+            memcpy(b->m_sum.p + 8 * (size_t)b->row, &v, 8);
+        b->row = -1;
+        return 0;
+    }
     if (b->nsums == b->capsums) {
         size_t cap = b->capsums ? 2 * b->capsums : 4096;
         uint64_t *more = (uint64_t *)realloc(b->sums, cap * sizeof *more);
@@ -443,12 +512,14 @@ bg_number(const unsigned char *f, size_t n)
     return (long long)v;
 }
 
-/* the "size" record of a pax payload, or -1 */
+/* the "size" record of a pax payload, or -1; its "path" record's value at p + *path_at,
+ * *path_len bytes (*path_at -1: none) */
 static long long
-bg_pax_size(const char *p, size_t n)
+bg_pax_size(const char *p, size_t n, long long *path_at, size_t *path_len)
 {
     size_t i = 0;
     long long found = -1;
+    *path_at = -1;
     while (i < n) {
         size_t len = 0, j = i;
         while (j < n && p[j] >= '0' && p[j] <= '9' && len < ((size_t)1 << 40))
@@ -463,15 +534,126 @@ bg_pax_size(const char *p, size_t n)
                 v = v * 10 + (unsigned long long)(kv[k] - '0');
             found = (long long)v;
         }
+        else if (kvlen >= 5 && memcmp(kv, "path=", 5) == 0) {
+            *path_at = (long long)(kv + 5 - p);
+            *path_len = kvlen - 5 - (kv[kvlen - 1] == '\n'); /* a record ends with its newline */
+        }
         i += len;
     }
     return found;
+}
+
+/* index=True: the regular member whose header (the ustar block h) was just read, its data at
+ * b->offset: rows as index.IndexBuilder.add makes them from the name the reader gives it (the pax
+ * "path" record, else the ustar prefix and name), its bytes as they are (the key's bytes are
+ * the index's; the reader's surrogateescape decoding gives them back). A name the reader skips
+ * (no extension, or a base name starting with "__") gets no row. 0, or -1 out of memory. */
+static int
+bg_index(BackgroundObject *b, const unsigned char *h, long long size)
+{
+    const unsigned char *name;
+    size_t len;
+    unsigned char joined[256];
+    size_t plen = b->path_len;
+    if (b->path_at >= 0) /* the pax path, its trailing slashes dropped (if anything is left) */
+        while (plen > 0 && b->pax[b->path_at + (long long)plen - 1] == '/')
+            plen--;
+    if (b->path_at >= 0 && plen > 0) {
+        name = (const unsigned char *)b->pax + b->path_at;
+        len = plen;
+    }
+    else {
+        const unsigned char *nul = memchr(h, 0, 100);
+        len = nul ? (size_t)(nul - h) : 100;
+        name = h;
+        if (h[345] != 0 && memcmp(h + 257, "ustar\0", 6) == 0) { /* POSIX only */
+            const unsigned char *pn = memchr(h + 345, 0, 155);
+            size_t plen = pn ? (size_t)(pn - (h + 345)) : 155;
+            memcpy(joined, h + 345, plen);
+            joined[plen] = '/';
+            memcpy(joined + plen + 1, h, len);
+            name = joined;
+            len += plen + 1;
+        }
+    }
+    b->path_at = -1;
+    long long hoff = (long long)b->start, doff = (long long)b->offset;
+    b->have_start = 0;
+    b->row = -1;
+    int dot_slash = len >= 2 && name[0] == '.' && name[1] == '/';
+    if (dot_slash) {
+        name += 2;
+        len -= 2;
+    }
+    size_t sl = len;
+    while (sl > 0 && name[sl - 1] != '/')
+        sl--;
+    if (len - sl >= 2 && name[sl] == '_' && name[sl + 1] == '_')
+        return 0;
+    const unsigned char *d = memchr(name + sl, '.', len - sl);
+    if (d == NULL || d == name + sl || d == name + len - 1)
+        return 0;
+    size_t dot = (size_t)(d - name);
+    int64_t end = doff + ((size + 511) & ~(long long)511);
+    size_t nkeys = b->key_offsets.len / 8 - 1;
+    const int64_t *ko = (const int64_t *)b->key_offsets.p;
+    if (nkeys > 0 && (size_t)(ko[nkeys] - ko[nkeys - 1]) == dot &&
+        memcmp(b->keys.p + ko[nkeys - 1], name, dot) == 0) {
+        memcpy(b->s_end.p + b->s_end.len - 8, &end, 8); /* the sample's end */
+    }
+    else {
+        uint8_t flags = dot_slash ? 1 : 0;
+        if (nkeys >= UINT32_MAX) {
+            bg_bad(b, "more than 2**32 - 1 samples in one shard");
+            return 0;
+        }
+        if (grow_add(&b->keys, name, dot) < 0 || grow_i64(&b->key_offsets, (int64_t)b->keys.len) < 0 ||
+            grow_i64(&b->s_off, hoff) < 0 || grow_i64(&b->s_end, end) < 0 ||
+            grow_add(&b->s_flags, &flags, 1) < 0)
+            return -1;
+        nkeys++;
+    }
+    /* the extension's code: the last member's, else the table's (a few entries), else new */
+    const unsigned char *ext = name + dot + 1;
+    size_t elen = len - dot - 1;
+    size_t nexts = b->ext_offsets.len / 8 - 1;
+    const int64_t *eo = (const int64_t *)b->ext_offsets.p;
+    long long code = -1;
+    long long try = b->last_ext + 1 < (long long)nexts ? b->last_ext + 1 : 0; /* the next, first */
+    for (size_t k = 0; k < nexts; k++, try = try + 1 < (long long)nexts ? try + 1 : 0)
+        if ((size_t)(eo[try + 1] - eo[try]) == elen && memcmp(b->exts.p + eo[try], ext, elen) == 0) {
+            code = try;
+            break;
+        }
+    if (code < 0) {
+        if (nexts > UINT16_MAX) {
+            bg_bad(b, "more than 65536 extensions in one shard");
+            return 0;
+        }
+        if (grow_add(&b->exts, ext, elen) < 0 || grow_i64(&b->ext_offsets, (int64_t)b->exts.len) < 0)
+            return -1;
+        code = (long long)nexts;
+    }
+    b->last_ext = code;
+    uint32_t sample = (uint32_t)(nkeys - 1);
+    uint16_t ecode = (uint16_t)code;
+    uint64_t zero = 0;
+    if (grow_add(&b->m_sample, &sample, 4) < 0 || grow_add(&b->m_ext, &ecode, 2) < 0 ||
+        grow_i64(&b->m_off, hoff) < 0 || grow_i64(&b->m_data, doff) < 0 ||
+        grow_i64(&b->m_size, size) < 0 || grow_add(&b->m_sum, &zero, 8) < 0)
+        return -1;
+    b->row = (long long)(b->m_size.len / 8) - 1;
+    return 0;
 }
 
 static void
 bg_header(BackgroundObject *b)
 {
     const unsigned char *h = b->hdr;
+    if (b->index && !b->have_start) {
+        b->start = b->offset - 512;
+        b->have_start = 1;
+    }
     int zero = 1;
     for (int i = 0; i < 512; i++)
         if (h[i]) {
@@ -488,6 +670,11 @@ bg_header(BackgroundObject *b)
         return;
     }
     char type = (char)h[156];
+    if (b->index && (type == 'g' || type == 'L' || type == 'K' ||
+                     (type == 'x' && b->start != b->offset - 512))) {
+        bg_bad(b, "a header the writer does not make before a member"); /* its names: ours */
+        return;
+    }
     if (type == 'x' || type == 'g') {
         if (size > (1 << 24)) {
             bg_bad(b, "a pax header over 16 MiB");
@@ -526,6 +713,10 @@ bg_header(BackgroundObject *b)
     }
     if (type != '0' && type != '\0' && type != '7') {
         bg_bad(b, "a member that is not a regular file");
+        return;
+    }
+    if (b->index && bg_index(b, h, size) < 0) {
+        bg_bad(b, "out of memory for the index");
         return;
     }
     b->need = (unsigned long long)size;
@@ -567,7 +758,7 @@ bg_parse(BackgroundObject *b, const unsigned char *p, size_t n)
             b->need -= take;
             if (!b->need) {
                 if (b->pax_keep) {
-                    long long sz = bg_pax_size(b->pax, b->pax_len);
+                    long long sz = bg_pax_size(b->pax, b->pax_len, &b->path_at, &b->path_len);
                     if (sz >= 0)
                         b->size_override = sz;
                 }
@@ -634,6 +825,7 @@ bg_main(void *arg)
     BackgroundObject *b = (BackgroundObject *)arg;
     unsigned char *buf = (unsigned char *)malloc(BG_CHUNK);
     unsigned long long pos = 0;
+    int told = 0; /* a read came back empty after the final size was told */
     int err = buf == NULL ? ENOMEM : 0;
     while (!err) {
         ssize_t r = pread(b->fd, buf, BG_CHUNK, (off_t)pos);
@@ -653,6 +845,12 @@ bg_main(void *arg)
         }
         pthread_mutex_lock(&b->mu);
         int stop = b->stop;
+        int again = !stop && b->target >= 0 && pos < (unsigned long long)b->target && !told;
+        told = b->target >= 0; /* the size told once the file is complete: one more read */
+        if (again) {
+            pthread_mutex_unlock(&b->mu);
+            continue;
+        }
         if (!stop && b->target >= 0 && pos >= (unsigned long long)b->target) {
             if (pos > (unsigned long long)b->target)
                 snprintf(b->bad, sizeof b->bad, "the file is longer than the %lld bytes written",
@@ -722,12 +920,19 @@ bg_stop(BackgroundObject *b)
 static PyObject *
 bg_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"path", "members", NULL};
+    static char *kwlist[] = {"path", "members", "index", NULL};
     PyObject *path;
-    int members = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|p", kwlist, PyUnicode_FSConverter, &path,
-                                     &members))
+    int members = 1, index = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|pp", kwlist, PyUnicode_FSConverter, &path,
+                                     &members, &index))
         return NULL;
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+    if (index) { /* the rows are the index file's little-endian values as they lie in memory */
+        Py_DECREF(path);
+        PyErr_SetString(PyExc_NotImplementedError, "Background(index=True): little-endian hosts");
+        return NULL;
+    }
+#endif
     BackgroundObject *b = (BackgroundObject *)type->tp_alloc(type, 0);
     if (b == NULL) {
         Py_DECREF(path);
@@ -735,13 +940,18 @@ bg_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     b->fd = -1;
     b->pid = getpid();
-    b->members = members;
+    b->members = members || index;
+    b->index = index;
+    b->path_at = -1;
+    b->row = -1;
+    b->last_ext = -1;
     b->target = -1;
     b->size_override = -1;
     b->state = ST_HDR;
     b->file = XXH3_createState();
     b->member = XXH3_createState();
-    if (b->file == NULL || b->member == NULL) {
+    if (b->file == NULL || b->member == NULL ||
+        (index && (grow_i64(&b->key_offsets, 0) < 0 || grow_i64(&b->ext_offsets, 0) < 0))) {
         Py_DECREF(path);
         Py_DECREF(b);
         return PyErr_NoMemory();
@@ -794,6 +1004,14 @@ bg_dealloc(BackgroundObject *b)
         XXH3_freeState(b->member);
     free(b->pax);
     free(b->sums);
+    Grow *grows[] = {&b->s_off, &b->s_end, &b->s_flags, &b->m_sample, &b->m_ext, &b->m_off,
+                     &b->m_data, &b->m_size, &b->m_sum};
+    for (size_t i = 0; i < sizeof grows / sizeof *grows; i++)
+        free(grows[i]->p);
+    free(b->keys.p);
+    free(b->key_offsets.p);
+    free(b->exts.p);
+    free(b->ext_offsets.p);
     Py_TYPE(b)->tp_free((PyObject *)b);
 }
 
@@ -805,17 +1023,91 @@ bg_close(BackgroundObject *b, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* Owned: read-only bytes in memory the thread malloc'd, handed over without a copy */
+typedef struct {
+    PyObject_HEAD
+    unsigned char *p;
+    Py_ssize_t len;
+} OwnedObject;
+
+static int
+owned_getbuffer(OwnedObject *o, Py_buffer *view, int flags)
+{
+    return PyBuffer_FillInfo(view, (PyObject *)o, o->p, o->len, 1, flags);
+}
+
+static void
+owned_dealloc(OwnedObject *o)
+{
+    free(o->p);
+    Py_TYPE(o)->tp_free((PyObject *)o);
+}
+
+static Py_ssize_t
+owned_length(OwnedObject *o)
+{
+    return o->len;
+}
+
+static PyBufferProcs owned_as_buffer = {(getbufferproc)owned_getbuffer, NULL};
+static PySequenceMethods owned_as_sequence = {.sq_length = (lenfunc)owned_length};
+
+static PyTypeObject OwnedType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tarshards._xxh3.Owned",
+    .tp_basicsize = sizeof(OwnedObject),
+    .tp_dealloc = (destructor)owned_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Read-only bytes made by the background thread (the buffer protocol, len()).",
+    .tp_as_buffer = &owned_as_buffer,
+    .tp_as_sequence = &owned_as_sequence,
+};
+
+/* the bytes of g as an Owned (g emptied) */
 static PyObject *
-bg_finish(BackgroundObject *b, PyObject *arg)
+owned_from(Grow *g)
+{
+    OwnedObject *o = PyObject_New(OwnedObject, &OwnedType);
+    if (o == NULL)
+        return NULL;
+    o->p = g->p;
+    o->len = (Py_ssize_t)g->len;
+    g->p = NULL;
+    g->len = g->cap = 0;
+    return (PyObject *)o;
+}
+
+/* the size argument of end() and finish() (-1 with an exception set) */
+static long long
+bg_size_arg(BackgroundObject *b, PyObject *arg, const char *what)
 {
     long long size = PyLong_AsLongLong(arg);
     if (size == -1 && PyErr_Occurred())
-        return NULL;
+        return -1;
     if (size < 0) {
-        PyErr_SetString(PyExc_ValueError, "finish(size): size >= 0");
-        return NULL;
+        PyErr_Format(PyExc_ValueError, "%s(size): size >= 0", what);
+        return -1;
     }
-    if (bg_check(b) < 0)
+    return bg_check(b) < 0 ? -1 : size;
+}
+
+static PyObject *
+bg_end(BackgroundObject *b, PyObject *arg)
+{
+    long long size = bg_size_arg(b, arg, "end");
+    if (size < 0)
+        return NULL;
+    pthread_mutex_lock(&b->mu); /* held briefly by the thread: no need to drop the GIL */
+    b->target = size;
+    pthread_cond_broadcast(&b->cond);
+    pthread_mutex_unlock(&b->mu);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+bg_finish(BackgroundObject *b, PyObject *arg)
+{
+    long long size = bg_size_arg(b, arg, "finish");
+    if (size < 0)
         return NULL;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&b->mu);
@@ -842,6 +1134,28 @@ bg_finish(BackgroundObject *b, PyObject *arg)
     }
     char hex[17];
     snprintf(hex, sizeof hex, "%016llx", (unsigned long long)XXH3_64bits_digest(b->file));
+    if (b->index) {
+        PyObject *exts = PyList_New(0);
+        if (exts == NULL)
+            return NULL;
+        const int64_t *eo = (const int64_t *)b->ext_offsets.p;
+        for (size_t k = 0; k + 1 < b->ext_offsets.len / 8; k++) {
+            PyObject *e = PyUnicode_DecodeUTF8((const char *)b->exts.p + eo[k],
+                                               (Py_ssize_t)(eo[k + 1] - eo[k]), "surrogateescape");
+            if (e == NULL || PyList_Append(exts, e) < 0) {
+                Py_XDECREF(e);
+                Py_DECREF(exts);
+                return NULL;
+            }
+            Py_DECREF(e);
+        }
+        return Py_BuildValue("(s#NNNNNNNNNNNN)", hex, (Py_ssize_t)16, owned_from(&b->s_off),
+                             owned_from(&b->s_end), owned_from(&b->s_flags),
+                             owned_from(&b->key_offsets), owned_from(&b->m_sample),
+                             owned_from(&b->m_ext), owned_from(&b->m_off),
+                             owned_from(&b->m_data), owned_from(&b->m_size),
+                             owned_from(&b->m_sum), owned_from(&b->keys), exts);
+    }
     PyObject *sums = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(b->nsums * 8));
     if (sums == NULL)
         return NULL;
@@ -859,7 +1173,10 @@ bg_finish(BackgroundObject *b, PyObject *arg)
 
 static PyMethodDef bg_methods[] = {
     {"finish", (PyCFunction)bg_finish, METH_O,
-     "finish(size) -> (file hexdigest, member checksums as little-endian u64 bytes)."},
+     "finish(size) -> (file hexdigest, member checksums as little-endian u64 bytes); with "
+     "index=True (file hexdigest, samples, members, keys, key_offsets, extensions)."},
+    {"end", (PyCFunction)bg_end, METH_O,
+     "end(size): the file's final size, without waiting (finish(size) collects)."},
     {"close", (PyCFunction)bg_close, METH_NOARGS, "Stop the thread and close the file."},
     {NULL, NULL, 0, NULL},
 };
@@ -893,7 +1210,7 @@ PyInit__xxh3(void)
     HAVE_AVX = __builtin_cpu_supports("avx");
 #endif
     if (PyType_Ready(&Xxh3Type) < 0 || PyType_Ready(&TeeType) < 0 ||
-        PyType_Ready(&BackgroundType) < 0)
+        PyType_Ready(&BackgroundType) < 0 || PyType_Ready(&OwnedType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (m == NULL)

@@ -139,18 +139,25 @@ def member_checksum_c(name: str = MEMBER_HASH):
 
 
 def background_hasher(
-    path, file_hash: str = DEFAULT_HASH, member_hash: str = MEMBER_HASH, *, members: bool = True
+    path,
+    file_hash: str = DEFAULT_HASH,
+    member_hash: str = MEMBER_HASH,
+    *,
+    members: bool = True,
+    index: bool = False,
 ):
     """A thread that reads the file at ``path`` back while a writer appends to it and hashes it
     (``_xxh3.Background``: the file's xxh3_64 and, with ``members``, each tar member's, in
-    order), so that the writing thread does not; None where the hashes are not xxh3_64,
-    ``_xxh3`` is not built or no thread can be had (the writer then hashes inline)."""
+    order; with ``index``, the index's rows as well), so that the writing thread does not; None
+    where the hashes are not xxh3_64, ``_xxh3`` is not built or no thread can be had (the writer
+    then hashes and records inline)."""
+    members = members or index
     if _xxh3 is None or file_hash != "xxh3_64" or (members and member_hash != "xxh3_64"):
         return None
     try:
-        return _xxh3.Background(path, members=members)
-    except (OSError, RuntimeError):  # pragma: no cover - no thread, or the file not readable
-        return None
+        return _xxh3.Background(path, members=members, index=index)
+    except (OSError, RuntimeError, NotImplementedError):  # pragma: no cover - no thread, the
+        return None  # file not readable, or a big-endian host (index=True)
 
 
 def split_hash(value: str) -> tuple[str, str]:

@@ -753,13 +753,26 @@ class IndexBuilder:
             "member_checksums": member_checksums,
             "key_blob": key_blob,
         }
-        return ShardIndex._from_raw(
-            {name: (data, 0) for name, data in columns.items()},
-            {"samples": n_samples, "members": len(member_sizes) // 8, "keys": len(key_blob)},
-            extensions=tuple(self._ext_codes),
-            seekable=True,
-            **fields,
-        )
+        return index_from_columns(columns, tuple(self._ext_codes), **fields)
+
+
+def index_from_columns(columns: dict, extensions: tuple, **fields) -> ShardIndex:
+    """A plain shard's index from its columns as the index file stores them (``_ARRAYS``' names
+    and dtypes, little-endian bytes-like objects, taken without a copy): the writer's read-back
+    thread (:class:`tarshards._xxh3.Background`) and the builder's C path make them so.
+    ``fields``: ``nbytes``, ``hash``, ``compression``, ``member_hash``, ``last_dot``, ``url``."""
+    counts = {
+        "samples": len(columns["sample_flags"]),
+        "members": len(columns["member_sizes"]) // 8,
+        "keys": len(columns["key_blob"]),
+    }
+    return ShardIndex._from_raw(
+        {name: (data, 0) for name, data in columns.items()},
+        counts,
+        extensions=extensions,
+        seekable=True,
+        **fields,
+    )
 
 
 def _from_bytes(data: bytes, url):

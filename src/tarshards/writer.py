@@ -191,7 +191,7 @@ class TarWriter:
         if self.closed:
             raise ValueError(f"write to a closed TarWriter ({self.name})")
         rec = self._recorder
-        if rec is None:
+        if rec is None or rec.read_back:  # nothing recorded here (or the read-back thread does)
             n = self._tar.add_all(members)
         elif (
             key is not None
@@ -213,6 +213,13 @@ class TarWriter:
 
     def close(self) -> None:
         """Finish the archive and commit it under its final name."""
+        self._commit()
+        self._finish_index()
+
+    def _commit(self) -> None:
+        """close()'s first part: the shard committed; its index (where one is recorded) made by
+        :meth:`_finish_index`, which ShardWriter calls later, while the next shard is written,
+        so that the read-back thread finishes this one's meanwhile."""
         if self.closed:
             return
         self.closed = True
@@ -228,21 +235,32 @@ class TarWriter:
                 self._recorder.close()
             self._out.abort()
             raise
-        if self._recorder is None:
-            self._out.commit()
-            return
         try:
             self._out.commit()
-            self._recorder.finish()
-        finally:
-            self._recorder.close()  # the hashing thread ends with the shard, whatever happened
-
-    def abort(self) -> None:
-        """Discard the shard (nothing appears under the final name)."""
-        if not self.closed:
-            self.closed = True
+        except BaseException:
             if self._recorder is not None:
                 self._recorder.close()
+            raise
+        if self._recorder is not None:
+            self._recorder.committed()
+
+    def _finish_index(self) -> None:
+        """The committed shard's index, into ``self.index`` (where one is recorded)."""
+        rec, self._recorder = self._recorder, None
+        if rec is not None:
+            try:
+                rec.finish()
+            finally:
+                rec.close()  # the hashing thread ends with the shard, whatever happened
+
+    def abort(self) -> None:
+        """Discard the shard (nothing appears under the final name; a shard committed already
+        stays, without its index)."""
+        if self._recorder is not None:
+            self._recorder.close()
+            self._recorder = None
+        if not self.closed:
+            self.closed = True
             self._out.abort()
 
     def __enter__(self):
@@ -269,13 +287,15 @@ class _Recorder:
     not take (names that are not ``KEY.EXT``, no C extension) are kept as lists (name, size,
     checksum).
 
-    Hashing: where the output is a temporary file (local or to be uploaded) and both hashes are
-    xxh3_64 (the defaults), a thread reads the shard back as it is written and hashes it there
-    (``hashing.background_hasher``): the file hash, and for a plain shard the member checksums,
-    recorded as 0 until the shard is closed. The writing thread then hashes nothing. Elsewhere a
-    plain shard is hashed on its way into the output's buffer (``Xxh3.tee``: each part hashed,
-    then written), a compressed one as its compressed bytes leave, and the member checksums are
-    computed in C on each bytes value as given."""
+    Reading back (``read_back``): where the output is a temporary file (local or to be
+    uploaded) and both hashes are xxh3_64 (the defaults), a thread reads the shard back as it is
+    written (``hashing.background_hasher``) and hashes it there; for a plain shard it also makes
+    the index's rows from the headers it reads, naming members as the reader does, so the
+    writing thread neither hashes nor records anything per sample (``finish`` takes the rows).
+    Elsewhere (compressed, aligned, or a stream) the rows are recorded as above; a plain shard is
+    hashed on its way into the output's buffer (``Xxh3.tee``: each part hashed, then written), a
+    compressed one as its compressed bytes leave (by the thread, where there is one), and the
+    member checksums are computed in C on each bytes value as given."""
 
     def __init__(self, writer: "TarWriter", suffix: str, level, aligned: bool, hash, index):
         from .hashing import (
@@ -308,31 +328,23 @@ class _Recorder:
         # as it is written (hashing.background_hasher; None: hashed here, inline): the file
         # hash, and for a plain shard the member checksums too (recorded as 0 until finish)
         tmp = writer._out.temporary_path
+        plain = self.compression == "none"
         self.background = (
             None
             if tmp is None or self.aligned
-            else background_hasher(
-                tmp, self.algorithm, MEMBER_HASH, members=self.compression == "none"
-            )
+            else background_hasher(tmp, self.algorithm, MEMBER_HASH, members=plain, index=plain)
         )
-        self._deferred = self.background is not None and self.compression == "none"
+        # the thread makes the index's rows too: nothing is recorded on the writing thread
+        self.read_back = self.background is not None and plain
         # the file hash object (the thread's digest is taken at close where there is one)
         self.hasher = file_hasher(self.algorithm) if self.background is None else _NO_HASH
-        if self._deferred:
-            self.csum = _zero
         # the fast path (None: the lists below, the general path); `record` is what
         # TarWriter.write_members calls after each write (not in aligned mode, where
         # before_sample marks the frames before the write)
         self._fast = (
             None
-            if _CRecorder is None
-            else _CRecorder(
-                self.keys,
-                self._codes,
-                # the member checksum, for the C loop (None: the thread's, filled in at close)
-                None if self._deferred else member_checksum_c(MEMBER_HASH),
-                header_size,
-            )
+            if _CRecorder is None or self.read_back
+            else _CRecorder(self.keys, self._codes, member_checksum_c(MEMBER_HASH), header_size)
         )
         # the hot path's recorder, which TarWriter.write_members hands tar_sample (None: none,
         # as in aligned mode, where before_sample records ahead of each frame)
@@ -421,27 +433,6 @@ class _Recorder:
         self.sums = rows["checksum"].tolist()
         self.counts = np.bincount(rows["sample"], minlength=len(keys)).tolist()
 
-    def _background_hashes(self) -> str:
-        """Wait for the thread's hashes (the file is complete): the file hash's hex digest; the
-        member checksums into the records (the fast path's or the general path's lists), which
-        held 0 until now. The thread reads every member of the file in order, as the records
-        list them."""
-        digest, packed = self.background.finish(self.nbytes)
-        if not self._deferred:
-            return digest
-        found = len(packed) // 8
-        written = self._fast.count if self._fast is not None else len(self.names)
-        if found != written:  # pragma: no cover - the thread reads what the writer writes
-            raise RuntimeError(
-                f"{self.writer.name}: reading the shard back found {found} members, "
-                f"not the {written} written"
-            )
-        if self._fast is not None:
-            self._fast.fill_checksums(packed)
-        else:
-            self.sums = list(memoryview(packed).cast("Q"))  # little-endian: _xxh3's hosts
-        return digest
-
     def close(self) -> None:
         """Stop the hashing thread (idempotent; finish() and the writer's abort() call it)."""
         if self.background is not None:
@@ -453,21 +444,46 @@ class _Recorder:
             self._parts.clear()
             self.write_raw(self._compress(data))
 
+    def committed(self) -> None:
+        """The shard is complete: the read-back thread told its size, so that it ends by
+        itself (``finish`` may come later)."""
+        if self.compression == "none":
+            self.nbytes = self.writer._tar.bytes_written
+        if self.background is not None:
+            self.background.end(self.nbytes)
+
     def finish(self) -> None:
-        from .index import IndexBuilder
+        from .index import IndexBuilder, index_from_columns
 
         w = self.writer
         if self.compression == "none":
             self.nbytes = w._tar.bytes_written
+        try:
+            if self.background is None:
+                digest = self.hasher.hexdigest()
+            elif self.read_back:  # the thread's index columns (the file complete)
+                digest, *columns, exts = self.background.finish(self.nbytes)
+            else:
+                digest = self.background.finish(self.nbytes)[0]
+        finally:
+            self.close()
+        fields = dict(
+            nbytes=self.nbytes,
+            hash=f"{self.algorithm}:{digest}",
+            compression=self.compression,
+            url=w.name if isinstance(w.name, str) else None,
+        )
+        if self.read_back:
+            named = dict(zip(_READ_BACK_COLUMNS, columns))
+            named["tar_offsets"] = named["sample_offsets"]
+            w.index = index_from_columns(
+                named, tuple(exts), member_hash=self.member_hash, last_dot=False, **fields
+            )
+            self._save(w)
+            return
         builder = IndexBuilder(member_hash=self.member_hash)
         for file_offset, tar_offset in self.frames:
             builder.frame(file_offset, tar_offset)
-        try:
-            digest = (
-                self.hasher.hexdigest() if self.background is None else self._background_hashes()
-            )
-        finally:
-            self.close()
         if self._fast is not None:
             builder._ext_codes = self._codes
             fast = self._fast
@@ -476,22 +492,30 @@ class _Recorder:
             builder.add_written(
                 self.names, self.sizes, self.sums, keys=self.keys, counts=self.counts
             )
-        index = builder.build(
-            nbytes=self.nbytes,
-            hash=f"{self.algorithm}:{digest}",
-            compression=self.compression,
-            url=w.name if isinstance(w.name, str) else None,
-        )
+        w.index = builder.build(**fields)
         self.names = self.sizes = self.sums = self.frames = []
         self._fast = self.fast = None
-        w.index = index
+        self._save(w)
+
+    def _save(self, w: "TarWriter") -> None:
         if self.save_to is not None:
-            index.save(self.save_to, storage_options=w._out.storage_options)
+            w.index.save(self.save_to, storage_options=w._out.storage_options)
 
 
-def _zero(data) -> int:
-    """The general path's member checksum while the thread works them out (filled at close)."""
-    return 0
+# what Background(index=True).finish() returns between the hash and the extensions, in order
+_READ_BACK_COLUMNS = (
+    "sample_offsets",
+    "sample_ends",
+    "sample_flags",
+    "key_offsets",
+    "member_sample",
+    "member_ext",
+    "member_offsets",
+    "member_data_offsets",
+    "member_sizes",
+    "member_checksums",
+    "key_blob",
+)
 
 
 class _NoHash:
@@ -557,6 +581,11 @@ class ShardWriter:
     ``"512MiB"``, as :func:`tarshards.format.parse_size` reads it); a single sample larger than
     ``maxsize`` gets a shard of its own. Each shard is committed atomically when complete;
     ``shards`` lists what was written and ``post(url)`` is called after each commit.
+
+    With ``manifest=PATH`` (or ``index=True``), a shard's index is made once the next shard has
+    been written a while (the thread that reads it back finishes meanwhile), so the last
+    ``ShardInfo``'s ``extra`` gets its hash then, or at :meth:`close` or :meth:`save_manifest`;
+    with ``post``, before ``post`` is called.
     """
 
     def __init__(
@@ -601,6 +630,8 @@ class ShardWriter:
             self.tarwriter_options = dict(tarwriter_options, index=True)
         self.shards: list[ShardInfo] = []
         self._writer: TarWriter | None = None
+        # the last shard committed, whose index _finish_pending makes (writer, info), or None
+        self._pending: tuple | None = None
         self._started = 0.0
         self._swept: set[str] = set()  # directories cleared of stale temporaries
         self.total = 0
@@ -624,20 +655,35 @@ class ShardWriter:
         self._started = time.monotonic()
 
     def _finish_current(self) -> None:
+        self._finish_pending()
         w = self._writer
         if w is None:
             return
         self._writer = None
-        w.close()
+        w._commit()
         info = ShardInfo(w.name, w.count, w.size, time.monotonic() - self._started)
+        self.shards.append(info)
+        if self.post is None:  # its index made once the next shard is written (or at close)
+            self._pending = (w, info)
+            return
+        self._finish_index(w, info)
+        self.post(w.name)
+
+    def _finish_pending(self) -> None:
+        if self._pending is not None:
+            w, info = self._pending
+            self._pending = None
+            self._finish_index(w, info)
+
+    def _finish_index(self, w: TarWriter, info: ShardInfo) -> None:
+        """A committed shard's index (where one is recorded): into ``info`` and the manifest
+        (the index file saved by a thread unless ``post`` waits for it)."""
+        w._finish_index()
         if w.index is not None:
             info.extra["hash"] = w.index.hash
             info.extra["nbytes"] = w.index.nbytes
-            if self._manifest is not None:  # the index saved by a thread (unless post waits)
+            if self._manifest is not None:
                 self._manifest.add(w.name, w.index, background=self.post is None)
-        self.shards.append(info)
-        if self.post is not None:
-            self.post(w.name)
 
     def write(self, sample: dict) -> int:
         """Write one sample, rotating shards as needed; returns its uncompressed size."""
@@ -659,6 +705,7 @@ class ShardWriter:
         """Commit the last shard (and write the manifest, with ``manifest=``)."""
         try:
             self._finish_current()
+            self._finish_pending()
             self.save_manifest()
         finally:
             if self._manifest is not None:
@@ -666,11 +713,15 @@ class ShardWriter:
 
     def save_manifest(self):
         """Write the manifest of the shards committed so far (with ``manifest=``); returns it."""
+        self._finish_pending()
         if self._manifest is not None:
             self.manifest = self._manifest.save()
         return self.manifest
 
     def abort(self) -> None:
+        if self._pending is not None:  # committed: it stays, without its index
+            self._pending[0].abort()
+            self._pending = None
         if self._writer is not None:
             self._writer.abort()
             self._writer = None
