@@ -7,6 +7,7 @@ setup(
         Extension(
             "tarshards._speedups",
             ["src/tarshards/_speedups.c"],
+            depends=["src/tarshards/_names.h"],
             optional=True,
             extra_compile_args=["-O2"],
         ),
@@ -16,6 +17,7 @@ setup(
         Extension(
             "tarshards._xxh3",
             ["src/tarshards/_xxh3.c"],
+            depends=["src/tarshards/_names.h"],
             optional=True,
             libraries=["xxhash"],
             extra_compile_args=["-O2"],

@@ -15,6 +15,8 @@
 #include <structmember.h>
 #include <string.h>
 
+#include "_names.h"
+
 #define BLOCK 512
 
 static int
@@ -754,8 +756,9 @@ member_header_size(PyObject *name, Py_ssize_t size, PyObject *header_size)
  *                reader groups consecutive members of one key).
  * Offsets count from 0, each member taking its header (512 bytes, or header_size(name, size)
  * where the name needs a pax header), its data and the padding to 512, back to back, as
- * TarMemberWriter writes them. checksum: a callable, a capsule "tarshards.checksum64" (called
- * directly), or None: worked out elsewhere (0 here until fill_checksums).
+ * TarMemberWriter writes them. checksum: a callable, or a capsule "tarshards.checksum64" (called
+ * directly). (A plain shard written to a file gets its rows from the thread that reads it back,
+ * _xxh3.Background: this recorder serves compressed, aligned and streamed shards.)
  * record(members, key) -> bool: False, recording nothing, when a name or the key does not follow
  * the rules the reader groups by, or the key is not valid UTF-8 (the writer's general path takes
  * those). */
@@ -782,7 +785,7 @@ typedef struct {
     /* bytearrays, grown by doubling and holding `used` bytes (their getters trim them) */
     PyObject *members, *samples, *key_blob, *key_offsets;
     Py_ssize_t m_used, s_used, kb_used, ko_used;
-    int kind; /* 0: a callable, 1: checksum64, 2: None (filled in later) */
+    int kind; /* 0: a callable, 1: checksum64 */
     checksum64_fn fn;
     int64_t offset;
     PyObject *hint[HINTS]; /* the extension of the i-th member of the last write (a dict key) */
@@ -801,9 +804,7 @@ recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return NULL;
     int kind = 0;
     checksum64_fn fn = NULL;
-    if (checksum == Py_None)
-        kind = 2;
-    else if (PyCapsule_IsValid(checksum, "tarshards.checksum64")) {
+    if (PyCapsule_IsValid(checksum, "tarshards.checksum64")) {
         kind = 1;
         fn = (checksum64_fn)PyCapsule_GetPointer(checksum, "tarshards.checksum64");
     }
@@ -957,7 +958,6 @@ static int recorder_append(RecorderObject *r, PyObject *seq, PyObject *key, int 
 static int
 recorder_record_seq(RecorderObject *r, PyObject *seq, PyObject *key)
 {
-    PyObject *keys = r->keys;
     Py_ssize_t klen = PyUnicode_GET_LENGTH(key);
     if (klen == 0)
         return 0;
@@ -1157,29 +1157,6 @@ recorder_record(RecorderObject *r, PyObject *const *args, Py_ssize_t nargs)
     return PyBool_FromLong(rc);
 }
 
-/* fill_checksums(buffer): the members' checksums, worked out elsewhere (little-endian u64 in
- * the members' order, as many as there are members), into the rows */
-static PyObject *
-recorder_fill_checksums(RecorderObject *r, PyObject *arg)
-{
-    Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
-        return NULL;
-    Py_ssize_t n = r->m_used / (Py_ssize_t)sizeof(MemberRow);
-    if (view.len != n * 8) {
-        PyErr_Format(PyExc_ValueError, "fill_checksums: %zd checksums for %zd members",
-                     view.len / 8, n);
-        PyBuffer_Release(&view);
-        return NULL;
-    }
-    const unsigned char *p = (const unsigned char *)view.buf;
-    MemberRow *rows = (MemberRow *)PyByteArray_AS_STRING(r->members);
-    for (Py_ssize_t i = 0; i < n; i++)
-        memcpy(&rows[i].checksum, p + 8 * i, 8);
-    PyBuffer_Release(&view);
-    Py_RETURN_NONE;
-}
-
 static PyObject *
 recorder_get_count(RecorderObject *r, void *unused)
 {
@@ -1223,8 +1200,6 @@ recorder_get_key_offsets(RecorderObject *r, void *unused)
 static PyMethodDef recorder_methods[] = {
     {"record", (PyCFunction)(void (*)(void))recorder_record, METH_FASTCALL,
      "record(members, key) -> bool: record one write (False: the general path's)."},
-    {"fill_checksums", (PyCFunction)recorder_fill_checksums, METH_O,
-     "fill_checksums(buffer): the members' checksums (little-endian u64, in order)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1665,34 +1640,13 @@ index_members(PyObject *self, PyObject *args)
         long long hoff = base + pos, doff = hoff + BLOCK;
         long long endoff = doff + ((size + 511) & ~(long long)511);
         pos += BLOCK + (Py_ssize_t)((size + 511) & ~(long long)511);
-        /* the reader's naming rules (IndexBuilder.add) */
-        const char *name = (const char *)h;
-        int dot_slash = len >= 2 && name[0] == '.' && name[1] == '/';
-        if (dot_slash) {
-            name += 2;
-            len -= 2;
-        }
-        Py_ssize_t sl = 0;
-        for (Py_ssize_t i = len - 1; i >= 0; i--)
-            if (name[i] == '/') {
-                sl = i + 1;
-                break;
-            }
-        if (len - sl >= 2 && name[sl] == '_' && name[sl + 1] == '_')
+        size_t skip, split; /* the reader's naming rules (IndexBuilder.add, _names.h) */
+        if (!name_split(h, (size_t)len, last_dot, &skip, &split))
             continue;
-        Py_ssize_t dot = -1;
-        if (last_dot) {
-            for (Py_ssize_t i = len - 1; i >= sl; i--)
-                if (name[i] == '.') {
-                    dot = i;
-                    break;
-                }
-        } else {
-            const char *d = memchr(name + sl, '.', (size_t)(len - sl));
-            dot = d ? (Py_ssize_t)(d - name) : -1;
-        }
-        if (dot <= sl || dot == len - 1)
-            continue;
+        const char *name = (const char *)h + skip;
+        int dot_slash = skip != 0;
+        len -= (Py_ssize_t)skip;
+        Py_ssize_t dot = (Py_ssize_t)split;
         uint64_t sum; /* before any record changes: a failing call leaves them whole */
         if (call_checksum_mem(checksum, h + BLOCK, (Py_ssize_t)size, &sum) < 0)
             goto fail;

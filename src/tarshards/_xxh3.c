@@ -34,6 +34,8 @@
 #include <xxhash.h>
 #include <xxh_x86dispatch.h>
 
+#include "_names.h"
+
 /* below this many bytes the GIL is kept (releasing it costs more than hashing) */
 #define GIL_FREE_MIN (64 * 1024)
 
@@ -363,9 +365,6 @@ static PyTypeObject Xxh3Type = {
  * the extensions (str) in code order. The stream must be the writer's (pax 'x' headers and
  * regular members), else ValueError.
  *
- * end(size)     the file's final size, told without waiting (the writer's commit): the thread
- *               stops once it has read that much, and a later finish(size) only collects
- *
  * Not across fork: in a child the thread does not exist; its calls raise RuntimeError and the
  * object is freed without joining. */
 #define BG_CHUNK (256 << 10)
@@ -580,20 +579,12 @@ bg_index(BackgroundObject *b, const unsigned char *h, long long size)
     long long hoff = (long long)b->start, doff = (long long)b->offset;
     b->have_start = 0;
     b->row = -1;
-    int dot_slash = len >= 2 && name[0] == '.' && name[1] == '/';
-    if (dot_slash) {
-        name += 2;
-        len -= 2;
-    }
-    size_t sl = len;
-    while (sl > 0 && name[sl - 1] != '/')
-        sl--;
-    if (len - sl >= 2 && name[sl] == '_' && name[sl + 1] == '_')
+    size_t skip, dot;
+    if (!name_split(name, len, 0, &skip, &dot)) /* the writer's indexes: last_dot=False */
         return 0;
-    const unsigned char *d = memchr(name + sl, '.', len - sl);
-    if (d == NULL || d == name + sl || d == name + len - 1)
-        return 0;
-    size_t dot = (size_t)(d - name);
+    int dot_slash = skip != 0;
+    name += skip;
+    len -= skip;
     int64_t end = doff + ((size + 511) & ~(long long)511);
     size_t nkeys = b->key_offsets.len / 8 - 1;
     const int64_t *ko = (const int64_t *)b->key_offsets.p;
@@ -846,7 +837,9 @@ bg_main(void *arg)
         pthread_mutex_lock(&b->mu);
         int stop = b->stop;
         int again = !stop && b->target >= 0 && pos < (unsigned long long)b->target && !told;
-        told = b->target >= 0; /* the size told once the file is complete: one more read */
+        /* finish() tells the size once the file is complete: a read that came back empty
+         * just before it was told is read again, once */
+        told = b->target >= 0;
         if (again) {
             pthread_mutex_unlock(&b->mu);
             continue;
@@ -1076,38 +1069,17 @@ owned_from(Grow *g)
     return (PyObject *)o;
 }
 
-/* the size argument of end() and finish() (-1 with an exception set) */
-static long long
-bg_size_arg(BackgroundObject *b, PyObject *arg, const char *what)
-{
-    long long size = PyLong_AsLongLong(arg);
-    if (size == -1 && PyErr_Occurred())
-        return -1;
-    if (size < 0) {
-        PyErr_Format(PyExc_ValueError, "%s(size): size >= 0", what);
-        return -1;
-    }
-    return bg_check(b) < 0 ? -1 : size;
-}
-
-static PyObject *
-bg_end(BackgroundObject *b, PyObject *arg)
-{
-    long long size = bg_size_arg(b, arg, "end");
-    if (size < 0)
-        return NULL;
-    pthread_mutex_lock(&b->mu); /* held briefly by the thread: no need to drop the GIL */
-    b->target = size;
-    pthread_cond_broadcast(&b->cond);
-    pthread_mutex_unlock(&b->mu);
-    Py_RETURN_NONE;
-}
-
 static PyObject *
 bg_finish(BackgroundObject *b, PyObject *arg)
 {
-    long long size = bg_size_arg(b, arg, "finish");
-    if (size < 0)
+    long long size = PyLong_AsLongLong(arg);
+    if (size == -1 && PyErr_Occurred())
+        return NULL;
+    if (size < 0) {
+        PyErr_SetString(PyExc_ValueError, "finish(size): size >= 0");
+        return NULL;
+    }
+    if (bg_check(b) < 0)
         return NULL;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&b->mu);
@@ -1175,8 +1147,6 @@ static PyMethodDef bg_methods[] = {
     {"finish", (PyCFunction)bg_finish, METH_O,
      "finish(size) -> (file hexdigest, member checksums as little-endian u64 bytes); with "
      "index=True (file hexdigest, samples, members, keys, key_offsets, extensions)."},
-    {"end", (PyCFunction)bg_end, METH_O,
-     "end(size): the file's final size, without waiting (finish(size) collects)."},
     {"close", (PyCFunction)bg_close, METH_NOARGS, "Stop the thread and close the file."},
     {NULL, NULL, 0, NULL},
 };

@@ -213,13 +213,6 @@ class TarWriter:
 
     def close(self) -> None:
         """Finish the archive and commit it under its final name."""
-        self._commit()
-        self._finish_index()
-
-    def _commit(self) -> None:
-        """close()'s first part: the shard committed; its index (where one is recorded) made by
-        :meth:`_finish_index`, which ShardWriter calls later, while the next shard is written,
-        so that the read-back thread finishes this one's meanwhile."""
         if self.closed:
             return
         self.closed = True
@@ -235,32 +228,21 @@ class TarWriter:
                 self._recorder.close()
             self._out.abort()
             raise
+        if self._recorder is None:
+            self._out.commit()
+            return
         try:
             self._out.commit()
-        except BaseException:
-            if self._recorder is not None:
-                self._recorder.close()
-            raise
-        if self._recorder is not None:
-            self._recorder.committed()
-
-    def _finish_index(self) -> None:
-        """The committed shard's index, into ``self.index`` (where one is recorded)."""
-        rec, self._recorder = self._recorder, None
-        if rec is not None:
-            try:
-                rec.finish()
-            finally:
-                rec.close()  # the hashing thread ends with the shard, whatever happened
+            self._recorder.finish()
+        finally:
+            self._recorder.close()  # the hashing thread ends with the shard, whatever happened
 
     def abort(self) -> None:
-        """Discard the shard (nothing appears under the final name; a shard committed already
-        stays, without its index)."""
-        if self._recorder is not None:
-            self._recorder.close()
-            self._recorder = None
+        """Discard the shard (nothing appears under the final name)."""
         if not self.closed:
             self.closed = True
+            if self._recorder is not None:
+                self._recorder.close()
             self._out.abort()
 
     def __enter__(self):
@@ -444,14 +426,6 @@ class _Recorder:
             self._parts.clear()
             self.write_raw(self._compress(data))
 
-    def committed(self) -> None:
-        """The shard is complete: the read-back thread told its size, so that it ends by
-        itself (``finish`` may come later)."""
-        if self.compression == "none":
-            self.nbytes = self.writer._tar.bytes_written
-        if self.background is not None:
-            self.background.end(self.nbytes)
-
     def finish(self) -> None:
         from .index import IndexBuilder, index_from_columns
 
@@ -580,12 +554,8 @@ class ShardWriter:
     ``maxsize`` (uncompressed) bytes (a number or a size string such as ``"1GB"`` or
     ``"512MiB"``, as :func:`tarshards.format.parse_size` reads it); a single sample larger than
     ``maxsize`` gets a shard of its own. Each shard is committed atomically when complete;
-    ``shards`` lists what was written and ``post(url)`` is called after each commit.
-
-    With ``manifest=PATH`` (or ``index=True``), a shard's index is made once the next shard has
-    been written a while (the thread that reads it back finishes meanwhile), so the last
-    ``ShardInfo``'s ``extra`` gets its hash then, or at :meth:`close` or :meth:`save_manifest`;
-    with ``post``, before ``post`` is called.
+    ``shards`` lists what was written and ``post(url)`` is called after each commit (with
+    ``manifest=``, once the shard's index file is saved).
     """
 
     def __init__(
@@ -630,8 +600,6 @@ class ShardWriter:
             self.tarwriter_options = dict(tarwriter_options, index=True)
         self.shards: list[ShardInfo] = []
         self._writer: TarWriter | None = None
-        # the last shard committed, whose index _finish_pending makes (writer, info), or None
-        self._pending: tuple | None = None
         self._started = 0.0
         self._swept: set[str] = set()  # directories cleared of stale temporaries
         self.total = 0
@@ -655,35 +623,20 @@ class ShardWriter:
         self._started = time.monotonic()
 
     def _finish_current(self) -> None:
-        self._finish_pending()
         w = self._writer
         if w is None:
             return
         self._writer = None
-        w._commit()
+        w.close()
         info = ShardInfo(w.name, w.count, w.size, time.monotonic() - self._started)
-        self.shards.append(info)
-        if self.post is None:  # its index made once the next shard is written (or at close)
-            self._pending = (w, info)
-            return
-        self._finish_index(w, info)
-        self.post(w.name)
-
-    def _finish_pending(self) -> None:
-        if self._pending is not None:
-            w, info = self._pending
-            self._pending = None
-            self._finish_index(w, info)
-
-    def _finish_index(self, w: TarWriter, info: ShardInfo) -> None:
-        """A committed shard's index (where one is recorded): into ``info`` and the manifest
-        (the index file saved by a thread unless ``post`` waits for it)."""
-        w._finish_index()
         if w.index is not None:
             info.extra["hash"] = w.index.hash
             info.extra["nbytes"] = w.index.nbytes
-            if self._manifest is not None:
-                self._manifest.add(w.name, w.index, background=self.post is None)
+            if self._manifest is not None:  # its index file saved here, before post sees it
+                self._manifest.add(w.name, w.index)
+        self.shards.append(info)
+        if self.post is not None:
+            self.post(w.name)
 
     def write(self, sample: dict) -> int:
         """Write one sample, rotating shards as needed; returns its uncompressed size."""
@@ -703,33 +656,19 @@ class ShardWriter:
 
     def close(self) -> None:
         """Commit the last shard (and write the manifest, with ``manifest=``)."""
-        try:
-            self._finish_current()
-            self._finish_pending()
-            self.save_manifest()
-        finally:
-            if self._manifest is not None:
-                self._manifest.close()
+        self._finish_current()
+        self.save_manifest()
 
     def save_manifest(self):
         """Write the manifest of the shards committed so far (with ``manifest=``); returns it."""
-        self._finish_pending()
         if self._manifest is not None:
             self.manifest = self._manifest.save()
         return self.manifest
 
     def abort(self) -> None:
-        if self._pending is not None:  # committed: it stays, without its index
-            self._pending[0].abort()
-            self._pending = None
         if self._writer is not None:
             self._writer.abort()
             self._writer = None
-        if self._manifest is not None:
-            try:
-                self._manifest.close()
-            except Exception:  # aborting already: an index that failed to save changes nothing
-                pass
 
     def __enter__(self):
         return self
