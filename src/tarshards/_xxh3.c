@@ -1055,13 +1055,18 @@ static PyTypeObject OwnedType = {
     .tp_as_sequence = &owned_as_sequence,
 };
 
-/* the bytes of g as an Owned (g emptied) */
+/* the bytes of g as an Owned (g emptied; the room it grew beyond them given back) */
 static PyObject *
 owned_from(Grow *g)
 {
     OwnedObject *o = PyObject_New(OwnedObject, &OwnedType);
     if (o == NULL)
         return NULL;
+    if (g->len && g->cap - g->len > ((size_t)64 << 10)) { /* doubling left up to half unused */
+        unsigned char *fit = (unsigned char *)realloc(g->p, g->len);
+        if (fit != NULL)
+            g->p = fit;
+    }
     o->p = g->p;
     o->len = (Py_ssize_t)g->len;
     g->p = NULL;
