@@ -306,9 +306,9 @@ class _Recorder:
         comp = by_name(suffix) if suffix else None
         self.compression = "none" if comp is None else comp.name
         self.aligned = aligned and self.compression != "none"
-        # the hashes worked out by a thread that reads the shard back from its temporary file
-        # as it is written (hashing.background_hasher; None: hashed here, inline): the file
-        # hash, and for a plain shard the member checksums too (recorded as 0 until finish)
+        # a thread that reads the shard back from its temporary file as it is written
+        # (hashing.background_hasher; None: hashed and recorded here, inline): the file hash,
+        # and for a plain shard the member checksums and the index's columns too
         tmp = writer._out.temporary_path
         plain = self.compression == "none"
         self.background = (
