@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import json
 
 import numpy as np
@@ -71,3 +72,25 @@ def load_servers():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def refused_in_forked_child(call) -> bool:
+    """Whether ``call()``, made in a forked child (where a C object's thread does not exist),
+    raises RuntimeError saying so rather than hanging or doing the parent's work."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        try:
+            call()
+            code = 1
+        except RuntimeError as exc:
+            code = 0 if "forked child" in str(exc) else 2
+        except BaseException:
+            code = 3
+        os.write(w, bytes([code]))
+        os._exit(0)
+    os.close(w)
+    got = os.read(r, 1)
+    os.close(r)
+    os.waitpid(pid, 0)
+    return got == b"\x00"

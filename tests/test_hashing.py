@@ -20,6 +20,8 @@ from tarshards.index import index_stream, index_url
 from tarshards.manifest import build_manifest
 from tarshards.writer import _READ_BACK_COLUMNS as _COLUMNS  # the order finish() gives them
 
+from conftest import refused_in_forked_child
+
 _xxh3 = pytest.importorskip("tarshards._xxh3", reason="built only where libxxhash-dev is installed")
 
 SIZES = [0, 1, 3, 4, 8, 9, 16, 17, 128, 129, 240, 241, 1023, 1024, 1025, 65535, 65536, 65537]
@@ -397,22 +399,7 @@ def test_background_refuses_a_forked_child(tmp_path):
     path = tmp_path / "t.tar"
     path.write_bytes(bytes(1024))
     bg = _xxh3.Background(str(path))
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: the thread is not here; the call says so, it does not hang
-        try:
-            bg.finish(1024)
-            code = 1
-        except RuntimeError as exc:
-            code = 0 if "forked child" in str(exc) else 2
-        except BaseException:
-            code = 3
-        os.write(w, bytes([code]))
-        os._exit(0)
-    os.close(w)
-    got = os.read(r, 1)
-    os.waitpid(pid, 0)
-    assert got == b"\x00"
+    assert refused_in_forked_child(lambda: bg.finish(1024))
     digest, sums = bg.finish(1024)  # the parent's thread is unharmed
     assert digest == xxhash.xxh3_64(bytes(1024)).hexdigest() and sums == b""
 

@@ -18,6 +18,8 @@ from tarshards.pipeline import shard_samples
 from tarshards.tario import iter_tar, read_chunks
 from tarshards.writer import ShardWriter, TarWriter, shard_name
 
+from conftest import refused_in_forked_child
+
 HAVE_TAR = shutil.which("tar") is not None
 
 
@@ -819,3 +821,106 @@ def test_writing_with_a_manifest_does_not_import_numpy(tmp_path):
 
     ds = IndexedDataset(str(tmp_path / "m.json"))
     assert len(ds) == 20 and int(bytes(ds[13]["cls"])) == 13
+
+
+# ---- AtomicOutput.write_behind: a file written by a thread of its own, committed later ----------
+
+
+def _temporaries(folder):
+    return [n for n in os.listdir(folder) if n.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("thread", [True, False])
+def test_write_behind_appears_under_its_name_only_at_commit(tmp_path, monkeypatch, thread):
+    from tarshards.storage import AtomicOutput, atomic
+
+    if not thread:  # the C accelerator not built: written at once, committed as well
+        monkeypatch.setattr(atomic, "_WriteBehind", None)
+    elif atomic._WriteBehind is None:
+        pytest.skip("the C accelerator is not built")
+    target = tmp_path / "f.bin"
+    parts = [b"head", memoryview(b"x" * 300_000), bytearray(b"tail"), b""]
+    out = AtomicOutput(str(target))
+    out.write_behind(parts)
+    assert not target.exists() and len(_temporaries(tmp_path)) == 1
+    out.commit()
+    assert target.read_bytes() == b"head" + b"x" * 300_000 + b"tail"
+    assert _temporaries(tmp_path) == []
+    out.commit()  # idempotent
+
+    out = AtomicOutput(str(tmp_path / "g.bin"))
+    out.write_behind([b"discarded"])
+    out.abort()
+    assert not (tmp_path / "g.bin").exists() and _temporaries(tmp_path) == []
+
+
+def test_write_behind_error_is_raised_at_commit_naming_the_file(tmp_path):
+    """A write that fails on the thread (here a file size limit: EFBIG) is raised by commit(),
+    with the output's name, and leaves neither the file nor its temporary."""
+    script = f"""
+import os, resource, signal, sys
+sys.path.insert(0, {os.path.join(os.path.dirname(__file__), "..", "src")!r})
+from tarshards.storage import AtomicOutput
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+out = AtomicOutput({str(tmp_path / "big.bin")!r})
+out.write_behind([b"y" * 10_000])
+try:
+    out.commit()
+except OSError as exc:
+    print("raised", exc.errno, exc.filename)
+"""
+    import errno
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["raised", str(errno.EFBIG), str(tmp_path / "big.bin")]
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_write_behind_refuses_a_forked_child(tmp_path):
+    _speedups = pytest.importorskip("tarshards._speedups")
+    fd = os.open(tmp_path / "f.bin", os.O_WRONLY | os.O_CREAT)
+    job = _speedups.WriteBehind(fd, 0, [b"abc" * 1000], str(tmp_path / "f.bin"))
+    assert refused_in_forked_child(job.wait)  # the thread is not in the child: no hang
+    job.wait()  # the parent's thread is unharmed
+    os.close(fd)
+    assert (tmp_path / "f.bin").read_bytes() == b"abc" * 1000
+
+
+def test_shardwriter_indexes_are_saved_before_post_and_kept_on_abort(tmp_path):
+    """With manifest=, a shard's index is written behind; post still sees it under its name,
+    and an abort keeps the committed shards' indexes (and leaves no temporaries)."""
+    from tarshards.index import ShardIndex
+    from tarshards.manifest import index_path_for
+
+    seen = []
+
+    def post(name):
+        index = tmp_path / index_path_for(os.path.basename(name))
+        seen.append((os.path.basename(name), ShardIndex.load(str(index)).num_samples))
+
+    with pytest.raises(RuntimeError, match="stop"):
+        with ShardWriter(
+            str(tmp_path / "p-%03d.tar"), maxcount=3, manifest=tmp_path / "m.json", post=post
+        ) as w:
+            for i in range(8):
+                w.write({"__key__": f"k{i}", "txt": b"t" * i})
+            raise RuntimeError("stop")
+    assert seen == [("p-000.tar", 3), ("p-001.tar", 3)]
+    assert not (tmp_path / "m.json").exists() and not (tmp_path / "p-002.tar").exists()
+
+    with pytest.raises(RuntimeError, match="stop"):
+        with ShardWriter(
+            str(tmp_path / "q-%03d.tar"), maxcount=3, manifest=tmp_path / "n.json"
+        ) as w:
+            for i in range(5):
+                w.write({"__key__": f"k{i}", "txt": b"t" * i})
+            raise RuntimeError("stop")
+    got = ShardIndex.load(str(tmp_path / index_path_for("q-000.tar")))
+    assert got.num_samples == 3 and got.hash.startswith("xxh3_64:")
+    assert not (tmp_path / index_path_for("q-001.tar")).exists()
+    for folder, _, names in os.walk(tmp_path):
+        assert [n for n in names if n.endswith(".tmp")] == [], folder

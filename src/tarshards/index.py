@@ -350,6 +350,26 @@ class ShardIndex:
         with AtomicOutput(path, storage_options=storage_options, remove_stale=remove_stale) as out:
             out.stream.writelines(self._parts())  # large parts written without the GIL
 
+    def start_save(self, path, *, storage_options: dict | None = None, remove_stale: bool = True):
+        """Begin :meth:`save`: the file is written by a thread of its own where it can be
+        (:meth:`tarshards.storage.AtomicOutput.write_behind`); returns the output, which
+        appears under ``path`` when the caller calls its ``commit()`` (or is discarded by
+        ``abort()``). The index must not change meanwhile (its arrays are written as they are)."""
+        from .storage import AtomicOutput
+
+        # unbuffered: the parts go to the file as they are (a 1 MB buffer for each pending save
+        # left the writer's heap fragmented: its next shard's buffer took fresh pages, about 250
+        # page faults a shard on the writing thread)
+        out = AtomicOutput(
+            path, storage_options=storage_options, remove_stale=remove_stale, buffering=0
+        )
+        try:
+            out.write_behind(self._parts())
+        except BaseException:
+            out.abort()
+            raise
+        return out
+
     @classmethod
     def load(cls, url, *, storage_options: dict | None = None) -> "ShardIndex":
         """Read an index file from a path or URL."""

@@ -7,6 +7,7 @@ a crash or an exception never leaves a half-written shard under its final name.
 from __future__ import annotations
 
 import io
+import logging
 import sys
 import time
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ from .tario import BLOCK, TarMemberWriter, header_number, header_size
 from .storage import AtomicOutput, remove_stale_temporaries, temporary_directory
 
 __all__ = ["ShardInfo", "ShardWriter", "TarWriter", "sample_members", "shard_name"]
+
+logger = logging.getLogger(__name__)
 
 try:  # optional C accelerator (see _speedups.c); _Recorder's lists are the reference
     from ._speedups import Recorder as _CRecorder
@@ -632,10 +635,12 @@ class ShardWriter:
         if w.index is not None:
             info.extra["hash"] = w.index.hash
             info.extra["nbytes"] = w.index.nbytes
-            if self._manifest is not None:  # its index file saved here, before post sees it
-                self._manifest.add(w.name, w.index)
+            if self._manifest is not None:  # its index file written behind (see
+                self._manifest.add(w.name, w.index)  # ManifestRecorder), committed by post
         self.shards.append(info)
         if self.post is not None:
+            if self._manifest is not None:
+                self._manifest.flush()  # post sees the shard's index under its name
             self.post(w.name)
 
     def write(self, sample: dict) -> int:
@@ -666,9 +671,16 @@ class ShardWriter:
         return self.manifest
 
     def abort(self) -> None:
+        """Discard the shard being written (the shards committed before it stay, with their
+        indexes; the manifest is not written)."""
         if self._writer is not None:
             self._writer.abort()
             self._writer = None
+        if self._manifest is not None:
+            try:
+                self._manifest.flush()  # the committed shards' indexes
+            except Exception as exc:  # not raised over what made the caller abort
+                logger.warning("an index of a committed shard was not saved: %s", exc)
 
     def __enter__(self):
         return self

@@ -130,13 +130,13 @@ def _write_manifest(reports, path, storage_options) -> None:
     from ..index import ShardIndex, index_url
     from ..manifest import ManifestRecorder
 
-    recorder = ManifestRecorder(path, storage_options=storage_options)
-    for r in reports:
-        if r.status == DONE and r.index is not None:
-            recorder.add(r.output, ShardIndex.from_bytes(r.index, url=r.output))
-        elif r.status == SKIPPED:
-            recorder.add(r.output, index_url(r.output, storage_options=storage_options))
-    recorder.save()
+    with ManifestRecorder(path, storage_options=storage_options) as recorder:
+        for r in reports:
+            if r.status == DONE and r.index is not None:
+                recorder.add(r.output, ShardIndex.from_bytes(r.index, url=r.output))
+            elif r.status == SKIPPED:
+                recorder.add(r.output, index_url(r.output, storage_options=storage_options))
+        recorder.save()
 
 
 def map_shard_files(

@@ -21,6 +21,11 @@ try:  # POSIX: a lock on the temporary file tells a running writer from a dead o
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
+try:  # buffers written by a thread of their own (AtomicOutput.write_behind)
+    from .._speedups import WriteBehind as _WriteBehind
+except ImportError:  # pragma: no cover - the C accelerator not built: written inline
+    _WriteBehind = None
+
 from ..errors import PipeNotAllowedError, StorageError
 from .open import PipeStream
 from .paths import filesystem, is_local, local_path
@@ -118,8 +123,9 @@ def temporary_name(directory: str, base: str) -> str:
     return os.path.join(directory, f".{base}.{tag}-{os.urandom(4).hex()}{_TEMP_SUFFIX}")
 
 
-def _create_temporary(directory: str, base: str):
-    """Create and lock a new temporary file; returns ``(path, binary writer)``."""
+def _create_temporary(directory: str, base: str, buffering: int = 1 << 20):
+    """Create and lock a new temporary file; returns ``(path, binary writer)`` (``buffering``
+    as :func:`open`'s: 0 gives an unbuffered writer)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     while True:
         path = temporary_name(directory, base)
@@ -130,7 +136,7 @@ def _create_temporary(directory: str, base: str):
         break
     try:
         _try_lock(fd)  # held until the file is closed
-        return path, os.fdopen(fd, "wb", buffering=1 << 20)
+        return path, os.fdopen(fd, "wb", buffering=buffering)
     except BaseException:
         os.close(fd)
         with contextlib.suppress(OSError):
@@ -217,11 +223,13 @@ class AtomicOutput:
     directory synced, so a crash or ``kill -9`` at any moment leaves either nothing or the whole
     file under the final name. Opening first removes the stale temporaries that writers which
     died left in that directory (``remove_stale=False`` skips that; see
-    :func:`remove_stale_temporaries`). Remote URLs are written to a local temporary file and
-    uploaded through fsspec on commit; ``-`` writes to stdout; a file object is written to
-    directly. ``pipe:CMD`` (only with ``allow_pipe=True``) writes to the stdin of a shell command
-    and checks its exit status on commit: what the command writes is not atomic. :meth:`abort`
-    (or an exception in the ``with`` block) removes the temporary file (or kills the command).
+    :func:`remove_stale_temporaries`). A temporary file is written through a 1 MB buffer
+    (``buffering=``, as :func:`open`'s: 0 for none, where whole files are written at once).
+    Remote URLs are written to a local temporary file and uploaded through fsspec on commit;
+    ``-`` writes to stdout; a file object is written to directly. ``pipe:CMD`` (only with
+    ``allow_pipe=True``) writes to the stdin of a shell command and checks its exit status on
+    commit: what the command writes is not atomic. :meth:`abort` (or an exception in the
+    ``with`` block) removes the temporary file (or kills the command).
     """
 
     def __init__(
@@ -231,12 +239,14 @@ class AtomicOutput:
         storage_options: dict | None = None,
         allow_pipe: bool = False,
         remove_stale: bool = True,
+        buffering: int = 1 << 20,
     ):
         self.dest = dest
         self.storage_options = storage_options
         self._tmp = None
         self._owned = False
         self._pipe = None
+        self._behind = None  # the write_behind() under way
         self.done = False
         if hasattr(dest, "write"):
             self.stream = dest
@@ -264,7 +274,7 @@ class AtomicOutput:
             os.makedirs(d, exist_ok=True)
             if remove_stale:
                 remove_stale_temporaries(d)
-            self._tmp, self.stream = _create_temporary(d, base)
+            self._tmp, self.stream = _create_temporary(d, base, buffering)
             self._owned = True
 
     @property
@@ -273,11 +283,34 @@ class AtomicOutput:
         (stdout, a pipe, a file object; and once committed or aborted)."""
         return self._tmp
 
+    def write_behind(self, parts) -> None:
+        """Write the buffers ``parts`` (the whole output) on a thread of its own where the output
+        is a temporary file and the C accelerator is built (``_speedups.WriteBehind``: written and
+        synced without the GIL), else here and now. :meth:`commit` waits for it (and raises its
+        error); nothing else may be written to this output. What it is for: a writer that saves
+        many small files (an index per shard) goes on while the kernel makes their pages."""
+        if self._owned and self._tmp is not None and self._behind is None and _WriteBehind:
+            self.stream.flush()
+            fd = self.stream.fileno()
+            self._behind = _WriteBehind(fd, os.lseek(fd, 0, os.SEEK_CUR), parts, self.name)
+        else:
+            self.stream.writelines(parts)
+
+    def _wait_behind(self) -> None:
+        behind, self._behind = self._behind, None
+        if behind is not None:
+            behind.wait()
+
     def commit(self) -> None:
         """Publish the output under its final name (or finish the command / the upload)."""
         if self.done:
             return
         self.done = True
+        try:
+            self._wait_behind()
+        except BaseException:
+            self._discard()
+            raise
         if self._pipe is not None:
             self._pipe.close()  # StorageError when the command failed
             return
@@ -310,6 +343,8 @@ class AtomicOutput:
             self._discard()
 
     def _discard(self) -> None:
+        with contextlib.suppress(OSError, RuntimeError):  # its failure: the file is discarded
+            self._wait_behind()
         with contextlib.suppress(OSError, ValueError):
             self.stream.close()
         if self._tmp:
