@@ -59,6 +59,11 @@ import sys
 import tempfile
 import time
 
+try:  # POSIX: the writing thread's page faults (section 3)
+    import resource
+except ImportError:  # pragma: no cover
+    resource = None  # type: ignore[assignment]
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PEER_VENV = os.path.join(HERE, ".venv", "bin", "python")
@@ -428,11 +433,19 @@ def bench_recording(samples, tmp: str, repeat: int, encoder: bool = False) -> di
     rate a user sees: the target's), the writing thread's CPU time (``thread_time``: what
     recording costs the thread that writes) and the process's (``process_time``: every thread,
     the hashing thread and the index saver included: what it costs the machine). Medians of the
-    rounds (wall times on a shared disk vary from round to round: each run ends with fsyncs)."""
+    rounds (wall times on a shared disk vary from round to round: each run ends with fsyncs).
+    Also the writing thread's minor page faults per run: on a VM each can be a trip to the
+    hypervisor, and where recording made the writer touch fresh memory, its cost followed the
+    machine's state (3 % one hour, 10 % the next)."""
     from tarshards import ShardWriter
+
+    def faults() -> int:  # the writing thread's minor page faults (0 where not counted)
+        who = getattr(resource, "RUSAGE_THREAD", None) if resource is not None else None
+        return 0 if who is None else resource.getrusage(who).ru_minflt
 
     def once(manifest: bool) -> tuple:
         d = tempfile.mkdtemp(dir=tmp)
+        f0 = faults()
         w0, t0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
         with ShardWriter(
             os.path.join(d, "rec-%05d.tar"),
@@ -446,6 +459,7 @@ def bench_recording(samples, tmp: str, repeat: int, encoder: bool = False) -> di
             time.perf_counter() - w0,
             time.thread_time() - t0,
             time.process_time() - p0,
+            faults() - f0,
         )
         shutil.rmtree(d)
         return times
@@ -464,6 +478,12 @@ def pooled_recording(runs: list) -> dict:
     for i, clock in enumerate(("wall", "thread", "process")):
         for kind in ("plain", "manifest"):
             out[f"{kind}_{clock}_s"] = statistics.median(t[i] for r in runs for t in r[kind])
+    for kind in ("plain", "manifest"):
+        out[f"{kind}_thread_faults"] = statistics.median(
+            t[3]
+            for r in runs
+            for t in r[kind][1:]  # each process's first run: its warm-up
+        )
     out["per_process"] = [
         statistics.median(t[0] for t in r["manifest"]) / statistics.median(t[0] for t in r["plain"])
         for r in runs
@@ -689,6 +709,10 @@ def report_recording(r: dict) -> None:
             )
         each = ", ".join(f"{100 * (x - 1):.1f}%" for x in rec["per_process"])
         print(f"   each process's own median (wall clock): {each}")
+        print(
+            f"   page faults of the writing thread, a run       {rec['plain_thread_faults']:8.0f} "
+            f"without, {rec['manifest_thread_faults']:8.0f} with manifest=PATH"
+        )
 
 
 def report_big(b: dict) -> None:

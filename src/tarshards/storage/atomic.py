@@ -296,10 +296,13 @@ class AtomicOutput:
         else:
             self.stream.writelines(parts)
 
-    def _wait_behind(self) -> None:
+    def _wait_behind(self) -> bool:
+        """Wait for :meth:`write_behind`'s thread; True where it wrote and synced the file."""
         behind, self._behind = self._behind, None
-        if behind is not None:
-            behind.wait()
+        if behind is None:
+            return False
+        behind.wait()
+        return True
 
     def commit(self) -> None:
         """Publish the output under its final name (or finish the command / the upload)."""
@@ -307,7 +310,7 @@ class AtomicOutput:
             return
         self.done = True
         try:
-            self._wait_behind()
+            synced = self._wait_behind()  # its thread fsynced the file after the last write
         except BaseException:
             self._discard()
             raise
@@ -319,7 +322,8 @@ class AtomicOutput:
             return
         try:
             self.stream.flush()
-            os.fsync(self.stream.fileno())
+            if not synced:
+                os.fsync(self.stream.fileno())
         except BaseException:
             self._discard()
             raise
