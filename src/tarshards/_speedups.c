@@ -2213,6 +2213,7 @@ typedef struct {
     PyObject_HEAD
     pthread_t thread;
     int started; /* the thread runs or ran, not joined yet */
+    int joining; /* a wait() is joining it (the GIL released) */
     int fd;
     long long offset;
     Py_buffer *views;
@@ -2277,9 +2278,16 @@ wb_join(WriteBehindObject *w)
                         "child: its thread is in the parent");
         return -1;
     }
+    if (w->joining) {
+        PyErr_SetString(PyExc_RuntimeError, "WriteBehind.wait() is already running in another "
+                                            "thread");
+        return -1;
+    }
+    w->joining = 1;
     Py_BEGIN_ALLOW_THREADS
     pthread_join(w->thread, NULL);
     Py_END_ALLOW_THREADS
+    w->joining = 0;
     w->started = 0;
     wb_release(w);
     return 0;
