@@ -413,7 +413,8 @@ grow_add(Grow *g, const void *src, size_t n)
 static int
 grow_i64(Grow *g, int64_t v)
 {
-    return grow_add(g, &v, 8); /* little-endian hosts: the index file's order (checked at import) */
+    /* little-endian hosts: the index file's order (Background(index=True) refuses others) */
+    return grow_add(g, &v, 8);
 }
 
 typedef struct {
@@ -572,12 +573,12 @@ bg_index(BackgroundObject *b, const unsigned char *h, long long size)
         name = h;
         if (h[345] != 0 && memcmp(h + 257, "ustar\0", 6) == 0) { /* POSIX only */
             const unsigned char *pn = memchr(h + 345, 0, 155);
-            size_t plen = pn ? (size_t)(pn - (h + 345)) : 155;
-            memcpy(joined, h + 345, plen);
-            joined[plen] = '/';
-            memcpy(joined + plen + 1, h, len);
+            size_t prefix_len = pn ? (size_t)(pn - (h + 345)) : 155;
+            memcpy(joined, h + 345, prefix_len);
+            joined[prefix_len] = '/';
+            memcpy(joined + prefix_len + 1, h, len);
             name = joined;
-            len += plen + 1;
+            len += prefix_len + 1;
         }
     }
     b->path_at = -1;

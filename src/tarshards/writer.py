@@ -635,8 +635,8 @@ class ShardWriter:
         if w.index is not None:
             info.extra["hash"] = w.index.hash
             info.extra["nbytes"] = w.index.nbytes
-            if self._manifest is not None:  # its index file written behind (see
-                self._manifest.add(w.name, w.index)  # ManifestRecorder), committed by post
+            if self._manifest is not None:  # its index file written behind (ManifestRecorder)
+                self._manifest.add(w.name, w.index)
         self.shards.append(info)
         if self.post is not None:
             if self._manifest is not None:

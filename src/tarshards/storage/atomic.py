@@ -289,7 +289,9 @@ class AtomicOutput:
         synced without the GIL), else here and now. :meth:`commit` waits for it (and raises its
         error); nothing else may be written to this output. What it is for: a writer that saves
         many small files (an index per shard) goes on while the kernel makes their pages."""
-        if self._owned and self._tmp is not None and self._behind is None and _WriteBehind:
+        if self._behind is not None:  # two writers of one file at once
+            raise ValueError(f"{self.name}: write_behind() while one is under way")
+        if self._owned and self._tmp is not None and _WriteBehind:
             self.stream.flush()
             fd = self.stream.fileno()
             self._behind = _WriteBehind(fd, os.lseek(fd, 0, os.SEEK_CUR), parts, self.name)
