@@ -187,6 +187,9 @@ def bench_overhead(quick: bool, repeat: int) -> dict:
 
     import tarshards
 
+    from tarshards import images
+
+    images._cjpeg()  # the C decoder's library chosen before any side runs (see decoder_library)
     path = make_shard("small64", 2000 if quick else 4000, [(64, 64)], 4.0, 500)
     # the page cache as one sequential read leaves it, whatever wrote or read the shard before
     # (bench/run.py's methodology: common.warm_cache)
@@ -213,6 +216,21 @@ def bench_overhead(quick: bool, repeat: int) -> dict:
     res = run_paired(jpgs, simplejpeg.decode_jpeg, sides, repeat)
     res = {"simplejpeg decode only": res.pop("reference"), **res}
     return res
+
+
+def decoder_library() -> str | None:
+    """The libjpeg the C decoder calls (chosen at its first use: tarshards.images), with the
+    libjpeg-turbo version its file names; None where the C decoder is not built."""
+    try:
+        from tarshards import _jpeg
+    except ImportError:
+        return None
+    from tarshards import images
+
+    images._cjpeg()
+    path = _jpeg.library()
+    version = images._turbo_version(path)
+    return f"{path} ({'.'.join(map(str, version)) if version else 'version unknown'})"
 
 
 PEER_SIDE = (
@@ -397,12 +415,13 @@ def main(argv=None) -> int:
             )
     if "crop" in args.only:
         results["crop"] = bench_crop(args.quick, repeat)
+    libjpeg = decoder_library()
     if args.json:
-        print(json.dumps(results, indent=2))
+        print(json.dumps({**results, "libjpeg": libjpeg}, indent=2))
         return 0
     print(
         f"(medians of {repeat} interleaved repetitions; {os.cpu_count()} CPUs; "
-        f"{time.strftime('%Y-%m-%d %H:%M %Z')})\n"
+        f"{time.strftime('%Y-%m-%d %H:%M %Z')}; the C decoder's libjpeg: {libjpeg})\n"
     )
     if "overhead" in results:
         print(

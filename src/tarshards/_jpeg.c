@@ -1,4 +1,5 @@
-/* Optional JPEG decoder over the system's libjpeg-turbo (its libjpeg API).
+/* Optional JPEG decoder over libjpeg-turbo (its libjpeg API): the system's, linked at build
+ * time, or a newer one of the same ABI in the process (use_library; tarshards.images chooses).
  *
  * header(data) -> (width, height, components, color_space) | None
  * decode(data, channels, denom, fast, x0, y0, x1, y1) -> (pixels, width, height, x0) | None
@@ -7,6 +8,7 @@
  * pil_image(image_class, template, core_key, size_key, map_buffer, map_args, fallback, data)
  * dlpack_value(from_dlpack, channels, fallback, data), array_value(ndarray, dtype, channels,
  *     fallback, data): a JPEG field's value in one call (see each)
+ * library() -> path | None, use_library(path) -> bool: which libjpeg decodes (see the latter)
  *
  * decode: ``channels`` 1 (grey), 3 (RGB) or 4 (RGBX: RGB padded to 4 bytes, Pillow's layout);
  * the image scaled by 1/``denom`` (1, 2, 4 or 8, libjpeg-turbo's SIMD scales); with x1 > 0 only
@@ -57,6 +59,9 @@
 #include <string.h>
 
 #include <jpeglib.h>
+#ifndef _WIN32
+#include <dlfcn.h>
+#endif
 
 #if !defined(LIBJPEG_TURBO_VERSION_NUMBER) || LIBJPEG_TURBO_VERSION_NUMBER < 1005000
 #error "tarshards._jpeg needs libjpeg-turbo >= 1.5 (jpeg_crop_scanline, jpeg_skip_scanlines)"
@@ -84,6 +89,31 @@ typedef struct {
 #define NSLOTS 4
 static slot_t slots[NSLOTS];
 
+/* The libjpeg functions used, from the library linked at build time (the system's) or, after
+ * use_library(path), from another libjpeg-turbo of the same ABI (libjpeg.so.62) in the process:
+ * every call goes through this table. */
+typedef struct {
+    struct jpeg_error_mgr *(*std_error)(struct jpeg_error_mgr *);
+    void (*create)(j_decompress_ptr, int, size_t);
+    void (*destroy)(j_decompress_ptr);
+    void (*abort_)(j_decompress_ptr);
+    void (*mem_src)(j_decompress_ptr, const unsigned char *, unsigned long);
+    int (*read_header)(j_decompress_ptr, boolean);
+    boolean (*start)(j_decompress_ptr);
+    JDIMENSION (*read_scanlines)(j_decompress_ptr, JSAMPARRAY, JDIMENSION);
+    JDIMENSION (*skip_scanlines)(j_decompress_ptr, JDIMENSION);
+    void (*crop_scanline)(j_decompress_ptr, JDIMENSION *, JDIMENSION *);
+    boolean (*has_multiple_scans)(j_decompress_ptr);
+} jpeg_lib_t;
+
+static jpeg_lib_t lib = {
+    jpeg_std_error,        jpeg_CreateDecompress, jpeg_destroy_decompress,
+    jpeg_abort_decompress, jpeg_mem_src,          jpeg_read_header,
+    jpeg_start_decompress, jpeg_read_scanlines,   jpeg_skip_scanlines,
+    jpeg_crop_scanline,    jpeg_has_multiple_scans,
+};
+static int slots_in_use = 0; /* taken and not yet given back (GIL held for both) */
+
 static void
 on_error(j_common_ptr c)
 {
@@ -106,13 +136,13 @@ on_output(j_common_ptr c)
 static int
 init_slot(slot_t *s)
 {
-    s->d.err = jpeg_std_error(&s->err.pub);
+    s->d.err = lib.std_error(&s->err.pub);
     s->err.pub.error_exit = on_error;
     s->err.pub.emit_message = on_message;
     s->err.pub.output_message = on_output;
     if (setjmp(s->err.jump))
         return 0;
-    jpeg_create_decompress(&s->d);
+    lib.create(&s->d, JPEG_LIB_VERSION, sizeof(struct jpeg_decompress_struct));
     s->ready = 1;
     return 1;
 }
@@ -129,6 +159,7 @@ take_slot(void)
         if (!s->ready && !init_slot(s))
             return NULL;
         s->busy = 1;
+        slots_in_use++;
         return s;
     }
     slot_t *s = (slot_t *)PyMem_RawCalloc(1, sizeof(slot_t));
@@ -139,19 +170,21 @@ take_slot(void)
         return NULL;
     }
     s->busy = 2; /* made for this call */
+    slots_in_use++;
     return s;
 }
 
 static void
 give_slot(slot_t *s)
 {
+    slots_in_use--;
     if (s->busy == 2) {
-        jpeg_destroy_decompress(&s->d);
+        lib.destroy(&s->d);
         PyMem_RawFree(s->copy);
         PyMem_RawFree(s);
         return;
     }
-    jpeg_abort_decompress(&s->d);
+    lib.abort_(&s->d);
     s->busy = 0;
 }
 
@@ -170,8 +203,8 @@ jpeg_header(PyObject *self, PyObject *arg)
     volatile JDIMENSION w = 0, h = 0;
     volatile int comps = 0, space = 0;
     if (setjmp(s->err.jump) == 0 && view.len > 0) {
-        jpeg_mem_src(&s->d, (const unsigned char *)view.buf, (unsigned long)view.len);
-        jpeg_read_header(&s->d, TRUE);
+        lib.mem_src(&s->d, (const unsigned char *)view.buf, (unsigned long)view.len);
+        lib.read_header(&s->d, TRUE);
         w = s->d.image_width;
         h = s->d.image_height;
         comps = s->d.num_components;
@@ -197,7 +230,7 @@ pad_entropy_data(slot_t *s)
     size_t n = src->bytes_in_buffer;
     /* a JPEG that does not end with its EOI (truncated, trailing bytes) is read as it is */
     if (n > PAD_LIMIT || n < 2 || src->next_input_byte[n - 2] != 0xFF ||
-        src->next_input_byte[n - 1] != 0xD9 || jpeg_has_multiple_scans(&s->d))
+        src->next_input_byte[n - 1] != 0xD9 || lib.has_multiple_scans(&s->d))
         return;
     size_t need = n + 2 + PAD_BYTES;
     if (s->copy_size < need) {
@@ -304,8 +337,8 @@ decode_view(Py_buffer *view, long channels, long denom, int fast, long x0, long 
         failed = 1;
         goto done;
     }
-    jpeg_mem_src(d, (const unsigned char *)view->buf, (unsigned long)view->len);
-    jpeg_read_header(d, TRUE);
+    lib.mem_src(d, (const unsigned char *)view->buf, (unsigned long)view->len);
+    lib.read_header(d, TRUE);
     if (d->jpeg_color_space != JCS_YCbCr && d->jpeg_color_space != JCS_GRAYSCALE &&
         d->jpeg_color_space != JCS_RGB) {
         failed = 1; /* CMYK, YCCK, unknown: not ours */
@@ -317,7 +350,7 @@ decode_view(Py_buffer *view, long channels, long denom, int fast, long x0, long 
     d->scale_denom = (unsigned int)denom;
     d->dct_method = fast ? JDCT_IFAST : JDCT_ISLOW;
     d->do_fancy_upsampling = fast ? FALSE : TRUE;
-    jpeg_start_decompress(d);
+    lib.start(d);
     JDIMENSION ow = d->output_width, oh = d->output_height;
     JDIMENSION top = 0, bottom = oh; /* not used after a longjmp */
     if (x1 > 0) {
@@ -335,7 +368,7 @@ decode_view(Py_buffer *view, long channels, long denom, int fast, long x0, long 
             JDIMENSION lo = x0 > 0 ? (JDIMENSION)x0 - 1 : 0;
             JDIMENSION hi = (JDIMENSION)x1 < ow ? (JDIMENSION)x1 + 1 : ow;
             JDIMENSION cx = lo, cw = hi - lo;
-            jpeg_crop_scanline(d, &cx, &cw);
+            lib.crop_scanline(d, &cx, &cw);
             xoff = cx;
         }
     }
@@ -369,7 +402,7 @@ decode_view(Py_buffer *view, long channels, long denom, int fast, long x0, long 
     }
     {
         size_t stride = (size_t)width * channels;
-        if (top > 0 && jpeg_skip_scanlines(d, top) != top) {
+        if (top > 0 && lib.skip_scanlines(d, top) != top) {
             failed = 1;
             goto done;
         }
@@ -380,7 +413,7 @@ decode_view(Py_buffer *view, long channels, long denom, int fast, long x0, long 
                 n = 16;
             for (JDIMENSION i = 0; i < n; i++)
                 ptrs[i] = px + (size_t)(d->output_scanline - top + i) * stride;
-            if (jpeg_read_scanlines(d, ptrs, n) == 0) {
+            if (lib.read_scanlines(d, ptrs, n) == 0) {
                 failed = 1;
                 goto done;
             }
@@ -722,7 +755,103 @@ jpeg_into(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return PyBool_FromLong(ok);
 }
 
+/* the path of the shared library the functions of the table come from (dladdr), or None */
+static PyObject *
+jpeg_library(PyObject *self, PyObject *unused)
+{
+#ifndef _WIN32
+    Dl_info info;
+    if (dladdr((void *)lib.read_header, &info) && info.dli_fname != NULL)
+        return PyUnicode_DecodeFSDefault(info.dli_fname);
+#endif
+    Py_RETURN_NONE;
+}
+
+#ifndef _WIN32
+/* a decompressor made and destroyed with the table ``t``: 1 when its library accepts this
+ * build's libjpeg version and struct size (jpeg_CreateDecompress checks both) */
+static int
+probe_library(const jpeg_lib_t *t)
+{
+    slot_t *s = (slot_t *)PyMem_RawCalloc(1, sizeof(slot_t));
+    if (s == NULL)
+        return 0;
+    volatile int ok = 0;
+    s->d.err = t->std_error(&s->err.pub);
+    s->err.pub.error_exit = on_error;
+    s->err.pub.emit_message = on_message;
+    s->err.pub.output_message = on_output;
+    if (setjmp(s->err.jump) == 0) {
+        t->create(&s->d, JPEG_LIB_VERSION, sizeof(struct jpeg_decompress_struct));
+        ok = 1;
+    }
+    t->destroy(&s->d); /* safe on a decompressor whose creation failed (its memory is NULL) */
+    PyMem_RawFree(s);
+    return ok;
+}
+#endif
+
+/* use_library(path) -> bool: decode with the libjpeg at ``path`` (loaded with dlopen, kept
+ * loaded) from now on, when it has every function of the table and accepts this build's ABI;
+ * False, nothing changed, where not (or while a decompressor is in use, or on Windows). The
+ * kept decompressors of the library before are destroyed. */
+static PyObject *
+jpeg_use_library(PyObject *self, PyObject *arg)
+{
+#ifdef _WIN32
+    Py_RETURN_FALSE;
+#else
+    PyObject *bytes = NULL;
+    if (!PyUnicode_FSConverter(arg, &bytes))
+        return NULL;
+    if (slots_in_use > 0) {
+        Py_DECREF(bytes);
+        Py_RETURN_FALSE;
+    }
+    void *handle = dlopen(PyBytes_AS_STRING(bytes), RTLD_NOW | RTLD_LOCAL);
+    Py_DECREF(bytes);
+    if (handle == NULL)
+        Py_RETURN_FALSE;
+    jpeg_lib_t t;
+    void **fields[] = {
+        (void **)&t.std_error,      (void **)&t.create,        (void **)&t.destroy,
+        (void **)&t.abort_,         (void **)&t.mem_src,       (void **)&t.read_header,
+        (void **)&t.start,          (void **)&t.read_scanlines, (void **)&t.skip_scanlines,
+        (void **)&t.crop_scanline,  (void **)&t.has_multiple_scans,
+    };
+    static const char *names[] = {
+        "jpeg_std_error",      "jpeg_CreateDecompress", "jpeg_destroy_decompress",
+        "jpeg_abort_decompress", "jpeg_mem_src",        "jpeg_read_header",
+        "jpeg_start_decompress", "jpeg_read_scanlines", "jpeg_skip_scanlines",
+        "jpeg_crop_scanline",  "jpeg_has_multiple_scans",
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        *fields[i] = dlsym(handle, names[i]);
+        if (*fields[i] == NULL) {
+            dlclose(handle);
+            Py_RETURN_FALSE;
+        }
+    }
+    if (!probe_library(&t)) {
+        dlclose(handle);
+        Py_RETURN_FALSE;
+    }
+    for (int i = 0; i < NSLOTS; i++) { /* made with the library before: not kept */
+        if (slots[i].ready) {
+            lib.destroy(&slots[i].d);
+            slots[i].ready = 0;
+        }
+    }
+    lib = t; /* the handle stays open: the table points into it */
+    Py_RETURN_TRUE;
+#endif
+}
+
 static PyMethodDef methods[] = {
+    {"library", (PyCFunction)jpeg_library, METH_NOARGS,
+     "library() -> the path of the libjpeg decoding, or None where unknown"},
+    {"use_library", (PyCFunction)jpeg_use_library, METH_O,
+     "use_library(path) -> bool: decode with the libjpeg-turbo at path from now on"},
     {"into", (PyCFunction)(void (*)(void))jpeg_into, METH_FASTCALL,
      "into(channels, data, out) -> bool: the pixels decoded straight into out (same size only)"},
     {"header", (PyCFunction)jpeg_header, METH_O,
