@@ -45,6 +45,10 @@ def check_report(report, *, stage_names, loader):
         assert report["loader"] is None and report["time_to_first_batch_s"] is None
     assert isinstance(report["bottleneck"], str) and report["bottleneck"]
     assert "bound" in report["diagnosis"]
+    jd = report["jpeg_decoder"]
+    assert jd["decoder"] in ("tarshards._jpeg", "simplejpeg", "Pillow")
+    if jd["decoder"] == "tarshards._jpeg":  # the C decoder names the library it calls
+        assert os.path.exists(jd["libjpeg"]) and jd["libjpeg_turbo"].count(".") == 2
     json.dumps(report)  # plain data
 
 
@@ -59,6 +63,7 @@ def test_bench_pipeline_measures_each_stage(shards):
     # under load, and the fused decode+to_tuple can make the to_tuple prefix the faster one)
     text = format_report(report)
     assert "raw read" in text and "decode" in text and "bottleneck" in text
+    assert f"JPEG decoder  {report['jpeg_decoder']['decoder']}" in text
 
 
 def test_bench_with_a_loader(shards):
@@ -100,6 +105,9 @@ def test_diagnosis_names_the_slowest_stage():
     )
     name, text = diagnose(report)
     assert name == "decode" and text.startswith("decoding bounds you: add workers")
+    assert "simplejpeg" not in text
+    on_pillow = dict(report, jpeg_decoder={"decoder": "Pillow"})
+    assert "install simplejpeg" in diagnose(on_pillow)[1]
     report = dict(base, stages=[stage("read + group", 5), stage("map (transforms)", 90)])
     assert diagnose(report)[0] == "transforms"
     slow_disk = dict(

@@ -28,6 +28,7 @@ import sys
 import time
 from typing import Any, Callable, Iterable
 
+from .images import jpeg_decoder
 from .pipeline import DataPipeline
 from .tario import iter_tar_batches, tar_byte_source
 from .specs import expand_urls
@@ -245,6 +246,7 @@ def bench_pipeline(
         "shards": len(urls),
         "max_samples": max_samples,
         "pipeline": repr(dataset),
+        "jpeg_decoder": jpeg_decoder(),
     }
 
     # 1. raw read (the reference first: it also warms the page cache for local files)
@@ -479,6 +481,8 @@ def diagnose(report: dict) -> tuple[str, str]:
         return "read", _ADVICE["read"].format(why=why)
     key = "transforms" if "transforms" in name else name
     advice = _ADVICE.get(key, f"the {name} stage bounds you: look at what it does per sample")
+    if key == "decode" and (report.get("jpeg_decoder") or {}).get("decoder", "") == "Pillow":
+        advice += "; install simplejpeg (pip install tarshards[fast]) or build the C decoder"
     return key, f"{advice} ({share:.0%} of the time per sample)"
 
 
@@ -517,6 +521,13 @@ def format_report(report: dict) -> str:
         f"  peak memory   {report['peak_rss_mb']:.0f} MB"
         + (f" (workers {report['peak_rss_workers_mb']:.0f} MB)" if report.get("loader") else "")
     )
+    jd = report.get("jpeg_decoder")
+    if jd:
+        lines.append(
+            f"  JPEG decoder  {jd['decoder']}"
+            + (f", libjpeg-turbo {jd['libjpeg_turbo']}" if jd.get("libjpeg_turbo") else "")
+            + (f" ({jd['libjpeg']})" if jd.get("libjpeg") else "")
+        )
     lines.append(f"  bottleneck    {report['diagnosis']}")
     return "\n".join(lines)
 

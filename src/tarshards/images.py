@@ -211,6 +211,7 @@ def _cjpeg():
         array_value=getattr(_jpeg, "array_value", None),
         pil_image=getattr(_jpeg, "pil_image", None),
         into=getattr(_jpeg, "into", None),
+        library=getattr(_jpeg, "library", lambda: None),
     )
 
 
@@ -275,6 +276,28 @@ def _choose_libjpeg(cj) -> str | None:
     if new is not None and old is not None and new > old and use(candidate):
         return cj.library()
     return current
+
+
+def jpeg_decoder() -> dict:
+    """What decodes a JPEG at its own size in the image modes here: ``{"decoder": ...,
+    "libjpeg": path or None, "libjpeg_turbo": "X.Y.Z" or None}``, the decoder being
+    ``"tarshards._jpeg"`` (the C decoder, on the library :func:`_choose_libjpeg` chose),
+    ``"simplejpeg"`` (libjpeg-turbo linked into it) or ``"Pillow"``."""
+    cj = _cjpeg()
+    if cj is not None:
+        decoder, path = "tarshards._jpeg", cj.library()
+    elif _simplejpeg() is not None:
+        import simplejpeg
+
+        decoder, path = "simplejpeg", getattr(simplejpeg._jpeg, "__file__", None)
+    else:
+        decoder, path = "Pillow", _pillow_libjpeg()
+    version = _turbo_version(path)
+    return {
+        "decoder": decoder,
+        "libjpeg": path,
+        "libjpeg_turbo": None if version is None else ".".join(map(str, version)),
+    }
 
 
 def jpeg_into(mode: str, size=None):
