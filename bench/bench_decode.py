@@ -219,18 +219,14 @@ def bench_overhead(quick: bool, repeat: int) -> dict:
 
 
 def decoder_library() -> str | None:
-    """The libjpeg the C decoder calls (chosen at its first use: tarshards.images), with the
-    libjpeg-turbo version its file names; None where the C decoder is not built."""
-    try:
-        from tarshards import _jpeg
-    except ImportError:
-        return None
+    """The libjpeg the C decoder calls (chosen at its first use: tarshards.images), with its
+    libjpeg-turbo version; None where the C decoder is not built."""
     from tarshards import images
 
-    images._cjpeg()
-    path = _jpeg.library()
-    version = images._turbo_version(path)
-    return f"{path} ({'.'.join(map(str, version)) if version else 'version unknown'})"
+    jd = images.jpeg_decoder()
+    if jd["decoder"] != "tarshards._jpeg":
+        return None
+    return f"{jd['libjpeg']} ({jd['libjpeg_turbo'] or 'version unknown'})"
 
 
 PEER_SIDE = (

@@ -133,18 +133,26 @@ on_output(j_common_ptr c)
     (void)c;
 }
 
+/* a decompressor made in ``s`` with the table ``t``, errors turned into a longjmp to s->err.jump:
+ * 1, or 0 where the library refused (its version or struct size not this build's) */
 static int
-init_slot(slot_t *s)
+create_with(slot_t *s, const jpeg_lib_t *t)
 {
-    s->d.err = lib.std_error(&s->err.pub);
+    s->d.err = t->std_error(&s->err.pub);
     s->err.pub.error_exit = on_error;
     s->err.pub.emit_message = on_message;
     s->err.pub.output_message = on_output;
     if (setjmp(s->err.jump))
         return 0;
-    lib.create(&s->d, JPEG_LIB_VERSION, sizeof(struct jpeg_decompress_struct));
-    s->ready = 1;
+    t->create(&s->d, JPEG_LIB_VERSION, sizeof(struct jpeg_decompress_struct));
     return 1;
+}
+
+static int
+init_slot(slot_t *s)
+{
+    s->ready = create_with(s, &lib);
+    return s->ready;
 }
 
 /* a free slot (GIL held): a kept one, or, when all are in use by other threads, one made for
@@ -776,15 +784,7 @@ probe_library(const jpeg_lib_t *t)
     slot_t *s = (slot_t *)PyMem_RawCalloc(1, sizeof(slot_t));
     if (s == NULL)
         return 0;
-    volatile int ok = 0;
-    s->d.err = t->std_error(&s->err.pub);
-    s->err.pub.error_exit = on_error;
-    s->err.pub.emit_message = on_message;
-    s->err.pub.output_message = on_output;
-    if (setjmp(s->err.jump) == 0) {
-        t->create(&s->d, JPEG_LIB_VERSION, sizeof(struct jpeg_decompress_struct));
-        ok = 1;
-    }
+    int ok = create_with(s, t);
     t->destroy(&s->d); /* safe on a decompressor whose creation failed (its memory is NULL) */
     PyMem_RawFree(s);
     return ok;

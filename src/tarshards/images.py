@@ -249,9 +249,9 @@ def _pillow_libjpeg() -> str | None:
     return None
 
 
-@functools.cache
 def _choose_libjpeg(cj) -> str | None:
-    """Which libjpeg the C decoder calls, chosen once per process (before its first decode):
+    """Which libjpeg the C decoder calls, chosen once per process by :func:`_cjpeg` (cached;
+    before the decoder's first use):
     the one it was linked with (the system's), or a newer libjpeg-turbo of the same ABI that
     Pillow's wheel ships (3.x decodes a 64x64 JPEG about 5% faster than Debian 12's 2.1.5, the
     same pixels). ``TARSHARDS_LIBJPEG=system`` keeps the linked one; ``TARSHARDS_LIBJPEG=PATH``
@@ -286,10 +286,8 @@ def jpeg_decoder() -> dict:
     cj = _cjpeg()
     if cj is not None:
         decoder, path = "tarshards._jpeg", cj.library()
-    elif _simplejpeg() is not None:
-        import simplejpeg
-
-        decoder, path = "simplejpeg", getattr(simplejpeg._jpeg, "__file__", None)
+    elif (sj := _simplejpeg()) is not None:
+        decoder, path = "simplejpeg", getattr(getattr(sj, "_jpeg", None), "__file__", None)
     else:
         decoder, path = "Pillow", _pillow_libjpeg()
     version = _turbo_version(path)
