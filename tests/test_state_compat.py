@@ -1,0 +1,142 @@
+"""States saved by an earlier tarshards load, and resume where they were saved.
+
+``tests/data/frozen_states.json`` holds resume states made by tarshards at commit 8777d68 (before
+the iteration refactor of the house issue), for both resume paths (the epoch plan, ``readers=V``,
+and the plain shard split, which resumes by replay) at the dataset and the ``WebLoader`` level,
+together with the digests of the batches the uninterrupted run yielded after each cut. A change
+that renames a state key, changes its meaning or changes an order fails here.
+
+Regenerate (only on purpose, when a state format changes with a migration):
+``PYTHONPATH=src python tests/test_state_compat.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tarshards import ShardWriter, WebDataset
+from tarshards.testing import batch_digest
+
+FROZEN = Path(__file__).resolve().parent / "data" / "frozen_states.json"
+SHARDS, PER_SHARD = 4, 25
+
+
+def _write(root: Path) -> list[str]:
+    """The data the states were saved against (its fingerprint is in the plan states)."""
+    root.mkdir(parents=True, exist_ok=True)
+    with ShardWriter(str(root / "data-%06d.tar"), maxcount=PER_SHARD) as sink:
+        for i in range(SHARDS * PER_SHARD):
+            sink.write({"__key__": f"s{i:05d}", "cls": i % 7, "txt": f"text {i}"})
+    return [str(root / f"data-{i:06d}.tar") for i in range(SHARDS)]
+
+
+def _planned(urls):
+    return (
+        WebDataset(urls, shardshuffle=True, seed=5, readers=4)
+        .shuffle(8)
+        .decode()
+        .to_tuple("__key__", "cls")
+        .batched(4)
+    )
+
+
+def _stream(urls):
+    return (
+        WebDataset(urls, shardshuffle=True, seed=7)
+        .shuffle(10)
+        .decode()
+        .to_tuple("__key__", "txt")
+        .batched(3)
+    )
+
+
+def _digests(it, n=None) -> list[str]:
+    out = []
+    for b in it:
+        out.append(batch_digest(b))
+        if n is not None and len(out) == n:
+            break
+    return out
+
+
+CASES = {  # name -> (pipeline, cut after this many batches, epoch)
+    "planned-dataset": (_planned, 5, 0),
+    "planned-dataset-epoch1": (_planned, 3, 1),
+    "stream-dataset": (_stream, 4, 0),
+}
+LOADER_CASES = {"planned-loader": (_planned, 6), "stream-loader": (_stream, 5)}
+
+
+def _make(root: Path) -> dict:
+    """Run each case to its cut, save the state, and record what the run yields next."""
+    urls = _write(root)
+    out: dict = {"made_at": "8777d68", "cases": {}}
+    for name, (build, cut, epoch) in CASES.items():
+        ds = build(urls)
+        ds.set_epoch(epoch)
+        it = iter(ds)
+        _digests(it, cut)
+        state = ds.state_dict()
+        out["cases"][name] = {"epoch": epoch, "state": state, "rest": _digests(it)}
+    pytest.importorskip("torch")
+    from tarshards import WebLoader
+
+    for name, (build, cut) in LOADER_CASES.items():
+        loader = WebLoader(build(urls), batch_size=None, num_workers=0)
+        it = iter(loader)
+        _digests(it, cut)
+        state = loader.state_dict()
+        rest = _digests(it)
+        out["cases"][name] = {"state": state, "rest": rest, "next_epoch": _digests(loader)}
+    return out
+
+
+@pytest.fixture(scope="module")
+def frozen():
+    return json.loads(FROZEN.read_text())
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_dataset_state_from_before_resumes(tmp_path, frozen, name):
+    build, _, epoch = CASES[name]
+    case = frozen["cases"][name]
+    ds = build(_write(tmp_path))
+    ds.load_state_dict(case["state"])
+    assert _digests(ds) == case["rest"]
+
+
+# a plain pipeline's state resumes only in the place (worker count) it was saved in
+@pytest.mark.parametrize(
+    "name,workers", [("planned-loader", 0), ("planned-loader", 2), ("stream-loader", 0)]
+)
+def test_loader_state_from_before_resumes(tmp_path, frozen, name, workers):
+    pytest.importorskip("torch")
+    from tarshards import WebLoader
+
+    build, _ = LOADER_CASES[name]
+    case = frozen["cases"][name]
+    loader = WebLoader(build(_write(tmp_path)), batch_size=None, num_workers=workers)
+    loader.load_state_dict(case["state"])
+    assert _digests(loader) == case["rest"]
+    assert _digests(loader) == case["next_epoch"]
+
+
+def test_frozen_states_are_what_today_saves(tmp_path, frozen):
+    """Today's code saves the same states (keys and values) at the same cuts."""
+    made = _make(tmp_path)
+    for name, case in frozen["cases"].items():
+        assert made["cases"][name]["state"] == case["state"], name
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        data = _make(Path(tmp))
+    FROZEN.parent.mkdir(exist_ok=True)
+    FROZEN.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {FROZEN} ({len(data['cases'])} cases)", file=sys.stderr)
