@@ -30,6 +30,7 @@ from .errors import (
 )
 from .manifest import Manifest, as_manifest
 from .storage import is_local, local_path, open_url
+from .compression import inflated_from
 from .storage.seek import read_exact
 from .format import split_name
 from .index import FLAG_REBUILT
@@ -313,7 +314,7 @@ class IndexedDataset:
         elif info.seekable:
             data = self._reader(shard).read(start, end)
             if info.compression != "none":
-                data = _inflate(data, info.compression, url, start)
+                data = _inflate(data, info.entry, url, start)
         else:  # compressed as one stream: offsets are in the uncompressed stream
             data = self._reader(shard, stream=True).read(start, end)
         m0, m1 = info.starts[j], info.starts[j + 1]
@@ -454,6 +455,7 @@ class _ShardInfo:
         "exts",
         "seekable",
         "compression",
+        "entry",
         "plain",
         "rebuilt",
     )
@@ -474,14 +476,18 @@ class _ShardInfo:
         self.exts = [lowered[c] for c in idx.member_ext.tolist()]
         self.seekable = idx.seekable
         self.compression = idx.compression
+        self.entry = idx.entry
         self.plain = idx.seekable and idx.compression == "none"
         # samples with a member to rebuild (GNU sparse): parsed, not sliced (usually none)
         self.rebuilt = frozenset(np.flatnonzero(idx.sample_flags & FLAG_REBUILT).tolist())
 
 
-def _inflate(data: bytes, compression: str, url, offset: int) -> bytes:
-    """The uncompressed bytes of one or more whole gzip members / zstd frames."""
+def _inflate(data: bytes, entry: str, url, offset: int) -> bytes:
+    """The uncompressed bytes of one or more whole gzip members / zstd frames, or
+    (``entry="deflate"``) of the raw deflate data between two flush points."""
     try:
+        if entry == "deflate":
+            return b"".join(inflated_from([data], url, offset, bounded=True))
         return b"".join(decompressed_chunks([data], url))
     except TarshardsError as exc:
         raise exc.with_context(url=url, offset=offset) from None
