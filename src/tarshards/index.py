@@ -163,6 +163,7 @@ class ShardIndex:
     def _init(self, arrays: dict, raw: dict, counts: dict, **fields) -> None:
         d = self.__dict__
         d.update(arrays)
+        d["entry"] = "member"
         d.update(fields)
         d["_raw"] = raw  # name -> (buffer, offset): the array's little-endian bytes, not read yet
         d["_counts"] = counts  # "samples", "members", "keys"

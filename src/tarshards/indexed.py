@@ -24,6 +24,7 @@ import numpy as np
 from . import stages as _stages
 from .errors import (
     IntegrityError,
+    ShardFormatError,
     StorageError,
     TarshardsError,
     TarshardsWarning,
@@ -195,7 +196,7 @@ class IndexedDataset:
         decode_size=None,
         allow_unsafe: bool = False,
     ):
-        self.manifest: Manifest = as_manifest(manifest, storage_options)
+        self.manifest: Manifest = _with_indexes(as_manifest(manifest, storage_options))
         self.urls = self.manifest.shard_urls()
         counts = np.fromiter(
             (r.samples for r in self.manifest.shards), np.int64, len(self.manifest.shards)
@@ -480,6 +481,27 @@ class _ShardInfo:
         self.plain = idx.seekable and idx.compression == "none"
         # samples with a member to rebuild (GNU sparse): parsed, not sliced (usually none)
         self.rebuilt = frozenset(np.flatnonzero(idx.sample_flags & FLAG_REBUILT).tolist())
+
+
+def _with_indexes(manifest: Manifest) -> Manifest:
+    """The manifest, each shard with its index: one the manifest names, or the index file
+    beside the shard (``SHARD.tsidx``; a wids ``shardindex.json`` names none). A shard with
+    neither fails here, at construction, not at its first ``ds[i]``."""
+    if all(r.index is not None for r in manifest.shards):
+        return manifest
+    manifest = manifest.with_sidecar_indexes()
+    missing = [u for r, u in zip(manifest.shards, manifest.shard_urls()) if r.index is None]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ShardFormatError(
+            f"random access needs each shard's index; none is named by the manifest or lies "
+            f"beside the shard for {missing[0]}{more} (a wids shardindex.json holds counts "
+            f"only): make them with  tarshards index SPEC -o DIR/manifest.json  (DIR: the "
+            f"shards' directory, so that each SHARD.tsidx lands beside its shard) and open "
+            f"that manifest, or this one again",
+            url=manifest.url,
+        )
+    return manifest
 
 
 def _inflate(data: bytes, entry: str, url, offset: int) -> bytes:
