@@ -238,6 +238,7 @@ def test_every_reader_sees_every_member(tool, comp, aligned, tmp_path):
     "comp,aligned",
     [("plain", False), ("gz", False), ("gz", True), ("bz2", False), ("bz2", True), ("xz", True)],
 )
+@pytest.mark.filterwarnings("ignore::ResourceWarning")  # webdataset's own unclosed files
 def test_webdataset_sees_every_sample(comp, aligned, tmp_path):
     wds = pytest.importorskip("webdataset")
     rows = samples()
