@@ -340,6 +340,14 @@ def test_aligned_tgz_resume_seeks_to_flush_points(aligned_tgz, monkeypatch):
         return real(stream, entry, url, offset, chunk_size)
 
     monkeypatch.setattr(source_mod, "resumed_chunks", spy)
+    alone = []  # the shuffle buffer's samples, each decompressed alone at its flush point
+    real_entered = source_mod.ReaderStream._read_entered
+
+    def entered_alone(self, stream, url, points, idxs):
+        alone.extend(idxs)
+        return real_entered(self, stream, url, points, idxs)
+
+    monkeypatch.setattr(source_mod.ReaderStream, "_read_entered", entered_alone)
 
     def make():
         return (
@@ -352,6 +360,7 @@ def test_aligned_tgz_resume_seeks_to_flush_points(aligned_tgz, monkeypatch):
     ref = check_resume(make, epochs=1, cuts=[(0, 5)])
     assert sum(len(b) for b in ref[0]) > 0
     assert entered and all(e == "deflate" and off > 0 for e, off in entered)
+    assert alone  # the buffer was rebuilt without decompressing from the shards' starts
 
 
 # ---- the old layout (a gzip member per sample): still read; tarcheck warns ------------------

@@ -116,9 +116,9 @@ class ShardTable:
         return offs if offs is not False else None
 
     def seek_points(self, shard: int):
-        """``(file offsets, tar offsets, entry)`` of the samples of a sample-aligned compressed
-        shard (from the manifest's index: where a resumed read starts decompressing, and how,
-        see :attr:`tarshards.index.ShardIndex.entry`), or ``None``."""
+        """``(file offsets, tar offsets, entry, file ends)`` of the samples of a sample-aligned
+        compressed shard (from the manifest's index: where a resumed read starts decompressing,
+        and how, see :attr:`tarshards.index.ShardIndex.entry`), or ``None``."""
         got = self._points.get(shard)
         if got is None:
             got = False
@@ -127,7 +127,7 @@ class ShardTable:
                 if manifest.shards[shard].index is not None:
                     idx = manifest.load_index(shard)
                     if idx.compression != "none" and idx.seekable:
-                        got = (idx.sample_offsets, idx.tar_offsets, idx.entry)
+                        got = (idx.sample_offsets, idx.tar_offsets, idx.entry, idx.sample_ends)
             self._points[shard] = got
         return got or None
 

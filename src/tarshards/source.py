@@ -32,6 +32,7 @@ from .plan import (
 from .compression import inflated_from
 from .tario import decompressed_chunks, iter_tar_batches, read_chunks, tar_byte_source
 from .storage.paths import is_local
+from .storage.seek import read_exact, sample_from_bytes
 from .tario.buffer import map_local
 from .tario.reader import plain_run
 
@@ -464,8 +465,13 @@ class ReaderStream:
         if offsets is not None and table.plain[shard] and self._ranged(url):
             yield from self._read_span(url, offsets, idxs)
             return
+        points = table.seek_points(shard) if offsets is None else None
         try:
             with self.opener(url) as stream:
+                if points is not None and _seekable(stream):
+                    # a sample-aligned compressed shard: each sample decompressed alone
+                    yield from self._read_entered(stream, url, points, idxs)
+                    return
                 if offsets is not None and table.plain[shard] and _seekable(stream):
                     # one read per run of nearby samples (gaps of a few samples read through); a
                     # local file is mapped once and each run parsed in place
@@ -490,6 +496,26 @@ class ReaderStream:
         except TarshardsError as exn:
             raise exn.with_context(url=url) from None
         raise TarshardsError("shard has fewer samples than counted", url=url)
+
+    def _read_entered(self, stream, url: str, points, idxs: list[int]):
+        """Samples ``idxs`` of a sample-aligned compressed shard, each read from its frame or
+        flush point to its end and decompressed alone."""
+        starts, tar_offsets, entry, ends = points
+        compression = "gzip" if entry == "deflate" else "any"
+        for i in idxs:
+            begin, end = int(starts[i]), int(ends[i])
+            stream.seek(begin)
+            data = read_exact(stream, end - begin, url, begin)
+            sample = sample_from_bytes(
+                data,
+                int(tar_offsets[i]),
+                compression=compression,
+                url=url,
+                last_dot=self.last_dot,
+                offset=begin,
+                entry=entry,
+            )
+            yield [(i, sample)]
 
     def _ranged(self, url: str) -> bool:
         return self.range_opener is not None and not is_local(url)
