@@ -43,6 +43,7 @@ __all__ = [
 ]
 
 _OUT_LIMIT = 4 << 20  # most output bytes one gzip step produces (bounds a decompression bomb)
+_INFLATE_STEP = 64 << 10  # output bytes per step of inflated_from (what is asked for, no more)
 _SALVAGE_STEP = 4096  # compressed bytes per step when salvaging the output before a corruption
 _SALVAGE_LIMIT = 64 << 20  # most output salvaged from one failing step
 
@@ -472,8 +473,8 @@ def inflated_from(chunks: Iterable[bytes], source=None, offset: int = 0, *, boun
     for chunk in chunks:
         data = chunk
         while data:
-            try:
-                out = d.decompress(data, _OUT_LIMIT)
+            try:  # a step's output is small: a resumed read may want only a few samples
+                out = d.decompress(data, _INFLATE_STEP)
             except zlib.error as exc:
                 raise CompressionError(
                     f"corrupt gzip data: {exc}", url=source, offset=offset + fed
