@@ -443,3 +443,23 @@ def test_aligned_bzip2_and_xz_are_one_stream(tmp_path):
         assert not w.index.seekable
         with open(p, "rb") as f:
             assert _tarfile_members(f.read(), "r|*") == expected_members(rows)
+
+
+def test_index_versions(aligned_tgz, tmp_path):
+    """An index of flush points is version 2 (older tarshards refuse it by its number instead
+    of taking its offsets for gzip members); every other index stays version 1 and loads as
+    before (``entry`` "member")."""
+    import struct
+
+    w, _, _ = aligned_tgz
+    flushed = w.manifest.load_index(0).to_bytes()
+    assert struct.unpack_from("<I", flushed, 8)[0] == 2
+    with TarWriter(str(tmp_path / "p.tar"), index=True) as pw:
+        pw.write({"__key__": "a", "txt": "x"})
+    plain = pw.index.to_bytes()
+    assert struct.unpack_from("<I", plain, 8)[0] == 1 and b'"entry"' not in plain
+    assert ShardIndex.from_bytes(plain).entry == "member"
+    bad = bytearray(flushed)
+    struct.pack_into("<I", bad, 8, 3)
+    with pytest.raises(Exception, match="version 3 is not supported"):
+        ShardIndex.from_bytes(bytes(bad))
