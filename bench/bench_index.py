@@ -29,6 +29,17 @@ runs every contender once, the peers staying up in their own processes between r
    40 MB, which cat reads in tens of ms, so there the command's start-up decides the ratio; on
    1 GB it is still about half of the -p 1 run.) ``-p N`` runs threads where the optional
    ``tarshards._xxh3`` is built (hashing without the GIL), else processes.
+5. With ``--aligned-gz`` (alone): sample-aligned ``.tgz`` in its layout (one gzip member, a
+   full-flush point per sample, entered with a raw inflater) against the layout tarshards wrote
+   before (a gzip member per sample, which Python's streaming ``tarfile`` reads only the first of;
+   written here by ``write_old_layout``), on the same samples: the small images of the layout,
+   and compressible text (~1.5 kB of JSON captions a sample). Rows: file size (target: within
+   2 %), ``--samples`` random ``ds[i]`` with ``IndexedDataset`` (target: no slower), and resume
+   to the first batch (``WebDataset(m, readers=8).shuffle(100).batched(32)``: a fresh pipeline
+   loads a state saved mid-epoch and yields its first batch; the sum over three cuts; target: no
+   slower). CPU time of the (single-threaded) process, best of interleaved rounds. The old
+   layout is also resumed the way tarshards did before the flush-point layout
+   came (its compressed shards decompressed from their start, ``seek_points`` off).
 
 The peers run in their own virtual environment, ``bench/.venv`` (git-ignored), because
 ``mosaicml-streaming`` pins ``numpy<2.2`` and imports ``torchvision`` and ``transformers`` when
@@ -508,6 +519,9 @@ def main() -> None:
     )
     ap.add_argument("--only-big", action="store_true", help="section 4 alone (with --big)")
     ap.add_argument("--only-recording", action="store_true", help="section 3 alone")
+    ap.add_argument(
+        "--aligned-gz", action="store_true", help="section 5 alone: aligned .tgz, new vs old"
+    )
     ap.add_argument("--peer", nargs=2, metavar=("NAME", "JOB"), help=argparse.SUPPRESS)
     ap.add_argument("--recording-child", help=argparse.SUPPRESS)
     ap.add_argument("--tmp", help=argparse.SUPPRESS)
@@ -547,6 +561,9 @@ def main() -> None:
             for b in results["big"]:
                 report_big(b)
             return
+        if args.aligned_gz:
+            report_aligned_gz(bench_aligned_gz(paths, tmp, repeat, args.samples, args.quick))
+            return
         if args.only_recording:
             bench_recording_rows(results, args.layout, tmp, repeat, args.quick)
             report(results, args.samples)
@@ -581,6 +598,196 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     report(results, args.samples)
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. sample-aligned .tgz: one gzip member with flush points, against a gzip member per sample
+# ---------------------------------------------------------------------------------------------
+
+
+def write_old_layout(samples, path: str) -> None:
+    """A sample-aligned .tgz as tarshards wrote it before the one-member layout: each sample's
+    tar bytes, and the end-of-archive blocks, a gzip member of their own (level 6, no name,
+    mtime 0: what ``GZIP.frame`` made for each sample)."""
+    import io
+
+    from tarshards import TarWriter
+    from tarshards.compression import GZIP
+
+    plain = io.BytesIO()
+    with TarWriter(plain, encoder=False, index=True) as w:
+        for s in samples:
+            w.write(s)
+    data = plain.getvalue()
+    cuts = [int(x) for x in w.index.tar_offsets] + [int(w.index.sample_ends[-1]), len(data)]
+    member = GZIP.frame(None)
+    with open(path, "wb") as f:
+        for a, b in zip(cuts, cuts[1:]):
+            f.write(member(data[a:b]))
+
+
+def _text_samples(n: int) -> list[dict]:
+    import random
+
+    rng = random.Random(5)
+    words = [
+        "a", "photo", "of", "the", "small", "red", "dog", "on", "grass", "near", "house",
+        "with", "blue", "sky", "and", "trees", "in", "background", "city", "street", "at",
+        "night", "people", "walking", "car", "parked", "beside", "river", "mountain", "snow",
+    ]  # fmt: skip
+    out = []
+    for i in range(n):
+        caps = [" ".join(rng.choice(words) for _ in range(rng.randint(8, 20))) for _ in range(6)]
+        meta = {"id": i, "captions": caps, "source": "synthetic", "lang": "en"}
+        out.append(
+            {
+                "__key__": f"t{i:08d}",
+                "json": json.dumps(meta).encode(),
+                "txt": caps[0].encode(),
+            }
+        )
+    return out
+
+
+def _aligned_sets(name: str, samples: list, per_shard: int, tmp: str) -> dict:
+    from tarshards import ShardWriter
+    from tarshards.manifest import build_manifest
+
+    new_dir = os.path.join(tmp, f"{name}-new")
+    old_dir = os.path.join(tmp, f"{name}-old")
+    os.makedirs(old_dir)
+    with ShardWriter(
+        os.path.join(new_dir, "part-%04d.tgz"),
+        maxcount=per_shard,
+        encoder=False,
+        aligned=True,
+        manifest=os.path.join(new_dir, "m.json"),
+    ) as w:
+        for sample in samples:
+            w.write(sample)
+    old_urls = []
+    for j in range(0, len(samples), per_shard):
+        path = os.path.join(old_dir, f"part-{j // per_shard:04d}.tgz")
+        write_old_layout(samples[j : j + per_shard], path)
+        old_urls.append(path)
+    build_manifest(old_urls, os.path.join(old_dir, "m.json"), workers=1)
+    return {
+        "new": os.path.join(new_dir, "m.json"),
+        "old": os.path.join(old_dir, "m.json"),
+        "new_bytes": sum(os.path.getsize(i.url) for i in w.shards),
+        "old_bytes": sum(os.path.getsize(u) for u in old_urls),
+    }
+
+
+def _resume_states(manifest: str, cuts: list[float]) -> tuple[list, object]:
+    from tarshards import WebDataset
+
+    def make():
+        return WebDataset(manifest, shardshuffle=True, seed=1, readers=8).shuffle(100).batched(32)
+
+    run = make()
+    total = len(run)
+    steps = sorted({max(1, int(total * c)) for c in cuts})
+    states = []
+    it = iter(run)
+    for i, _ in enumerate(it, 1):
+        if i in steps:
+            states.append(run.state_dict())
+        if i >= steps[-1]:
+            break
+    del it
+    return states, make
+
+
+def _first_batch_s(make, states) -> float:
+    t0 = time.process_time()  # CPU time: one thread, and less noise from a shared machine
+    for state in states:
+        fresh = make()
+        fresh.load_state_dict(state)
+        next(iter(fresh))
+    return time.process_time() - t0
+
+
+def bench_aligned_gz(paths, tmp: str, repeat: int, nrandom: int, quick: bool) -> dict:
+    import numpy as np
+
+    from tarshards import IndexedDataset
+    from tarshards.pipeline import iter_samples
+    from tarshards.plan import ShardTable
+
+    n = 6000 if quick else 20000
+    per_shard = 1500 if quick else 2500
+    images = []
+    for s in iter_samples(paths):
+        images.append({k: v for k, v in s.items() if not k.startswith("__") or k == "__key__"})
+        if len(images) >= n:
+            break
+    out: dict = {"rows": []}
+    for name, samples in (("images", images), ("text", _text_samples(n))):
+        sets = _aligned_sets(name, samples, per_shard, tmp)
+        total = len(samples)
+        indices = np.random.default_rng(11).integers(0, total, nrandom).tolist()
+        datasets = {k: IndexedDataset(sets[k]) for k in ("new", "old")}
+        for ds in datasets.values():  # open every shard once, check they agree
+            for j in range(0, total, per_shard):
+                ds[j]
+        assert all(
+            datasets["new"][i]["__key__"] == datasets["old"][i]["__key__"] for i in indices[:50]
+        )
+        states = {}
+        makers = {}
+        for k in ("new", "old"):
+            states[k], makers[k] = _resume_states(sets[k], [0.3, 0.55, 0.8])
+        times: dict = {"ds_new": [], "ds_old": [], "res_new": [], "res_old": [], "res_main": []}
+        real_points = ShardTable.seek_points
+        for _ in range(repeat):
+            for k in ("new", "old"):
+                ds = datasets[k]
+                t0 = time.process_time()
+                for i in indices:
+                    ds[i]
+                times[f"ds_{k}"].append(time.process_time() - t0)
+            times["res_new"].append(_first_batch_s(makers["new"], states["new"]))
+            times["res_old"].append(_first_batch_s(makers["old"], states["old"]))
+            ShardTable.seek_points = lambda self, shard: None  # type: ignore[method-assign]
+            try:  # the old layout as tarshards resumed it before: from each shard's start
+                times["res_main"].append(_first_batch_s(makers["old"], states["old"]))
+            finally:
+                ShardTable.seek_points = real_points  # type: ignore[method-assign]
+        row = {"name": name, "samples": total, "nrandom": nrandom, "cuts": len(states["new"])}
+        row.update({k: min(v) for k, v in times.items()})
+        row.update(new_bytes=sets["new_bytes"], old_bytes=sets["old_bytes"])
+        out["rows"].append(row)
+    return out
+
+
+def report_aligned_gz(r: dict) -> None:
+    print(
+        "\n5. sample-aligned .tgz: one gzip member with flush points (new) vs a member per sample"
+    )
+    print("   (old); CPU time, best of interleaved rounds, same process, same samples")
+    for row in r["rows"]:
+        size = row["new_bytes"] / row["old_bytes"]
+        per = 1e6 / row["nrandom"]
+        print(f"   {row['name']} ({row['samples']} samples)")
+        print(
+            f"     file size             new {row['new_bytes'] / 1e6:8.2f} MB   old "
+            f"{row['old_bytes'] / 1e6:8.2f} MB   new/old {size:.4f} (target within 2 %)"
+        )
+        print(
+            f"     ds[i] (x{row['nrandom']})         new {row['ds_new'] * per:8.1f} us   old "
+            f"{row['ds_old'] * per:8.1f} us   old/new {row['ds_old'] / row['ds_new']:.2f}x "
+            "(target >= 1)"
+        )
+        print(
+            f"     resume, first batch   new {row['res_new'] * 1e3:8.1f} ms   old "
+            f"{row['res_old'] * 1e3:8.1f} ms   old/new {row['res_old'] / row['res_new']:.2f}x "
+            f"(sum of {row['cuts']} cuts; target >= 1)"
+        )
+        print(
+            f"     old, from shard start {row['res_main'] * 1e3:8.1f} ms   (before: no seek in "
+            f"compressed shards)   {row['res_main'] / row['res_new']:.2f}x new"
+        )
 
 
 # Section 3 runs in this many fresh processes per row, their rounds pooled: on the 2-core VM of

@@ -191,10 +191,11 @@ def test_shardwriter_manifest_equals_index_command(shards, compression, aligned,
         assert indexed.fingerprint == written.fingerprint
         for i in range(len(written)):
             assert indexed.load_index(i) == written.load_index(i)
-        # plain and aligned shards are always seekable; others only by chance (one sample)
-        _check_random_access(
-            written, expect_seekable=True if compression == "none" or aligned else None
-        )
+        # plain and aligned shards are always seekable (bzip2 and xz are written as one stream
+        # even when aligned: Python's tarfile reads only the first); others only by chance
+        # (one sample)
+        seekable = compression == "none" or (aligned and compression in ("gz", "zst"))
+        _check_random_access(written, expect_seekable=True if seekable else None)
 
 
 def _manifest(tmp_path, n=40, maxcount=9, suffix=".tar", **kw):

@@ -19,6 +19,7 @@ stream that stops inside a member raises :class:`~tarshards.errors.TruncatedShar
 from __future__ import annotations
 
 import functools
+import struct
 import zlib
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Iterable, Iterator
@@ -29,8 +30,12 @@ __all__ = [
     "COMPRESSIONS",
     "Compression",
     "by_magic",
+    "FlushedGzip",
     "by_name",
     "decompressed_chunks",
+    "flush_points",
+    "gzip_layout",
+    "inflated_from",
     "foreign_format",
     "is_compressed_name",
     "not_plain",
@@ -38,6 +43,7 @@ __all__ = [
 ]
 
 _OUT_LIMIT = 4 << 20  # most output bytes one gzip step produces (bounds a decompression bomb)
+_INFLATE_STEP = 64 << 10  # output bytes per step of inflated_from (what is asked for, no more)
 _SALVAGE_STEP = 4096  # compressed bytes per step when salvaging the output before a corruption
 _SALVAGE_LIMIT = 64 << 20  # most output salvaged from one failing step
 
@@ -100,11 +106,16 @@ class _Decoder:
 
 
 class _GzipDecoder(_Decoder):
-    __slots__ = ("_d", "_fed")
+    __slots__ = ("_d", "_fed", "_full")
 
     def __init__(self):
         self._d = zlib.decompressobj(31)  # wbits=31: the gzip container, one member
         self._fed = 0
+        self._full = False  # the last step gave all it may: zlib may hold more output
+
+    @property
+    def more(self):
+        return self._full and not self._d.eof
 
     def step(self, data):
         d = self._d
@@ -116,6 +127,7 @@ class _GzipDecoder(_Decoder):
             raise _Damage(f"corrupt gzip data: {exc}", self._fed + bad, out) from None
         left = d.unused_data if d.eof else d.unconsumed_tail
         self._fed += len(data) - len(left)
+        self._full = len(out) >= _OUT_LIMIT
         return out, left
 
     @property
@@ -359,6 +371,128 @@ def _gzip_frame(level: int | None):
         return c.compress(data) + c.flush()
 
     return gz
+
+
+# ---------------------------------------------------------------------------------------------
+# sample-aligned gzip: one member, a full flush before each sample
+# ---------------------------------------------------------------------------------------------
+
+# the gzip header's comment (FCOMMENT) names the layout and its version. (Not an FEXTRA
+# subfield: Python 3.11's streaming tarfile reads FEXTRA from the decompressed stream, a bug
+# that turns such a header into "invalid compressed data".)
+_FLUSH_COMMENT = b"tarshards:flush1\x00"
+# gzip header: magic, deflate, FCOMMENT, mtime 0, no extra flags, OS "unknown", the comment
+GZIP_FLUSH_HEADER = b"\x1f\x8b\x08\x10\x00\x00\x00\x00\x00\xff" + _FLUSH_COMMENT
+# what ends each sample: a full flush (an empty stored block: ..., 00 00 ff ff, byte-aligned,
+# the match history dropped) and one more empty stored block (00 00 00 ff ff), so that a flush
+# point is told from compressed data by 9 bytes, not 4 (the chance that data holds them: 2^-72)
+_FLUSH_MARK = b"\x00\x00\x00\xff\xff"
+FLUSH_SIGNATURE = b"\x00\x00\xff\xff" + _FLUSH_MARK
+
+
+class FlushedGzip:
+    """Sample-aligned gzip as one gzip member: ``header`` first, then :meth:`sample` for each
+    sample's tar bytes (deflated, then a full flush: the next sample starts a fresh deflate
+    block that refers to nothing before it), then :meth:`end` (the last bytes, the final block
+    and the trailer). A raw inflater (``zlib.decompressobj(-15)``) started at the offset where
+    a sample's bytes begin (a *flush point*) decompresses that sample alone, and every gzip
+    reader sees one ordinary gzip stream. The header's comment names the layout
+    (:func:`gzip_layout`). Deterministic (mtime 0, no name)."""
+
+    header = GZIP_FLUSH_HEADER
+
+    def __init__(self, level: int | None = None):
+        self._c = zlib.compressobj(6 if level is None else level, zlib.DEFLATED, -15)
+        self._crc = 0
+        self._size = 0
+
+    def sample(self, data) -> bytes:
+        self._crc = zlib.crc32(data, self._crc)
+        self._size += len(data)
+        c = self._c
+        return c.compress(data) + c.flush(zlib.Z_FULL_FLUSH) + _FLUSH_MARK
+
+    def end(self, data=b"") -> bytes:
+        self._crc = zlib.crc32(data, self._crc)
+        self._size += len(data)
+        c = self._c
+        body = c.compress(data) + c.flush(zlib.Z_FINISH)
+        return body + struct.pack("<II", self._crc, self._size & 0xFFFFFFFF)
+
+
+def gzip_layout(head: bytes) -> str | None:
+    """``"flush"`` where ``head`` (the first bytes of a file) is the gzip header of the
+    sample-aligned one-member layout (:class:`FlushedGzip`), else None."""
+    return "flush" if bytes(head[: len(GZIP_FLUSH_HEADER)]) == GZIP_FLUSH_HEADER else None
+
+
+def flush_points(chunks: Iterable[bytes], on_point: Callable[[int], None]) -> Iterator[bytes]:
+    """``chunks`` (the compressed bytes of a :class:`FlushedGzip` shard) cut so that each flush
+    point ends a piece; ``on_point(offset)`` is called for each (first for the offset where the
+    deflate data starts, after the header) when the piece ending there has been consumed, that
+    is when the next piece is asked for: a decompressor fed these pieces one by one has then
+    handed out everything before the point."""
+    sig = FLUSH_SIGNATURE
+    keep = len(sig) - 1
+    tail = b""  # the last bytes of what was handed on (a signature may span two chunks)
+    at = 0  # offset of the next byte handed on
+    started = False
+    for chunk in chunks:
+        data = bytes(chunk)
+        if not started:
+            started = True
+            on_point(len(GZIP_FLUSH_HEADER))
+        window = tail + data
+        pos = 0  # in data
+        search = 0  # in window
+        while True:
+            hit = window.find(sig, search)
+            if hit < 0:
+                break
+            end = hit + len(sig) - len(tail)  # in data (a signature never lies inside tail)
+            if end > pos:
+                yield data[pos:end]
+                at += end - pos
+                pos = end
+            on_point(at)
+            search = hit + len(sig)
+        if pos < len(data):
+            yield data[pos:]
+            at += len(data) - pos
+        tail = window[-keep:]
+
+
+def inflated_from(chunks: Iterable[bytes], source=None, offset: int = 0, *, bounded: bool = False):
+    """The tar bytes from a flush point of a :class:`FlushedGzip` shard: ``chunks`` are the
+    file's bytes from there (``offset`` in the file, for errors). Raw deflate, up to the end of
+    the deflate stream (the gzip trailer after it is not checked: its CRC covers the whole
+    member) or, ``bounded`` (a sample's byte range), to the end of ``chunks``; a stream that
+    ends early otherwise raises :class:`~tarshards.errors.TruncatedShardError`."""
+    d = zlib.decompressobj(-15)
+    fed = 0
+    for chunk in chunks:
+        data = chunk
+        while data:
+            try:  # a step's output is small: a resumed read may want only a few samples
+                out = d.decompress(data, _INFLATE_STEP)
+            except zlib.error as exc:
+                raise CompressionError(
+                    f"corrupt gzip data: {exc}", url=source, offset=offset + fed
+                ) from None
+            left = d.unused_data if d.eof else d.unconsumed_tail
+            fed += len(data) - len(left)
+            if out:
+                yield out
+            if d.eof:
+                return
+            data = left
+    tail = d.flush()
+    if tail:
+        yield tail
+    if not bounded and not d.eof:
+        raise TruncatedShardError(
+            "gzip stream ends early (truncated file?)", url=source, offset=offset + fed
+        )
 
 
 def _zstd_frame(level: int | None):

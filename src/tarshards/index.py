@@ -9,8 +9,12 @@ A :class:`ShardIndex` is made while a shard is written (:class:`IndexBuilder`, f
 Offsets: ``tar_offsets[i]`` is where sample ``i``'s first header starts in the (uncompressed) tar
 stream; ``sample_offsets[i]``/``sample_ends[i]`` are the bytes of the *file* to read for sample
 ``i`` alone. For plain tar shards the two are the same. For sample-aligned compressed shards
-(each sample its own gzip member or zstd frame, as ``TarWriter(..., aligned=True)`` writes them)
-``sample_offsets`` are the offsets of those frames and ``seekable`` is true. A foreign compressed
+``sample_offsets`` are where each sample's compressed bytes start and ``seekable`` is true;
+``entry`` says how to start reading there: ``"member"`` (a gzip member, zstd frame or lz4 frame
+of its own: ``TarWriter(..., aligned=True)`` writes zstd and lz4 so, and gzip so before version
+2 of the index format) or ``"deflate"`` (a full-flush point inside the one gzip member that
+``aligned=True`` writes now, :class:`tarshards.compression.FlushedGzip`: a raw inflater starts
+there; index format version 2, which older tarshards refuse by its number). A foreign compressed
 shard (one stream for the whole tar) is indexed too (counts, keys, uncompressed offsets), but it
 is not ``seekable``: random access to it needs a re-write or decompression from the start.
 """
@@ -26,7 +30,14 @@ from typing import BinaryIO, Iterator, Sequence
 
 from ._lazy import LazyModule
 from .errors import IntegrityError
-from .compression import by_magic, decompressed_chunks, not_plain
+from .compression import (
+    GZIP,
+    by_magic,
+    decompressed_chunks,
+    flush_points,
+    gzip_layout,
+    not_plain,
+)
 from .hashing import (
     DEFAULT_HASH,
     MEMBER_HASH,
@@ -48,6 +59,10 @@ np = LazyModule("numpy", globals(), "np")  # imported when an array is first ask
 
 INDEX_MAGIC = b"TSIDX\x00\r\n"
 INDEX_VERSION = 1
+# version 2: the same file, for an index whose ``entry`` is "deflate" (a reader that does not
+# know raw-deflate entry points must not take its offsets for gzip members)
+INDEX_VERSIONS = (1, 2)
+ENTRIES = ("member", "deflate")
 INDEX_SUFFIX = ".tsidx"
 BLOCK = 512
 _CHUNK = 1 << 20
@@ -115,6 +130,7 @@ class ShardIndex:
         extensions: tuple = (),
         compression: str = "none",  # "none", "gzip" or "zstd"
         seekable: bool = True,  # sample_offsets are offsets one can start reading the file at
+        entry: str = "member",  # how: a member/frame starts there, or "deflate" (raw inflate)
         member_hash: str = MEMBER_HASH,
         nbytes: int = 0,
         hash: str | None = None,
@@ -136,6 +152,7 @@ class ShardIndex:
             extensions=tuple(extensions),
             compression=compression,
             seekable=bool(seekable),
+            entry=_entry(entry),
             member_hash=member_hash,
             nbytes=int(nbytes),
             hash=hash,
@@ -146,6 +163,7 @@ class ShardIndex:
     def _init(self, arrays: dict, raw: dict, counts: dict, **fields) -> None:
         d = self.__dict__
         d.update(arrays)
+        d["entry"] = "member"
         d.update(fields)
         d["_raw"] = raw  # name -> (buffer, offset): the array's little-endian bytes, not read yet
         d["_counts"] = counts  # "samples", "members", "keys"
@@ -248,9 +266,9 @@ class ShardIndex:
 
     # ---- serialisation -----------------------------------------------------------------------
     def _meta(self) -> dict:
-        return {
+        meta = {
             "format": "tarshards.index",
-            "version": INDEX_VERSION,
+            "version": self._version,
             "samples": self.num_samples,
             "members": self._counts["members"],
             "key_bytes": self._counts["keys"],
@@ -263,6 +281,13 @@ class ShardIndex:
             "last_dot": bool(self.last_dot),
             "arrays": [[name, dtype] for name, dtype, _ in _ARRAYS],
         }
+        if self.entry != "member":
+            meta["entry"] = self.entry
+        return meta
+
+    @property
+    def _version(self) -> int:
+        return 2 if self.entry == "deflate" else INDEX_VERSION
 
     def to_bytes(self) -> bytes:
         """The index file's bytes (deterministic: equal indexes give equal bytes)."""
@@ -273,7 +298,7 @@ class ShardIndex:
         is needed: no copy)."""
         meta = json.dumps(self._meta(), sort_keys=True, separators=(",", ":")).encode()
         meta += b" " * (-len(meta) % 8)
-        parts = [INDEX_MAGIC, _HEAD.pack(INDEX_VERSION, len(meta)), meta]
+        parts = [INDEX_MAGIC, _HEAD.pack(self._version, len(meta)), meta]
         for name, _, _ in _ARRAYS:
             data = self._array_bytes(name)
             parts.append(data)
@@ -302,10 +327,10 @@ class ShardIndex:
         if len(data) < 16:
             raise IntegrityError("index file is truncated", url=url, offset=len(data))
         version, meta_len = _HEAD.unpack_from(data, 8)
-        if version != INDEX_VERSION:
+        if version not in INDEX_VERSIONS:
             raise IntegrityError(
                 f"index format version {version} is not supported (this "
-                f"tarshards reads version {INDEX_VERSION})",
+                f"tarshards reads versions {', '.join(map(str, INDEX_VERSIONS))})",
                 url=url,
             )
         try:
@@ -334,6 +359,7 @@ class ShardIndex:
             extensions=tuple(meta["extensions"]),
             compression=meta["compression"],
             seekable=bool(meta["seekable"]),
+            entry=_entry(meta.get("entry", "member"), url),
             member_hash=meta["member_hash"],
             nbytes=int(meta["nbytes"]),
             hash=meta["hash"],
@@ -475,6 +501,9 @@ class IndexBuilder:
         self._frames_file: list[int] = []
         self._frames_tar: list[int] = []
         self._key_rows: tuple | None = None  # (UTF-8 keys back to back, offsets): add_rows'
+        # how a reader starts at a frame: "member" (a gzip member/zstd frame), or "deflate" (a
+        # flush point of a FlushedGzip shard: a raw inflater)
+        self.entry = "member"
 
     @property
     def count(self) -> int:
@@ -695,6 +724,7 @@ class IndexBuilder:
             ends = srec[:, 1].copy()
             copy = np.copy
         seekable = True
+        entry = "member"
         if compression == "none":
             sample_offsets, sample_ends = tar_offsets, ends
         else:
@@ -708,6 +738,7 @@ class IndexBuilder:
                 and bool(np.all(ftar[np.minimum(at, len(ftar) - 1)] == tar_offsets))
             )
             if seekable:
+                entry = self.entry
                 sample_offsets = ffile[at]
                 after = np.searchsorted(ftar, ends)  # first frame starting at/after the end
                 sample_ends = np.where(
@@ -735,6 +766,7 @@ class IndexBuilder:
             member_checksums=copy(mrec["checksum"]),
             extensions=tuple(self._ext_codes),
             seekable=seekable,
+            entry=entry,
             **fields,
         )
 
@@ -793,6 +825,12 @@ def index_from_columns(columns: dict, extensions: tuple, **fields) -> ShardIndex
         seekable=True,
         **fields,
     )
+
+
+def _entry(entry, url=None) -> str:
+    if entry not in ENTRIES:
+        raise IntegrityError(f"unknown index entry kind {entry!r}", url=url, offset=16)
+    return entry
 
 
 def _from_bytes(data: bytes, url):
@@ -1003,6 +1041,11 @@ def index_stream(
     if not not_plain(head):
         reader.scan_plain(builder)  # the C loop, as far as it goes
         _read_members(reader, reader.base, builder, url)  # read as a stream (readinto)
+    elif comp is GZIP and gzip_layout(head) == "flush":  # one member, a flush point per sample
+        data = _flush_points_indexed(reader.rest(fresh=True), url, builder)
+        _read_members(data, 0, builder, url)
+        for _ in data:
+            pass
     else:  # the reader's own frame loop (and errors, a format it does not read among them),
         # recording where each frame starts
         data = decompressed_chunks(reader.rest(fresh=True), url, on_frame=builder.frame)
@@ -1013,6 +1056,21 @@ def index_stream(
     return builder.build(
         nbytes=reader.nbytes, hash=f"{hash}:{hasher.hexdigest()}", compression=compression, url=url
     )
+
+
+def _flush_points_indexed(chunks, url, builder: IndexBuilder) -> Iterator[bytes]:
+    """The tar stream of a :class:`~tarshards.compression.FlushedGzip` shard, recording each
+    flush point as a frame (``builder.frame``: its file offset, and the tar bytes handed out
+    before it, which the decompressor has all given when the next piece is asked for)."""
+    produced = [0]
+    builder.entry = "deflate"
+
+    def point(at: int) -> None:
+        builder.frame(at, produced[0])
+
+    for out in decompressed_chunks(flush_points(chunks, point), url):
+        produced[0] += len(out)
+        yield out
 
 
 def index_url(

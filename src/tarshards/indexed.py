@@ -24,12 +24,14 @@ import numpy as np
 from . import stages as _stages
 from .errors import (
     IntegrityError,
+    ShardFormatError,
     StorageError,
     TarshardsError,
     TarshardsWarning,
 )
 from .manifest import Manifest, as_manifest
 from .storage import is_local, local_path, open_url
+from .compression import inflated_from
 from .storage.seek import read_exact
 from .format import split_name
 from .index import FLAG_REBUILT
@@ -194,7 +196,7 @@ class IndexedDataset:
         decode_size=None,
         allow_unsafe: bool = False,
     ):
-        self.manifest: Manifest = as_manifest(manifest, storage_options)
+        self.manifest: Manifest = _with_indexes(as_manifest(manifest, storage_options))
         self.urls = self.manifest.shard_urls()
         counts = np.fromiter(
             (r.samples for r in self.manifest.shards), np.int64, len(self.manifest.shards)
@@ -313,7 +315,7 @@ class IndexedDataset:
         elif info.seekable:
             data = self._reader(shard).read(start, end)
             if info.compression != "none":
-                data = _inflate(data, info.compression, url, start)
+                data = _inflate(data, info.entry, url, start)
         else:  # compressed as one stream: offsets are in the uncompressed stream
             data = self._reader(shard, stream=True).read(start, end)
         m0, m1 = info.starts[j], info.starts[j + 1]
@@ -454,6 +456,7 @@ class _ShardInfo:
         "exts",
         "seekable",
         "compression",
+        "entry",
         "plain",
         "rebuilt",
     )
@@ -474,14 +477,39 @@ class _ShardInfo:
         self.exts = [lowered[c] for c in idx.member_ext.tolist()]
         self.seekable = idx.seekable
         self.compression = idx.compression
+        self.entry = idx.entry
         self.plain = idx.seekable and idx.compression == "none"
         # samples with a member to rebuild (GNU sparse): parsed, not sliced (usually none)
         self.rebuilt = frozenset(np.flatnonzero(idx.sample_flags & FLAG_REBUILT).tolist())
 
 
-def _inflate(data: bytes, compression: str, url, offset: int) -> bytes:
-    """The uncompressed bytes of one or more whole gzip members / zstd frames."""
+def _with_indexes(manifest: Manifest) -> Manifest:
+    """The manifest, each shard with its index: one the manifest names, or the index file
+    beside the shard (``SHARD.tsidx``; a wids ``shardindex.json`` names none). A shard with
+    neither fails here, at construction, not at its first ``ds[i]``."""
+    if all(r.index is not None for r in manifest.shards):
+        return manifest
+    manifest = manifest.with_sidecar_indexes()
+    missing = [u for r, u in zip(manifest.shards, manifest.shard_urls()) if r.index is None]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ShardFormatError(
+            f"random access needs each shard's index; none is named by the manifest or lies "
+            f"beside the shard for {missing[0]}{more} (a wids shardindex.json holds counts "
+            f"only): make them with  tarshards index SPEC -o DIR/manifest.json  (DIR: the "
+            f"shards' directory, so that each SHARD.tsidx lands beside its shard) and open "
+            f"that manifest, or this one again",
+            url=manifest.url,
+        )
+    return manifest
+
+
+def _inflate(data: bytes, entry: str, url, offset: int) -> bytes:
+    """The uncompressed bytes of one or more whole gzip members / zstd frames, or
+    (``entry="deflate"``) of the raw deflate data between two flush points."""
     try:
+        if entry == "deflate":
+            return b"".join(inflated_from([data], url, offset, bounded=True))
         return b"".join(decompressed_chunks([data], url))
     except TarshardsError as exc:
         raise exc.with_context(url=url, offset=offset) from None

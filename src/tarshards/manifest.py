@@ -302,6 +302,25 @@ class Manifest:
             raise ShardFormatError(f"the manifest is not valid JSON: {exc}", url=url) from None
         return cls.from_json(obj, url=url, storage_options=storage_options)
 
+    def with_sidecar_indexes(self) -> "Manifest":
+        """The same records, each shard without an index given one where its index file lies
+        beside it (``SHARD.tsidx``, as ``tarshards index --sidecar`` and the writers put them):
+        how a wids ``shardindex.json``, which holds counts only, finds its indexes. Returns
+        ``self`` when nothing was found."""
+        urls = self.shard_urls()
+        shards = list(self.shards)
+        found = False
+        for i, r in enumerate(shards):
+            if r.index is not None:
+                continue
+            candidate = urls[i] + INDEX_SUFFIX
+            if _exists(candidate, self.storage_options):
+                shards[i] = replace(r, index=r.url + INDEX_SUFFIX)
+                found = True
+        if not found:
+            return self
+        return replace(self, shards=tuple(shards), _indexes={})
+
     def relocated(self, base: str | None) -> "Manifest":
         """The same records with URLs rewritten relative to the directory ``base``."""
         old = self.base
@@ -311,6 +330,18 @@ class Manifest:
             index = None if r.index is None else relative_url(resolve_url(r.index, old), base)
             shards.append(replace(r, url=url, index=index))
         return replace(self, shards=tuple(shards), _indexes={})
+
+
+def _exists(url: str, storage_options) -> bool:
+    if is_local(url):
+        return os.path.isfile(local_path(url))
+    from .storage import filesystem
+
+    try:
+        fs, path = filesystem(url, storage_options)
+        return bool(fs.exists(path))
+    except (OSError, TarshardsError):
+        return False
 
 
 def is_manifest_spec(spec) -> bool:

@@ -40,7 +40,9 @@ class WebDataset(DataPipeline):
     transforms=[augment, None], shuffle=100)`` yields tuples. Fluent style: ``WebDataset(urls,
     shardshuffle=True, seed=0).shuffle(1000).decode("pil").to_tuple("jpg", "cls").batched(64)``.
 
-    ``urls``: a shard spec (braces, ``::``-joined specs, globs, lists, a URL list file).
+    ``urls``: a shard spec (braces, ``::``-joined specs, globs, lists, a URL list file, a
+    directory of shards). ``split``: with a directory that Megatron-Energon prepared
+    (``.nv-meta/split.yaml``), the part to read (``"train"``, ``"val"``, ``"test"``).
     ``shardshuffle``: shuffle the shard order each epoch (default: on when ``shuffle`` > 0).
     ``resampled``: draw shards with replacement forever (bound it with ``.with_epoch(n)``).
     ``on_error``: what a data error does: ``"raise"``, ``"skip"``, ``"warn"``, or a function
@@ -98,6 +100,7 @@ class WebDataset(DataPipeline):
         remainder: str = "drop",
         equal: bool | None = None,
         copy: bool = True,
+        split: str | None = None,
     ):
         super().__init__(self._samples, seed=seed, on_error=on_error, handler=handler)
         if readers is None and equal:
@@ -126,7 +129,7 @@ class WebDataset(DataPipeline):
         if urls is None and self.manifest is not None:
             self.urls = self.manifest.shard_urls()
         else:
-            self.urls = expand_urls(urls, storage_options=storage_options)
+            self.urls = expand_urls(urls, storage_options=storage_options, split=split)
         if not self.urls:
             raise ValueError(f"the shard spec {urls!r} names no shards")
         if verify and self.manifest is None:

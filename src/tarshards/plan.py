@@ -92,6 +92,7 @@ class ShardTable:
         self.plain = list(plain) if plain is not None else [not _compressed(u) for u in self.urls]
         self.fingerprint = fingerprint or _fingerprint(self.urls, self.counts)
         self._manifest = None
+        self._points: dict = {}  # shard -> seek_points (False: none)
 
     @classmethod
     def from_manifest(cls, manifest, urls: Sequence[str] | None = None) -> "ShardTable":
@@ -113,6 +114,22 @@ class ShardTable:
                     offs = idx.sample_offsets
             self.offsets[shard] = offs
         return offs if offs is not False else None
+
+    def seek_points(self, shard: int):
+        """``(file offsets, tar offsets, entry, file ends)`` of the samples of a sample-aligned
+        compressed shard (from the manifest's index: where a resumed read starts decompressing,
+        and how, see :attr:`tarshards.index.ShardIndex.entry`), or ``None``."""
+        got = self._points.get(shard)
+        if got is None:
+            got = False
+            manifest = self._manifest
+            if manifest is not None and not self.plain[shard]:
+                if manifest.shards[shard].index is not None:
+                    idx = manifest.load_index(shard)
+                    if idx.compression != "none" and idx.seekable:
+                        got = (idx.sample_offsets, idx.tar_offsets, idx.entry, idx.sample_ends)
+            self._points[shard] = got
+        return got or None
 
     @property
     def num_samples(self) -> int:

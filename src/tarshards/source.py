@@ -29,8 +29,10 @@ from .plan import (
     plan_for,
     scan_shards,
 )
-from .tario import iter_tar_batches, tar_byte_source
+from .compression import inflated_from
+from .tario import decompressed_chunks, iter_tar_batches, read_chunks, tar_byte_source
 from .storage.paths import is_local
+from .storage.seek import read_exact, sample_from_bytes
 from .tario.buffer import map_local
 from .tario.reader import plain_run
 
@@ -325,6 +327,9 @@ class ReaderStream:
         table = self.table
         url = table.urls[shard]
         offsets = table.sample_offsets(shard) if table.plain[shard] else None
+        # a sample-aligned compressed shard: decompression starts at sample a's frame or
+        # flush point (instead of decompressing and dropping the first a samples)
+        points = table.seek_points(shard) if offsets is None and a > 0 else None
         want = b - a
         size, skip, begin = -1, a, 0
         if offsets is not None:
@@ -332,7 +337,13 @@ class ReaderStream:
             skip = 0
             if b < len(offsets):  # stop reading where the run ends
                 size = int(offsets[b]) - begin
-        ranged = self._ranged(url) and offsets is not None and (begin > 0 or size >= 0)
+        elif points is not None and a < len(points[0]):
+            begin = int(points[0][a])
+            skip = 0
+        else:
+            points = None
+        known = offsets is not None or points is not None
+        ranged = self._ranged(url) and known and (begin > 0 or size >= 0)
         try:
             with (
                 self.range_opener(url, begin, size if size >= 0 else None)  # type: ignore[misc]
@@ -354,7 +365,13 @@ class ReaderStream:
                         src.close()
                     return
                 window = _Window(stream, size, self.chunk_bytes)
-                src = tar_byte_source(window, url, self.chunk_bytes, mapped=False)
+                if points is not None:
+                    if not ranged and not _seek(stream, begin):
+                        _discard(stream, begin, url)
+                    origin = int(points[1][a])
+                    src = resumed_chunks(window, points[2], url, begin, self.chunk_bytes)
+                else:
+                    src = tar_byte_source(window, url, self.chunk_bytes, mapped=False)
                 batches = iter_tar_batches(src, url, offset=origin, chunk_size=self.chunk_bytes)
                 groups = group_samples(batches, url, last_dot=self.last_dot, batched=True)
                 if skip:
@@ -448,8 +465,13 @@ class ReaderStream:
         if offsets is not None and table.plain[shard] and self._ranged(url):
             yield from self._read_span(url, offsets, idxs)
             return
+        points = table.seek_points(shard) if offsets is None else None
         try:
             with self.opener(url) as stream:
+                if points is not None and _seekable(stream):
+                    # a sample-aligned compressed shard: each sample decompressed alone
+                    yield from self._read_entered(stream, url, points, idxs)
+                    return
                 if offsets is not None and table.plain[shard] and _seekable(stream):
                     # one read per run of nearby samples (gaps of a few samples read through); a
                     # local file is mapped once and each run parsed in place
@@ -474,6 +496,26 @@ class ReaderStream:
         except TarshardsError as exn:
             raise exn.with_context(url=url) from None
         raise TarshardsError("shard has fewer samples than counted", url=url)
+
+    def _read_entered(self, stream, url: str, points, idxs: list[int]):
+        """Samples ``idxs`` of a sample-aligned compressed shard, each read from its frame or
+        flush point to its end and decompressed alone."""
+        starts, tar_offsets, entry, ends = points
+        compression = "gzip" if entry == "deflate" else "any"
+        for i in idxs:
+            begin, end = int(starts[i]), int(ends[i])
+            stream.seek(begin)
+            data = read_exact(stream, end - begin, url, begin)
+            sample = sample_from_bytes(
+                data,
+                int(tar_offsets[i]),
+                compression=compression,
+                url=url,
+                last_dot=self.last_dot,
+                offset=begin,
+                entry=entry,
+            )
+            yield [(i, sample)]
 
     def _ranged(self, url: str) -> bool:
         return self.range_opener is not None and not is_local(url)
@@ -588,6 +630,16 @@ def _discard(stream, n: int, url) -> None:
         if not piece:
             raise TarshardsError("the shard ended before a sample's recorded offset", url=url)
         n -= len(piece)
+
+
+def resumed_chunks(stream, entry: str, url, offset: int, chunk_size: int) -> Iterator[bytes]:
+    """The tar stream of a sample-aligned compressed shard read from ``offset`` (where
+    ``stream`` stands): a frame of its own (``entry="member"``), or a flush point of a
+    one-member gzip shard (``"deflate"``: a raw inflater)."""
+    chunks = read_chunks(stream, chunk_size)
+    if entry == "deflate":
+        return inflated_from(chunks, url, offset)
+    return decompressed_chunks(chunks, url)
 
 
 def _seekable(stream) -> bool:

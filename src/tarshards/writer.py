@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from .codecs import encode_value
-from .compression import by_name, is_compressed_name, open_compressed_writer
+from .compression import FlushedGzip, by_name, is_compressed_name, open_compressed_writer
 from .errors import PipeNotAllowedError
 from .format import parse_size
 from .tario import BLOCK, TarMemberWriter, header_number, header_size
@@ -261,8 +261,13 @@ class TarWriter:
 
 class _Recorder:
     """What ``TarWriter(index=...)`` / ``aligned=True`` adds: the index of what is written (member
-    offsets and checksums, the file's hash), and sample-aligned compression (each sample its own
-    gzip member or zstd frame, so it decompresses alone; still a valid .tar.gz / .tar.zst).
+    offsets and checksums, the file's hash), and sample-aligned compression, so that a sample
+    decompresses alone: gzip as one member with a full flush before each sample
+    (:class:`~tarshards.compression.FlushedGzip`; every gzip reader sees one ordinary stream),
+    zstd and lz4 as a frame per sample (read across frames by zstd, zstandard's
+    ``read_across_frames=True``, lz4). bzip2 and xz are written as one stream even when
+    ``aligned``: Python's ``tarfile`` reads only the first stream of those, and would lose the
+    rest without a word.
 
     The hot path is one C call per write (``_speedups.tar_sample`` with the shard's
     ``_speedups.Recorder``, ``fast``; ``Recorder.record`` where a write was made apart):
@@ -308,7 +313,8 @@ class _Recorder:
         self.raw = writer._out.stream
         comp = by_name(suffix) if suffix else None
         self.compression = "none" if comp is None else comp.name
-        self.aligned = aligned and self.compression != "none"
+        self.aligned = aligned and self.compression in _ALIGNABLE
+        self._flushed = FlushedGzip(level) if self.aligned and self.compression == "gzip" else None
         # a thread that reads the shard back from its temporary file as it is written
         # (hashing.background_hasher; None: hashed and recorded here, inline): the file hash,
         # and for a plain shard the member checksums and the index's columns too
@@ -335,7 +341,11 @@ class _Recorder:
         # as in aligned mode, where before_sample records ahead of each frame)
         self.fast = None if self.aligned else self._fast
         self._parts: list = []
-        if self.aligned:
+        if self._flushed is not None:
+            self._compress = self._flushed.sample
+            writer._stream, writer._close_compressor = self, self._end_flushed
+            self.write_raw(self._flushed.header)
+        elif self.aligned:
             self._compress = by_name(self.compression).frame(level)
             writer._stream, writer._close_compressor = self, (lambda: None)
         elif self.compression != "none":
@@ -373,6 +383,9 @@ class _Recorder:
     def write(self, data) -> int:  # aligned mode: TarMemberWriter.finish() writes here
         self._parts.append(data)
         return len(data)
+
+    def _end_flushed(self) -> None:
+        self.write_raw(self._flushed.end())  # type: ignore[union-attr]
 
     def write_raw(self, data) -> None:
         self.hasher.update(data)
@@ -459,6 +472,8 @@ class _Recorder:
             self._save(w)
             return
         builder = IndexBuilder(member_hash=self.member_hash)
+        if self._flushed is not None:
+            builder.entry = "deflate"
         for file_offset, tar_offset in self.frames:
             builder.frame(file_offset, tar_offset)
         if self._fast is not None:
@@ -691,3 +706,7 @@ class ShardWriter:
         else:
             self.abort()
         return False
+
+
+# the compressions aligned=True writes sample-aligned (bzip2 and xz: one stream, see _Recorder)
+_ALIGNABLE = ("gzip", "zstd", "lz4")

@@ -4,6 +4,13 @@ For every shard: it must be readable to its end (no bad header, no truncated mem
 end-of-archive marker), no key may be split across non-adjacent members, no sample may repeat an
 extension. Counts of samples, members, bytes and extensions are printed as a table, problems as one
 line each (shard, member, offset); the exit status is 1 when any problem was found.
+
+Warnings do not change the exit status: a gzip, bzip2 or xz shard made of several members or
+streams back to back (sample-aligned gzip as tarshards wrote it before the one-member layout,
+``cat a.gz b.gz``, pbzip2) is read whole by tarshards, GNU tar and gzip, but Python's streaming
+``tarfile`` (``r|*``: webdataset, Hugging Face ``datasets``, Ray) stops after the first one
+without an error; the warning says how many samples those readers see and the command that
+rewrites the shard as one stream.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from dataclasses import dataclass, field
 
 import click
 
+from ..compression import by_magic
 from ..errors import TarshardsError
 from ..format import split_name
 from ..hashing import HashingReader, split_hash
@@ -45,6 +53,7 @@ class ShardReport:
     stream_bytes: int = 0
     extensions: collections.Counter = field(default_factory=collections.Counter)
     problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -55,6 +64,39 @@ def _counted(chunks, counter: list):
     for chunk in chunks:
         counter[0] += len(chunk)
         yield chunk
+
+
+def _sniffed(chunks, head: list):
+    for chunk in chunks:
+        if not head:
+            head.append(bytes(chunk[:8]))
+        yield chunk
+
+
+def _rewrite_hint(url: str, compression: str) -> str:
+    name = url.rsplit("/", 1)[-1]
+    stem = name.split(".", 1)[0]
+    if compression == "gzip":
+        return (
+            f"tarsplit --aligned -z -n 1000000000 -s 1P -o '{stem}-new-%06d.tgz' {url} "
+            "(sample-aligned, one gzip member; add --manifest PATH for its index), or "
+            f"tarscat {url} -o {stem}-new.tgz (one plain gzip stream)"
+        )
+    suffix = {"bzip2": ".tar.bz2", "xz": ".tar.xz"}.get(compression, ".tar")
+    return f"tarscat {url} -o {stem}-new{suffix}"
+
+
+def _multi_member_warning(url: str, compression: str, frames: list, starts: list) -> str:
+    """What Python's streaming tarfile sees of a shard of several members/streams."""
+    first_end = frames[1][1]
+    seen = sum(1 for offset in starts if offset < first_end)
+    what = "gzip members" if compression == "gzip" else f"{compression} streams"
+    return (
+        f"{len(frames)} {what} back to back (shard {url}): tarshards, GNU tar and "
+        f"{compression} read them all, but Python's streaming tarfile (webdataset, Hugging "
+        f"Face datasets, Ray) stops after the first without an error and sees {seen} of "
+        f"{len(starts)} samples; rewrite it as one stream: {_rewrite_hint(url, compression)}"
+    )
 
 
 def check_shard(url: str, *, max_problems: int = 20, expect=None) -> ShardReport:
@@ -68,6 +110,9 @@ def check_shard(url: str, *, max_problems: int = 20, expect=None) -> ShardReport
     first_offset = 0
     last_end = 0
     total = [0]
+    frames: list = []  # (compressed, decompressed offset) where each member/frame/stream starts
+    head: list = []
+    starts: list = []  # tar offset of each sample
 
     def problem(msg):
         if len(rep.problems) < max_problems:
@@ -77,7 +122,14 @@ def check_shard(url: str, *, max_problems: int = 20, expect=None) -> ShardReport
         with open_url(url) as stream:
             if expect is not None:
                 stream = hashed = _hashing_reader(stream, expect)
-            chunks = _counted(decompressed_chunks(read_chunks(stream), url), total)
+            chunks = _counted(
+                decompressed_chunks(
+                    _sniffed(read_chunks(stream), head),
+                    url,
+                    on_frame=lambda c, d: frames.append((c, d)),
+                ),
+                total,
+            )
             for name, data, offset in iter_tar(chunks, url):
                 rep.members += 1
                 rep.data_bytes += len(data)
@@ -98,6 +150,7 @@ def check_shard(url: str, *, max_problems: int = 20, expect=None) -> ShardReport
                         )
                     key, exts, first_offset = k, set(), offset
                     rep.samples += 1
+                    starts.append(offset)
                 if ext in exts:
                     problem(
                         f"repeated extension {ext!r} in sample {k!r} (shard {url}, "
@@ -108,6 +161,11 @@ def check_shard(url: str, *, max_problems: int = 20, expect=None) -> ShardReport
             if expect is not None:
                 hashed.finish()
         rep.stream_bytes = total[0]
+        comp = by_magic(head[0]) if head else None
+        if comp is not None and comp.name in ("gzip", "bzip2", "xz"):
+            real = [f for f in frames if f[1] < total[0]]  # members that hold tar bytes
+            if len(real) > 1 and starts:
+                rep.warnings.append(_multi_member_warning(url, comp.name, real, starts))
         if rep.members and total[0] < last_end + 1024:
             problem(
                 f"no end-of-archive marker: the shard may be truncated at a member "
@@ -251,6 +309,9 @@ def check_cmd(inputs, listfile, max_problems, quiet, manifest_url=None):
         click.echo(format_table(reports))
     problems = [p for r in reports for p in r.problems]
     prog = click.get_current_context().command_path
+    for r in reports:
+        for w in r.warnings:
+            print_err(f"{prog}: warning: {w}")
     for p in problems:
         print_err(f"{prog}: problem: {p}")
     if problems:

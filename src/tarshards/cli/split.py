@@ -72,7 +72,12 @@ class _MaxShardsReached(Exception):
 )
 @click.option("-z", "--gzip", "gz", is_flag=True, help="Write gzip-compressed shards (.tgz).")
 @click.option("--zstd", is_flag=True, help="Write zstd-compressed shards (.tar.zst).")
-@click.option("--aligned", is_flag=True, help="With -z/--zstd: compress samples one by one.")
+@click.option(
+    "--aligned",
+    is_flag=True,
+    help="With -z/--zstd: each sample decompresses alone (random access): -z one gzip stream "
+    "with a flush point per sample, --zstd a frame per sample.",
+)
 @click.option(
     "--manifest", default=None, metavar="PATH", help="Write a manifest and shard indexes."
 )

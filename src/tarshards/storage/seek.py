@@ -1,10 +1,11 @@
 """Random access into a shard: one sample at a byte offset, or every sample from an offset on.
 
 The offsets come from a :class:`tarshards.index.ShardIndex`: for plain tar shards, where a
-sample's first header starts; for sample-aligned compressed shards, where its gzip member or
-zstd frame starts. The members are parsed by the ordinary tar reader and grouped by
-:func:`tarshards.format.group_samples`, so a sample read here is the sample a sequential read
-gives (same fields, same bytes).
+sample's first header starts; for sample-aligned compressed shards, where its compressed bytes
+start: a zstd/lz4 frame (or an old-layout gzip member), or a full-flush point inside the one gzip
+member (``entry="deflate"``, the index's ``entry``: a raw inflater starts there). The members
+are parsed by the ordinary tar reader and grouped by :func:`tarshards.format.group_samples`, so
+a sample read here is the sample a sequential read gives (same fields, same bytes).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import BinaryIO, Iterable, Iterator
 
 from ..errors import ShardFormatError, TruncatedShardError
 from ..format import group_samples
+from ..compression import inflated_from
 from ..tario import decompressed_chunks, iter_tar, read_chunks
 
 __all__ = ["read_exact", "read_sample_at", "sample_from_bytes", "samples_from"]
@@ -55,6 +57,7 @@ def read_sample_at(
     tar_offset: int | None = None,
     url=None,
     last_dot: bool = False,
+    entry: str = "member",
 ) -> dict:
     """The sample whose bytes start at ``offset`` of a shard file.
 
@@ -63,7 +66,8 @@ def read_sample_at(
     that sample's bytes; without it the stream is read until the next sample begins.
     ``compression`` is the index's: ``"none"``, or ``"gzip"``/``"zstd"`` for sample-aligned
     compressed shards, where ``offset`` is the sample's frame and ``tar_offset`` its position in
-    the uncompressed tar stream (member offsets are reported from there).
+    the uncompressed tar stream (member offsets are reported from there); ``entry`` is the
+    index's too (``"deflate"``: a flush point of a one-member gzip shard).
     """
     _position(stream, offset)
     chunks: Iterable[bytes]
@@ -74,7 +78,13 @@ def read_sample_at(
     else:
         chunks = read_chunks(stream, _CHUNK)
     return _first_sample(
-        chunks, offset if tar_offset is None else tar_offset, compression, url, last_dot, offset
+        chunks,
+        offset if tar_offset is None else tar_offset,
+        compression,
+        url,
+        last_dot,
+        offset,
+        entry,
     )
 
 
@@ -86,17 +96,33 @@ def sample_from_bytes(
     url=None,
     last_dot: bool = False,
     offset: int | None = None,
+    entry: str = "member",
 ) -> dict:
     """The sample held by ``data``: the bytes of a shard from a sample's offset to its end (as
     a ranged read gives them). ``tar_offset`` is where they start in the tar stream."""
     return _first_sample(
-        [data], tar_offset, compression, url, last_dot, tar_offset if offset is None else offset
+        [data],
+        tar_offset,
+        compression,
+        url,
+        last_dot,
+        tar_offset if offset is None else offset,
+        entry,
     )
 
 
-def _first_sample(chunks, base: int, compression: str, url, last_dot: bool, offset) -> dict:
-    if compression != "none":
-        chunks = decompressed_chunks(chunks, url)
+def _decompressed(chunks, compression: str, entry: str, url, offset, bounded: bool):
+    if compression == "none":
+        return chunks
+    if entry == "deflate":
+        return inflated_from(chunks, url, offset or 0, bounded=bounded)
+    return decompressed_chunks(chunks, url)
+
+
+def _first_sample(
+    chunks, base: int, compression: str, url, last_dot: bool, offset, entry="member"
+) -> dict:
+    chunks = _decompressed(chunks, compression, entry, url, offset, True)
     members = _shifted(iter_tar(chunks, url, drain=False), base)
     for sample in group_samples(members, url, last_dot=last_dot):
         return sample
@@ -111,15 +137,14 @@ def samples_from(
     tar_offset: int | None = None,
     url=None,
     last_dot: bool = False,
+    entry: str = "member",
 ) -> Iterator[dict]:
     """Every sample of a shard from the one at ``offset`` on (how a resumed reader seeks).
 
     Same offsets as :func:`read_sample_at`; a compressed shard must be sample-aligned (the
-    reader starts decompressing at the sample's own gzip member or zstd frame).
+    reader starts decompressing at the sample's own frame, or its flush point).
     """
     _position(stream, offset)
-    chunks = read_chunks(stream, _CHUNK)
-    if compression != "none":
-        chunks = decompressed_chunks(chunks, url)
+    chunks = _decompressed(read_chunks(stream, _CHUNK), compression, entry, url, offset, False)
     base = offset if tar_offset is None else tar_offset
     yield from group_samples(_shifted(iter_tar(chunks, url), base), url, last_dot=last_dot)
