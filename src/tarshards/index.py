@@ -120,6 +120,7 @@ class ShardIndex:
         hash: str | None = None,
         last_dot: bool = False,
         url: str | None = None,
+        meta: dict | None = None,
         **arrays,
     ):
         if arrays.keys() != _ARRAY_NAMES:
@@ -142,6 +143,8 @@ class ShardIndex:
             last_dot=bool(last_dot),
             url=url,
         )
+        if meta:
+            self.__dict__["_meta_arrays"] = _meta_columns(meta, self.num_samples)
 
     def _init(self, arrays: dict, raw: dict, counts: dict, **fields) -> None:
         d = self.__dict__
@@ -222,6 +225,28 @@ class ShardIndex:
             self._cache("_member_starts", cached)
         return cached
 
+    @property
+    def meta(self) -> dict[str, np.ndarray]:
+        """The per-sample numeric metadata columns stored with the index (``{"tokens": array,
+        "jpg.width": array...}``, float64, one value per sample, NaN where a sample has none);
+        ``{}`` for an index without them."""
+        cached = self.__dict__.get("_meta_arrays")
+        if cached is None:
+            n = self.num_samples
+            raw = self.__dict__.get("_meta_raw") or {}
+            cached = {name: np.frombuffer(buf, "<f8", n, off) for name, (buf, off) in raw.items()}
+            self._cache("_meta_arrays", cached)
+        return cached
+
+    def with_meta(self, columns: dict) -> "ShardIndex":
+        """A copy of this index with the metadata ``columns`` added (or replaced): name ->
+        one number per sample (NaN: none)."""
+        merged = dict(self.meta)
+        merged.update(_meta_columns(columns, self.num_samples))
+        new = ShardIndex.from_bytes(bytes(self._index_bytes(meta=False)), url=self.url)
+        new.__dict__["_meta_arrays"] = {k: merged[k] for k in sorted(merged)}
+        return new
+
     def member_names(self, i: int) -> list[str]:
         """The member names of sample ``i`` as they are in the tar."""
         starts = self.member_starts
@@ -247,8 +272,8 @@ class ShardIndex:
         )
 
     # ---- serialisation -----------------------------------------------------------------------
-    def _meta(self) -> dict:
-        return {
+    def _meta(self, meta: bool = True) -> dict:
+        head = {
             "format": "tarshards.index",
             "version": INDEX_VERSION,
             "samples": self.num_samples,
@@ -263,15 +288,28 @@ class ShardIndex:
             "last_dot": bool(self.last_dot),
             "arrays": [[name, dtype] for name, dtype, _ in _ARRAYS],
         }
+        names = self._meta_names() if meta else []
+        if names:  # only then: an index without metadata has the bytes it always had
+            head["meta"] = names
+        return head
+
+    def _meta_names(self) -> list[str]:
+        arrays = self.__dict__.get("_meta_arrays")
+        if arrays is not None:
+            return list(arrays)
+        return list(self.__dict__.get("_meta_raw") or ())
 
     def to_bytes(self) -> bytes:
         """The index file's bytes (deterministic: equal indexes give equal bytes)."""
         return b"".join(self._parts())
 
-    def _parts(self) -> list:
+    def _index_bytes(self, meta: bool = True) -> bytes:
+        return b"".join(self._parts(meta))
+
+    def _parts(self, with_meta: bool = True) -> list:
         """The index file as a list of buffers (the arrays as they are, where no conversion
         is needed: no copy)."""
-        meta = json.dumps(self._meta(), sort_keys=True, separators=(",", ":")).encode()
+        meta = json.dumps(self._meta(with_meta), sort_keys=True, separators=(",", ":")).encode()
         meta += b" " * (-len(meta) % 8)
         parts = [INDEX_MAGIC, _HEAD.pack(INDEX_VERSION, len(meta)), meta]
         for name, _, _ in _ARRAYS:
@@ -279,6 +317,9 @@ class ShardIndex:
             parts.append(data)
             if -len(data) % 8:
                 parts.append(bytes(-len(data) % 8))
+        if with_meta:  # the metadata columns after the arrays (readers before them stop there)
+            for name in self._meta_names():
+                parts.append(np.ascontiguousarray(self.meta[name], dtype="<f8").tobytes())
         return parts
 
     def _array_bytes(self, name: str):
@@ -328,7 +369,15 @@ class ShardIndex:
                 raise IntegrityError("index file is truncated", url=url, offset=pos)
             raw[name] = (data, pos)
             pos += size + (-size % 8)
-        return cls._from_raw(
+        meta_raw = {}
+        names = meta.get("meta") or []
+        for name in names:
+            size = 8 * counts["samples"]
+            if not isinstance(name, str) or pos + size > len(data):
+                raise IntegrityError("index file is truncated", url=url, offset=pos)
+            meta_raw[name] = (data, pos)
+            pos += size
+        index = cls._from_raw(
             raw,
             counts,
             extensions=tuple(meta["extensions"]),
@@ -340,6 +389,9 @@ class ShardIndex:
             last_dot=bool(meta.get("last_dot", False)),
             url=url,
         )
+        if meta_raw:
+            index.__dict__["_meta_raw"] = meta_raw
+        return index
 
     def save(self, path, *, storage_options: dict | None = None, remove_stale: bool = True) -> None:
         """Write the index to ``path`` (a path or URL), atomically (``remove_stale``: as
@@ -422,6 +474,19 @@ _SAMPLE_REC = struct.Struct("<qqq")  # per sample: tar offset, end, flags
 _SAMPLE_END = struct.Struct("<q")
 _MEMBER_REC = struct.Struct("<qqqqqQ")  # sample, ext code, header/data offset, size, checksum
 _MEMBER_FIELDS = ("sample", "ext", "offset", "data", "size", "checksum")  # 64-bit each
+
+
+def _meta_columns(columns: dict, n: int) -> dict:
+    """``columns`` as float64 arrays of ``n`` values each (a ``ValueError`` otherwise)."""
+    out = {}
+    for name, values in columns.items():
+        if not isinstance(name, str) or not name or name.startswith("__"):
+            raise ValueError(f"a metadata column's name is a non-empty string, got {name!r}")
+        arr = np.asarray(values, dtype=np.float64).reshape(-1)
+        if len(arr) != n:
+            raise ValueError(f"metadata column {name!r} has {len(arr)} values for {n} samples")
+        out[name] = arr
+    return out
 
 
 def _member_dtype():

@@ -129,11 +129,20 @@ class AudioDecoder:
         av = av_module()
         if rng is None:
             rng = random.Random()
+        state = rng.getstate()
         try:
             with open_container(source, "audio") as container:
-                samples, rate = self._decode(container, rng)
-        except av.FFmpegError as exn:
-            raise DecodeError(f"cannot decode the audio: {exn}") from exn
+                samples, rate = self._decode(container, rng, True)
+        except av.FFmpegError:
+            # a demuxer that cannot go on after a seek (FLAC without a seek table, say):
+            # the same span, decoded from the start
+            rng.setstate(state)
+            _rewind(source)
+            try:
+                with open_container(source, "audio") as container:
+                    samples, rate = self._decode(container, rng, False)
+            except av.FFmpegError as exn:
+                raise DecodeError(f"cannot decode the audio: {exn}") from exn
         if self.mono and samples.shape[0] > 1:
             samples = samples.mean(axis=0, keepdims=True, dtype="float32")
         if self.rate is not None and self.rate != rate:
@@ -143,7 +152,7 @@ class AudioDecoder:
             self._convert = media_converter(self.output)
         return AudioClip(self._convert(samples), rate)
 
-    def _decode(self, container, rng: random.Random):
+    def _decode(self, container, rng: random.Random, seek: bool):
         import numpy as np
 
         info = stream_info(container, "audio")
@@ -167,7 +176,7 @@ class AudioDecoder:
                 else 0
             )
         for attempt in (0, 1):
-            if s0 > 0 and attempt == 0:
+            if s0 > 0 and attempt == 0 and seek:
                 container.seek(int((start + s0 / rate) / tb), stream=stream, backward=True)
             elif attempt == 1:
                 container.seek(0, stream=stream, backward=True)
@@ -180,7 +189,7 @@ class AudioDecoder:
                 channels = arr.shape[0]
                 if frame.pts is not None:
                     fpos = int(round((float(frame.pts * tb) - start) * rate))
-                    if pos is None and fpos > s0 and attempt == 0 and s0 > 0:
+                    if pos is None and fpos > s0 and attempt == 0 and s0 > 0 and seek:
                         overshot = True
                         break
                     if pos is None or abs(fpos - pos) > 1:
@@ -205,6 +214,11 @@ class AudioDecoder:
         if n is not None and got.shape[1] < n:  # shorter than the span: zeros after it
             got = np.concatenate([got, np.zeros((got.shape[0], n - got.shape[1]), np.float32)], 1)
         return np.ascontiguousarray(got, dtype=np.float32), rate
+
+
+def _rewind(source) -> None:
+    if hasattr(source, "seek"):
+        source.seek(0)
 
 
 def audio(

@@ -119,11 +119,20 @@ class VideoDecoder:
         av = av_module()
         if rng is None:
             rng = random.Random()
+        state = rng.getstate()
         try:
             with open_container(source, "video") as container:
-                return self._decode(container, rng)
-        except av.FFmpegError as exn:
-            raise DecodeError(f"cannot decode the video: {exn}") from exn
+                return self._decode(container, rng, True)
+        except av.FFmpegError:
+            # a demuxer that cannot go on after a seek: the same clip, decoded from the start
+            rng.setstate(state)
+            if hasattr(source, "seek"):
+                source.seek(0)
+            try:
+                with open_container(source, "video") as container:
+                    return self._decode(container, rng, False)
+            except av.FFmpegError as exn:
+                raise DecodeError(f"cannot decode the video: {exn}") from exn
 
     def _targets(self, info: dict, rng: random.Random) -> list[float] | None:
         """The clip's instants, seconds from the stream's start (None: every frame)."""
@@ -162,7 +171,7 @@ class VideoDecoder:
         t0 = round(t0 * src_fps) / src_fps
         return [t0 + i * step for i in range(self.frames)]
 
-    def _decode(self, container, rng: random.Random) -> VideoClip:
+    def _decode(self, container, rng: random.Random, seek: bool) -> VideoClip:
         import numpy as np
 
         info = stream_info(container, "video")
@@ -176,7 +185,7 @@ class VideoDecoder:
             chosen = [f for f in container.decode(stream)]
         else:
             targets = [start + t for t in targets]
-            chosen = self._collect(container, stream, targets, eps, tb, start)
+            chosen = self._collect(container, stream, targets, eps, tb, start, seek)
         if not chosen:
             raise DecodeError("the video has no frames")
         first = chosen[0]
@@ -196,13 +205,15 @@ class VideoDecoder:
             self._convert = media_converter(self.output)
         return VideoClip(self._convert(np.stack(frames)), self._convert(times))
 
-    def _collect(self, container, stream, targets: list[float], eps: float, tb, start: float):
+    def _collect(
+        self, container, stream, targets: list[float], eps: float, tb, start: float, seek: bool
+    ):
         """For each target instant, the last frame shown at or before it (decoded forward from
         the keyframe at or before the first)."""
-        for attempt in (0, 1):
+        for attempt in (0, 1) if seek else (1,):
             if targets[0] - eps > start and attempt == 0:
                 container.seek(int((targets[0] - eps) / tb), stream=stream, backward=True)
-            elif attempt == 1:
+            elif attempt == 1 and seek:
                 container.seek(int(start / tb) if start > 0 else 0, stream=stream, backward=True)
             chosen: list = []
             prev = None
