@@ -26,7 +26,7 @@ def member_file(
     size: int,
     *,
     storage_options: dict | None = None,
-    block_size: int = 64 << 10,
+    block_size: int = 32 << 10,
 ) -> RangeFile:
     """A member's bytes (at ``offset`` of the shard at ``url``, ``size`` long) as a seekable
     file (a context manager)."""
@@ -42,7 +42,7 @@ def read_media(
     rng: random.Random | None = None,
     member: str | None = None,
     storage_options: dict | None = None,
-    block_size: int = 64 << 10,
+    block_size: int = 32 << 10,
     stats: dict | None = None,
 ) -> Any:
     """Decode the member at bytes ``[offset, offset+size)`` of ``url`` with ``decoder`` (a
