@@ -203,9 +203,7 @@ def sample_context(exn: Exception, sample, field=None, wrap: bool = False) -> Ex
     if isinstance(exn, TarshardsError):
         return exn.with_context(url=url, member=member, offset=offset)
     if wrap:
-        wrapped = DecodeError(
-            f"{type(exn).__name__}: {exn}", url=url, member=member, offset=offset
-        )
+        wrapped = DecodeError(f"{type(exn).__name__}: {exn}", url=url, member=member, offset=offset)
         wrapped.__cause__ = exn
         return wrapped
     if hasattr(exn, "add_note"):

@@ -18,7 +18,7 @@ exactly what ``soundfile.read`` gives. ``rate=R`` resamples the span with FFmpeg
 from __future__ import annotations
 
 import random
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from ..errors import DecodeError
 from .output import media_converter
@@ -111,12 +111,11 @@ class AudioDecoder:
         self.clip = clip
         self.mono = bool(mono)
         self.output = output
-        self._convert = None
+        self._convert: Callable[[Any], Any] | None = None
 
     def __repr__(self):
         return (
-            f"audio(rate={self.rate}, seconds={self.seconds}, clip={self.clip!r}, "
-            f"mono={self.mono})"
+            f"audio(rate={self.rate}, seconds={self.seconds}, clip={self.clip!r}, mono={self.mono})"
         )
 
     def __call__(self, key: str, data, rng: random.Random | None = None) -> Any:

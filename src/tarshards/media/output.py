@@ -18,7 +18,9 @@ __all__ = ["OPTIONAL_MEDIA_CONVERTERS", "OUTPUTS", "media_converter", "register_
 OUTPUTS = ("auto", "numpy", "torch")
 
 _CONVERTERS: dict[str, Callable[[Any], Any]] = {}
-OPTIONAL_MEDIA_CONVERTERS = OptionalEntries("media output", "media.output.OPTIONAL_MEDIA_CONVERTERS")
+OPTIONAL_MEDIA_CONVERTERS = OptionalEntries(
+    "media output", "media.output.OPTIONAL_MEDIA_CONVERTERS"
+)
 
 
 def register_media_converter(name: str, fn: Callable[[Any], Any]) -> None:

@@ -28,7 +28,7 @@ kept) or ``(height, width)``; FFmpeg's scaler resizes while converting to RGB.
 from __future__ import annotations
 
 import random
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from ..errors import DecodeError
 from .output import media_converter
@@ -102,7 +102,7 @@ class VideoDecoder:
         self.clip = clip
         self.size = size
         self.output = output
-        self._convert = None
+        self._convert: Callable[[Any], Any] | None = None
 
     def __repr__(self):
         how = f"fps={self.fps}" if self.fps is not None else f"stride={self.stride}"
@@ -158,12 +158,12 @@ class VideoDecoder:
         if self.clip == "all":
             count = max(1, int(duration * self.fps + 1e-9))
             return [i * step for i in range(count)]
-        span = (self.frames - 1) * step
-        room = max(duration - 1.0 / src_fps - span, 0.0)
+        span_s = (self.frames - 1) * step
+        room_s = max(duration - 1.0 / src_fps - span_s, 0.0)
         t0 = (
-            rng.uniform(0.0, room)
+            rng.uniform(0.0, room_s)
             if self.clip == "random"
-            else room / 2
+            else room_s / 2
             if self.clip == "center"
             else 0.0
         )
