@@ -588,6 +588,11 @@ class ShardWriter:
     ``maxsize`` gets a shard of its own. Each shard is committed atomically when complete;
     ``shards`` lists what was written and ``post(url)`` is called after each commit (with
     ``manifest=``, once the shard's index file is saved).
+
+    ``meta=`` (with ``manifest=``): per-sample numeric metadata columns stored with each
+    shard's index (:meth:`tarshards.Manifest.meta` reads them): ``{"tokens": fn}``, one column
+    per function of the sample (``None``: no value, NaN), or a function returning ``{name:
+    value}`` such as :func:`tarshards.media_meta`, or a list of these.
     """
 
     def __init__(
