@@ -41,7 +41,7 @@ class RangeFile(io.RawIOBase):
         storage_options: dict | None = None,
         block_size: int = 32 << 10,
         blocks: int = 64,
-        max_ahead: int = 1 << 20,
+        max_ahead: int = 256 << 10,
     ):
         super().__init__()
         if offset < 0 or size < 0:
