@@ -365,3 +365,27 @@ def test_bad_media_through_random_access(tmp_path):
             ds[i]
         e = err.value
         assert e.url == path and e.member == f"{key}.mp4" and e.offset is not None, str(e)
+
+
+def test_index_metadata_columns_keep_old_indexes_and_survive_bytes(tmp_path):
+    import pickle
+
+    from tarshards.index import ShardIndex
+
+    with ShardWriter(str(tmp_path / "o-%02d.tar"), manifest=str(tmp_path / "o.json")) as w:
+        for i in range(4):
+            w.write({"__key__": f"k{i}", "txt": "x" * i})
+    m = tarshards.Manifest.load(str(tmp_path / "o.json"))
+    old = m.load_index(0)
+    assert old.meta == {} and b'"meta"' not in old.to_bytes()  # the bytes it always had
+    new = old.with_meta({"tokens": [1, 2, 3, 4]})
+    assert new != old and new.with_meta({}) == new
+    again = ShardIndex.from_bytes(new.to_bytes())
+    assert again == new and again.meta["tokens"].tolist() == [1, 2, 3, 4]
+    assert pickle.loads(pickle.dumps(new)).meta["tokens"].tolist() == [1, 2, 3, 4]
+    # the arrays before the columns are the old index's: readers that stop there see it
+    assert again.keys == old.keys and again.member_sizes.tolist() == old.member_sizes.tolist()
+    with pytest.raises(ValueError):
+        old.with_meta({"tokens": [1, 2]})
+    with pytest.raises(ValueError):
+        ShardWriter(str(tmp_path / "p-%02d.tar"), meta={"tokens": len})  # no manifest
