@@ -55,7 +55,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("stages", "planned", "stateful"),  # stages; the planned iteration; stages with a state
     ("composition",),  # DataPipeline: a source and stages, the fluent methods
     ("pipeline",),  # WebDataset (and the names of the modules above, re-exported)
-    ("mixing", "indexed", "testing"),  # mixtures, random access, the resume check
+    ("mixing", "indexed", "testing", "media.collate"),  # mixtures, random access, the resume check
     ("torch", "transport", "parallel", "compat", "benchmark"),  # adapters and engines
     ("cli",),  # the command line
     ("__init__",),  # the package itself, above everything

@@ -25,6 +25,13 @@ _declare_optional("codecs.OPTIONAL_CODECS", ["pth"], **_TORCH, safe=False)
 _declare_optional("stages.OPTIONAL_COLLATION", ["torch.Tensor"], **_TORCH)
 _declare_optional("crop.OPTIONAL_CROP_CONVERTERS", ["tensor"], **_TORCH)
 _declare_optional("media.output.OPTIONAL_MEDIA_CONVERTERS", ["tensor"], **_TORCH)
+# batches of clips (tarshards.video / tarshards.audio values): collated by tarshards.media.collate
+_declare_optional(
+    "stages.OPTIONAL_COLLATION",
+    ["tarshards.media.video.VideoClip", "tarshards.media.audio.AudioClip"],
+    module="tarshards.media.collate",
+    extra="av",
+)
 
 __all__ = sorted(
     [

@@ -389,3 +389,34 @@ def test_index_metadata_columns_keep_old_indexes_and_survive_bytes(tmp_path):
         old.with_meta({"tokens": [1, 2]})
     with pytest.raises(ValueError):
         ShardWriter(str(tmp_path / "p-%02d.tar"), meta={"tokens": len})  # no manifest
+
+
+def test_batches_of_clips(tmp_path):
+    path = str(tmp_path / "b.tar")
+    with TarWriter(path) as w:
+        for i in range(4):
+            w.write(
+                {
+                    "__key__": f"b{i}",
+                    "mp4": make_video(20),
+                    "wav": (make_tone(1.0), 8000),
+                    "cls": i,
+                }
+            )
+    ds = (
+        WebDataset(path)
+        .decode(tarshards.video(frames=3, output="numpy"), tarshards.audio(seconds=0.25))
+        .to_tuple("mp4", "wav", "cls")
+        .batched(2)
+    )
+    batches = list(ds)
+    assert len(batches) == 2
+    v, a, c = batches[0]
+    assert isinstance(v, tarshards.VideoClip) and v.frames.shape == (2, 3, 48, 64, 3)
+    assert v.timestamps.shape == (2, 3)
+    assert isinstance(a, tarshards.AudioClip) and tuple(a.samples.shape) == (2, 1, 2000)
+    assert a.rate == 8000 and c.tolist() == [0, 1]
+    # recordings of different lengths stay a list
+    whole = WebDataset(path).decode(tarshards.audio()).to_tuple("wav").batched(2)
+    (a,), _ = list(whole)
+    assert tuple(a.samples.shape) == (2, 1, 8000)
