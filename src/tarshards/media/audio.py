@@ -36,7 +36,7 @@ class AudioClip(NamedTuple):
     """Decoded audio: ``samples`` (channels, samples) float32 and their ``rate`` (Hz)."""
 
     samples: Any
-    rate: int
+    rate: Any  # an int (a list in a batch of recordings at different rates)
 
 
 def frame_array(frame):
