@@ -420,3 +420,25 @@ def test_batches_of_clips(tmp_path):
     whole = WebDataset(path).decode(tarshards.audio()).to_tuple("wav").batched(2)
     (a,), _ = list(whole)
     assert tuple(a.samples.shape) == (2, 1, 8000)
+
+
+def test_a_samples_clip_does_not_depend_on_the_worker_that_reads_it(video_shard):
+    pytest.importorskip("torch")
+    d, _ = video_shard
+    urls = [str(d / "v-00.tar"), str(d / "v-01.tar")]
+
+    def clips(workers, epoch=0):
+        ds = (
+            tarshards.WebDataset(urls, seed=9)
+            .decode(tarshards.video(frames=2, output="numpy"))
+            .to_tuple("__key__", "mp4")
+            .map_tuple(None, lambda c: float(c.timestamps[0]))
+        )
+        ds.set_epoch(epoch)
+        if not workers:
+            return dict(ds)
+        return dict(tarshards.WebLoader(ds, num_workers=workers, batch_size=None))
+
+    one = clips(0)
+    assert clips(2) == one  # (seed, epoch, key) alone choose the clip
+    assert clips(0, epoch=1) != one

@@ -6,8 +6,8 @@ where torch is installed, else a numpy array; ``output=`` chooses), and ``rate``
 of those samples.
 
 ``seconds=None`` decodes the whole recording; ``seconds=S`` a span of S seconds chosen by
-``clip`` (``"random"``: drawn from the sample's generator, seeded from the pipeline's seed, epoch
-and place and the sample's shard and key, so a resumed run decodes the same spans; ``"start"``;
+``clip`` (``"random"``: drawn from the sample's generator, seeded from the pipeline's seed and
+epoch and the sample's shard and key alone, so a resumed run decodes the same spans; ``"start"``;
 ``"center"``), zero-padded where the recording is shorter. The span is found by seeking
 (``container.seek`` on the audio stream) and decoding forward, and cut to the sample. Integer PCM
 is scaled as libsndfile scales it (``x / 2**(bits-1)``), so an uncompressed or lossless file gives
@@ -82,7 +82,7 @@ def resample(samples, rate: int, new_rate: int):
 class AudioDecoder:
     """A decode handler: audio fields -> :class:`AudioClip` (see the module)."""
 
-    wants_rng = True
+    wants_rng = "sample"  # a generator from (seed, epoch, shard, key): not the place
     media = "audio"  # IndexedDataset reads these fields as byte ranges
 
     def __init__(

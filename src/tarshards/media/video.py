@@ -17,8 +17,9 @@ are fetched (its header and index, then the clip's packets).
 Which frames: ``frames`` frames, every ``stride``-th frame of the source (``stride=1``:
 consecutive frames), or sampled at ``fps`` frames a second (the frame shown at each instant: a
 frame repeats where ``fps`` is above the source's). ``clip``: ``"random"`` (a start drawn from
-the sample's generator, which the decode stage seeds from the pipeline's seed, epoch and place
-and the sample's shard and key, so a resumed run decodes the same clips), ``"start"``,
+the sample's generator, which the decode stage seeds from the pipeline's seed and epoch and the
+sample's shard and key alone, not from the rank or worker reading it, so a resumed run, with any
+number of workers, decodes the same clips), ``"start"``,
 ``"center"``, or ``"all"`` (every frame, or every ``stride``-th, or the whole video at ``fps``;
 ``frames`` is ignored). A video shorter than the clip gives its last frame repeated (at its
 timestamp) up to ``frames``. ``size``: ``None`` (as stored), an int (the shorter side, aspect
@@ -61,7 +62,7 @@ def _out_size(size, width: int, height: int) -> tuple[int, int] | None:
 class VideoDecoder:
     """A decode handler: video fields -> :class:`VideoClip` (see the module)."""
 
-    wants_rng = True  # the decode stage passes a per-sample generator
+    wants_rng = "sample"  # a generator from (seed, epoch, shard, key): not the place
     media = "video"  # IndexedDataset reads these fields as byte ranges (tarshards.media.read_media)
 
     def __init__(
