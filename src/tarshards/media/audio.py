@@ -38,6 +38,9 @@ class AudioClip(NamedTuple):
     samples: Any
     rate: Any  # an int (a list in a batch of recordings at different rates)
 
+    def __getitem__(self, i):  # clip["samples"] as well as clip[0] and clip.samples
+        return getattr(self, i) if isinstance(i, str) else tuple.__getitem__(self, i)
+
 
 def frame_array(frame):
     """One decoded audio frame as float32 ``(channels, samples)``."""

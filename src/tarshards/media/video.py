@@ -46,6 +46,9 @@ class VideoClip(NamedTuple):
     frames: Any
     timestamps: Any
 
+    def __getitem__(self, i):  # clip["frames"] as well as clip[0] and clip.frames
+        return getattr(self, i) if isinstance(i, str) else tuple.__getitem__(self, i)
+
 
 def _out_size(size, width: int, height: int) -> tuple[int, int] | None:
     """``(width, height)`` to scale to, or None (as stored)."""
