@@ -175,6 +175,10 @@ class IndexedDataset:
     ``decode``: as ``WebDataset(decoder=...)``: an image mode (``"pil"``, ``"rgb8"``...), a
     function ``f(ext, data)``, or a list of them; ``None`` (default) gives raw sample dicts, equal
     to those of a sequential read (``__key__``, ``__url__``, fields as bytes).
+    With a media decoder among them (:func:`tarshards.video`, :func:`tarshards.audio`), its
+    fields are decoded from their byte ranges of the shard (:func:`tarshards.read_media`: the
+    demuxer fetches the container's header and index and the clip's packets, not the member),
+    the other fields read as bytes; a random clip is drawn afresh at each access.
     ``transform``: a function applied to each (decoded) sample.
     ``verify``: check each member's checksum against the index (``IntegrityError`` naming the
     shard, member and offset).
