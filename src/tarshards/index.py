@@ -243,8 +243,53 @@ class ShardIndex:
         one number per sample (NaN: none)."""
         merged = dict(self.meta)
         merged.update(_meta_columns(columns, self.num_samples))
+        return self._copy({k: merged[k] for k in sorted(merged)}, self.keyframe_table)
+
+    @property
+    def keyframe_table(self):
+        """The keyframes of the video members, where ``tarshards index --keyframes`` recorded
+        them: ``(member, time, position)``, three numpy arrays (member number, presentation
+        time in seconds, byte position in the member; sorted by member, then time), or None."""
+        d = self.__dict__
+        if "_kf" not in d:
+            raw = d.get("_kf_raw")
+            kf = None
+            if raw is not None:
+                buf, pos, n = raw
+                kf = (
+                    np.frombuffer(buf, "<i8", n, pos),
+                    np.frombuffer(buf, "<f8", n, pos + 8 * n),
+                    np.frombuffer(buf, "<i8", n, pos + 16 * n),
+                )
+            self._cache("_kf", kf)
+        return d["_kf"]
+
+    def member_keyframes(self, m: int):
+        """``(times, positions)`` of member ``m``'s keyframes, or None (none recorded)."""
+        kf = self.keyframe_table
+        if kf is None:
+            return None
+        members = kf[0]
+        lo, hi = np.searchsorted(members, [m, m + 1])
+        if lo == hi:
+            return None
+        return kf[1][lo:hi], kf[2][lo:hi]
+
+    def with_keyframes(self, members, times, positions) -> "ShardIndex":
+        """A copy of this index with the keyframe table ``(members, times, positions)``
+        (see :attr:`keyframe_table`; replaces the one it had)."""
+        m = np.asarray(members, np.int64).reshape(-1)
+        t = np.asarray(times, np.float64).reshape(-1)
+        p = np.asarray(positions, np.int64).reshape(-1)
+        if not len(m) == len(t) == len(p):
+            raise ValueError("keyframe members, times and positions differ in length")
+        order = np.lexsort((t, m))
+        return self._copy(dict(self.meta), (m[order], t[order], p[order]))
+
+    def _copy(self, meta: dict, keyframes) -> "ShardIndex":
         new = ShardIndex.from_bytes(bytes(self._index_bytes(meta=False)), url=self.url)
-        new.__dict__["_meta_arrays"] = {k: merged[k] for k in sorted(merged)}
+        new.__dict__["_meta_arrays"] = meta
+        new.__dict__["_kf"] = keyframes
         return new
 
     def member_names(self, i: int) -> list[str]:
@@ -291,6 +336,9 @@ class ShardIndex:
         names = self._meta_names() if meta else []
         if names:  # only then: an index without metadata has the bytes it always had
             head["meta"] = names
+        kf = self.keyframe_table if meta else None
+        if kf is not None:
+            head["keyframes"] = len(kf[0])
         return head
 
     def _meta_names(self) -> list[str]:
@@ -320,6 +368,10 @@ class ShardIndex:
         if with_meta:  # the metadata columns after the arrays (readers before them stop there)
             for name in self._meta_names():
                 parts.append(np.ascontiguousarray(self.meta[name], dtype="<f8").tobytes())
+            kf = self.keyframe_table
+            if kf is not None:  # then the keyframe table: members, times, positions
+                for a, dtype in zip(kf, ("<i8", "<f8", "<i8")):
+                    parts.append(np.ascontiguousarray(a, dtype=dtype).tobytes())
         return parts
 
     def _array_bytes(self, name: str):
@@ -377,6 +429,12 @@ class ShardIndex:
                 raise IntegrityError("index file is truncated", url=url, offset=pos)
             meta_raw[name] = (data, pos)
             pos += size
+        kf_raw = None
+        if meta.get("keyframes"):
+            n = int(meta["keyframes"])
+            if n < 0 or pos + 24 * n > len(data):
+                raise IntegrityError("index file is truncated", url=url, offset=pos)
+            kf_raw = (data, pos, n)
         index = cls._from_raw(
             raw,
             counts,
@@ -391,6 +449,8 @@ class ShardIndex:
         )
         if meta_raw:
             index.__dict__["_meta_raw"] = meta_raw
+        if kf_raw is not None:
+            index.__dict__["_kf_raw"] = kf_raw
         return index
 
     def save(self, path, *, storage_options: dict | None = None, remove_stale: bool = True) -> None:

@@ -324,6 +324,7 @@ class IndexedDataset:
                     rng=rng,
                     member=f"{key}.{ext}",
                     storage_options=self.storage_options,
+                    keyframes=info.index.member_keyframes(m),
                 )
             except TarshardsError as exn:
                 raise exn.with_context(url=url, member=f"{key}.{ext}", offset=doff) from None

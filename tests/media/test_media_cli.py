@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import pytest
 
 from .conftest import make_tone, make_video
 
-pytest.importorskip("av")
+av = pytest.importorskip("av")
 
 import tarshards  # noqa: E402
 from tarshards import ShardWriter, TarWriter  # noqa: E402
@@ -35,13 +36,30 @@ def test_index_media_records_the_columns(tmp_path):
             for i in range(2):
                 w.write({"__key__": f"k{n}{i}", "mp4": make_video(3 + 2 * n + i), "cls": i})
     out = _run(
-        "index", "--media", "-q", str(tmp_path / "c-{0..1}.tar"), "-o", str(tmp_path / "c.json")
+        "index",
+        "--media",
+        "--keyframes",
+        "-q",
+        str(tmp_path / "c-{0..1}.tar"),
+        "-o",
+        str(tmp_path / "c.json"),
     )
     assert out.returncode == 0, out.stderr
     m = tarshards.Manifest.load(str(tmp_path / "c.json"))
     assert m.meta("mp4.frames").tolist() == [3, 4, 5, 6]
     assert m.meta("mp4.fps").tolist() == [25.0] * 4
     assert m.meta("mp4.duration").tolist() == pytest.approx([0.12, 0.16, 0.2, 0.24])
+    index = m.load_index(1)
+    members, times, _ = index.keyframe_table
+    exts = [index.extensions[e] for e in index.member_ext.tolist()]
+    videos = [k for k, e in enumerate(exts) if e == "mp4"]
+    assert sorted(set(members.tolist())) == videos
+    for k, data in zip(videos, [make_video(5), make_video(6)]):
+        with av.open(io.BytesIO(data)) as c:
+            s = c.streams.video[0]
+            ref = [float(p.pts * s.time_base) for p in c.demux(s) if p.is_keyframe]
+        assert times[members == k].tolist() == ref
+    assert _run("index", "--keyframes", str(tmp_path / "c-0.tar"), "-o", "x.json").returncode == 2
 
 
 def test_tarshow_shows_duration_and_a_poster_frame(tmp_path):

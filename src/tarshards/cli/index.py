@@ -70,16 +70,26 @@ __all__ = ["index_cmd"]
     "mp4.duration, mp4.fps, mp4.frames, flac.rate...; image headers and container headers "
     "only, nothing decoded; needs tarshards[av] for audio and video).",
 )
+@click.option(
+    "--keyframes",
+    is_flag=True,
+    help="With --media: also store each video member's keyframe table (times and byte "
+    "positions; demuxes every video), so random access fetches a clip's packets at once.",
+)
 @on_error_option("a bad shard", "leave it out")
 @quiet_option()
 @handle_errors
-def index_cmd(inputs, output, listfile, parallel, hash_name, dali, media, on_error, quiet):
+def index_cmd(
+    inputs, output, listfile, parallel, hash_name, dali, media, keyframes, on_error, quiet
+):
     """Index shards: write MANIFEST (counts, sizes, hashes) and one index per shard."""
     with one_blas_thread():
         from ..index import INDEX_SUFFIX
         from ..manifest import build_manifest, resolve_url
     if not inputs and listfile is None:
         raise click.UsageError("name the shards to index (SPEC... or -T FILE)")
+    if keyframes and not media:
+        raise click.UsageError("--keyframes goes with --media")
     urls = collect_inputs(inputs, listfile)
     if "-" in urls:
         raise click.BadParameter(
@@ -104,7 +114,7 @@ def index_cmd(inputs, output, listfile, parallel, hash_name, dali, media, on_err
     if media:
         from ..media.metadata import add_media_meta
 
-        manifest = add_media_meta(manifest, workers=parallel)
+        manifest = add_media_meta(manifest, workers=parallel, keyframes=keyframes)
         if not quiet:
             print_err(f"# media columns: {', '.join(manifest.meta_columns()) or 'none'}")
     if dali:

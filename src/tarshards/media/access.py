@@ -44,16 +44,21 @@ def read_media(
     storage_options: dict | None = None,
     block_size: int = 32 << 10,
     stats: dict | None = None,
+    keyframes=None,
 ) -> Any:
     """Decode the member at bytes ``[offset, offset+size)`` of ``url`` with ``decoder`` (a
     :class:`~tarshards.media.video.VideoDecoder` or
     :class:`~tarshards.media.audio.AudioDecoder`), fetching only the ranges its demuxer reads.
     Errors name the shard, the member and the offset. ``stats`` (a dict) receives
-    ``bytes_fetched`` and ``requests``."""
+    ``bytes_fetched`` and ``requests``. ``keyframes``: the member's ``(times, positions)`` from
+    the index's keyframe table (``tarshards index --keyframes``), with which a video clip's
+    packets are fetched in one request."""
     with member_file(
         url, offset, size, storage_options=storage_options, block_size=block_size
     ) as f:
         try:
+            if keyframes is not None and getattr(decoder, "media", None) == "video":
+                return decoder.decode(f, rng, keyframes=keyframes)
             return decoder.decode(f, rng)
         except TarshardsError as exn:
             raise exn.with_context(url=url, member=member, offset=offset) from None

@@ -17,9 +17,9 @@ from typing import Iterable
 from ..errors import DecodeError, MissingDependencyError, ShardFormatError, TarshardsError
 from ..manifest import Manifest, as_manifest
 from ..storage.ranges import RangeFile
-from .probe import IMAGE_EXTENSIONS, MEDIA_EXTENSIONS, probe
+from .probe import IMAGE_EXTENSIONS, MEDIA_EXTENSIONS, VIDEO_EXTENSIONS, open_container, probe
 
-__all__ = ["add_media_meta", "shard_media_meta"]
+__all__ = ["add_media_meta", "member_keyframes", "shard_keyframes", "shard_media_meta"]
 
 _PROBED = frozenset(IMAGE_EXTENSIONS + MEDIA_EXTENSIONS)
 
@@ -74,6 +74,48 @@ def shard_media_meta(
     return columns
 
 
+def member_keyframes(source) -> tuple[list[float], list[int]]:
+    """``(times, positions)`` of the keyframes of a video's first stream: presentation time in
+    seconds and byte position of each keyframe packet, read by demuxing (no decoding)."""
+    times: list[float] = []
+    positions: list[int] = []
+    with open_container(source, "video") as c:
+        if not c.streams.video:
+            return times, positions
+        stream = c.streams.video[0]
+        tb = stream.time_base
+        for packet in c.demux(stream):
+            if packet.is_keyframe and packet.pts is not None and packet.pos is not None:
+                if packet.pos >= 0:
+                    times.append(float(packet.pts * tb))
+                    positions.append(int(packet.pos))
+    return times, positions
+
+
+def shard_keyframes(index, url: str, *, storage_options: dict | None = None) -> tuple:
+    """The keyframe table of a plain shard's video members: ``(members, times, positions)``
+    (see :attr:`tarshards.index.ShardIndex.keyframe_table`); members that do not demux are
+    left out."""
+    members: list[int] = []
+    times: list[float] = []
+    positions: list[int] = []
+    exts = [e.lower().rpartition(".")[2] for e in index.extensions]
+    offsets = index.member_data_offsets.tolist()
+    sizes = index.member_sizes.tolist()
+    for m, code in enumerate(index.member_ext.tolist()):
+        if exts[code] not in VIDEO_EXTENSIONS:
+            continue
+        try:
+            with RangeFile(url, offsets[m], sizes[m], storage_options=storage_options) as f:
+                t, p = member_keyframes(f)
+        except DecodeError:
+            continue
+        members += [m] * len(t)
+        times += t
+        positions += p
+    return members, times, positions
+
+
 def add_media_meta(
     manifest,
     *,
@@ -81,12 +123,14 @@ def add_media_meta(
     workers: int | None = None,
     storage_options: dict | None = None,
     on_error: str = "skip",
+    keyframes: bool = False,
 ) -> Manifest:
     """Probe the media members of every shard of ``manifest`` (a :class:`Manifest` or its
     path/URL) and save each shard's index again with the media columns added; returns the
     manifest (loaded again, so its indexes are the new ones). ``fields``: the extensions to
     probe (default every image, video and audio extension); ``workers``: shards at once
-    (threads)."""
+    (threads). ``keyframes``: also store each video member's keyframe table (it demuxes the
+    whole member), with which random access fetches a clip's packets in one request."""
     if on_error not in ("skip", "raise"):
         raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
     m = as_manifest(manifest, storage_options)
@@ -97,11 +141,16 @@ def add_media_meta(
         cols = shard_media_meta(
             idx, urls[i], fields=fields, storage_options=storage_options, on_error=on_error
         )
-        if cols:
+        new = idx.with_meta(cols) if cols else idx
+        if keyframes:
+            new = new.with_keyframes(
+                *shard_keyframes(idx, urls[i], storage_options=storage_options)
+            )
+        if new is not idx:
             target = m.index_url(i)
             if target is None:
                 raise ShardFormatError("the manifest has no index for this shard", url=urls[i])
-            idx.with_meta(cols).save(target, storage_options=storage_options)
+            new.save(target, storage_options=storage_options)
 
     n = len(m.shards)
     workers = min(workers or os.cpu_count() or 1, max(n, 1))

@@ -118,15 +118,20 @@ class VideoDecoder:
         return self.decode(data, rng)
 
     # ---- the work ------------------------------------------------------------------------------
-    def decode(self, source, rng: random.Random | None = None) -> VideoClip:
-        """Decode the clip from ``source``: bytes or a seekable binary file."""
+    def decode(self, source, rng: random.Random | None = None, keyframes=None) -> VideoClip:
+        """Decode the clip from ``source``: bytes or a seekable binary file. ``keyframes``:
+        ``(times, positions)`` of the video's keyframes (the index's keyframe table), with
+        which a source that can (:meth:`tarshards.storage.ranges.RangeFile.prefetch`) fetches
+        the clip's packets, from the keyframe before it to the keyframe after it, in one
+        request."""
         av = av_module()
         if rng is None:
             rng = random.Random()
         state = rng.getstate()
         try:
             with open_container(source, "video") as container:
-                return self._decode(container, rng, True)
+                plan = (source, keyframes) if keyframes is not None else None
+                return self._decode(container, rng, True, plan)
         except av.FFmpegError:
             # a demuxer that cannot go on after a seek: the same clip, decoded from the start
             rng.setstate(state)
@@ -175,7 +180,7 @@ class VideoDecoder:
         t0 = round(t0 * src_fps) / src_fps
         return [t0 + i * step for i in range(self.frames)]
 
-    def _decode(self, container, rng: random.Random, seek: bool) -> VideoClip:
+    def _decode(self, container, rng: random.Random, seek: bool, plan=None) -> VideoClip:
         import numpy as np
 
         info = stream_info(container, "video")
@@ -189,6 +194,8 @@ class VideoDecoder:
             chosen = [f for f in container.decode(stream)]
         else:
             targets = [start + t for t in targets]
+            if plan is not None:
+                _prefetch(plan, targets[0] - eps, targets[-1] + eps)
             chosen = self._collect(container, stream, targets, eps, tb, start, seek)
         if not chosen:
             raise DecodeError("the video has no frames")
@@ -241,6 +248,27 @@ class VideoDecoder:
                 j += 1
             return chosen
         return []
+
+
+def _prefetch(plan, first: float, last: float) -> None:
+    """Ask the source for the bytes from the keyframe at or before ``first`` to the keyframe
+    after ``last`` (the packets decoding the clip reads), where it can take them."""
+    source, (times, positions) = plan
+    prefetch = getattr(source, "prefetch", None)
+    if prefetch is None or len(times) == 0:
+        return
+    import numpy as np
+
+    i = max(int(np.searchsorted(times, first, side="right")) - 1, 0)
+    j = int(np.searchsorted(times, last, side="right"))
+    lo = int(positions[i])
+    size = getattr(source, "size", None)
+    hi = int(positions[j]) if j < len(positions) and size is None else size
+    if j < len(positions) and size is not None:
+        # the decoder reads one frame past the clip, through FFmpeg's 32 KiB reads
+        hi = min(int(positions[j]) + (32 << 10), size)
+    if lo >= 0 and hi is not None and hi > lo:
+        prefetch(lo, hi)
 
 
 def _time(frame, tb) -> float:

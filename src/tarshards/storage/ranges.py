@@ -129,6 +129,18 @@ class RangeFile(io.RawIOBase):
             self._blocks.popitem(last=False)
         return data
 
+    def prefetch(self, start: int, end: int) -> None:
+        """Fetch bytes ``[start, end)`` (of the range) now, in one request: what a reader that
+        knows where it will read next (a clip's packets, from a keyframe table) asks for."""
+        start, end = max(start, 0), min(end, self.size)
+        if end <= start:
+            return
+        bs = self.block_size
+        blocks = [b for b in range(start // bs, (end - 1) // bs + 1) if b not in self._blocks]
+        if blocks:
+            self.max_blocks = max(self.max_blocks, len(blocks) + 8)  # kept while it is read
+            self._fetch(blocks[0], blocks[-1])
+
     def _fetch(self, first: int, last: int) -> None:
         """Blocks ``first..last`` in one read of the underlying file."""
         bs = self.block_size
