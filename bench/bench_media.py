@@ -19,7 +19,8 @@ libx264), made here once into ``bench/_data/media/`` from moving noise (a realis
    and through ``WebLoader(num_workers=2)``. Target: >= 1.6x on a host with 2 free cores.
 3. ``remote``: ``IndexedDataset(manifest over HTTP, decode=tarshards.video(frames=60))`` (a 2 s
    clip) against the test HTTP server (``tests/integration/servers.py``), the body bytes the
-   server sent per clip against the member's size.
+   server sent per clip against the member's size, and its requests; with the plain index,
+   then with the keyframe table (``tarshards index --media --keyframes``).
 """
 
 from __future__ import annotations
@@ -189,27 +190,34 @@ def row_remote(data: bytes, clips: int) -> dict:
     with tempfile.TemporaryDirectory() as d:
         with tarshards.ShardWriter(os.path.join(d, "r-%02d.tar"), manifest=f"{d}/r.json") as w:
             w.write({"__key__": "a", "mp4": data, "txt": "a 30 s member"})
-        with servers.HTTPFileServer(d) as srv:
-            ds = tarshards.IndexedDataset(
-                f"{srv.url}/r.json", decode=tarshards.video(frames=60, output="numpy")
-            )
-            ds[0]  # the manifest and the index loaded, the client connected
-            sent, secs = [], []
-            for _ in range(clips):
-                srv.reset()
-                t0 = time.perf_counter()
-                clip = ds[0]["mp4"]
-                secs.append(time.perf_counter() - t0)
-                assert clip.frames.shape[0] == 60
-                sent.append(srv.bytes_sent("/r-00.tar"))
-    return {
-        "clips": clips,
-        "member_bytes": len(data),
-        "mean_bytes_per_clip": statistics.mean(sent),
-        "max_fraction": max(sent) / len(data),
-        "mean_fraction": statistics.mean(sent) / len(data),
-        "ms_per_clip": 1000 * statistics.mean(secs),
-    }
+        out: dict = {"clips": clips, "member_bytes": len(data)}
+        for keyframes in (False, True):
+            if keyframes:  # the index's keyframe table: the clip's packets in one request
+                from tarshards.media.metadata import add_media_meta
+
+                add_media_meta(f"{d}/r.json", keyframes=True)
+            with servers.HTTPFileServer(d) as srv:
+                ds = tarshards.IndexedDataset(
+                    f"{srv.url}/r.json", decode=tarshards.video(frames=60, output="numpy")
+                )
+                ds[0]  # the manifest and the index loaded, the client connected
+                sent, secs, gets = [], [], []
+                for _ in range(clips):
+                    srv.reset()
+                    t0 = time.perf_counter()
+                    clip = ds[0]["mp4"]
+                    secs.append(time.perf_counter() - t0)
+                    assert clip.frames.shape[0] == 60
+                    sent.append(srv.bytes_sent("/r-00.tar"))
+                    gets.append(srv.gets("/r-00.tar"))
+            out["keyframes" if keyframes else "plain"] = {
+                "mean_bytes_per_clip": statistics.mean(sent),
+                "max_fraction": max(sent) / len(data),
+                "mean_fraction": statistics.mean(sent) / len(data),
+                "requests_per_clip": statistics.mean(gets),
+                "ms_per_clip": 1000 * statistics.mean(secs),
+            }
+    return out
 
 
 def main() -> None:
@@ -247,11 +255,14 @@ def main() -> None:
         )
     if "remote" in out:
         r = out["remote"]
-        print(
-            f"remote  2 s clip over HTTP: {r['mean_bytes_per_clip'] / 1e3:.0f} KB of a "
-            f"{r['member_bytes'] / 1e6:.1f} MB member ({100 * r['mean_fraction']:.1f}% mean, "
-            f"{100 * r['max_fraction']:.1f}% max), {r['ms_per_clip']:.0f} ms a clip"
-        )
+        for name in ("plain", "keyframes"):
+            k = r[name]
+            print(
+                f"remote  2 s clip over HTTP ({name + ' index':<15}): "
+                f"{k['mean_bytes_per_clip'] / 1e3:.0f} KB of a {r['member_bytes'] / 1e6:.1f} MB "
+                f"member ({100 * k['mean_fraction']:.1f}% mean, {100 * k['max_fraction']:.1f}% "
+                f"max), {k['requests_per_clip']:.1f} requests, {k['ms_per_clip']:.0f} ms a clip"
+            )
 
 
 if __name__ == "__main__":
