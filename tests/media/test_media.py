@@ -442,3 +442,17 @@ def test_a_samples_clip_does_not_depend_on_the_worker_that_reads_it(video_shard)
     one = clips(0)
     assert clips(2) == one  # (seed, epoch, key) alone choose the clip
     assert clips(0, epoch=1) != one
+
+
+def test_bad_media_in_loader_workers_is_skipped_under_the_policy(tmp_path):
+    pytest.importorskip("torch")
+    path = str(tmp_path / "bad.tar")
+    _bad_shard(path)
+    ds = (
+        tarshards.WebDataset(path, on_error="skip")  # the torch IterableDataset
+        .decode(tarshards.video(frames=2, output="numpy"))
+        .to_tuple("__key__", "mp4")
+        .map_tuple(None, lambda c: c.frames.shape)
+    )
+    got = list(tarshards.WebLoader(ds, num_workers=1, batch_size=None))
+    assert [(k, tuple(s)) for k, s in got] == [("ok0", (2, 48, 64, 3)), ("ok1", (2, 48, 64, 3))]
