@@ -33,6 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("compression", "hashing"),  # one table of compressions; content hashes
     ("images",),  # image codecs and modes, the JPEG fast paths
     ("codecs", "crop"),  # the codec registry; image crops
+    ("media.probe", "media.output"),  # media properties and the PyAV backend; media outputs
     ("decoding",),  # the decode stage (and the fused decode + to_tuple)
     ("tario.headers",),  # tar header fields, checksums, pax records, names
     ("tario.buffer", "tario.writer"),  # byte sources and the reader's buffer; the member writer
@@ -43,6 +44,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("specs", "urls", "cache", "seek"),  # shard specs (list files and globs read through storage);
     # the old import paths of storage's names (shims: nothing in tarshards imports them)
     ("writer", "manifest", "index"),  # writing; the dataset's record and index
+    ("media.video", "media.audio", "media.access", "media.metadata"),  # clips, byte ranges
+    ("media",),  # the package: its names, imported on first use
     (
         "shards",
         "plan",
@@ -52,7 +55,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("stages", "planned", "stateful"),  # stages; the planned iteration; stages with a state
     ("composition",),  # DataPipeline: a source and stages, the fluent methods
     ("pipeline",),  # WebDataset (and the names of the modules above, re-exported)
-    ("mixing", "indexed", "testing"),  # mixtures, random access, the resume check
+    ("mixing", "indexed", "testing", "media.collate"),  # mixtures, random access, the resume check
     ("torch", "transport", "parallel", "compat", "benchmark"),  # adapters and engines
     ("cli",),  # the command line
     ("__init__",),  # the package itself, above everything

@@ -24,9 +24,18 @@ _declare_optional("images.OPTIONAL_ARRAY_KINDS", ["torch-uint8", "torch-float"],
 _declare_optional("codecs.OPTIONAL_CODECS", ["pth"], **_TORCH, safe=False)
 _declare_optional("stages.OPTIONAL_COLLATION", ["torch.Tensor"], **_TORCH)
 _declare_optional("crop.OPTIONAL_CROP_CONVERTERS", ["tensor"], **_TORCH)
+_declare_optional("media.output.OPTIONAL_MEDIA_CONVERTERS", ["tensor"], **_TORCH)
+# batches of clips (tarshards.video / tarshards.audio values): collated by tarshards.media.collate
+_declare_optional(
+    "stages.OPTIONAL_COLLATION",
+    ["tarshards.media.video.VideoClip", "tarshards.media.audio.AudioClip"],
+    module="tarshards.media.collate",
+    extra="av",
+)
 
 __all__ = sorted(
     [
+        "AudioClip",
         "Codec",
         "CommandError",
         "DataPipeline",
@@ -50,8 +59,10 @@ __all__ = sorted(
         "TarshardsError",
         "TarshardsWarning",
         "UnsafeCodecError",
+        "VideoClip",
         "WebDataset",
         "WebLoader",
+        "audio",
         "batched",
         "decode",
         "decode_value",
@@ -69,10 +80,12 @@ __all__ = sorted(
         "map_shard_files",
         "map_shards",
         "map_tuple",
+        "media_meta",
         "mix",
         "open_url",
         "parse_size",
         "random_resized_crop",
+        "read_media",
         "register_codec",
         "rename",
         "reraise_exception",
@@ -84,6 +97,7 @@ __all__ = sorted(
         "split_name",
         "to_tuple",
         "unbatched",
+        "video",
         "warn_and_continue",
         "warn_and_stop",
     ]
@@ -114,6 +128,10 @@ _MODULE_OF = {
     "format": ["group_samples", "parse_size", "split_name"],
     "index": ["ShardIndex"],
     "manifest": ["Manifest", "ShardRecord"],
+    "media.audio": ["AudioClip", "audio"],
+    "media.probe": ["media_meta"],
+    "media.access": ["read_media"],
+    "media.video": ["VideoClip", "video"],
     "parallel": ["map_samples", "map_shard_files", "map_shards"],
     "pipeline": ["iter_samples", "shard_samples"],
     "shards": ["split_by_node", "split_by_worker"],
@@ -160,6 +178,7 @@ _SUBMODULES = frozenset(
         "index",
         "indexed",
         "manifest",
+        "media",
         "mixing",
         "on_error",
         "parallel",

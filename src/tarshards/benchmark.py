@@ -21,7 +21,9 @@ from __future__ import annotations
 import copy
 import importlib
 import importlib.util
+import itertools
 import os
+import random
 import resource
 import subprocess
 import sys
@@ -32,6 +34,7 @@ from .images import jpeg_decoder
 from .pipeline import DataPipeline
 from .tario import iter_tar_batches, tar_byte_source
 from .specs import expand_urls
+from .stages import decode as _decode_stage
 from .storage import open_url
 
 __all__ = ["bench_pipeline", "diagnose", "format_report", "plot_report"]
@@ -329,6 +332,10 @@ def bench_pipeline(
         say(f"{name}: {stages[-1]['samples_per_s']:.0f} samples/s")
     report["stages"] = stages
     report["pipeline_samples_per_s"] = stages[-1]["samples_per_s"]
+    # what each field costs the decode stage (video and audio fields dwarf the rest)
+    report["field_decode_us"] = _field_decode_times(
+        dataset, prefixes, min(max_samples, 16), time.perf_counter() + seconds_per_stage
+    )
 
     # 5. the loader
     report["loader"] = None
@@ -422,6 +429,43 @@ def _collate():
 
 
 # ---------------------------------------------------------------------------------------------
+def _field_decode_times(dataset, prefixes, n: int, deadline: float) -> dict:
+    """Microseconds per sample that the pipeline's (first) decode stage spends on each field,
+    by extension, over the first ``n`` samples: each field decoded alone with the stage's
+    handlers. ``{}`` without a decode stage."""
+    stages = getattr(dataset, "_stages", None) or []
+    st = next((s for s in stages if getattr(s, "fn", None) is _decode_stage), None)
+    if st is None:
+        return {}
+    kw = {k: v for k, v in st.kwargs.items() if k in ("only", "size", "allow_unsafe")}
+    totals: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    it = iter(prefixes[0][1])
+    try:
+        for sample in itertools.islice(it, n):
+            for k, v in sample.items():
+                if k.startswith("__"):
+                    continue
+                one = {"__key__": sample.get("__key__"), "__url__": sample.get("__url__"), k: v}
+                t0 = time.perf_counter()
+                try:
+                    list(_decode_stage([one], *st.args, rng=random.Random(0), **kw))
+                except Exception:  # noqa: BLE001 - a field that does not decode is not timed
+                    continue
+                ext = k.rpartition(".")[2].lower()
+                totals[ext] = totals.get(ext, 0.0) + time.perf_counter() - t0
+                counts[ext] = counts.get(ext, 0) + 1
+            if time.perf_counter() > deadline:
+                break
+    finally:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+    return {ext: totals[ext] / counts[ext] * 1e6 for ext in sorted(totals)}
+
+
+_MEDIA_FIELDS = ("mp4", "webm", "mkv", "mov", "avi", "m4v", "wav", "flac", "mp3", "ogg", "opus")
+
 # diagnosis and output
 # ---------------------------------------------------------------------------------------------
 
@@ -481,6 +525,15 @@ def diagnose(report: dict) -> tuple[str, str]:
         return "read", _ADVICE["read"].format(why=why)
     key = "transforms" if "transforms" in name else name
     advice = _ADVICE.get(key, f"the {name} stage bounds you: look at what it does per sample")
+    fields = report.get("field_decode_us") or {}
+    if key == "decode" and fields:
+        ext = max(fields, key=lambda e: fields[e])
+        advice += f"; the slowest field is .{ext} ({fields[ext] / 1000:.2f} ms a sample)"
+        if ext in _MEDIA_FIELDS:
+            advice += (
+                ": decode fewer frames or a smaller size= (tarshards.video), shorter spans "
+                "(tarshards.audio(seconds=)), or read clips by byte range (IndexedDataset)"
+            )
     if key == "decode" and (report.get("jpeg_decoder") or {}).get("decoder", "") == "Pillow":
         advice += "; install simplejpeg (pip install tarshards[fast]) or build the C decoder"
     return key, f"{advice} ({share:.0%} of the time per sample)"
@@ -528,6 +581,12 @@ def format_report(report: dict) -> str:
             + (f", libjpeg-turbo {jd['libjpeg_turbo']}" if jd.get("libjpeg_turbo") else "")
             + (f" ({jd['libjpeg']})" if jd.get("libjpeg") else "")
         )
+    fields = report.get("field_decode_us")
+    if fields:
+        lines.append(
+            "  field decode  "
+            + ", ".join(f".{e} {us / 1000:.2f} ms" for e, us in sorted(fields.items()))
+        )
     lines.append(f"  bottleneck    {report['diagnosis']}")
     return "\n".join(lines)
 
@@ -564,6 +623,8 @@ def dataset_from_options(
     shuffle: int = 0,
     decode: Iterable[str] = (),
     crop: int | None = None,
+    media: bool = False,
+    frames: int = 16,
     fields: str | None = None,
     batch_size: int | None = None,
     seed: int = 0,
@@ -578,6 +639,11 @@ def dataset_from_options(
 
         torch_ok = importlib.util.find_spec("torch") is not None
         handlers.insert(0, random_resized_crop(crop, output="torchrgb" if torch_ok else "rgb8"))
+    if media:  # video clips and audio (tarshards.video / tarshards.audio)
+        from .media.audio import audio
+        from .media.video import video
+
+        handlers[:0] = [video(frames=frames), audio()]
     if handlers:
         ds = ds.decode(*handlers)
     if fields:

@@ -43,8 +43,10 @@ else:
     np = LazyModule("numpy", globals(), "np")  # numpy is imported on first use
 
 __all__ = [
+    "AUDIO_RATE",
     "Codec",
     "IMAGE_EXTENSIONS",
+    "audio_value",
     "IMAGE_MODES",
     "codec_for",
     "decode_value",
@@ -216,6 +218,54 @@ def _dec_gz(data, ext):
     return gzip.decompress(data)
 
 
+# audio (.wav, .flac): arrays written through soundfile; decoding keeps the bytes (the audio
+# decoder, tarshards.audio(), reads them)
+AUDIO_RATE = 16000  # the sample rate of an array given without one
+_AUDIO_FORMATS = {"wav": "WAV", "flac": "FLAC"}
+
+
+def audio_value(value, default_rate: int | None = AUDIO_RATE):
+    """``(array, rate)`` of an audio field's value: an array (numpy, or anything with
+    ``.detach().cpu().numpy()``: a torch tensor) or ``(array, rate)`` (what
+    :func:`tarshards.audio` gives). The array comes back as soundfile takes it: ``(samples,)``
+    or ``(samples, channels)``; a 2-D array whose first dimension is the smaller (at most 16)
+    is read as ``(channels, samples)``, the layout of tarshards.audio and torchaudio, and
+    transposed."""
+    rate = default_rate
+    if isinstance(value, tuple) and len(value) == 2 and not hasattr(value[1], "shape"):
+        value, rate = value
+        rate = int(rate)
+    if hasattr(value, "detach"):  # a torch tensor (torch itself is not imported here)
+        value = value.detach().cpu().numpy()
+    arr = np.asarray(value)
+    if arr.ndim == 2 and arr.shape[0] < arr.shape[1] and arr.shape[0] <= 16:
+        arr = arr.T
+    if arr.ndim not in (1, 2) or arr.size == 0:
+        raise ValueError(f"audio is a 1-D or 2-D array of samples, got shape {arr.shape}")
+    return arr, rate
+
+
+def _enc_audio(value, ext):
+    sf = _lazy("soundfile", f"writing .{ext} audio", "av")
+    arr, rate = audio_value(value)
+    if rate is None or rate <= 0:
+        raise ValueError(f"bad sample rate {rate!r}")
+    if arr.dtype.kind == "f":
+        arr = arr.astype(np.float32, copy=False)
+    elif arr.dtype not in (np.int16, np.int32):
+        arr = arr.astype(np.int32) if arr.dtype.itemsize > 2 else arr.astype(np.int16)
+    subtype = "PCM_24" if arr.dtype == np.int32 and ext == "flac" else None
+    if arr.dtype == np.int32 and ext == "wav":
+        subtype = "PCM_32"
+    buf = io.BytesIO()
+    sf.write(buf, arr, rate, format=_AUDIO_FORMATS[ext], subtype=subtype)
+    return buf.getvalue()
+
+
+def _dec_audio(data, ext):
+    return data  # audio stays bytes: tarshards.audio() decodes it
+
+
 # ---------------------------------------------------------------------------------------------
 # the registry
 # ---------------------------------------------------------------------------------------------
@@ -231,6 +281,7 @@ for _codec in (
     Codec(("gz",), _enc_gz, _dec_gz),
     Codec(("ten", "tb", "tenbin"), _enc_tenbin, _dec_tenbin),
     Codec(IMAGE_EXTENSIONS, _enc_image, _dec_image_pil, image=True),
+    Codec(("wav", "flac"), _enc_audio, _dec_audio),
 ):
     register_codec(_codec)
 
@@ -314,6 +365,8 @@ def field_decoder(
     if not codec.safe and not allow_unsafe:
         return _refuse(ext)
     dec = codec.decode
+    if dec is _dec_audio:
+        return None  # kept as bytes, as before there was an encoder
     if dec is _dec_int:
         return int  # what _dec_int does, one call less per sample
     return lambda data: dec(data, last)

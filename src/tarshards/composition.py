@@ -344,6 +344,9 @@ class DataPipeline:
                     kwargs["rng"] = make_rng(
                         *rng_tag, i, ctx["seed"], ctx["epoch"], ctx["rank"], ctx["worker"], *again
                     )
+                    if "sample_seed" in _params(fn) and "sample_seed" not in kwargs:
+                        # what a sample's own draws come from: not the place that reads it
+                        kwargs["sample_seed"] = ("sample", ctx["seed"], ctx["epoch"], *again)
                 if st.wants_policy:
                     kwargs["on_error"] = self.on_error
                 if st.wants_handler:

@@ -44,7 +44,7 @@ def handle_extension(extensions: str, fn: Callable[[bytes], Any]) -> Callable:
 _BYTES_LIKE = (bytes, bytearray, memoryview)
 
 
-def _decoders(handlers, only, size, allow_unsafe: bool, rng):
+def _decoders(handlers, only, size, allow_unsafe: bool, rng, sample_seed=None):
     """What :func:`decode` and :func:`_decode_tuple` work with: ``(custom, seeded, base, only,
     cache, lookup)``, the custom handlers, which of them take a generator, the seed of the
     per-sample generators, the extensions to decode, and a cache of field decoders filled by
@@ -69,10 +69,17 @@ def _decoders(handlers, only, size, allow_unsafe: bool, rng):
     if image_mode is not None:
         image_decoder(image_mode, size)  # a mode whose package is missing fails here, once
     cache: dict[str, Callable | None] = {}
-    seeded = [bool(getattr(h, "wants_rng", False)) for h in custom]
+    # True: a generator from the stage's rng (seed, epoch, place); "sample": one from the
+    # sample's seed alone (seed, epoch), the same whatever rank or worker reads the sample
+    seeded = [
+        "sample" if getattr(h, "wants_rng", False) == "sample" else bool(getattr(h, "wants_rng", 0))
+        for h in custom
+    ]
     base = None
     if any(seeded):
-        base = (rng if rng is not None else random.Random()).getrandbits(64)
+        place = (rng if rng is not None else random.Random()).getrandbits(64)
+        own = "/".join(str(p) for p in sample_seed) if sample_seed is not None else place
+        base = (place, own)
 
     def lookup(ext):
         dec = field_decoder(ext, image_mode=image_mode, size=size, allow_unsafe=allow_unsafe)
@@ -168,10 +175,13 @@ def _handled(custom, seeded, base, sample, sample_rng, k: str, v):
     handlers that want one get the sample's generator (made on first use, from ``base`` and
     the sample's ``__url__`` and ``__key__``)."""
     for h, wants_rng in zip(custom, seeded):
-        if wants_rng:
+        if wants_rng == "sample":  # a fresh generator per field: fields of a sample draw alike
+            own = random.Random(f"{base[1]}/{sample.get('__url__')}/{sample.get('__key__')}")
+            value = h(k, v, rng=own)
+        elif wants_rng:
             if sample_rng is None:
                 sample_rng = random.Random(
-                    f"{base}/{sample.get('__url__')}/{sample.get('__key__')}"
+                    f"{base[0]}/{sample.get('__url__')}/{sample.get('__key__')}"
                 )
             value = h(k, v, rng=sample_rng)
         else:
@@ -191,6 +201,7 @@ def decode(
     on_error: OnError = "raise",
     handler: Callable | None = None,
     rng: random.Random | None = None,
+    sample_seed: tuple | None = None,
 ) -> Iterator[dict]:
     """Decode the fields of each sample by extension.
 
@@ -205,10 +216,16 @@ def decode(
     :func:`tarshards.random_resized_crop`) are called as ``f(extension, data, rng=r)`` with a
     generator of the sample's own, seeded from ``rng`` (pipelines pass one seeded from seed,
     epoch and reader) and the sample's ``__url__`` and ``__key__``: a sample's draws do not
-    depend on the samples before it, so a resumed epoch draws the same.
+    depend on the samples before it, so a resumed epoch draws the same. Handlers whose
+    ``wants_rng`` is ``"sample"`` (:func:`tarshards.video`, :func:`tarshards.audio`) get one
+    seeded from ``sample_seed`` (pipelines pass their seed and epoch) and the sample's
+    ``__url__`` and ``__key__`` alone: the same draws whichever rank or worker reads the sample
+    (without ``sample_seed``, from ``rng``), a fresh one for each field.
     """
     policy = error_policy(on_error, handler)
-    custom, seeded, base, only, cache, lookup = _decoders(handlers, only, size, allow_unsafe, rng)
+    custom, seeded, base, only, cache, lookup = _decoders(
+        handlers, only, size, allow_unsafe, rng, sample_seed
+    )
 
     # Samples of a dataset mostly share one set of fields: the (field, decoder) pairs to apply
     # are worked out once per set of fields (a plan), so the per-sample work is a dict copy and
@@ -285,6 +302,7 @@ def _decode_tuple(
     handler: Callable | None = None,
     rng: random.Random | None = None,
     rows: BatchRows | None = None,
+    sample_seed: tuple | None = None,
 ) -> Iterator[tuple]:
     """``to_tuple(decode(samples, *handlers, ...), *fields)`` in one pass: what a pipeline runs
     for ``.decode(...).to_tuple(...)`` (one policy for both). With ``rows`` (a pipeline whose
@@ -300,7 +318,9 @@ def _decode_tuple(
         fields = tuple(fields[0].split())
     options = field_options(fields)
     policy = error_policy(on_error, handler)
-    custom, seeded, base, only, cache, lookup = _decoders(handlers, only, size, allow_unsafe, rng)
+    custom, seeded, base, only, cache, lookup = _decoders(
+        handlers, only, size, allow_unsafe, rng, sample_seed
+    )
     modes = [h for h in handlers if isinstance(h, str)]
     if custom or len(modes) != 1:
         rows = None  # custom handlers come first, and decide per sample

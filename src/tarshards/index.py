@@ -136,6 +136,7 @@ class ShardIndex:
         hash: str | None = None,
         last_dot: bool = False,
         url: str | None = None,
+        meta: dict | None = None,
         **arrays,
     ):
         if arrays.keys() != _ARRAY_NAMES:
@@ -159,6 +160,8 @@ class ShardIndex:
             last_dot=bool(last_dot),
             url=url,
         )
+        if meta:
+            self.__dict__["_meta_arrays"] = _meta_columns(meta, self.num_samples)
 
     def _init(self, arrays: dict, raw: dict, counts: dict, **fields) -> None:
         d = self.__dict__
@@ -240,6 +243,73 @@ class ShardIndex:
             self._cache("_member_starts", cached)
         return cached
 
+    @property
+    def meta(self) -> dict[str, np.ndarray]:
+        """The per-sample numeric metadata columns stored with the index (``{"tokens": array,
+        "jpg.width": array...}``, float64, one value per sample, NaN where a sample has none);
+        ``{}`` for an index without them."""
+        cached = self.__dict__.get("_meta_arrays")
+        if cached is None:
+            n = self.num_samples
+            raw = self.__dict__.get("_meta_raw") or {}
+            cached = {name: np.frombuffer(buf, "<f8", n, off) for name, (buf, off) in raw.items()}
+            self._cache("_meta_arrays", cached)
+        return cached
+
+    def with_meta(self, columns: dict) -> "ShardIndex":
+        """A copy of this index with the metadata ``columns`` added (or replaced): name ->
+        one number per sample (NaN: none)."""
+        merged = dict(self.meta)
+        merged.update(_meta_columns(columns, self.num_samples))
+        return self._copy({k: merged[k] for k in sorted(merged)}, self.keyframe_table)
+
+    @property
+    def keyframe_table(self):
+        """The keyframes of the video members, where ``tarshards index --keyframes`` recorded
+        them: ``(member, time, position)``, three numpy arrays (member number, presentation
+        time in seconds, byte position in the member; sorted by member, then time), or None."""
+        d = self.__dict__
+        if "_kf" not in d:
+            raw = d.get("_kf_raw")
+            kf = None
+            if raw is not None:
+                buf, pos, n = raw
+                kf = (
+                    np.frombuffer(buf, "<i8", n, pos),
+                    np.frombuffer(buf, "<f8", n, pos + 8 * n),
+                    np.frombuffer(buf, "<i8", n, pos + 16 * n),
+                )
+            self._cache("_kf", kf)
+        return d["_kf"]
+
+    def member_keyframes(self, m: int):
+        """``(times, positions)`` of member ``m``'s keyframes, or None (none recorded)."""
+        kf = self.keyframe_table
+        if kf is None:
+            return None
+        members = kf[0]
+        lo, hi = np.searchsorted(members, [m, m + 1])
+        if lo == hi:
+            return None
+        return kf[1][lo:hi], kf[2][lo:hi]
+
+    def with_keyframes(self, members, times, positions) -> "ShardIndex":
+        """A copy of this index with the keyframe table ``(members, times, positions)``
+        (see :attr:`keyframe_table`; replaces the one it had)."""
+        m = np.asarray(members, np.int64).reshape(-1)
+        t = np.asarray(times, np.float64).reshape(-1)
+        p = np.asarray(positions, np.int64).reshape(-1)
+        if not len(m) == len(t) == len(p):
+            raise ValueError("keyframe members, times and positions differ in length")
+        order = np.lexsort((t, m))
+        return self._copy(dict(self.meta), (m[order], t[order], p[order]))
+
+    def _copy(self, meta: dict, keyframes) -> "ShardIndex":
+        new = ShardIndex.from_bytes(bytes(self._index_bytes(meta=False)), url=self.url)
+        new.__dict__["_meta_arrays"] = meta
+        new.__dict__["_kf"] = keyframes
+        return new
+
     def member_names(self, i: int) -> list[str]:
         """The member names of sample ``i`` as they are in the tar."""
         starts = self.member_starts
@@ -265,8 +335,8 @@ class ShardIndex:
         )
 
     # ---- serialisation -----------------------------------------------------------------------
-    def _meta(self) -> dict:
-        meta = {
+    def _meta(self, meta: bool = True) -> dict:
+        head = {
             "format": "tarshards.index",
             "version": self._version,
             "samples": self.num_samples,
@@ -282,21 +352,36 @@ class ShardIndex:
             "arrays": [[name, dtype] for name, dtype, _ in _ARRAYS],
         }
         if self.entry != "member":
-            meta["entry"] = self.entry
-        return meta
+            head["entry"] = self.entry
+        names = self._meta_names() if meta else []
+        if names:  # only then: an index without metadata has the bytes it always had
+            head["meta"] = names
+        kf = self.keyframe_table if meta else None
+        if kf is not None:
+            head["keyframes"] = len(kf[0])
+        return head
 
     @property
     def _version(self) -> int:
         return 2 if self.entry == "deflate" else INDEX_VERSION
 
+    def _meta_names(self) -> list[str]:
+        arrays = self.__dict__.get("_meta_arrays")
+        if arrays is not None:
+            return list(arrays)
+        return list(self.__dict__.get("_meta_raw") or ())
+
     def to_bytes(self) -> bytes:
         """The index file's bytes (deterministic: equal indexes give equal bytes)."""
         return b"".join(self._parts())
 
-    def _parts(self) -> list:
+    def _index_bytes(self, meta: bool = True) -> bytes:
+        return b"".join(self._parts(meta))
+
+    def _parts(self, with_meta: bool = True) -> list:
         """The index file as a list of buffers (the arrays as they are, where no conversion
         is needed: no copy)."""
-        meta = json.dumps(self._meta(), sort_keys=True, separators=(",", ":")).encode()
+        meta = json.dumps(self._meta(with_meta), sort_keys=True, separators=(",", ":")).encode()
         meta += b" " * (-len(meta) % 8)
         parts = [INDEX_MAGIC, _HEAD.pack(self._version, len(meta)), meta]
         for name, _, _ in _ARRAYS:
@@ -304,6 +389,13 @@ class ShardIndex:
             parts.append(data)
             if -len(data) % 8:
                 parts.append(bytes(-len(data) % 8))
+        if with_meta:  # the metadata columns after the arrays (readers before them stop there)
+            for name in self._meta_names():
+                parts.append(np.ascontiguousarray(self.meta[name], dtype="<f8").tobytes())
+            kf = self.keyframe_table
+            if kf is not None:  # then the keyframe table: members, times, positions
+                for a, dtype in zip(kf, ("<i8", "<f8", "<i8")):
+                    parts.append(np.ascontiguousarray(a, dtype=dtype).tobytes())
         return parts
 
     def _array_bytes(self, name: str):
@@ -353,7 +445,21 @@ class ShardIndex:
                 raise IntegrityError("index file is truncated", url=url, offset=pos)
             raw[name] = (data, pos)
             pos += size + (-size % 8)
-        return cls._from_raw(
+        meta_raw = {}
+        names = meta.get("meta") or []
+        for name in names:
+            size = 8 * counts["samples"]
+            if not isinstance(name, str) or pos + size > len(data):
+                raise IntegrityError("index file is truncated", url=url, offset=pos)
+            meta_raw[name] = (data, pos)
+            pos += size
+        kf_raw = None
+        if meta.get("keyframes"):
+            n = int(meta["keyframes"])
+            if n < 0 or pos + 24 * n > len(data):
+                raise IntegrityError("index file is truncated", url=url, offset=pos)
+            kf_raw = (data, pos, n)
+        index = cls._from_raw(
             raw,
             counts,
             extensions=tuple(meta["extensions"]),
@@ -366,6 +472,11 @@ class ShardIndex:
             last_dot=bool(meta.get("last_dot", False)),
             url=url,
         )
+        if meta_raw:
+            index.__dict__["_meta_raw"] = meta_raw
+        if kf_raw is not None:
+            index.__dict__["_kf_raw"] = kf_raw
+        return index
 
     def save(self, path, *, storage_options: dict | None = None, remove_stale: bool = True) -> None:
         """Write the index to ``path`` (a path or URL), atomically (``remove_stale``: as
@@ -448,6 +559,19 @@ _SAMPLE_REC = struct.Struct("<qqq")  # per sample: tar offset, end, flags
 _SAMPLE_END = struct.Struct("<q")
 _MEMBER_REC = struct.Struct("<qqqqqQ")  # sample, ext code, header/data offset, size, checksum
 _MEMBER_FIELDS = ("sample", "ext", "offset", "data", "size", "checksum")  # 64-bit each
+
+
+def _meta_columns(columns: dict, n: int) -> dict:
+    """``columns`` as float64 arrays of ``n`` values each (a ``ValueError`` otherwise)."""
+    out = {}
+    for name, values in columns.items():
+        if not isinstance(name, str) or not name or name.startswith("__"):
+            raise ValueError(f"a metadata column's name is a non-empty string, got {name!r}")
+        arr = np.asarray(values, dtype=np.float64).reshape(-1)
+        if len(arr) != n:
+            raise ValueError(f"metadata column {name!r} has {len(arr)} values for {n} samples")
+        out[name] = arr
+    return out
 
 
 def _member_dtype():

@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import operator
 import os
+import random
 from typing import Any, Callable
 
 import numpy as np
@@ -176,6 +177,10 @@ class IndexedDataset:
     ``decode``: as ``WebDataset(decoder=...)``: an image mode (``"pil"``, ``"rgb8"``...), a
     function ``f(ext, data)``, or a list of them; ``None`` (default) gives raw sample dicts, equal
     to those of a sequential read (``__key__``, ``__url__``, fields as bytes).
+    With a media decoder among them (:func:`tarshards.video`, :func:`tarshards.audio`), its
+    fields are decoded from their byte ranges of the shard (:func:`tarshards.read_media`: the
+    demuxer fetches the container's header and index and the clip's packets, not the member),
+    the other fields read as bytes; a random clip is drawn afresh at each access.
     ``transform``: a function applied to each (decoded) sample.
     ``verify``: check each member's checksum against the index (``IntegrityError`` naming the
     shard, member and offset).
@@ -218,6 +223,11 @@ class IndexedDataset:
                 kw["size"] = decode_size
             list(_stages.decode(iter(()), *modes, **kw))  # check the modes now, not in a worker
             self._decode = (tuple(modes), kw)
+        # media decoders (tarshards.video(), tarshards.audio()): their fields are decoded from
+        # the member's byte range of the shard, the demuxer fetching only what the clip needs
+        self._media = tuple(
+            m for m in (self._decode[0] if self._decode is not None else ()) if _is_media(m)
+        )
         self._readers: dict = {}
         self._infos: dict = {}
         self._cache = None
@@ -246,9 +256,14 @@ class IndexedDataset:
         except TypeError:
             raise TypeError(f"samples are indexed by int, not {type(i).__name__}") from None
         shard, j = self.locate(i)
-        sample = self.raw_sample(shard, j)
+        sample = self._media_sample(shard, j) if self._media else None
+        if sample is None:
+            sample = self.raw_sample(shard, j)
         if self._decode is not None:
             modes, kw = self._decode
+            if sample.get("__media__"):
+                del sample["__media__"]
+                kw = dict(kw, partial=True)  # its media fields are decoded already
             sample = next(_stages.decode(iter((sample,)), *modes, **kw))
         if self.transform is not None:
             sample = self.transform(sample)
@@ -265,17 +280,68 @@ class IndexedDataset:
         )
 
     # ---- reading -----------------------------------------------------------------------------
+    def _info(self, shard: int) -> "_ShardInfo":
+        info = self._infos.get(shard)
+        if info is None:
+            info = self._infos[shard] = _ShardInfo(
+                self.manifest.load_index(shard), self.urls[shard]
+            )
+        return info
+
+    def _media_sample(self, shard: int, j: int) -> dict | None:
+        """Sample ``j`` of shard ``shard`` with its media fields decoded from their byte ranges
+        (:func:`tarshards.media.read_media`) and its other fields read as bytes; ``None`` where
+        the shard's members cannot be read alone (compressed, rebuilt), or with ``verify``
+        (which checks whole members)."""
+        info = self._info(shard)
+        if not info.plain or j in info.rebuilt or self.verify or j >= info.n:
+            return None
+        from .media.access import read_media
+
+        url = info.url
+        source = url
+        if not is_local(url) and self.cache_dir is not None:
+            source = self._shard_cache().fetch(url)
+        key = info.keys[j]
+        base = info.tar_offsets[j]
+        sample: dict = {"__key__": key, "__url__": url, "__offset__": int(base)}
+        decoded = False
+        reader = None
+        for m in range(info.starts[j], info.starts[j + 1]):
+            ext = info.exts[m]
+            doff, size = info.data_offsets[m], info.sizes[m]
+            handler = next((h for h in self._media if _claims(h, ext)), None)
+            if handler is None:
+                if reader is None:
+                    reader = self._reader(shard)
+                sample[ext] = reader.read(doff, doff + size)
+                continue
+            rng = random.Random(f"{random.getrandbits(64)}/{url}/{key}")
+            try:
+                sample[ext] = read_media(
+                    source,
+                    doff,
+                    size,
+                    handler,
+                    rng=rng,
+                    member=f"{key}.{ext}",
+                    storage_options=self.storage_options,
+                    keyframes=info.index.member_keyframes(m),
+                )
+            except TarshardsError as exn:
+                raise exn.with_context(url=url, member=f"{key}.{ext}", offset=doff) from None
+            decoded = True
+        if decoded:
+            sample["__media__"] = True
+        return sample
+
     def raw_sample(self, shard: int, j: int) -> dict:
         """Sample ``j`` of shard ``shard`` as raw bytes (no decoding, no transform).
 
         The sample's bytes are read in one piece and its fields cut out where the index says
         they are (the first member's header is checked against the index, so an index made
         for another version of the shard is caught; ``verify=True`` checks every field)."""
-        info = self._infos.get(shard)
-        if info is None:
-            info = self._infos[shard] = _ShardInfo(
-                self.manifest.load_index(shard), self.urls[shard]
-            )
+        info = self._info(shard)
         url = info.url
         if j >= info.n:
             raise IntegrityError(
@@ -436,6 +502,16 @@ class IndexedDataset:
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._pid = os.getpid()
+
+
+def _is_media(handler) -> bool:
+    """A media decoder (:func:`tarshards.video`, :func:`tarshards.audio`): it decodes from a
+    seekable file, so its fields are read as byte ranges."""
+    return getattr(handler, "media", None) in ("video", "audio") and hasattr(handler, "decode")
+
+
+def _claims(handler, ext: str) -> bool:
+    return ext.rpartition(".")[2].lower() in handler.extensions
 
 
 class _ShardInfo:

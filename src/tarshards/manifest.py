@@ -210,6 +210,40 @@ class Manifest:
             self._indexes[i] = idx
         return idx
 
+    # ---- per-sample metadata ---------------------------------------------------------------
+    def meta_columns(self) -> list[str]:
+        """The names of the per-sample metadata columns stored with the shards' indexes
+        (``tokens``, ``jpg.width``, ``mp4.duration``...; every index is loaded)."""
+        names: dict[str, None] = {}
+        for i, r in enumerate(self.shards):
+            if r.index is not None:
+                names.update(dict.fromkeys(self.load_index(i).meta))
+        return sorted(names)
+
+    def meta(self, name: str):
+        """Per-sample metadata column ``name`` as one float64 numpy array in manifest order
+        (shard by shard, in tar order), read from the shards' indexes without reading any
+        data; NaN for the samples of a shard whose index lacks it. ``KeyError`` when no shard
+        has it. Columns are recorded by ``ShardWriter(..., meta=...)`` and
+        ``tarshards index --media``."""
+        import numpy as np
+
+        parts = []
+        found = False
+        for i, r in enumerate(self.shards):
+            got = self.load_index(i).meta.get(name) if r.index is not None else None
+            if got is None:
+                parts.append(np.full(r.samples, np.nan))
+            else:
+                found = True
+                parts.append(got)
+        if not found:
+            raise KeyError(
+                f"no metadata column {name!r} in this manifest's indexes (record one with "
+                "ShardWriter(..., meta=...) or tarshards index --media)"
+            )
+        return np.concatenate(parts) if parts else np.zeros(0)
+
     # ---- files -------------------------------------------------------------------------------
     def to_json(self) -> dict:
         return {

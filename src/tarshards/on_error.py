@@ -199,10 +199,11 @@ def sample_context(exn: Exception, sample, field=None, wrap: bool = False) -> Ex
     url = sample.get("__url__")
     key = sample.get("__key__")
     member = f"{key}.{field}" if (key is not None and field) else key
+    offset = sample.get("__offset__") if field else None  # where the sample starts
     if isinstance(exn, TarshardsError):
-        return exn.with_context(url=url, member=member)
+        return exn.with_context(url=url, member=member, offset=offset)
     if wrap:
-        wrapped = DecodeError(f"{type(exn).__name__}: {exn}", url=url, member=member)
+        wrapped = DecodeError(f"{type(exn).__name__}: {exn}", url=url, member=member, offset=offset)
         wrapped.__cause__ = exn
         return wrapped
     if hasattr(exn, "add_note"):

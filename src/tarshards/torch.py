@@ -43,6 +43,7 @@ from . import mixing as _mix
 from . import pipeline as _pipeline
 from .codecs import Codec, register_array_kind, register_codec
 from .crop import register_crop_converter
+from .media.output import register_media_converter
 from .errors import ResumeError
 from .plan import STATE_FORMAT, check_state
 from .stages import register_collation
@@ -820,3 +821,4 @@ register_codec(
 )
 register_collation(torch.Tensor, stack, into=stack_into)
 register_crop_converter("tensor", resized_crop)
+register_media_converter("tensor", torch.from_numpy)

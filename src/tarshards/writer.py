@@ -542,6 +542,35 @@ class _HashingSink(io.RawIOBase):
             raw.flush()
 
 
+def _meta_functions(meta) -> list:
+    """``ShardWriter(meta=...)`` as ``[(name or None, fn)]``: a dict ``{name: fn(sample)}``, a
+    function ``fn(sample) -> {name: value}`` (``tarshards.media_meta()``), or a list of them."""
+    if meta is None:
+        return []
+    items = meta if isinstance(meta, (list, tuple)) else [meta]
+    out: list = []
+    for m in items:
+        if isinstance(m, dict):
+            for name, fn in m.items():
+                if not isinstance(name, str) or not callable(fn):
+                    raise TypeError(f"meta= maps column names to functions, got {name!r}: {fn!r}")
+                out.append((name, fn))
+        elif callable(m):
+            out.append((None, m))
+        else:
+            raise TypeError(f"meta= takes a dict of functions or a function, not {m!r}")
+    return out
+
+
+def _meta_table(rows: list[dict]) -> dict:
+    """Per-sample dicts -> columns (NaN where a sample has no value)."""
+    names: dict[str, None] = {}
+    for r in rows:
+        names.update(dict.fromkeys(r))
+    nan = float("nan")
+    return {name: [float(r.get(name, nan)) for r in rows] for name in names}
+
+
 def shard_name(pattern: str, index: int) -> str:
     """Fill a shard pattern: printf style (``out-%06d.tar``) or ``{shard:06d}`` / ``{}``."""
     if "%" in pattern:
@@ -574,6 +603,11 @@ class ShardWriter:
     ``maxsize`` gets a shard of its own. Each shard is committed atomically when complete;
     ``shards`` lists what was written and ``post(url)`` is called after each commit (with
     ``manifest=``, once the shard's index file is saved).
+
+    ``meta=`` (with ``manifest=``): per-sample numeric metadata columns stored with each
+    shard's index (:meth:`tarshards.Manifest.meta` reads them): ``{"tokens": fn}``, one column
+    per function of the sample (``None``: no value, NaN), or a function returning ``{name:
+    value}`` such as :func:`tarshards.media_meta`, or a list of these.
     """
 
     def __init__(
@@ -587,6 +621,7 @@ class ShardWriter:
         post=None,
         storage_options: dict | None = None,
         manifest=None,
+        meta=None,
         **tarwriter_options,
     ):
         if maxcount is None or maxcount < 1:
@@ -616,6 +651,12 @@ class ShardWriter:
 
             self._manifest = ManifestRecorder(manifest, storage_options=storage_options)
             self.tarwriter_options = dict(tarwriter_options, index=True)
+        # per-sample metadata columns for the index: {name: fn(sample) -> number}, or
+        # fn(sample) -> {name: number}, or a list of them
+        self._meta = _meta_functions(meta)
+        if self._meta and manifest is None:
+            raise ValueError("meta= is stored with the shards' indexes: pass manifest= too")
+        self._meta_rows: list[dict] = []
         self.shards: list[ShardInfo] = []
         self._writer: TarWriter | None = None
         self._started = 0.0
@@ -647,6 +688,9 @@ class ShardWriter:
         self._writer = None
         w.close()
         info = ShardInfo(w.name, w.count, w.size, time.monotonic() - self._started)
+        rows, self._meta_rows = self._meta_rows, []
+        if w.index is not None and self._meta:
+            w.index = w.index.with_meta(_meta_table(rows))
         if w.index is not None:
             info.extra["hash"] = w.index.hash
             info.extra["nbytes"] = w.index.nbytes
@@ -672,6 +716,15 @@ class ShardWriter:
         if self._writer is None:
             self._open_next()
         self.total += 1
+        if self._meta:
+            row: dict = {}
+            for name, fn in self._meta:
+                got = fn(sample)
+                if name is None:
+                    row.update(got)
+                elif got is not None:
+                    row[name] = got
+            self._meta_rows.append(row)
         return self._writer.write_members(members, sample["__key__"])
 
     def close(self) -> None:

@@ -77,6 +77,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         if not body:
             return
+        srv._sent("/" + rel, end - start)
         try:
             with open(path, "rb") as f:
                 if srv.delay:
@@ -110,6 +111,7 @@ class HTTPFileServer:
         self.delay = delay
         self.chunk = chunk
         self.requests: list[tuple[str, str, str | None]] = []
+        self.sent: dict[str, int] = {}  # path -> body bytes served
         self._lock = threading.Lock()
         self._httpd = _ThreadingServer(("127.0.0.1", 0), _Handler)
         self._httpd.owner = self
@@ -123,6 +125,15 @@ class HTTPFileServer:
         with self._lock:
             self.requests.append((method, path, rng))
 
+    def _sent(self, path: str, n: int) -> None:
+        with self._lock:
+            self.sent[path] = self.sent.get(path, 0) + n
+
+    def bytes_sent(self, path: str | None = None) -> int:
+        """Body bytes served (for ``path``, e.g. ``"/a/shard-0000.tar"``)."""
+        with self._lock:
+            return sum(n for p, n in self.sent.items() if path is None or p == path)
+
     def gets(self, path: str | None = None) -> int:
         """GET requests received (for ``path``, e.g. ``"/a/shard-0000.tar"``)."""
         with self._lock:
@@ -135,6 +146,7 @@ class HTTPFileServer:
     def reset(self) -> None:
         with self._lock:
             self.requests.clear()
+            self.sent.clear()
 
     def start(self):
         self._thread.start()

@@ -40,6 +40,7 @@ def _load_factory(ref: str):
 Examples:
   tarshards bench 'train-{0000..0009}.tar' --decode rgb8 --to-tuple 'jpg cls' --batch-size 64
   tarshards bench 'train-{0000..0009}.tar' --crop 224 --to-tuple 'jpg cls' --workers 4
+  tarshards bench 'clips-{0000..0009}.tar' --media --frames 16 --to-tuple 'mp4 txt'
   tarshards bench 's3://bucket/train-{0000..0099}.tar' --pipeline mytrain:make_dataset --json
 """,
 )
@@ -57,6 +58,19 @@ Examples:
     default=None,
     metavar="SIZE",
     help="Decode images to random_resized_crop(SIZE) (float tensors with torch).",
+)
+@click.option(
+    "--media",
+    is_flag=True,
+    help="Decode video fields to clips (tarshards.video, --frames frames) and audio fields "
+    "(tarshards.audio).",
+)
+@click.option(
+    "--frames",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Frames per video clip with --media.",
 )
 @click.option(
     "--shuffle",
@@ -116,6 +130,8 @@ def bench_cmd(
     spec,
     decode,
     crop,
+    media,
+    frames,
     shuffle,
     fields,
     batch_size,
@@ -145,6 +161,8 @@ def bench_cmd(
                 shuffle=shuffle,
                 decode=decode,
                 crop=crop,
+                media=media,
+                frames=frames,
                 fields=fields,
                 batch_size=batch_size,
             )

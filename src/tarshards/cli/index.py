@@ -34,7 +34,8 @@ __all__ = ["index_cmd"]
     epilog="\b\nExamples:\n"
     "  tarshards index 'train-{0000..0147}.tar' -o train.json\n"
     "  tarshards index -p 8 's3://bucket/ds/train-{0000..0999}.tar' -o ds.json\n"
-    "  tarshards index --dali shards/*.tar -o shards/manifest.json",
+    "  tarshards index --dali shards/*.tar -o shards/manifest.json\n"
+    "  tarshards index --media 'clips-{0000..0099}.tar' -o clips.json",
 )
 @click.argument("inputs", nargs=-1, metavar="SPEC...")
 @click.option(
@@ -62,16 +63,33 @@ __all__ = ["index_cmd"]
     help=f"Shard hash: {', '.join(HASHES)}.",
 )
 @click.option("--dali", is_flag=True, help="Also write DALI indexes (SHARD.idx).")
+@click.option(
+    "--media",
+    is_flag=True,
+    help="Also record media metadata columns in the indexes (jpg.width, jpg.height, "
+    "mp4.duration, mp4.fps, mp4.frames, flac.rate...; image headers and container headers "
+    "only, nothing decoded; needs tarshards[av] for audio and video).",
+)
+@click.option(
+    "--keyframes",
+    is_flag=True,
+    help="With --media: also store each video member's keyframe table (times and byte "
+    "positions; demuxes every video), so random access fetches a clip's packets at once.",
+)
 @on_error_option("a bad shard", "leave it out")
 @quiet_option()
 @handle_errors
-def index_cmd(inputs, output, listfile, parallel, hash_name, dali, on_error, quiet):
+def index_cmd(
+    inputs, output, listfile, parallel, hash_name, dali, media, keyframes, on_error, quiet
+):
     """Index shards: write MANIFEST (counts, sizes, hashes) and one index per shard."""
     with one_blas_thread():
         from ..index import INDEX_SUFFIX
         from ..manifest import build_manifest, resolve_url
     if not inputs and listfile is None:
         raise click.UsageError("name the shards to index (SPEC... or -T FILE)")
+    if keyframes and not media:
+        raise click.UsageError("--keyframes goes with --media")
     urls = collect_inputs(inputs, listfile)
     if "-" in urls:
         raise click.BadParameter(
@@ -93,6 +111,12 @@ def index_cmd(inputs, output, listfile, parallel, hash_name, dali, on_error, qui
         on_error="skip" if on_error == "skip" else "raise",
         report=report,
     )
+    if media:
+        from ..media.metadata import add_media_meta
+
+        manifest = add_media_meta(manifest, workers=parallel, keyframes=keyframes)
+        if not quiet:
+            print_err(f"# media columns: {', '.join(manifest.meta_columns()) or 'none'}")
     if dali:
         for i, rec in enumerate(manifest.shards):
             idx = manifest.load_index(i)

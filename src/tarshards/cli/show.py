@@ -1,4 +1,5 @@
-"""``tarshow``: show the first samples, each field with a short preview; or a contact sheet."""
+"""``tarshow``: show the first samples, each field with a short preview (video and audio: their
+duration and format); or a contact sheet (video: a poster frame and the duration)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,43 @@ from ._common import (
     skip_option,
 )
 
-__all__ = ["contact_sheet", "preview", "show_cmd"]
+__all__ = ["contact_sheet", "media_summary", "preview", "show_cmd"]
+
+_MEDIA = ("mp4", "webm", "mkv", "mov", "avi", "m4v", "wav", "flac", "mp3", "ogg", "opus", "m4a")
+
+
+def media_summary(data: bytes, ext: str) -> str | None:
+    """``video 64x48, 25 fps, 4.00 s, 100 frames, mpeg4`` / ``audio 2 ch, 16000 Hz, 3.00 s,
+    flac`` for a media field; None for other fields, or where it cannot be read."""
+    last = ext.rsplit(".", 1)[-1].lower()
+    if last not in _MEDIA:
+        return None
+    from ..errors import TarshardsError
+    from ..media.probe import VIDEO_EXTENSIONS, probe
+
+    try:
+        info = probe(data, last)
+    except TarshardsError as exn:
+        return f"(not readable: {exn.reason})"
+    if last in VIDEO_EXTENSIONS:
+        return (
+            f"video {info['width']}x{info['height']}, {info['fps']:g} fps, "
+            f"{info['duration']:.2f} s, {info['frames']} frames, {info['codec']}"
+        )
+    return (
+        f"audio {info['channels']} ch, {info['rate']} Hz, {info['duration']:.2f} s, {info['codec']}"
+    )
+
+
+def _poster(data: bytes, ext: str):
+    """A video's poster frame (its middle frame) as a PIL image, and its duration."""
+    from PIL import Image
+
+    from ..media.probe import probe
+    from ..media.video import video
+
+    clip = video(frames=1, clip="center", output="numpy").decode(data)
+    return Image.fromarray(clip.frames[0]), probe(data, ext)["duration"]
 
 
 def preview(data: bytes, width: int) -> str:
@@ -53,18 +90,25 @@ def contact_sheet(samples: list[dict], path: str, thumb: int = 160) -> int:
     tiles = []
     for sample in samples:
         for ext, data in sample.items():
-            if ext.startswith("__") or ext.rsplit(".", 1)[-1] not in IMAGE_EXTENSIONS:
+            last = ext.rsplit(".", 1)[-1].lower()
+            is_video = last in ("mp4", "webm", "mkv", "mov", "avi", "m4v")
+            if ext.startswith("__") or (last not in IMAGE_EXTENSIONS and not is_video):
                 continue
+            label = f"{sample['__key__']}.{ext}"
             try:
-                img = Image.open(io.BytesIO(data))
-                img.load()
+                if is_video:  # a poster frame, labelled with the duration
+                    img, seconds = _poster(data, last)
+                    label = f"{label} {seconds:.1f}s"
+                else:
+                    img = Image.open(io.BytesIO(data))
+                    img.load()
             except Exception as exn:  # noqa: BLE001 - report undecodable images, go on
                 print_err(f"tarshow: warning: cannot decode {sample['__key__']}.{ext}: {exn}")
                 continue
             img = img.convert("RGB")
             scale = min(thumb / img.width, thumb / img.height)
             img = img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))))
-            tiles.append((f"{sample['__key__']}.{ext}", img))
+            tiles.append((label, img))
     if not tiles:
         return 0
     cols = min(len(tiles), 6)
@@ -112,7 +156,7 @@ def contact_sheet(samples: list[dict], path: str, thumb: int = 160) -> int:
     "grid",
     default=None,
     metavar="PNG",
-    help="Write a contact sheet of the images to PNG.",
+    help="Write a contact sheet of the images (and video poster frames) to PNG.",
 )
 @on_error_option()
 @handle_errors
@@ -132,6 +176,9 @@ def show_cmd(inputs, count, skip, fields, width, grid, on_error):
                 if ext.startswith("__") or (wanted is not None and ext not in wanted):
                     continue
                 click.echo(f"{ext:<10} {preview(data, width)}")
+                summary = media_summary(data, ext) if isinstance(data, bytes) else None
+                if summary is not None:
+                    click.echo(f"{'':<10} {summary}")
             shown.append(sample if grid else None)
     finally:
         samples.close()

@@ -1,0 +1,309 @@
+"""Video clips from tar members: seeking vs decoding from the start, workers, remote bytes.
+
+    .venv/bin/python bench/bench_media.py            # all rows
+    .venv/bin/python bench/bench_media.py --quick    # fewer clips and samples
+    .venv/bin/python bench/bench_media.py --json
+
+The member: a 30 s 640x360 video at 30 fps (900 frames), H.264 (libx264, ``veryfast``, crf 23,
+a keyframe every 2 s: a common encoding of web video; mpeg4 where the PyAV wheel lacks
+libx264), made here once into ``bench/_data/media/`` from moving noise (a realistic bitrate).
+
+1. ``seek``: a random 16-frame clip (consecutive frames), ``tarshards.video(frames=16)
+   .decode(bytes)`` (seeks to the keyframe before the clip, decodes forward, converts the 16
+   frames to RGB) against PyAV decoding from the start (``av.open``, ``container.decode``
+   until the clip's last frame, the clip's 16 frames converted to RGB), both in this process
+   on the same bytes in memory and the same clip starts (the reference decodes the start our
+   decoder drew); the two clips are checked equal. Target: >= 3x.
+2. ``loader``: clips/s of ``WebDataset(shards).decode(tarshards.video(frames=16))
+   .to_tuple("mp4", "cls")`` over 4 shards of 8 such members (one copy each), in one process
+   and through ``WebLoader(num_workers=2)``, over the whole epoch and after its first clip
+   (the workers' start-up left out). Target: >= 1.6x on a host with 2 free cores. The
+   CPU time a clip costs (this process, and with the loader its workers too, counted once they
+   exit) says what the ratio would be with free cores where the host is shared.
+3. ``remote``: ``IndexedDataset(manifest over HTTP, decode=tarshards.video(frames=60))`` (a 2 s
+   clip) against the test HTTP server (``tests/integration/servers.py``), the body bytes the
+   server sent per clip against the member's size, and its requests; with the plain index,
+   then with the keyframe table (``tarshards index --media --keyframes``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import io
+import json
+import os
+import random
+import resource
+import statistics
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.join(HERE, "_data", "media")
+sys.path.insert(0, HERE)
+
+import av  # noqa: E402
+
+import tarshards  # noqa: E402
+from common import machine_info  # noqa: E402
+
+
+def make_member(seconds: int = 30, fps: int = 30, width: int = 640, height: int = 360) -> bytes:
+    codec = "libx264" if "libx264" in av.codecs_available else "mpeg4"
+    path = os.path.join(DATA, f"member-{seconds}s-{height}p-{codec}.mp4")
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            return f.read()
+    os.makedirs(DATA, exist_ok=True)
+    rng = np.random.default_rng(0)
+    # a textured scene: coarse noise blown up 8x, plus fine noise (about 1 Mbit/s in H.264)
+    coarse = rng.integers(0, 255, (height // 4, width // 4, 3), np.uint8)
+    base = np.repeat(np.repeat(coarse, 8, 0), 8, 1)
+    base = (base // 2 + rng.integers(0, 24, base.shape, np.uint8)).astype(np.uint8)
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="mp4") as c:
+        s = c.add_stream(codec, rate=fps)
+        s.width, s.height = width, height
+        s.pix_fmt = "yuv420p"
+        s.gop_size = 2 * fps
+        if codec == "libx264":
+            s.options = {"preset": "veryfast", "crf": "23", "keyint_min": str(2 * fps)}
+        else:
+            s.codec_context.bit_rate = 1_500_000
+        for i in range(seconds * fps):
+            y, x = (i * 3) % height, (i * 5) % width
+            img = np.ascontiguousarray(base[y : y + height, x : x + width])
+            img[:8, : (i % width) + 1] = 255  # a bar that grows: every frame differs
+            for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    data = buf.getvalue()
+    with open(path + ".tmp", "wb") as f:
+        f.write(data)
+    os.replace(path + ".tmp", path)
+    return data
+
+
+def clip_from_start(data: bytes, first: int, frames: int = 16):
+    """PyAV from the start: decode until frame ``first + frames - 1``, convert the clip."""
+    out = []
+    with av.open(io.BytesIO(data)) as c:
+        for i, f in enumerate(c.decode(video=0)):
+            if i >= first:
+                out.append(f.to_ndarray(format="rgb24"))
+                if len(out) == frames:
+                    break
+    return np.stack(out)
+
+
+def row_seek(data: bytes, clips: int) -> dict:
+    dec = tarshards.video(frames=16, output="numpy")
+    with av.open(io.BytesIO(data)) as c:
+        fps = float(c.streams.video[0].average_rate)
+    ours_s, ref_s, starts = [], [], []
+    for k in range(clips):
+        t0 = time.perf_counter()
+        clip = dec.decode(data, random.Random(k))
+        ours_s.append(time.perf_counter() - t0)
+        first = int(round(float(clip.timestamps[0]) * fps))
+        starts.append(first)
+        t0 = time.perf_counter()
+        ref = clip_from_start(data, first)
+        ref_s.append(time.perf_counter() - t0)
+        if not np.array_equal(ref, clip.frames):
+            raise AssertionError(f"clip {k} (start frame {first}) differs from PyAV's")
+    ours, ref = sum(ours_s), sum(ref_s)
+    return {
+        "clips": clips,
+        "ours_ms_per_clip": 1000 * ours / clips,
+        "from_start_ms_per_clip": 1000 * ref / clips,
+        "speedup": ref / ours,
+        "mean_start_frame": statistics.mean(starts),
+        "target": 3.0,
+    }
+
+
+def _shards(data: bytes, shards: int, per_shard: int) -> list[str]:
+    paths = [os.path.join(DATA, f"clips-{i}.tar") for i in range(shards)]
+    stamp = os.path.join(DATA, f"clips-{shards}x{per_shard}-{len(data)}.done")
+    if not os.path.exists(stamp):
+        with tarshards.ShardWriter(os.path.join(DATA, "clips-%d.tar"), maxcount=per_shard) as w:
+            for i in range(shards * per_shard):
+                w.write({"__key__": f"v{i:04d}", "mp4": data, "cls": i})
+        open(stamp, "w").close()
+    return paths
+
+
+def row_loader(data: bytes, shards: int, per_shard: int, passes: int) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    urls = _shards(data, shards, per_shard)
+
+    def make():
+        return (
+            tarshards.WebDataset(urls, shardshuffle=False, seed=0)
+            .decode(tarshards.video(frames=16))
+            .to_tuple("mp4", "cls")
+            .map_tuple(lambda c: c.frames, None)
+        )
+
+    cpu_one: list[float] = []  # CPU seconds a clip: this process
+    cpu_two: list[float] = []  # this process and its (reaped) workers
+
+    def cpu(who) -> float:
+        r = resource.getrusage(who)
+        return r.ru_utime + r.ru_stime
+
+    def steady(it) -> tuple[int, float, float]:
+        """Items, seconds for all, seconds after the first (start-up left out)."""
+        t0 = time.perf_counter()
+        n, first = 0, None
+        for _ in it:
+            n += 1
+            if first is None:
+                first = time.perf_counter()
+        end = time.perf_counter()
+        return n, end - t0, end - (first or t0)
+
+    def one_process() -> tuple[float, float]:
+        c0 = cpu(resource.RUSAGE_SELF)
+        n, secs, after = steady(make())
+        cpu_one.append((cpu(resource.RUSAGE_SELF) - c0) / n)
+        return n / secs, (n - 1) / after
+
+    def loader() -> tuple[float, float]:
+        c0 = cpu(resource.RUSAGE_SELF) + cpu(resource.RUSAGE_CHILDREN)
+        ld = tarshards.WebLoader(make(), num_workers=2, batch_size=None)
+        n, secs, after = steady(ld)
+        del ld
+        gc.collect()
+        c1 = cpu(resource.RUSAGE_SELF) + cpu(resource.RUSAGE_CHILDREN)
+        cpu_two.append((c1 - c0) / n)
+        return n / secs, (n - 1) / after
+
+    one, two = [], []
+    for p in range(passes):  # interleaved, the order reversed every other pass
+        if p % 2:
+            two.append(loader())
+            one.append(one_process())
+        else:
+            one.append(one_process())
+            two.append(loader())
+    a = statistics.median(x[0] for x in one)
+    b = statistics.median(x[0] for x in two)
+    a1 = statistics.median(x[1] for x in one)
+    b1 = statistics.median(x[1] for x in two)
+    return {
+        "samples": shards * per_shard,
+        "one_process_clips_per_s": a,
+        "workers2_clips_per_s": b,
+        "ratio": b / a,
+        "one_process_steady_clips_per_s": a1,
+        "workers2_steady_clips_per_s": b1,
+        "steady_ratio": b1 / a1,
+        "one_process_cpu_ms_per_clip": 1000 * statistics.median(cpu_one),
+        "workers2_cpu_ms_per_clip": 1000 * statistics.median(cpu_two),
+        "passes": passes,
+        "target": 1.6,
+    }
+
+
+def row_remote(data: bytes, clips: int) -> dict:
+    import importlib.util as iu
+    import tempfile
+
+    spec = iu.spec_from_file_location(
+        "servers", os.path.join(HERE, "..", "tests", "integration", "servers.py")
+    )
+    servers = iu.module_from_spec(spec)
+    spec.loader.exec_module(servers)
+    with tempfile.TemporaryDirectory() as d:
+        with tarshards.ShardWriter(os.path.join(d, "r-%02d.tar"), manifest=f"{d}/r.json") as w:
+            w.write({"__key__": "a", "mp4": data, "txt": "a 30 s member"})
+        out: dict = {"clips": clips, "member_bytes": len(data)}
+        for keyframes in (False, True):
+            if keyframes:  # the index's keyframe table: the clip's packets in one request
+                from tarshards.media.metadata import add_media_meta
+
+                add_media_meta(f"{d}/r.json", keyframes=True)
+            with servers.HTTPFileServer(d) as srv:
+                ds = tarshards.IndexedDataset(
+                    f"{srv.url}/r.json", decode=tarshards.video(frames=60, output="numpy")
+                )
+                ds[0]  # the manifest and the index loaded, the client connected
+                sent, secs, gets = [], [], []
+                for _ in range(clips):
+                    srv.reset()
+                    t0 = time.perf_counter()
+                    clip = ds[0]["mp4"]
+                    secs.append(time.perf_counter() - t0)
+                    assert clip.frames.shape[0] == 60
+                    sent.append(srv.bytes_sent("/r-00.tar"))
+                    gets.append(srv.gets("/r-00.tar"))
+            out["keyframes" if keyframes else "plain"] = {
+                "mean_bytes_per_clip": statistics.mean(sent),
+                "max_fraction": max(sent) / len(data),
+                "mean_fraction": statistics.mean(sent) / len(data),
+                "requests_per_clip": statistics.mean(gets),
+                "ms_per_clip": 1000 * statistics.mean(secs),
+            }
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", choices=["seek", "loader", "remote"], default=None)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    data = make_member()
+    out: dict = {"machine": machine_info(), "member_bytes": len(data)}
+    with av.open(io.BytesIO(data)) as c:
+        s = c.streams.video[0]
+        out["member"] = f"{s.codec_context.width}x{s.codec_context.height} {s.codec_context.name}"
+    if args.only in (None, "seek"):
+        out["seek"] = row_seek(data, 8 if args.quick else 24)
+    if args.only in (None, "loader") and importlib.util.find_spec("torch") is not None:
+        out["loader"] = row_loader(data, 4, 4 if args.quick else 8, 3 if args.quick else 5)
+    if args.only in (None, "remote") and importlib.util.find_spec("aiohttp") is not None:
+        out["remote"] = row_remote(data, 5 if args.quick else 10)
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return
+    print(f"member: 30 s {out['member']}, {len(data) / 1e6:.1f} MB")
+    if "seek" in out:
+        r = out["seek"]
+        print(
+            f"seek    random 16-frame clip: ours {r['ours_ms_per_clip']:.1f} ms, PyAV from the "
+            f"start {r['from_start_ms_per_clip']:.1f} ms: {r['speedup']:.2f}x (target >= 3)"
+        )
+    if "loader" in out:
+        r = out["loader"]
+        print(
+            f"loader  clips/s: one process {r['one_process_clips_per_s']:.1f}, WebLoader("
+            f"num_workers=2) {r['workers2_clips_per_s']:.1f}: {r['ratio']:.2f}x (target >= 1.6); "
+            f"after the first clip {r['one_process_steady_clips_per_s']:.1f} vs "
+            f"{r['workers2_steady_clips_per_s']:.1f}: {r['steady_ratio']:.2f}x; CPU a clip "
+            f"{r['one_process_cpu_ms_per_clip']:.0f} ms vs "
+            f"{r['workers2_cpu_ms_per_clip']:.0f} ms (workers and all)"
+        )
+    if "remote" in out:
+        r = out["remote"]
+        for name in ("plain", "keyframes"):
+            k = r[name]
+            print(
+                f"remote  2 s clip over HTTP ({name + ' index':<15}): "
+                f"{k['mean_bytes_per_clip'] / 1e3:.0f} KB of a {r['member_bytes'] / 1e6:.1f} MB "
+                f"member ({100 * k['mean_fraction']:.1f}% mean, {100 * k['max_fraction']:.1f}% "
+                f"max), {k['requests_per_clip']:.1f} requests, {k['ms_per_clip']:.0f} ms a clip"
+            )
+
+
+if __name__ == "__main__":
+    main()
