@@ -1,0 +1,712 @@
+"""The key table of a data set: sample key -> (shard, row), memory-mapped, for 100M+ keys.
+
+A :class:`KeyIndex` is a directory of flat little-endian arrays and a small JSON header
+(``keyindex.json``), all of them sorted by the xxh3_64 of the key's UTF-8 bytes::
+
+    keys.tski/
+      keyindex.json     format, version, count, the manifest's fingerprint and shard URLs
+      hashes.u64        xxh3_64 of each key, ascending (ties: by shard, then row)
+      shards.u32        the shard's number in the manifest, per key
+      rows.u32          the sample's row in its shard (its position in the shard index)
+      key_offsets.u64   where each key's bytes start in keys.bin (count + 1 values)
+      keys.bin          the keys' UTF-8 bytes, back to back, in hash order
+
+A lookup is a binary search of ``hashes.u64`` (``numpy.searchsorted``, ~27 probes for 100M
+keys), then one comparison of the key's bytes, which makes it exact: a key that is not in the
+table never comes back with the row of another whose hash it shares. Keys stored in the table
+(rather than verified against the shard indexes) keep a lookup within the table: no shard index
+is fetched (a remote one is a round trip, and 100M keys' indexes do not fit in memory as Python
+strings). The cost, per key: 8 (hash) + 4 (shard) + 4 (row) + 8 (offset) + the key's bytes;
+for 100M keys of 20 bytes, 4.4 GB on disk, of which a lookup touches ~27 pages of the hashes
+and one page each of the others (the page cache keeps what is hot; nothing is read at open).
+
+Building (:meth:`KeyIndex.build`) hashes each shard index's key blob in one C call
+(:func:`tarshards.hashing.hash_rows`) and sorts groups of consecutive shards into runs in
+parallel (the ``processes`` or ``dask`` engine of :mod:`tarshards.parallel`); a merge then
+reads the runs range by range of the hash space (the hashes are uniform, so each range holds
+about ``chunk_keys`` keys) and appends each range, sorted, to the table: memory stays at a few
+hundred MB whatever the number of keys. The table is the same, byte for byte, for any number of
+workers.
+
+Two samples with the same key: ``duplicates="error"`` (the default) raises
+:class:`~tarshards.errors.DuplicateKeyError` naming both (after counting all of them);
+``duplicates="first"`` keeps the first in manifest order (lowest shard, then row) and records
+how many were dropped (:attr:`KeyIndex.duplicates`, the first 100 in the header).
+
+The header holds the manifest's fingerprint: :meth:`KeyIndex.open` with ``manifest=`` refuses a
+table built from another version of the data set (:class:`~tarshards.errors.IntegrityError`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from ..errors import DuplicateKeyError, IntegrityError, ShardFormatError
+from ..hashing import hash_rows, member_checksum_fn
+from ..index import INDEX_SUFFIX, ShardIndex
+from ..manifest import Manifest, ShardRecord, is_manifest_spec, relative_url, resolve_url
+from ..parallel.engines import make_engine
+from ..parallel.jobs import ShardJob
+from ..parallel.reports import FAILED, ShardReport
+from ..storage import is_local, local_path, url_protocol
+
+__all__ = ["DUPLICATE_POLICIES", "KEYINDEX_FORMAT", "KeyIndex"]
+
+KEYINDEX_FORMAT = "tarshards.keyindex"
+KEYINDEX_VERSION = 1
+HEADER = "keyindex.json"
+DUPLICATE_POLICIES = ("error", "first")
+_FILES = {  # name -> dtype, entries ("count" or "count+1" or "key_bytes")
+    "hashes": ("<u8", "count", "hashes.u64"),
+    "shards": ("<u4", "count", "shards.u32"),
+    "rows": ("<u4", "count", "rows.u32"),
+    "key_offsets": ("<u8", "count+1", "key_offsets.u64"),
+    "keys": ("u1", "key_bytes", "keys.bin"),
+}
+_ROW_BITS = 32
+_ROW_MASK = np.uint64((1 << _ROW_BITS) - 1)
+_EXAMPLES = 100  # duplicates kept in the header
+_GATHER_ROWS = 1 << 16  # rows reordered at once (bounds the byte-index array)
+
+
+# ---------------------------------------------------------------------------------------------
+# keys as a blob and offsets
+# ---------------------------------------------------------------------------------------------
+
+
+def _encode_keys(keys) -> tuple[bytes, np.ndarray]:
+    """Keys (str or bytes) as their UTF-8 bytes back to back, and the n + 1 offsets."""
+    if isinstance(keys, (str, bytes)):
+        raise TypeError("lookup takes a collection of keys; use ki[key] or ki.get(key) for one")
+    keys = list(keys)
+    if keys and all(type(k) is str for k in keys):
+        joined = "".join(keys)
+        if joined.isascii():
+            blob = joined.encode("ascii")
+            lengths = np.fromiter(map(len, keys), np.int64, len(keys))
+        else:
+            raw = [k.encode("utf-8", "surrogateescape") for k in keys]
+            blob = b"".join(raw)
+            lengths = np.fromiter(map(len, raw), np.int64, len(raw))
+    else:
+        raw = [_key_bytes(k) for k in keys]
+        blob = b"".join(raw)
+        lengths = np.fromiter(map(len, raw), np.int64, len(raw))
+    offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return blob, offsets
+
+
+def _key_bytes(key) -> bytes:
+    if isinstance(key, str):
+        return key.encode("utf-8", "surrogateescape")
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        return bytes(key)
+    if isinstance(key, np.str_):
+        return str(key).encode("utf-8", "surrogateescape")
+    raise TypeError(f"a key is a str or bytes, not {type(key).__name__}")
+
+
+def _gather_rows(blob: np.ndarray, starts: np.ndarray, lengths: np.ndarray):
+    """Rows ``blob[starts[i]:starts[i] + lengths[i]]`` back to back (a uint8 array), and the new
+    offsets; in slices of rows, so the byte-index array stays small."""
+    offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    out = np.empty(int(offsets[-1]), np.uint8)
+    for a in range(0, len(lengths), _GATHER_ROWS):
+        b = min(a + _GATHER_ROWS, len(lengths))
+        lo, hi = int(offsets[a]), int(offsets[b])
+        if hi == lo:
+            continue
+        shift = starts[a:b] - offsets[a:b]
+        idx = np.repeat(shift, lengths[a:b]) + np.arange(lo, hi, dtype=np.int64)
+        out[lo:hi] = blob[idx]
+    return out, offsets
+
+
+# ---------------------------------------------------------------------------------------------
+# sources
+# ---------------------------------------------------------------------------------------------
+
+
+def _as_manifest(source, storage_options) -> Manifest:
+    """A manifest (path, URL or :class:`Manifest`), or a shard spec whose shards have their
+    index beside them (``SHARD.tsidx``): a manifest made in memory from those indexes."""
+    if isinstance(source, Manifest):
+        return source
+    if is_manifest_spec(source):
+        return Manifest.load(os.fspath(source), storage_options=storage_options)
+    from ..specs import expand_urls
+
+    urls = expand_urls(source, storage_options=storage_options)
+    if not urls:
+        raise ValueError(f"no shards in {source!r}")
+    records = []
+    for url in urls:
+        if is_local(url):
+            url = os.path.abspath(local_path(url))
+        idx = ShardIndex.load(url + INDEX_SUFFIX, storage_options=storage_options)
+        records.append(
+            ShardRecord(
+                url=url,
+                samples=idx.num_samples,
+                nbytes=idx.nbytes,
+                hash=idx.hash,
+                index=url + INDEX_SUFFIX,
+            )
+        )
+    return Manifest(tuple(records), storage_options=storage_options)
+
+
+def _manifest_base(url: str) -> str:
+    if is_local(url):
+        return os.path.dirname(os.path.abspath(local_path(url)))
+    return url.rsplit("/", 1)[0] + "/"
+
+
+# ---------------------------------------------------------------------------------------------
+# building: sorted runs per group of shards (in parallel), then a merge by hash range
+# ---------------------------------------------------------------------------------------------
+
+
+class _RunJob(ShardJob):
+    """One group of consecutive shards (``input``: ``"START:STOP"`` of the manifest) -> one
+    sorted run at ``output`` (a path prefix): ``.hash`` (uint64), ``.loc`` (shard << 32 | row,
+    uint64), ``.koff`` (int64, n + 1) and ``.keys`` (bytes), all in (hash, shard, row) order."""
+
+    def __init__(self, index_urls, shard_urls, records, storage_options):
+        self.index_urls = index_urls
+        self.shard_urls = shard_urls
+        self.records = records  # (samples, nbytes, hash) per shard
+        self.storage_options = storage_options
+
+    def _run(self, report) -> None:
+        start, stop = map(int, report.input.split(":"))
+        hashes, locs, blobs, lengths = [], [], [], []
+        for s in range(start, stop):
+            index_url = self.index_urls[s]
+            if index_url is None:
+                raise ShardFormatError(
+                    "the manifest has no index for this shard (make one with: tarshards index "
+                    "SPEC -o MANIFEST)",
+                    url=self.shard_urls[s],
+                )
+            idx = ShardIndex.load(index_url, storage_options=self.storage_options)
+            samples, nbytes, shard_hash = self.records[s]
+            if idx.num_samples != samples or (
+                shard_hash is not None and idx.hash is not None and idx.hash != shard_hash
+            ):
+                raise IntegrityError(
+                    f"the shard's index ({idx.num_samples} samples, {idx.hash}) does not match "
+                    f"the manifest ({samples} samples, {shard_hash}): rebuild the index",
+                    url=self.shard_urls[s],
+                )
+            if samples >= 1 << _ROW_BITS:
+                raise ValueError(f"{self.shard_urls[s]}: more than 2**32 samples in one shard")
+            offsets = np.ascontiguousarray(idx.key_offsets, np.int64)
+            blob = np.ascontiguousarray(idx.key_blob, np.uint8)
+            hashes.append(np.frombuffer(hash_rows(blob, offsets), np.uint64))
+            locs.append((np.uint64(s) << np.uint64(_ROW_BITS)) | np.arange(samples, dtype=np.uint64))
+            blobs.append(blob[int(offsets[0]) : int(offsets[-1])])
+            lengths.append(np.diff(offsets))
+        h = np.concatenate(hashes) if hashes else np.zeros(0, np.uint64)
+        loc = np.concatenate(locs) if locs else np.zeros(0, np.uint64)
+        blob = np.concatenate(blobs) if blobs else np.zeros(0, np.uint8)
+        lens = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
+        order = np.argsort(h, kind="stable")  # ties keep (shard, row) order: loc ascends
+        starts = np.zeros(len(lens), np.int64)
+        if len(lens):
+            np.cumsum(lens[:-1], out=starts[1:])
+        keys, koff = _gather_rows(blob, starts[order], lens[order])
+        out = report.output
+        h[order].tofile(out + ".hash")
+        loc[order].tofile(out + ".loc")
+        koff.tofile(out + ".koff")
+        keys.tofile(out + ".keys")
+        report.samples_in = report.samples_out = len(h)
+
+
+def _groups(manifest: Manifest, group_keys: int) -> list[tuple[int, int]]:
+    """Consecutive shards, about ``group_keys`` samples a group (at least one shard)."""
+    out = []
+    start, total = 0, 0
+    for i, r in enumerate(manifest.shards):
+        if total and total + r.samples > group_keys:
+            out.append((start, i))
+            start, total = i, 0
+        total += r.samples
+    if start < len(manifest.shards):
+        out.append((start, len(manifest.shards)))
+    return out
+
+
+class _Run:
+    """A sorted run on disk, read by slices (files opened per read: no descriptors held)."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self.n = os.path.getsize(prefix + ".hash") // 8
+
+    def read(self, suffix: str, dtype, start: int, stop: int) -> np.ndarray:
+        size = np.dtype(dtype).itemsize
+        return np.fromfile(self.prefix + suffix, dtype, stop - start, offset=start * size)
+
+
+def _bounds(n_ranges: int) -> np.ndarray:
+    """The starts of ``n_ranges`` equal ranges of the uint64 hash space (and 2**64 - 1 as an
+    end: the last range includes it)."""
+    step = (1 << 64) // n_ranges
+    return np.array([i * step for i in range(n_ranges)], np.uint64)
+
+
+class _Merger:
+    """Merges the runs range by range and appends to the table's files."""
+
+    def __init__(self, folder: str, shard_urls: Sequence[str], duplicates: str):
+        self.folder = folder
+        self.shard_urls = shard_urls
+        self.policy = duplicates
+        self.files = {
+            name: open(os.path.join(folder, fname), "wb") for name, (_, _, fname) in _FILES.items()
+        }
+        self.count = 0
+        self.key_bytes = 0
+        self.dropped = 0
+        self.examples: list = []
+        self.collisions = 0
+        self.files["key_offsets"].write(np.zeros(1, "<u8").tobytes())
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+
+    def merge(self, runs: list[_Run], chunk_keys: int) -> None:
+        total = sum(r.n for r in runs)
+        n_ranges = max(1, -(-total // max(1, chunk_keys)))
+        bounds = _bounds(n_ranges)
+        cuts = []  # per run: where each range starts in it, and its end
+        for run in runs:
+            h = run.read(".hash", "<u8", 0, run.n)
+            cuts.append(np.append(np.searchsorted(h, bounds), run.n).tolist())
+            del h
+        for r in range(n_ranges):
+            parts = [(run, c[r], c[r + 1]) for run, c in zip(runs, cuts) if c[r + 1] > c[r]]
+            if parts:
+                self._range(parts)
+
+    def _range(self, parts) -> None:
+        hashes, locs, blobs, lengths = [], [], [], []
+        for run, a, b in parts:
+            hashes.append(run.read(".hash", "<u8", a, b))
+            locs.append(run.read(".loc", "<u8", a, b))
+            koff = run.read(".koff", "<i8", a, b + 1)
+            blobs.append(run.read(".keys", "u1", int(koff[0]), int(koff[-1])))
+            lengths.append(np.diff(koff))
+        h = np.concatenate(hashes)
+        loc = np.concatenate(locs)
+        blob = np.concatenate(blobs)
+        lens = np.concatenate(lengths)
+        starts = np.zeros(len(lens), np.int64)
+        np.cumsum(lens[:-1], out=starts[1:])
+        order = np.lexsort((loc, h))  # (hash, shard, row): one order whatever the runs
+        h, loc, starts, lens = h[order], loc[order], starts[order], lens[order]
+        keep = self._check_ties(h, loc, blob, starts, lens)
+        if keep is not None:
+            h, loc, starts, lens = h[keep], loc[keep], starts[keep], lens[keep]
+        keys, koff = _gather_rows(blob, starts, lens)
+        f = self.files
+        f["hashes"].write(h.astype("<u8", copy=False).tobytes())
+        f["shards"].write((loc >> np.uint64(_ROW_BITS)).astype("<u4").tobytes())
+        f["rows"].write((loc & _ROW_MASK).astype("<u4").tobytes())
+        f["key_offsets"].write((koff[1:] + self.key_bytes).astype("<u8").tobytes())
+        f["keys"].write(keys.tobytes())
+        self.count += len(h)
+        self.key_bytes += int(koff[-1])
+
+    def _check_ties(self, h, loc, blob, starts, lens):
+        """Equal hashes: the same key twice (a duplicate: dropped or counted for the error) or
+        two keys sharing a hash (a collision: both kept, the lookup compares keys). Returns the
+        rows to keep, or None for all."""
+        tie = np.flatnonzero(h[1:] == h[:-1])
+        if not len(tie):
+            return None
+        drop = []
+        i = 0
+        ties = tie.tolist()
+        while i < len(ties):  # runs of equal hashes
+            first = ties[i]
+            last = first + 1
+            while i + 1 < len(ties) and ties[i + 1] == last:
+                i += 1
+                last += 1
+            i += 1
+            seen: dict = {}
+            kept = 0
+            for j in range(first, last + 1):
+                key = bytes(blob[starts[j] : starts[j] + lens[j]])
+                if key in seen:
+                    self._duplicate(key, int(loc[seen[key]]), int(loc[j]))
+                    drop.append(j)
+                else:
+                    seen[key] = j
+                    kept += 1
+            if kept > 1:
+                self.collisions += kept
+        if not drop:
+            return None
+        keep = np.ones(len(h), bool)
+        keep[drop] = False
+        return keep
+
+    def _duplicate(self, key: bytes, first: int, later: int) -> None:
+        self.dropped += 1
+        if len(self.examples) < _EXAMPLES:
+            self.examples.append(
+                [
+                    key.decode("utf-8", "surrogateescape"),
+                    [first >> _ROW_BITS, first & int(_ROW_MASK)],
+                    [later >> _ROW_BITS, later & int(_ROW_MASK)],
+                ]
+            )
+
+
+def _duplicate_error(examples: list, count: int, shard_urls) -> DuplicateKeyError:
+    key, (s1, r1), (s2, r2) = examples[0]
+    return DuplicateKeyError(
+        f"{count} key(s) name more than one sample; the first: {key!r} is row {r1} of "
+        f"{shard_urls[s1]} and row {r2} of this shard (KeyIndex.build(..., "
+        f"duplicates='first') keeps the first in manifest order)",
+        url=shard_urls[s2],
+        member=key,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# the table
+# ---------------------------------------------------------------------------------------------
+
+
+class KeyIndex:
+    """Key -> (shard URL, row) for a whole data set (see the module docstring).
+
+    ``ki[key]`` -> ``(shard_url, row)`` (``KeyError`` when missing), ``ki.get(key, default)``,
+    ``key in ki``, ``len(ki)``; :meth:`lookup` for many keys at once (numpy arrays of shard
+    numbers and rows, -1 where missing); :meth:`locate` for one key's ``(shard, row)`` numbers.
+    ``shard_urls[i]`` is shard ``i``'s URL (the manifest's order). Read-only; the arrays are
+    memory-mapped, so opening costs nothing and worker processes share the pages.
+    """
+
+    def __init__(self, path: str, header: dict, arrays: dict, shard_urls: list[str]):
+        self.path = path
+        self.header = header
+        self._arrays = arrays
+        self.hashes: np.ndarray = arrays["hashes"]
+        self.shards: np.ndarray = arrays["shards"]
+        self.rows: np.ndarray = arrays["rows"]
+        self.key_offsets: np.ndarray = arrays["key_offsets"]
+        self.key_bytes: np.ndarray = arrays["keys"]
+        self.shard_urls = shard_urls
+        self._count = int(header["count"])
+        self._collisions = int(header.get("collisions", 0))
+        self._digest = member_checksum_fn("xxh3_64")
+
+    # ---- building ----------------------------------------------------------------------------
+    @classmethod
+    def build(
+        cls,
+        source,
+        output,
+        *,
+        engine="processes",
+        workers: int | None = None,
+        duplicates: str = "error",
+        storage_options: dict | None = None,
+        group_keys: int = 1 << 20,
+        chunk_keys: int = 1 << 21,
+    ) -> "KeyIndex":
+        """Build the key table of ``source`` at ``output`` (a local directory) and open it.
+
+        ``source``: a manifest (path, URL or :class:`~tarshards.Manifest`) whose shards have
+        index files, or a shard spec whose shards have ``SHARD.tsidx`` beside them. Groups of
+        consecutive shards (about ``group_keys`` keys each) are hashed and sorted on
+        ``engine`` (``"processes"``, ``"dask"`` or an engine object; ``workers`` of them; one
+        worker runs in this process), into a temporary folder beside ``output``; the merge
+        holds about ``chunk_keys`` keys at once. ``duplicates``: ``"error"`` or ``"first"``
+        (see the module docstring). An existing table at ``output`` is replaced when the new
+        one is complete.
+        """
+        if duplicates not in DUPLICATE_POLICIES:
+            raise ValueError(
+                f"duplicates must be one of {', '.join(DUPLICATE_POLICIES)}, not {duplicates!r}"
+            )
+        output = os.fspath(output)
+        if url_protocol(output) is not None and not output.startswith("file:"):
+            raise ValueError("a key index is written to a local directory (it is memory-mapped)")
+        output = os.path.abspath(local_path(output))
+        if os.path.exists(output) and not os.path.exists(os.path.join(output, HEADER)):
+            raise ValueError(f"{output} exists and is not a key index; choose another path")
+        manifest = _as_manifest(source, storage_options)
+        storage_options = storage_options or manifest.storage_options
+        shard_urls = manifest.shard_urls()
+        index_urls = [manifest.index_url(i) for i in range(len(manifest.shards))]
+        records = [(r.samples, r.nbytes, r.hash) for r in manifest.shards]
+        tmp = f"{output}.tmp-{uuid.uuid4().hex[:12]}"
+        os.makedirs(os.path.join(tmp, "runs"))
+        try:
+            groups = _groups(manifest, group_keys)
+            pairs = [
+                (f"{a}:{b}", os.path.join(tmp, "runs", f"{g:06d}")) for g, (a, b) in enumerate(groups)
+            ]
+            job = _RunJob(index_urls, shard_urls, records, storage_options)
+            _run_jobs(job, pairs, engine, workers)
+            merger = _Merger(tmp, shard_urls, duplicates)
+            try:
+                merger.merge([_Run(out) for _, out in pairs], chunk_keys)
+            finally:
+                merger.close()
+            shutil.rmtree(os.path.join(tmp, "runs"))
+            if merger.dropped and duplicates == "error":
+                raise _duplicate_error(merger.examples, merger.dropped, shard_urls)
+            header = _header(manifest, output, merger, duplicates)
+            with open(os.path.join(tmp, HEADER), "w", encoding="utf-8") as f:
+                f.write(json.dumps(header, indent=1, sort_keys=True) + "\n")
+            _commit(tmp, output)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return cls.open(output, manifest=manifest)
+
+    # ---- opening -----------------------------------------------------------------------------
+    @classmethod
+    def open(
+        cls, path, *, manifest=None, storage_options: dict | None = None
+    ) -> "KeyIndex":
+        """Open the key table at ``path`` (memory-mapped: nothing is read but the header).
+
+        With ``manifest`` (a manifest path, URL, :class:`~tarshards.Manifest` or the shard spec
+        it was built from), the table must have been built from that data set (the same
+        fingerprint), else :class:`~tarshards.errors.IntegrityError`; its shard URLs are then
+        taken from it (a data set moved as a whole still opens). Without, the shard URLs are
+        resolved against where the manifest was when the table was built.
+        """
+        path = os.path.abspath(local_path(os.fspath(path)))
+        head = os.path.join(path, HEADER)
+        if not os.path.exists(head):
+            raise ShardFormatError("not a key index (no keyindex.json)", url=path)
+        try:
+            with open(head, encoding="utf-8") as f:
+                header = json.load(f)
+            fmt, version = header["format"], header["version"]
+            count, key_bytes = int(header["count"]), int(header["key_bytes"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ShardFormatError(f"corrupt key index header: {exc}", url=head) from None
+        if fmt != KEYINDEX_FORMAT:
+            raise ShardFormatError(f"not a key index (format {fmt!r})", url=head)
+        if version != KEYINDEX_VERSION:
+            raise ShardFormatError(
+                f"key index version {version} is not supported (this tarshards reads version "
+                f"{KEYINDEX_VERSION})",
+                url=head,
+            )
+        sizes = {"count": count, "count+1": count + 1, "key_bytes": key_bytes}
+        arrays = {}
+        for name, (dtype, per, fname) in _FILES.items():
+            n = sizes[per]
+            file = os.path.join(path, fname)
+            want = n * np.dtype(dtype).itemsize
+            got = os.path.getsize(file) if os.path.exists(file) else -1
+            if got != want:
+                raise IntegrityError(
+                    f"the key index's {fname} has {got} bytes, its header says {want}", url=path
+                )
+            arrays[name] = np.memmap(file, dtype, "r", shape=(n,)) if n else np.zeros(0, dtype)
+        stored = header["manifest"]
+        if manifest is not None:
+            m = _as_manifest(manifest, storage_options)
+            if m.fingerprint != stored["fingerprint"]:
+                raise IntegrityError(
+                    f"the key index was built from another version of the data set (its "
+                    f"manifest's fingerprint {stored['fingerprint']}, this one's "
+                    f"{m.fingerprint}): rebuild it with KeyIndex.build",
+                    url=path,
+                )
+            shard_urls = m.shard_urls()
+        else:
+            where = stored.get("url")
+            base = None
+            if where is not None:
+                base = _manifest_base(resolve_url(where, os.path.dirname(path)))
+            shard_urls = [resolve_url(u, base) for u in header["shards"]]
+        return cls(path, header, arrays, shard_urls)
+
+    def __reduce__(self):  # worker processes map the same files
+        return (_reopen, (self.path, self.shard_urls))
+
+    # ---- values ------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def fingerprint(self) -> str:
+        """The fingerprint of the manifest the table was built from."""
+        return self.header["manifest"]["fingerprint"]
+
+    @property
+    def duplicates(self) -> int:
+        """How many samples were left out as later duplicates of a key (``duplicates="first"``)."""
+        return int(self.header["duplicates"]["count"])
+
+    @property
+    def nbytes(self) -> int:
+        """The table's size on disk (the arrays; the header aside)."""
+        return sum(int(a.nbytes) for a in self._arrays.values())
+
+    def __repr__(self) -> str:
+        return f"KeyIndex({self._count} keys, {len(self.shard_urls)} shards, path={self.path!r})"
+
+    # ---- one key -----------------------------------------------------------------------------
+    def locate(self, key) -> tuple[int, int] | None:
+        """``(shard number, row)`` of ``key``, or None."""
+        kb = _key_bytes(key)
+        h = np.uint64(self._digest(kb))
+        hashes = self.hashes
+        j = int(hashes.searchsorted(h))
+        offs = self.key_offsets
+        n = self._count
+        while j < n and hashes[j] == h:
+            a, b = int(offs[j]), int(offs[j + 1])
+            if b - a == len(kb) and self.key_bytes[a:b].tobytes() == kb:
+                return int(self.shards[j]), int(self.rows[j])
+            j += 1
+        return None
+
+    def get(self, key, default=None):
+        """``(shard_url, row)`` of ``key``, or ``default``."""
+        found = self.locate(key)
+        if found is None:
+            return default
+        return self.shard_urls[found[0]], found[1]
+
+    def __getitem__(self, key) -> tuple[str, int]:
+        found = self.locate(key)
+        if found is None:
+            raise KeyError(key)
+        return self.shard_urls[found[0]], found[1]
+
+    def __contains__(self, key) -> bool:
+        return self.locate(key) is not None
+
+    # ---- many keys ---------------------------------------------------------------------------
+    def lookup(self, keys: Iterable) -> tuple[np.ndarray, np.ndarray]:
+        """Shard numbers and rows (int64 arrays; -1 where a key is missing) of ``keys``: one
+        hash pass, one ``searchsorted`` and a vectorised comparison of the keys' bytes.
+        ``ki.shard_urls[shard]`` names the shard."""
+        blob, qoff = _encode_keys(keys)
+        n_q = len(qoff) - 1
+        shard = np.full(n_q, -1, np.int64)
+        row = np.full(n_q, -1, np.int64)
+        if not n_q or not self._count:
+            return shard, row
+        h = np.frombuffer(hash_rows(blob, qoff), np.uint64)
+        pos = np.searchsorted(self.hashes, h)
+        cand = np.flatnonzero(pos < self._count)
+        cand = cand[self.hashes[pos[cand]] == h[cand]]
+        j = pos[cand]
+        ok = self._same_keys(np.frombuffer(blob, np.uint8), qoff, cand, j)
+        shard[cand[ok]] = self.shards[j[ok]]
+        row[cand[ok]] = self.rows[j[ok]]
+        if self._collisions:  # a key that shares its hash: the others of its run, one by one
+            qbytes = memoryview(blob)
+            for q in cand[~ok].tolist():
+                found = self.locate(bytes(qbytes[qoff[q] : qoff[q + 1]]))
+                if found is not None:
+                    shard[q], row[q] = found
+        return shard, row
+
+    def _same_keys(self, qblob, qoff, q, j) -> np.ndarray:
+        """Whether query key ``q[i]`` is the table's key ``j[i]``, for each ``i``."""
+        offs = self.key_offsets
+        qa = qoff[q]
+        qlen = qoff[q + 1] - qa
+        ka = offs[j].astype(np.int64)
+        klen = offs[j + 1].astype(np.int64) - ka
+        same = qlen == klen
+        idx = np.flatnonzero(same & (qlen > 0))
+        if len(idx):
+            lens = qlen[idx]
+            ends = np.cumsum(lens)
+            firsts = ends - lens
+            pos = np.arange(int(ends[-1]), dtype=np.int64)
+            qi = np.repeat(qa[idx] - firsts, lens) + pos
+            ki = np.repeat(ka[idx] - firsts, lens) + pos
+            differ = qblob[qi] != self.key_bytes[ki]
+            bad = np.add.reduceat(differ.astype(np.int64), firsts) > 0
+            same[idx[bad]] = False
+        return same
+
+
+def _reopen(path, shard_urls):
+    ki = KeyIndex.open(path)
+    ki.shard_urls = list(shard_urls)
+    return ki
+
+
+def _run_jobs(job, pairs, engine, workers) -> None:
+    if workers is not None and (not isinstance(workers, int) or workers < 1):
+        raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+    failed = []
+    if engine == "processes" and (workers == 1 or len(pairs) == 1):
+        for inp, out in pairs:  # in this process: its errors raised as they are
+            job._run(ShardReport(inp, out))
+    else:
+        eng = make_engine(engine, workers=workers)
+        done: list = []
+        eng.run(job, pairs, list(range(len(pairs))), lambda i, r: done.append(r))
+        failed = [r for r in done if r.status == FAILED]
+    if failed:
+        first = failed[0]
+        raise RuntimeError(
+            f"the key index could not be built: {len(failed)} group(s) of shards failed; the "
+            f"first (shards {first.input} of the manifest): {first.error}"
+        )
+
+
+def _header(manifest: Manifest, output: str, merger: _Merger, duplicates: str) -> dict:
+    where = None
+    if manifest.url is not None:
+        where = relative_url(manifest.url, os.path.dirname(output))
+        if is_local(where) and os.path.isabs(where):
+            where = os.path.abspath(where)
+    return {
+        "format": KEYINDEX_FORMAT,
+        "version": KEYINDEX_VERSION,
+        "hash": "xxh3_64",
+        "count": merger.count,
+        "key_bytes": merger.key_bytes,
+        "collisions": merger.collisions,
+        "duplicates": {"policy": duplicates, "count": merger.dropped, "first": merger.examples},
+        "manifest": {
+            "fingerprint": manifest.fingerprint,
+            "url": where,
+            "num_samples": manifest.num_samples,
+        },
+        "shards": [r.url for r in manifest.shards],
+        "files": {name: [fname, dtype] for name, (dtype, _, fname) in _FILES.items()},
+    }
+
+
+def _commit(tmp: str, output: str) -> None:
+    """``tmp`` under the name ``output`` (an older table there replaced)."""
+    if os.path.exists(output):
+        old = f"{output}.old-{uuid.uuid4().hex[:12]}"
+        os.replace(output, old)
+        os.replace(tmp, output)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, output)
