@@ -153,7 +153,9 @@ def hash_rows(blob, offsets) -> bytes:
 
     view = memoryview(blob).cast("B")
     offs = memoryview(offsets).cast("B").cast("q").tolist()
-    if any(b < a for a, b in zip(offs, offs[1:])) or (offs and (offs[0] < 0 or offs[-1] > len(view))):
+    if any(b < a for a, b in zip(offs, offs[1:])) or (
+        offs and (offs[0] < 0 or offs[-1] > len(view))
+    ):
         raise ValueError("hash_rows: offsets out of order or past the blob")
     digest = package.xxh3_64_intdigest
     return array.array("Q", [digest(view[a:b]) for a, b in zip(offs, offs[1:])]).tobytes()

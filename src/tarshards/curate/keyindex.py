@@ -212,7 +212,9 @@ class _RunJob(ShardJob):
             offsets = np.ascontiguousarray(idx.key_offsets, np.int64)
             blob = np.ascontiguousarray(idx.key_blob, np.uint8)
             hashes.append(np.frombuffer(hash_rows(blob, offsets), np.uint64))
-            locs.append((np.uint64(s) << np.uint64(_ROW_BITS)) | np.arange(samples, dtype=np.uint64))
+            locs.append(
+                (np.uint64(s) << np.uint64(_ROW_BITS)) | np.arange(samples, dtype=np.uint64)
+            )
             blobs.append(blob[int(offsets[0]) : int(offsets[-1])])
             lengths.append(np.diff(offsets))
         h = np.concatenate(hashes) if hashes else np.zeros(0, np.uint64)
@@ -461,7 +463,8 @@ class KeyIndex:
         try:
             groups = _groups(manifest, group_keys)
             pairs = [
-                (f"{a}:{b}", os.path.join(tmp, "runs", f"{g:06d}")) for g, (a, b) in enumerate(groups)
+                (f"{a}:{b}", os.path.join(tmp, "runs", f"{g:06d}"))
+                for g, (a, b) in enumerate(groups)
             ]
             job = _RunJob(index_urls, shard_urls, records, storage_options)
             _run_jobs(job, pairs, engine, workers)
@@ -484,9 +487,7 @@ class KeyIndex:
 
     # ---- opening -----------------------------------------------------------------------------
     @classmethod
-    def open(
-        cls, path, *, manifest=None, storage_options: dict | None = None
-    ) -> "KeyIndex":
+    def open(cls, path, *, manifest=None, storage_options: dict | None = None) -> "KeyIndex":
         """Open the key table at ``path`` (memory-mapped: nothing is read but the header).
 
         With ``manifest`` (a manifest path, URL, :class:`~tarshards.Manifest` or the shard spec
