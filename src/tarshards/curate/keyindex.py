@@ -52,6 +52,7 @@ from ..hashing import hash_rows, member_checksum_fn
 from ..index import INDEX_SUFFIX, ShardIndex
 from ..manifest import Manifest, ShardRecord, is_manifest_spec, relative_url, resolve_url
 from ..parallel.engines import make_engine
+from ..parallel.pool import portable_exception
 from ..parallel.jobs import ShardJob
 from ..parallel.reports import FAILED, ShardReport
 from ..storage import is_local, local_path, url_protocol
@@ -85,8 +86,11 @@ def _encode_keys(keys) -> tuple[bytes, np.ndarray]:
     if isinstance(keys, (str, bytes)):
         raise TypeError("lookup takes a collection of keys; use ki[key] or ki.get(key) for one")
     keys = list(keys)
-    if keys and all(type(k) is str for k in keys):
+    try:
         joined = "".join(keys)
+    except TypeError:  # not all str
+        joined = None
+    if joined is not None:
         if joined.isascii():
             blob = joined.encode("ascii")
             lengths = np.fromiter(map(len, keys), np.int64, len(keys))
@@ -113,19 +117,37 @@ def _key_bytes(key) -> bytes:
     raise TypeError(f"a key is a str or bytes, not {type(key).__name__}")
 
 
-def _gather_rows(blob: np.ndarray, starts: np.ndarray, lengths: np.ndarray):
-    """Rows ``blob[starts[i]:starts[i] + lengths[i]]`` back to back (a uint8 array), and the new
-    offsets; in slices of rows, so the byte-index array stays small."""
-    offsets = np.zeros(len(lengths) + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+def _reorder_rows(blob: np.ndarray, lengths: np.ndarray, perm: np.ndarray):
+    """The rows of ``blob`` (a uint8 array holding rows of ``lengths`` back to back, in order)
+    in the order ``perm`` (a selection too), back to back, and their offsets."""
+    lengths = np.asarray(lengths, np.int64)
+    new_lengths = lengths[perm]
+    offsets = np.zeros(len(perm) + 1, np.int64)
+    np.cumsum(new_lengths, out=offsets[1:])
+    n = len(lengths)
+    width = int(lengths.max()) if n else 0
+    if not len(perm) or not width:
+        return np.zeros(0, np.uint8), offsets
+    if n * width <= 4 * len(blob) + (1 << 20):  # rows padded to one width: row copies
+        cols = np.arange(width, dtype=np.int64)
+        if (lengths == width).all():
+            padded = blob.reshape(n, width)
+            return np.ascontiguousarray(padded[perm]).reshape(-1), offsets
+        mask = cols < lengths[:, None]
+        padded = np.zeros((n, width), np.uint8)
+        padded[mask] = blob
+        return padded[perm][mask[perm]], offsets
+    starts = np.zeros(n, np.int64)  # a few long rows: a byte index, in slices of rows
+    np.cumsum(lengths[:-1], out=starts[1:])
+    starts = starts[perm]
     out = np.empty(int(offsets[-1]), np.uint8)
-    for a in range(0, len(lengths), _GATHER_ROWS):
-        b = min(a + _GATHER_ROWS, len(lengths))
+    for a in range(0, len(perm), _GATHER_ROWS):
+        b = min(a + _GATHER_ROWS, len(perm))
         lo, hi = int(offsets[a]), int(offsets[b])
         if hi == lo:
             continue
         shift = starts[a:b] - offsets[a:b]
-        idx = np.repeat(shift, lengths[a:b]) + np.arange(lo, hi, dtype=np.int64)
+        idx = np.repeat(shift, new_lengths[a:b]) + np.arange(lo, hi, dtype=np.int64)
         out[lo:hi] = blob[idx]
     return out, offsets
 
@@ -185,8 +207,23 @@ class _RunJob(ShardJob):
         self.shard_urls = shard_urls
         self.records = records  # (samples, nbytes, hash) per shard
         self.storage_options = storage_options
+        self.error: Exception | None = None
+
+    def __call__(self, inp: str, out: str) -> ShardReport:
+        report = super().__call__(inp, out)
+        if report.status == FAILED and self.error is not None:
+            report.messages = [portable_exception(self.error)]  # raised as it is by the caller
+        return report
 
     def _run(self, report) -> None:
+        self.error = None
+        try:
+            self._sort(report)
+        except Exception as exc:
+            self.error = exc
+            raise
+
+    def _sort(self, report) -> None:
         start, stop = map(int, report.input.split(":"))
         hashes, locs, blobs, lengths = [], [], [], []
         for s in range(start, stop):
@@ -222,10 +259,7 @@ class _RunJob(ShardJob):
         blob = np.concatenate(blobs) if blobs else np.zeros(0, np.uint8)
         lens = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
         order = np.argsort(h, kind="stable")  # ties keep (shard, row) order: loc ascends
-        starts = np.zeros(len(lens), np.int64)
-        if len(lens):
-            np.cumsum(lens[:-1], out=starts[1:])
-        keys, koff = _gather_rows(blob, starts[order], lens[order])
+        keys, koff = _reorder_rows(blob, lens, order)
         out = report.output
         h[order].tofile(out + ".hash")
         loc[order].tofile(out + ".loc")
@@ -314,14 +348,15 @@ class _Merger:
         loc = np.concatenate(locs)
         blob = np.concatenate(blobs)
         lens = np.concatenate(lengths)
-        starts = np.zeros(len(lens), np.int64)
-        np.cumsum(lens[:-1], out=starts[1:])
-        order = np.lexsort((loc, h))  # (hash, shard, row): one order whatever the runs
-        h, loc, starts, lens = h[order], loc[order], starts[order], lens[order]
-        keep = self._check_ties(h, loc, blob, starts, lens)
+        # (hash, shard, row): one order whatever the runs. The parts come in run order, runs
+        # in shard order and each in (hash, shard, row) order, so a stable sort by hash gives
+        # it (timsort merges the sorted parts)
+        order = np.argsort(h, kind="stable")
+        h, loc = h[order], loc[order]
+        keep = self._check_ties(h, loc, blob, lens, order)
         if keep is not None:
-            h, loc, starts, lens = h[keep], loc[keep], starts[keep], lens[keep]
-        keys, koff = _gather_rows(blob, starts, lens)
+            h, loc, order = h[keep], loc[keep], order[keep]
+        keys, koff = _reorder_rows(blob, lens, order)
         f = self.files
         f["hashes"].write(h.astype("<u8", copy=False).tobytes())
         f["shards"].write((loc >> np.uint64(_ROW_BITS)).astype("<u4").tobytes())
@@ -331,13 +366,17 @@ class _Merger:
         self.count += len(h)
         self.key_bytes += int(koff[-1])
 
-    def _check_ties(self, h, loc, blob, starts, lens):
-        """Equal hashes: the same key twice (a duplicate: dropped or counted for the error) or
-        two keys sharing a hash (a collision: both kept, the lookup compares keys). Returns the
-        rows to keep, or None for all."""
+    def _check_ties(self, h, loc, blob, lens, order):
+        """Equal hashes (``h``, ``loc``: sorted; ``order``: their rows in ``blob``/``lens``):
+        the same key twice (a duplicate: dropped or counted for the error) or two keys sharing
+        a hash (a collision: both kept, the lookup compares keys). Returns the rows to keep, or
+        None for all."""
         tie = np.flatnonzero(h[1:] == h[:-1])
         if not len(tie):
             return None
+        starts = np.zeros(len(lens), np.int64)
+        np.cumsum(lens[:-1], out=starts[1:])
+        starts, lens = starts[order], lens[order]
         drop = []
         i = 0
         ties = tie.tolist()
@@ -414,6 +453,11 @@ class KeyIndex:
         self.key_offsets: np.ndarray = arrays["key_offsets"]
         self.key_bytes: np.ndarray = arrays["keys"]
         self.shard_urls = shard_urls
+        # plain ndarray views of the same mappings: indexing skips np.memmap's subclass hooks
+        self._h, self._s, self._r, self._o, self._k = (
+            arrays[name].view(np.ndarray)
+            for name in ("hashes", "shards", "rows", "key_offsets", "keys")
+        )
         self._count = int(header["count"])
         self._collisions = int(header.get("collisions", 0))
         self._digest = member_checksum_fn("xxh3_64")
@@ -429,7 +473,7 @@ class KeyIndex:
         workers: int | None = None,
         duplicates: str = "error",
         storage_options: dict | None = None,
-        group_keys: int = 1 << 20,
+        group_keys: int | None = None,
         chunk_keys: int = 1 << 21,
     ) -> "KeyIndex":
         """Build the key table of ``source`` at ``output`` (a local directory) and open it.
@@ -437,11 +481,12 @@ class KeyIndex:
         ``source``: a manifest (path, URL or :class:`~tarshards.Manifest`) whose shards have
         index files, or a shard spec whose shards have ``SHARD.tsidx`` beside them. Groups of
         consecutive shards (about ``group_keys`` keys each) are hashed and sorted on
-        ``engine`` (``"processes"``, ``"dask"`` or an engine object; ``workers`` of them; one
-        worker runs in this process), into a temporary folder beside ``output``; the merge
-        holds about ``chunk_keys`` keys at once. ``duplicates``: ``"error"`` or ``"first"``
-        (see the module docstring). An existing table at ``output`` is replaced when the new
-        one is complete.
+        ``engine`` (``"processes"``, ``"dask"`` or an engine object; ``workers`` of them, by
+        default one per CPU; one worker runs in this process; by default groups are sized to
+        give each worker four, up to 1M keys each), into a temporary folder beside ``output``;
+        the merge holds about ``chunk_keys`` keys at once. ``duplicates``: ``"error"`` or
+        ``"first"`` (see the module docstring). An existing table at ``output`` is replaced
+        when the new one is complete.
         """
         if duplicates not in DUPLICATE_POLICIES:
             raise ValueError(
@@ -461,7 +506,10 @@ class KeyIndex:
         tmp = f"{output}.tmp-{uuid.uuid4().hex[:12]}"
         os.makedirs(os.path.join(tmp, "runs"))
         try:
-            groups = _groups(manifest, group_keys)
+            if group_keys is None:  # enough groups to keep the workers busy, up to 1M keys each
+                n_workers = workers or os.cpu_count() or 1
+                group_keys = min(1 << 20, -(-manifest.num_samples // (4 * n_workers)))
+            groups = _groups(manifest, max(1, group_keys))
             pairs = [
                 (f"{a}:{b}", os.path.join(tmp, "runs", f"{g:06d}"))
                 for g, (a, b) in enumerate(groups)
@@ -575,15 +623,14 @@ class KeyIndex:
     def locate(self, key) -> tuple[int, int] | None:
         """``(shard number, row)`` of ``key``, or None."""
         kb = _key_bytes(key)
-        h = np.uint64(self._digest(kb))
-        hashes = self.hashes
-        j = int(hashes.searchsorted(h))
-        offs = self.key_offsets
+        h = self._digest(kb)
+        hashes = self._h
+        j = int(hashes.searchsorted(np.uint64(h)))
         n = self._count
-        while j < n and hashes[j] == h:
-            a, b = int(offs[j]), int(offs[j + 1])
-            if b - a == len(kb) and self.key_bytes[a:b].tobytes() == kb:
-                return int(self.shards[j]), int(self.rows[j])
+        while j < n and int(hashes[j]) == h:
+            a, b = self._o[j : j + 2].tolist()
+            if b - a == len(kb) and self._k[a:b].tobytes() == kb:
+                return int(self._s[j]), int(self._r[j])
             j += 1
         return None
 
@@ -606,8 +653,8 @@ class KeyIndex:
     # ---- many keys ---------------------------------------------------------------------------
     def lookup(self, keys: Iterable) -> tuple[np.ndarray, np.ndarray]:
         """Shard numbers and rows (int64 arrays; -1 where a key is missing) of ``keys``: one
-        hash pass, one ``searchsorted`` and a vectorised comparison of the keys' bytes.
-        ``ki.shard_urls[shard]`` names the shard."""
+        hash pass, one ``searchsorted`` of the sorted hashes (the table read in order) and a
+        vectorised comparison of the keys' bytes. ``ki.shard_urls[shard]`` names the shard."""
         blob, qoff = _encode_keys(keys)
         n_q = len(qoff) - 1
         shard = np.full(n_q, -1, np.int64)
@@ -615,40 +662,50 @@ class KeyIndex:
         if not n_q or not self._count:
             return shard, row
         h = np.frombuffer(hash_rows(blob, qoff), np.uint64)
-        pos = np.searchsorted(self.hashes, h)
+        order = np.argsort(h)  # the queries in hash order: the binary searches and the
+        hs = h[order]  # gathers below walk the table forwards
+        pos = np.searchsorted(self._h, hs)
         cand = np.flatnonzero(pos < self._count)
-        cand = cand[self.hashes[pos[cand]] == h[cand]]
+        cand = cand[self._h[pos[cand]] == hs[cand]]
         j = pos[cand]
-        ok = self._same_keys(np.frombuffer(blob, np.uint8), qoff, cand, j)
-        shard[cand[ok]] = self.shards[j[ok]]
-        row[cand[ok]] = self.rows[j[ok]]
+        q = order[cand]
+        ok = self._same_keys(np.frombuffer(blob, np.uint8), qoff, q, j)
+        shard[q[ok]] = self._s[j[ok]]
+        row[q[ok]] = self._r[j[ok]]
         if self._collisions:  # a key that shares its hash: the others of its run, one by one
             qbytes = memoryview(blob)
-            for q in cand[~ok].tolist():
-                found = self.locate(bytes(qbytes[qoff[q] : qoff[q + 1]]))
+            for i in q[~ok].tolist():
+                found = self.locate(bytes(qbytes[qoff[i] : qoff[i + 1]]))
                 if found is not None:
-                    shard[q], row[q] = found
+                    shard[i], row[i] = found
         return shard, row
 
     def _same_keys(self, qblob, qoff, q, j) -> np.ndarray:
         """Whether query key ``q[i]`` is the table's key ``j[i]``, for each ``i``."""
-        offs = self.key_offsets
         qa = qoff[q]
         qlen = qoff[q + 1] - qa
-        ka = offs[j].astype(np.int64)
-        klen = offs[j + 1].astype(np.int64) - ka
+        ka = self._o[j].astype(np.int64)
+        klen = self._o[j + 1].astype(np.int64) - ka
         same = qlen == klen
         idx = np.flatnonzero(same & (qlen > 0))
-        if len(idx):
-            lens = qlen[idx]
+        if not len(idx):
+            return same
+        lens = qlen[idx]
+        width = int(lens[0])
+        if (lens == width).all():  # keys of one length (the usual case): a 2-D gather
+            cols = np.arange(width, dtype=np.int64)
+            qi = qa[idx, None] + cols
+            ki = ka[idx, None] + cols
+            bad = (qblob[qi] != self._k[ki]).any(axis=1)
+        else:
             ends = np.cumsum(lens)
             firsts = ends - lens
             pos = np.arange(int(ends[-1]), dtype=np.int64)
             qi = np.repeat(qa[idx] - firsts, lens) + pos
             ki = np.repeat(ka[idx] - firsts, lens) + pos
-            differ = qblob[qi] != self.key_bytes[ki]
+            differ = qblob[qi] != self._k[ki]
             bad = np.add.reduceat(differ.astype(np.int64), firsts) > 0
-            same[idx[bad]] = False
+        same[idx[bad]] = False
         return same
 
 
@@ -664,14 +721,16 @@ def _run_jobs(job, pairs, engine, workers) -> None:
     failed = []
     if engine == "processes" and (workers == 1 or len(pairs) == 1):
         for inp, out in pairs:  # in this process: its errors raised as they are
-            job._run(ShardReport(inp, out))
+            job._sort(ShardReport(inp, out))
     else:
         eng = make_engine(engine, workers=workers)
         done: list = []
         eng.run(job, pairs, list(range(len(pairs))), lambda i, r: done.append(r))
         failed = [r for r in done if r.status == FAILED]
     if failed:
-        first = failed[0]
+        first = min(failed, key=lambda r: int(r.input.split(":")[0]))
+        if first.messages and isinstance(first.messages[0], BaseException):
+            raise first.messages[0]
         raise RuntimeError(
             f"the key index could not be built: {len(failed)} group(s) of shards failed; the "
             f"first (shards {first.input} of the manifest): {first.error}"
