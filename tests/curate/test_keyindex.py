@@ -190,8 +190,10 @@ def test_collisions_are_told_apart_by_the_keys(small_set, tmp_path, monkeypatch)
         "member_checksum_fn",
         lambda name: lambda b: xxhash.xxh3_64_intdigest(b) & 7,
     )
-    ki = KeyIndex.build(manifest, tmp_path / "k.tski", chunk_keys=20)
+    ki = KeyIndex.build(manifest, tmp_path / "k.tski", chunk_keys=20, workers=1)
     assert ki.header["collisions"] == 200 and set(ki.hashes.tolist()) <= set(range(8))
+    stored = list(zip(ki.hashes.tolist(), ki.shards.tolist(), ki.rows.tolist()))
+    assert stored == sorted(stored)  # ties in (shard, row) order
     truth = read_order(manifest)
     urls = tarshards.Manifest.load(manifest).shard_urls()
     for key, url, row in truth[::7]:

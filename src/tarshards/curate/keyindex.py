@@ -129,14 +129,14 @@ def _reorder_rows(blob: np.ndarray, lengths: np.ndarray, perm: np.ndarray):
     if not len(perm) or not width:
         return np.zeros(0, np.uint8), offsets
     if n * width <= 4 * len(blob) + (1 << 20):  # rows padded to one width: row copies
-        cols = np.arange(width, dtype=np.int64)
+        row = np.dtype((np.void, width))  # a row as one item: np.take copies rows whole
         if (lengths == width).all():
-            padded = blob.reshape(n, width)
-            return np.ascontiguousarray(padded[perm]).reshape(-1), offsets
-        mask = cols < lengths[:, None]
+            return np.take(np.ascontiguousarray(blob).view(row), perm).view(np.uint8), offsets
+        mask = np.arange(width, dtype=np.int64) < lengths[:, None]
         padded = np.zeros((n, width), np.uint8)
         padded[mask] = blob
-        return padded[perm][mask[perm]], offsets
+        taken = np.take(padded.reshape(-1).view(row), perm).view(np.uint8).reshape(-1, width)
+        return taken[np.arange(width, dtype=np.int64) < new_lengths[:, None]], offsets
     starts = np.zeros(n, np.int64)  # a few long rows: a byte index, in slices of rows
     np.cumsum(lengths[:-1], out=starts[1:])
     starts = starts[perm]
@@ -258,14 +258,26 @@ class _RunJob(ShardJob):
         loc = np.concatenate(locs) if locs else np.zeros(0, np.uint64)
         blob = np.concatenate(blobs) if blobs else np.zeros(0, np.uint8)
         lens = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
-        order = np.argsort(h, kind="stable")  # ties keep (shard, row) order: loc ascends
+        order = _hash_order(h)
         keys, koff = _reorder_rows(blob, lens, order)
         out = report.output
-        h[order].tofile(out + ".hash")
-        loc[order].tofile(out + ".loc")
+        np.take(h, order).tofile(out + ".hash")
+        np.take(loc, order).tofile(out + ".loc")
         koff.tofile(out + ".koff")
         keys.tofile(out + ".keys")
         report.samples_in = report.samples_out = len(h)
+
+
+def _hash_order(h: np.ndarray) -> np.ndarray:
+    """The stable order of ``h`` (equal hashes keep their order: (shard, row)), by the fast
+    unstable sort (5x numpy's stable one on random uint64) and a fix of the rare ties."""
+    order = np.argsort(h)
+    hs = np.take(h, order)
+    tie = np.flatnonzero(hs[1:] == hs[:-1])
+    if len(tie):  # every member of each run of equal hashes, sorted by (hash, position)
+        at = np.union1d(tie, tie + 1)
+        order[at] = order[at][np.lexsort((order[at], hs[at]))]
+    return order
 
 
 def _groups(manifest: Manifest, group_keys: int) -> list[tuple[int, int]]:
@@ -352,7 +364,7 @@ class _Merger:
         # in shard order and each in (hash, shard, row) order, so a stable sort by hash gives
         # it (timsort merges the sorted parts)
         order = np.argsort(h, kind="stable")
-        h, loc = h[order], loc[order]
+        h, loc = np.take(h, order), np.take(loc, order)
         keep = self._check_ties(h, loc, blob, lens, order)
         if keep is not None:
             h, loc, order = h[keep], loc[keep], order[keep]
