@@ -559,21 +559,20 @@ class KeyIndex:
         path = os.path.abspath(local_path(os.fspath(path)))
         head = os.path.join(path, HEADER)
         if not os.path.exists(head):
-            raise ShardFormatError("not a key index (no keyindex.json)", url=path)
+            raise ShardFormatError(f"{path} is not a key index (no keyindex.json)")
         try:
             with open(head, encoding="utf-8") as f:
                 header = json.load(f)
             fmt, version = header["format"], header["version"]
             count, key_bytes = int(header["count"]), int(header["key_bytes"])
         except (ValueError, KeyError, TypeError) as exc:
-            raise ShardFormatError(f"corrupt key index header: {exc}", url=head) from None
+            raise ShardFormatError(f"corrupt key index header {head}: {exc}") from None
         if fmt != KEYINDEX_FORMAT:
-            raise ShardFormatError(f"not a key index (format {fmt!r})", url=head)
+            raise ShardFormatError(f"{head} is not a key index (format {fmt!r})")
         if version != KEYINDEX_VERSION:
             raise ShardFormatError(
-                f"key index version {version} is not supported (this tarshards reads version "
-                f"{KEYINDEX_VERSION})",
-                url=head,
+                f"key index {path}: version {version} is not supported (this tarshards reads "
+                f"version {KEYINDEX_VERSION})"
             )
         sizes = {"count": count, "count+1": count + 1, "key_bytes": key_bytes}
         arrays = {}
@@ -584,7 +583,7 @@ class KeyIndex:
             got = os.path.getsize(file) if os.path.exists(file) else -1
             if got != want:
                 raise IntegrityError(
-                    f"the key index's {fname} has {got} bytes, its header says {want}", url=path
+                    f"key index {path}: {fname} has {got} bytes, its header says {want}"
                 )
             arrays[name] = np.memmap(file, dtype, "r", shape=(n,)) if n else np.zeros(0, dtype)
         stored = header["manifest"]
@@ -592,10 +591,9 @@ class KeyIndex:
             m = _as_manifest(manifest, storage_options)
             if m.fingerprint != stored["fingerprint"]:
                 raise IntegrityError(
-                    f"the key index was built from another version of the data set (its "
-                    f"manifest's fingerprint {stored['fingerprint']}, this one's "
-                    f"{m.fingerprint}): rebuild it with KeyIndex.build",
-                    url=path,
+                    f"the key index {path} was built from another version of the data set "
+                    f"(its manifest's fingerprint {stored['fingerprint']}, this one's "
+                    f"{m.fingerprint}): rebuild it with KeyIndex.build"
                 )
             shard_urls = m.shard_urls()
         else:
