@@ -115,6 +115,19 @@ def test_hash_rows_is_xxh3_of_each_row():
         hash_rows(blob, np.array([0, len(blob) + 1], np.int64))
 
 
+def test_hash_rows_without_the_c_module(monkeypatch):
+    import tarshards.hashing as hashing
+
+    rows = [b"", b"abc", "é".encode(), b"y" * 300]
+    blob = b"".join(rows)
+    offsets = np.cumsum([0] + [len(r) for r in rows]).astype(np.int64)
+    with_c = hash_rows(blob, offsets)
+    monkeypatch.setattr(hashing, "_xxh3", None)
+    assert hashing.hash_rows(blob, offsets) == with_c
+    with pytest.raises(ValueError):
+        hashing.hash_rows(blob, np.array([0, 3, 1], np.int64))
+
+
 @pytest.fixture
 def small_set(tmp_path):
     shards = [[f"s{s}-{i:03d}" for i in range(40)] for s in range(5)]

@@ -333,8 +333,8 @@ class _Run:
 
 
 def _bounds(n_ranges: int) -> np.ndarray:
-    """The starts of ``n_ranges`` equal ranges of the uint64 hash space (and 2**64 - 1 as an
-    end: the last range includes it)."""
+    """The starts of ``n_ranges`` equal ranges of the uint64 hash space (the last range runs
+    to the end of it)."""
     step = (1 << 64) // n_ranges
     return np.array([i * step for i in range(n_ranges)], np.uint64)
 
