@@ -6,6 +6,7 @@ import filecmp
 import json
 import os
 import pickle
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -78,12 +79,17 @@ def data_sets(draw):
 @settings(
     max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(shards=data_sets(), missing=st.lists(KEY, max_size=10))
-def test_every_key_maps_to_its_shard_and_row(tmp_path_factory, shards, missing):
+@given(
+    shards=data_sets(), missing=st.lists(KEY, max_size=10), bucket_keys=st.sampled_from([1, 3, 256])
+)
+def test_every_key_maps_to_its_shard_and_row(tmp_path_factory, shards, missing, bucket_keys):
     folder = tmp_path_factory.mktemp("set")
     manifest = write_set(folder, shards)
     truth = read_order(manifest)
-    ki = KeyIndex.build(manifest, folder / "keys.tski", chunk_keys=16, group_keys=7)
+    with mock.patch.object(keyindex_module, "_BUCKET_KEYS", bucket_keys):  # more buckets
+        ki = KeyIndex.build(manifest, folder / "keys.tski", chunk_keys=16, group_keys=7)
+    bits = ki.header["bucket_bits"]
+    assert len(truth) >> bits <= bucket_keys and ki.buckets[-1] == len(truth)
     assert len(ki) == len(truth)
     for key, url, row in truth:
         assert ki[key] == (url, row)
@@ -139,7 +145,8 @@ def test_lookup_of_str_and_bytes_and_stored_order(small_set, tmp_path):
     ki = KeyIndex.build(manifest, tmp_path / "k.tski")
     assert ki.locate(b"s3-007") == (3, 7) == ki.locate("s3-007")
     assert (np.diff(ki.hashes.astype(np.float64)) >= 0).all()
-    assert ki.nbytes == 200 * (8 + 4 + 4 + 8) + 8 + sum(len(k) for s in shards for k in s)
+    buckets = 8 * ((1 << ki.header["bucket_bits"]) + 1)
+    assert ki.nbytes == 200 * (8 + 4 + 4 + 8) + 8 + sum(len(k) for s in shards for k in s) + buckets
     with pytest.raises(TypeError):
         ki.lookup("s0-000")  # one key: ki[key]
     with pytest.raises(TypeError):
@@ -160,13 +167,17 @@ def test_memory_mapped_and_read_only(small_set, tmp_path):
     assert again["s4-039"] == ki["s4-039"] and isinstance(again.hashes, np.memmap)
 
 
-def test_two_workers_equal_one_byte_for_byte(small_set, tmp_path):
+def test_two_workers_equal_one_byte_for_byte(small_set, tmp_path, monkeypatch):
     manifest, _ = small_set
+    monkeypatch.setattr(keyindex_module, "_BUCKET_KEYS", 4)
     one = KeyIndex.build(manifest, tmp_path / "one.tski", workers=1, group_keys=50)
     two = KeyIndex.build(manifest, tmp_path / "two.tski", workers=2, group_keys=50, chunk_keys=30)
     assert same_bytes(one.path, two.path)
     whole = KeyIndex.build(manifest, tmp_path / "whole.tski", group_keys=1 << 20)
     assert same_bytes(one.path, whole.path)
+    assert one.header["bucket_bits"] == 6  # 200 keys, about 4 a bucket
+    top = (one.hashes >> np.uint64(58)).astype(np.int64)
+    assert one.buckets.tolist() == np.searchsorted(top, np.arange(65)).tolist()
 
 
 def test_duplicate_keys(tmp_path):

@@ -65,13 +65,15 @@ KEYINDEX_FORMAT = "tarshards.keyindex"
 KEYINDEX_VERSION = 1
 HEADER = "keyindex.json"
 DUPLICATE_POLICIES = ("error", "first")
-_FILES = {  # name -> dtype, entries ("count" or "count+1" or "key_bytes")
+_FILES = {  # name -> dtype, entries ("count", "count+1", "key_bytes" or "buckets+1")
     "hashes": ("<u8", "count", "hashes.u64"),
     "shards": ("<u4", "count", "shards.u32"),
     "rows": ("<u4", "count", "rows.u32"),
     "key_offsets": ("<u8", "count+1", "key_offsets.u64"),
     "keys": ("u1", "key_bytes", "keys.bin"),
+    "buckets": ("<u8", "buckets+1", "buckets.u64"),
 }
+_BUCKET_KEYS = 256  # keys per bucket of the hashes' top bits, on average
 _ROW_BITS = 32
 _ROW_MASK = np.uint64((1 << _ROW_BITS) - 1)
 _EXAMPLES = 100  # duplicates kept in the header
@@ -332,6 +334,14 @@ class _Run:
         return np.fromfile(self.prefix + suffix, dtype, stop - start, offset=start * size)
 
 
+def _bucket_bits(n: int) -> int:
+    """Bits of the hash that number the buckets: about ``_BUCKET_KEYS`` keys a bucket."""
+    bits = 0
+    while (n >> bits) > _BUCKET_KEYS and bits < 40:
+        bits += 1
+    return bits
+
+
 def _bounds(n_ranges: int) -> np.ndarray:
     """The starts of ``n_ranges`` equal ranges of the uint64 hash space (the last range runs
     to the end of it)."""
@@ -355,13 +365,20 @@ class _Merger:
         self.examples: list = []
         self.collisions = 0
         self.files["key_offsets"].write(np.zeros(1, "<u8").tobytes())
+        self.bucket_bits = 0
+        self.bucket_counts = np.zeros(1, np.int64)
 
     def close(self) -> None:
+        buckets = np.zeros(len(self.bucket_counts) + 1, "<u8")
+        np.cumsum(self.bucket_counts, out=buckets[1:])
+        self.files["buckets"].write(buckets.tobytes())
         for f in self.files.values():
             f.close()
 
     def merge(self, runs: list[_Run], chunk_keys: int) -> None:
         total = sum(r.n for r in runs)
+        self.bucket_bits = _bucket_bits(total)
+        self.bucket_counts = np.zeros(1 << self.bucket_bits, np.int64)
         n_ranges = max(1, -(-total // max(1, chunk_keys)))
         bounds = _bounds(n_ranges)
         cuts = []  # per run: where each range starts in it, and its end
@@ -401,6 +418,13 @@ class _Merger:
         f["rows"].write((loc & _ROW_MASK).astype("<u4").tobytes())
         f["key_offsets"].write((koff[1:] + self.key_bytes).astype("<u8").tobytes())
         f["keys"].write(keys.tobytes())
+        if self.bucket_bits:
+            self.bucket_counts += np.bincount(
+                (h >> np.uint64(64 - self.bucket_bits)).astype(np.int64),
+                minlength=len(self.bucket_counts),
+            )
+        else:
+            self.bucket_counts[0] += len(h)
         self.count += len(h)
         self.key_bytes += int(koff[-1])
 
@@ -490,12 +514,14 @@ class KeyIndex:
         self.rows: np.ndarray = arrays["rows"]
         self.key_offsets: np.ndarray = arrays["key_offsets"]
         self.key_bytes: np.ndarray = arrays["keys"]
+        self.buckets: np.ndarray = arrays["buckets"]  # where each top-bits bucket starts
         self.shard_urls = shard_urls
         # plain ndarray views of the same mappings: indexing skips np.memmap's subclass hooks
-        self._h, self._s, self._r, self._o, self._k = (
+        self._h, self._s, self._r, self._o, self._k, self._b = (
             arrays[name].view(np.ndarray)
-            for name in ("hashes", "shards", "rows", "key_offsets", "keys")
+            for name in ("hashes", "shards", "rows", "key_offsets", "keys", "buckets")
         )
+        self._shift = 64 - int(header["bucket_bits"])
         self._count = int(header["count"])
         self._collisions = int(header.get("collisions", 0))
         self._digest = member_checksum_fn("xxh3_64")
@@ -600,7 +626,15 @@ class KeyIndex:
                 f"key index {path}: version {version} is not supported (this tarshards reads "
                 f"version {KEYINDEX_VERSION})"
             )
-        sizes = {"count": count, "count+1": count + 1, "key_bytes": key_bytes}
+        bits = int(header.get("bucket_bits", -1))
+        if not 0 <= bits <= 40:
+            raise ShardFormatError(f"corrupt key index header {head}: bucket_bits {bits}")
+        sizes = {
+            "count": count,
+            "count+1": count + 1,
+            "key_bytes": key_bytes,
+            "buckets+1": (1 << bits) + 1,
+        }
         arrays = {}
         for name, (dtype, per, fname) in _FILES.items():
             n = sizes[per]
@@ -661,9 +695,10 @@ class KeyIndex:
         kb = _key_bytes(key)
         h = self._digest(kb)
         hashes = self._h
-        j = int(hashes.searchsorted(np.uint64(h)))
-        n = self._count
-        while j < n and int(hashes[j]) == h:
+        bucket = h >> self._shift
+        lo, hi = self._b[bucket : bucket + 2].tolist()  # the keys whose hash has these top bits
+        j = lo + int(hashes[lo:hi].searchsorted(np.uint64(h)))
+        while j < hi and int(hashes[j]) == h:
             a, b = self._o[j : j + 2].tolist()
             if b - a == len(kb) and self._k[a:b].tobytes() == kb:
                 return int(self._s[j]), int(self._r[j])
@@ -700,7 +735,7 @@ class KeyIndex:
         h = np.frombuffer(hash_rows(blob, qoff), np.uint64)
         order = np.argsort(h)  # the queries in hash order: the binary searches and the
         hs = h[order]  # gathers below walk the table forwards
-        pos = np.searchsorted(self._h, hs)
+        pos = self._lower_bound(hs)
         cand = np.flatnonzero(pos < self._count)
         cand = cand[self._h[pos[cand]] == hs[cand]]
         j = pos[cand]
@@ -715,6 +750,24 @@ class KeyIndex:
                 if found is not None:
                     shard[i], row[i] = found
         return shard, row
+
+    def _lower_bound(self, hs: np.ndarray) -> np.ndarray:
+        """``np.searchsorted(hashes, hs)``, each search within its bucket: a handful of pages
+        of the hashes instead of ~27 probes across the file."""
+        if self._shift >= 64:
+            return np.searchsorted(self._h, hs)
+        bucket = (hs >> np.uint64(self._shift)).astype(np.int64)
+        lo = self._b[bucket].astype(np.int64)
+        hi = self._b[bucket + 1].astype(np.int64)
+        last = self._count - 1
+        while True:
+            active = lo < hi
+            if not active.any():
+                return lo
+            mid = (lo + hi) >> 1
+            below = (self._h[np.minimum(mid, last)] < hs) & active
+            lo = np.where(below, mid + 1, lo)
+            hi = np.where(active & ~below, mid, hi)
 
     def _same_keys(self, qblob, qoff, q, j) -> np.ndarray:
         """Whether query key ``q[i]`` is the table's key ``j[i]``, for each ``i``."""
@@ -784,6 +837,7 @@ def _header(manifest: Manifest, output: str, merger: _Merger, duplicates: str) -
         "version": KEYINDEX_VERSION,
         "hash": "xxh3_64",
         "count": merger.count,
+        "bucket_bits": merger.bucket_bits,
         "key_bytes": merger.key_bytes,
         "collisions": merger.collisions,
         "duplicates": {"policy": duplicates, "count": merger.dropped, "first": merger.examples},
