@@ -132,6 +132,7 @@ def drop_cache(path: str) -> None:
     for name in os.listdir(path):
         fd = os.open(os.path.join(path, name), os.O_RDONLY)
         try:
+            os.fsync(fd)  # dirty pages (a table just built) are not dropped
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
