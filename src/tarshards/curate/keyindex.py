@@ -10,15 +10,18 @@ A :class:`KeyIndex` is a directory of flat little-endian arrays and a small JSON
       rows.u32          the sample's row in its shard (its position in the shard index)
       key_offsets.u64   where each key's bytes start in keys.bin (count + 1 values)
       keys.bin          the keys' UTF-8 bytes, back to back, in hash order
+      buckets.u64       where the hashes of each value of their top ``bucket_bits`` bits
+                        start (2**bucket_bits + 1 values; about 256 keys a bucket)
 
-A lookup is a binary search of ``hashes.u64`` (``numpy.searchsorted``, ~27 probes for 100M
-keys), then one comparison of the key's bytes, which makes it exact: a key that is not in the
+A lookup is a binary search of one bucket of ``hashes.u64`` (a page or two, where a search of
+the whole array probes ~27 places for 100M keys: a cold lookup reads about six pages in all),
+then one comparison of the key's bytes, which makes it exact: a key that is not in the
 table never comes back with the row of another whose hash it shares. Keys stored in the table
 (rather than verified against the shard indexes) keep a lookup within the table: no shard index
 is fetched (a remote one is a round trip, and 100M keys' indexes do not fit in memory as Python
-strings). The cost, per key: 8 (hash) + 4 (shard) + 4 (row) + 8 (offset) + the key's bytes;
-for 100M keys of 20 bytes, 4.4 GB on disk, of which a lookup touches ~27 pages of the hashes
-and one page each of the others (the page cache keeps what is hot; nothing is read at open).
+strings). The cost, per key: 8 (hash) + 4 (shard) + 4 (row) + 8 (offset) + the key's bytes
+(+ 1/32 for the buckets); for 100M keys of 20 bytes, 4.4 GB on disk, of which a lookup touches
+about six pages (the page cache keeps what is hot; nothing is read at open).
 
 Building (:meth:`KeyIndex.build`) hashes each shard index's key blob in one C call
 (:func:`tarshards.hashing.hash_rows`) and sorts groups of consecutive shards into runs in
