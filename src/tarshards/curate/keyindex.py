@@ -291,7 +291,9 @@ def _shard_keys(index_url: str, storage_options):
             return
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     try:
-        yield ShardIndex.from_bytes(memoryview(mm), url=index_url)
+        view = memoryview(mm)  # from_bytes takes any buffer (its arrays: views of it)
+        yield ShardIndex.from_bytes(view, url=index_url)  # type: ignore[arg-type]
+        del view
     finally:
         try:
             mm.close()
