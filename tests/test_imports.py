@@ -57,6 +57,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("pipeline",),  # WebDataset (and the names of the modules above, re-exported)
     ("mixing", "indexed", "testing", "media.collate"),  # mixtures, random access, the resume check
     ("torch", "transport", "parallel", "compat", "benchmark"),  # adapters and engines
+    ("curate",),  # views, dedup, sidecar columns, joins, the key table, splits, dataset specs
     ("cli",),  # the command line
     ("__init__",),  # the package itself, above everything
 ]

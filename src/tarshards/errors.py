@@ -15,6 +15,7 @@ __all__ = [
     "CompressionError",
     "DecodeError",
     "DuplicateFieldError",
+    "DuplicateKeyError",
     "EncodeError",
     "HeaderError",
     "IntegrityError",
@@ -110,6 +111,12 @@ class IntegrityError(ShardFormatError):
 
 class DuplicateFieldError(ShardFormatError):
     """Two members of one sample have the same extension."""
+
+
+class DuplicateKeyError(ShardFormatError):
+    """Two samples of a data set have the same key where keys must name one sample (the key
+    table, :class:`tarshards.KeyIndex`); ``url`` and ``member``: the later sample's shard and
+    key."""
 
 
 class DecodeError(TarshardsError, ValueError):

@@ -61,6 +61,7 @@ __all__ = [
     "background_hasher",
     "check_shard",
     "file_hasher",
+    "hash_rows",
     "member_checksum_c",
     "member_checksum_fn",
     "split_hash",
@@ -136,6 +137,28 @@ def member_checksum_c(name: str = MEMBER_HASH):
     if name == "xxh3_64" and _xxh3 is not None:
         return _xxh3.checksum64
     return member_checksum_fn(name)
+
+
+def hash_rows(blob, offsets) -> bytes:
+    """The xxh3_64 of each row ``blob[offsets[i]:offsets[i + 1]]`` (``offsets``: n + 1 native
+    int64 values, bytes-like), as n native uint64 values: the key table hashes a shard index's
+    key blob in one call (``_xxh3.hash_rows``, without the GIL), else row by row with the
+    xxhash package (the same values)."""
+    if _xxh3 is not None and hasattr(_xxh3, "hash_rows"):
+        return _xxh3.hash_rows(blob, offsets)
+    package = _xxhash_package()
+    if package is None:
+        raise MissingDependencyError("xxh3_64 key hashes need xxhash: pip install xxhash")
+    import array
+
+    view = memoryview(blob).cast("B")
+    offs = memoryview(offsets).cast("B").cast("q").tolist()
+    if any(b < a for a, b in zip(offs, offs[1:])) or (
+        offs and (offs[0] < 0 or offs[-1] > len(view))
+    ):
+        raise ValueError("hash_rows: offsets out of order or past the blob")
+    digest = package.xxh3_64_intdigest
+    return array.array("Q", [digest(view[a:b]) for a, b in zip(offs, offs[1:])]).tobytes()
 
 
 def background_hasher(
