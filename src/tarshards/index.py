@@ -40,6 +40,7 @@ __all__ = [
     "INDEX_SUFFIX",
     "IndexBuilder",
     "ShardIndex",
+    "index_header",
     "index_stream",
     "index_url",
 ]
@@ -793,6 +794,46 @@ def index_from_columns(columns: dict, extensions: tuple, **fields) -> ShardIndex
         seekable=True,
         **fields,
     )
+
+
+def index_header(url, *, storage_options: dict | None = None) -> dict:
+    """The JSON header of the index file at ``url`` (``samples``, ``nbytes``, ``hash``,
+    ``member_hash``, ``last_dot``...), read without its arrays; raises :class:`IntegrityError`
+    when the file is not an index or its length is not what the header says (a file cut short)."""
+    import os
+
+    from .storage import open_url
+
+    url = os.fspath(url)
+    with open_url(url, storage_options=storage_options) as f:
+        head = f.read(16)
+        if head[:8] != INDEX_MAGIC:
+            raise IntegrityError("not a tarshards index (bad magic bytes)", url=url, offset=0)
+        if len(head) < 16:
+            raise IntegrityError("index file is truncated", url=url, offset=len(head))
+        version, meta_len = _HEAD.unpack_from(head, 8)
+        if version != INDEX_VERSION:
+            raise IntegrityError(f"index format version {version} is not supported", url=url)
+        raw = f.read(meta_len)
+        size = f.seek(0, 2)
+    try:
+        meta = json.loads(raw)
+        counts = {
+            "samples": int(meta["samples"]),
+            "members": int(meta["members"]),
+            "keys": int(meta["key_bytes"]),
+        }
+    except (ValueError, KeyError, TypeError):
+        raise IntegrityError("corrupt index header", url=url, offset=16) from None
+    expected = 16 + meta_len
+    for _, dtype, per in _ARRAYS:
+        n = counts["samples"] + 1 if per == "samples+1" else counts[per]
+        expected += _ITEMSIZE[dtype] * n + (-_ITEMSIZE[dtype] * n % 8)
+    if size != expected:
+        raise IntegrityError(
+            f"index file is {size} bytes, its header says {expected}", url=url, offset=size
+        )
+    return meta
 
 
 def _from_bytes(data: bytes, url):
