@@ -427,9 +427,16 @@ class IndexJob:
     engine to try again; a damaged or missing shard fails with a report saying why."""
 
     def __init__(
-        self, *, storage_options=None, hash=DEFAULT_HASH, member_hash=MEMBER_HASH, last_dot=False
+        self,
+        *,
+        storage_options=None,
+        hash=DEFAULT_HASH,
+        member_hash=MEMBER_HASH,
+        last_dot=False,
+        opener=None,
     ):
         self.storage_options = storage_options
+        self.opener = opener
         self.hash = hash
         self.member_hash = member_hash
         self.last_dot = last_dot
@@ -444,6 +451,7 @@ class IndexJob:
             hash=self.hash,
             member_hash=self.member_hash,
             last_dot=self.last_dot,
+            opener=self.opener,
         )
         idx.save(target, storage_options=self.storage_options, remove_stale=False)
         return {"samples": idx.num_samples, "nbytes": idx.nbytes, "hash": idx.hash}
@@ -565,6 +573,7 @@ def build_manifest(
     retries: int = 2,
     append: bool = False,
     overwrite: bool = False,
+    opener: Callable | None = None,
 ) -> Manifest:
     """Index existing shards (one sequential read each) and write the manifest to ``output``
     with the indexes beside it; returns the manifest.
@@ -592,7 +601,8 @@ def build_manifest(
     ``fingerprint`` changes with the records.
 
     ``on_error="skip"`` leaves unreadable shards out (each one passed to ``report(url, error)``)
-    instead of raising.
+    instead of raising. ``opener(url)`` opens a shard for reading where ``open_url`` should not
+    (it must pickle, for the engines).
     """
     urls = [os.fspath(u) for u in urls]
     if not urls:
@@ -610,7 +620,11 @@ def build_manifest(
         if not urls:
             return old
     job = IndexJob(
-        storage_options=storage_options, hash=hash, member_hash=member_hash, last_dot=last_dot
+        storage_options=storage_options,
+        hash=hash,
+        member_hash=member_hash,
+        last_dot=last_dot,
+        opener=opener,
     )
     rels = [relative_url(u, base) for u in urls]
     index_rels = [index_path_for(r) for r in rels]
@@ -619,7 +633,8 @@ def build_manifest(
     if not overwrite:
         results = _reusable_all(pairs, job)
     todo = [i for i, r in enumerate(results) if r is None]
-    for folder in sorted({temporary_directory(pairs[i][1]) for i in todo} - {None}):
+    folders = {temporary_directory(pairs[i][1]) for i in todo}
+    for folder in sorted(f for f in folders if f is not None):
         os.makedirs(folder, exist_ok=True)
         remove_stale_temporaries(folder)  # what killed attempts left
     bar = None

@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import os
 import pickle
 import uuid
 from typing import Callable, Protocol, runtime_checkable
@@ -283,6 +284,17 @@ def _import_ray():
     return ray
 
 
+def local_ray_env() -> dict:
+    """The ``runtime_env`` of a local Ray started for a job: its workers import what this
+    process imports (its ``sys.path`` as their ``PYTHONPATH``, as worker processes started by
+    ``multiprocessing`` or a Dask ``LocalCluster`` do), so that functions from the caller's own
+    modules load there."""
+    import sys
+
+    path = [p for p in sys.path if p and os.path.isdir(p)]
+    return {"env_vars": {"PYTHONPATH": os.pathsep.join(dict.fromkeys(path))}}
+
+
 class _NotRetried(Exception):
     """Never raised: Ray's ``retry_exceptions`` list must not be empty."""
 
@@ -311,6 +323,7 @@ class RayEngine:
                     num_cpus=self.workers,
                     include_dashboard=False,
                     logging_level=logging.ERROR,
+                    runtime_env=local_ray_env(),
                 )
             else:
                 ray.init(address=self.address, logging_level=logging.ERROR)
