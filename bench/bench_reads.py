@@ -93,13 +93,14 @@ def ours(paths) -> int:
     return sum(1 for _ in WebDataset(paths))
 
 
-def ours_read(paths) -> int:
+def reader(paths, **how) -> int:
+    """The tar reader alone (no samples grouped): ``tar_byte_source(f, **how)``."""
     from tarshards.tario import iter_tar_batches, tar_byte_source
 
     n = 0
     for p in paths:
-        with open(p, "rb", buffering=0) as f:
-            for batch in iter_tar_batches(tar_byte_source(f, p, mapped=False), p):
+        with open(p, "rb") as f:
+            for batch in iter_tar_batches(tar_byte_source(f, p, **how), p):
                 n += len(batch)
     return n
 
@@ -158,7 +159,9 @@ def floor_readinto(paths) -> int:
 METHODS = {
     "cat": cat,
     "ours": ours,
-    "ours:read": ours_read,
+    "reader:mmap": lambda paths: reader(paths),
+    "reader:read": lambda paths: reader(paths, mapped=False),
+    "reader:pread": lambda paths: reader(paths, direct=True),
     "floor:mmap": floor_mmap,
     "floor:pread": floor_pread,
     "floor:readinto": floor_readinto,
