@@ -21,9 +21,13 @@ round.) Methods:
 
 * ``cat``: ``cat FILES > /dev/null``;
 * ``ours``: ``tarshards.WebDataset(urls)`` iterated (raw sample dicts: bench/run.py's row 2),
-  which memory-maps a local plain shard and copies each member out of the map;
-* ``ours:read``: the same reader over ``read()`` into its reused buffer (``mapped=False``: two
-  copies, no page faults);
+  which reads a local plain shard with ``pread``: a member its buffer cuts straight into the
+  member's ``bytes`` (one copy, no page faults);
+* ``ours:mapped``: the same as it was before (the shard memory-mapped, each member copied out
+  of the map: one copy, a page fault per folio or per 64 KB of fault-around);
+* ``reader:mmap``, ``reader:read``, ``reader:pread``: the tar reader alone (no samples
+  grouped) over the map, over ``read()`` into its reused buffer (two copies), and with
+  ``pread`` as ``ours``;
 * floors, no tar parsing (the member ranges known in advance): ``floor:mmap`` slices each member
   out of a map (one copy, the map's page faults), ``floor:pread`` reads each member straight into
   its own ``bytes`` with ``os.pread`` (one copy, no faults), ``floor:readinto`` is ``cat`` in
@@ -93,6 +97,18 @@ def ours(paths) -> int:
     return sum(1 for _ in WebDataset(paths))
 
 
+def ours_mapped(paths) -> int:
+    """``ours`` as it read local shards before pread: memory-mapped."""
+    import tarshards.tario.buffer as buffer
+
+    real = buffer.direct_local
+    buffer.direct_local = lambda stream, length=-1: None  # type: ignore[assignment]
+    try:
+        return ours(paths)
+    finally:
+        buffer.direct_local = real
+
+
 def reader(paths, **how) -> int:
     """The tar reader alone (no samples grouped): ``tar_byte_source(f, **how)``."""
     from tarshards.tario import iter_tar_batches, tar_byte_source
@@ -159,6 +175,7 @@ def floor_readinto(paths) -> int:
 METHODS = {
     "cat": cat,
     "ours": ours,
+    "ours:mapped": ours_mapped,
     "reader:mmap": lambda paths: reader(paths),
     "reader:read": lambda paths: reader(paths, mapped=False),
     "reader:pread": lambda paths: reader(paths, direct=True),

@@ -16,6 +16,7 @@
 #include <structmember.h>
 #include <string.h>
 #include <errno.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "_names.h"
@@ -226,21 +227,39 @@ prefetch_block(const unsigned char *h)
 
 /* the data of a member whose header is in the buffer and whose data runs past it: the
  * ``have`` bytes in the buffer, then ``need`` bytes read from file descriptor ``fd`` at
- * ``fpos`` (pread, without the GIL) straight into the bytes object: one copy from the page
- * cache, no page faults on a map of the file. NULL with OSError set when the file ends early. */
+ * ``fpos`` straight into the bytes object (one copy from the page cache, no page faults on a
+ * map of the file), without the GIL; with ``tail`` (tail_len > 0), what follows the member in
+ * the file is read into it by the same call (preadv): *tail_got says how much (0 where the
+ * call came short). NULL with OSError set when the file ends early. */
 static PyObject *
-read_rest(const unsigned char *have_at, Py_ssize_t have, int fd, long long fpos, long long need)
+read_rest(const unsigned char *have_at, Py_ssize_t have, int fd, long long fpos, long long need,
+          char *tail, Py_ssize_t tail_len, Py_ssize_t *tail_got)
 {
     PyObject *data = PyBytes_FromStringAndSize(NULL, have + (Py_ssize_t)need);
     if (data == NULL)
         return NULL;
     char *dst = PyBytes_AS_STRING(data);
-    memcpy(dst, have_at, (size_t)have);
+    memcpy(dst, have_at, (size_t)have); /* first: have_at may lie in tail */
     dst += have;
     long long done = 0;
     int err = 0;
+    *tail_got = 0;
     Py_BEGIN_ALLOW_THREADS
-    while (done < need) {
+    if (tail_len > 0) {
+        struct iovec iov[2] = {{dst, (size_t)need}, {tail, (size_t)tail_len}};
+        ssize_t got;
+        do {
+            got = preadv(fd, iov, 2, (off_t)fpos);
+        } while (got < 0 && errno == EINTR);
+        if (got < 0)
+            err = errno;
+        else if (got >= need) {
+            done = need;
+            *tail_got = (Py_ssize_t)(got - need);
+        } else
+            done = got;
+    }
+    while (!err && done < need) {
         ssize_t got = pread(fd, dst + done, (size_t)(need - done), (off_t)(fpos + done));
         if (got < 0) {
             if (errno == EINTR)
@@ -327,7 +346,19 @@ scan_members(PyObject *self, PyObject *args)
                                                       "surrogateescape");
                 if (name == NULL)
                     goto fail;
-                PyObject *data = read_rest(h + BLOCK, have, fd, fpos, need);
+                long long pad = ((whole + 511) & ~(long long)511) - whole;
+                long long next = fpos + need + pad; /* the file offset of the next header */
+                int refilling = !view.readonly && next < fstop;
+                Py_ssize_t tail_len = 0, tail_got = 0;
+                if (refilling) { /* the padding and the next headers, by the same call */
+                    tail_len = (Py_ssize_t)pad + refill;
+                    if (tail_len > view.len)
+                        tail_len = view.len;
+                    if (tail_len > fstop - (fpos + need))
+                        tail_len = (Py_ssize_t)(fstop - (fpos + need));
+                }
+                PyObject *data = read_rest(h + BLOCK, have, fd, fpos, need, (char *)view.buf,
+                                           tail_len, &tail_got);
                 PyObject *t = data == NULL ? NULL : Py_BuildValue("(NNL)", name, data, base + pos);
                 if (data == NULL)
                     Py_DECREF(name);
@@ -337,26 +368,26 @@ scan_members(PyObject *self, PyObject *args)
                 Py_DECREF(t);
                 if (rc < 0)
                     goto fail;
-                long long pad = ((whole + 511) & ~(long long)511) - whole;
-                long long next = fpos + need + pad; /* the file offset of the next header */
-                if (!view.readonly && next < fstop) {
-                    /* refill the buffer from the next header on, and go on scanning */
-                    ssize_t got;
-                    Py_BEGIN_ALLOW_THREADS
-                    do {
-                        got = pread(fd, (char *)view.buf, (size_t)refill, (off_t)next);
-                    } while (got < 0 && errno == EINTR);
-                    Py_END_ALLOW_THREADS
-                    if (got < 0) {
-                        PyErr_SetFromErrno(PyExc_OSError);
-                        goto fail;
+                if (refilling) {
+                    if (tail_got == 0) { /* the call came short: refill on its own */
+                        ssize_t got;
+                        Py_BEGIN_ALLOW_THREADS
+                        do {
+                            got = pread(fd, (char *)view.buf, (size_t)tail_len,
+                                        (off_t)(fpos + need));
+                        } while (got < 0 && errno == EINTR);
+                        Py_END_ALLOW_THREADS
+                        if (got < 0) {
+                            PyErr_SetFromErrno(PyExc_OSError);
+                            goto fail;
+                        }
+                        tail_got = (Py_ssize_t)got;
                     }
-                    if (got > fstop - next)
-                        got = (ssize_t)(fstop - next);
-                    base += pos + BLOCK + (whole + pad); /* the stream offset of buf[0] now */
-                    fpos = next + got;
-                    pos = 0;
-                    n = (Py_ssize_t)got;
+                    /* buf[0] is now the byte after the member's data (its padding first) */
+                    base += pos + BLOCK + whole;
+                    fpos += need + tail_got;
+                    pos = (Py_ssize_t)pad;
+                    n = tail_got;
                     copied += whole;
                     limit = PY_SSIZE_T_MAX;
                     if (copied >= window)
