@@ -16,8 +16,11 @@
 #include <structmember.h>
 #include <string.h>
 #include <errno.h>
+#if !defined(_WIN32)
+#define HAVE_PREAD 1 /* scan_members reads members straight into their bytes (fd arguments) */
 #include <sys/uio.h>
 #include <unistd.h>
+#endif
 
 #include "_names.h"
 
@@ -225,6 +228,7 @@ prefetch_block(const unsigned char *h)
 #endif
 }
 
+#ifdef HAVE_PREAD
 /* the data of a member whose header is in the buffer and whose data runs past it: the
  * ``have`` bytes in the buffer, then ``need`` bytes read from file descriptor ``fd`` at
  * ``fpos`` straight into the bytes object (one copy from the page cache, no page faults on a
@@ -287,6 +291,7 @@ read_rest(const unsigned char *have_at, Py_ssize_t have, int fd, long long fpos,
     }
     return data;
 }
+#endif
 
 static PyObject *
 scan_members(PyObject *self, PyObject *args)
@@ -333,6 +338,7 @@ scan_members(PyObject *self, PyObject *args)
         const unsigned char *path = NULL;
         Py_ssize_t pathlen = 0;
         if (!plain_header(h, &size) || size > n - pos - BLOCK) {
+#ifdef HAVE_PREAD
             long long whole;
             if (fd >= 0 && slices == Py_None && plain_header(h, &whole) &&
                 whole - (n - pos - BLOCK) >= direct_min && whole - (n - pos - BLOCK) <= fstop - fpos) {
@@ -399,6 +405,7 @@ scan_members(PyObject *self, PyObject *args)
                 pos += BLOCK + (Py_ssize_t)((whole + 511) & ~(long long)511) - (Py_ssize_t)need;
                 break;
             }
+#endif
             if (!pax || !pax_member(h, n - pos, &at, &size, &path, &pathlen))
                 break; /* the Python path decides (and raises) */
         }
@@ -2619,10 +2626,12 @@ PyInit__speedups(void)
         Py_DECREF(m);
         return NULL;
     }
+#ifdef HAVE_PREAD
     /* scan_members takes fd, fpos, fstop, min (reads members straight into their bytes) */
     if (PyModule_AddIntConstant(m, "SCAN_DIRECT", 1) < 0) {
         Py_DECREF(m);
         return NULL;
     }
+#endif
     return m;
 }
