@@ -31,6 +31,12 @@
 /* a member cut by the buffer with at least this much still to read is read straight into its
  * bytes object; less is left to the buffer's next fill (a syscall for a few bytes costs more
  * than copying them twice) */
+/* a scan reading members straight into their bytes returns after about this many bytes of
+ * them (a batch: the consumer frees it before the next, whose bytes then reuse that memory,
+ * still in cache, as reader.COPY_WINDOW does for a map) */
+#ifndef DIRECT_WINDOW
+#define DIRECT_WINDOW (256 << 10)
+#endif
 #ifndef DIRECT_MIN
 #define DIRECT_MIN (16 << 10)
 #endif
@@ -310,7 +316,7 @@ scan_members(PyObject *self, PyObject *args)
         return NULL;
     long long taken = 0; /* bytes read from fd past buf[n] (and not into buf) */
     long long copied = 0; /* member bytes read into their objects by this call */
-    const long long window = 256 << 10; /* at most about this much a batch (reader.COPY_WINDOW) */
+    const long long window = DIRECT_WINDOW; /* at most about this much a batch */
     /* a refill after a member read straight into its bytes: the next sample's headers and small
      * members; the next large member, cut by it, is read straight into its bytes too (a larger
      * refill would copy more of it twice: into the buffer, then out) */
