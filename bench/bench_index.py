@@ -21,6 +21,12 @@ runs every contender once, the peers staying up in their own processes between r
    medians over all their rounds, and each process's own median printed beside them): see
    ``RECORDING_PROCESSES``. The hashing and the index's rows are made by a thread that reads
    the shard back; the writing thread records nothing per sample.
+5. With ``--scaling GB``: index building with 2 workers against 1 on about GB gigabytes of the
+   shards of section 4, on each place it runs: threads in this process (the default), the
+   ``processes`` engine, a Dask ``LocalCluster`` and a local Ray (``engine="dask"``/``"ray"``,
+   the cluster started before the clock, as a running cluster is), every round reading every
+   shard (``overwrite=True``). Target: 2 workers >= 1.7x one. Dask and Ray rows are left out
+   where they are not installed. (``--only-scaling``: this section alone.)
 4. With ``--big GB`` (repeatable): ``tarshards index SPEC -o M`` as users run it (the installed
    console script, a brace spec) on about GB gigabytes of plain shards (64 MB each, ~100 kB
    samples of random bytes, made once into ``bench/_data/big-GB``, page-cached), with its default
@@ -304,6 +310,7 @@ def bench_index_vs_cat(paths, tmp: str, repeat: int) -> dict:
             "from tarshards.cli.main import main; main()",
             "index",
             "-q",
+            "--overwrite",  # every round reads every shard (a rerun reuses complete indexes)
             "-p",
             str(workers),
             *inputs,
@@ -385,12 +392,100 @@ def bench_index_big(paths, tmp: str, repeat: int) -> dict:
     best = {k: float("inf") for k in ("cat", "default", "p1", "startup")}
     for _ in range(repeat):
         best["cat"] = min(best["cat"], _wall("cat " + " ".join(paths) + " > /dev/null"))
-        best["default"] = min(best["default"], _wall([*cmd, "index", "-q", spec, "-o", out], env))
-        best["p1"] = min(best["p1"], _wall([*cmd, "index", "-q", "-p", "1", spec, "-o", out], env))
+        index = [*cmd, "index", "-q", "--overwrite"]  # read every shard, every round
+        best["default"] = min(best["default"], _wall([*index, spec, "-o", out], env))
+        best["p1"] = min(best["p1"], _wall([*index, "-p", "1", spec, "-o", out], env))
         best["startup"] = min(
-            best["startup"], _wall([*cmd, "index", "-q", "-p", "1", tiny, "-o", tiny_out], env)
+            best["startup"], _wall([*index, "-p", "1", tiny, "-o", tiny_out], env)
         )
     return {"bytes": common.total_bytes(paths), "shards": len(paths), **best}
+
+
+def bench_scaling(paths, tmp: str, repeat: int) -> dict:
+    """Seconds (best of ``repeat`` interleaved rounds) of ``build_manifest(overwrite=True)`` with
+    1 and 2 workers, per engine; clusters are started before the clock."""
+    import contextlib
+
+    from tarshards.manifest import build_manifest
+
+    out = os.path.join(tmp, "scaling", "manifest.json")  # the indexes go to _index/ there
+
+    def timed(**kw) -> float:
+        t0 = time.perf_counter()
+        build_manifest(paths, out, overwrite=True, **kw)
+        return time.perf_counter() - t0
+
+    import common
+
+    rows: dict = {"bytes": common.total_bytes(paths), "shards": len(paths)}
+    with contextlib.ExitStack() as stack:
+        runs = {
+            "threads": lambda w: timed(workers=w),
+            "processes": lambda w: timed(engine="processes", workers=w),
+        }
+        try:
+            import distributed
+
+            clients = {}
+            for w in (1, 2):
+                cluster = stack.enter_context(
+                    distributed.LocalCluster(
+                        n_workers=w,
+                        threads_per_worker=1,
+                        host="127.0.0.1",
+                        dashboard_address=None,
+                        silence_logs=50,
+                        scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
+                    )
+                )
+                clients[w] = stack.enter_context(distributed.Client(cluster))
+            runs["dask"] = lambda w: timed(engine="dask", client=clients[w])
+        except ImportError:
+            pass
+        for name, run in runs.items():
+            run(1)  # warm: the engine's first start-up, the index files' pages
+        best = {(n, w): float("inf") for n in runs for w in (1, 2)}
+        for _ in range(repeat):
+            for name, run in runs.items():
+                for w in (1, 2):
+                    best[name, w] = min(best[name, w], run(w))
+    try:  # Ray: a cluster of 1 CPU, then one of 2 (a Ray task takes one CPU)
+        import logging
+
+        import ray
+
+        from tarshards.parallel.engines import local_ray_env
+
+        for w in (1, 2):
+            ray.init(
+                address="local",
+                num_cpus=w,
+                include_dashboard=False,
+                logging_level=logging.ERROR,
+                runtime_env=local_ray_env(),
+            )
+            try:
+                timed(engine="ray")
+                best["ray", w] = min(timed(engine="ray") for _ in range(repeat))
+            finally:
+                ray.shutdown()
+    except ImportError:
+        pass
+    rows["seconds"] = {f"{n}/{w}": v for (n, w), v in best.items()}
+    return rows
+
+
+def report_scaling(r: dict) -> None:
+    mb = r["bytes"] / 1e6
+    print(f"\n5. index building, 2 workers vs 1, on {mb:.0f} MB ({r['shards']} shards, page cache)")
+    secs = r["seconds"]
+    for name in dict.fromkeys(k.split("/")[0] for k in secs):
+        one, two = secs[f"{name}/1"], secs[f"{name}/2"]
+        print(
+            f"   {name:<10s} 1 worker {mb / one:7.0f} MB/s   2 workers {mb / two:7.0f} MB/s   "
+            f"{one / two:.2f}x (target >= 1.7)"
+        )
+    print(f"   ({os.cpu_count()} CPUs; hashing: {_hashing_note()})")
 
 
 def bench_random(manifest, job: dict, peers: list, repeat: int) -> dict:
@@ -518,6 +613,8 @@ def main() -> None:
         help="also section 4 on GB of shards (repeat it for several sizes: --big 1 --big 4)",
     )
     ap.add_argument("--only-big", action="store_true", help="section 4 alone (with --big)")
+    ap.add_argument("--scaling", type=float, default=None, metavar="GB", help="section 5 on GB")
+    ap.add_argument("--only-scaling", action="store_true", help="section 5 alone")
     ap.add_argument("--only-recording", action="store_true", help="section 3 alone")
     ap.add_argument(
         "--aligned-gz", action="store_true", help="section 5 alone: aligned .tgz, new vs old"
@@ -552,6 +649,13 @@ def main() -> None:
     )
     results: dict = {"machine": common.machine_info(), "layout": args.layout, "quick": args.quick}
     try:
+        if args.scaling:
+            big = make_big(args.scaling)
+            common.warm_cache(big)
+            results["scaling"] = bench_scaling(big, tmp, repeat)
+            report_scaling(results["scaling"])
+            if args.only_scaling:
+                return
         results["big"] = []
         for gb in args.big:
             big = make_big(gb)

@@ -94,3 +94,70 @@ def refused_in_forked_child(call) -> bool:
     os.close(r)
     os.waitpid(pid, 0)
     return got == b"\x00"
+
+
+class ShardOpener:
+    """``opener=`` for ``build_manifest``: opens a local shard, leaving a file in ``log_dir`` per
+    open (which shards were read, by any process: threads, workers, cluster workers); with
+    ``die=NAME``, the first read of shard NAME kills its process part way (after its bytes were
+    read, before its index is saved), once (a marker file in ``log_dir`` says it happened)."""
+
+    def __init__(self, log_dir, die=None):
+        self.log_dir = str(log_dir)
+        self.die = die
+        os.makedirs(self.log_dir, exist_ok=True)
+
+    @property
+    def marker(self) -> str:
+        return os.path.join(self.log_dir, "died")
+
+    def __call__(self, url):
+        import tempfile
+
+        name = os.path.basename(url)
+        os.close(tempfile.mkstemp(prefix=f"open.{name}.", dir=self.log_dir)[0])
+        f = open(url, "rb")
+        if name == self.die and not os.path.exists(self.marker):
+            return _DiesOnSecondRead(f, self.marker)
+        return f
+
+    def opened(self) -> list:
+        """The shard names opened so far, sorted (a name once per open)."""
+        return sorted(
+            n.split(".", 1)[1].rsplit(".", 1)[0]
+            for n in os.listdir(self.log_dir)
+            if n.startswith("open.")
+        )
+
+    def clear(self) -> None:
+        for n in os.listdir(self.log_dir):
+            if n.startswith("open."):
+                os.remove(os.path.join(self.log_dir, n))
+
+
+class _DiesOnSecondRead:
+    def __init__(self, f, marker):
+        self.f, self.marker, self.reads = f, marker, 0
+
+    def _count(self):
+        self.reads += 1
+        if self.reads == 2:
+            open(self.marker, "w").close()
+            os._exit(9)
+
+    def readinto(self, b):
+        self._count()
+        return self.f.readinto(b)
+
+    def read(self, n=-1):
+        self._count()
+        return self.f.read(n)
+
+    def close(self):
+        self.f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -112,6 +112,7 @@ OPTIONAL = (
     "torch",
     "dask",
     "distributed",
+    "ray",
     "aiohttp",
     "requests",
     "s3fs",

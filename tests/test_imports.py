@@ -43,6 +43,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("storage",),  # opening URLs (at an offset), retries, atomic output, cache, prefetch, seeks
     ("specs", "urls", "cache", "seek"),  # shard specs (list files and globs read through storage);
     # the old import paths of storage's names (shims: nothing in tarshards imports them)
+    ("parallel.pool", "parallel.reports", "parallel.engines"),  # where shard jobs run
     ("writer", "manifest", "index"),  # writing; the dataset's record and index
     ("media.video", "media.audio", "media.access", "media.metadata"),  # clips, byte ranges
     ("media",),  # the package: its names, imported on first use

@@ -298,3 +298,130 @@ def test_writer_sweeps_the_index_directory_once_not_per_shard(tmp_path, monkeypa
         return listed.count(str(folder))
 
     assert run(tmp_path / "one", 1) == run(tmp_path / "many", 8)
+
+
+# ---------------------------------------------------------------------------------------------
+# building: reruns read only the shards without an index, --append, the processes engine
+# ---------------------------------------------------------------------------------------------
+
+
+def _shards(tmp_path, n, sub="ds"):
+    from conftest import write_shards
+
+    d = tmp_path / sub
+    d.mkdir(exist_ok=True)
+    return d, write_shards(d, n, 6)[0]
+
+
+def _files(d) -> dict:
+    """The manifest and index files of a directory, by name: their bytes."""
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.suffix in (".json", ".tsidx")}
+
+
+def test_rerun_reads_only_the_shards_without_an_index(tmp_path):
+    from conftest import ShardOpener
+
+    d, paths = _shards(tmp_path, 5)
+    opener = ShardOpener(tmp_path / "log")
+    m = build_manifest(paths, d / "m.json", workers=2, opener=opener)
+    assert opener.opened() == [os.path.basename(p) for p in paths]
+    built = _files(d)
+    # a rerun after a crash: two indexes are missing (one never written, one cut short)
+    os.remove(d / "shard-0001.tar.tsidx")
+    with open(d / "shard-0003.tar.tsidx", "r+b") as f:
+        f.truncate(40)
+    os.remove(d / "m.json")
+    opener.clear()
+    assert build_manifest(paths, d / "m.json", workers=2, opener=opener) == m
+    assert opener.opened() == ["shard-0001.tar", "shard-0003.tar"]
+    assert _files(d) == built  # byte for byte
+    # a shard rewritten since its index was made is read again, and so is everything with
+    # overwrite=True or another hash
+    from conftest import write_shards
+
+    write_shards(d, 1, 7)  # shard-0000.tar: 7 samples now
+    opener.clear()
+    again = build_manifest(paths, d / "m.json", workers=1, opener=opener)
+    assert opener.opened() == ["shard-0000.tar"] and again.shards[0].samples == 7
+    opener.clear()
+    build_manifest(paths, d / "m.json", workers=1, opener=opener, overwrite=True)
+    assert opener.opened() == sorted(os.path.basename(p) for p in paths)
+    opener.clear()
+    sha = build_manifest(paths, d / "m.json", workers=1, opener=opener, hash="sha256")
+    assert len(opener.opened()) == 5 and sha.shards[0].hash.startswith("sha256:")
+
+
+def test_append_three_shards_equals_a_full_rebuild(tmp_path):
+    from conftest import ShardOpener
+
+    d, paths = _shards(tmp_path, 8)
+    res = CliRunner().invoke(group, ["index", "-q", *paths[:5], "-o", str(d / "m.json")])
+    assert res.exit_code == 0, res.output
+    old = Manifest.load(d / "m.json")
+    old_indexes = {n: (d / n).stat().st_mtime_ns for n in _files(d) if n.endswith(".tsidx")}
+    opener = ShardOpener(tmp_path / "log")
+    new = build_manifest(paths, d / "m.json", append=True, opener=opener)  # names all 8
+    assert opener.opened() == ["shard-0005.tar", "shard-0006.tar", "shard-0007.tar"]
+    assert new.shards[:5] == old.shards and len(new) == 8
+    assert new.fingerprint != old.fingerprint
+    assert {n: (d / n).stat().st_mtime_ns for n in old_indexes} == old_indexes  # untouched
+    appended = (d / "m.json").read_bytes()
+    # the same through the CLI, naming only the new shards
+    res = CliRunner().invoke(group, ["index", *paths[:5], "-o", str(d / "cli.json"), "-q"])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(group, ["index", "--append", *paths[5:], "-o", str(d / "cli.json")])
+    assert res.exit_code == 0, res.output
+    assert "appended 3 shards, 18 samples" in res.output and new.fingerprint in res.output
+    assert (d / "cli.json").read_bytes() == appended
+    # a full rebuild from scratch, elsewhere: the same bytes
+    full_dir = tmp_path / "full"
+    shutil.copytree(d, full_dir, ignore=shutil.ignore_patterns("*.json", "*.tsidx"))
+    full = [str(full_dir / os.path.basename(p)) for p in paths]
+    build_manifest(full, full_dir / "m.json", workers=1)
+    assert _files(full_dir) == {k: v for k, v in _files(d).items() if k != "cli.json"}
+    # nothing new: the manifest as it was
+    assert build_manifest(paths[:2], d / "m.json", append=True) == new
+
+
+def test_processes_engine_equals_local_index_and_retries_a_dead_worker(tmp_path):
+    from conftest import ShardOpener
+
+    d, paths = _shards(tmp_path, 4)
+    local = build_manifest(paths, d / "m.json", workers=1)
+    want = _files(d)
+    for p in d.glob("*.tsidx"):
+        p.unlink()
+    opener = ShardOpener(tmp_path / "log", die="shard-0002.tar")
+    m = build_manifest(paths, d / "m.json", engine="processes", workers=2, opener=opener)
+    assert os.path.exists(opener.marker)  # the worker reading shard 2 died once
+    assert m == local and _files(d) == want
+    assert opener.opened().count("shard-0002.tar") == 2
+    assert not [n for n in os.listdir(d) if ".tmp" in n]
+
+
+def test_engine_failures_raise_or_are_left_out(tmp_path):
+    d, paths = _shards(tmp_path, 3)
+    with open(paths[1], "r+b") as f:  # a broken header checksum
+        f.seek(148)
+        f.write(b"99999")
+    with pytest.raises(ShardFormatError, match="shard-0001.tar"):
+        build_manifest(paths, d / "m.json", workers=1)
+    from tarshards import TarshardsError
+
+    with pytest.raises(TarshardsError, match="shard-0001.tar"):
+        build_manifest(paths, d / "m.json", engine="processes", workers=2)
+    assert not os.path.exists(d / "m.json")
+    assert os.path.exists(d / "shard-0002.tar.tsidx")  # the good shards are checkpointed
+    left_out = []
+    m = build_manifest(
+        paths,
+        d / "m.json",
+        engine="processes",
+        workers=2,
+        on_error="skip",
+        report=lambda u, e: left_out.append(u),
+    )
+    assert [r.url for r in m.shards] == ["shard-0000.tar", "shard-0002.tar"]
+    assert left_out == [paths[1]]
+    with pytest.raises(ValueError, match="engine must be one of"):
+        build_manifest(paths, d / "m.json", engine="spark", overwrite=True)

@@ -370,15 +370,16 @@ def test_inline_processes_zero_needs_no_pickling():
     assert got == [0, 1, 2] and local == [0, 1, 2]
 
 
-def test_dask_engine_missing_gives_install_hint(tmp_path, monkeypatch):
+@pytest.mark.parametrize("engine, module", [("dask", "distributed"), ("ray", "ray")])
+def test_cluster_engine_missing_gives_install_hint(tmp_path, monkeypatch, engine, module):
     import sys
 
     from tarshards.errors import MissingDependencyError
 
     paths, _ = write_shards(tmp_path, 1, 2)
-    monkeypatch.setitem(sys.modules, "distributed", None)  # import distributed -> ImportError
-    with pytest.raises(MissingDependencyError, match=r"pip install 'tarshards\[dask\]'"):
-        map_shards(label_plus, paths, [str(tmp_path / "o.tar")], engine="dask")
+    monkeypatch.setitem(sys.modules, module, None)  # import distributed -> ImportError
+    with pytest.raises(MissingDependencyError, match=rf"pip install 'tarshards\[{engine}\]'"):
+        map_shards(label_plus, paths, [str(tmp_path / "o.tar")], engine=engine)
 
 
 # ---------------------------------------------------------------------------------------------

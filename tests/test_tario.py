@@ -30,7 +30,7 @@ from tarshards.tario import (
     read_chunks,
     tar_header,
 )
-from tarshards.tario.buffer import MappedFile, map_local
+from tarshards.tario.buffer import DirectFile, MappedFile, map_local
 
 FORMATS = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
 HAVE_TAR = shutil.which("tar") is not None
@@ -46,8 +46,13 @@ def read_all(data: bytes, chunk_size: int = 1 << 20, source="mem"):
     # and read straight into the reader's buffer, from a stream that returns short reads
     sources.append(tar_byte_source(Trickle(data, chunk_size), source, chunk_size))
     results = []
-    with local_file(data) as f:  # and memory-mapped, from a local file
+    with local_file(data) as f, local_file(data) as g:  # and memory-mapped, from a local file
         sources.append(tar_byte_source(f, source, chunk_size))
+        # and read with pread, members the buffer cuts straight into their bytes (however short)
+        direct = tar_byte_source(g, source, chunk_size, direct=True)
+        if isinstance(direct, DirectFile):
+            direct.min_read = 1
+        sources.append(direct)
         for chunks in sources:
             try:
                 results.append(list(iter_tar(chunks, source)))
@@ -144,6 +149,59 @@ def test_mapped_copies_come_in_small_batches(accelerate):
     assert [(n, d) for b in batches for n, d, _ in b] == members
     assert all(type(d) is bytes for b in batches for _, d, _ in b)
     assert max(len(b) for b in batches) == -(-COPY_WINDOW // step)
+
+
+@pytest.mark.parametrize("chunk_size", [1 << 20, 64 << 10, 4096])
+def test_direct_reads_put_large_members_straight_into_their_bytes(chunk_size, monkeypatch):
+    """``direct=True`` (what the sample readers use for copies): a local plain file read with
+    pread, no map; a member the buffer cuts is read straight into its ``bytes`` and the buffer
+    refilled from the next header (a batch: the buffer's members, then about ``COPY_WINDOW``
+    bytes of members read so). The same
+    members, offsets and errors as the mapped file; ``shard_samples`` reads copies so, and maps
+    the file for views."""
+    from tarshards.tario import iter_tar_batches
+    from tarshards.tario.buffer import COPY_WINDOW
+
+    sizes = [100_000, 3, 250_000, 17, 20_000, 0, 70_000, 1_000_000, 5, 16_384, 33_000] * 3
+    members = [
+        (f"{i:04d}.{'jpg' if n > 100 else 'cls'}", bytes([i % 251]) * n)
+        for i, n in enumerate(sizes)
+    ]
+    raw = b"".join(tar_header(n, len(d)) + d + bytes(-len(d) % 512) for n, d in members)
+    raw += bytes(1024)
+    with local_file(raw) as f:
+        mapped = list(iter_tar_batches(tar_byte_source(f, "f", chunk_size), "f"))
+        src = tar_byte_source(f, "f", chunk_size, direct=True)
+        assert isinstance(src, DirectFile) and f.tell() == 0
+        direct = list(iter_tar_batches(src, "f", chunk_size=chunk_size))
+    flat = [m for b in direct for m in b]
+    assert flat == [m for b in mapped for m in b]
+    assert [(n, d) for n, d, _ in flat] == members and all(type(d) is bytes for _, d, _ in flat)
+    # a batch: what the buffer held, then members read straight in up to about COPY_WINDOW
+    assert max(sum(len(d) for _, d, _ in b[:-1]) for b in direct) < chunk_size + COPY_WINDOW
+    # cut short inside a large member: the error the mapped reader raises, at its offset
+    with local_file(raw[: len(raw) // 2]) as f, local_file(raw[: len(raw) // 2]) as g:
+        errors = []
+        for src in (tar_byte_source(f, "f"), tar_byte_source(g, "f", direct=True)):
+            with pytest.raises(ShardFormatError) as ei:
+                list(iter_tar_batches(src, "f"))
+            errors.append((type(ei.value), str(ei.value)))
+        assert errors[0] == errors[1] and "truncated" in errors[0][1]
+    # the sample reader: pread for copies, the map for views
+    made = []
+    import tarshards.tario.buffer as buffer
+
+    for name in ("direct_local", "map_local"):
+        real = getattr(buffer, name)
+        monkeypatch.setattr(
+            buffer, name, lambda *a, real=real, name=name, **k: made.append(name) or real(*a, **k)
+        )
+    with local_file(raw) as f:
+        path = f.name
+        assert len(list(shard_samples(path))) == len(members)
+        assert made[-1:] == ["direct_local"]
+        assert len(list(shard_samples(path, copy=False))) == len(members)
+        assert made[-1:] == ["map_local"]
 
 
 def test_a_mapped_range_ends_where_it_is_told():

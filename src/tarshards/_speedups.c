@@ -15,10 +15,31 @@
 #include <Python.h>
 #include <structmember.h>
 #include <string.h>
+#include <errno.h>
+#if !defined(_WIN32)
+#define HAVE_PREAD 1 /* scan_members reads members straight into their bytes (fd arguments) */
+#include <sys/uio.h>
+#include <unistd.h>
+#endif
 
 #include "_names.h"
 
 #define BLOCK 512
+#ifndef REFILL
+#define REFILL (8 << 10)
+#endif
+/* a member cut by the buffer with at least this much still to read is read straight into its
+ * bytes object; less is left to the buffer's next fill (a syscall for a few bytes costs more
+ * than copying them twice) */
+/* a scan reading members straight into their bytes returns after about this many bytes of
+ * them (a batch: the consumer frees it before the next, whose bytes then reuse that memory,
+ * still in cache, as reader.COPY_WINDOW does for a map) */
+#ifndef DIRECT_WINDOW
+#define DIRECT_WINDOW (256 << 10)
+#endif
+#ifndef DIRECT_MIN
+#define DIRECT_MIN (16 << 10)
+#endif
 
 static int
 parse_octal(const unsigned char *p, Py_ssize_t len, long long *out)
@@ -165,7 +186,8 @@ pax_member(const unsigned char *h, Py_ssize_t room, Py_ssize_t *at, long long *s
     return 1;
 }
 
-/* scan_members(buf, pos, base, end[, limit[, view[, pax[, layout]]]]) -> (members, pos)
+/* scan_members(buf, pos, base, end[, limit[, view[, pax[, layout[, fd, fpos, fstop[, min]]]]]])
+ *   -> (members, pos), or with fd: (members, pos, end, base, fpos, taken)
  * members: list of (name, data, offset) for consecutive plain members; stops at the first header
  * that is not a canonical '0' member fully inside buf, or whose checksum does not match, or
  * (with limit) at the first header that starts at or after limit. buf may be any buffer (a
@@ -176,7 +198,14 @@ pax_member(const unsigned char *h, Py_ssize_t room, Py_ssize_t *at, long long *s
  * unchanged (mtime, atime, ctime, uid...; a path, which names it), or whose GNU long name header
  * names it, is read too, offset at that header (as Python tarfile and webdataset write every member, and GNU tar --format=posix);
  * with layout (a list), each such member's (first header offset, data offset, size, False) is
- * appended to it, as the Python path reports a member it reads itself. */
+ * appended to it, as the Python path reports a member it reads itself.
+ * With fd (a file buf's bytes were read from; buf[end] is file offset fpos, the input stops at
+ * fstop; buf a writable bytearray): a plain member that buf cuts with at least min bytes still
+ * to come is read from the file straight into its bytes object (pread), buf refilled from the
+ * next header on (REFILL bytes) and the scan goes on, up to about a batch's worth of bytes;
+ * returned: buf's new end and base (stream offset of buf[0]), the file offset after it, and
+ * the bytes read from the file past buf's end (when the next header lies past fstop: pos is
+ * then past end by the member's padding, as the Python buffer skips it). */
 /* view[start:stop] (a memoryview sharing view's export: no copy) */
 static PyObject *
 member_view(PyObject *view, Py_ssize_t start, Py_ssize_t stop)
@@ -205,6 +234,71 @@ prefetch_block(const unsigned char *h)
 #endif
 }
 
+#ifdef HAVE_PREAD
+/* the data of a member whose header is in the buffer and whose data runs past it: the
+ * ``have`` bytes in the buffer, then ``need`` bytes read from file descriptor ``fd`` at
+ * ``fpos`` straight into the bytes object (one copy from the page cache, no page faults on a
+ * map of the file), without the GIL; with ``tail`` (tail_len > 0), what follows the member in
+ * the file is read into it by the same call (preadv): *tail_got says how much (0 where the
+ * call came short). NULL with OSError set when the file ends early. */
+static PyObject *
+read_rest(const unsigned char *have_at, Py_ssize_t have, int fd, long long fpos, long long need,
+          char *tail, Py_ssize_t tail_len, Py_ssize_t *tail_got)
+{
+    PyObject *data = PyBytes_FromStringAndSize(NULL, have + (Py_ssize_t)need);
+    if (data == NULL)
+        return NULL;
+    char *dst = PyBytes_AS_STRING(data);
+    memcpy(dst, have_at, (size_t)have); /* first: have_at may lie in tail */
+    dst += have;
+    long long done = 0;
+    int err = 0;
+    *tail_got = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (tail_len > 0) {
+        struct iovec iov[2] = {{dst, (size_t)need}, {tail, (size_t)tail_len}};
+        ssize_t got;
+        do {
+            got = preadv(fd, iov, 2, (off_t)fpos);
+        } while (got < 0 && errno == EINTR);
+        if (got < 0)
+            err = errno;
+        else if (got >= need) {
+            done = need;
+            *tail_got = (Py_ssize_t)(got - need);
+        } else
+            done = got;
+    }
+    while (!err && done < need) {
+        ssize_t got = pread(fd, dst + done, (size_t)(need - done), (off_t)(fpos + done));
+        if (got < 0) {
+            if (errno == EINTR)
+                continue;
+            err = errno;
+            break;
+        }
+        if (got == 0) {
+            err = -1;
+            break;
+        }
+        done += got;
+    }
+    Py_END_ALLOW_THREADS
+    if (err) {
+        Py_DECREF(data);
+        if (err > 0) {
+            errno = err;
+            PyErr_SetFromErrno(PyExc_OSError);
+        } else {
+            PyErr_Format(PyExc_OSError, "the file ended %lld bytes into a read of %lld (it was "
+                         "truncated while being read)", done, need);
+        }
+        return NULL;
+    }
+    return data;
+}
+#endif
+
 static PyObject *
 scan_members(PyObject *self, PyObject *args)
 {
@@ -214,9 +308,19 @@ scan_members(PyObject *self, PyObject *args)
     PyObject *slices = Py_None; /* a memoryview of buf: members are slices of it */
     int pax = 0;
     PyObject *layout = Py_None; /* a list: (first, data_at, size, False) of each pax member */
-    if (!PyArg_ParseTuple(args, "y*nLn|nOpO", &view, &pos, &base, &n, &limit, &slices, &pax,
-                          &layout))
+    int fd = -1;                /* the file buf's bytes come from: read the rest of a member */
+    long long fpos = 0, fstop = 0; /* the file's offset at buf[n], where its input stops */
+    long long direct_min = DIRECT_MIN; /* read straight into a member: at least this much */
+    if (!PyArg_ParseTuple(args, "y*nLn|nOpOiLLL", &view, &pos, &base, &n, &limit, &slices, &pax,
+                          &layout, &fd, &fpos, &fstop, &direct_min))
         return NULL;
+    long long taken = 0; /* bytes read from fd past buf[n] (and not into buf) */
+    long long copied = 0; /* member bytes read into their objects by this call */
+    const long long window = DIRECT_WINDOW; /* at most about this much a batch */
+    /* a refill after a member read straight into its bytes: the next sample's headers and small
+     * members; the next large member, cut by it, is read straight into its bytes too (a larger
+     * refill would copy more of it twice: into the buffer, then out) */
+    const Py_ssize_t refill = view.len < REFILL ? view.len : REFILL;
     if (layout != Py_None && !PyList_Check(layout)) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_TypeError, "scan_members: layout must be a list or None");
@@ -240,6 +344,74 @@ scan_members(PyObject *self, PyObject *args)
         const unsigned char *path = NULL;
         Py_ssize_t pathlen = 0;
         if (!plain_header(h, &size) || size > n - pos - BLOCK) {
+#ifdef HAVE_PREAD
+            long long whole;
+            if (fd >= 0 && slices == Py_None && plain_header(h, &whole) &&
+                whole - (n - pos - BLOCK) >= direct_min && whole - (n - pos - BLOCK) <= fstop - fpos) {
+                /* a plain member cut by the buffer's end: the rest read from the file into its
+                 * bytes object; then the buffer is done with (pos past n: its padding) */
+                Py_ssize_t have = n - pos - BLOCK;
+                long long need = whole - have;
+                const unsigned char *nul = memchr(h, 0, 100);
+                PyObject *name = PyUnicode_DecodeUTF8((const char *)h,
+                                                      nul ? (Py_ssize_t)(nul - h) : 100,
+                                                      "surrogateescape");
+                if (name == NULL)
+                    goto fail;
+                long long pad = ((whole + 511) & ~(long long)511) - whole;
+                long long next = fpos + need + pad; /* the file offset of the next header */
+                int refilling = !view.readonly && next < fstop;
+                Py_ssize_t tail_len = 0, tail_got = 0;
+                if (refilling) { /* the padding and the next headers, by the same call */
+                    tail_len = (Py_ssize_t)pad + refill;
+                    if (tail_len > view.len)
+                        tail_len = view.len;
+                    if (tail_len > fstop - (fpos + need))
+                        tail_len = (Py_ssize_t)(fstop - (fpos + need));
+                }
+                PyObject *data = read_rest(h + BLOCK, have, fd, fpos, need, (char *)view.buf,
+                                           tail_len, &tail_got);
+                PyObject *t = data == NULL ? NULL : Py_BuildValue("(NNL)", name, data, base + pos);
+                if (data == NULL)
+                    Py_DECREF(name);
+                if (t == NULL)
+                    goto fail;
+                int rc = PyList_Append(out, t);
+                Py_DECREF(t);
+                if (rc < 0)
+                    goto fail;
+                if (refilling) {
+                    if (tail_got == 0) { /* the call came short: refill on its own */
+                        ssize_t got;
+                        Py_BEGIN_ALLOW_THREADS
+                        do {
+                            got = pread(fd, (char *)view.buf, (size_t)tail_len,
+                                        (off_t)(fpos + need));
+                        } while (got < 0 && errno == EINTR);
+                        Py_END_ALLOW_THREADS
+                        if (got < 0) {
+                            PyErr_SetFromErrno(PyExc_OSError);
+                            goto fail;
+                        }
+                        tail_got = (Py_ssize_t)got;
+                    }
+                    /* buf[0] is now the byte after the member's data (its padding first) */
+                    base += pos + BLOCK + whole;
+                    fpos += need + tail_got;
+                    pos = (Py_ssize_t)pad;
+                    n = tail_got;
+                    copied += whole;
+                    limit = PY_SSIZE_T_MAX;
+                    if (copied >= window)
+                        break; /* a batch's worth: the next call goes on from the refill */
+                    continue;
+                }
+                taken += need;
+                fpos += need;
+                pos += BLOCK + (Py_ssize_t)((whole + 511) & ~(long long)511) - (Py_ssize_t)need;
+                break;
+            }
+#endif
             if (!pax || !pax_member(h, n - pos, &at, &size, &path, &pathlen))
                 break; /* the Python path decides (and raises) */
         }
@@ -294,6 +466,8 @@ scan_members(PyObject *self, PyObject *args)
         pos += at + BLOCK + ((size + 511) & ~(long long)511);
     }
     PyBuffer_Release(&view);
+    if (fd >= 0) /* the buffer may have been refilled: its end, base and the file offset */
+        return Py_BuildValue("(NnnLLL)", out, pos, n, base, fpos, taken);
     return Py_BuildValue("(Nn)", out, pos);
 fail:
     Py_XDECREF(out);
@@ -2458,5 +2632,12 @@ PyInit__speedups(void)
         Py_DECREF(m);
         return NULL;
     }
+#ifdef HAVE_PREAD
+    /* scan_members takes fd, fpos, fstop, min (reads members straight into their bytes) */
+    if (PyModule_AddIntConstant(m, "SCAN_DIRECT", 1) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+#endif
     return m;
 }

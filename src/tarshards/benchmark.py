@@ -277,7 +277,9 @@ def bench_pipeline(
         members = mbytes = 0
         for url in urls:
             with open_url(url, storage_options=storage_options) as f:
-                for batch in iter_tar_batches(tar_byte_source(f, url), url):  # the reader's path
+                for batch in iter_tar_batches(
+                    tar_byte_source(f, url, direct=True), url
+                ):  # the reader's path
                     members += len(batch)
                     mbytes += sum(len(m[1]) for m in batch)
                     bar.update(len(batch))

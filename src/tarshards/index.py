@@ -51,6 +51,7 @@ __all__ = [
     "INDEX_SUFFIX",
     "IndexBuilder",
     "ShardIndex",
+    "index_header",
     "index_stream",
     "index_url",
 ]
@@ -955,6 +956,51 @@ def _entry(entry, url=None) -> str:
     if entry not in ENTRIES:
         raise IntegrityError(f"unknown index entry kind {entry!r}", url=url, offset=16)
     return entry
+
+
+def index_header(url, *, storage_options: dict | None = None) -> dict:
+    """The JSON header of the index file at ``url`` (``samples``, ``nbytes``, ``hash``,
+    ``member_hash``, ``last_dot``...), read without its arrays; raises :class:`IntegrityError`
+    when the file is not an index or its length is not what the header says (a file cut short)."""
+    import os
+
+    from .storage import open_url
+
+    url = os.fspath(url)
+    with open_url(url, storage_options=storage_options) as f:
+        head = f.read(16)
+        if head[:8] != INDEX_MAGIC:
+            raise IntegrityError("not a tarshards index (bad magic bytes)", url=url, offset=0)
+        if len(head) < 16:
+            raise IntegrityError("index file is truncated", url=url, offset=len(head))
+        version, meta_len = _HEAD.unpack_from(head, 8)
+        if version not in INDEX_VERSIONS:
+            raise IntegrityError(f"index format version {version} is not supported", url=url)
+        raw = f.read(meta_len)
+        size = f.seek(0, 2)
+    try:
+        meta = json.loads(raw)
+        counts = {
+            "samples": int(meta["samples"]),
+            "members": int(meta["members"]),
+            "keys": int(meta["key_bytes"]),
+        }
+    except (ValueError, KeyError, TypeError):
+        raise IntegrityError("corrupt index header", url=url, offset=16) from None
+    expected = 16 + meta_len
+    for _, dtype, per in _ARRAYS:
+        n = counts["samples"] + 1 if per == "samples+1" else counts[per]
+        expected += _ITEMSIZE[dtype] * n + (-_ITEMSIZE[dtype] * n % 8)
+    try:  # the metadata columns (float64, one a sample) and the keyframe table (24 bytes each)
+        expected += 8 * counts["samples"] * len(meta.get("meta") or ())
+        expected += 24 * int(meta.get("keyframes") or 0)
+    except (TypeError, ValueError):
+        raise IntegrityError("corrupt index header", url=url, offset=16) from None
+    if size != expected:
+        raise IntegrityError(
+            f"index file is {size} bytes, its header says {expected}", url=url, offset=size
+        )
+    return meta
 
 
 def _from_bytes(data: bytes, url):

@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import posixpath
+import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
@@ -41,6 +42,7 @@ from .storage import (
 __all__ = [
     "MANIFEST_FORMAT",
     "Manifest",
+    "IndexJob",
     "ManifestRecorder",
     "ShardRecord",
     "build_manifest",
@@ -481,13 +483,141 @@ class ManifestRecorder:
         return self.manifest().save(self.path, storage_options=self.storage_options)
 
 
-def _index_one(args):
-    url, storage_options, hash, member_hash, last_dot = args
-    from .index import index_url
+class IndexJob:
+    """One shard's indexing as a job of the parallel engines (:mod:`tarshards.parallel.engines`):
+    ``job(shard_url, index_url)`` reads the shard once, saves its index atomically at
+    ``index_url`` (the checkpoint a rerun finds) and returns a
+    :class:`~tarshards.parallel.ShardReport` whose ``info`` holds the manifest record's values
+    (``samples``, ``nbytes``, ``hash``). An I/O error (not a missing shard) is raised, for the
+    engine to try again; a damaged or missing shard fails with a report saying why."""
 
-    return index_url(
-        url, storage_options=storage_options, hash=hash, member_hash=member_hash, last_dot=last_dot
-    )
+    def __init__(
+        self,
+        *,
+        storage_options=None,
+        hash=DEFAULT_HASH,
+        member_hash=MEMBER_HASH,
+        last_dot=False,
+        opener=None,
+    ):
+        self.storage_options = storage_options
+        self.opener = opener
+        self.hash = hash
+        self.member_hash = member_hash
+        self.last_dot = last_dot
+
+    def index(self, url: str, target: str) -> dict:
+        """Index ``url``, save the index at ``target``; the record's values (raises)."""
+        from .index import index_url
+
+        idx = index_url(
+            url,
+            storage_options=self.storage_options,
+            hash=self.hash,
+            member_hash=self.member_hash,
+            last_dot=self.last_dot,
+            opener=self.opener,
+        )
+        idx.save(target, storage_options=self.storage_options, remove_stale=False)
+        return {"samples": idx.num_samples, "nbytes": idx.nbytes, "hash": idx.hash}
+
+    def __call__(self, url: str, target: str):
+        from .on_error import describe
+        from .parallel.reports import FAILED, ShardReport
+
+        report = ShardReport(url, target)
+        t0 = time.monotonic()
+        try:
+            report.info = self.index(url, target)
+        except FileNotFoundError as exn:  # trying again finds nothing either
+            report.status, report.error = FAILED, describe(exn)
+        except OSError:
+            raise
+        except Exception as exn:
+            report.status, report.error = FAILED, describe(exn)
+        else:
+            report.samples_in = report.samples_out = report.info["samples"]
+        report.seconds = time.monotonic() - t0
+        return report
+
+
+def _reusable(url: str, target: str, job: IndexJob) -> dict | None:
+    """The record's values from the index already at ``target`` when it is complete, made with
+    the same hashes, and the shard is as it was then (same size; a local shard not modified
+    since the index was written), else None."""
+    from .index import index_header
+    from .storage import filesystem
+
+    try:
+        if is_local(target):
+            index_mtime = os.stat(local_path(target)).st_mtime_ns
+        meta = index_header(target, storage_options=job.storage_options)
+        if (
+            not str(meta.get("hash") or "").startswith(job.hash + ":")
+            or meta.get("member_hash") != job.member_hash
+            or bool(meta.get("last_dot", False)) != bool(job.last_dot)
+        ):
+            return None
+        if is_local(url):
+            st = os.stat(local_path(url))
+            # coarse file clocks: a shard written in the same tick as its index counts as newer
+            if st.st_size != meta["nbytes"] or st.st_mtime_ns >= index_mtime:
+                return None
+        else:
+            fs, path = filesystem(url, job.storage_options)
+            if fs.size(path) != meta["nbytes"]:
+                return None
+    except (TarshardsError, OSError, ValueError, KeyError, TypeError):
+        return None
+    return {"samples": int(meta["samples"]), "nbytes": int(meta["nbytes"]), "hash": meta["hash"]}
+
+
+def _reusable_all(pairs, job: IndexJob) -> list:
+    """:func:`_reusable` of each ``(shard, index)`` pair (remote ones a few at a time)."""
+    if all(is_local(u) and is_local(t) for u, t in pairs) or len(pairs) < 2:
+        return [_reusable(u, t, job) for u, t in pairs]
+    import concurrent.futures as cf
+
+    with cf.ThreadPoolExecutor(min(32, len(pairs)), thread_name_prefix="tarshards-resume") as ex:
+        return list(ex.map(lambda p: _reusable(p[0], p[1], job), pairs))
+
+
+def _index_locally(job: IndexJob, pairs, todo, workers, done: Callable) -> None:
+    """The shards ``todo`` on this machine, ``workers`` at once: threads where the hashing runs
+    without the GIL, else processes. ``done(i, info or exception)`` per shard (a tarshards error
+    is passed on; any other is raised)."""
+
+    def one(i):
+        try:
+            return job.index(*pairs[i])
+        except TarshardsError as exc:
+            return exc
+
+    if workers <= 1 or len(todo) == 1:
+        for i in todo:
+            done(i, one(i))
+        return
+    import concurrent.futures as cf
+
+    pool: cf.Executor
+    if HASHING_RELEASES_GIL:  # threads: no start-up; the hashing and reads run in parallel
+        pool = cf.ThreadPoolExecutor(workers, thread_name_prefix="tarshards-index")
+        futures = {pool.submit(one, i): i for i in todo}
+    else:  # the xxhash package holds the GIL while hashing: processes
+        import multiprocessing as mp
+
+        pool = cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"))
+        futures = {pool.submit(_index_in_process, job, *pairs[i]): i for i in todo}
+    with pool:
+        for fut in cf.as_completed(futures):
+            done(futures[fut], fut.result())
+
+
+def _index_in_process(job: IndexJob, url: str, target: str):
+    try:
+        return job.index(url, target)
+    except TarshardsError as exc:
+        return exc
 
 
 def build_manifest(
@@ -502,70 +632,126 @@ def build_manifest(
     progress: bool = False,
     on_error: str = "raise",
     report: Callable | None = None,
+    engine=None,
+    address: str | None = None,
+    client=None,
+    retries: int = 2,
+    append: bool = False,
+    overwrite: bool = False,
+    opener: Callable | None = None,
 ) -> Manifest:
-    """Index existing shards (one sequential read each, ``workers`` at once: threads where the
-    hashing runs without the GIL (:data:`tarshards.hashing.HASHING_RELEASES_GIL`, the ``_xxh3``
-    module built), else processes) and write the manifest to ``output`` with the indexes beside
-    it; returns the manifest. By default one thread per CPU, or one at a time where only
-    processes would run in parallel (spawning them costs more than 1 GB of shards takes).
+    """Index existing shards (one sequential read each) and write the manifest to ``output``
+    with the indexes beside it; returns the manifest.
+
+    Each shard's index is saved (atomically) as soon as it is made, and the manifest is put
+    together at the end. Those files are the checkpoint: a rerun reuses every index that is
+    complete, made with the same hashes, and not older than its shard (same size; a local shard
+    not modified since), and reads only the other shards (``overwrite=True`` reads them all).
+
+    Where the shards are read: by default on this machine, ``workers`` at once (threads where
+    the hashing runs without the GIL (:data:`tarshards.hashing.HASHING_RELEASES_GIL`, the
+    ``_xxh3`` module built), by default one per CPU; else one at a time, as spawning processes
+    costs more than 1 GB of shards takes). ``engine`` runs one task per shard on an engine of
+    :func:`~tarshards.parallel.map_shards`: ``"processes"`` (``workers`` local processes),
+    ``"dask"`` (``client=``, the scheduler at ``address``, or a ``LocalCluster`` of ``workers``
+    processes) or ``"ray"`` (the Ray cluster at ``address``, the one this process is connected
+    to, or a local one of ``workers`` CPUs); a task whose worker dies, or that hits an I/O
+    error, is tried again up to ``retries`` times. The workers write the index files, so these
+    must lie where the workers can write (a shared file system, a bucket).
+
+    ``append=True`` adds the shards of ``urls`` that ``output`` does not list yet to the
+    manifest there, after its records, which are kept as they are (their shards and indexes
+    are not read); without a manifest at ``output`` it is a plain build. The result is the
+    manifest a full build of the old shards and the new ones would write, and its
+    ``fingerprint`` changes with the records.
 
     ``on_error="skip"`` leaves unreadable shards out (each one passed to ``report(url, error)``)
-    instead of raising.
+    instead of raising. ``opener(url)`` opens a shard for reading where ``open_url`` should not
+    (it must pickle, for the engines).
     """
-    urls = list(urls)
+    urls = [os.fspath(u) for u in urls]
     if not urls:
         raise ValueError("no shards to index")
     if on_error not in ("raise", "skip"):
         raise ValueError("on_error is 'raise' or 'skip'")
-    recorder = ManifestRecorder(output, storage_options=storage_options)
-    jobs = [(u, storage_options, hash, member_hash, last_dot) for u in urls]
-    if workers is None:  # threads start at no cost; processes each import tarshards anew
-        workers = min(len(urls), os.cpu_count() or 1) if HASHING_RELEASES_GIL else 1
+    output = os.fspath(output)
+    base = _base_of(output)
+    kept: tuple[ShardRecord, ...] = ()
+    if append and _exists(output, storage_options):
+        old = Manifest.load(output, storage_options=storage_options)
+        have = set(old.shard_urls())
+        kept = old.shards
+        urls = [u for u in urls if resolve_url(relative_url(u, base), base) not in have]
+        if not urls:
+            return old
+    job = IndexJob(
+        storage_options=storage_options,
+        hash=hash,
+        member_hash=member_hash,
+        last_dot=last_dot,
+        opener=opener,
+    )
+    rels = [relative_url(u, base) for u in urls]
+    index_rels = [index_path_for(r) for r in rels]
+    pairs = [(u, resolve_url(ir, base)) for u, ir in zip(urls, index_rels)]
+    results: list = [None] * len(urls)  # the record's values, or why the shard failed
+    if not overwrite:
+        results = _reusable_all(pairs, job)
+    todo = [i for i, r in enumerate(results) if r is None]
+    folders = {temporary_directory(pairs[i][1]) for i in todo}
+    for folder in sorted(f for f in folders if f is not None):
+        os.makedirs(folder, exist_ok=True)
+        remove_stale_temporaries(folder)  # what killed attempts left
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(urls), unit="shard", desc="indexing")
-    results: list = [None] * len(urls)
+        bar = tqdm(total=len(urls), initial=len(urls) - len(todo), unit="shard", desc="indexing")
+
+    def done(i, result):
+        results[i] = result
+        if bar is not None:
+            bar.update(1)
+
     try:
-        if workers <= 1 or len(urls) == 1:
-            for i, job in enumerate(jobs):
-                results[i] = _run_one(job)
-                if bar is not None:
-                    bar.update(1)
-        else:
-            import concurrent.futures as cf
+        if todo and engine is None:
+            if workers is None:  # threads start at no cost; processes each import tarshards
+                workers = min(len(todo), os.cpu_count() or 1) if HASHING_RELEASES_GIL else 1
+            _index_locally(job, pairs, todo, workers, done)
+        elif todo:
+            from .parallel.engines import make_engine
 
-            pool: cf.Executor
-            if HASHING_RELEASES_GIL:  # threads: no start-up; the hashing and reads run in parallel
-                pool = cf.ThreadPoolExecutor(workers, thread_name_prefix="tarshards-index")
-            else:  # the xxhash package holds the GIL while hashing: processes
-                import multiprocessing as mp
-
-                pool = cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"))
-            with pool:
-                futures = {pool.submit(_run_one, job): i for i, job in enumerate(jobs)}
-                for fut in cf.as_completed(futures):
-                    results[futures[fut]] = fut.result()
-                    if bar is not None:
-                        bar.update(1)
+            runner = make_engine(
+                engine, workers=workers, address=address, client=client, retries=retries
+            )
+            runner.run(job, pairs, todo, lambda i, rep: done(i, _report_result(rep)))
     finally:
         if bar is not None:
             bar.close()
-    with recorder:
-        for url, res in zip(urls, results):
-            if isinstance(res, BaseException):
-                if on_error == "raise":
-                    raise res
-                if report is not None:
-                    report(url, res)
-                continue
-            recorder.add(url, res)
-        return recorder.save()
+    records = list(kept)
+    for url, rel, index_rel, res in zip(urls, rels, index_rels, results):
+        if isinstance(res, BaseException):
+            if on_error == "raise":
+                raise res
+            if report is not None:
+                report(url, res)
+            continue
+        records.append(ShardRecord(rel, res["samples"], res["nbytes"], res["hash"], index_rel))
+    manifest = Manifest(tuple(records), url=output, storage_options=storage_options)
+    return manifest.save(output, storage_options=storage_options)
 
 
-def _run_one(job):
-    try:
-        return _index_one(job)
-    except TarshardsError as exc:
-        return exc
+def _report_result(rep):
+    """An engine's report as :func:`build_manifest` keeps it: the values, or an error."""
+    if rep.info is not None and rep.status == "done":
+        return rep.info
+    return TarshardsError(f"indexing failed: {rep.error}", url=rep.input)
+
+
+def _exists(url: str, storage_options) -> bool:
+    if is_local(url):
+        return os.path.exists(local_path(url))
+    from .storage import filesystem
+
+    fs, path = filesystem(url, storage_options)
+    return fs.exists(path)

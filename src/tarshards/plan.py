@@ -165,7 +165,7 @@ def scan_shards(urls: Sequence[str], *, opener: Callable, last_dot: bool = False
     for url in urls:
         try:
             with opener(url) as stream:
-                src = tar_byte_source(stream, url)
+                src = tar_byte_source(stream, url, direct=True)
                 is_plain = hasattr(src, "readinto")
                 batches = iter_tar_batches(src, url)
                 groups = group_samples(batches, url, last_dot=last_dot, batched=True)

@@ -52,7 +52,9 @@ def shard_samples(
             if expect is not None:
                 yield from _verified_samples(stream, url, expect, chunk_size, last_dot)
                 return
-            batches = iter_tar_batches(tar_byte_source(stream, url, chunk_size), url, copy=copy)
+            # copies: read with pread (large members straight into their bytes); views: mapped
+            src = tar_byte_source(stream, url, chunk_size, direct=copy)
+            batches = iter_tar_batches(src, url, copy=copy)
             yield from group_samples(batches, url, last_dot=last_dot, batched=True)
     except TarshardsError as exn:
         raise exn.with_context(url=url) from None

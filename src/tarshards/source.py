@@ -485,7 +485,7 @@ class ReaderStream:
                     return
                 want = set(idxs)
                 last = idxs[-1]
-                batches = iter_tar_batches(tar_byte_source(stream, url), url)
+                batches = iter_tar_batches(tar_byte_source(stream, url, direct=True), url)
                 for i, sample in enumerate(
                     group_samples(batches, url, last_dot=self.last_dot, batched=True)
                 ):

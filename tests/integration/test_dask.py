@@ -1,20 +1,24 @@
-"""map_shards on a real dask.distributed LocalCluster with 2 worker processes."""
+"""map_shards and index building on the cluster engines: a real dask.distributed LocalCluster
+with 2 worker processes, and a local Ray of 2 CPUs (each test runs on both; one Ray for the
+module, as it is slow to start, and one more started on demand by the first test)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import os
+import shutil
 import threading
 
 import pytest
+from click.testing import CliRunner
+from conftest import ShardOpener, write_shards
 
-distributed = pytest.importorskip("distributed")
-
-from conftest import write_shards  # noqa: E402
-
-from tarshards import shard_samples  # noqa: E402
-from tarshards.errors import TarshardsWarning  # noqa: E402
-from tarshards.parallel import map_shards  # noqa: E402
+from tarshards import shard_samples
+from tarshards.errors import TarshardsWarning
+from tarshards.manifest import Manifest, build_manifest
+from tarshards.parallel import map_shards
 
 PER_SHARD = 10
 
@@ -56,6 +60,7 @@ def read_all(paths):
 
 @pytest.fixture(scope="module")
 def cluster():
+    distributed = pytest.importorskip("distributed")
     with distributed.LocalCluster(
         n_workers=2,
         threads_per_worker=1,
@@ -68,19 +73,62 @@ def cluster():
         yield c
 
 
-def test_dask_local_cluster_8_shards(tmp_path):
+@pytest.fixture(scope="module")
+def ray_local():
+    ray = pytest.importorskip("ray")
+    from tarshards.parallel.engines import local_ray_env
+
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        logging_level=logging.ERROR,
+        runtime_env=local_ray_env(),  # the workers import the tests' modules (as ours do)
+    )
+    yield ray
+    ray.shutdown()
+
+
+ENGINES = ["dask", "ray"]
+
+
+def needs(engine):
+    pytest.importorskip("distributed" if engine == "dask" else "ray")
+
+
+@pytest.fixture(params=ENGINES)
+def on_cluster(request):
+    """The keywords that run a job on the module's cluster of that engine."""
+    if request.param == "dask":
+        return {"engine": "dask", "address": request.getfixturevalue("cluster").scheduler_address}
+    request.getfixturevalue("ray_local")  # connected: the engine uses it
+    return {"engine": "ray"}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_local_cluster_started_for_8_shards(tmp_path, engine):
+    needs(engine)
+    if engine == "ray":
+        import ray
+
+        if ray.is_initialized():  # another module's tests left one: this one is for the test
+            pytest.skip("a Ray connection is already open")
     paths, samples = write_shards(tmp_path, 8, PER_SHARD)
     outs = str(tmp_path / "out-{0..7}.tar")
     reports = map_shards(
-        plus_100, str(tmp_path / "shard-{0000..0007}.tar"), outs, engine="dask", workers=2
+        plus_100, str(tmp_path / "shard-{0000..0007}.tar"), outs, engine=engine, workers=2
     )
     assert [r.status for r in reports] == ["done"] * 8
     assert [(r.samples_in, r.samples_out) for r in reports] == [(PER_SHARD, PER_SHARD)] * 8
     got = read_all([str(tmp_path / f"out-{i}.tar") for i in range(8)])
     assert got == expected(samples)  # every sample once, fn applied, none missing
+    if engine == "ray":
+        import ray
+
+        assert not ray.is_initialized()  # the Ray it started is stopped again
 
 
-def test_dask_worker_killed_mid_shard(tmp_path, cluster):
+def test_worker_killed_mid_shard(tmp_path, on_cluster):
     paths, samples = write_shards(tmp_path, 8, PER_SHARD)
     outs = [str(tmp_path / f"out-{i}.tar") for i in range(8)]
     fn = functools.partial(die_once, marker=str(tmp_path / "marker"))
@@ -99,7 +147,7 @@ def test_dask_worker_killed_mid_shard(tmp_path, cluster):
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        reports = map_shards(fn, paths, outs, engine="dask", address=cluster.scheduler_address)
+        reports = map_shards(fn, paths, outs, **on_cluster)
     finally:
         stop.set()
         watcher.join()
@@ -110,31 +158,33 @@ def test_dask_worker_killed_mid_shard(tmp_path, cluster):
     assert [n for n in os.listdir(tmp_path) if n.endswith(".tmp")] == []
 
 
-def test_dask_rerun_after_failure_does_only_the_rest(tmp_path, cluster):
+def test_rerun_after_failure_does_only_the_rest(tmp_path, on_cluster):
     paths, samples = write_shards(tmp_path, 8, PER_SHARD)
     outs = str(tmp_path / "out-{0..7}.tar")
-    client = distributed.Client(cluster)
-    try:
-        with pytest.warns(TarshardsWarning, match="1 of 8 shards failed"):
-            reports = map_shards(fail_in_shard_3, paths, outs, engine="dask", client=client)
-        assert [r.status for r in reports].count("done") == 7
-        assert reports[3].status == "failed" and "sample000035" in reports[3].error
-        assert not os.path.exists(tmp_path / "out-3.tar")
-        reports = map_shards(plus_100, paths, outs, engine="dask", client=client)
-    finally:
-        client.close()
+    with pytest.warns(TarshardsWarning, match="1 of 8 shards failed"):
+        reports = map_shards(fail_in_shard_3, paths, outs, **on_cluster)
+    assert [r.status for r in reports].count("done") == 7
+    assert reports[3].status == "failed" and "sample000035" in reports[3].error
+    assert not os.path.exists(tmp_path / "out-3.tar")
+    reports = map_shards(plus_100, paths, outs, **on_cluster)
     assert [r.status for r in reports] == ["skipped"] * 3 + ["done"] + ["skipped"] * 4
     assert read_all([str(tmp_path / f"out-{i}.tar") for i in range(8)]) == expected(samples)
 
 
 @pytest.mark.timeout(120)
-def test_function_workers_cannot_import_fails_instead_of_hanging(tmp_path, monkeypatch):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_function_workers_cannot_import_fails_instead_of_hanging(
+    tmp_path, monkeypatch, engine, request
+):
     """A function from a module only the client can import: each shard fails with a clear
     error (before, the worker's connection broke and the job waited forever)."""
     import importlib
     import sys
     import warnings
 
+    needs(engine)
+    if engine == "ray":
+        request.getfixturevalue("ray_local")
     moddir = tmp_path / "clientonly"
     moddir.mkdir()
     (moddir / "client_only_mod.py").write_text("def fn(sample):\n    return sample\n")
@@ -148,21 +198,85 @@ def test_function_workers_cannot_import_fails_instead_of_hanging(tmp_path, monke
     outs = [str(tmp_path / f"out-{i}.tar") for i in range(2)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TarshardsWarning)
-        reports = map_shards(mod.fn, paths, outs, engine="dask", workers=1, retries=0)
+        reports = map_shards(mod.fn, paths, outs, engine=engine, workers=1, retries=0)
     assert [r.status for r in reports] == ["failed", "failed"]
+    where = "Dask" if engine == "dask" else "Ray"
     assert all(
-        "could not be loaded on the Dask worker" in r.error and "client_only_mod" in r.error
+        f"could not be loaded on the {where} worker" in r.error and "client_only_mod" in r.error
         for r in reports
-    )
+    ), [r.error for r in reports]
     assert not any(os.path.exists(o) for o in outs)
 
 
-def test_same_job_twice_on_one_client(tmp_path, cluster):
+def test_same_job_twice_on_one_client(tmp_path, on_cluster):
     """Back-to-back jobs with the same function on one client (as a notebook does)."""
     paths, samples = write_shards(tmp_path, 4, PER_SHARD)
-    with distributed.Client(cluster) as client:
+    where = dict(on_cluster)
+    with contextlib.ExitStack() as stack:
+        if where["engine"] == "dask":
+            import distributed
+
+            where["client"] = stack.enter_context(distributed.Client(where.pop("address")))
         for run in range(3):
             outs = [str(tmp_path / f"run{run}-{i}.tar") for i in range(4)]
-            reports = map_shards(plus_100, paths, outs, engine="dask", client=client)
+            reports = map_shards(plus_100, paths, outs, **where)
             assert [r.status for r in reports] == ["done"] * 4, [r.error for r in reports]
             assert read_all(outs) == expected(samples)
+
+
+# ---------------------------------------------------------------------------------------------
+# index building on the cluster: the local index byte for byte, a dead worker, reruns
+# ---------------------------------------------------------------------------------------------
+
+
+def _index_files(d) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.suffix in (".json", ".tsidx")}
+
+
+@pytest.fixture(scope="module")
+def indexed_locally(tmp_path_factory):
+    """6 shards and their manifest and indexes made on this machine."""
+    d = tmp_path_factory.mktemp("local")
+    paths, _ = write_shards(d, 6, PER_SHARD)
+    build_manifest(paths, d / "m.json", workers=1)
+    return d, _index_files(d)
+
+
+def _copy_shards(src, dst):
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.json", "*.tsidx"))
+    return sorted(str(p) for p in dst.glob("shard-*.tar"))
+
+
+def test_cluster_index_equals_local_index(tmp_path, on_cluster, indexed_locally):
+    src, want = indexed_locally
+    d = tmp_path / "c"
+    paths = _copy_shards(src, d)
+    args = ["index", "-q", *paths, "-o", str(d / "m.json"), "--engine", on_cluster["engine"]]
+    if "address" in on_cluster:
+        args += ["--address", on_cluster["address"]]
+    from tarshards.cli.main import group
+
+    res = CliRunner().invoke(group, args)
+    assert res.exit_code == 0, res.output
+    assert _index_files(d) == want  # manifest and every index, byte for byte
+
+
+def test_cluster_index_worker_killed_is_retried_and_rerun_reads_only_the_rest(
+    tmp_path, on_cluster, indexed_locally
+):
+    src, want = indexed_locally
+    d = tmp_path / "c"
+    paths = _copy_shards(src, d)
+    opener = ShardOpener(tmp_path / "log", die="shard-0003.tar")
+    m = build_manifest(paths, d / "m.json", opener=opener, **on_cluster)
+    assert os.path.exists(opener.marker)  # the worker reading shard 3 died part way
+    assert opener.opened().count("shard-0003.tar") == 2
+    assert _index_files(d) == want and m == Manifest.load(src / "m.json")
+    assert not [n for n in os.listdir(d) if ".tmp" in n]
+    # a rerun after two indexes were lost reads those two shards only
+    os.remove(d / "shard-0001.tar.tsidx")
+    os.remove(d / "shard-0004.tar.tsidx")
+    opener.clear()
+    build_manifest(paths, d / "m.json", opener=opener, **on_cluster)
+    assert opener.opened() == ["shard-0001.tar", "shard-0004.tar"]
+    assert _index_files(d) == want

@@ -4,7 +4,10 @@ Each shard is read once from its start to its end (local or any URL the library 
 gzip or zstd; written by GNU tar, Python's tarfile, webdataset or tarshards), its bytes hashed,
 its samples and members located. The indexes go beside the shards when they lie under the
 manifest's directory, else into ``_index/`` beside the manifest. Shards are indexed in parallel
-(``-p``), with a progress bar on stderr.
+(``-p``), with a progress bar on stderr, on this machine or on a cluster (``--engine dask|ray``,
+one task per shard, retried when its worker dies). Each index is saved as soon as it is made: a
+rerun reads only the shards that have no index yet (``--overwrite`` reads them all), and
+``--append`` adds new shards to an existing manifest without reading the old ones.
 """
 
 from __future__ import annotations
@@ -35,7 +38,10 @@ __all__ = ["index_cmd"]
     "  tarshards index 'train-{0000..0147}.tar' -o train.json\n"
     "  tarshards index -p 8 's3://bucket/ds/train-{0000..0999}.tar' -o ds.json\n"
     "  tarshards index --dali shards/*.tar -o shards/manifest.json\n"
-    "  tarshards index --media 'clips-{0000..0099}.tar' -o clips.json",
+    "  tarshards index --media 'clips-{0000..0099}.tar' -o clips.json\n"
+    "  tarshards index 'ds/train-{0000..9999}.tar' -o ds/train.json --engine dask \\\n"
+    "      --address tcp://scheduler:8786\n"
+    "  tarshards index --append 'train-{0148..0150}.tar' -o train.json",
 )
 @click.argument("inputs", nargs=-1, metavar="SPEC...")
 @click.option(
@@ -62,6 +68,35 @@ __all__ = ["index_cmd"]
     metavar="ALGO",
     help=f"Shard hash: {', '.join(HASHES)}.",
 )
+@click.option(
+    "--engine",
+    type=click.Choice(["processes", "dask", "ray"]),
+    default=None,
+    help="Index one task per shard on local processes, a Dask or a Ray cluster (default: "
+    "threads on this machine).",
+)
+@click.option(
+    "--address",
+    metavar="URL",
+    help="The cluster of --engine: a Dask scheduler (tcp://host:8786) or a Ray address "
+    "(auto, ray://host:10001); default: a local one of -p workers.",
+)
+@click.option(
+    "--retries",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    help="With --engine: extra attempts for a shard whose worker died or hit an I/O error.",
+)
+@click.option(
+    "--append",
+    is_flag=True,
+    help="Add the shards MANIFEST does not list yet after its records (the old shards are not "
+    "read).",
+)
+@click.option(
+    "--overwrite", is_flag=True, help="Index every shard again (default: reuse complete indexes)."
+)
 @click.option("--dali", is_flag=True, help="Also write DALI indexes (SHARD.idx).")
 @click.option(
     "--media",
@@ -80,12 +115,26 @@ __all__ = ["index_cmd"]
 @quiet_option()
 @handle_errors
 def index_cmd(
-    inputs, output, listfile, parallel, hash_name, dali, media, keyframes, on_error, quiet
+    inputs,
+    output,
+    listfile,
+    parallel,
+    hash_name,
+    engine,
+    address,
+    retries,
+    append,
+    overwrite,
+    dali,
+    media,
+    keyframes,
+    on_error,
+    quiet,
 ):
     """Index shards: write MANIFEST (counts, sizes, hashes) and one index per shard."""
     with one_blas_thread():
         from ..index import INDEX_SUFFIX
-        from ..manifest import build_manifest, resolve_url
+        from ..manifest import Manifest, build_manifest, resolve_url
     if not inputs and listfile is None:
         raise click.UsageError("name the shards to index (SPEC... or -T FILE)")
     if keyframes and not media:
@@ -95,7 +144,17 @@ def index_cmd(
         raise click.BadParameter(
             "shards are indexed from files or URLs, not stdin", param_hint="SPEC"
         )
+    if address is not None and engine not in ("dask", "ray"):
+        raise click.UsageError("--address needs --engine dask or --engine ray")
+    if append and overwrite:
+        raise click.UsageError("--append keeps the manifest's shards; --overwrite redoes them")
     prog = click.get_current_context().command_path
+    before = None
+    if append:
+        try:
+            before = Manifest.load(output)
+        except FileNotFoundError:  # no manifest yet: a plain build
+            pass
     skipped = []
 
     def report(url, exc):
@@ -110,6 +169,11 @@ def index_cmd(
         progress=not quiet,
         on_error="skip" if on_error == "skip" else "raise",
         report=report,
+        engine=engine,
+        address=address,
+        retries=retries,
+        append=append,
+        overwrite=overwrite,
     )
     if media:
         from ..media.metadata import add_media_meta
@@ -118,7 +182,8 @@ def index_cmd(
         if not quiet:
             print_err(f"# media columns: {', '.join(manifest.meta_columns()) or 'none'}")
     if dali:
-        for i, rec in enumerate(manifest.shards):
+        start = 0 if before is None else len(before.shards)  # appended: the new shards
+        for i, rec in enumerate(manifest.shards[start:], start):
             idx = manifest.load_index(i)
             if idx.compression != "none":
                 print_err(f"{prog}: warning: no DALI index for compressed {rec.url}")
@@ -134,5 +199,11 @@ def index_cmd(
             f"# {len(manifest.shards)} shards, {manifest.num_samples} samples -> "
             f"{os.fspath(output)}"
         )
+        if before is not None:
+            added = len(manifest.shards) - len(before.shards)
+            print_err(
+                f"# appended {added} shards, {manifest.num_samples - before.num_samples} "
+                f"samples; fingerprint {before.fingerprint} -> {manifest.fingerprint}"
+            )
     if skipped:
         click.get_current_context().exit(1)

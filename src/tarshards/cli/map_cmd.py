@@ -92,15 +92,16 @@ def load_function(spec: str):
 )
 @click.option(
     "--engine",
-    type=click.Choice(["processes", "dask"]),
+    type=click.Choice(["processes", "dask", "ray"]),
     default="processes",
     show_default=True,
-    help="Local worker processes, or a Dask distributed cluster.",
+    help="Local worker processes, a Dask distributed cluster, or a Ray cluster.",
 )
 @click.option(
     "--address",
     metavar="URL",
-    help="Dask scheduler (tcp://host:8786); default: a local cluster of -p workers.",
+    help="Dask scheduler (tcp://host:8786) or Ray address (auto, ray://host:10001); default: a "
+    "local cluster of -p workers.",
 )
 @click.option(
     "-p",
@@ -148,8 +149,8 @@ def map_cmd(
         raise click.UsageError("give exactly one of -c COMMAND and -f MODULE:FUNCTION")
     if command is not None and decode is not None:
         raise click.UsageError("--decode applies to -f functions; -c gets the raw files")
-    if address is not None and engine != "dask":
-        raise click.UsageError("--address needs --engine dask")
+    if address is not None and engine not in ("dask", "ray"):
+        raise click.UsageError("--address needs --engine dask or --engine ray")
     fn = shell_sample_fn(command) if command is not None else load_function(function)
     try:
         ins = expand_urls(list(inputs))

@@ -103,7 +103,7 @@ def tar_file_iterator(
     url=None,
 ) -> Iterator[dict]:
     """``{"fname", "data"}`` for each regular member of a tar stream (gzip/zstd detected)."""
-    for name, data, offset in iter_tar(tar_byte_source(fileobj, url), url):
+    for name, data, offset in iter_tar(tar_byte_source(fileobj, url, direct=True), url):
         if select_files is not None and not select_files(name):
             continue
         if rename_files is not None:

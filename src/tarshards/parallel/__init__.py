@@ -1,4 +1,4 @@
-"""Mapping functions over samples and shards: local worker processes, or a Dask cluster.
+"""Mapping functions over samples and shards: local worker processes, a Dask or a Ray cluster.
 
 * :func:`map_samples` applies ``fn`` to each sample of a dataset or iterable in worker processes and
   yields the results (in order, or as they finish). An exception in ``fn`` reaches the caller
@@ -11,8 +11,10 @@
 * :func:`map_shard_files` runs ``fn(input_url, output_url)`` for functions that write themselves.
 
 ``engine="processes"`` runs on this machine; ``engine="dask"`` runs on a ``dask.distributed``
-cluster: a ``LocalCluster`` started for the job, or the cluster at ``address``. Dask is imported
-only when that engine is chosen. Any object with the :class:`Engine` protocol may be given too.
+cluster: a ``LocalCluster`` started for the job, or the cluster at ``address``; ``engine="ray"``
+on a Ray cluster: the one this process is connected to, the one at ``address``, or a local one
+started for the job. Dask and Ray are imported only when their engine is chosen. Any object with
+the :class:`Engine` protocol may be given too.
 
 The package's rooms: ``pool`` (worker processes), ``samples`` (map_samples), ``jobs`` (one shard's
 work and the retry rule), ``engines`` (where jobs run), ``shardmap`` (map_shards), ``reports``
@@ -21,7 +23,7 @@ work and the retry rule), ``engines`` (where jobs run), ``shardmap`` (map_shards
 
 from __future__ import annotations
 
-from .engines import ENGINES, DaskEngine, Engine, ProcessEngine
+from .engines import ENGINES, DaskEngine, Engine, ProcessEngine, RayEngine
 from .reports import DONE, FAILED, SKIPPED, ShardReport, format_summary, summarize
 from .samples import map_samples
 from .shardmap import map_shard_files, map_shards
@@ -35,6 +37,7 @@ __all__ = [
     "DaskEngine",
     "Engine",
     "ProcessEngine",
+    "RayEngine",
     "ShardReport",
     "ShellSampleFn",
     "format_summary",

@@ -8,12 +8,20 @@ worker process died, again up to ``retries`` times, then reports it failed.
 * :class:`ProcessEngine` (``engine="processes"``): local worker processes.
 * :class:`DaskEngine` (``engine="dask"``): a ``dask.distributed`` cluster; Dask is imported only
   when this engine runs.
+* :class:`RayEngine` (``engine="ray"``): a Ray cluster (the one this process is connected to, the
+  one at ``address``, or a local one started for the job); Ray is imported only when it runs.
+
+Besides :func:`~tarshards.parallel.map_shards`, :func:`tarshards.manifest.build_manifest` runs
+its per-shard indexing on these engines (this module and ``pool``/``reports`` sit below the
+manifest in the import order for that).
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import logging
+import os
 import pickle
 import uuid
 from typing import Callable, Protocol, runtime_checkable
@@ -23,9 +31,9 @@ from ..on_error import describe
 from .pool import ProcessPool, default_workers, dumps
 from .reports import FAILED, ShardReport
 
-__all__ = ["ENGINES", "DaskEngine", "Engine", "ProcessEngine", "make_engine"]
+__all__ = ["ENGINES", "DaskEngine", "Engine", "ProcessEngine", "RayEngine", "make_engine"]
 
-ENGINES = ("processes", "dask")
+ENGINES = ("processes", "dask", "ray")
 
 Job = Callable[[str, str], ShardReport]
 Finished = Callable[[int, ShardReport], None]
@@ -67,6 +75,10 @@ def make_engine(
         return ProcessEngine(workers, retries=retries, mp_context=mp_context)
     if engine == "dask":
         return DaskEngine(workers, address=address, client=client, retries=retries)
+    if engine == "ray":
+        if client is not None:
+            raise ValueError("client= is for engine='dask' (engine='ray' takes address=)")
+        return RayEngine(workers, address=address, retries=retries)
     raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
 
 
@@ -150,15 +162,16 @@ def _import_distributed():
     return distributed
 
 
-def _run_pickled_job(job_bytes: bytes, inp: str, out: str):
-    """A Dask task: load the job here, so a function the worker cannot import fails this task
-    with a clear error (a function inside the task message would break the worker's connection
-    and leave the task hanging)."""
+def _run_pickled_job(job_bytes: bytes, inp: str, out: str, where: str = "Dask"):
+    """A Dask (or Ray) task: load the job here, so a function the worker cannot import fails
+    this task with a clear error (a function inside the task message would break the worker's
+    connection and leave the task hanging)."""
     try:
         job = pickle.loads(job_bytes)
     except Exception as exn:
         raise RuntimeError(
-            f"the function could not be loaded on the Dask worker ({type(exn).__name__}: {exn}); "
+            f"the function could not be loaded on the {where} worker ({type(exn).__name__}: "
+            f"{exn}); "
             "its module must be importable there (install it on the workers, or define the "
             "function in the script that calls map_shards)"
         ) from exn
@@ -254,3 +267,109 @@ def _run_dask(job, pairs, todo, workers, address, retries, client, finished) -> 
             if pending:
                 with contextlib.suppress(Exception):
                     client.cancel(pending)
+
+
+# ---------------------------------------------------------------------------------------------
+# Ray
+# ---------------------------------------------------------------------------------------------
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise MissingDependencyError(
+            "engine='ray' needs ray: pip install 'tarshards[ray]'"
+        ) from None
+    return ray
+
+
+def local_ray_env() -> dict:
+    """The ``runtime_env`` of a local Ray started for a job: its workers import what this
+    process imports (its ``sys.path`` as their ``PYTHONPATH``, as worker processes started by
+    ``multiprocessing`` or a Dask ``LocalCluster`` do), so that functions from the caller's own
+    modules load there."""
+    import sys
+
+    path = [p for p in sys.path if p and os.path.isdir(p)]
+    return {"env_vars": {"PYTHONPATH": os.pathsep.join(dict.fromkeys(path))}}
+
+
+class _NotRetried(Exception):
+    """Never raised: Ray's ``retry_exceptions`` list must not be empty."""
+
+
+class RayEngine:
+    """One Ray task per shard, on the Ray cluster this process is connected to, on the one at
+    ``address`` (``"auto"``, ``"ray://head:10001"``, ``"HOST:6379"``), or on a local one of
+    ``workers`` CPUs started for the job (and stopped after it). Ray runs a task again, up to
+    ``retries`` times, when its worker process dies or the job raises ``OSError``; each task
+    takes one CPU."""
+
+    name = "ray"
+
+    def __init__(self, workers: int | None = None, *, address: str | None = None, retries: int = 2):
+        self.workers = max(1, default_workers(workers))
+        self.address = address
+        self.retries = check_retries(retries)
+
+    def run(self, job, pairs, todo, finished) -> None:
+        ray = _import_ray()
+        started = False
+        if not ray.is_initialized():
+            if self.address is None:  # a local cluster of our own, not one found on the machine
+                ray.init(
+                    address="local",
+                    num_cpus=self.workers,
+                    include_dashboard=False,
+                    logging_level=logging.ERROR,
+                    runtime_env=local_ray_env(),
+                )
+            else:
+                ray.init(address=self.address, logging_level=logging.ERROR)
+            started = True
+        try:
+            _run_ray(ray, job, pairs, todo, self.retries, finished)
+        finally:
+            if started:
+                ray.shutdown()
+
+
+def _run_ray(ray, job, pairs, todo, retries, finished) -> None:
+    import cloudpickle  # a dependency of ray; pickles __main__ functions by value
+
+    job_ref = ray.put(cloudpickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
+    task = ray.remote(_run_pickled_job).options(
+        num_cpus=1,
+        max_retries=retries,  # the worker process died
+        retry_exceptions=[OSError] if retries else [_NotRetried],  # I/O: try the shard again
+        name="tarshards-shard",
+    )
+    refs = {task.remote(job_ref, *pairs[i], "Ray"): i for i in todo}
+    pending = list(refs)
+    try:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            for ref in ready:
+                i = refs[ref]
+                inp, out = pairs[i]
+                try:
+                    report = ray.get(ref)
+                except Exception as exn:
+                    report = ShardReport(inp, out, status=FAILED, error=_ray_error(ray, exn))
+                finished(i, report)
+    finally:
+        for ref in pending:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True)
+
+
+def _ray_error(ray, exn: BaseException) -> str:
+    """Why a Ray task failed, in one line: the job's own exception where it raised one."""
+    if isinstance(exn, (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError)):
+        return f"worker processes died while running this shard: {type(exn).__name__}"
+    if isinstance(exn, ray.exceptions.RayTaskError):
+        cause = getattr(exn, "cause", None)
+        if cause is not None:
+            return describe(cause)
+    return describe(exn)

@@ -25,10 +25,12 @@ class ShardReport:
     attempts: int = 0
     messages: list = field(default_factory=list)
     index: bytes | None = field(default=None, repr=False)  # the output's index (manifest=)
+    info: dict | None = field(default=None, repr=False)  # what the job found (indexing: values)
 
     def as_dict(self) -> dict:
         out = asdict(self)
         out.pop("index", None)
+        out.pop("info", None)
         return out
 
 

@@ -91,7 +91,9 @@ def map_shards(
 
     ``engine="processes"`` uses ``workers`` local processes (default: one per CPU).
     ``engine="dask"`` submits one task per shard to ``client``, to the cluster at ``address``, or
-    to a ``LocalCluster`` of ``workers`` single-threaded processes started for the job. An
+    to a ``LocalCluster`` of ``workers`` single-threaded processes started for the job.
+    ``engine="ray"`` submits one task per shard to the Ray cluster this process is connected to,
+    to the one at ``address``, or to a local one of ``workers`` CPUs started for the job. An
     :class:`~tarshards.parallel.engines.Engine` object may be given instead of a name.
     ``progress`` shows a bar over shards (default: when stderr is a terminal).
     """

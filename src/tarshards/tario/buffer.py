@@ -316,11 +316,80 @@ def map_local(stream, length: int = -1) -> MappedFile | None:
     return MappedFile(mapping, start, start + length if length >= 0 else None)
 
 
+class DirectFile:
+    """A local plain tar file read with ``pread`` from its own offset (the file object's position
+    is left alone), for :func:`iter_tar_batches`: the C scan reads the rest of a member that the
+    buffer cuts straight into the member's ``bytes`` (``fd``, ``pos``: the file offset after
+    what the buffer holds; ``stop``: where the input ends). No map: no page faults, whatever
+    folios the page cache holds the file in."""
+
+    def __init__(self, stream, start: int, stop: int):
+        self.stream = stream  # kept open while the reader reads it
+        self.fd = stream.fileno()
+        self.pos = start
+        self.stop = stop
+
+    def readinto(self, view) -> int:
+        n = min(len(view), self.stop - self.pos)
+        if n <= 0:
+            return 0
+        got = os.preadv(self.fd, [view[:n]] if n < len(view) else [view], self.pos)
+        self.pos += got
+        return got
+
+    # a member the buffer cuts with at least this much still to read is read straight into its
+    # bytes; less is left to the buffer's next fill (a syscall costs more than a short copy)
+    min_read = 16 << 10
+
+    def state(self) -> tuple:
+        """``(fd, pos, stop, min_read)``, as the C scan takes them."""
+        return self.fd, self.pos, self.stop, self.min_read
+
+    def close(self) -> None:
+        pass  # the file object is the caller's
+
+
+def direct_local(stream, length: int = -1) -> DirectFile | None:
+    """A :class:`DirectFile` of ``stream`` when it is a local regular file holding a plain tar
+    from its current position on; else ``None`` (nothing read, the position unchanged)."""
+    if type(stream) not in (io.FileIO, io.BufferedReader) or not stream.readable():
+        return None
+    if not hasattr(os, "preadv"):
+        return None
+    try:
+        fd = stream.fileno()
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or length == 0:
+            return None
+        start = stream.tell()
+        stop = st.st_size if length < 0 else min(st.st_size, start + length)
+        if start >= stop:
+            return None
+        head = os.pread(fd, BLOCK, start)
+    except (OSError, ValueError):
+        return None
+    if not_plain(head):
+        return None  # compressed: read as a stream (decompressed chunk by chunk)
+    return DirectFile(stream, start, stop)
+
+
+class _DirectBuffer(_Buffer):
+    """The reader's buffer over a :class:`DirectFile` (``file``: for the scan's direct reads)."""
+
+    __slots__ = ("file",)
+
+    def __init__(self, file: DirectFile, origin: int = 0, size: int = CHUNK_SIZE):
+        super().__init__(file, origin, size)
+        self.file = file
+
+
 def reader_buffer(source, origin: int = 0, size: int = CHUNK_SIZE) -> _Buffer:
     """The reader's buffer over what :func:`tar_byte_source` gave (or any iterable of chunks),
     reading (or, over a map, parsing) ``size`` bytes at a time."""
     if isinstance(source, MappedFile):
         return _MappedBuffer(source, origin, size)
+    if isinstance(source, DirectFile):
+        return _DirectBuffer(source, origin, size)
     return _Buffer(source, origin, size)
 
 
@@ -342,14 +411,32 @@ class PlainStream:
 
 
 def tar_byte_source(
-    stream: BinaryIO, source=None, chunk_size: int = CHUNK_SIZE, *, mapped: bool = True
+    stream: BinaryIO,
+    source=None,
+    chunk_size: int = CHUNK_SIZE,
+    *,
+    mapped: bool = True,
+    direct: bool = False,
 ):
     """What :func:`iter_tar_batches` reads from ``stream``: gzip and zstd (found by their magic
     bytes) are decompressed chunk by chunk; a plain tar is read straight into the buffer, and a
     local plain file (``open(path, "rb")``) is memory-mapped (:class:`MappedFile`) unless
     ``mapped=False``. A mapped file must not be truncated while it is read (as with any map,
     touching pages past a new end kills the process with SIGBUS); the writers here never do
-    that (they write to a temporary name and rename)."""
+    that (they write to a temporary name and rename).
+
+    ``direct=True`` (for readers that copy members out: the sample readers pass it unless
+    ``copy=False``): a local plain file is read with ``pread`` instead (:class:`DirectFile`):
+    the reader's buffer takes headers and small members, and a large member that the buffer
+    cuts is read straight into its ``bytes`` (one copy from the page cache, no page faults).
+    Measured (``bench/bench_reads.py``) it reads 100 KB samples faster than the map in every
+    page-cache state (the map's cost is its page faults, one per folio or per 64 KB, so it
+    depends on how the pages came into the cache), and 4.5 KB samples too. A map serves
+    zero-copy views (``copy=False``)."""
+    if direct:
+        by_pread = direct_local(stream)
+        if by_pread is not None:
+            return by_pread
     if mapped:
         file = map_local(stream)
         if file is not None:

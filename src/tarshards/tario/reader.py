@@ -12,7 +12,14 @@ import warnings
 from typing import BinaryIO, Iterable, Iterator
 
 from ..errors import CompressionError, HeaderError, TarshardsWarning, TruncatedShardError
-from .buffer import COPY_WINDOW, _Buffer, _read_data, reader_buffer, tar_byte_source
+from .buffer import (
+    COPY_WINDOW,
+    _Buffer,
+    _DirectBuffer,
+    _read_data,
+    reader_buffer,
+    tar_byte_source,
+)
 from .headers import (
     _DRAIN_LIMIT,
     _GNU_LONGNAME,
@@ -49,6 +56,10 @@ try:  # optional C accelerator (see _speedups.c); the Python code below is the r
     from .._speedups import scan_members as _scan_members
 except ImportError:  # pragma: no cover - built by default; pure Python works the same
     _scan_members = None
+try:  # a build whose scan reads members straight into their bytes (DirectFile sources)
+    from .._speedups import SCAN_DIRECT as _SCAN_DIRECT
+except ImportError:  # pragma: no cover - an older build: such sources read into the buffer
+    _SCAN_DIRECT = 0
 
 
 def iter_tar(
@@ -168,6 +179,8 @@ def _batches(
     end = b.end
     base = b.base
     mapped = b.mapped  # the whole file is in buf: scan it in windows of headers
+    # a local file read with pread: the C scan reads members the buffer cuts into their bytes
+    direct = b.file if isinstance(b, _DirectBuffer) and accelerate and _SCAN_DIRECT else None
     # zero-copy: members of a mapped file are slices of one read-only view of the map
     view = None if copy or not mapped else memoryview(buf)
     # a batch of copies is kept small, so that its bytes go where the last batch's were
@@ -192,12 +205,20 @@ def _batches(
                     continue
             if scan is not None:
                 # stops where the general path decides, or at the first header after limit
-                batch, pos = scan(buf, pos, base, end, limit, view, True, layout)
+                if direct is None:
+                    batch, pos = scan(buf, pos, base, end, limit, view, True, layout)
+                else:  # a member the buffer cuts is read from the file into its bytes, the
+                    # buffer refilled from the next header on (the scan goes on from there)
+                    batch, pos, end, new_base, direct.pos, taken = scan(
+                        buf, pos, base, end, limit, None, True, layout, *direct.state()
+                    )
+                    base = b.base = new_base + taken
+                    b.end = end
                 if batch:
                     last = _last_of(batch)
                     yield batch
                     batch = None  # the consumer's to free before the next batch is copied
-                    if pos >= limit:
+                    if pos >= limit or direct is not None:
                         continue
             else:  # the same fast path in Python: plain members wholly inside the buffer
                 batch = []
