@@ -75,8 +75,7 @@ class _MaxShardsReached(Exception):
 @click.option(
     "--aligned",
     is_flag=True,
-    help="With -z/--zstd: each sample decompresses alone (random access): -z one gzip stream "
-    "with a flush point per sample, --zstd a frame per sample.",
+    help="With -z/--zstd: each sample decompresses alone (random access).",
 )
 @click.option(
     "--manifest", default=None, metavar="PATH", help="Write a manifest and shard indexes."
