@@ -1,0 +1,159 @@
+"""What a newcomer trips on (issue 42): nothing dropped or repeated silently, errors that say what
+to do. One test (or a few) per item of the issue; the walkthrough is tests/test_newcomer.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+
+from tarshards import ShardWriter, WebDataset
+from tarshards.errors import TarshardsWarning
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def write_counted(directory, n=200, per_shard=50, prefix="d"):
+    pattern = os.path.join(str(directory), f"{prefix}-%04d.tar")
+    with ShardWriter(pattern, maxcount=per_shard) as sink:
+        for i in range(n):
+            sink.write({"__key__": f"s{i:05d}", "cls": i})
+    return [info.url for info in sink.shards]
+
+
+def caught(fn):
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        result = fn()
+    return result, [w for w in got if issubclass(w.category, TarshardsWarning)]
+
+
+# ---- 1. the planned pipeline's remainder: nothing lost silently ----------------------------------
+
+
+def _planned(urls, **kw):
+    return (
+        WebDataset(urls, shardshuffle=True, seed=0, readers=10, **kw)
+        .decode()
+        .to_tuple("__key__", "cls")
+        .batched(16)
+    )
+
+
+def test_default_remainder_warns_once_per_epoch_with_the_exact_count(tmp_path):
+    urls = write_counted(tmp_path)  # 200 samples, readers=10 x 16 = 160 a row: 40 dropped
+    ds = _planned(urls)
+    assert ds.dropped_samples(0) == 40
+    for epoch in range(2):
+        keys, got = caught(lambda: [k for keys, _ in ds for k in keys])
+        assert len(keys) == 160 and len(set(keys)) == 160
+        assert len(got) == 1, [str(w.message) for w in got]
+        msg = str(got[0].message)
+        assert f"epoch {epoch} drops 40 of 200 samples" in msg
+        assert "remainder='carry'" in msg and "remainder='drop'" in msg
+    _, again = caught(lambda: [ds.set_epoch(0), list(ds)])  # epoch 0 was reported already
+    assert again == []
+
+
+def test_chosen_remainders_are_quiet_and_carry_loses_nothing(tmp_path):
+    urls = write_counted(tmp_path)
+    _, got = caught(lambda: list(_planned(urls, remainder="drop")))
+    assert got == []
+    ds = _planned(urls, remainder="carry")
+    assert ds.dropped_samples(0) == 0
+    (seen, got) = caught(lambda: [k for _ in range(5) for keys, _ in ds for k in keys])
+    assert got == []
+    # 5 epochs x 200 samples: every sample delivered 5 times, except those carried on
+    counts = {k: seen.count(k) for k in set(seen)}
+    assert len(counts) == 200 and len(seen) == 1000 - 1000 % 160
+    assert set(counts.values()) <= {4, 5}
+
+
+def test_a_state_of_the_default_still_names_drop(tmp_path):
+    """A state saved before the warning (remainder "drop", the default then as now) loads."""
+    urls = write_counted(tmp_path)
+    ds = _planned(urls)
+    state = ds.state_dict()
+    assert state["remainder"] == "drop"
+    _planned(urls, remainder="drop").load_state_dict(state)
+    ds.load_state_dict(_planned(urls, remainder="drop").state_dict())
+
+
+def test_webloader_warns_in_the_main_process_once_per_epoch(tmp_path):
+    torch = pytest.importorskip("torch")  # noqa: F841
+    from tarshards import WebLoader
+
+    urls = write_counted(tmp_path)
+    loader = WebLoader(_planned(urls), batch_size=None, num_workers=2)
+    for epoch in range(2):
+        n, got = caught(lambda: sum(len(keys) for keys, _ in loader))
+        assert n == 160
+        assert [f"epoch {epoch} drops 40 of 200" in str(w.message) for w in got] == [True]
+
+
+# ---- 2. a plain DataLoader repeating the same order ---------------------------------------------
+
+_REPEAT = textwrap.dedent(
+    """
+    import sys
+    from torch.utils.data import DataLoader
+    from tarshards import WebDataset, WebLoader
+
+    urls, case = sys.argv[1], sys.argv[2]
+    ds = WebDataset(urls, shardshuffle=True, seed=0).shuffle(10).decode().to_tuple("cls")
+    workers = 0 if case == "plain0" else 2
+    if case == "webloader":
+        loader = WebLoader(ds, batch_size=None, num_workers=2)
+    else:
+        context = "spawn" if case == "spawn" else None
+        loader = DataLoader(ds, batch_size=None, num_workers=workers,
+                            multiprocessing_context=context)
+    orders = []
+    for epoch in range(3):
+        if case == "set_epoch":
+            ds.set_epoch(epoch)
+        orders.append([int(c) for (c,) in loader])
+    print(len(set(map(tuple, orders))), len(orders[0]))
+    """
+)
+
+
+@pytest.mark.parametrize(
+    "case, warns",
+    [
+        ("plain2", True),
+        ("spawn", True),
+        ("plain0", False),
+        ("webloader", False),
+        ("set_epoch", False),
+    ],
+)
+def test_plain_dataloader_repeating_its_order_warns_once(tmp_path, case, warns):
+    pytest.importorskip("torch")
+    urls = write_counted(tmp_path, n=40, per_shard=10)
+    script = tmp_path / "repeat.py"
+    script.write_text("if __name__ == '__main__':\n" + textwrap.indent(_REPEAT, "    "))
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"), PYTHONWARNINGS="default")
+    spec = os.path.join(str(tmp_path), "d-{0000..0003}.tar")
+    assert len(urls) == 4
+    proc = subprocess.run(
+        [sys.executable, str(script), spec, case],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=str(tmp_path),
+    )
+    assert proc.returncode == 0, proc.stderr
+    distinct, n = map(int, proc.stdout.split())
+    assert n == 40
+    said = proc.stderr.count("starts epoch 0 of this dataset again")
+    if warns:  # three epochs, one order, one warning naming both ways out
+        assert distinct == 1 and said == 1, proc.stderr
+        assert "WebLoader" in proc.stderr and "set_epoch" in proc.stderr
+    else:  # the epoch moves: three orders, no warning
+        assert distinct == 3 and said == 0, proc.stderr
