@@ -18,7 +18,7 @@ from .planned import PlannedProgram, _SingleProgram, feed_batches
 from .reading import iter_samples, shard_samples
 from .shards import resampled_shards, shard_order, split_shards
 from .plan import PlanConfig, ShardTable, plan_for, scan_shards
-from .specs import expand_urls
+from .specs import check_local_shards, expand_urls
 from .specs import is_manifest_spec as _is_manifest_spec
 from .storage import is_local, open_url
 from .types import WorkerInfo
@@ -208,6 +208,7 @@ class WebDataset(DataPipeline):
     def table(self):
         """The shards' sample counts and offsets (scanned once, when first needed)."""
         if self._table is None:
+            self._check_shards_exist()
             if self.manifest is not None:
                 self._table = ShardTable.from_manifest(self.manifest, self.urls)
             else:
@@ -416,7 +417,16 @@ class WebDataset(DataPipeline):
             )
         return urls
 
+    def _check_shards_exist(self) -> None:
+        """Under ``on_error="raise"``: every local shard exists (one ``stat`` each, once), or
+        an error lists those that do not, before the first sample is read."""
+        if self.__dict__.get("_shards_exist") or self.on_error.mode != "raise":
+            return
+        check_local_shards(self.urls, self.spec)
+        self._shards_exist = True
+
     def _samples(self, ctx: dict) -> Iterator[dict]:
+        self._check_shards_exist()
         shards: Any = self.shard_list(ctx)
         if not self.resampled:
             shards = list(shards)

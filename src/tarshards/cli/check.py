@@ -226,14 +226,23 @@ def check_cmd(inputs, listfile, max_problems, quiet, manifest_url=None):
     With --manifest, each shard's size, hash and sample count must be the manifest's too (its
     shards are checked when no INPUTS are given)."""
     expected = None
+    if manifest_url is None and len(inputs) == 1 and listfile is None:
+        from ..manifest import is_manifest_spec
+
+        if is_manifest_spec(inputs[0]):  # tarcheck M: its shards, checked against it
+            manifest_url, inputs = inputs[0], ()
     if manifest_url is not None:
         from ..manifest import Manifest
 
         manifest = Manifest.load(manifest_url)
         expected = manifest.records_by_url()
-        urls = collect_inputs(inputs, listfile) if (inputs or listfile) else manifest.shard_urls()
+        urls = (
+            collect_inputs(inputs, listfile, exist=False)
+            if (inputs or listfile)
+            else manifest.shard_urls()
+        )
     else:
-        urls = collect_inputs(inputs, listfile)
+        urls = collect_inputs(inputs, listfile, exist=False)  # a missing shard: a problem line
     reports = []
     with Progress(quiet, "tarcheck", unit="shards", total=len(urls)) as bar:
         for url in urls:

@@ -19,6 +19,7 @@ import click
 from ..errors import TarshardsError, TarshardsWarning
 from ..parallel import FAILED, format_summary, map_shards, shell_sample_fn
 from ..stages import reraise_exception, warn_and_continue
+from ..manifest import spec_urls
 from ..specs import expand_urls
 from ..storage import is_local, local_path
 from ._common import (
@@ -152,7 +153,7 @@ def map_cmd(
         raise click.UsageError("--address needs --engine dask")
     fn = shell_sample_fn(command) if command is not None else load_function(function)
     try:
-        ins = expand_urls(list(inputs))
+        ins = spec_urls(list(inputs))  # a manifest names its shards
         outs = expand_urls(outputs)
     except (ValueError, FileNotFoundError) as exn:
         raise click.BadParameter(str(exn)) from None

@@ -15,6 +15,7 @@ from typing import Callable
 
 from ..errors import TarshardsWarning
 from ..on_error import OnError, error_policy
+from ..manifest import spec_urls
 from ..specs import expand_urls
 from ..storage import filesystem, is_local, local_path, remove_stale_temporaries
 from .engines import Engine, make_engine
@@ -32,7 +33,7 @@ def _exists(url: str, storage_options) -> bool:
 
 
 def _pairs(inputs, outputs, storage_options) -> list[tuple[str, str]]:
-    ins = expand_urls(inputs, storage_options=storage_options)
+    ins = spec_urls(inputs, storage_options=storage_options)  # a manifest names its shards
     outs = expand_urls(outputs, storage_options=storage_options)
     if not ins:
         raise ValueError(f"the input spec {inputs!r} names no shards")
