@@ -157,3 +157,68 @@ def test_plain_dataloader_repeating_its_order_warns_once(tmp_path, case, warns):
         assert "WebLoader" in proc.stderr and "set_epoch" in proc.stderr
     else:  # the epoch moves: three orders, no warning
         assert distinct == 3 and said == 0, proc.stderr
+
+
+# ---- 4. brace typos and missing shards (Python; the CLI: tests/cli/test_cli_manifest.py) ---
+
+
+def test_brace_typos_raise_our_error_saying_why(tmp_path):
+    from tarshards.errors import ShardSpecError
+
+    with pytest.raises(ShardSpecError, match=r"did not expand: a range has two dots"):
+        WebDataset(str(tmp_path / "train-{000000...000003}.tar"))
+    with pytest.raises(ShardSpecError, match="unbalanced braces") as info:
+        WebDataset(str(tmp_path / "train-{000000..000003.tar"))
+    assert type(info.value.__cause__).__name__ == "UnbalancedBracesError"
+    assert isinstance(info.value, ValueError)
+
+
+def test_missing_local_shards_are_listed_before_the_first_sample(tmp_path):
+    from tarshards.errors import ShardNotFoundError
+
+    write_counted(tmp_path, n=20, per_shard=10)  # d-0000, d-0001
+    ds = WebDataset(str(tmp_path / "d-{0000..0004}.tar"))
+    it = iter(ds)
+    with pytest.raises(ShardNotFoundError) as info:
+        next(it)  # not one sample of the two real shards first
+    msg = str(info.value)
+    assert "3 of the 5 shards" in msg
+    assert all(f"d-{i:04d}.tar" in msg for i in (2, 3, 4))
+    assert "d-0000.tar" not in msg
+    # skipping policies keep going past what is missing
+    assert len(list(WebDataset(str(tmp_path / "d-{0000..0004}.tar"), on_error="skip"))) == 20
+
+
+# ---- 5. what a skip loses -------------------------------------------------------------------
+
+
+def _break_header(path, member_number):
+    import tarfile
+
+    with tarfile.open(path) as tf:
+        offset = tf.getmembers()[member_number].offset
+    with open(path, "r+b") as f:
+        f.seek(offset + 148)  # the header's checksum field
+        f.write(b"9999999\0")
+    return offset
+
+
+def test_a_skipped_rest_of_a_shard_is_counted(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with ShardWriter("d-%04d.tar", maxcount=50, manifest="m.json") as sink:
+        for i in range(100):
+            sink.write({"__key__": f"k{i:04d}", "cls": i, "txt": "x" * 700})
+    offset = _break_header("d-0000.tar", 18)  # k0009's first member
+    size = os.path.getsize("d-0000.tar")
+    # by the index: the samples lost, from the one still being read (k0008: its members were
+    # read, but whether more were to come is unknown) to the shard's last
+    keys, got = caught(lambda: [s["__key__"] for s in WebDataset("m.json", on_error="warn")])
+    assert len(keys) == 58 and keys[7] == "k0007" and keys[8] == "k0050"
+    assert len(got) == 1
+    msg = str(got[0].message)
+    assert f"offset {offset}" in msg
+    assert "42 of its 50 samples ('k0008' to 'k0049', by its index)" in msg
+    # without an index: the bytes from the offset
+    keys, got = caught(lambda: list(WebDataset("d-{0000..0001}.tar", on_error="warn")))
+    assert len(keys) == 58 and len(got) == 1
+    assert f"{size - offset:,} bytes from offset {offset} (of its {size:,}" in str(got[0].message)

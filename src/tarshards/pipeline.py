@@ -452,6 +452,8 @@ class WebDataset(DataPipeline):
             options["opener"] = self._opener
         if self.verify and self.manifest is not None:  # verify= needs a manifest (__init__)
             options["expect"] = self.manifest.records_by_url()
+        if self.manifest is not None and self.on_error.mode != "raise":
+            options["index_of"] = _IndexOf(self.manifest)  # to name the samples a skip loses
         if not self.empty_check or self.resampled:
             yield from iter_samples(shards, on_error=self.on_error, **options)
             return
@@ -545,6 +547,20 @@ class WebDataset(DataPipeline):
     def _source_repr(self) -> str:
         spec = repr(self.spec) if isinstance(self.spec, str) else f"[{self.urls[0]!r}, ...]"
         return f"{type(self).__name__}({spec}, {len(self.urls)} shards)"
+
+
+class _IndexOf:
+    """``url -> ShardIndex | None``: a manifest's index of a shard, where it has one."""
+
+    def __init__(self, manifest):
+        self.manifest = manifest
+
+    def __call__(self, url: str):
+        urls = self.manifest.shard_urls()
+        if url not in urls:
+            return None
+        i = urls.index(url)
+        return self.manifest.load_index(i) if self.manifest.shards[i].index else None
 
 
 def _is_remote(url: str) -> bool:

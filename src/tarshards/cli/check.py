@@ -9,6 +9,7 @@ line each (shard, member, offset); the exit status is 1 when any problem was fou
 from __future__ import annotations
 
 import collections
+import functools
 from dataclasses import dataclass, field
 
 import click
@@ -57,10 +58,12 @@ def _counted(chunks, counter: list):
         yield chunk
 
 
-def check_shard(url: str, *, max_problems: int = 20, expect=None) -> ShardReport:
+def check_shard(url: str, *, max_problems: int = 20, expect=None, index=None) -> ShardReport:
     """Read one shard to its end and report what is in it and what is wrong with it.
 
-    ``expect``: the shard's manifest record; its size, hash and sample count are checked too."""
+    ``expect``: the shard's manifest record; its size, hash and sample count are checked too.
+    ``index``: a function returning the shard's index (or ``None``): when the hash differs, the
+    shard is read again and the members whose checksum differs from the index's are named."""
     rep = ShardReport(url)
     seen: dict[str, int] = {}  # key -> offset of its first member, for finished samples
     key = None
@@ -126,6 +129,9 @@ def check_shard(url: str, *, max_problems: int = 20, expect=None) -> ShardReport
                 )
             except TarshardsError as exn:
                 problem(str(exn))
+                if index is not None and "hash" in str(exn):
+                    for line in _differing_members(url, index):
+                        problem(line)
         if rep.members == 0:
             problem(f"no members: empty shard (shard {url})")
         elif rep.samples == 0:
@@ -138,6 +144,57 @@ def check_shard(url: str, *, max_problems: int = 20, expect=None) -> ShardReport
     except (MemoryError, OverflowError) as exn:  # defensive: the reader should not let these out
         problem(str(as_data_error(exn, url)))
     return rep
+
+
+def _manifest_index(manifest, i: int):
+    return manifest.load_index(i) if manifest.shards[i].index else None
+
+
+def _differing_members(url: str, index, most: int = 5) -> list[str]:
+    """Where a shard differs from its index: the members whose data checksum (or name, or
+    size) is not the index's, read again from the shard; at most ``most`` lines."""
+    try:
+        idx = index()
+    except (TarshardsError, OSError):
+        return []
+    if idx is None:
+        return []
+    checksum = idx.checksum_fn()
+    sums = idx.member_checksums.tolist()
+    sizes = idx.member_sizes.tolist()
+    names = [name for i in range(idx.num_samples) for name in idx.member_names(i)]
+    out: list[str] = []
+    n = 0
+    try:
+        with open_url(url) as stream:
+            for n, (name, data, offset) in enumerate(
+                iter_tar(decompressed_chunks(read_chunks(stream), url), url), 1
+            ):
+                i = n - 1
+                if i >= len(sums):
+                    out.append(f"member {name!r} (offset {offset}) is not in the index")
+                elif name.lstrip("./") != names[i].lstrip("./") or len(data) != sizes[i]:
+                    out.append(
+                        f"member {name!r} (offset {offset}) is not the index's {names[i]!r} "
+                        f"of {sizes[i]} bytes"
+                    )
+                elif checksum(data) != sums[i]:
+                    out.append(
+                        f"member {name!r} (offset {offset}): its data's checksum differs from "
+                        f"the index's (shard {url})"
+                    )
+                if len(out) >= most:
+                    break
+    except (TarshardsError, OSError):
+        pass
+    if not out and n < len(sums):
+        out.append(f"the shard ends after {n} of the index's {len(sums)} members (shard {url})")
+    if not out:
+        out.append(
+            f"every member's data matches the index: the difference is in headers or padding "
+            f"(shard {url})"
+        )
+    return out
 
 
 def _hashing_reader(stream, expect):
@@ -154,7 +211,8 @@ def _human(n: int) -> str:
 
 
 def format_table(reports: list[ShardReport]) -> str:
-    rows = [("shard", "samples", "members", "bytes", "extensions", "status")]
+    # payload: the members' data, without tar headers and padding (the file is larger)
+    rows = [("shard", "samples", "members", "payload", "extensions", "status")]
     for r in reports:
         exts = " ".join(f"{e}:{n}" for e, n in sorted(r.extensions.items()))
         rows.append(
@@ -225,7 +283,8 @@ def check_cmd(inputs, listfile, max_problems, quiet, manifest_url=None):
 
     With --manifest, each shard's size, hash and sample count must be the manifest's too (its
     shards are checked when no INPUTS are given)."""
-    expected = None
+    expected = manifest = None
+    positions: dict[str, int] = {}
     if manifest_url is None and len(inputs) == 1 and listfile is None:
         from ..manifest import is_manifest_spec
 
@@ -236,6 +295,7 @@ def check_cmd(inputs, listfile, max_problems, quiet, manifest_url=None):
 
         manifest = Manifest.load(manifest_url)
         expected = manifest.records_by_url()
+        positions = {u: i for i, u in enumerate(manifest.shard_urls())}
         urls = (
             collect_inputs(inputs, listfile, exist=False)
             if (inputs or listfile)
@@ -254,7 +314,11 @@ def check_cmd(inputs, listfile, max_problems, quiet, manifest_url=None):
                     reports.append(rep)
                     bar.update()
                     continue
-            reports.append(check_shard(url, max_problems=max_problems, expect=expect))
+            index = None
+            if manifest is not None and url in positions:
+                i = positions[url]
+                index = functools.partial(_manifest_index, manifest, i)
+            reports.append(check_shard(url, max_problems=max_problems, expect=expect, index=index))
             bar.update()
     if not quiet:
         click.echo(format_table(reports))
