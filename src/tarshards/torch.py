@@ -46,7 +46,7 @@ from .codecs import Codec, register_array_kind, register_codec
 from .crop import register_crop_converter
 from .errors import ResumeError, TarshardsWarning
 from .plan import STATE_FORMAT, check_state
-from .stages import register_collation
+from .stages import collate_error, register_collation
 from .transport import Group, Packer, Unpacker, new_token, remove_orphans
 from .types import WorkerInfo
 
@@ -375,6 +375,8 @@ class WebLoader(DataLoader):
         bound = inspect.signature(DataLoader.__init__).bind(self, dataset, *args, **kwargs)
         options = bound.arguments
         options.update(options.pop("kwargs", {}) or {})
+        if options.get("collate_fn") is None and options.get("batch_size", 1) is not None:
+            options["collate_fn"] = _Hinted(default_collate)  # mixed image sizes: what to do
         packing = transport is not None and (options.get("num_workers") or 0) > 0
         grouping = None
         owning = getattr(dataset, "copy", True) is False  # zero-copy fields: bytes before collate
@@ -414,7 +416,9 @@ class WebLoader(DataLoader):
         if packing:
             # segments of exited workers whose tickets were dropped (an epoch broken off)
             self._token = token
-            weakref.finalize(self, remove_orphans, token)
+            # the loader gone (or the program ending, after an error too): every segment of
+            # its workers, whose tickets no one will map
+            weakref.finalize(self, remove_orphans, token, True)
         self._unpacker = None
         if self._planned():
             dataset._plan_identity()  # count the shards once here, not in every worker
@@ -511,10 +515,33 @@ class WebLoader(DataLoader):
         return self._count(it)
 
     def _count(self, it):
-        for batch in it:
-            self._step += 1
-            yield batch
+        try:
+            for batch in it:
+                self._step += 1
+                yield batch
+        except Exception:
+            self._abandon(it)  # an error (in a worker, say) ends the epoch: its workers too
+            raise
         self._finished = True
+
+    def _abandon(self, it) -> None:
+        """Stop the workers of an epoch that an error ended, and remove the shared-memory
+        segments whose batches will never be taken (else Python's resource tracker finds
+        them at exit and warns of "leaked shared_memory objects")."""
+        inner = getattr(it, "_it", it)  # DataLoader's iterator
+        shutdown = getattr(inner, "_shutdown_workers", None)
+        if shutdown is not None:
+            try:
+                shutdown()
+            except Exception:  # already down, or half made: the segments below still go
+                pass
+            if self.persistent_workers and self._iterator is inner:
+                self._iterator = None
+        if self._packing:
+            remove_orphans(self._token, True)
+            if self._unpacker is not None:
+                self._unpacker.close()
+                self._unpacker = None
 
     def __len__(self):
         if self._planned():
@@ -585,6 +612,23 @@ class WebLoader(DataLoader):
             "finished": False,
             "dataset": inner,
         }
+
+
+class _Hinted:
+    """A collate function whose failure on values of different shapes (images of mixed sizes)
+    says what to do (:func:`tarshards.stages.collate_error`)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __call__(self, batch):
+        try:
+            return self.inner(batch)
+        except (RuntimeError, ValueError, TypeError) as exn:
+            err = collate_error(batch, exn) if isinstance(batch, list) else None
+            if err is None:
+                raise
+            raise err from exn
 
 
 class _Owning:

@@ -215,6 +215,17 @@ def _run_shard_jobs(
         raise RuntimeError(
             f"internal error: the {engine.name} engine reported {len(done)} of {len(pairs)} shards"
         )
+    kept = [r for r in done if r.status == SKIPPED]
+    if kept:
+        names = ", ".join(r.output for r in kept[:3]) + (" ..." if len(kept) > 3 else "")
+        warnings.warn(
+            f"{len(kept)} of {len(pairs)} outputs exist already and were kept, not made again "
+            f"({names}): a rerun makes only the missing ones, so a changed function or "
+            "options do not reach them. To redo them, pass overwrite=True (tarshards map "
+            "--overwrite) or remove them first",
+            TarshardsWarning,
+            stacklevel=3,
+        )
     failed = [r for r in done if r.status == FAILED]
     if failed:
         warnings.warn(
