@@ -113,7 +113,7 @@ _REPEAT = textwrap.dedent(
         loader = DataLoader(ds, batch_size=None, num_workers=workers,
                             multiprocessing_context=context)
     orders = []
-    for epoch in range(3):
+    for epoch in range(2 if case == "spawn" else 3):  # (spawned workers start slowly)
         if case == "set_epoch":
             ds.set_epoch(epoch)
         orders.append([int(c) for (c,) in loader])
@@ -152,11 +152,12 @@ def test_plain_dataloader_repeating_its_order_warns_once(tmp_path, case, warns):
     distinct, n = map(int, proc.stdout.split())
     assert n == 40
     said = proc.stderr.count("starts epoch 0 of this dataset again")
-    if warns:  # three epochs, one order, one warning naming both ways out
+    epochs = 2 if case == "spawn" else 3
+    if warns:  # one order every epoch, one warning naming both ways out
         assert distinct == 1 and said == 1, proc.stderr
         assert "WebLoader" in proc.stderr and "set_epoch" in proc.stderr
-    else:  # the epoch moves: three orders, no warning
-        assert distinct == 3 and said == 0, proc.stderr
+    else:  # the epoch moves: an order per epoch, no warning
+        assert distinct == epochs and said == 0, proc.stderr
 
 
 # ---- 4. brace typos and missing shards (Python; the CLI: tests/cli/test_cli_manifest.py) ---
@@ -222,3 +223,143 @@ def test_a_skipped_rest_of_a_shard_is_counted(tmp_path, monkeypatch):
     keys, got = caught(lambda: list(WebDataset("d-{0000..0001}.tar", on_error="warn")))
     assert len(keys) == 58 and len(got) == 1
     assert f"{size - offset:,} bytes from offset {offset} (of its {size:,}" in str(got[0].message)
+
+
+# ---- 7. paper cuts ---------------------------------------------------------------------------
+
+_LEAK = textwrap.dedent(
+    """
+    import io, sys
+    import numpy as np
+    from PIL import Image
+    from tarshards import ShardWriter, WebDataset, WebLoader
+
+    with ShardWriter("e-%04d.tar", maxcount=100) as sink:
+        for i in range(400):
+            buf = io.BytesIO()
+            Image.fromarray(np.full((48, 48, 3), i % 256, np.uint8)).save(buf, format="JPEG")
+            sink.write({"__key__": f"s{i:04d}", "jpg": buf.getvalue() if i != 250 else b"no",
+                        "cls": i})
+    ds = WebDataset("e-{0000..0003}.tar").decode("rgb8").to_tuple("jpg", "cls").batched(8)
+    loader = WebLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    try:
+        for batch in loader:
+            pass
+    except Exception as exn:
+        print(type(exn).__name__)
+    import os
+    print(sum(1 for e in os.listdir("/dev/shm") if e.startswith(f"tarshards-{loader._token}-")))
+    """
+)
+
+
+def test_an_error_in_a_loader_worker_leaks_no_shared_memory(tmp_path):
+    pytest.importorskip("torch")
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm here")
+    script = tmp_path / "leak.py"
+    script.write_text("if __name__ == '__main__':\n" + textwrap.indent(_LEAK, "    "))
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"))
+    for _ in range(1):  # (before the fix, about one run in three warned; the count failed)
+        proc = subprocess.run(
+            [sys.executable, str(script)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            cwd=str(tmp_path),
+        )
+        assert proc.returncode == 0, proc.stderr
+        name, left = proc.stdout.split()
+        assert name == "DecodeError"
+        assert left == "0"  # the segments of its workers are gone once the error is out
+        assert "leaked shared_memory" not in proc.stderr
+
+
+def test_map_shards_rerun_says_the_outputs_exist_and_how_to_redo_them(tmp_path):
+    from tarshards.parallel import map_shards
+
+    urls = write_counted(tmp_path, n=20, per_shard=10)
+    outs = str(tmp_path / "out-{0000..0001}.tar")
+
+    def first(sample):
+        return sample
+
+    def changed(sample):
+        sample["txt"] = "new"
+        return sample
+
+    reports, got = caught(lambda: map_shards(first, urls, outs, engine="processes", workers=1))
+    assert [r.status for r in reports] == ["done", "done"] and got == []
+    reports, got = caught(lambda: map_shards(changed, urls, outs, engine="processes", workers=1))
+    assert [r.status for r in reports] == ["skipped", "skipped"]
+    assert len(got) == 1
+    msg = str(got[0].message)
+    assert "2 of 2 outputs exist already and were kept" in msg
+    assert "overwrite=True" in msg and "--overwrite" in msg and "out-0000.tar" in msg
+    reports, got = caught(
+        lambda: map_shards(changed, urls, outs, engine="processes", workers=1, overwrite=True)
+    )
+    assert [r.status for r in reports] == ["done", "done"] and got == []
+    assert all(s["txt"] == b"new" for s in WebDataset(outs))
+
+
+def test_indexing_a_stream_points_to_indexed_dataset(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with ShardWriter("d-%04d.tar", maxcount=10, manifest="m.json") as sink:
+        for i in range(20):
+            sink.write({"__key__": f"s{i:04d}", "cls": i})
+    with pytest.raises(TypeError, match=r"tarshards\.IndexedDataset\(.*m\.json'\)") as info:
+        WebDataset("m.json")[5]
+    assert "not indexed" in str(info.value)
+    from tarshards import IndexedDataset
+
+    assert IndexedDataset("m.json")[5]["__key__"] == "s0005"  # ... where ds[i] works
+
+
+def _mixed_sizes(directory):
+    import numpy as np
+    from PIL import Image
+
+    pattern = os.path.join(str(directory), "m-%04d.tar")
+    with ShardWriter(pattern, maxcount=20) as sink:
+        for i in range(20):
+            size = (40, 48, 3) if i % 5 else (24, 24, 3)
+            pixels = np.full(size, i, np.uint8)
+            sink.write({"__key__": f"s{i:04d}", "jpg": Image.fromarray(pixels), "cls": i})
+    return pattern % 0
+
+
+def test_stacking_images_of_mixed_sizes_says_what_to_do(tmp_path):
+    from tarshards.stages import CollateError
+
+    url = _mixed_sizes(tmp_path)
+    with pytest.raises(CollateError) as info:
+        list(WebDataset(url).decode("rgb8").to_tuple("jpg", "cls").batched(8))
+    msg = str(info.value)
+    assert "images of different sizes: (24, 24, 3) at row 0, (40, 48, 3) at row 1" in msg
+    assert "size=(w, h)" in msg and "random_resized_crop" in msg and "collation" in msg
+    assert isinstance(info.value, ValueError) and isinstance(info.value.__cause__, ValueError)
+    # what it says works
+    batches = list(WebDataset(url).decode("rgb8", size=(32, 32)).to_tuple("jpg", "cls").batched(8))
+    assert [b[0].shape for b in batches] == [(8, 32, 32, 3), (8, 32, 32, 3), (4, 32, 32, 3)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loaders_collation_of_mixed_sizes_says_what_to_do(tmp_path, workers):
+    torch = pytest.importorskip("torch")
+    from tarshards import WebLoader
+    from tarshards.stages import CollateError
+
+    url = _mixed_sizes(tmp_path)
+    ds = WebDataset(url).decode("torchrgb").to_tuple("jpg", "cls")
+    with pytest.raises(Exception) as info:
+        list(WebLoader(ds, batch_size=8, num_workers=workers))
+    assert "images of different sizes: (3, 24, 24) at row 0, (3, 40, 48) at row 1" in str(
+        info.value
+    )
+    if workers == 0:
+        assert isinstance(info.value, CollateError) and isinstance(info.value, RuntimeError)
+    assert torch.is_tensor(
+        next(iter(WebLoader(ds.map_tuple(lambda x: x[:, :8, :8], None), batch_size=8)))[0]
+    )
