@@ -276,19 +276,21 @@ def test_an_error_in_a_loader_worker_leaks_no_shared_memory(tmp_path):
         assert "leaked shared_memory" not in proc.stderr
 
 
+def _as_it_was(sample):
+    return sample
+
+
+def _changed(sample):
+    sample["txt"] = "new"
+    return sample
+
+
 def test_map_shards_rerun_says_the_outputs_exist_and_how_to_redo_them(tmp_path):
     from tarshards.parallel import map_shards
 
     urls = write_counted(tmp_path, n=20, per_shard=10)
     outs = str(tmp_path / "out-{0000..0001}.tar")
-
-    def first(sample):
-        return sample
-
-    def changed(sample):
-        sample["txt"] = "new"
-        return sample
-
+    first, changed = _as_it_was, _changed
     reports, got = caught(lambda: map_shards(first, urls, outs, engine="processes", workers=1))
     assert [r.status for r in reports] == ["done", "done"] and got == []
     reports, got = caught(lambda: map_shards(changed, urls, outs, engine="processes", workers=1))

@@ -110,6 +110,8 @@ def _glob_url(url: str, storage_options) -> list[str]:
 
 # ---- braces that do not expand; local shards that do not exist ----------------------------------
 
+# (braceexpand's stubs do not name it; a ValueError in every version)
+_UNBALANCED: type[Exception] = getattr(braceexpand, "UnbalancedBracesError", ValueError)
 _LEFT_BRACES = re.compile(r"\{([^{}]*)\}")
 
 
@@ -119,7 +121,7 @@ def _braces(part: str, check: bool = True) -> list[str]:
     local file has that very name)."""
     try:
         urls = list(braceexpand.braceexpand(part))
-    except braceexpand.UnbalancedBracesError as exn:
+    except _UNBALANCED as exn:
         raise ShardSpecError(
             f"unbalanced braces in the shard spec {part!r}: every '{{' needs its '}}' (a range "
             "is written {000000..000003}, a list {train,val})"
