@@ -112,7 +112,7 @@ def _glob_url(url: str, storage_options) -> list[str]:
 
 # (braceexpand's stubs do not name it; a ValueError in every version)
 _UNBALANCED: type[Exception] = getattr(braceexpand, "UnbalancedBracesError", ValueError)
-_LEFT_BRACES = re.compile(r"\{([^{}]*)\}")
+_LEFT_BRACES = re.compile(r"(?<!\$)\{([^{}]*)\}")  # not ${VAR}: an environment variable
 
 
 def _braces(part: str, check: bool = True) -> list[str]:
