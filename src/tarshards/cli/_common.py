@@ -21,8 +21,7 @@ import click
 
 from ..errors import ShardFormatError, TarshardsError, TruncatedShardError
 from ..format import parse_size as _parse_size
-from ..manifest import spec_urls
-from ..specs import check_local_shards, expand_urls
+from ..specs import check_local_shards, expand_urls, is_manifest_spec
 from ..storage import open_url
 
 __all__ = [
@@ -254,7 +253,12 @@ def error_handler(on_error: str, prog: str | None = None) -> Callable[[BaseExcep
         prog = ctx.command_path if ctx is not None else "tarshards"
 
     def skip(exn) -> bool:
-        print_err(f"{prog}: warning: skipped the rest of a shard: {exn}")
+        from ..reading import skipped_rest  # here: the commands start faster
+
+        lost = skipped_rest(exn) if isinstance(exn, TarshardsError) else None  # bytes, offset
+        print_err(
+            f"{prog}: warning: skipped the rest of a shard: {exn}" + (f" ({lost})" * bool(lost))
+        )
         return True
 
     return skip
@@ -368,7 +372,12 @@ def collect_inputs(
         specs = ["-"]
     for spec in specs:
         try:
-            found = spec_urls(spec)  # a manifest names its shards, as in Python
+            if is_manifest_spec(spec):  # a manifest names its shards, as in Python
+                from ..manifest import spec_urls  # here: no manifest, no import
+
+                found = spec_urls(spec)
+            else:
+                found = expand_urls(spec)
         except (ValueError, FileNotFoundError) as exn:
             raise click.BadParameter(str(exn), param_hint="INPUTS") from None
         if not found:
