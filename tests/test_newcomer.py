@@ -112,6 +112,24 @@ def test_stop_and_resume_mid_epoch(here):
     keys = [k for batch, _ in ns.first + ns.again for k in batch]
     assert len(keys) == len(set(keys)) == 80  # 7 batches before the stop, 13 after: all 80
     assert not [w for w in ns.warnings if "drops" in str(w.message)]
+    # the same recipe on 90 samples (10 more than 10 readers x 2 batches x 4): what the first
+    # epoch cannot fit opens the next one, so two epochs deliver every sample
+    from tarshards import ShardWriter, WebLoader
+
+    with ShardWriter("more-%04d.tar", maxcount=30) as sink:
+        for i in range(90):
+            sink.write({"__key__": f"m{i:03d}", "cls": i % 10})
+    ns.planned.__globals__["urls"] = "more-{0000..0002}.tar"
+    loader = WebLoader(ns.planned(), batch_size=None, num_workers=2)
+    seen = [k for _ in range(2) for batch, _ in loader for k in batch]
+    assert set(seen) == {f"m{i:03d}" for i in range(90)}
+    # without the recipe's choice the default drops them, and says how many
+    ds = ns.WebDataset("more-{0000..0002}.tar", shardshuffle=True, readers=10)
+    ds = ds.decode().to_tuple("__key__", "cls").batched(4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert sum(len(batch) for batch, _ in ds) == 80
+    assert ["epoch 0 drops 10 of 90 samples" in str(w.message) for w in caught] == [True]
 
 
 def test_len_and_random_access(here):
