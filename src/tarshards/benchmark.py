@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable
 from .images import jpeg_decoder
 from .pipeline import DataPipeline
 from .tario import iter_tar_batches, tar_byte_source
-from .manifest import spec_urls
+from .specs import expand_urls
 from .storage import open_url
 
 __all__ = ["bench_pipeline", "diagnose", "format_report", "plot_report"]
@@ -235,7 +235,10 @@ def bench_pipeline(
     0: no loader). ``batch_size``: the loader's batch size when the pipeline does not batch.
     Returns a dict (see :func:`format_report`); ``log`` gets one line per finished step.
     """
-    urls = spec_urls(spec, storage_options=storage_options)  # a manifest names its shards
+    from .manifest import is_manifest_spec, spec_urls  # a manifest names its shards
+
+    expand = spec_urls if is_manifest_spec(spec) else expand_urls
+    urls = expand(spec, storage_options=storage_options)
     if not urls:
         raise ValueError(f"the shard spec {spec!r} names no shards")
     if dataset is None:

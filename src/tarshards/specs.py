@@ -21,7 +21,7 @@ from .errors import ShardNotFoundError, ShardSpecError
 from .storage.open import open_url
 from .storage.paths import filesystem, is_local, local_path, url_protocol
 
-__all__ = ["expand_urls", "is_manifest_spec", "check_local_shards", "missing_local_shards"]
+__all__ = ["expand_urls", "is_manifest_spec"]
 
 _LIST_SUFFIXES = (".txt", ".shards", ".list")
 
@@ -63,52 +63,9 @@ def _has_glob(s: str) -> bool:
     return any(c in s for c in "*?[")
 
 
-def _expand_one(part: str, storage_options) -> list[str]:
-    if part == "-":
-        return [part]
-    if part.startswith("pipe:"):  # as in webdataset: pipe:curl -s http://h/a-{000..009}.tar
-        return _braces(part, check=False)
-    if part.startswith("@"):
-        return _read_list(part[1:], storage_options)
-    if (
-        part.lower().endswith(_LIST_SUFFIXES)
-        and is_local(part)
-        and os.path.isfile(local_path(part))
-    ):
-        return _read_list(part, storage_options)
-    out = []
-    for url in _braces(part):
-        if _has_glob(url):
-            out.extend(_glob_url(url, storage_options))
-        else:
-            out.append(url)
-    return out
-
-
-def _read_list(path: str, storage_options) -> list[str]:
-    with open_url(path, storage_options=storage_options) as f:
-        text = f.read().decode("utf-8")
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            out.extend(_expand_one(line, storage_options))
-    return out
-
-
-def _glob_url(url: str, storage_options) -> list[str]:
-    if is_local(url):
-        found = sorted(_glob.glob(local_path(url)))
-    else:
-        fs, _ = filesystem(url, storage_options)
-        protocol = url_protocol(url)
-        found = sorted(f"{protocol}://{p}" if "://" not in p else p for p in fs.glob(url))
-    if not found:
-        raise FileNotFoundError(f"no shard matches the pattern {url!r}")
-    return found
-
-
 # ---- braces that do not expand; local shards that do not exist ----------------------------------
+
+__all__ += ["check_local_shards", "missing_local_shards"]
 
 # (braceexpand's stubs do not name it; a ValueError in every version)
 _UNBALANCED: type[Exception] = getattr(braceexpand, "UnbalancedBracesError", ValueError)
@@ -169,3 +126,48 @@ def check_local_shards(urls: Iterable[str], spec=None) -> None:
     raise ShardNotFoundError(
         f"{len(missing)} of the {len(urls)} shards{named} do not exist: {listed}"
     )
+
+
+def _expand_one(part: str, storage_options) -> list[str]:
+    if part == "-":
+        return [part]
+    if part.startswith("pipe:"):  # as in webdataset: pipe:curl -s http://h/a-{000..009}.tar
+        return _braces(part, check=False)
+    if part.startswith("@"):
+        return _read_list(part[1:], storage_options)
+    if (
+        part.lower().endswith(_LIST_SUFFIXES)
+        and is_local(part)
+        and os.path.isfile(local_path(part))
+    ):
+        return _read_list(part, storage_options)
+    out = []
+    for url in _braces(part):
+        if _has_glob(url):
+            out.extend(_glob_url(url, storage_options))
+        else:
+            out.append(url)
+    return out
+
+
+def _read_list(path: str, storage_options) -> list[str]:
+    with open_url(path, storage_options=storage_options) as f:
+        text = f.read().decode("utf-8")
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            out.extend(_expand_one(line, storage_options))
+    return out
+
+
+def _glob_url(url: str, storage_options) -> list[str]:
+    if is_local(url):
+        found = sorted(_glob.glob(local_path(url)))
+    else:
+        fs, _ = filesystem(url, storage_options)
+        protocol = url_protocol(url)
+        found = sorted(f"{protocol}://{p}" if "://" not in p else p for p in fs.glob(url))
+    if not found:
+        raise FileNotFoundError(f"no shard matches the pattern {url!r}")
+    return found

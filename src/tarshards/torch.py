@@ -44,11 +44,12 @@ from . import mixing as _mix
 from . import pipeline as _pipeline
 from .codecs import Codec, register_array_kind, register_codec
 from .crop import register_crop_converter
-from .errors import ResumeError, TarshardsWarning
+from .errors import ResumeError
 from .plan import STATE_FORMAT, check_state
 from .stages import collate_error, register_collation
 from .transport import Group, Packer, Unpacker, new_token, remove_orphans
 from .types import WorkerInfo
+from .errors import TarshardsWarning  # (of a plain DataLoader repeating its order)
 
 __all__ = [
     "DataPipeline",
