@@ -58,12 +58,10 @@ def _counted(chunks, counter: list):
         yield chunk
 
 
-def check_shard(url: str, *, max_problems: int = 20, expect=None, index=None) -> ShardReport:
+def check_shard(url: str, *, max_problems: int = 20, expect=None) -> ShardReport:
     """Read one shard to its end and report what is in it and what is wrong with it.
 
-    ``expect``: the shard's manifest record; its size, hash and sample count are checked too.
-    ``index``: a function returning the shard's index (or ``None``): when the hash differs, the
-    shard is read again and the members whose checksum differs from the index's are named."""
+    ``expect``: the shard's manifest record; its size, hash and sample count are checked too."""
     rep = ShardReport(url)
     seen: dict[str, int] = {}  # key -> offset of its first member, for finished samples
     key = None
@@ -129,9 +127,6 @@ def check_shard(url: str, *, max_problems: int = 20, expect=None, index=None) ->
                 )
             except TarshardsError as exn:
                 problem(str(exn))
-                if index is not None and "hash" in str(exn):
-                    for line in _differing_members(url, index):
-                        problem(line)
         if rep.members == 0:
             problem(f"no members: empty shard (shard {url})")
         elif rep.samples == 0:
@@ -318,7 +313,11 @@ def check_cmd(inputs, listfile, max_problems, quiet, manifest_url=None):
             if manifest is not None and url in positions:
                 i = positions[url]
                 index = functools.partial(_manifest_index, manifest, i)
-            reports.append(check_shard(url, max_problems=max_problems, expect=expect, index=index))
+            rep = check_shard(url, max_problems=max_problems, expect=expect)
+            if index is not None and any("hash" in p for p in rep.problems):
+                # where: the members whose checksum differs from the index's (read again)
+                rep.problems.extend(_differing_members(url, index))
+            reports.append(rep)
             bar.update()
     if not quiet:
         click.echo(format_table(reports))
