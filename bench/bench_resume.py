@@ -51,7 +51,8 @@ FRACTIONS = (0.1, 0.5, 0.9)
 def planned(urls, table=None, decode=False, shuffle=BUF, readers=READERS):
     from tarshards.pipeline import WebDataset
 
-    ds = WebDataset(urls, shardshuffle=True, seed=SEED, readers=readers)
+    # remainder="drop": the rates compare like with like (the plain pipeline has no carry-over)
+    ds = WebDataset(urls, shardshuffle=True, seed=SEED, readers=readers, remainder="drop")
     if table is not None:
         ds.set_table(table)
     return _stages(ds, decode, shuffle)

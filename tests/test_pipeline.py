@@ -154,8 +154,10 @@ def test_corrupt_shard_warn_and_continue(shards, tmp_path):
     data = Path(paths[1]).read_bytes()
     bad.write_bytes(data[: len(data) // 2])
     urls = [paths[0], str(bad), str(tmp_path / "missing.tar"), paths[2]]
+    with pytest.raises(StorageError, match="1 of the 4 shards do not exist: .*missing.tar"):
+        list(WebDataset(urls))  # a missing local shard: named before any sample is read
     with pytest.raises(ShardFormatError) as info:
-        list(WebDataset(urls))
+        list(WebDataset([u for u in urls if "missing" not in u]))
     assert "bad.tar" in str(info.value) and info.value.offset is not None
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")

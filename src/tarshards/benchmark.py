@@ -238,7 +238,10 @@ def bench_pipeline(
     0: no loader). ``batch_size``: the loader's batch size when the pipeline does not batch.
     Returns a dict (see :func:`format_report`); ``log`` gets one line per finished step.
     """
-    urls = expand_urls(spec, storage_options=storage_options)
+    from .manifest import is_manifest_spec, spec_urls  # a manifest names its shards
+
+    expand = spec_urls if is_manifest_spec(spec) else expand_urls
+    urls = expand(spec, storage_options=storage_options)
     if not urls:
         raise ValueError(f"the shard spec {spec!r} names no shards")
     if dataset is None:

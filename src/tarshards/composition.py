@@ -207,9 +207,14 @@ class DataPipeline:
         return self._length
 
     def __getitem__(self, index):
+        manifest = getattr(self, "manifest", None)
+        source = "the manifest" if manifest is None else repr(getattr(manifest, "url", None))
         raise TypeError(
             f"{type(self).__name__} is a streaming dataset: it can be iterated "
-            "over (for sample in ds, or DataLoader(ds)), not indexed"
+            "over (for sample in ds, or DataLoader(ds)), not indexed. For ds[i] use "
+            f"tarshards.IndexedDataset({source}) (random access by byte range; "
+            "the manifest and shard indexes come from writing with manifest= or from: "
+            "tarshards index SPEC -o manifest.json)"
         )
 
     def set_epoch(self, epoch: int) -> None:

@@ -25,6 +25,7 @@ __all__ = [
     "ResumeError",
     "ShardFormatError",
     "ShardNotFoundError",
+    "ShardSpecError",
     "ShardWriteError",
     "StorageError",
     "TarshardsError",
@@ -141,6 +142,10 @@ class ResumeError(TarshardsError, ValueError):
 
 class UnsafeCodecError(TarshardsError, PermissionError):
     """A codec that can run arbitrary code (pickle, torch.load) was used without opting in."""
+
+
+class ShardSpecError(TarshardsError, ValueError):
+    """A shard spec that cannot name shards as written (braces that do not expand or balance)."""
 
 
 class StorageError(TarshardsError, OSError):

@@ -49,6 +49,7 @@ __all__ = [
     "index_path_for",
     "is_manifest_spec",
     "relative_url",
+    "spec_urls",
 ]
 
 MANIFEST_FORMAT = "tarshards.manifest"
@@ -398,6 +399,19 @@ def as_manifest(spec, storage_options: dict | None = None) -> Manifest:
     if isinstance(spec, Manifest):
         return spec
     return Manifest.load(spec, storage_options=storage_options)
+
+
+def spec_urls(spec, *, storage_options: dict | None = None) -> list[str]:
+    """The shard URLs that ``spec`` names, where a manifest (a ``.json`` path or URL, a
+    :class:`Manifest`; alone or in a list) names its shards, as ``WebDataset(M)`` reads them:
+    the one expansion of the command-line tools and ``map_shards``."""
+    if is_manifest_spec(spec):
+        return as_manifest(spec, storage_options).shard_urls()
+    if isinstance(spec, (list, tuple)):
+        return [u for item in spec for u in spec_urls(item, storage_options=storage_options)]
+    from .specs import expand_urls
+
+    return expand_urls(spec, storage_options=storage_options)
 
 
 # ---------------------------------------------------------------------------------------------

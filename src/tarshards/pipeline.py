@@ -17,8 +17,8 @@ from .on_error import OnError
 from .planned import PlannedProgram, _SingleProgram, feed_batches
 from .reading import iter_samples, shard_samples
 from .shards import resampled_shards, shard_order, split_shards
-from .plan import PlanConfig, ShardTable, scan_shards
-from .specs import expand_urls
+from .plan import PlanConfig, ShardTable, plan_for, scan_shards
+from .specs import check_local_shards, expand_urls
 from .specs import is_manifest_spec as _is_manifest_spec
 from .storage import is_local, open_url
 from .types import WorkerInfo
@@ -57,7 +57,8 @@ class WebDataset(DataPipeline):
     ``readers=V``: follow an epoch plan over ``V`` virtual readers (see
     :mod:`tarshards.source`): exact and elastic mid-epoch resume (``state_dict()``), equal
     batches on every rank, ``len()`` exact; ``remainder="drop"|"carry"|"pad"`` says what
-    happens to the samples that do not fill ``V x B``; ``equal=True`` asks for it explicitly.
+    happens to the samples that do not fill ``V x B`` (left out: ``"drop"``, with a warning
+    naming the count for each epoch that drops any); ``equal=True`` asks for it explicitly.
     ``prefetch``: shards opened ahead of the current one (default: 2 for remote shard lists, 0
     for local files); ``prefetch_bytes`` bounds the memory they buffer.
     ``copy=False``: zero-copy reads: the fields of local plain shards are read-only
@@ -97,7 +98,7 @@ class WebDataset(DataPipeline):
         prefetch: int | None = None,
         prefetch_bytes: int = 256 << 20,
         readers: int | None = None,
-        remainder: str = "drop",
+        remainder: str | None = None,
         equal: bool | None = None,
         copy: bool = True,
         split: str | None = None,
@@ -116,8 +117,13 @@ class WebDataset(DataPipeline):
         self._plan_config = None
         self._equal = equal
         if readers is not None:
-            PlanConfig(readers=readers, remainder=remainder)  # checks the arguments
-            self._plan_config = {"readers": int(readers), "remainder": remainder}
+            # remainder left out: "drop", with a warning for each epoch that drops samples
+            PlanConfig(readers=readers, remainder=remainder or "drop")  # checks the arguments
+            self._plan_config = {
+                "readers": int(readers),
+                "remainder": remainder or "drop",
+                "chosen": remainder is not None,
+            }
         self._table: ShardTable | None = None
         self.manifest = None
         if manifest is None and _is_manifest_spec(urls):
@@ -205,6 +211,7 @@ class WebDataset(DataPipeline):
     def table(self):
         """The shards' sample counts and offsets (scanned once, when first needed)."""
         if self._table is None:
+            self._check_shards_exist()
             if self.manifest is not None:
                 self._table = ShardTable.from_manifest(self.manifest, self.urls)
             else:
@@ -292,6 +299,48 @@ class WebDataset(DataPipeline):
     def _epoch_program(self, epoch: int) -> "PlannedProgram":
         return _SingleProgram(self, epoch)
 
+    def dropped_samples(self, epoch: int | None = None) -> int:
+        """The samples a planned pipeline (``readers=V``) leaves out of ``epoch`` (default: the
+        next): those that do not fill ``V x B`` under ``remainder="drop"``; 0 otherwise."""
+        if self._plan_config is None:
+            return 0
+        cfg = self._plan_parts()[0]
+        if cfg.remainder != "drop":
+            return 0
+        plan = plan_for(self.table, cfg, self._next_epoch() if epoch is None else int(epoch))
+        return plan.length - plan.num_batches * cfg.batch_size
+
+    def _warn_dropped(self, epoch: int) -> None:
+        """Warn (once per epoch and process) that the default ``remainder="drop"`` leaves
+        samples out of ``epoch``, with their count and the options that keep them."""
+        plan = self._plan_config
+        if plan is None or plan.get("chosen"):
+            return
+        warned = self.__dict__.setdefault("_dropped_warned", set())
+        if epoch in warned:
+            return
+        warned.add(epoch)
+        dropped = self.dropped_samples(epoch)
+        if not dropped:
+            return
+        import warnings
+
+        from .errors import TarshardsWarning
+
+        cfg = self._plan_parts()[0]
+        total = self.table.num_samples
+        V, B = cfg.readers, cfg.batch_size
+        warnings.warn(
+            f"epoch {epoch} drops {dropped} of {total} samples: readers={V} x .batched({B}) "
+            f"plans {V} x {(total - dropped) // (V * B)} batches of {B} ({total - dropped} "
+            f"samples) and remainder='drop' is the default. remainder='carry' keeps them (they "
+            "open the next epoch; batches stay exact and equal), remainder='pad' pads the last "
+            "batches with repeated samples flagged __pad__; pass remainder='drop' to drop them "
+            "without this warning",
+            TarshardsWarning,
+            stacklevel=4,
+        )
+
     def _warn_unequal(self, ctx: dict) -> None:
         """Say (once, from rank 0's first worker) that the plain shard split may give the ranks
         different numbers of samples, which stalls a synchronous (DDP) step at the epoch's end:
@@ -371,7 +420,16 @@ class WebDataset(DataPipeline):
             )
         return urls
 
+    def _check_shards_exist(self) -> None:
+        """Under ``on_error="raise"``: every local shard exists (one ``stat`` each, once), or
+        an error lists those that do not, before the first sample is read."""
+        if self.__dict__.get("_shards_exist") or self.on_error.mode != "raise":
+            return
+        check_local_shards(self.urls, self.spec)
+        self._shards_exist = True
+
     def _samples(self, ctx: dict) -> Iterator[dict]:
+        self._check_shards_exist()
         shards: Any = self.shard_list(ctx)
         if not self.resampled:
             shards = list(shards)
@@ -397,6 +455,8 @@ class WebDataset(DataPipeline):
             options["opener"] = self._opener
         if self.verify and self.manifest is not None:  # verify= needs a manifest (__init__)
             options["expect"] = self.manifest.records_by_url()
+        if self.manifest is not None and self.on_error.mode != "raise":
+            options["index_of"] = _IndexOf(self.manifest)  # to name the samples a skip loses
         if not self.empty_check or self.resampled:
             yield from iter_samples(shards, on_error=self.on_error, **options)
             return
@@ -490,6 +550,20 @@ class WebDataset(DataPipeline):
     def _source_repr(self) -> str:
         spec = repr(self.spec) if isinstance(self.spec, str) else f"[{self.urls[0]!r}, ...]"
         return f"{type(self).__name__}({spec}, {len(self.urls)} shards)"
+
+
+class _IndexOf:
+    """``url -> ShardIndex | None``: a manifest's index of a shard, where it has one."""
+
+    def __init__(self, manifest):
+        self.manifest = manifest
+
+    def __call__(self, url: str):
+        urls = self.manifest.shard_urls()
+        if url not in urls:
+            return None
+        i = urls.index(url)
+        return self.manifest.load_index(i) if self.manifest.shards[i].index else None
 
 
 def _is_remote(url: str) -> bool:

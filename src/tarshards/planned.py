@@ -200,6 +200,10 @@ class _PlannedIterator:
             first = info.worker
         if ds.epoch is None:
             ds._auto_epoch = epoch + 1
+        if info.rank == 0 and info.worker == 0 and not getattr(ds, "_loader_warns", False):
+            warn = getattr(ds, "_warn_dropped", None)  # samples that remainder="drop" leaves out
+            if warn is not None:
+                warn(epoch)
         self.epoch = epoch
         self.prog = prog
         self.sched = Schedule(prog.num_batches, prog.readers, info.world_size, info.rank, origin)

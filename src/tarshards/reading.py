@@ -3,6 +3,7 @@ samples, several shards' with an error policy and prefetching, verified against 
 
 from __future__ import annotations
 
+import bisect
 import functools
 import os
 from typing import BinaryIO, Callable, Iterable, Iterator, cast
@@ -10,11 +11,11 @@ from typing import BinaryIO, Callable, Iterable, Iterator, cast
 from .errors import IntegrityError, StorageError, TarshardsError
 from .format import group_samples
 from .on_error import OnError, error_policy
-from .storage import open_url
+from .storage import is_local, local_path, open_url
 from .storage.prefetch import ShardPrefetcher, given_stream
 from .tario import iter_tar_batches, tar_byte_source
 
-__all__ = ["iter_samples", "shard_samples"]
+__all__ = ["iter_samples", "shard_samples", "skipped_rest"]
 
 
 def shard_samples(
@@ -90,6 +91,63 @@ def _verified_samples(stream, url: str, expect, chunk_size: int, last_dot: bool)
     )
 
 
+def skipped_rest(exn: TarshardsError, index=None) -> str | None:
+    """What skipping the rest of a shard after ``exn`` loses, in words: its samples from the one
+    the error is in, where ``index`` (the shard's :class:`~tarshards.index.ShardIndex`, or a
+    function returning it or ``None``) knows them; else the bytes from the error's offset (of a
+    local file's size). ``None`` when the error names no offset."""
+    offset = exn.offset
+    if offset is None:
+        return None
+    if callable(index):
+        try:
+            index = index()
+        except (TarshardsError, OSError):
+            index = None
+    if index is not None:
+        starts = index.tar_offsets.tolist()
+        total = len(starts)
+        # the sample of the last member before the offset is lost too (still being grouped)
+        first = max(0, bisect.bisect_left(starts, offset) - 1)
+        if total and first < total:
+            keys = index.keys
+            lost = total - first
+            which = repr(keys[first]) if lost == 1 else f"{keys[first]!r} to {keys[-1]!r}"
+            return (
+                f"the rest of the shard is skipped from offset {offset}: {lost} of its "
+                f"{total} samples ({which}, by its index)"
+            )
+    url = exn.url
+    size = None
+    if url is not None and is_local(url) and not str(url).lower().endswith(_PACKED):
+        try:
+            size = os.path.getsize(local_path(url))
+        except OSError:
+            size = None
+    if size is not None and size > offset:
+        return (
+            f"the rest of the shard is skipped: {size - offset:,} bytes from offset {offset} "
+            f"(of its {size:,}; an index, from tarshards index, would count the samples)"
+        )
+    return f"the rest of the shard is skipped, from offset {offset} to its end"
+
+
+_PACKED = (".gz", ".tgz", ".zst", ".tzst", ".bz2", ".xz", ".lz4")
+
+
+def _noted(exn: TarshardsError, policy, index_of) -> TarshardsError:
+    """``exn`` with a note of what skipping the rest of its shard loses (not under "raise")."""
+    if policy.mode == "raise" or not hasattr(exn, "add_note"):
+        return exn
+    index = None
+    if index_of is not None and exn.url is not None:
+        index = functools.partial(index_of, exn.url)
+    note = skipped_rest(exn, index)
+    if note is not None and note not in getattr(exn, "__notes__", ()):
+        exn.add_note(note)
+    return exn
+
+
 def iter_samples(
     urls: Iterable[str],
     *,
@@ -98,13 +156,16 @@ def iter_samples(
     prefetch: int = 0,
     prefetch_bytes: int = 256 << 20,
     expect: dict | None = None,
+    index_of: Callable | None = None,
     **options,
 ) -> Iterator[dict]:
     """The samples of several shards in turn; shard errors go to ``on_error``.
 
     With ``on_error="warn"`` (or ``handler=warn_and_continue``) a bad shard yields the samples
-    before the error, one warning naming shard and offset, and the stream goes on with the next
-    shard. Only tarshards errors reach the policy here (errors of the shard, not of user code).
+    before the error, one warning naming shard and offset and what the rest of the shard held
+    (its samples, by ``index_of(url)``, a function returning the shard's index or ``None``;
+    else its bytes from the offset), and the stream goes on with the next shard. Only tarshards
+    errors reach the policy here (errors of the shard, not of user code).
 
     ``prefetch=k`` opens the next ``k`` shards while the current one is read, each filled from a
     thread into a buffer (``prefetch_bytes`` over all of them; at most ``k + 1`` connections):
@@ -125,7 +186,7 @@ def iter_samples(
             try:
                 yield from one(url)
             except TarshardsError as exn:
-                if policy(exn):
+                if policy(_noted(exn, policy, index_of)):
                     continue
                 return
         return
@@ -142,6 +203,6 @@ def iter_samples(
             try:
                 yield from one(url, opener=lambda _url, s=stream: given_stream(s))
             except TarshardsError as exn:
-                if policy(exn):
+                if policy(_noted(exn, policy, index_of)):
                     continue
                 return

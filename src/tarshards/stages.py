@@ -38,7 +38,9 @@ else:
     np = LazyModule("numpy", globals(), "np")  # numpy is imported on first use
 
 __all__ = [
+    "CollateError",
     "batched",
+    "collate_error",
     "decode",
     "default_collation_fn",
     "handle_extension",
@@ -305,6 +307,62 @@ def _registered_collation(x) -> type | None:
     return None
 
 
+class CollateError(ValueError, RuntimeError):
+    """A column of a batch that cannot be stacked (values of different shapes), with a hint;
+    a ``ValueError`` as numpy's error is, and a ``RuntimeError`` as torch's is."""
+
+
+def _shape(x) -> tuple | None:
+    shape = getattr(x, "shape", None)
+    return tuple(shape) if shape is not None else None
+
+
+def collate_error(samples: list, exn: BaseException) -> CollateError | None:
+    """A :class:`CollateError` with a hint for ``exn``, raised while collating ``samples``, when
+    a column of them (the samples themselves, a tuple position, a dict key) holds values of
+    different shapes; ``None`` otherwise."""
+    if not samples:
+        return None
+    first = samples[0]
+    if isinstance(first, dict):
+        columns = [[s.get(k) for s in samples] for k in first]
+    elif isinstance(first, (tuple, list)):
+        columns = [list(c) for c in zip(*samples)]
+    else:
+        columns = [samples]
+    for col in columns:
+        shape = _shape(col[0])
+        if shape is None:
+            continue
+        odd = next((i for i, v in enumerate(col) if _shape(v) != shape), None)
+        if odd is None:
+            continue
+        images = len(shape) == 3 and 3 in (shape[0], shape[-1])
+        what = "images of different sizes" if images else "arrays of different shapes"
+        err = CollateError(
+            f"cannot stack a batch column of {what}: {shape} at row 0, {_shape(col[odd])} at "
+            f"row {odd}. Give them one size before batching: decode at a size "
+            f'(.decode("rgb8", size=(w, h)) or decode_size=), crop with '
+            f"tarshards.random_resized_crop(size), resize in a .map(), or batch them with a "
+            f"collation that pads (.batched(n, collation_fn=...), or the loader's collate_fn) "
+            f"({type(exn).__name__}: {exn})"
+        )
+        err.__cause__ = exn
+        return err
+    return None
+
+
+def _stacked(stack: Callable, col: list) -> Any:
+    """``stack(col)``, its failure on values of different shapes told with what to do."""
+    try:
+        return stack(col)
+    except (ValueError, RuntimeError) as exn:
+        err = collate_error(col, exn)
+        if err is None:
+            raise
+        raise err from exn
+
+
 def _collate_column(col: list, allocate: Callable | None = None) -> Any:
     x = col[0]
     if isinstance(x, (bool, np.bool_)):
@@ -321,7 +379,7 @@ def _collate_column(col: list, allocate: Callable | None = None) -> Any:
                     return np.stack(col, out=out, casting="no")
                 except (TypeError, ValueError):
                     pass
-        return np.stack(col)
+        return _stacked(np.stack, col)
     cls = _registered_collation(x) if _COLLATE or OPTIONAL_COLLATION else None
     if cls is None:
         return list(col)
@@ -331,7 +389,7 @@ def _collate_column(col: list, allocate: Callable | None = None) -> Any:
             out = into(col, allocate)
             if out is not None:
                 return out
-    return _COLLATE[cls](col)
+    return _stacked(_COLLATE[cls], col)
 
 
 def batched(

@@ -29,6 +29,7 @@ import io
 import itertools
 import multiprocessing.context
 import os
+import warnings
 import weakref
 from multiprocessing import resource_tracker
 
@@ -46,9 +47,10 @@ from .crop import register_crop_converter
 from .media.output import register_media_converter
 from .errors import ResumeError
 from .plan import STATE_FORMAT, check_state
-from .stages import register_collation
+from .stages import collate_error, register_collation
 from .transport import Group, Packer, Unpacker, new_token, remove_orphans
 from .types import WorkerInfo
+from .errors import TarshardsWarning  # (of a plain DataLoader repeating its order)
 
 __all__ = [
     "DataPipeline",
@@ -98,6 +100,73 @@ def torch_environment() -> dict:
     info = get_worker_info()
     worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
     return {"rank": rank, "world_size": world, "worker": worker, "num_workers": num_workers}
+
+
+# ---- a plain DataLoader's workers repeating an epoch's order ----------------------------------
+# A DataLoader (without persistent workers) starts every epoch with fresh workers, each with a
+# fresh copy of the dataset, so a dataset that counts its epochs itself starts at the same one
+# every time: the same shard and sample order each epoch. The workers record the epoch they
+# start in a table shared by the main process and all its workers (made in the main process
+# when a dataset is made, so forked workers inherit it; sent along to spawned ones), keyed by the
+# dataset's token (a new one for each composed pipeline and each loaded state) and the worker.
+_ORDER_SLOTS = 4096
+_order_table: torch.Tensor | None = None
+_order_tokens = itertools.count(1)
+
+
+def _new_order_token() -> int:
+    """A token for a new pipeline, and the table its workers write (made here, once)."""
+    global _order_table
+    if _order_table is None and get_worker_info() is None:
+        _order_table = torch.zeros(_ORDER_SLOTS, dtype=torch.int64).share_memory_()
+    return next(_order_tokens)
+
+
+def _check_order_moved(ds) -> None:
+    """In a DataLoader worker: warn once (from worker 0) when this worker starts the epoch it
+    started before (a plain DataLoader's fresh workers, no ``set_epoch``) in a pipeline whose
+    order is random."""
+    info = get_worker_info()
+    table = _order_table
+    token = ds.__dict__.get("_order_token")
+    if info is None or table is None or not token or ds.__dict__.get("_loader_managed"):
+        return
+    if ds._current_epoch() is not None or ds._pending_state is not None:
+        return  # set_epoch() or a loaded state: the epoch is the caller's choice
+    if not _order_varies(ds):
+        return
+    cells = table.numpy()
+    key = ((token & 0xFFFFF) << 12) | (info.id & 0xFFF)
+    value = (key << 24) | ((ds._auto_epoch + 1) & 0xFFFFFF)
+    slot = (token * 131 + info.id) % _ORDER_SLOTS
+    again = int(cells[slot]) == value
+    cells[slot] = value
+    if not again or info.id != 0:
+        return
+    warned = (((token & 0xFFFFF) << 12 | 0xFFF) << 24) | 1
+    wslot = (token * 131 + 0xFFF) % _ORDER_SLOTS
+    if int(cells[wslot]) == warned:
+        return
+    cells[wslot] = warned
+    warnings.warn(
+        f"DataLoader worker {info.id} starts epoch {ds._auto_epoch} of this dataset again: a "
+        "DataLoader's fresh workers begin from the dataset's own epoch each time, so every "
+        "epoch repeats the same shard and sample order. Use tarshards.WebLoader (it advances "
+        "the epoch each time it is iterated), or call dataset.set_epoch(epoch) before each "
+        "epoch",
+        TarshardsWarning,
+        stacklevel=3,
+    )
+
+
+def _order_varies(ds) -> bool:
+    """Does the pipeline's order depend on the epoch (shard shuffling, resampling, a stage
+    drawing random numbers)?"""
+    if getattr(ds, "shardshuffle", False) or getattr(ds, "resampled", False):
+        return True
+    if any(getattr(src, "shardshuffle", False) for src in getattr(ds, "sources", ()) or ()):
+        return True
+    return any(st.wants_rng for st in ds._stages)
 
 
 class _TorchMixin:
@@ -152,7 +221,12 @@ class _TorchMixin:
     def compose(self, stage, *args, **kwargs):
         new = _pipeline.DataPipeline.compose(self, stage, *args, **kwargs)
         new._shared_epoch = None  # its own epoch from here on (set_epoch makes a new cell)
+        new._order_token = _new_order_token()
         return new
+
+    def load_state_dict(self, state: dict) -> None:
+        _pipeline.DataPipeline.load_state_dict(self, state)
+        self._order_token = _new_order_token()  # a resumed epoch is run again on purpose
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -163,15 +237,20 @@ class _TorchMixin:
             # discovered here, and share the epoch cell with it
             state["_parent_rank"] = discover_rank()
             state["_shared_epoch"] = self._epoch_cell()
+            state["_order_table"] = _order_table
         return state
 
     def __setstate__(self, state):
-        global _received_rank
+        global _received_rank, _order_table
+        table = state.pop("_order_table", None)
+        if table is not None and _order_table is None:
+            _order_table = table
         self.__dict__.update(state)
         if state.get("_parent_rank") is not None:  # sent by a rank's main process
             _received_rank = tuple(state["_parent_rank"])
 
     def __iter__(self):
+        _check_order_moved(self)
         it = _pipeline.DataPipeline.__iter__(self)
         grouping = self.__dict__.get("_loader_group")  # in a WebLoader worker: batches are
         return it if grouping is None else _grouped(it, *grouping)  # sent a few at a time
@@ -191,6 +270,7 @@ _FROM_MIXIN = (
     "set_epoch",
     "_current_epoch",
     "compose",
+    "load_state_dict",
     "__getstate__",
     "__setstate__",
     "__iter__",
@@ -215,6 +295,7 @@ class WebDataset(IterableDataset, _TorchMixin, _pipeline.WebDataset):
 
     def __init__(self, *args, **kwargs):
         _pipeline.WebDataset.__init__(self, *args, **kwargs)
+        self._order_token = _new_order_token()
 
     __len__ = _pipeline.WebDataset.__len__  # exact with a manifest
 
@@ -225,6 +306,7 @@ class DataPipeline(IterableDataset, _TorchMixin, _pipeline.DataPipeline):
 
     def __init__(self, *args, **kwargs):
         _pipeline.DataPipeline.__init__(self, *args, **kwargs)
+        self._order_token = _new_order_token()
 
 
 class IndexedDataset(Dataset, _indexed.IndexedDataset):
@@ -246,6 +328,7 @@ class MixedDataset(IterableDataset, _TorchMixin, _mix.MixedDataset):
 
     def __init__(self, *args, **kwargs):
         _mix.MixedDataset.__init__(self, *args, **kwargs)
+        self._order_token = _new_order_token()
 
 
 def mix(sources, weights=None, **kwargs) -> MixedDataset:
@@ -294,6 +377,8 @@ class WebLoader(DataLoader):
         bound = inspect.signature(DataLoader.__init__).bind(self, dataset, *args, **kwargs)
         options = bound.arguments
         options.update(options.pop("kwargs", {}) or {})
+        if options.get("collate_fn") is None and options.get("batch_size", 1) is not None:
+            options["collate_fn"] = _Hinted(default_collate)  # mixed image sizes: what to do
         packing = transport is not None and (options.get("num_workers") or 0) > 0
         grouping = None
         owning = getattr(dataset, "copy", True) is False  # zero-copy fields: bytes before collate
@@ -333,10 +418,13 @@ class WebLoader(DataLoader):
         if packing:
             # segments of exited workers whose tickets were dropped (an epoch broken off)
             self._token = token
-            weakref.finalize(self, remove_orphans, token)
+            # the loader gone (or the program ending, after an error too): every segment of
+            # its workers, whose tickets no one will map
+            weakref.finalize(self, remove_orphans, token, True)
         self._unpacker = None
         if self._planned():
             dataset._plan_identity()  # count the shards once here, not in every worker
+            dataset._loader_warns = True  # of dropped samples: here, not in every worker
         self.epoch = start_epoch  # the epoch the next iter() runs
         self._current = None  # the epoch being run, its steps handed out, finished?
         self._step = 0
@@ -370,6 +458,7 @@ class WebLoader(DataLoader):
         else:
             epoch, step = self.epoch, 0
         if hasattr(ds, "_auto_epoch"):
+            ds._loader_managed = True  # the loader moves the epoch (no warning of repeats)
             ds.epoch = None  # counted by the dataset (and by persistent workers' copies)
             ds._auto_epoch = epoch
             cell = getattr(ds, "_shared_epoch", None)
@@ -398,6 +487,9 @@ class WebLoader(DataLoader):
         self.epoch = epoch + 1
         self._current, self._step, self._finished = epoch, step, False
         self._origin = origin
+        warn_dropped = getattr(ds, "_warn_dropped", None) if self._planned() else None
+        if warn_dropped is not None:
+            warn_dropped(epoch)  # remainder="drop" left at its default leaves samples out
         if self._packing:
             # one resource tracker for this process and its workers (forked ones would each
             # start their own): the names of their segments are withdrawn where registered
@@ -425,10 +517,33 @@ class WebLoader(DataLoader):
         return self._count(it)
 
     def _count(self, it):
-        for batch in it:
-            self._step += 1
-            yield batch
+        try:
+            for batch in it:
+                self._step += 1
+                yield batch
+        except Exception:
+            self._abandon(it)  # an error (in a worker, say) ends the epoch: its workers too
+            raise
         self._finished = True
+
+    def _abandon(self, it) -> None:
+        """Stop the workers of an epoch that an error ended, and remove the shared-memory
+        segments whose batches will never be taken (else Python's resource tracker finds
+        them at exit and warns of "leaked shared_memory objects")."""
+        inner = getattr(it, "_it", it)  # DataLoader's iterator
+        shutdown = getattr(inner, "_shutdown_workers", None)
+        if shutdown is not None:
+            try:
+                shutdown()
+            except Exception:  # already down, or half made: the segments below still go
+                pass
+            if self.persistent_workers and self._iterator is inner:
+                self._iterator = None
+        if self._packing:
+            remove_orphans(self._token, True)
+            if self._unpacker is not None:
+                self._unpacker.close()
+                self._unpacker = None
 
     def __len__(self):
         if self._planned():
@@ -499,6 +614,23 @@ class WebLoader(DataLoader):
             "finished": False,
             "dataset": inner,
         }
+
+
+class _Hinted:
+    """A collate function whose failure on values of different shapes (images of mixed sizes)
+    says what to do (:func:`tarshards.stages.collate_error`)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __call__(self, batch):
+        try:
+            return self.inner(batch)
+        except (RuntimeError, ValueError, TypeError) as exn:
+            err = collate_error(batch, exn) if isinstance(batch, list) else None
+            if err is None:
+                raise
+            raise err from exn
 
 
 class _Owning:

@@ -535,9 +535,12 @@ def new_token() -> str:
     return secrets.token_hex(4)
 
 
-def remove_orphans(token: str) -> int:
+def remove_orphans(token: str, everything: bool = False) -> int:
     """Remove the segments of ``token`` whose worker has exited and that the main process never
-    mapped (tickets dropped with an epoch broken off); the number removed."""
+    mapped (tickets dropped with an epoch broken off); the number removed. ``everything``: those
+    of running workers too (the loader is gone: no ticket of theirs will be mapped), so that no
+    name is left for the resource tracker to call leaked (after an error, say, when the
+    workers are stopped at exit without running their own clean-up)."""
     if not token or not os.path.isdir("/dev/shm"):
         return 0
     removed = 0
@@ -547,6 +550,8 @@ def remove_orphans(token: str) -> int:
             continue
         try:
             pid = int(entry[len(prefix) :].split("-", 1)[0])
+            if everything:
+                raise ProcessLookupError
             os.kill(pid, 0)
             continue  # its worker still runs: its tickets may yet come
         except ValueError:

@@ -306,7 +306,7 @@ def test_check_good_shards(shards):
     r = run("check", paths)
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
-    assert lines[0].split() == ["shard", "samples", "members", "bytes", "extensions", "status"]
+    assert lines[0].split() == ["shard", "samples", "members", "payload", "extensions", "status"]
     assert "cls:20 jpg:20 json:20" in lines[2] and lines[2].endswith("ok")
     assert lines[-1].startswith("total (3 shards)")
     assert "cls:60 jpg:60 json:60" in lines[-1]

@@ -21,7 +21,7 @@ import click
 
 from ..errors import ShardFormatError, TarshardsError, TruncatedShardError
 from ..format import parse_size as _parse_size
-from ..specs import expand_urls
+from ..specs import check_local_shards, expand_urls, is_manifest_spec
 from ..storage import open_url
 
 __all__ = [
@@ -253,7 +253,12 @@ def error_handler(on_error: str, prog: str | None = None) -> Callable[[BaseExcep
         prog = ctx.command_path if ctx is not None else "tarshards"
 
     def skip(exn) -> bool:
-        print_err(f"{prog}: warning: skipped the rest of a shard: {exn}")
+        from ..reading import skipped_rest  # here: the commands start faster
+
+        lost = skipped_rest(exn) if isinstance(exn, TarshardsError) else None  # bytes, offset
+        print_err(
+            f"{prog}: warning: skipped the rest of a shard: {exn}" + (f" ({lost})" * bool(lost))
+        )
         return True
 
     return skip
@@ -355,15 +360,24 @@ SIZE = _SizeType()
 # ---------------------------------------------------------------------------------------------
 
 
-def collect_inputs(inputs: Iterable[str], listfile: str | None = None) -> list[str]:
-    """Expand brace specs and ``-T FILE`` lists into URLs; no input means stdin (``-``)."""
+def collect_inputs(
+    inputs: Iterable[str], listfile: str | None = None, *, exist: bool = True
+) -> list[str]:
+    """Expand brace specs, manifests and ``-T FILE`` lists into URLs; no input means stdin
+    (``-``). With ``exist``, local shards that do not exist are listed (an error) before any is
+    read."""
     urls: list[str] = []
     specs = list(inputs)
     if not specs and listfile is None:
         specs = ["-"]
     for spec in specs:
         try:
-            found = expand_urls(spec)
+            if is_manifest_spec(spec):  # a manifest names its shards, as in Python
+                from ..manifest import spec_urls  # here: no manifest, no import
+
+                found = spec_urls(spec)
+            else:
+                found = expand_urls(spec)
         except (ValueError, FileNotFoundError) as exn:
             raise click.BadParameter(str(exn), param_hint="INPUTS") from None
         if not found:
@@ -376,6 +390,8 @@ def collect_inputs(inputs: Iterable[str], listfile: str | None = None) -> list[s
             raise DataError(f"cannot read the input list: {exn}") from None
     if urls.count("-") > 1:
         raise click.BadParameter("stdin ('-') can be read only once", param_hint="INPUTS")
+    if exist:
+        check_local_shards(urls, specs[0] if len(specs) == 1 else None)
     return urls
 
 

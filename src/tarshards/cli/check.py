@@ -16,6 +16,7 @@ rewrites the shard as one stream.
 from __future__ import annotations
 
 import collections
+import functools
 from dataclasses import dataclass, field
 
 import click
@@ -198,6 +199,57 @@ def check_shard(url: str, *, max_problems: int = 20, expect=None) -> ShardReport
     return rep
 
 
+def _manifest_index(manifest, i: int):
+    return manifest.load_index(i) if manifest.shards[i].index else None
+
+
+def _differing_members(url: str, index, most: int = 5) -> list[str]:
+    """Where a shard differs from its index: the members whose data checksum (or name, or
+    size) is not the index's, read again from the shard; at most ``most`` lines."""
+    try:
+        idx = index()
+    except (TarshardsError, OSError):
+        return []
+    if idx is None:
+        return []
+    checksum = idx.checksum_fn()
+    sums = idx.member_checksums.tolist()
+    sizes = idx.member_sizes.tolist()
+    names = [name for i in range(idx.num_samples) for name in idx.member_names(i)]
+    out: list[str] = []
+    n = 0
+    try:
+        with open_url(url) as stream:
+            for n, (name, data, offset) in enumerate(
+                iter_tar(decompressed_chunks(read_chunks(stream), url), url), 1
+            ):
+                i = n - 1
+                if i >= len(sums):
+                    out.append(f"member {name!r} (offset {offset}) is not in the index")
+                elif name.lstrip("./") != names[i].lstrip("./") or len(data) != sizes[i]:
+                    out.append(
+                        f"member {name!r} (offset {offset}) is not the index's {names[i]!r} "
+                        f"of {sizes[i]} bytes"
+                    )
+                elif checksum(data) != sums[i]:
+                    out.append(
+                        f"member {name!r} (offset {offset}): its data's checksum differs from "
+                        f"the index's (shard {url})"
+                    )
+                if len(out) >= most:
+                    break
+    except (TarshardsError, OSError):
+        pass
+    if not out and n < len(sums):
+        out.append(f"the shard ends after {n} of the index's {len(sums)} members (shard {url})")
+    if not out:
+        out.append(
+            f"every member's data matches the index: the difference is in headers or padding "
+            f"(shard {url})"
+        )
+    return out
+
+
 def _hashing_reader(stream, expect):
     algorithm = split_hash(expect.hash)[0] if expect.hash else "crc32"
     return HashingReader(stream, algorithm)
@@ -212,7 +264,8 @@ def _human(n: int) -> str:
 
 
 def format_table(reports: list[ShardReport]) -> str:
-    rows = [("shard", "samples", "members", "bytes", "extensions", "status")]
+    # payload: the members' data, without tar headers and padding (the file is larger)
+    rows = [("shard", "samples", "members", "payload", "extensions", "status")]
     for r in reports:
         exts = " ".join(f"{e}:{n}" for e, n in sorted(r.extensions.items()))
         rows.append(
@@ -283,15 +336,26 @@ def check_cmd(inputs, listfile, max_problems, quiet, manifest_url=None):
 
     With --manifest, each shard's size, hash and sample count must be the manifest's too (its
     shards are checked when no INPUTS are given)."""
-    expected = None
+    expected = manifest = None
+    positions: dict[str, int] = {}
+    if manifest_url is None and len(inputs) == 1 and listfile is None:
+        from ..manifest import is_manifest_spec
+
+        if is_manifest_spec(inputs[0]):  # tarcheck M: its shards, checked against it
+            manifest_url, inputs = inputs[0], ()
     if manifest_url is not None:
         from ..manifest import Manifest
 
         manifest = Manifest.load(manifest_url)
         expected = manifest.records_by_url()
-        urls = collect_inputs(inputs, listfile) if (inputs or listfile) else manifest.shard_urls()
+        positions = {u: i for i, u in enumerate(manifest.shard_urls())}
+        urls = (
+            collect_inputs(inputs, listfile, exist=False)
+            if (inputs or listfile)
+            else manifest.shard_urls()
+        )
     else:
-        urls = collect_inputs(inputs, listfile)
+        urls = collect_inputs(inputs, listfile, exist=False)  # a missing shard: a problem line
     reports = []
     with Progress(quiet, "tarcheck", unit="shards", total=len(urls)) as bar:
         for url in urls:
@@ -303,7 +367,15 @@ def check_cmd(inputs, listfile, max_problems, quiet, manifest_url=None):
                     reports.append(rep)
                     bar.update()
                     continue
-            reports.append(check_shard(url, max_problems=max_problems, expect=expect))
+            index = None
+            if manifest is not None and url in positions:
+                i = positions[url]
+                index = functools.partial(_manifest_index, manifest, i)
+            rep = check_shard(url, max_problems=max_problems, expect=expect)
+            if index is not None and any("hash" in p for p in rep.problems):
+                # where: the members whose checksum differs from the index's (read again)
+                rep.problems.extend(_differing_members(url, index))
+            reports.append(rep)
             bar.update()
     if not quiet:
         click.echo(format_table(reports))

@@ -17,8 +17,9 @@ import warnings
 import click
 
 from ..errors import TarshardsError, TarshardsWarning
-from ..parallel import FAILED, format_summary, map_shards, shell_sample_fn
+from ..parallel import FAILED, SKIPPED, format_summary, map_shards, shell_sample_fn
 from ..stages import reraise_exception, warn_and_continue
+from ..manifest import spec_urls
 from ..specs import expand_urls
 from ..storage import is_local, local_path
 from ._common import (
@@ -153,7 +154,7 @@ def map_cmd(
         raise click.UsageError("--address needs --engine dask or --engine ray")
     fn = shell_sample_fn(command) if command is not None else load_function(function)
     try:
-        ins = expand_urls(list(inputs))
+        ins = spec_urls(list(inputs))  # a manifest names its shards
         outs = expand_urls(outputs)
     except (ValueError, FileNotFoundError) as exn:
         raise click.BadParameter(str(exn)) from None
@@ -191,6 +192,13 @@ def map_cmd(
     failed = [r for r in reports if r.status == FAILED]
     for r in failed:
         print_err(f"failed: {r.input} -> {r.output}: {r.error}")
+    kept = [r for r in reports if r.status == SKIPPED]
+    if kept:
+        print_err(
+            f"{len(kept)} of {len(reports)} outputs exist already and were kept, not made "
+            f"again ({kept[0].output}{' ...' if len(kept) > 1 else ''}): a changed function or "
+            "command does not reach them; rerun with --overwrite to redo them"
+        )
     skipped_samples = [r for r in reports if r.messages]
     for r in skipped_samples[:10]:
         print_err(f"skipped {r.samples_skipped} sample(s) in {r.input}; first: {r.messages[0]}")

@@ -15,6 +15,7 @@ from typing import Callable
 
 from ..errors import TarshardsWarning
 from ..on_error import OnError, error_policy
+from ..manifest import spec_urls
 from ..specs import expand_urls
 from ..storage import filesystem, is_local, local_path, remove_stale_temporaries
 from .engines import Engine, make_engine
@@ -32,7 +33,7 @@ def _exists(url: str, storage_options) -> bool:
 
 
 def _pairs(inputs, outputs, storage_options) -> list[tuple[str, str]]:
-    ins = expand_urls(inputs, storage_options=storage_options)
+    ins = spec_urls(inputs, storage_options=storage_options)  # a manifest names its shards
     outs = expand_urls(outputs, storage_options=storage_options)
     if not ins:
         raise ValueError(f"the input spec {inputs!r} names no shards")
@@ -215,6 +216,17 @@ def _run_shard_jobs(
     if len(done) != len(pairs):
         raise RuntimeError(
             f"internal error: the {engine.name} engine reported {len(done)} of {len(pairs)} shards"
+        )
+    kept = [r for r in done if r.status == SKIPPED]
+    if kept:
+        names = ", ".join(r.output for r in kept[:3]) + (" ..." if len(kept) > 3 else "")
+        warnings.warn(
+            f"{len(kept)} of {len(pairs)} outputs exist already and were kept, not made again "
+            f"({names}): a rerun makes only the missing ones, so a changed function or "
+            "options do not reach them. To redo them, pass overwrite=True (tarshards map "
+            "--overwrite) or remove them first",
+            TarshardsWarning,
+            stacklevel=3,
         )
     failed = [r for r in done if r.status == FAILED]
     if failed:
