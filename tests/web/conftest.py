@@ -50,7 +50,9 @@ def dataset(tmp_path_factory):
     root = tmp_path_factory.mktemp("browse")
     made = samples()
     with ShardWriter(
-        str(root / "train-%04d.tar"), maxcount=PER_SHARD, manifest=str(root / "train.json"),
+        str(root / "train-%04d.tar"),
+        maxcount=PER_SHARD,
+        manifest=str(root / "train.json"),
         encoder=False,
     ) as sink:
         for s in made:
