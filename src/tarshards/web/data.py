@@ -145,22 +145,24 @@ class SampleInfo:
 
 
 class _ShardRows:
-    """One shard's index as plain lists (looked up per sample at list speed)."""
+    """One shard's index, looked up per sample (numpy arrays as the index holds them: nothing
+    converted for the whole shard, so the first page of a shard costs little more than the
+    next)."""
 
     def __init__(self, idx) -> None:
         self.keys: list[str] = idx.keys
-        self.starts: list[int] = idx.member_starts.tolist()
-        self.tar_offsets: list[int] = idx.tar_offsets.tolist()
-        self.file_offsets: list[int] = idx.sample_offsets.tolist()
-        self.file_ends: list[int] = idx.sample_ends.tolist()
-        self.ext_codes: list[int] = idx.member_ext.tolist()
-        self.offsets: list[int] = idx.member_offsets.tolist()
-        self.data_offsets: list[int] = idx.member_data_offsets.tolist()
-        self.sizes: list[int] = idx.member_sizes.tolist()
-        self.checksums: list[int] = idx.member_checksums.tolist()
+        self.starts = idx.member_starts
+        self.tar_offsets = idx.tar_offsets
+        self.file_offsets = idx.sample_offsets
+        self.file_ends = idx.sample_ends
+        self.ext_codes = idx.member_ext
+        self.offsets = idx.member_offsets
+        self.data_offsets = idx.member_data_offsets
+        self.sizes = idx.member_sizes
+        self.checksums = idx.member_checksums
         self.extensions: tuple[str, ...] = tuple(idx.extensions)
         self.member_hash: str = idx.member_hash
-        self.dot_slash: np.ndarray = idx.sample_flags
+        self.flags = idx.sample_flags
         self._sorted: bool | None = None
 
     @property
@@ -283,19 +285,25 @@ class BrowseData:
         shard, j = self.dataset.locate(i)
         r = self.rows(shard)
         key = r.keys[j]
-        prefix = "./" if int(r.dot_slash[j]) & 1 else ""
+        prefix = "./" if int(r.flags[j]) & 1 else ""
         algo = r.member_hash
+        m0, m1 = int(r.starts[j]), int(r.starts[j + 1])
+        codes = r.ext_codes[m0:m1].tolist()
+        sizes = r.sizes[m0:m1].tolist()
+        offsets = r.offsets[m0:m1].tolist()
+        data_offsets = r.data_offsets[m0:m1].tolist()
+        checksums = r.checksums[m0:m1].tolist()
         fields = []
-        for m in range(r.starts[j], r.starts[j + 1]):
-            ext = r.extensions[r.ext_codes[m]]
+        for k in range(m1 - m0):
+            ext = r.extensions[codes[k]]
             fields.append(
                 FieldInfo(
                     name=ext.lower(),
                     member=f"{prefix}{key}.{ext}",
-                    size=r.sizes[m],
-                    offset=r.offsets[m],
-                    data_offset=r.data_offsets[m],
-                    checksum=f"{algo}:{r.checksums[m]:016x}",
+                    size=sizes[k],
+                    offset=offsets[k],
+                    data_offset=data_offsets[k],
+                    checksum=f"{algo}:{checksums[k]:016x}",
                 )
             )
         return SampleInfo(
@@ -304,9 +312,9 @@ class BrowseData:
             shard=shard,
             shard_url=self.urls[shard],
             position=j,
-            offset=r.tar_offsets[j],
-            file_offset=r.file_offsets[j],
-            file_end=r.file_ends[j],
+            offset=int(r.tar_offsets[j]),
+            file_offset=int(r.file_offsets[j]),
+            file_end=int(r.file_ends[j]),
             fields=tuple(fields),
         )
 
