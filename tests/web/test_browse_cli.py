@@ -13,16 +13,16 @@ import urllib.request
 
 import pytest
 
-pytestmark = pytest.mark.timeout(120)
+import tarshards
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+pytestmark = pytest.mark.timeout(120)
 
 
 def _env() -> dict:
     env = dict(os.environ)
-    src = os.path.join(ROOT, "src")
-    if os.path.isdir(src):  # the worktree's tarshards, where it is not installed
-        env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    # the subprocess imports the tarshards this test imports (the source tree, or the install)
+    where = os.path.dirname(os.path.dirname(os.path.abspath(tarshards.__file__)))
+    env["PYTHONPATH"] = where + os.pathsep + env.get("PYTHONPATH", "")
     env["BROWSER"] = "true"  # never a real browser, even without --no-open
     return env
 
