@@ -526,8 +526,22 @@ def histogram(values: np.ndarray, bins: int = 30) -> dict:
     if values.size == 0:
         return {"edges": [0, 1], "counts": [0], "log": False}
     lo, hi = float(values.min()), float(values.max())
+    integers = bool(np.issubdtype(values.dtype, np.integer))
     if lo == hi:
-        return {"edges": [lo, lo + 1], "counts": [int(values.size)], "log": False}
+        return {
+            "edges": [lo - 0.5, lo + 0.5],
+            "counts": [int(values.size)],
+            "log": False,
+            "integers": integers,
+        }
+    if integers and hi - lo < bins:  # one bin per value
+        counts = np.bincount((values - int(lo)).astype(np.int64), minlength=int(hi - lo) + 1)
+        return {
+            "edges": [lo + k - 0.5 for k in range(len(counts) + 1)],
+            "counts": counts.tolist(),
+            "log": False,
+            "integers": True,
+        }
     log = lo > 0 and hi / lo > 100
     if log:
         edges = np.geomspace(lo, hi, bins + 1)

@@ -219,7 +219,8 @@ def sample_page(data: BrowseData, i, page_size: int = 48) -> str:
             f'<section class="field" id="field-{esc(f.name)}">'
             f'<h2>{esc(f.name)}</h2><table class="facts">'
             f"<tr><th>member</th><td>{esc(f.member)}</td></tr>"
-            f"<tr><th>size</th><td>{f.size:,} bytes ({esc(plots.human_bytes(f.size))})</td></tr>"
+            f"<tr><th>size</th><td>{f.size:,} byte{'' if f.size == 1 else 's'} "
+            f"({esc(plots.human_bytes(f.size))})</td></tr>"
             f"<tr><th>header offset</th><td>{f.offset:,}</td></tr>"
             f"<tr><th>data offset</th><td>{f.data_offset:,}</td></tr>"
             f"<tr><th>checksum</th><td><code>{esc(f.checksum)}</code></td></tr>"

@@ -88,7 +88,7 @@ def bar_chart(
     top = max(values, default=0.0) or 1.0
     _y_axis(parts, top, ylabel)
     n = max(1, len(values))
-    width = (W - ML - MR) / n
+    width = (W - ML - MR) / max(n, 8)  # a few bars are not drawn a plot wide
     y0 = H - MB
     every = max(1, math.ceil(n / 12))  # at most ~12 x labels
     for k, (label, v) in enumerate(zip(labels, values)):
@@ -119,11 +119,30 @@ def histogram_chart(hist: dict, title: str, *, unit: str = "", ylabel: str = "sa
     top = float(max(counts, default=0)) or 1.0
     _y_axis(parts, top, ylabel)
     n = max(1, len(counts))
-    width = (W - ML - MR) / n
+    width = (W - ML - MR) / max(n, 8)  # a few bins are not drawn a plot wide
     y0 = H - MB
+    integers = bool(hist.get("integers"))  # one bin per integer value: labelled by the value
 
     def fmt(x: float) -> str:
         return human_bytes(x) if unit == "bytes" else _number(round(x, 3))
+
+    if integers:
+        for k, c in enumerate(counts):
+            h = (y0 - MT) * c / top
+            x = ML + k * width
+            value = fmt(edges[k] + 0.5)
+            parts.append(
+                f'<rect class="bar" x="{x + width * 0.1:.1f}" y="{y0 - h:.1f}" '
+                f'width="{max(width * 0.8, 0.5):.1f}" height="{h:.1f}"><title>{_e(value)}: '
+                f"{c}</title></rect>"
+            )
+            if k % max(1, math.ceil(n / 10)) == 0:
+                parts.append(
+                    f'<text class="tick" x="{x + width / 2:.1f}" y="{y0 + 14}" '
+                    f'text-anchor="middle">{_e(value)}</text>'
+                )
+        parts.append("</svg>")
+        return "".join(parts)
 
     for k, c in enumerate(counts):
         h = (y0 - MT) * c / top
@@ -133,7 +152,7 @@ def histogram_chart(hist: dict, title: str, *, unit: str = "", ylabel: str = "sa
             f'height="{h:.1f}"><title>{_e(fmt(edges[k]))} \u2013 {_e(fmt(edges[k + 1]))}: '
             f"{c}</title></rect>"
         )
-    for k in (0, n // 2, n):  # three x labels: the ends and the middle
+    for k in dict.fromkeys((0, n // 2, n)):  # three x labels: the ends and the middle
         x = ML + k * width
         anchor = "start" if k == 0 else "end" if k == n else "middle"
         parts.append(
