@@ -180,6 +180,7 @@ _SUBMODULES = frozenset(
         "transport",
         "types",
         "urls",
+        "web",
         "writer",
     ]
 )
