@@ -40,6 +40,8 @@ def samples():
             "json": json.dumps({"i": i, "tag": "<i>x</i>"}).encode(),
             "bin": bytes(range(256)) * (1 + i % 3),
         }
+        if i == 11:
+            sample["seg.png"] = b"not an image"  # an image field Pillow cannot read
         out.append(sample)
     return out
 

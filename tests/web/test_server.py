@@ -111,6 +111,7 @@ def test_api_field_bytes_page_info_search(server, dataset):
         ("/api/nothing", 404, "no such API endpoint"),
         ("/thumb/3/txt", 400, "not an image"),
         ("/thumb/3/jpg?size=5000", 400, "size 5000 out of range"),
+        ("/thumb/11/seg.png", 422, "not an image Pillow reads"),
         ("/sample/999", 404, "out of range"),
         ("/goto?i=oops", 400, "bad sample index"),
         ("/static/missing.js", 404, "no such asset"),
@@ -204,6 +205,8 @@ def test_pages_render(server):
     html = get(server, "/sample/3")[2].decode()
     for name in ("png", "cls", "txt", "json", "bin"):
         assert f'id="field-{name}"' in html
+    html = get(server, "/sample/11")[2].decode()  # an unreadable image: the page still renders
+    assert 'id="field-seg.png"' in html and "/thumb/11/seg.png" in html
     code, headers, _ = get(server, "/goto?i=42")
     assert code == 303 and headers["Location"] == "/sample/42"
     code, headers, body = get(server, "/thumb/4/jpg?size=32")
@@ -220,7 +223,7 @@ def test_stats_from_the_index_and_from_data(server, dataset):
     assert fields["bin"]["bytes"] == sum(len(s["bin"]) for s in made)
     assert fields["jpg"]["count"] == N // 2 and fields["png"]["count"] == N // 2
     assert sum(fields["txt"]["histogram"]["counts"]) == N
-    assert st["index"]["members_per_sample"] == {"5": N}
+    assert st["index"]["members_per_sample"] == {"5": N - 1, "6": 1}
     data = st["data"]
     assert data["samples_read"] == N  # fewer than stats_samples: every sample
     assert data["classes"]["cls"] == {str(c): N // 4 for c in range(4)}
