@@ -22,12 +22,13 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from ..errors import TarshardsError
+from ..errors import IntegrityError, TarshardsError
+from ..index import FLAG_REBUILT
 from ..images import IMAGE_EXTENSIONS
 from ..indexed import IndexedDataset
 from ..manifest import Manifest, build_manifest, is_manifest_spec
 from ..specs import expand_urls
-from ..storage import is_local, local_path
+from ..storage import is_local, local_path, open_url
 
 __all__ = [
     "BadRequest",
@@ -42,6 +43,7 @@ TEXT_EXTENSIONS = frozenset(
 JSON_EXTENSIONS = frozenset(("json", "jsn"))
 CLASS_FIELDS = ("cls", "class", "label", "cls2", "target")
 TEXT_LIMIT = 100_000  # characters of a text field shown on a sample page
+WHOLE_SAMPLE = 4 << 20  # a sample up to this size is read in one piece for its fields
 _CONTROL = frozenset(chr(c) for c in range(32) if chr(c) not in "\t\n\r")
 
 
@@ -202,6 +204,7 @@ class BrowseData:
         self.dataset = IndexedDataset(self.manifest, storage_options=storage_options)
         self.urls = self.dataset.urls
         self._lock = threading.RLock()
+        self._opened: set[int] = set()  # shards read once (their reader made)
         self._rows: dict[int, _ShardRows] = {}
         self._stats: dict[str, Any] = {}
         self._stats_lock = threading.Lock()
@@ -321,13 +324,52 @@ class BrowseData:
     def read(self, i) -> dict:
         """Sample ``i``'s raw fields (one read of its bytes through the index)."""
         i = self.check_index(i)
-        with self._lock:  # the dataset's open files and index cache are not thread safe
+        shard, _ = self.dataset.locate(i)
+        if shard in self._opened:  # the dataset's reader of this shard is made: reads only
             return self.dataset[i]
+        with self._lock:  # the first read of a shard makes its reader (not thread safe)
+            sample = self.dataset[i]
+            self._opened.add(shard)
+            return sample
 
     def field_bytes(self, i, name: str) -> bytes:
+        """One field's bytes: read alone (its byte range, from the index) where the shard is a
+        plain tar, else cut from the sample."""
         info = self.info(i)
-        info.field(name)  # NotFound naming the fields it has
-        return bytes(self.read(info.index)[name])
+        f = info.field(name)  # NotFound naming the fields it has
+        idx = self.manifest.load_index(info.shard)
+        plain = idx.compression == "none" and idx.seekable
+        if not plain or int(idx.sample_flags[info.position]) & FLAG_REBUILT:
+            return bytes(self.read(info.index)[name])
+        url = info.shard_url
+        if is_local(url):
+            with open(local_path(url), "rb") as fh:
+                data = os.pread(fh.fileno(), f.size, f.data_offset)
+        else:
+            with open_url(
+                url, offset=f.data_offset, length=f.size, storage_options=self.storage_options
+            ) as fh:
+                data = fh.read()
+        if len(data) != f.size:
+            raise IntegrityError(
+                f"the shard ends inside field {name!r} of sample {info.index} (is the index for "
+                "another version of this shard?)",
+                url=url,
+                member=f.member,
+                offset=f.offset,
+            )
+        return data
+
+    def small_fields(self, info: SampleInfo, limit: int) -> dict[str, bytes]:
+        """The fields of a sample up to ``limit`` bytes each: the whole sample read in one piece
+        when it is small (:data:`WHOLE_SAMPLE` bytes at most), else each such field alone (a
+        sample with a large video is not read to show its caption)."""
+        if info.size <= WHOLE_SAMPLE:
+            sample = self.read(info.index)
+            return {f.name: sample[f.name] for f in info.fields if f.size <= limit}
+        return {
+            f.name: self.field_bytes(info.index, f.name) for f in info.fields if f.size <= limit
+        }
 
     def page(self, page, size: int) -> tuple[int, int, range]:
         """``(page, pages, sample numbers)`` of page ``page`` (from 0) of ``size`` samples."""
@@ -450,13 +492,11 @@ class BrowseData:
         unreadable = 0
         for i in chosen:
             try:
-                sample = self.read(i)
+                sample = self.small_fields(self.info(i), 16 << 20)
             except TarshardsError:
                 unreadable += 1
                 continue
             for name, data in sample.items():
-                if name.startswith("__"):
-                    continue
                 kind = field_kind(name)
                 if kind == "image":
                     size = image_size(data)

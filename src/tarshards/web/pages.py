@@ -134,7 +134,7 @@ def _grid(data: BrowseData, indices) -> str:
     for i in indices:
         info = data.info(i)
         try:
-            sample = data.read(i)
+            sample = data.small_fields(info, 65536)
         except Exception as exc:  # a damaged sample shows its error, not a broken page
             cells.append(
                 f'<article class="cell error" data-index="{i}"><a href="/sample/{i}">'
@@ -182,7 +182,7 @@ def sample_page(data: BrowseData, i, page_size: int = 48) -> str:
     info = data.info(i)
     n = len(data)
     try:
-        sample: dict | None = data.read(info.index)
+        sample: dict | None = data.small_fields(info, 4 * TEXT_LIMIT)
         error = ""
     except Exception as exc:  # shown on the page: the index still says where it is
         sample, error = None, str(exc)
@@ -215,6 +215,7 @@ def sample_page(data: BrowseData, i, page_size: int = 48) -> str:
     fields = []
     for f in info.fields:
         value = None if sample is None else sample.get(f.name)
+        preview = _preview(info, f.name, f.size, value) if sample is not None else ""
         fields.append(
             f'<section class="field" id="field-{esc(f.name)}">'
             f'<h2>{esc(f.name)}</h2><table class="facts">'
@@ -225,7 +226,7 @@ def sample_page(data: BrowseData, i, page_size: int = 48) -> str:
             f"<tr><th>data offset</th><td>{f.data_offset:,}</td></tr>"
             f"<tr><th>checksum</th><td><code>{esc(f.checksum)}</code></td></tr>"
             "</table>"
-            + _preview(info, f.name, f.size, value)
+            + preview
             + f'<p><a class="download" href="/api/sample/{info.index}/{quote(f.name)}">'
             "raw bytes</a></p></section>"
         )
@@ -241,14 +242,14 @@ def sample_page(data: BrowseData, i, page_size: int = 48) -> str:
 
 
 def _preview(info: SampleInfo, name: str, size: int, value) -> str:
-    if value is None:
-        return ""
     kind = field_kind(name)
-    if kind == "image":
+    if kind == "image":  # made by the thumbnail route, which reads the field alone
         return (
             f'<img class="full" src="/thumb/{info.index}/{quote(name)}?size=640" '
             f'alt="{esc(name)} of {esc(info.key)}">'
         )
+    if value is None:
+        return f'<p class="size">{size:,} bytes: too large to show here</p>'
     if kind == "json":
         text = pretty_json(value)
         if text is not None:

@@ -1,0 +1,52 @@
+"""The browser's data layer without a server: fields read alone where the shard is plain, cut from
+the sample where it is compressed; large samples are not read whole to show a caption."""
+
+from __future__ import annotations
+
+import pytest
+
+import tarshards.web.data as webdata
+from tarshards import ShardWriter
+from tarshards.web import BrowseApp, BrowseData
+
+
+def test_fields_read_alone_equal_the_data(dataset):
+    made = dataset[2]
+    with BrowseData(dataset[0]) as data:
+        for i in (0, 11, 63, 119):
+            for name, value in made[i].items():
+                if not name.startswith("__"):
+                    assert data.field_bytes(i, name) == value
+        with pytest.raises(webdata.NotFound, match="no field 'x'"):
+            data.field_bytes(3, "x")
+
+
+def test_large_samples_show_their_small_fields_read_alone(dataset, monkeypatch):
+    made = dataset[2]
+    monkeypatch.setattr(webdata, "WHOLE_SAMPLE", 0)  # every sample "large"
+    with BrowseData(dataset[0]) as data:
+        reads = []
+        monkeypatch.setattr(data, "read", lambda i: reads.append(i))  # must not be called
+        info = data.info(5)
+        small = data.small_fields(info, 100)
+        assert small == {k: v for k, v in made[5].items() if k[:2] != "__" and len(v) <= 100}
+        app = BrowseApp(data, page_size=6)
+        status, _, body, _ = app.answer("/", "page=1")
+        assert status == 200
+        assert b"caption of sample 6" in body and b"caption of sample 11" in body
+        assert app.answer("/sample/4", "")[0] == 200 and not reads
+
+
+def test_aligned_compressed_shards(tmp_path):
+    manifest = str(tmp_path / "z.json")
+    with ShardWriter(
+        str(tmp_path / "z-%04d.tar.gz"), maxcount=10, manifest=manifest, aligned=True
+    ) as sink:
+        for i in range(25):
+            sink.write({"__key__": f"k{i:03d}", "txt": f"text {i}", "bin": bytes([i]) * 300})
+    with BrowseData(manifest) as data:
+        assert len(data) == 25 and data.manifest.load_index(2).compression == "gzip"
+        assert data.field_bytes(23, "txt") == b"text 23"
+        assert data.field_bytes(17, "bin") == bytes([17]) * 300
+        status, _, body, _ = BrowseApp(data).answer("/sample/23", "")
+        assert status == 200 and b"text 23" in body
