@@ -173,6 +173,7 @@ def test_head_and_security_headers(server):
         assert "default-src 'none'" in CSP and "script-src" not in CSP  # no scripts at all
         assert headers["X-Content-Type-Options"] == "nosniff"
         assert headers["X-Frame-Options"] == "DENY"
+        assert headers["Server-Timing"].startswith("app;dur=")
 
 
 def test_foreign_host_header_refused_on_loopback(server):

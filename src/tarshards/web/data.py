@@ -332,10 +332,11 @@ class BrowseData:
             self._opened.add(shard)
             return sample
 
-    def field_bytes(self, i, name: str) -> bytes:
+    def field_bytes(self, i, name: str, info: SampleInfo | None = None) -> bytes:
         """One field's bytes: read alone (its byte range, from the index) where the shard is a
-        plain tar, else cut from the sample."""
-        info = self.info(i)
+        plain tar, else cut from the sample. ``info``: sample ``i``'s, when the caller has it."""
+        if info is None or info.index != i:
+            info = self.info(i)
         f = info.field(name)  # NotFound naming the fields it has
         idx = self.manifest.load_index(info.shard)
         plain = idx.compression == "none" and idx.seekable
@@ -368,7 +369,9 @@ class BrowseData:
             sample = self.read(info.index)
             return {f.name: sample[f.name] for f in info.fields if f.size <= limit}
         return {
-            f.name: self.field_bytes(info.index, f.name) for f in info.fields if f.size <= limit
+            f.name: self.field_bytes(info.index, f.name, info)
+            for f in info.fields
+            if f.size <= limit
         }
 
     def page(self, page, size: int) -> tuple[int, int, range]:

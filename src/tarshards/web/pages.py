@@ -17,6 +17,10 @@ __all__ = ["esc", "grid_page", "message_page", "sample_page", "search_page", "st
 
 GRID_TEXT = 160  # characters of a text field shown in a grid cell
 GRID_JSON = 400
+# the first thumbnails of a page load at once (lazy ones start only after the page's load
+# event: 100 ms later in Chromium here); the rest of a long page as it is scrolled to
+EAGER_THUMBS = 48
+LAZY = 'loading="lazy" '
 
 
 def esc(text) -> str:
@@ -55,7 +59,7 @@ def _short(text: str, n: int) -> str:
     return text if len(text) <= n else "\u2026" + text[-(n - 1) :]
 
 
-def _cell(data: BrowseData, info: SampleInfo, sample: dict | None) -> str:
+def _cell(data: BrowseData, info: SampleInfo, sample: dict | None, lazy: bool = False) -> str:
     """One grid cell: the key, the first image as a thumbnail, text and JSON fields shortened,
     the other fields by size."""
     out = [
@@ -71,7 +75,7 @@ def _cell(data: BrowseData, info: SampleInfo, sample: dict | None) -> str:
         if kind == "image" and not shown_image:
             shown_image = True
             out.append(
-                f'<a href="/sample/{info.index}"><img class="thumb" loading="lazy" '
+                f'<a href="/sample/{info.index}"><img class="thumb" {LAZY if lazy else ""}'
                 f'src="/thumb/{info.index}/{quote(f.name)}" alt="{esc(f.name)} of '
                 f'{esc(info.key)}"></a>'
             )
@@ -131,7 +135,7 @@ def _pager(page: int, pages: int, size: int, base: str = "/", query: str | None 
 
 def _grid(data: BrowseData, indices) -> str:
     cells = []
-    for i in indices:
+    for k, i in enumerate(indices):
         info = data.info(i)
         try:
             sample = data.small_fields(info, 65536)
@@ -141,7 +145,7 @@ def _grid(data: BrowseData, indices) -> str:
                 f"{i} {esc(info.key)}</a><p>{esc(exc)}</p></article>"
             )
             continue
-        cells.append(_cell(data, info, sample))
+        cells.append(_cell(data, info, sample, lazy=k >= EAGER_THUMBS))
     return f'<section class="grid">{"".join(cells)}</section>'
 
 

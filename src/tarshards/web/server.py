@@ -31,6 +31,7 @@ import ipaddress
 import json
 import socket
 import threading
+import time
 import urllib.parse
 import warnings
 from importlib import resources
@@ -173,7 +174,7 @@ class BrowseApp:
             if body is not None:
                 self._thumbs.move_to_end(cache_key)
         if body is None:
-            data = self.data.field_bytes(info.index, name)
+            data = self.data.field_bytes(info.index, name, info)
             try:
                 body = thumbnail(data, size)
             except ValueError as exc:
@@ -301,6 +302,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         app = self.server.app
         raw_path, _, raw_query = self.path.partition("?")
         api = raw_path.startswith("/api/")
+        t0 = time.perf_counter()
         try:
             self._check_host()
             status, ctype, payload, headers = app.answer(raw_path, raw_query)
@@ -315,7 +317,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             status, ctype, payload, headers = self._error(
                 500, f"internal error: {type(exc).__name__}", api
             )
-        self._send(status, ctype, payload, headers, body)
+        # the time the answer took, shown by the browser's developer tools (Server-Timing)
+        timing = ("Server-Timing", f"app;dur={(time.perf_counter() - t0) * 1000:.1f}")
+        self._send(status, ctype, payload, (*headers, timing), body)
 
     def _check_host(self) -> None:
         allowed = self.server.allowed_hosts
