@@ -9,6 +9,8 @@ for the next time).
 from __future__ import annotations
 
 import errno
+import os
+import sys
 import threading
 import warnings
 
@@ -100,12 +102,27 @@ def browse_cmd(
     with server:
         click.echo(f"{prog}: {len(data):,} samples in {data.num_shards:,} shards at {server.url}")
         click.echo("(Ctrl-C stops the server)")
-        if not no_open:
+        if not no_open and _have_a_browser():
             threading.Thread(target=_open_browser, args=(server.url,), daemon=True).start()
+        elif not no_open:
+            click.echo(
+                f"(no display here: open the URL in a browser; from another machine, forward the "
+                f"port first: ssh -L {server.port}:127.0.0.1:{server.port} THIS_HOST)"
+            )
         try:
             server.serve_forever()
         except KeyboardInterrupt:
             pass
+
+
+def _have_a_browser() -> bool:
+    """Whether a graphical browser can open here: on a machine without a display (a server
+    reached over SSH) Python's webbrowser would start a text browser in this terminal."""
+    if os.environ.get("BROWSER"):
+        return True
+    if sys.platform in ("darwin", "win32"):
+        return True
+    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
 
 
 def _open_browser(url: str) -> None:
