@@ -231,6 +231,9 @@ def test_stats_from_the_index_and_from_data(server, dataset):
     sizes = sorted(tuple(s) for s in data["images"]["jpg"]["sizes"])
     want = sorted((48 + (i % 4) * 8, 40 + (i % 3) * 8) for i in range(0, N, 2))
     assert sizes == want
+    hist = data["json_columns"]["json"]["i"]  # the JSON field's number "i": 0..119
+    assert hist["counts"] and sum(hist["counts"]) == N and hist["edges"][0] == 0
+    assert "tag" not in data["json_columns"]["json"]  # a string, not a number
 
 
 def test_shard_spec_is_indexed_in_a_directory_kept(dataset, evil, tmp_path):

@@ -492,6 +492,7 @@ class BrowseData:
         modes: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         classes: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         text_lengths: dict[str, list] = collections.defaultdict(list)
+        json_columns: dict[str, dict] = collections.defaultdict(dict)
         unreadable = 0
         for i in chosen:
             try:
@@ -514,6 +515,8 @@ class BrowseData:
                     text = as_text(data)
                     if text is not None:
                         text_lengths[name].append(len(text))
+                elif kind == "json":
+                    _numbers(data, json_columns[name])
         out = {
             "samples_read": len(chosen) - unreadable,
             "seed": self.seed,
@@ -533,10 +536,31 @@ class BrowseData:
             "text_lengths": {
                 name: histogram(np.array(v)) for name, v in sorted(text_lengths.items())
             },
+            "json_columns": {
+                name: {key: histogram(np.array(v)) for key, v in columns.items() if v}
+                for name, columns in sorted(json_columns.items())
+            },
         }
         with self._stats_lock:
             self._stats["data"] = out
         return out
+
+
+JSON_COLUMNS = 12  # numeric keys of a JSON field plotted, at most
+
+
+def _numbers(data: bytes, columns: dict) -> None:
+    """Append the top-level numbers of a JSON object to ``columns`` (key -> values)."""
+    try:
+        obj = json.loads(bytes(data))
+    except ValueError:
+        return
+    if not isinstance(obj, dict):
+        return
+    for key, value in obj.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if key in columns or len(columns) < JSON_COLUMNS:
+                columns.setdefault(str(key), []).append(value)
 
 
 def _class_order(item: tuple[str, int]):

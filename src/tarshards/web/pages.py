@@ -318,6 +318,9 @@ def stats_page(data: BrowseData) -> str:
         )
     for name, hist in ds["text_lengths"].items():
         parts.append(plots.histogram_chart(hist, f"{name}: length (characters)"))
+    for name, columns in ds["json_columns"].items():
+        for key, hist in columns.items():
+            parts.append(plots.histogram_chart(hist, f"{name}: {key}"))
     parts.append("</div>")
     return _layout(data, "statistics", "".join(parts))
 
