@@ -50,3 +50,23 @@ def test_aligned_compressed_shards(tmp_path):
         assert data.field_bytes(17, "bin") == bytes([17]) * 300
         status, _, body, _ = BrowseApp(data).answer("/sample/23", "")
         assert status == 200 and b"text 23" in body
+
+
+def test_a_manifest_without_indexes_is_indexed_first(dataset, tmp_path):
+    import json
+    import os
+
+    # a wids shardindex.json: counts only, no index files
+    folder = os.path.dirname(dataset[0])
+    wids = {
+        "__kind__": "wids-shard-index-v1",
+        "shardlist": [
+            {"url": os.path.join(folder, f"train-{k:04d}.tar"), "nsamples": n}
+            for k, n in enumerate((50, 50, 20))
+        ],
+    }
+    path = tmp_path / "shardindex.json"
+    path.write_text(json.dumps(wids))
+    with BrowseData(str(path)) as data:
+        assert len(data) == 120 and all(r.index for r in data.manifest.shards)
+        assert data.read(100)["txt"] == b"caption of sample 100"
