@@ -70,3 +70,29 @@ def test_a_manifest_without_indexes_is_indexed_first(dataset, tmp_path):
     with BrowseData(str(path)) as data:
         assert len(data) == 120 and all(r.index for r in data.manifest.shards)
         assert data.read(100)["txt"] == b"caption of sample 100"
+
+
+def test_kept_indexes_are_rebuilt_when_a_shard_changes(tmp_path):
+    def write(n):
+        with ShardWriter(str(tmp_path / "d-%04d.tar"), maxcount=100) as sink:
+            for i in range(n):
+                sink.write({"__key__": f"k{i:03d}", "txt": f"t{i}"})
+
+    write(10)
+    spec, kept = str(tmp_path / "d-0000.tar"), tmp_path / "idx"
+    with BrowseData(spec, index_dir=kept) as data:
+        assert len(data) == 10
+    write(12)  # the same name, other contents
+    with BrowseData(spec, index_dir=kept) as data:
+        assert len(data) == 12 and data.read(11)["txt"] == b"t11"
+
+
+def test_a_bad_spec_leaves_no_temporary_directory(tmp_path, monkeypatch):
+    import tempfile
+
+    from tarshards.errors import TarshardsError
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(TarshardsError):
+        BrowseData(str(tmp_path / "missing-{0..1}.tar"))
+    assert not list(tmp_path.glob("tarshards-browse-*"))

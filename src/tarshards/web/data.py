@@ -28,7 +28,7 @@ from ..images import IMAGE_EXTENSIONS
 from ..indexed import IndexedDataset
 from ..manifest import Manifest, build_manifest, is_manifest_spec
 from ..specs import expand_urls
-from ..storage import is_local, local_path, open_url
+from ..storage import filesystem, is_local, local_path, open_url
 
 __all__ = [
     "BadRequest",
@@ -199,7 +199,11 @@ class BrowseData:
         self.seed = int(seed)
         self.stats_samples = int(stats_samples)
         self._tmp: str | None = None
-        self.manifest = self._open(spec, index_dir, progress)
+        try:
+            self.manifest = self._open(spec, index_dir, progress)
+        except BaseException:
+            self.close_files()
+            raise
         self.spec = spec if isinstance(spec, str) else self.manifest.url
         self.dataset = IndexedDataset(self.manifest, storage_options=storage_options)
         self.urls = self.dataset.urls
@@ -237,12 +241,16 @@ class BrowseData:
                 old = Manifest.load(path)
             except TarshardsError:
                 old = None
-            if old is not None and _still_valid(old, urls):
+            if old is not None and _still_valid(old, urls, self.storage_options):
                 return old
         return build_manifest(urls, path, storage_options=self.storage_options, progress=progress)
 
     def close(self) -> None:
+        """Close the shard files and remove the temporary index directory (if any)."""
         self.dataset.close()
+        self.close_files()
+
+    def close_files(self) -> None:
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
@@ -571,18 +579,22 @@ def _class_order(item: tuple[str, int]):
         return (1, 0, label)
 
 
-def _still_valid(manifest: Manifest, urls: list[str]) -> bool:
-    """A manifest made earlier for ``urls`` still describes them (same URLs; local shards of
-    the recorded sizes)."""
+def _still_valid(manifest: Manifest, urls: list[str], storage_options: dict | None) -> bool:
+    """A manifest made earlier for ``urls`` still describes them (same URLs, each shard of the
+    recorded size: a stat, or a HEAD/metadata request for a remote one)."""
     if manifest.shard_urls() != urls or any(r.index is None for r in manifest.shards):
         return False
     for url, r in zip(urls, manifest.shards):
-        if is_local(url):
-            try:
-                if os.path.getsize(local_path(url)) != r.nbytes:
-                    return False
-            except OSError:
-                return False
+        try:
+            if is_local(url):
+                size = os.path.getsize(local_path(url))
+            else:
+                fs, path = filesystem(url, storage_options)
+                size = fs.size(path)
+        except (OSError, TarshardsError, ValueError):
+            return False
+        if size != r.nbytes:
+            return False
     return True
 
 
