@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 import tarshards.web.data as webdata
+from tarshards.errors import TarshardsError
 from tarshards import ShardWriter
 from tarshards.web import BrowseApp, BrowseData
 
@@ -96,3 +97,23 @@ def test_a_bad_spec_leaves_no_temporary_directory(tmp_path, monkeypatch):
     with pytest.raises(TarshardsError):
         BrowseData(str(tmp_path / "missing-{0..1}.tar"))
     assert not list(tmp_path.glob("tarshards-browse-*"))
+
+
+def test_changed_bytes_are_caught_by_the_index_checksums(tmp_path):
+    manifest = str(tmp_path / "c.json")
+    with ShardWriter(str(tmp_path / "c-%04d.tar"), maxcount=100, manifest=manifest) as sink:
+        for i in range(5):
+            sink.write({"__key__": f"k{i}", "txt": f"caption {i}", "cls": i})
+    with BrowseData(manifest) as data:
+        f = data.info(3).field("txt")
+        with open(data.urls[0], "r+b") as fh:  # the same size, another byte
+            fh.seek(f.data_offset)
+            fh.write(b"K")
+        with pytest.raises(TarshardsError, match="checksum does not match") as err:
+            data.field_bytes(3, "txt")
+        assert err.value.url == data.urls[0] and err.value.offset == f.offset
+        assert data.field_bytes(3, "cls") == b"3"  # the other field is intact
+        app = BrowseApp(data)
+        status, _, body, _ = app.answer("/", "")  # the grid shows the error in its cell
+        assert status == 200 and b"checksum does not match" in body
+        assert b"caption 4" in body

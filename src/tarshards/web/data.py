@@ -152,7 +152,9 @@ class _ShardRows:
     next)."""
 
     def __init__(self, idx) -> None:
-        self.keys: list[str] = idx.keys
+        self.index = idx
+        self.key_offsets = idx.key_offsets
+        self.key_blob = idx.key_blob
         self.starts = idx.member_starts
         self.tar_offsets = idx.tar_offsets
         self.file_offsets = idx.sample_offsets
@@ -166,6 +168,16 @@ class _ShardRows:
         self.member_hash: str = idx.member_hash
         self.flags = idx.sample_flags
         self._sorted: bool | None = None
+
+    @property
+    def keys(self) -> list[str]:
+        """Every key of the shard (decoded once, for search)."""
+        return self.index.keys
+
+    def key(self, j: int) -> str:
+        """Key ``j`` alone (a page does not decode the shard's 50,000 keys)."""
+        a, b = int(self.key_offsets[j]), int(self.key_offsets[j + 1])
+        return bytes(self.key_blob[a:b]).decode("utf-8", "surrogateescape")
 
     @property
     def keys_sorted(self) -> bool:
@@ -209,6 +221,7 @@ class BrowseData:
         self.urls = self.dataset.urls
         self._lock = threading.RLock()
         self._opened: set[int] = set()  # shards read once (their reader made)
+        self._checksum_fns: dict[int, Any] = {}
         self._rows: dict[int, _ShardRows] = {}
         self._stats: dict[str, Any] = {}
         self._stats_lock = threading.Lock()
@@ -295,7 +308,7 @@ class BrowseData:
         i = self.check_index(i)
         shard, j = self.dataset.locate(i)
         r = self.rows(shard)
-        key = r.keys[j]
+        key = r.key(j)
         prefix = "./" if int(r.flags[j]) & 1 else ""
         algo = r.member_hash
         m0, m1 = int(r.starts[j]), int(r.starts[j + 1])
@@ -341,46 +354,78 @@ class BrowseData:
             return sample
 
     def field_bytes(self, i, name: str, info: SampleInfo | None = None) -> bytes:
-        """One field's bytes: read alone (its byte range, from the index) where the shard is a
-        plain tar, else cut from the sample. ``info``: sample ``i``'s, when the caller has it."""
+        """One field's bytes: read alone (its byte range, from the index, checked against the
+        index's member checksum) where the shard is a plain tar, else cut from the sample.
+        ``info``: sample ``i``'s, when the caller has it."""
         if info is None or info.index != i:
             info = self.info(i)
         f = info.field(name)  # NotFound naming the fields it has
-        idx = self.manifest.load_index(info.shard)
-        plain = idx.compression == "none" and idx.seekable
-        if not plain or int(idx.sample_flags[info.position]) & FLAG_REBUILT:
+        if not self._plain(info):
             return bytes(self.read(info.index)[name])
-        url = info.shard_url
-        if is_local(url):
-            with open(local_path(url), "rb") as fh:
-                data = os.pread(fh.fileno(), f.size, f.data_offset)
-        else:
-            with open_url(
-                url, offset=f.data_offset, length=f.size, storage_options=self.storage_options
-            ) as fh:
-                data = fh.read()
-        if len(data) != f.size:
-            raise IntegrityError(
-                f"the shard ends inside field {name!r} of sample {info.index} (is the index for "
-                "another version of this shard?)",
-                url=url,
-                member=f.member,
-                offset=f.offset,
-            )
-        return data
+        return self._checked(info, f, self._read_range(info, f.data_offset, f.size))
 
     def small_fields(self, info: SampleInfo, limit: int) -> dict[str, bytes]:
         """The fields of a sample up to ``limit`` bytes each: the whole sample read in one piece
         when it is small (:data:`WHOLE_SAMPLE` bytes at most), else each such field alone (a
-        sample with a large video is not read to show its caption)."""
-        if info.size <= WHOLE_SAMPLE:
+        sample with a large video is not read to show its caption). From a plain tar shard the
+        bytes are cut where the index says and checked against its member checksums."""
+        wanted = [f for f in info.fields if f.size <= limit]
+        if info.size > WHOLE_SAMPLE:
+            return {f.name: self.field_bytes(info.index, f.name, info) for f in wanted}
+        if not self._plain(info):
             sample = self.read(info.index)
-            return {f.name: sample[f.name] for f in info.fields if f.size <= limit}
-        return {
-            f.name: self.field_bytes(info.index, f.name, info)
-            for f in info.fields
-            if f.size <= limit
-        }
+            return {f.name: sample[f.name] for f in wanted}
+        data = self._read_range(info, info.file_offset, info.file_end - info.file_offset)
+        out = {}
+        for f in wanted:
+            a = f.data_offset - info.file_offset
+            out[f.name] = self._checked(info, f, data[a : a + f.size])
+        return out
+
+    def _plain(self, info: SampleInfo) -> bool:
+        """Whether the sample's bytes lie as they are in its shard file (a plain tar: offsets
+        in the tar stream are offsets in the file; no sparse member to rebuild)."""
+        idx = self.manifest.load_index(info.shard)
+        return (
+            idx.compression == "none"
+            and bool(idx.seekable)
+            and not int(idx.sample_flags[info.position]) & FLAG_REBUILT
+        )
+
+    def _read_range(self, info: SampleInfo, start: int, length: int) -> bytes:
+        url = info.shard_url
+        if is_local(url):
+            with open(local_path(url), "rb") as fh:
+                data = os.pread(fh.fileno(), length, start)
+        else:
+            with open_url(
+                url, offset=start, length=length, storage_options=self.storage_options
+            ) as fh:
+                data = fh.read()
+        if len(data) != length:
+            raise IntegrityError(
+                f"the shard ends inside sample {info.index} (is the index for another version "
+                "of this shard?)",
+                url=url,
+                offset=start + len(data),
+            )
+        return data
+
+    def _checked(self, info: SampleInfo, f: FieldInfo, data: bytes) -> bytes:
+        """``data`` when its checksum is the index's for field ``f``, else IntegrityError."""
+        fn = self._checksum_fns.get(info.shard)
+        if fn is None:
+            fn = self.manifest.load_index(info.shard).checksum_fn()
+            self._checksum_fns[info.shard] = fn
+        if fn(data) != int(f.checksum.rpartition(":")[2], 16):
+            raise IntegrityError(
+                "member checksum does not match the index (is the index for another version "
+                "of this shard?)",
+                url=info.shard_url,
+                member=f.member,
+                offset=f.offset,
+            )
+        return data
 
     def page(self, page, size: int) -> tuple[int, int, range]:
         """``(page, pages, sample numbers)`` of page ``page`` (from 0) of ``size`` samples."""
