@@ -207,6 +207,7 @@ _SUBMODULES = frozenset(
         "transport",
         "types",
         "urls",
+        "web",
         "writer",
     ]
 )

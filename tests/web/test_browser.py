@@ -1,0 +1,171 @@
+"""The browser in a real headless Chromium (Debian's ``chromium`` driven by Playwright; no browser
+is downloaded): thumbnails are real pixels, paging and search work, a sample page shows its
+fields, the statistics page draws its plots, and HTML in the data never runs."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shutil
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tarshards.web import serve
+
+pytestmark = pytest.mark.timeout(180)
+
+CHROMIUM = os.environ.get("TARSHARDS_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="the browser tests need playwright (pip install playwright)"
+    )
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(
+            f"the browser tests need Chromium ({CHROMIUM} is missing: apt install chromium)"
+        )
+    with sync_api.sync_playwright() as p:
+        try:
+            b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        except Exception as exc:  # a Chromium that does not start here
+            pytest.skip(f"Chromium does not start: {str(exc).splitlines()[0]}")
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture(scope="module")
+def server(dataset):
+    with serve(dataset[0], page_size=12) as srv:
+        yield srv
+
+
+@pytest.fixture
+def page(browser, server):
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    pg.errors = errors
+    try:
+        yield pg
+    finally:
+        context.close()
+
+
+def _variance(png: bytes) -> float:
+    return float(np.asarray(Image.open(io.BytesIO(png)).convert("L"), dtype=np.float64).var())
+
+
+def test_grid_renders_real_thumbnails(page, server):
+    page.goto(server.url)
+    cells = page.locator("article.cell")
+    assert cells.count() == 12
+    thumbs = page.locator("img.thumb")
+    assert thumbs.count() == 12
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('img.thumb')].every(i => i.complete)"
+    )
+    widths = page.eval_on_selector_all("img.thumb", "els => els.map(e => e.naturalWidth)")
+    assert all(w > 0 for w in widths), widths  # every thumbnail decoded by the browser
+    for k in (0, 5, 11):
+        shot = thumbs.nth(k).screenshot()
+        assert _variance(shot) > 100, f"thumbnail {k} looks blank"
+    # a blank area of the page (no thumbnail) has no such variance: the check can fail
+    assert _variance(page.locator("header").screenshot()) < _variance(thumbs.nth(0).screenshot())
+    # captions and JSON shown as text
+    assert "caption of sample 1" in cells.nth(1).inner_text()
+    assert '"i": 1' in cells.nth(1).inner_text()
+
+
+def test_paging(page, server):
+    page.goto(server.url)
+    assert page.locator("article.cell").first.get_attribute("data-index") == "0"
+    page.locator("nav.pager a.next").first.click()
+    page.wait_for_url("**page=1**")
+    assert page.locator("article.cell").first.get_attribute("data-index") == "12"
+    page.locator("nav.pager a.last").first.click()
+    page.wait_for_url("**page=9**")
+    indices = page.eval_on_selector_all("article.cell", "els => els.map(e => e.dataset.index)")
+    assert indices == [str(i) for i in range(108, 120)]
+    # the page number form
+    form = page.locator("form.goto-page").first
+    form.locator("input[name=page]").fill("4")
+    form.locator("button").click()
+    page.wait_for_url("**page=4**")
+    assert page.locator("article.cell").first.get_attribute("data-index") == "48"
+
+
+def test_search_and_jump(page, server):
+    page.goto(server.url)
+    page.fill("header input[name=q]", "img011")
+    page.click("header form.search button")
+    page.wait_for_url("**/search?q=img011**")
+    assert "10 samples with keys starting with" in page.locator("p.result").inner_text()
+    indices = page.eval_on_selector_all("article.cell", "els => els.map(e => e.dataset.index)")
+    assert indices == [str(i) for i in range(110, 120)]
+    page.fill("header input[name=i]", "42")
+    page.click("header form.jump button")
+    page.wait_for_url("**/sample/42")
+    assert page.locator("h1.sample-key").inner_text() == "img0042"
+
+
+def test_sample_page_shows_every_field(page, server, dataset):
+    made = dataset[2]
+    page.goto(server.url + "sample/3")
+    names = page.eval_on_selector_all("section.field h2", "els => els.map(e => e.textContent)")
+    assert sorted(names) == sorted(k for k in made[3] if not k.startswith("__"))
+    text = page.locator("main").inner_text()
+    assert "caption of sample 3" in text and "train-0000.tar" in text
+    assert f"{len(made[3]['bin']):,} bytes" in text
+    checksums = page.eval_on_selector_all(
+        "section.field tr",
+        "rows => rows.filter(r => r.cells[0]?.textContent == 'checksum')"
+        ".map(r => r.cells[1].textContent)",
+    )
+    assert len(checksums) == len(names) and all(
+        re.fullmatch(r"\w+:[0-9a-f]{16}", c) for c in checksums
+    )
+    img = page.locator("img.full")
+    page.wait_for_function("() => document.querySelector('img.full').complete")
+    assert img.evaluate("e => e.naturalWidth") > 0 and _variance(img.screenshot()) > 100
+
+
+def test_statistics_page_draws_its_plots(page, server):
+    page.goto(server.url + "stats")
+    plots = page.locator("svg.plot")
+    assert plots.count() >= 6
+    bars = page.eval_on_selector_all(
+        "svg.plot rect.bar", "els => els.map(e => e.getBoundingClientRect().height)"
+    )
+    assert sum(1 for h in bars if h > 1) >= 10  # bars of real height, laid out by the browser
+    assert page.locator("svg.plot circle.point").count() >= 6  # image sizes (12 distinct)
+    titles = page.eval_on_selector_all("svg.plot > title", "els => els.map(e => e.textContent)")
+    assert "samples per shard" in titles and "cls: classes" in titles
+    assert _variance(plots.first.screenshot()) > 10  # drawn, not blank
+
+
+def test_html_in_the_data_never_runs(page, server, evil):
+    for url in ("sample/7", "?page=0&size=12", "search?q=evil"):
+        page.goto(server.url + url)
+        assert page.evaluate("() => window.__xss") is None, url
+        assert page.locator("script").count() == 0
+        assert page.locator("main img:not(.thumb):not(.full)").count() == 0  # no injected <img>
+    page.goto(server.url + "sample/7")
+    assert page.locator("h1.sample-key").inner_text() == evil[0]
+    assert evil[1] in page.locator("main").inner_text()
+    assert not page.errors
