@@ -26,6 +26,7 @@ from .errors import ResumeError
 from .on_error import OnError, error_policy
 from .planned import _PlannedIterator
 from .shards import make_rng
+from .stats import timed_source, timed_stage
 from .plan import STATE_FORMAT, Schedule, check_state
 from .types import WorkerInfo
 
@@ -248,6 +249,9 @@ class DataPipeline:
         allocate = getattr(self, "_batch_allocate", None)
         if allocate is not None:  # a loader worker's transport: where batches are made
             ctx["allocate"] = allocate
+        stats = getattr(self, "_monitor", None)
+        if stats is not None:  # a loader's counters (WebLoader(stats=True), watchdog=)
+            ctx["stats"] = stats
         return ctx
 
     # ---- iteration ---------------------------------------------------------------------------
@@ -288,6 +292,8 @@ class DataPipeline:
     def _run(self, ctx: dict) -> Iterator:
         src = self._source
         data = src(ctx) if callable(src) else iter(src)
+        if ctx.get("stats") is not None:
+            data = timed_source(data, ctx["stats"])
         stages = self._stages
         allocate = ctx.get("allocate")
         if allocate is not None and stages and _collates_by_default(stages[-1]):
@@ -349,6 +355,8 @@ class DataPipeline:
                 if st.wants_handler:
                     kwargs["handler"] = self.on_error
             data = fn(data, *args, **kwargs)
+            if st.fn is _stages.decode and ctx.get("stats") is not None:
+                data = timed_stage(data, ctx["stats"])  # the time in decoding
         return data
 
     # ---- state -------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ names are importable from here as before.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any, Callable, Iterable, Iterator
 
@@ -157,6 +158,7 @@ class WebDataset(DataPipeline):
         self.prefetch = int(prefetch)
         self.prefetch_bytes = int(prefetch_bytes)
         self._opener = None
+        self._cache = None
         if cache_dir is not None:
             from .storage import ShardCache
 
@@ -169,6 +171,7 @@ class WebDataset(DataPipeline):
                 manifest=self.manifest,
             )
             self._opener = cache.open
+            self._cache = cache
         # the seed notebook's constructor: shuffle, decode, tuple, per-element transforms
         if shuffle:
             self._append(_stages.shuffle, shuffle)
@@ -390,8 +393,13 @@ class WebDataset(DataPipeline):
         }
         if not self.copy:
             options["copy"] = False
+        stats = ctx.get("stats")
+        if stats is not None:  # a loader's counters (stats=True, watchdog=)
+            options["stats"] = stats
         if self._opener is not None:
             options["opener"] = self._opener
+            if stats is not None and self._opener == getattr(self._cache, "open", None):
+                options["opener"] = functools.partial(self._opener, stats=stats)
         if self.verify and self.manifest is not None:  # verify= needs a manifest (__init__)
             options["expect"] = self.manifest.records_by_url()
         if not self.empty_check or self.resampled:

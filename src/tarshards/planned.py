@@ -15,6 +15,7 @@ from typing import Any, Iterator
 from .errors import ResumeError, TarshardsError
 from .plan import Schedule, plan_for
 from .source import ReaderStream
+from .stats import timed_source
 from .types import WorkerInfo
 
 __all__ = ["PlannedProgram", "feed_batches"]
@@ -116,8 +117,11 @@ class _SingleProgram(PlannedProgram):
         feed = _Feed(self._stream(reader), batches, cfg.batch_size, cfg.bufsize)
         self._feeds[reader] = feed
         ctx = dict(it.ctx, reader=reader)
+        samples = feed.samples
+        if ctx.get("stats") is not None:
+            samples = timed_source(samples, ctx["stats"])
         data = ds._run_stages(
-            feed.samples, self.pre, ctx, ("reader", reader), first=1 if cfg.bufsize else 0
+            samples, self.pre, ctx, ("reader", reader), first=1 if cfg.bufsize else 0
         )
         return iter(ds._run_stages(data, [self.bstage], ctx, ("reader", reader)))
 
@@ -214,6 +218,9 @@ class _PlannedIterator:
             "worker": info.worker,
             "num_workers": info.num_workers,
         }
+        stats = getattr(ds, "_monitor", None)
+        if stats is not None:  # a loader's counters (WebLoader(stats=True), watchdog=)
+            self.ctx["stats"] = stats
         self._gen = self._run()
 
     # ---- state -----------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from .crop import register_crop_converter
 from .errors import ResumeError
 from .plan import STATE_FORMAT, check_state
 from .stages import register_collation
+from .stats import Counters, LoaderStats, OnStall, clock, gathered, start_watchdog, timed_items
 from .transport import Group, Packer, Unpacker, new_token, remove_orphans
 from .types import WorkerInfo
 
@@ -157,6 +158,7 @@ class _TorchMixin:
         state = self.__dict__.copy()
         state.pop("_batch_allocate", None)  # a worker's own transport, not to be carried on
         state.pop("_loader_group", None)
+        state.pop("_monitor", None)  # a loader's counters (each worker makes its own)
         if multiprocessing.context.get_spawning_popen() is not None and get_worker_info() is None:
             # sent to a new process (a spawn/forkserver DataLoader worker): carry the rank
             # discovered here, and share the epoch cell with it
@@ -172,6 +174,9 @@ class _TorchMixin:
 
     def __iter__(self):
         it = _pipeline.DataPipeline.__iter__(self)
+        monitor = self.__dict__.get("_monitor")  # WebLoader(stats=True) or watchdog=
+        if monitor is not None:
+            it = timed_items(it, monitor)
         grouping = self.__dict__.get("_loader_group")  # in a WebLoader worker: batches are
         return it if grouping is None else _grouped(it, *grouping)  # sent a few at a time
 
@@ -286,10 +291,22 @@ class WebLoader(DataLoader):
     """
 
     def __init__(
-        self, dataset, *args, start_epoch: int = 0, transport: str | None = "auto", **kwargs
+        self,
+        dataset,
+        *args,
+        start_epoch: int = 0,
+        transport: str | None = "auto",
+        stats: bool = False,
+        watchdog: float | None = None,
+        on_stall: OnStall = "warn",
+        **kwargs,
     ):
         if transport not in ("auto", "shm", None):
             raise ValueError(f"transport is 'auto', 'shm' or None, not {transport!r}")
+        monitor = None
+        if stats or watchdog is not None:
+            Counters(watchdog=watchdog, on_stall=on_stall)  # checks them
+            monitor = (bool(stats), watchdog, on_stall)
         bound = inspect.signature(DataLoader.__init__).bind(self, dataset, *args, **kwargs)
         options = bound.arguments
         options.update(options.pop("kwargs", {}) or {})
@@ -325,6 +342,15 @@ class WebLoader(DataLoader):
                     )
                 inner = _PackingCollate(inner, packer)
             options["collate_fn"] = inner
+        if monitor is not None and (options.get("num_workers") or 0) > 0:
+            # each worker counts in its own Counters and sends what it gathered with each batch
+            inner = options.get("collate_fn")
+            if inner is None:
+                inner = default_convert if options.get("batch_size", 1) is None else default_collate
+            options["collate_fn"] = _CarryingStats(inner)
+            options["worker_init_fn"] = _Monitoring(
+                options.get("worker_init_fn"), watchdog, on_stall
+            )
         options.pop("self")
         super().__init__(**options)
         self._packing = packing
@@ -343,6 +369,41 @@ class WebLoader(DataLoader):
         self._pending = None
         self._workers_next = None  # with persistent workers: the epoch they run next
         self._origin = 0
+        self._monitor = monitor  # (stats, watchdog, on_stall) or None
+        self._totals: Counters | None = None  # this rank's statistics (made at the first iter)
+
+    def stats(self, gather: bool = False) -> LoaderStats:
+        """This rank's statistics so far (``WebLoader(..., stats=True)``): a
+        :class:`~tarshards.stats.LoaderStats` (``str()`` is a one-line summary, ``.as_dict()``,
+        ``.prometheus()``). ``gather=True``: every rank's, collected through the process group
+        (``torch.distributed.all_gather_object``; every rank must call it), summed, with the
+        ranks whose loop waited longest and the slowest shards named. A worker's counters reach
+        this process with its batches."""
+        if self._monitor is None:
+            raise ValueError("this loader keeps no statistics: pass WebLoader(..., stats=True)")
+        local = self._counters().snapshot()
+        if not gather:
+            return local
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            everyone: list = [None] * dist.get_world_size()
+            dist.all_gather_object(everyone, local.as_dict())
+            return gathered(LoaderStats.from_dict(d) for d in everyone)
+        return gathered([local])
+
+    def _counters(self) -> Counters:
+        totals = self._totals
+        if totals is None:
+            assert self._monitor is not None
+            _stats, watchdog, on_stall = self._monitor
+            env = torch_environment()
+            totals = Counters(
+                env["rank"], env["world_size"], None, watchdog=watchdog, on_stall=on_stall
+            )
+            self._totals = totals
+            if self.num_workers == 0:  # the dataset runs here, and counts here
+                start_watchdog(totals)
+                weakref.finalize(self, _close, totals)
+        return totals
 
     def _planned(self) -> bool:
         return getattr(self.dataset, "_plan_config", None) is not None
@@ -401,6 +462,11 @@ class WebLoader(DataLoader):
             # one resource tracker for this process and its workers (forked ones would each
             # start their own): the names of their segments are withdrawn where registered
             resource_tracker.ensure_running()
+        totals = None
+        if self._monitor is not None:
+            totals = self._counters()
+            if self.num_workers == 0 and isinstance(ds, _pipeline.DataPipeline):
+                ds._monitor = totals  # type: ignore[attr-defined]
         it = super().__iter__()
         if self._packing:
             remove_orphans(self._token)  # of the workers of earlier epochs
@@ -417,17 +483,34 @@ class WebLoader(DataLoader):
             if self._grouping is not None:
                 packer, cell = self._grouping
                 in_turn = _InTurn(self.num_workers, packer, cell)
-            it = _UnpackingIterator(it, self._unpacker, in_turn)
+            absorb = totals.add if totals is not None and self.num_workers else None
+            it = _UnpackingIterator(it, self._unpacker, in_turn, absorb)
+        elif totals is not None and self.num_workers:
+            it = _absorbing(it, totals)
         if pending is not None and not self._planned() and step:
             for _ in range(step):  # a plain stream: replay to the position
                 next(it)
-        return self._count(it)
+        return self._count(it) if totals is None else self._count_timed(it, totals)
 
     def _count(self, it):
         for batch in it:
             self._step += 1
             yield batch
         self._finished = True
+
+    def _count_timed(self, it, totals: Counters):
+        """:meth:`_count`, with the time the training loop waits for each batch."""
+        try:
+            t0 = clock()
+            for batch in it:
+                totals.waited(clock() - t0)
+                self._step += 1
+                yield batch
+                t0 = clock()
+            self._finished = True
+        finally:
+            if self.num_workers == 0 and getattr(self.dataset, "_monitor", None) is totals:
+                del self.dataset._monitor
 
     def __len__(self):
         if self._planned():
@@ -649,8 +732,9 @@ class _UnpackingIterator:
     about an IterableDataset yielding more than ``len()``).
     """
 
-    def __init__(self, it, unpacker, in_turn: _InTurn | None = None):
+    def __init__(self, it, unpacker, in_turn: _InTurn | None = None, absorb=None):
         self._it = it
+        self._absorb = absorb  # takes the workers' statistics that come with the batches
         self._unpack = unpacker
         self._direct = all(hasattr(it, a) for a in ("_next_data", "_sampler_iter", "_num_yielded"))
         self._in_turn = in_turn  # the workers send groups of batches
@@ -666,11 +750,16 @@ class _UnpackingIterator:
     def _pull(self):
         it = self._it
         if not self._direct or torch.autograd._profiler_enabled():
-            return self._unpack(next(it))
-        if it._sampler_iter is None:
-            it._reset()
-        data = it._next_data()
-        it._num_yielded += 1
+            data = next(it)
+        else:
+            if it._sampler_iter is None:
+                it._reset()
+            data = it._next_data()
+            it._num_yielded += 1
+        if type(data) is _Carried:
+            if self._absorb is not None:
+                self._absorb(data.delta)
+            data = data.payload
         return self._unpack(data)
 
     def __len__(self):
@@ -678,6 +767,76 @@ class _UnpackingIterator:
 
     def __getattr__(self, name):
         return getattr(self._it, name)
+
+
+class _Carried:
+    """A worker's batch (or group of batches) with the statistics gathered since its last one
+    (:meth:`tarshards.stats.Counters.take`)."""
+
+    __slots__ = ("delta", "payload")
+
+    def __init__(self, payload, delta):
+        self.payload = payload
+        self.delta = delta
+
+    def __reduce__(self):
+        return _Carried, (self.payload, self.delta)
+
+
+class _CarryingStats:
+    """A worker's collate function: the inner one, then the worker's counters' news attached."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __call__(self, batch):
+        out = self.inner(batch)
+        info = get_worker_info()
+        monitor = None if info is None else getattr(info.dataset, "_monitor", None)
+        if monitor is None:
+            return out
+        return _Carried(out, monitor.take())
+
+
+class _Monitoring:
+    """A worker's init function: the worker's copy of the dataset counts in a
+    :class:`~tarshards.stats.Counters` of its own (``_monitor``), watched by a thread when the
+    loader has a watchdog; then the inner init function."""
+
+    def __init__(self, inner, watchdog, on_stall):
+        self.inner = inner
+        self.watchdog = watchdog
+        self.on_stall = on_stall
+
+    def __call__(self, worker_id):
+        info = get_worker_info()
+        ds = None if info is None else info.dataset
+        if isinstance(ds, _pipeline.DataPipeline):
+            place = ds.worker_info()
+            monitor = Counters(
+                place.rank,
+                place.world_size,
+                worker_id,
+                watchdog=self.watchdog,
+                on_stall=self.on_stall,
+            )
+            ds._monitor = monitor  # type: ignore[attr-defined]
+            start_watchdog(monitor)
+        if self.inner is not None:
+            self.inner(worker_id)
+
+
+def _absorbing(it, totals: Counters):
+    """The batches of ``it``, the workers' statistics that come with them added to ``totals``."""
+    for data in it:
+        if type(data) is _Carried:
+            totals.add(data.delta)
+            data = data.payload
+        yield data
+
+
+def _close(totals: Counters) -> None:
+    totals.closed = True
 
 
 def _tensor_to_array(x):

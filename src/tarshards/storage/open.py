@@ -16,6 +16,7 @@ import sys
 from typing import IO, BinaryIO, Iterator, cast
 
 from ..errors import PipeNotAllowedError, ShardNotFoundError, StorageError
+from ..stats import Counters
 from ..types import ReadOptions
 from .paths import filesystem, is_local, local_path
 from .retry import ResumingReader, read_to_end
@@ -107,6 +108,7 @@ def _remote_reader(
     retries: int,
     backoff: float,
     timeout: float | None,
+    stats=None,
 ) -> ResumingReader:
     fs, path = filesystem(url, storage_options)
     protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
@@ -139,7 +141,9 @@ def _remote_reader(
             size = getattr(f, "size", None)
             return f, (int(size) if isinstance(size, int) else None)
 
-    return ResumingReader(url, open_at, retries=retries, backoff=backoff, start=offset, stop=stop)
+    return ResumingReader(
+        url, open_at, retries=retries, backoff=backoff, start=offset, stop=stop, stats=stats
+    )
 
 
 def _options(options, storage_options, allow_pipe: bool, retries: int):
@@ -165,6 +169,7 @@ def open_url(
     retries: int = 5,
     retry_backoff: float = 0.1,
     timeout: float | None = 60.0,
+    stats: Counters | None = None,
 ) -> Iterator[BinaryIO]:
     """Open a URL as a binary stream (a context manager).
 
@@ -180,7 +185,8 @@ def open_url(
     that cannot seek, stdin or a pipe, drops the bytes before it) and, with ``length``, ends
     after that many bytes (a remote read then asks for that range only). ``options``, a
     :class:`~tarshards.types.ReadOptions`, gives ``storage_options``, ``allow_pipe`` and
-    ``retries`` in one value.
+    ``retries`` in one value. ``stats`` (:class:`~tarshards.stats.Counters`) counts a remote
+    read's retries (a timeout under a watchdog is reported as a stall).
     """
     if not isinstance(url, str):
         url = os.fspath(url)
@@ -215,6 +221,7 @@ def open_url(
             retries=retries,
             backoff=retry_backoff,
             timeout=timeout,
+            stats=stats,
         ) as reader:
             yield reader
         return
