@@ -29,7 +29,7 @@ import time
 import warnings
 import weakref
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Union
+from typing import Any, Callable, Iterable, Iterator
 
 from .errors import StallError, StallWarning
 
@@ -59,7 +59,7 @@ _MAXES = ("open_max_ns", "wait_max_ns")
 _KEEP_SHARDS = 1000  # per-shard records kept in the totals (the slowest ones)
 _SHOW_SHARDS = 5  # ... and named in a LoaderStats
 
-OnStall = Union[str, Callable[[StallError], object]]
+OnStall = str | Callable[[StallError], object]
 
 
 def _check_on_stall(on_stall: OnStall) -> OnStall:

@@ -1,0 +1,206 @@
+"""Loader statistics (``WebLoader(..., stats=True)``): the counters against what a traced run
+measures, the one-line summary, the gathered view and the Prometheus text export."""
+
+from __future__ import annotations
+
+import os
+import re
+import tarfile
+
+import pytest
+
+from conftest import write_shards
+from tarshards.stats import Counters, LoaderStats, ShardTiming, gathered
+
+# ---- a strict parser of Prometheus' text exposition format (0.0.4) -------------------------
+_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*"'
+_SAMPLE = re.compile(
+    rf"^({_NAME})(?:\{{({_LABEL}(?:,{_LABEL})*)?\}})? "
+    r"([-+]?(?:[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|\.[0-9]+(?:[eE][-+]?[0-9]+)?|"
+    r"NaN|[-+]?Inf))$"
+)
+_LABEL_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"')
+
+
+def parse_prometheus(text: str) -> dict:
+    """``{metric: {"type": t, "help": h, "samples": [(labels, value)]}}``; raises on any line
+    that the exposition format does not allow (types declared once, before their samples)."""
+    assert text.endswith("\n"), "the exposition ends with a line feed"
+    metrics: dict = {}
+    for line in text[:-1].split("\n"):
+        if line.startswith("# HELP "):
+            name, _, doc = line[7:].partition(" ")
+            assert re.fullmatch(_NAME, name), line
+            metrics.setdefault(name, {"samples": []})["help"] = doc
+        elif line.startswith("# TYPE "):
+            name, _, kind = line[7:].partition(" ")
+            assert kind in ("counter", "gauge", "histogram", "summary", "untyped"), line
+            entry = metrics.setdefault(name, {"samples": []})
+            assert "type" not in entry and not entry["samples"], f"late TYPE: {line}"
+            entry["type"] = kind
+        else:
+            m = _SAMPLE.match(line)
+            assert m, f"not a sample line: {line!r}"
+            name, labels, value = m.groups()
+            assert name in metrics and "type" in metrics[name], f"no TYPE before {name}"
+            pairs = dict(_LABEL_PAIR.findall(labels or ""))
+            metrics[name]["samples"].append((pairs, float(value)))
+    return metrics
+
+
+def traced(paths) -> tuple[int, int]:
+    """What reading the shards means, measured without tarshards: (samples, bytes)."""
+    keys, nbytes = set(), 0
+    for p in paths:
+        nbytes += os.path.getsize(p)
+        with tarfile.open(p) as tf:
+            keys |= {m.name.split(".", 1)[0] for m in tf.getmembers() if m.isfile()}
+    return len(keys), nbytes
+
+
+# ---- the values, without torch ---------------------------------------------------------------
+def _stats(rank, wait, samples=10, url="http://h/a.tar"):
+    return LoaderStats(
+        rank=rank,
+        elapsed_s=2.0,
+        samples=samples,
+        bytes=1000 * samples,
+        batches=samples // 2,
+        wait_s=wait,
+        produce_s=1.0,
+        storage_s=0.25,
+        read_s=0.5,
+        decode_s=0.25,
+        stages_s=0.25,
+        shards=2,
+        open_s=0.1,
+        cache_hits=3,
+        cache_misses=1,
+        slowest_shards=(ShardTiming(url, wait, 0.05, 1000, 5, rank),),
+    )
+
+
+def test_counters_travel_as_deltas():
+    worker = Counters(0, 1, worker=0)
+    main = Counters(0, 1)
+    worker.samples += 5
+    worker.opened("a", 0, 1_000_000)
+    worker.shard_done("a", 300, 2_000_000, 5)
+    main.add(worker.take())
+    worker.samples += 2
+    worker.shard_done("a", 100, 1_000_000, 2)
+    main.add(worker.take())
+    assert worker.take()[0] == (0,) * len(worker.take()[0])  # take() zeroes
+    snap = main.snapshot()
+    assert (snap.samples, snap.bytes, snap.shards) == (7, 400, 1)
+    assert snap.storage_s == pytest.approx(0.004)
+    assert snap.open_max_s == pytest.approx(0.001)
+    (shard,) = snap.slowest_shards
+    assert (shard.url, shard.bytes, shard.samples) == ("a", 400, 7)
+    assert shard.wait_s == pytest.approx(0.004)
+
+
+def test_gathered_names_the_slowest_rank_and_shard():
+    ranks = [_stats(0, 0.1, url="s0"), _stats(1, 0.9, url="s1"), _stats(2, 0.3, url="s2")]
+    g = gathered(ranks)
+    assert g.rank is None and g.world_size == 3
+    assert g.samples == 30 and g.bytes == 30_000 and g.cache_hits == 9
+    assert g.slowest_ranks == (1, 2, 0)
+    assert [s.url for s in g.slowest_shards] == ["s1", "s2", "s0"]
+    assert "slowest rank 1" in g.summary()
+    again = LoaderStats.from_dict(g.as_dict())
+    assert again == g
+
+
+def test_summary_is_one_line():
+    line = str(_stats(0, 0.5))
+    assert "\n" not in line and line == _stats(0, 0.5).summary()
+    assert "rank 0" in line and "10 samples" in line and "cache 75% hits" in line
+    assert "wait 25.0%" in line  # 0.5 s of 2 s
+
+
+def test_prometheus_export_parses():
+    url = 'http://h/we"ird\\name\n.tar'  # label values that need escaping
+    text = gathered([_stats(0, 0.1, url=url), _stats(1, 0.2)]).prometheus()
+    metrics = parse_prometheus(text)
+    samples = metrics["tarshards_loader_samples_total"]
+    assert samples["type"] == "counter"
+    assert sorted((s[0]["rank"], s[1]) for s in samples["samples"]) == [("0", 10.0), ("1", 10.0)]
+    shard = metrics["tarshards_loader_shard_wait_seconds"]["samples"]
+    assert any(
+        labels["url"] == url.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        for labels, _ in shard
+    )
+    try:
+        from prometheus_client.parser import text_string_to_metric_families
+    except ImportError:
+        return
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert families["tarshards_loader_samples"].samples[0].value == 10
+    found = [s.labels["url"] for s in families["tarshards_loader_shard_wait_seconds"].samples]
+    assert url in found
+
+
+def test_bad_options():
+    with pytest.raises(ValueError, match="watchdog"):
+        Counters(watchdog=0)
+    with pytest.raises(ValueError, match="on_stall"):
+        Counters(on_stall="explode")
+
+
+# ---- through the loader ----------------------------------------------------------------------
+torch = pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("planned", [False, True], ids=["plain", "planned"])
+def test_loader_counters_equal_a_traced_run(tmp_path, num_workers, planned):
+    from tarshards.torch import WebDataset, WebLoader
+
+    paths, _ = write_shards(tmp_path, 4, 12)
+    want_samples, want_bytes = traced(paths)
+    ds = WebDataset(paths, readers=4 if planned else None)
+    ds = ds.decode("rgb").to_tuple("jpg", "cls").batched(6)
+    loader = WebLoader(ds, batch_size=None, num_workers=num_workers, stats=True)
+    got = sum(len(b[1]) for b in loader)
+    st = loader.stats()
+    assert got == want_samples == st.samples
+    assert st.batches == len(list(range(0, got, 6)))
+    if not planned:  # the planned path reads byte ranges: counted as samples and time only
+        assert st.bytes == want_bytes
+        assert st.shards == len(paths)
+        assert sum(s.bytes for s in st.slowest_shards) <= want_bytes
+    assert st.decode_s > 0 and st.produce_s >= st.decode_s
+    assert st.wait_s > 0 and st.wait_max_s <= st.wait_s
+    assert st.rank == 0 and st.stalls == 0
+    # a second epoch adds up
+    sum(len(b[1]) for b in loader)
+    assert loader.stats().samples == 2 * want_samples
+    assert loader.stats(gather=True).samples == 2 * want_samples  # one process: itself
+
+
+def test_loader_counts_cache_hits_and_misses(tmp_path):
+    from conftest import load_servers
+
+    from tarshards.torch import WebDataset, WebLoader
+
+    servers = load_servers()
+    paths, _ = write_shards(tmp_path, 3, 5)
+    with servers.HTTPFileServer(tmp_path) as srv:
+        urls = [f"{srv.url}/{os.path.basename(p)}" for p in paths]
+        ds = WebDataset(urls, cache_dir=str(tmp_path / "cache")).to_tuple("__key__")
+        loader = WebLoader(ds, batch_size=5, stats=True)
+        for _ in range(2):
+            assert sum(len(b[0]) for b in loader) == 15
+    st = loader.stats()
+    assert (st.cache_misses, st.cache_hits) == (3, 3)
+    assert st.bytes == 2 * sum(os.path.getsize(p) for p in paths)
+
+
+def test_stats_off_says_how(tmp_path):
+    from tarshards.torch import WebDataset, WebLoader
+
+    paths, _ = write_shards(tmp_path, 1, 2)
+    with pytest.raises(ValueError, match="stats=True"):
+        WebLoader(WebDataset(paths)).stats()
