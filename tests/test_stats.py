@@ -204,3 +204,33 @@ def test_stats_off_says_how(tmp_path):
     paths, _ = write_shards(tmp_path, 1, 2)
     with pytest.raises(ValueError, match="stats=True"):
         WebLoader(WebDataset(paths)).stats()
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("transport", ["auto", None])
+def test_stats_leave_the_batches_alone(tmp_path, drop_last, transport):
+    """Loader-side batching with workers: the same batches with and without statistics (the
+    end-of-stream news never shows), and the last shard's bytes still arrive."""
+    from tarshards.torch import WebDataset, WebLoader
+
+    paths, _ = write_shards(tmp_path, 4, 7)
+    _, want_bytes = traced(paths)
+
+    def run(stats):
+        ds = WebDataset(paths).to_tuple("__key__", "cls")
+        loader = WebLoader(
+            ds,
+            batch_size=5,
+            num_workers=2,
+            drop_last=drop_last,
+            transport=transport,
+            stats=stats,
+        )
+        return [list(b[0]) for b in loader], loader
+
+    plain, _ = run(False)
+    counted, loader = run(True)
+    assert counted == plain
+    st = loader.stats()
+    assert st.bytes == want_bytes and st.samples == 28
+    assert st.batches == len(plain)

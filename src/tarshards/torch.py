@@ -30,6 +30,7 @@ import itertools
 import multiprocessing.context
 import os
 import weakref
+from typing import Any
 from multiprocessing import resource_tracker
 
 import numpy as np
@@ -177,6 +178,8 @@ class _TorchMixin:
         monitor = self.__dict__.get("_monitor")  # WebLoader(stats=True) or watchdog=
         if monitor is not None:
             it = timed_items(it, monitor)
+            if get_worker_info() is not None:  # the last news goes after the last item
+                it = _with_last_news(it)
         grouping = self.__dict__.get("_loader_group")  # in a WebLoader worker: batches are
         return it if grouping is None else _grouped(it, *grouping)  # sent a few at a time
 
@@ -347,7 +350,9 @@ class WebLoader(DataLoader):
             inner = options.get("collate_fn")
             if inner is None:
                 inner = default_convert if options.get("batch_size", 1) is None else default_collate
-            options["collate_fn"] = _CarryingStats(inner)
+            options["collate_fn"] = _CarryingStats(
+                inner, options.get("batch_size", 1), bool(options.get("drop_last"))
+            )
             options["worker_init_fn"] = _Monitoring(
                 options.get("worker_init_fn"), watchdog, on_stall
             )
@@ -745,7 +750,10 @@ class _UnpackingIterator:
     def __next__(self):
         if self._in_turn is not None:
             return self._in_turn.next(self._pull)
-        return self._pull()
+        while True:
+            data = self._pull()
+            if data is not _NOTHING:
+                return data
 
     def _pull(self):
         it = self._it
@@ -783,14 +791,39 @@ class _Carried:
         return _Carried, (self.payload, self.delta)
 
 
-class _CarryingStats:
-    """A worker's collate function: the inner one, then the worker's counters' news attached."""
+# the item a monitored worker's dataset yields after its last one, so that the counters' last
+# news (the end of the last shard) reach the main process; taken out before collation
+_LAST_NEWS: Any = type("_LastNews", (), {"__reduce__": lambda self: "_LAST_NEWS"})()
+_NOTHING: Any = type("_Nothing", (), {"__reduce__": lambda self: "_NOTHING"})()
 
-    def __init__(self, inner):
+
+def _with_last_news(it):
+    yield from it
+    yield _LAST_NEWS
+
+
+class _CarryingStats:
+    """A worker's collate function: the inner one, then the worker's counters' news attached.
+    The end-of-stream item (``_LAST_NEWS``, last in its batch or group) is taken out; a batch
+    left empty (or short of ``batch_size`` under ``drop_last``) becomes ``_NOTHING``, which
+    the main process does not hand out."""
+
+    def __init__(self, inner, batch_size=None, drop_last: bool = False):
         self.inner = inner
+        self.batch_size = batch_size
+        self.drop_last = drop_last
 
     def __call__(self, batch):
-        out = self.inner(batch)
+        if batch is _LAST_NEWS:
+            out = _NOTHING
+        elif type(batch) is list and batch and batch[-1] is _LAST_NEWS:
+            batch = batch[:-1]
+            full = self.batch_size is None or len(batch) == self.batch_size
+            out = self.inner(batch) if batch and (full or not self.drop_last) else _NOTHING
+        elif type(batch) is Group and batch and batch[-1] is _LAST_NEWS:
+            out = self.inner(batch.like(batch[:-1]))  # (an empty group still counts as a turn)
+        else:
+            out = self.inner(batch)
         info = get_worker_info()
         monitor = None if info is None else getattr(info.dataset, "_monitor", None)
         if monitor is None:
@@ -832,6 +865,8 @@ def _absorbing(it, totals: Counters):
         if type(data) is _Carried:
             totals.add(data.delta)
             data = data.payload
+            if data is _NOTHING:
+                continue
         yield data
 
 
