@@ -171,7 +171,7 @@ def test_loader_counters_equal_a_traced_run(tmp_path, num_workers, planned):
         assert st.bytes == want_bytes
         assert st.shards == len(paths)
         assert sum(s.bytes for s in st.slowest_shards) <= want_bytes
-    assert st.decode_s > 0 and st.produce_s >= st.decode_s
+    assert st.decode_s > 0 and st.produce_s > 0  # (per-sample times: estimates)
     assert st.wait_s > 0 and st.wait_max_s <= st.wait_s
     assert st.rank == 0 and st.stalls == 0
     # a second epoch adds up
