@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import BinaryIO, Callable, Iterable, Iterator, cast
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, cast
 
 from .errors import IntegrityError, StorageError, TarshardsError
 from .format import group_samples
@@ -51,8 +51,11 @@ def shard_samples(
     """
     url = os.fspath(url)
     if opener is None:
-        opener = functools.partial(
-            open_url, **_open_options(storage_options, allow_pipe, retries, stats)
+        opener = cast(
+            Callable,
+            functools.partial(
+                open_url, **_open_options(storage_options, allow_pipe, retries, stats)
+            ),
         )
     if stats is not None:
         yield from _counted_samples(url, opener, stats, chunk_size, last_dot, expect, copy)
@@ -70,8 +73,10 @@ def shard_samples(
         raise StorageError(f"read failed: {exn}", url=url) from exn
 
 
-def _open_options(storage_options, allow_pipe: bool, retries: int, stats: Counters | None):
-    options: dict = {"storage_options": storage_options, "allow_pipe": allow_pipe}
+def _open_options(
+    storage_options, allow_pipe: bool, retries: int, stats: Counters | None
+) -> dict[str, Any]:
+    options: dict[str, Any] = {"storage_options": storage_options, "allow_pipe": allow_pipe}
     options["retries"] = retries
     if stats is not None:
         options["stats"] = stats
@@ -92,7 +97,7 @@ def _counted_samples(url, opener, stats: Counters, chunk_size, last_dot, expect,
             mapped = map_local(stream) if expect is None else None
             if mapped is not None:  # a local plain tar, read in place: its size is read
                 try:
-                    batches = iter_tar_batches(mapped, url, copy=copy)
+                    batches = iter_tar_batches(cast(Any, mapped), url, copy=copy)
                     yield from group_samples(batches, url, last_dot=last_dot, batched=True)
                 finally:
                     stats.shard_done(url, mapped.stop - mapped.start, 0, stats.samples - first)
@@ -102,7 +107,9 @@ def _counted_samples(url, opener, stats: Counters, chunk_size, last_dot, expect,
                 yield from _verified_samples(counted, url, expect, chunk_size, last_dot)
                 return
             batches = iter_tar_batches(
-                tar_byte_source(counted, url, chunk_size, mapped=False), url, copy=copy
+                tar_byte_source(cast(BinaryIO, counted), url, chunk_size, mapped=False),
+                url,
+                copy=copy,
             )
             yield from group_samples(batches, url, last_dot=last_dot, batched=True)
     except TarshardsError as exn:

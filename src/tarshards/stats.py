@@ -101,6 +101,24 @@ class Counters:
         "__weakref__",
     )
 
+    samples: int
+    bytes: int
+    items: int
+    storage_ns: int
+    read_ns: int
+    decode_ns: int
+    produce_ns: int
+    shards: int
+    open_ns: int
+    cache_hits: int
+    cache_misses: int
+    retries: int
+    stalls: int
+    wait_ns: int
+    steps: int
+    open_max_ns: int
+    wait_max_ns: int
+
     def __init__(
         self,
         rank: int = 0,
