@@ -90,8 +90,7 @@ class Counters:
         "url",
         "offset",
         "reading",
-        "busy_ns",
-        "progress_ns",
+        "busy",
         "sampling",
         "inner_ns",
         "started_ns",
@@ -138,8 +137,7 @@ class Counters:
         self.url: str | None = None  # the shard being read, and the offset reached in it
         self.offset = 0
         self.reading = False  # inside a storage read (that has its own timeout)
-        self.busy_ns = 0  # producing an item since (0: idle, waiting to be asked)
-        self.progress_ns = 0  # the last sign of progress
+        self.busy = False  # making an item (else idle: waiting to be asked for one)
         self.sampling = False  # a timed decode asks the source to time what it pulls
         self.inner_ns = 0  # ... and the source's time for it
         self.started_ns = _now()
@@ -154,7 +152,6 @@ class Counters:
         ahead elsewhere, :meth:`open_latency` tells later)."""
         self.shards += 1
         self.url, self.offset = url, offset
-        self.progress_ns = _now()
         if ns is not None:
             self.open_latency(url, ns)
 
@@ -331,7 +328,6 @@ def timed_source(it: Iterable, c: Counters) -> Iterator:
                 c.inner_ns += t1 - t0
             else:
                 c.read_ns += (t1 - t0) * _EVERY
-            c.progress_ns = t1
         else:
             try:
                 item = next(it)
@@ -368,27 +364,40 @@ def timed_stage(it: Iterable, c: Counters) -> Iterator:
         yield item
 
 
-def timed_items(it: Iterable, c: Counters) -> Iterator:
-    """A reader's items (what it hands to the loader), with the time spent making each one; the
-    reader counts as busy (watched) while it makes one."""
+def timed_items(it: Iterable, c: Counters, last: Any = None) -> Iterator:
+    """A reader's items (what it hands to the loader), counted, with the time spent making them
+    (every item's while they take over 50 us each, as batches do; else one in ``_EVERY``). The
+    reader counts as busy (watched) while it makes one. ``last``: an item to yield after the
+    others (``None``: none)."""
     now = _now
     it = iter(it)
+    i = 0
+    slow = False
     while True:
-        t0 = c.busy_ns = c.progress_ns = now()
-        try:
-            item = next(it)
-        except StopIteration:
-            c.busy_ns = 0
-            c.produce_ns += now() - t0
-            return
-        except BaseException:
-            c.busy_ns = 0
-            raise
-        t1 = now()
-        c.busy_ns = 0
-        c.produce_ns += t1 - t0
+        c.busy = True
+        if slow or i % _EVERY == 0:
+            t0 = now()
+            try:
+                item = next(it)
+            except StopIteration:
+                break
+            finally:
+                c.busy = False
+            ns = now() - t0
+            slow = ns > 50_000
+            c.produce_ns += ns if slow else ns * _EVERY
+        else:
+            try:
+                item = next(it)
+            except StopIteration:
+                break
+            finally:
+                c.busy = False
+        i += 1
         c.items += 1
         yield item
+    if last is not None:
+        yield last
 
 
 class CountedStream:
@@ -414,10 +423,8 @@ class CountedStream:
         try:
             out = fn(arg)
         finally:
-            t1 = _now()
             c.reading = False
-            self.wait_ns += t1 - t0
-            c.progress_ns = t1
+            self.wait_ns += _now() - t0
         n = out if isinstance(out, int) else len(out)
         self.nbytes += n
         c.offset = self._offset + self.nbytes
@@ -446,37 +453,40 @@ class CountedStream:
 # ---- the watchdog thread -------------------------------------------------------------------
 def start_watchdog(c: Counters, interval: float | None = None) -> threading.Thread | None:
     """A daemon thread that reports (``on_stall``; a ``"raise"`` policy warns from there) when
-    the reader has been busy making an item without progress for ``c.watchdog`` seconds. A
-    storage read is left to its own timeout (which is retried and reported where it happens)
-    unless it blocks three times that long. It stops when ``c`` is closed or collected."""
+    the reader has been busy making an item for ``c.watchdog`` seconds with no sign of progress
+    (no sample, no read, no shard opened). A storage read is left to its own timeout (retried
+    and reported where it happens) unless it blocks three times that long. It stops when ``c``
+    is closed or collected. The reading path reads no clock for it: the thread compares the
+    counters from one look to the next."""
     if c.watchdog is None:
         return None
     seconds = c.watchdog
     ref = weakref.ref(c)
-    pause = interval if interval is not None else min(1.0, seconds / 4)
+    pause = interval if interval is not None else min(1.0, seconds / 8)
 
     def watch():
-        reported = 0
+        seen: tuple = ()
+        since = time.monotonic()
+        reported = False
         while True:
             time.sleep(pause)
             c = ref()
             if c is None or c.closed:
                 return
-            busy, last = c.busy_ns, c.progress_ns
-            if not busy:
-                continue
-            since = max(busy, last)
-            idle = (_now() - since) / 1e9
-            limit = 3 * seconds if c.reading else seconds
-            if idle >= limit and since != reported:
-                reported = since
-                where = "a storage read is blocked" if c.reading else "no sample or read completed"
-                with warnings.catch_warnings():
-                    if c.on_stall == "raise":  # cannot raise in the reader's thread: warn
-                        warnings.simplefilter("always", StallWarning)
+            signs = (c.busy, c.items, c.samples, c.offset, c.shards, c.retries, c.url)
+            t = time.monotonic()
+            if signs != seen:
+                seen, since, reported = signs, t, False
+            elif c.busy and not reported:
+                idle = t - since
+                if idle >= (3 * seconds if c.reading else seconds):
+                    reported = True
+                    where = (
+                        "a storage read is blocked" if c.reading else "no sample or read completed"
+                    )
                     try:
                         c.stalled(c.url, c.offset if c.url else None, idle, where, relay=False)
-                    except StallError as exn:
+                    except StallError as exn:  # cannot raise in the reader's thread: warn
                         warnings.warn(str(exn), StallWarning, stacklevel=1)
             del c
 

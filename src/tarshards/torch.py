@@ -176,10 +176,8 @@ class _TorchMixin:
     def __iter__(self):
         it = _pipeline.DataPipeline.__iter__(self)
         monitor = self.__dict__.get("_monitor")  # WebLoader(stats=True) or watchdog=
-        if monitor is not None:
-            it = timed_items(it, monitor)
-            if get_worker_info() is not None:  # the last news goes after the last item
-                it = _with_last_news(it)
+        if monitor is not None:  # in a worker, the last news goes after the last item
+            it = timed_items(it, monitor, _LAST_NEWS if get_worker_info() is not None else None)
         grouping = self.__dict__.get("_loader_group")  # in a WebLoader worker: batches are
         return it if grouping is None else _grouped(it, *grouping)  # sent a few at a time
 
@@ -795,11 +793,6 @@ class _Carried:
 # news (the end of the last shard) reach the main process; taken out before collation
 _LAST_NEWS: Any = type("_LastNews", (), {"__reduce__": lambda self: "_LAST_NEWS"})()
 _NOTHING: Any = type("_Nothing", (), {"__reduce__": lambda self: "_NOTHING"})()
-
-
-def _with_last_news(it):
-    yield from it
-    yield _LAST_NEWS
 
 
 class _CarryingStats:
