@@ -167,10 +167,9 @@ def test_loader_counters_equal_a_traced_run(tmp_path, num_workers, planned):
     st = loader.stats()
     assert got == want_samples == st.samples
     assert st.batches == len(list(range(0, got, 6)))
-    if not planned:  # the planned path reads byte ranges: counted as samples and time only
-        assert st.bytes == want_bytes
-        assert st.shards == len(paths)
-        assert sum(s.bytes for s in st.slowest_shards) <= want_bytes
+    assert st.bytes == want_bytes  # (a plan's runs cover each shard's bytes once here)
+    assert st.shards == len(paths)
+    assert sum(s.bytes for s in st.slowest_shards) <= want_bytes
     assert st.decode_s > 0 and st.produce_s > 0  # (per-sample times: estimates)
     assert st.wait_s > 0 and st.wait_max_s <= st.wait_s
     assert st.rank == 0 and st.stalls == 0

@@ -217,17 +217,22 @@ class WebDataset(DataPipeline):
             raise ValueError("the table describes other shards than this dataset's")
         self._table = table
 
-    def _open(self, url):
+    def _open(self, url, stats=None):
+        """Open a shard; ``stats``: a loader's counters (retries, cache hits; its watchdog's
+        time is the read timeout)."""
         if self._opener is not None:
+            if stats is not None and self._opener == getattr(self._cache, "open", None):
+                return self._opener(url, stats=stats)
             return self._opener(url)
         return open_url(
             url,
             storage_options=self.storage_options,
             allow_pipe=self.allow_pipe,
             retries=self.retries,
+            **_watched(stats),
         )
 
-    def _open_range(self, url, offset: int, length: int | None):
+    def _open_range(self, url, offset: int, length: int | None, stats=None):
         """A stream of ``length`` bytes (``None``: to the end) from byte ``offset`` of a shard."""
         return open_url(
             url,
@@ -236,6 +241,7 @@ class WebDataset(DataPipeline):
             storage_options=self.storage_options,
             allow_pipe=self.allow_pipe,
             retries=self.retries,
+            **_watched(stats),
         )
 
     def _range_opener(self):
@@ -495,6 +501,16 @@ class WebDataset(DataPipeline):
     def _source_repr(self) -> str:
         spec = repr(self.spec) if isinstance(self.spec, str) else f"[{self.urls[0]!r}, ...]"
         return f"{type(self).__name__}({spec}, {len(self.urls)} shards)"
+
+
+def _watched(stats) -> dict:
+    """``open_url``'s options for a loader's counters: told of retries; with a watchdog, a read
+    silent that long is abandoned and resumed."""
+    if stats is None:
+        return {}
+    if stats.watchdog is None:
+        return {"stats": stats}
+    return {"stats": stats, "timeout": stats.watchdog}
 
 
 def _is_remote(url: str) -> bool:

@@ -8,6 +8,7 @@ loaded state at once, runs the rank's steps and says where it is (``state_dict()
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 from typing import Any, Iterator
@@ -100,23 +101,29 @@ class _SingleProgram(PlannedProgram):
         self.pre, self.bstage, self.post = pre, bstage, post
         self._feeds: dict[int, _Feed] = {}
 
-    def _stream(self, reader: int) -> ReaderStream:
+    def _stream(self, reader: int, stats=None) -> ReaderStream:
         ds = self.ds
+        ranged = ds._range_opener()
         return ReaderStream(
             ds.table,
             self.plan,
             reader,
-            opener=ds._open,
-            range_opener=ds._range_opener(),
+            opener=ds._open if stats is None else functools.partial(ds._open, stats=stats),
+            range_opener=(
+                ranged
+                if stats is None or ranged is None
+                else functools.partial(ranged, stats=stats)
+            ),
             last_dot=ds.last_dot,
             unit=self.cfg.batch_size,
+            stats=stats,
         )
 
     def chain(self, it, reader, batches):
         cfg, ds = self.cfg, self.ds
-        feed = _Feed(self._stream(reader), batches, cfg.batch_size, cfg.bufsize)
-        self._feeds[reader] = feed
         ctx = dict(it.ctx, reader=reader)
+        feed = _Feed(self._stream(reader, ctx.get("stats")), batches, cfg.batch_size, cfg.bufsize)
+        self._feeds[reader] = feed
         samples = feed.samples
         if ctx.get("stats") is not None:
             samples = timed_source(samples, ctx["stats"])

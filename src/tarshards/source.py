@@ -18,6 +18,7 @@ from typing import Any, Callable, Generator, Iterator, Sequence
 from ._lazy import LazyModule
 from .errors import ResumeError, TarshardsError
 from .format import group_run, group_samples
+from .stats import CountedStream, Counters, clock
 from .plan import (
     REMAINDERS,
     STATE_FORMAT,
@@ -210,8 +211,10 @@ class ReaderStream:
         last_dot: bool = False,
         chunk_bytes: int = CHUNK_BYTES,
         unit: int = _LIST_SAMPLES,
+        stats: Counters | None = None,
     ):
         self.table = table
+        self.stats = stats  # a loader's counters: the runs' opens and bytes go there
         self.plan = plan
         self.reader = reader
         self.opener = opener
@@ -333,12 +336,16 @@ class ReaderStream:
             if b < len(offsets):  # stop reading where the run ends
                 size = int(offsets[b]) - begin
         ranged = self._ranged(url) and offsets is not None and (begin > 0 or size >= 0)
+        stats, counted = self.stats, None
+        t0 = clock() if stats is not None else 0
         try:
             with (
                 self.range_opener(url, begin, size if size >= 0 else None)  # type: ignore[misc]
                 if ranged
                 else self.opener(url)
             ) as stream:
+                if stats is not None:
+                    stats.opened(url, begin, clock() - t0)
                 origin = 0  # where the read starts in the tar stream (samples' __offset__)
                 if offsets is not None and begin:
                     if not ranged and not _seek(stream, begin):
@@ -348,11 +355,15 @@ class ReaderStream:
                 # place, as the plain path does); other streams are read through a window
                 src: Any = map_local(stream, size) if offsets is not None else None
                 if src is not None:
+                    if stats is not None:  # the run's bytes, read in place
+                        stats.shard_done(url, src.stop - src.start, 0, b - a)
                     try:
                         yield from self._mapped_lists(src, url, offsets, a, b, pad, at)
                     finally:
                         src.close()
                     return
+                if stats is not None:
+                    stream = counted = CountedStream(stream, stats, url, begin)
                 window = _Window(stream, size, self.chunk_bytes)
                 src = tar_byte_source(window, url, self.chunk_bytes, mapped=False)
                 batches = iter_tar_batches(src, url, offset=origin, chunk_size=self.chunk_bytes)
@@ -372,6 +383,9 @@ class ReaderStream:
                     return
         except TarshardsError as exn:
             raise exn.with_context(url=url) from None
+        finally:
+            if counted is not None:
+                counted.done(b - a)
         raise TarshardsError(
             f"shard has fewer samples than the {table.counts[shard]} counted (wanted {a}:{b})",
             url=url,

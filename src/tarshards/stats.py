@@ -170,10 +170,14 @@ class Counters:
             rec[0] += ns
             rec[1] += ns
 
-    def shard_done(self, url: str, nbytes: int, wait_ns: int, samples: int) -> None:
-        """A shard's reading ended: ``nbytes`` read, ``wait_ns`` blocked in its reads."""
-        self.bytes += nbytes
-        self.storage_ns += wait_ns
+    def shard_done(
+        self, url: str, nbytes: int, wait_ns: int, samples: int, counted: bool = False
+    ) -> None:
+        """A shard's reading ended (or a run of it): ``nbytes`` read, ``wait_ns`` blocked in
+        its reads (``counted``: already in the totals, as a :class:`CountedStream` adds them)."""
+        if not counted:
+            self.bytes += nbytes
+            self.storage_ns += wait_ns
         rec = self.shard_times.get(url)
         if rec is None:
             rec = self.shard_times[url] = [0, 0, 0, 0]
@@ -424,9 +428,12 @@ class CountedStream:
             out = fn(arg)
         finally:
             c.reading = False
-            self.wait_ns += _now() - t0
+            ns = _now() - t0
+            self.wait_ns += ns
+            c.storage_ns += ns
         n = out if isinstance(out, int) else len(out)
         self.nbytes += n
+        c.bytes += n
         c.offset = self._offset + self.nbytes
         return out
 
@@ -447,7 +454,7 @@ class CountedStream:
         return False
 
     def done(self, samples: int) -> None:
-        self._c.shard_done(self.url, self.nbytes, self.wait_ns, samples)
+        self._c.shard_done(self.url, self.nbytes, self.wait_ns, samples, counted=True)
 
 
 # ---- the watchdog thread -------------------------------------------------------------------

@@ -52,6 +52,25 @@ def test_stalled_shard_is_reported_and_retried(stalling, num_workers):
     assert worker is None if num_workers == 0 else worker in (0, 1)
 
 
+def test_stalled_run_of_a_planned_pipeline(tmp_path):
+    """readers=V: the plan's runs are read through the same watched reads."""
+    paths, samples = write_shards(tmp_path, 4, 25)
+    with servers.HTTPFileServer(tmp_path) as srv:
+        urls = [f"{srv.url}/{os.path.basename(p)}" for p in paths]
+        ds = WebDataset(urls, readers=4).to_tuple("__key__").batched(5)
+        ds.table  # noqa: B018  (the shards are scanned before the stall is switched on)
+        srv.stall["/" + os.path.basename(paths[1])] = STALL_AT
+        loader = WebLoader(ds, batch_size=None, watchdog=1.0, stats=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = [k for batch in loader for k in batch[0]]
+    assert sorted(got) == sorted(s["__key__"] for s in samples)
+    assert srv.stalled == [(urlpath(urls[1]), STALL_AT)]
+    reports = [str(w.message) for w in caught if issubclass(w.category, StallWarning)]
+    assert len(reports) == 1 and urls[1] in reports[0] and f"offset {STALL_AT}" in reports[0]
+    assert loader.stats().bytes == sum(os.path.getsize(p) for p in paths)
+
+
 def test_on_stall_raise(stalling):
     srv, urls, _ = stalling
     ds = WebDataset(urls).to_tuple("__key__").batched(10)
