@@ -43,9 +43,17 @@ def parse_prometheus(text: str) -> dict:
             m = _SAMPLE.match(line)
             assert m, f"not a sample line: {line!r}"
             name, labels, value = m.groups()
-            assert name in metrics and "type" in metrics[name], f"no TYPE before {name}"
+            base = name
+            for suffix in ("_bucket", "_sum", "_count"):  # a histogram's series
+                stem = name[: -len(suffix)]
+                if name.endswith(suffix) and metrics.get(stem, {}).get("type") == "histogram":
+                    base = stem
+            assert base in metrics and "type" in metrics[base], f"no TYPE before {name}"
             pairs = dict(_LABEL_PAIR.findall(labels or ""))
-            metrics[name]["samples"].append((pairs, float(value)))
+            if metrics[base]["type"] == "histogram":
+                assert base != name, f"a histogram's sample must be _bucket/_sum/_count: {line}"
+                assert (name.endswith("_bucket")) == ("le" in pairs), line
+            metrics[base]["samples"].append((name, pairs, float(value)))
     return metrics
 
 
@@ -78,7 +86,22 @@ def _stats(rank, wait, samples=10, url="http://h/a.tar"):
         cache_hits=3,
         cache_misses=1,
         slowest_shards=(ShardTiming(url, wait, 0.05, 1000, 5, rank),),
+        wait_hist=tuple(3 if k == 20 else 2 if k == 27 else 0 for k in range(40)),
     )
+
+
+def check_histogram(metric: dict, counts: dict) -> None:
+    """A parsed Prometheus histogram: per rank, cumulative buckets by ``le`` ending in +Inf,
+    equal to ``_count``; ``counts``: the count expected per rank."""
+    assert metric["type"] == "histogram"
+    for rank, want in counts.items():
+        rows = [(n, lab, v) for n, lab, v in metric["samples"] if lab["rank"] == rank]
+        buckets = [(float(lab["le"]), v) for n, lab, v in rows if n.endswith("_bucket")]
+        assert buckets == sorted(buckets) and buckets[-1][0] == float("inf")
+        values = [v for _, v in buckets]
+        assert values == sorted(values)  # cumulative
+        (count,) = [v for n, _, v in rows if n.endswith("_count")]
+        assert values[-1] == count == want
 
 
 def test_counters_travel_as_deltas():
@@ -113,6 +136,21 @@ def test_gathered_names_the_slowest_rank_and_shard():
     assert again == g
 
 
+def test_wait_percentiles():
+    c = Counters()
+    for _ in range(98):
+        c.waited(1_000_000)  # 1 ms
+    c.waited(100_000_000)  # 100 ms, twice
+    c.waited(100_000_000)
+    st = c.snapshot()
+    assert st.batches == 100 and st.wait_max_s == pytest.approx(0.1)
+    assert 0.001 <= st.wait_p50_s <= 0.002  # an upper bound within a factor of two
+    assert st.wait_p99_s == pytest.approx(0.1)
+    assert st.wait_quantile(0) == st.wait_quantile(0.0) <= st.wait_p50_s
+    with pytest.raises(ValueError):
+        st.wait_quantile(1.5)
+
+
 def test_summary_is_one_line():
     line = str(_stats(0, 0.5))
     assert "\n" not in line and line == _stats(0, 0.5).summary()
@@ -126,12 +164,13 @@ def test_prometheus_export_parses():
     metrics = parse_prometheus(text)
     samples = metrics["tarshards_loader_samples_total"]
     assert samples["type"] == "counter"
-    assert sorted((s[0]["rank"], s[1]) for s in samples["samples"]) == [("0", 10.0), ("1", 10.0)]
+    assert sorted((s[1]["rank"], s[2]) for s in samples["samples"]) == [("0", 10.0), ("1", 10.0)]
     shard = metrics["tarshards_loader_shard_wait_seconds"]["samples"]
     assert any(
         labels["url"] == url.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-        for labels, _ in shard
+        for _, labels, _ in shard
     )
+    check_histogram(metrics["tarshards_loader_batch_wait_seconds"], {"0": 5, "1": 5})
     try:
         from prometheus_client.parser import text_string_to_metric_families
     except ImportError:

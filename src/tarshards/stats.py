@@ -58,6 +58,10 @@ _SUMS = (
     "steps",
 )
 _MAXES = ("open_max_ns", "wait_max_ns")
+# the training loop's waits per batch, counted by powers of two of nanoseconds: bucket k holds
+# the waits of k bits (up to 2**k ns); the histogram and percentiles come from them
+_WAIT_BUCKETS = 40  # (the last one: 2**39 ns, about 9 minutes, and above)
+_PROM_BUCKETS = range(10, 37, 2)  # Prometheus' "le" bounds: 2**k ns, from 1 us to 69 s
 _KEEP_SHARDS = 1000  # per-shard records kept in the totals (the slowest ones)
 _SHOW_SHARDS = 5  # ... and named in a LoaderStats
 
@@ -96,6 +100,7 @@ class Counters:
         "started_ns",
         "shard_times",
         "stall_log",
+        "wait_hist",
         "closed",
         "__weakref__",
     )
@@ -144,6 +149,7 @@ class Counters:
         # url -> [open ns, wait ns, bytes, samples]
         self.shard_times: dict[str, list[int]] = {}
         self.stall_log: list[tuple] = []  # (rank, worker, url, offset, seconds, where)
+        self.wait_hist = [0] * _WAIT_BUCKETS
         self.closed = False
 
     # ---- the reading path ------------------------------------------------------------------
@@ -222,6 +228,7 @@ class Counters:
         """The training loop waited ``ns`` for a batch."""
         self.wait_ns += ns
         self.steps += 1
+        self.wait_hist[min(max(ns, 0).bit_length(), _WAIT_BUCKETS - 1)] += 1
         if ns > self.wait_max_ns:
             self.wait_max_ns = ns
 
@@ -291,6 +298,7 @@ class Counters:
                 for url, r in slowest[:_SHOW_SHARDS]
             ),
             stall_log=tuple(self.stall_log),
+            wait_hist=tuple(self.wait_hist),
         )
 
 
@@ -553,6 +561,7 @@ class LoaderStats:
     stalls: int = 0
     slowest_shards: tuple[ShardTiming, ...] = ()
     stall_log: tuple[tuple, ...] = ()
+    wait_hist: tuple[int, ...] = ()
     ranks: tuple[LoaderStats, ...] = ()
     slowest_ranks: tuple[int, ...] = field(default=())
 
@@ -582,6 +591,29 @@ class LoaderStats:
     def open_mean_s(self) -> float:
         return self.open_s / self.shards if self.shards else 0.0
 
+    def wait_quantile(self, q: float) -> float:
+        """The ``q`` quantile (0..1) of the loop's wait per batch, in seconds: an upper bound
+        within a factor of two (the waits are counted by powers of two)."""
+        if not 0 <= q <= 1:
+            raise ValueError(f"q is between 0 and 1, not {q!r}")
+        total = sum(self.wait_hist)
+        if not total:
+            return 0.0
+        need, seen = q * total, 0
+        for k, n in enumerate(self.wait_hist):
+            seen += n
+            if n and seen >= need:
+                return min(2**k / 1e9, self.wait_max_s) if k else 0.0
+        return self.wait_max_s
+
+    @property
+    def wait_p50_s(self) -> float:
+        return self.wait_quantile(0.5)
+
+    @property
+    def wait_p99_s(self) -> float:
+        return self.wait_quantile(0.99)
+
     def as_dict(self) -> dict[str, Any]:
         """Plain values (JSON-ready): the fields and the derived rates."""
         out = asdict(self)
@@ -589,7 +621,10 @@ class LoaderStats:
         out["stall_log"] = [list(s) for s in self.stall_log]
         out["ranks"] = [r.as_dict() for r in self.ranks]
         out["slowest_ranks"] = list(self.slowest_ranks)
+        out["wait_hist"] = list(self.wait_hist)
         out.update(
+            wait_p50_s=self.wait_p50_s,
+            wait_p99_s=self.wait_p99_s,
             samples_per_s=self.samples_per_s,
             bytes_per_s=self.bytes_per_s,
             wait_fraction=self.wait_fraction,
@@ -607,6 +642,7 @@ class LoaderStats:
         values["stall_log"] = tuple(tuple(s) for s in d.get("stall_log", ()))
         values["ranks"] = tuple(cls.from_dict(r) for r in d.get("ranks", ()))
         values["slowest_ranks"] = tuple(d.get("slowest_ranks", ()))
+        values["wait_hist"] = tuple(d.get("wait_hist", ()))
         return cls(**values)
 
     # ---- text ----------------------------------------------------------------------------
@@ -616,7 +652,8 @@ class LoaderStats:
         parts = [
             f"{who}: {self.samples} samples ({_si(self.samples_per_s)}/s)",
             f"{_si(self.bytes_per_s)}B/s",
-            f"wait {100 * self.wait_fraction:.1f}% (max {_dur(self.wait_max_s)})",
+            f"wait {100 * self.wait_fraction:.1f}% (p99 {_dur(self.wait_p99_s)}, "
+            f"max {_dur(self.wait_max_s)})",
         ]
         if self.produce_s > 0:
             p = self.produce_s
@@ -649,6 +686,17 @@ class LoaderStats:
             lines.append(f"# TYPE {metric} {kind}")
             for r in rows:
                 lines.append(f'{metric}{{rank="{r.rank}"}} {_num(get(r))}')
+        metric = f"{prefix}_batch_wait_seconds"
+        lines.append(f"# HELP {metric} The training loop's wait for each batch.")
+        lines.append(f"# TYPE {metric} histogram")
+        for r in rows:
+            hist = list(r.wait_hist) + [0] * (_WAIT_BUCKETS - len(r.wait_hist))
+            for k in _PROM_BUCKETS:
+                le = _num(2**k / 1e9)
+                lines.append(f'{metric}_bucket{{rank="{r.rank}",le="{le}"}} {sum(hist[: k + 1])}')
+            lines.append(f'{metric}_bucket{{rank="{r.rank}",le="+Inf"}} {sum(hist)}')
+            lines.append(f'{metric}_sum{{rank="{r.rank}"}} {_num(r.wait_s)}')
+            lines.append(f'{metric}_count{{rank="{r.rank}"}} {sum(hist)}')
         metric = f"{prefix}_shard_wait_seconds"
         lines.append(f"# HELP {metric} Time blocked on storage for the slowest shards.")
         lines.append(f"# TYPE {metric} gauge")
@@ -721,6 +769,10 @@ def gathered(per_rank: Iterable[LoaderStats]) -> LoaderStats:
         open_max_s=max(r.open_max_s for r in ranks),
         slowest_shards=tuple(shards[:_SHOW_SHARDS]),
         stall_log=tuple(s for r in ranks for s in r.stall_log),
+        wait_hist=tuple(
+            sum(r.wait_hist[k] if k < len(r.wait_hist) else 0 for r in ranks)
+            for k in range(max(len(r.wait_hist) for r in ranks))
+        ),
         ranks=ranks,
         slowest_ranks=tuple(
             r.rank

@@ -18,7 +18,7 @@ if not torch.distributed.is_available():
     pytest.skip("torch.distributed is not available", allow_module_level=True)
 
 from conftest import write_shards  # noqa: E402
-from test_stats import parse_prometheus, traced  # noqa: E402
+from test_stats import check_histogram, parse_prometheus, traced  # noqa: E402
 
 RANK_SCRIPT = Path(__file__).with_name("_stats_rank.py")
 WORLD = 2
@@ -66,5 +66,9 @@ def test_gathered_statistics_over_gloo(tmp_path):
         assert st["slowest_ranks"][0] == 1  # its stage sleeps: its loop waits longest
         assert {s["url"] for s in st["slowest_shards"]} <= set(paths)
         metrics = parse_prometheus(res["text"])
-        ranks = {lab["rank"] for lab, _ in metrics["tarshards_loader_samples_total"]["samples"]}
+        ranks = {lab["rank"] for _, lab, _ in metrics["tarshards_loader_samples_total"]["samples"]}
         assert ranks == {"0", "1"}
+        check_histogram(
+            metrics["tarshards_loader_batch_wait_seconds"],
+            {str(r): per_rank[r]["batches"] for r in (0, 1)},
+        )
