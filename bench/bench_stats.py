@@ -12,6 +12,14 @@ ratio over the pairs reported (pairs cancel most of a shared machine's drift). W
 behind worker parallelism, and the rates are samples per CPU second of this process (steadier
 than wall time on a machine shared with other jobs); ``--workers 2`` measures wall time, as
 trainers see it.
+
+A shared machine moves samples/s by a few percent from one epoch to the next, more than the
+cost being measured; so the run also measures the cost directly, in the same process: the
+counting layers a sample and a batch pass through (``timed_source`` and ``timed_stage`` around
+pass-through generators standing for the pipeline's own, ``timed_items`` and the loader's wait
+clock per batch), best of many repetitions, against the same generators without them; that
+cost over the pipeline's CPU time per sample (from the ``stats=False`` runs) is the second
+ratio printed.
 """
 
 from __future__ import annotations
@@ -47,6 +55,45 @@ def epoch(urls, workers: int, stats: bool) -> tuple[float, int]:
     return n / seconds, n
 
 
+def _drain(it) -> None:
+    for _ in it:
+        pass
+
+
+def _passing(it):
+    yield from it
+
+
+def instrumentation_ns(n: int = 200_000, repeat: int = 15) -> tuple[float, float]:
+    """(ns per sample, ns per batch) that the counting adds, best of ``repeat``."""
+    from tarshards.stats import Counters, clock, timed_items, timed_source, timed_stage
+
+    items = list(range(n))
+
+    def best(fn) -> float:
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter_ns()
+            fn()
+            times.append(time.perf_counter_ns() - t0)
+        return min(times) / n
+
+    c = Counters()
+
+    def loop_clock(it):  # the loader's wait clock per batch (WebLoader._count_timed)
+        t0 = clock()
+        for x in it:
+            c.waited(clock() - t0)
+            yield x
+            t0 = clock()
+
+    per_sample = best(lambda: _drain(timed_stage(_passing(timed_source(_passing(items), c)), c)))
+    per_sample -= best(lambda: _drain(_passing(_passing(items))))
+    per_batch = best(lambda: _drain(loop_clock(timed_items(_passing(items), c))))
+    per_batch -= best(lambda: _drain(_passing(items)))
+    return per_sample, per_batch
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -75,6 +122,17 @@ def main() -> None:
     print(f"stats=False  median {statistics.median(off):9.0f} samples/s")
     print(f"stats=True   median {statistics.median(on):9.0f} samples/s")
     print(f"ratio on/off median {med:.4f}  (cost {100 * (1 - med):+.2f}%; target < 1%)")
+    sample_ns, batch_ns = instrumentation_ns()
+    cpu_ns = 1e9 / statistics.median(off) if args.workers == 0 else None
+    print(
+        f"counting costs {sample_ns:.0f} ns per sample + {batch_ns:.0f} ns per batch of 64 "
+        f"= {sample_ns + batch_ns / 64:.0f} ns per sample"
+        + (
+            f" of {cpu_ns:.0f} ns: {100 * (sample_ns + batch_ns / 64) / cpu_ns:.2f}% (target < 1%)"
+            if cpu_ns
+            else ""
+        )
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
@@ -83,6 +141,7 @@ def main() -> None:
                     "on": on,
                     "off": off,
                     "workers": args.workers,
+                    "instrumentation_ns": [sample_ns, batch_ns],
                     "machine": machine_info(),
                 },
                 f,

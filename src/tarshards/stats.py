@@ -6,8 +6,8 @@ the tar reader, decoding and in the other stages, shard open latencies, cache hi
 retries, stalls, and per shard the time waited on it. The reading path receives it as a value
 (the pipeline's iteration context, ``ctx["stats"]``) and adds to it; nothing here is global.
 Clocks are read per shard, per read call (about a megabyte) and per batch; the time per sample
-in the source and in decoding is measured on one sample in eight and scaled up (an estimate),
-so that counting costs well under 1% of the samples/s.
+in the source and in decoding is measured on one sample in sixteen and scaled up (an estimate),
+so that counting costs under 1% of an image pipeline's samples/s (``bench/bench_stats.py``).
 
 A worker sends what its counters gathered since the last time (:meth:`Counters.take`) along
 with each batch; the main process adds those deltas up (:meth:`Counters.add`) and
@@ -95,8 +95,6 @@ class Counters:
         "offset",
         "reading",
         "busy",
-        "sampling",
-        "inner_ns",
         "started_ns",
         "shard_times",
         "stall_log",
@@ -143,8 +141,6 @@ class Counters:
         self.offset = 0
         self.reading = False  # inside a storage read (that has its own timeout)
         self.busy = False  # making an item (else idle: waiting to be asked for one)
-        self.sampling = False  # a timed decode asks the source to time what it pulls
-        self.inner_ns = 0  # ... and the source's time for it
         self.started_ns = _now()
         # url -> [open ns, wait ns, bytes, samples]
         self.shard_times: dict[str, list[int]] = {}
@@ -271,6 +267,8 @@ class Counters:
         """The totals so far as a :class:`LoaderStats`."""
         g = self.__getattribute__
         produce, read, decode = g("produce_ns"), g("read_ns"), g("decode_ns")
+        if decode:  # measured around decoding, with the source's time in it
+            decode = max(0, decode - read)
         slowest = sorted(self.shard_times.items(), key=lambda kv: kv[1][1], reverse=True)
         return LoaderStats(
             rank=self.rank,
@@ -317,63 +315,43 @@ def stall_error(record: tuple) -> StallError:
 
 
 # ---- timing the pipeline's layers (per sample: two clock reads) ------------------------------
-_EVERY = 8  # per-sample times are measured on one sample in this many (and scaled up)
+_EVERY = 16  # per-sample times are measured on one sample in this many (and scaled up)
 
 
 def timed_source(it: Iterable, c: Counters) -> Iterator:
     """The source's samples, counted, with an estimate of the time spent making them (storage
-    and tar reading: measured on one sample in ``_EVERY``, and on each sample that a timed
-    decode asks for, see :func:`timed_stage`), and a sign of progress per sample."""
+    and tar reading: the pull of one sample in ``_EVERY`` is timed, and scaled up)."""
     now = _now
-    it = iter(it)
-    i = 0
-    while True:
-        timed = c.sampling
-        if timed or i % _EVERY == 0:
-            t0 = now()
-            try:
-                item = next(it)
-            except StopIteration:
-                return
-            t1 = now()
-            if timed:
-                c.inner_ns += t1 - t0
-            else:
-                c.read_ns += (t1 - t0) * _EVERY
-        else:
-            try:
-                item = next(it)
-            except StopIteration:
-                return
-        i += 1
+    every = k = _EVERY
+    t0 = now()
+    for item in it:
+        if t0:
+            c.read_ns += (now() - t0) * every
+            t0 = 0
         c.samples += 1
         yield item
+        k -= 1
+        if not k:
+            k = every
+            t0 = now()
 
 
 def timed_stage(it: Iterable, c: Counters) -> Iterator:
-    """The output of the decode stage, with an estimate of the time spent in it: one item in
-    ``_EVERY`` is timed, less the time the source took for what the stage pulled meanwhile."""
+    """The output of the decode stage, with an estimate of the time spent making it (one item
+    in ``_EVERY`` timed and scaled up): the source's time is in it, and taken out of it in
+    :meth:`Counters.snapshot` (so is the time of any stage between the source and decoding)."""
     now = _now
-    it = iter(it)
-    i = 0
-    while True:
-        if i % _EVERY == 0:
-            c.sampling = True
-            t0, r0 = now(), c.inner_ns
-            try:
-                item = next(it)
-            except StopIteration:
-                return
-            finally:
-                c.sampling = False
-            c.decode_ns += (now() - t0 - (c.inner_ns - r0)) * _EVERY
-        else:
-            try:
-                item = next(it)
-            except StopIteration:
-                return
-        i += 1
+    every = k = _EVERY
+    t0 = now()
+    for item in it:
+        if t0:
+            c.decode_ns += (now() - t0) * every
+            t0 = 0
         yield item
+        k -= 1
+        if not k:
+            k = every
+            t0 = now()
 
 
 def timed_items(it: Iterable, c: Counters, last: Any = None) -> Iterator:
