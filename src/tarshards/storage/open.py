@@ -121,8 +121,11 @@ def _remote_reader(
     elif "s3" in protocols and hasattr(fs, "_call_s3"):
         from .s3 import S3Stream
 
+        # s3fs has its own timeouts: a watchdog's (given with stats) is added to them
+        s3_timeout = timeout if stats is not None and stats.watchdog is not None else None
+
         def open_at(start):
-            s = S3Stream(fs, path, start, stop=stop)
+            s = S3Stream(fs, path, start, stop=stop, timeout=s3_timeout)
             return s, s.size
     elif stop is not None:  # a byte range (random access): one request for it
 
