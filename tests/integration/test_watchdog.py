@@ -40,15 +40,16 @@ def test_stalled_shard_is_reported_and_retried(stalling, num_workers):
         got = [k for batch in loader for k in batch[0]]
     assert sorted(got) == keys  # every sample once
     assert srv.stalled == [(urlpath(urls[2]), STALL_AT)]
-    reports = [w for w in caught if issubclass(w.category, StallWarning)]
-    assert reports and issubclass(StallWarning, TarshardsWarning)
-    text = str(reports[0].message)
-    assert urls[2] in text and f"offset {STALL_AT}" in text and "rank 0" in text
-    assert ("main process" if num_workers == 0 else "worker ") in text
+    assert issubclass(StallWarning, TarshardsWarning)
+    # (on a loaded machine another read may time out too: the stall made is among the reports)
+    reports = [str(w.message) for w in caught if issubclass(w.category, StallWarning)]
+    text = next(t for t in reports if urls[2] in t and f"offset {STALL_AT}" in t)
+    assert "rank 0" in text and ("main process" if num_workers == 0 else "worker ") in text
     st = loader.stats()
     assert st.stalls >= 1 and st.retries >= 1
-    rank, worker, url, offset, seconds, _where = st.stall_log[0]
-    assert (rank, url, offset, seconds) == (0, urls[2], STALL_AT, 1.0)
+    (record,) = [r for r in st.stall_log if r[2] == urls[2] and r[3] == STALL_AT]
+    rank, worker, url, offset, seconds, _where = record
+    assert (rank, seconds) == (0, 1.0)
     assert worker is None if num_workers == 0 else worker in (0, 1)
 
 
@@ -67,20 +68,33 @@ def test_stalled_run_of_a_planned_pipeline(tmp_path):
     assert sorted(got) == sorted(s["__key__"] for s in samples)
     assert srv.stalled == [(urlpath(urls[1]), STALL_AT)]
     reports = [str(w.message) for w in caught if issubclass(w.category, StallWarning)]
-    assert len(reports) == 1 and urls[1] in reports[0] and f"offset {STALL_AT}" in reports[0]
+    assert any(urls[1] in t and f"offset {STALL_AT}" in t for t in reports)
     assert loader.stats().bytes == sum(os.path.getsize(p) for p in paths)
 
 
-def test_on_stall_raise(stalling):
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_on_stall_raise(stalling, num_workers):
     srv, urls, _ = stalling
     ds = WebDataset(urls).to_tuple("__key__").batched(10)
-    loader = WebLoader(ds, batch_size=None, watchdog=1.0, on_stall="raise")
+    loader = WebLoader(ds, batch_size=None, num_workers=num_workers, watchdog=1.0, on_stall="raise")
     with pytest.raises(StallError) as info:
         for _ in loader:
             pass
     err = info.value
-    assert (err.url, err.offset, err.rank, err.worker) == (urls[2], STALL_AT, 0, None)
     assert isinstance(err, TimeoutError)
+    if num_workers == 0:
+        assert (err.url, err.offset, err.rank, err.worker) == (urls[2], STALL_AT, 0, None)
+    else:  # re-raised by DataLoader from the worker's message
+        assert urls[2] in str(err) and f"offset {STALL_AT}" in str(err) and "worker 0" in str(err)
+
+
+def test_on_stall_function(stalling):
+    srv, urls, keys = stalling
+    seen = []
+    ds = WebDataset(urls).to_tuple("__key__").batched(10)
+    loader = WebLoader(ds, batch_size=None, watchdog=1.0, on_stall=seen.append)
+    assert sorted(k for batch in loader for k in batch[0]) == keys
+    assert (urls[2], STALL_AT) in [(e.url, e.offset) for e in seen]
 
 
 def test_watchdog_thread_reports_a_hung_stage(tmp_path):
