@@ -179,6 +179,10 @@ def test_prometheus_export_parses():
     assert families["tarshards_loader_samples"].samples[0].value == 10
     found = [s.labels["url"] for s in families["tarshards_loader_shard_wait_seconds"].samples]
     assert url in found
+    hist = families["tarshards_loader_batch_wait_seconds"]
+    assert hist.type == "histogram"
+    counts = {s.labels["rank"]: s.value for s in hist.samples if s.name.endswith("_count")}
+    assert counts == {"0": 5, "1": 5}
 
 
 def test_bad_options():

@@ -289,6 +289,15 @@ class WebLoader(DataLoader):
     positions are those of ``transport=None``. With
     ``persistent_workers=True``, an epoch broken off restarts the workers (the batches they
     had made ahead would keep their slots).
+
+    ``stats=True`` keeps counters in every worker (samples, bytes, time on storage, decoding and
+    the other stages, shard opens, cache hits, retries, the loop's wait per batch), sent to the
+    main process with the batches: :meth:`stats` returns them (``gather=True``: every rank's).
+    ``watchdog=SECONDS`` reports a worker that makes no progress for that long (rank, worker,
+    shard URL, byte offset) and abandons a remote read silent that long, resuming it from its
+    offset; ``on_stall`` is ``"warn"`` (a :class:`~tarshards.errors.StallWarning`), ``"raise"``
+    (:class:`~tarshards.errors.StallError`), ``"skip"`` or a function given the error. See
+    docs/monitoring.md.
     """
 
     def __init__(
@@ -396,9 +405,10 @@ class WebLoader(DataLoader):
     def _counters(self) -> Counters:
         totals = self._totals
         if totals is None:
-            assert self._monitor is not None
-            _stats, watchdog, on_stall = self._monitor
-            env = torch_environment()
+            _stats, watchdog, on_stall = self._monitor or (False, None, "warn")
+            ds = self.dataset  # its place: the rank discovered here, or the one it was given
+            env = ds.environment() if isinstance(ds, _pipeline.DataPipeline) else None
+            env = env or torch_environment()
             totals = Counters(
                 env["rank"], env["world_size"], None, watchdog=watchdog, on_stall=on_stall
             )
