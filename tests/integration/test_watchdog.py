@@ -4,6 +4,7 @@ from there, and the epoch completes with every sample once."""
 
 from __future__ import annotations
 
+import gc
 import os
 import warnings
 
@@ -77,10 +78,17 @@ def test_on_stall_raise(stalling, num_workers):
     srv, urls, _ = stalling
     ds = WebDataset(urls).to_tuple("__key__").batched(10)
     loader = WebLoader(ds, batch_size=None, num_workers=num_workers, watchdog=1.0, on_stall="raise")
+    it = iter(loader)
     with pytest.raises(StallError) as info:
-        for _ in loader:
+        for _ in it:
             pass
     err = info.value
+    # the workers go now (a DataLoader iterator collected later, from whatever thread the
+    # collector runs in, stops its workers there: in fsspec's event loop it stalls the next
+    # test's reads for the workers' join timeout)
+    it.close()
+    del it, loader, info
+    gc.collect()
     assert isinstance(err, TimeoutError)
     if num_workers == 0:
         assert (err.url, err.offset, err.rank, err.worker) == (urls[2], STALL_AT, 0, None)

@@ -143,12 +143,12 @@ class ResumingReader:
 
     def _failed(self, exc: BaseException, what: str) -> None:
         self._failures += 1
-        if self.stats is not None:  # may raise StallError (on_stall="raise")
-            self.stats.retried(self.url, self.pos, exc)
         if self._stream is not None:
             with contextlib.suppress(Exception):
                 self._stream.close()
             self._stream = None
+        if self.stats is not None:  # may raise StallError (on_stall="raise")
+            self.stats.retried(self.url, self.pos, exc)
         if self._failures > self.retries:
             raise StorageError(
                 f"{what} failed after {self.retries} retries: {type(exc).__name__}: {exc}",
