@@ -17,15 +17,16 @@ A shared machine moves samples/s by a few percent from one epoch to the next, mo
 cost being measured; so the run also measures the cost directly, in the same process: the
 counting layers a sample and a batch pass through (``timed_source`` and ``timed_stage`` around
 pass-through generators standing for the pipeline's own, ``timed_items`` and the loader's wait
-clock per batch), best of many repetitions, against the same generators without them; that
-cost over the pipeline's CPU time per sample (from the ``stats=False`` runs) is the second
-ratio printed.
+clock per batch, and a worker's news: taken, pickled, unpickled and added up), best of many
+repetitions, against the same generators without them; that cost over the pipeline's CPU time
+per sample (from the ``stats=False`` runs) is the second ratio printed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import os
 import statistics
 import sys
@@ -91,6 +92,15 @@ def instrumentation_ns(n: int = 200_000, repeat: int = 15) -> tuple[float, float
     per_sample -= best(lambda: _drain(_passing(_passing(items))))
     per_batch = best(lambda: _drain(loop_clock(timed_items(_passing(items), c))))
     per_batch -= best(lambda: _drain(_passing(items)))
+    # a worker's news with each batch: taken, pickled with it, unpickled and added up
+    main = Counters()
+
+    def news():
+        for _ in range(n // 10):
+            c.samples += 64
+            main.add(pickle.loads(pickle.dumps(c.take())))
+
+    per_batch += best(news) * 10
     return per_sample, per_batch
 
 
