@@ -26,7 +26,6 @@ from .errors import ResumeError
 from .on_error import OnError, error_policy
 from .planned import _PlannedIterator
 from .shards import make_rng
-from .stats import timed_source, timed_stage
 from .plan import STATE_FORMAT, Schedule, check_state
 from .types import WorkerInfo
 
@@ -292,7 +291,9 @@ class DataPipeline:
     def _run(self, ctx: dict) -> Iterator:
         src = self._source
         data = src(ctx) if callable(src) else iter(src)
-        if ctx.get("stats") is not None:
+        if ctx.get("stats") is not None:  # a loader's counters
+            from .stats import timed_source
+
             data = timed_source(data, ctx["stats"])
         stages = self._stages
         allocate = ctx.get("allocate")
@@ -356,6 +357,8 @@ class DataPipeline:
                     kwargs["handler"] = self.on_error
             data = fn(data, *args, **kwargs)
             if st.fn is _stages.decode and ctx.get("stats") is not None:
+                from .stats import timed_stage
+
                 data = timed_stage(data, ctx["stats"])  # the time in decoding
         return data
 

@@ -16,7 +16,6 @@ from typing import Any, Iterator
 from .errors import ResumeError, TarshardsError
 from .plan import Schedule, plan_for
 from .source import ReaderStream
-from .stats import timed_source
 from .types import WorkerInfo
 
 __all__ = ["PlannedProgram", "feed_batches"]
@@ -125,7 +124,9 @@ class _SingleProgram(PlannedProgram):
         feed = _Feed(self._stream(reader, ctx.get("stats")), batches, cfg.batch_size, cfg.bufsize)
         self._feeds[reader] = feed
         samples = feed.samples
-        if ctx.get("stats") is not None:
+        if ctx.get("stats") is not None:  # a loader's counters
+            from .stats import timed_source
+
             samples = timed_source(samples, ctx["stats"])
         data = ds._run_stages(
             samples, self.pre, ctx, ("reader", reader), first=1 if cfg.bufsize else 0

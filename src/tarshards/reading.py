@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, BinaryIO, Callable, Iterable, Iterator, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterable, Iterator, cast
 
 from .errors import IntegrityError, StorageError, TarshardsError
 from .format import group_samples
 from .on_error import OnError, error_policy
 from .storage import open_url
-from .stats import CountedStream, Counters, clock
 from .storage.prefetch import ShardPrefetcher, given_stream
 from .tario import iter_tar_batches, tar_byte_source
 from .tario.buffer import map_local
+
+if TYPE_CHECKING:  # (imported where a loader counts)
+    from .stats import Counters
 
 __all__ = ["iter_samples", "shard_samples"]
 
@@ -87,6 +89,8 @@ def _open_options(
 
 def _counted_samples(url, opener, stats: Counters, chunk_size, last_dot, expect, copy):
     """:func:`shard_samples` with its open, bytes and read time counted in ``stats``."""
+    from .stats import CountedStream, clock
+
     counted = None
     first = stats.samples  # the samples counted downstream while this shard is read
     t0 = clock()

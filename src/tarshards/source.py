@@ -13,12 +13,11 @@ import collections
 import hashlib
 import itertools
 import random
-from typing import Any, Callable, Generator, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Sequence
 
 from ._lazy import LazyModule
 from .errors import ResumeError, TarshardsError
 from .format import group_run, group_samples
-from .stats import CountedStream, Counters, clock
 from .plan import (
     REMAINDERS,
     STATE_FORMAT,
@@ -34,6 +33,9 @@ from .tario import iter_tar_batches, tar_byte_source
 from .storage.paths import is_local
 from .tario.buffer import map_local
 from .tario.reader import plain_run
+
+if TYPE_CHECKING:  # (imported where a loader counts)
+    from .stats import Counters
 
 try:  # optional C accelerator (see _speedups.c); ShuffleCore._run is the reference
     from ._speedups import ShuffleRun as _ShuffleRun
@@ -337,7 +339,10 @@ class ReaderStream:
                 size = int(offsets[b]) - begin
         ranged = self._ranged(url) and offsets is not None and (begin > 0 or size >= 0)
         stats, counted = self.stats, None
-        t0 = clock() if stats is not None else 0
+        if stats is not None:
+            from .stats import CountedStream, clock
+
+            t0 = clock()
         try:
             with (
                 self.range_opener(url, begin, size if size >= 0 else None)  # type: ignore[misc]

@@ -27,14 +27,16 @@ import logging
 import os
 import re
 import time
-from typing import BinaryIO, Iterator, cast
+from typing import TYPE_CHECKING, BinaryIO, Iterator, cast
 
 from ..compression import by_magic
 from ..errors import IntegrityError, StorageError
 from ..format import parse_size
-from ..stats import Counters
 from .open import open_url
 from .paths import is_local
+
+if TYPE_CHECKING:  # (the counters' module is imported by loaders that count)
+    from ..stats import Counters
 
 __all__ = ["ShardCache"]
 

@@ -13,13 +13,15 @@ import contextlib
 import io
 import os
 import sys
-from typing import IO, BinaryIO, Iterator, cast
+from typing import TYPE_CHECKING, BinaryIO, IO, Iterator, cast
 
 from ..errors import PipeNotAllowedError, ShardNotFoundError, StorageError
-from ..stats import Counters
 from ..types import ReadOptions
 from .paths import filesystem, is_local, local_path
 from .retry import ResumingReader, read_to_end
+
+if TYPE_CHECKING:  # (the counters' module is imported by loaders that count)
+    from ..stats import Counters
 
 __all__ = ["PipeStream", "open_url"]
 

@@ -16,10 +16,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import ShardNotFoundError, StorageError, TarshardsError
-from ..stats import Counters
+
+if TYPE_CHECKING:  # (the counters' module is imported by loaders that count)
+    from ..stats import Counters
 
 __all__ = ["FATAL_ERRORS", "ResumingReader", "read_to_end", "transient_errors"]
 
