@@ -276,3 +276,20 @@ def test_stats_leave_the_batches_alone(tmp_path, drop_last, transport):
     st = loader.stats()
     assert st.bytes == want_bytes and st.samples == 28
     assert st.batches == len(plain)
+
+
+def test_persistent_workers_keep_counting(tmp_path):
+    from tarshards.torch import WebDataset, WebLoader
+
+    paths, _ = write_shards(tmp_path, 4, 7)
+    want_samples, want_bytes = traced(paths)
+    ds = WebDataset(paths).to_tuple("__key__", "cls").batched(5)
+    loader = WebLoader(ds, batch_size=None, num_workers=2, persistent_workers=True, stats=True)
+    for epoch in (1, 2):
+        assert sum(len(b[0]) for b in loader) == want_samples
+        st = loader.stats()
+        assert (st.samples, st.bytes, st.shards) == (
+            epoch * want_samples,
+            epoch * want_bytes,
+            epoch * len(paths),
+        )
