@@ -314,7 +314,7 @@ def stall_error(record: tuple) -> StallError:
     )
 
 
-# ---- timing the pipeline's layers (per sample: two clock reads) ------------------------------
+# ---- timing the pipeline's layers (clocks read on one sample in _EVERY) -----------------------
 _EVERY = 16  # per-sample times are measured on one sample in this many (and scaled up)
 
 
