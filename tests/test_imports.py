@@ -28,7 +28,9 @@ LAYERS: list[tuple[str, ...]] = [
         "_speedups",
         "_jpeg",
         "_xxh3",
-    ),  # the bottom: no tarshards imports but these
+        "stats",
+    ),  # the bottom: no tarshards imports but these (stats: a loader's counters, which the
+    # reading path is handed)
     ("format", "on_error", "tenbin"),  # naming rules, parse_size; the error policy
     ("compression", "hashing"),  # one table of compressions; content hashes
     ("images",),  # image codecs and modes, the JPEG fast paths

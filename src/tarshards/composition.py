@@ -253,6 +253,9 @@ class DataPipeline:
         allocate = getattr(self, "_batch_allocate", None)
         if allocate is not None:  # a loader worker's transport: where batches are made
             ctx["allocate"] = allocate
+        stats = getattr(self, "_monitor", None)
+        if stats is not None:  # a loader's counters (WebLoader(stats=True), watchdog=)
+            ctx["stats"] = stats
         return ctx
 
     # ---- iteration ---------------------------------------------------------------------------
@@ -293,6 +296,10 @@ class DataPipeline:
     def _run(self, ctx: dict) -> Iterator:
         src = self._source
         data = src(ctx) if callable(src) else iter(src)
+        if ctx.get("stats") is not None:  # a loader's counters
+            from .stats import timed_source
+
+            data = timed_source(data, ctx["stats"])
         stages = self._stages
         allocate = ctx.get("allocate")
         if allocate is not None and stages and _collates_by_default(stages[-1]):
@@ -357,6 +364,10 @@ class DataPipeline:
                 if st.wants_handler:
                     kwargs["handler"] = self.on_error
             data = fn(data, *args, **kwargs)
+            if st.fn is _stages.decode and ctx.get("stats") is not None:
+                from .stats import timed_stage
+
+                data = timed_stage(data, ctx["stats"])  # the time in decoding
         return data
 
     # ---- state -------------------------------------------------------------------------------

@@ -27,6 +27,8 @@ __all__ = [
     "ShardNotFoundError",
     "ShardSpecError",
     "ShardWriteError",
+    "StallError",
+    "StallWarning",
     "StorageError",
     "TarshardsError",
     "TarshardsWarning",
@@ -192,3 +194,32 @@ class MissingDependencyError(TarshardsError, ImportError):
 
 class TarshardsWarning(UserWarning):
     """Warnings issued by tarshards (skipped shards, fewer shards than workers...)."""
+
+
+class StallError(StorageError, TimeoutError):
+    """A loader worker made no progress for the watchdog's time (``WebLoader(...,
+    watchdog=SECONDS, on_stall="raise")``): ``url`` and ``offset`` say where it was stuck,
+    ``rank`` and ``worker`` who (``worker`` ``None``: the main process)."""
+
+    def __init__(self, message: str, *, rank=None, worker=None, seconds=None, **context):
+        self.rank = rank
+        self.worker = worker
+        self.seconds = seconds
+        super().__init__(message, **context)
+
+    def __reduce__(self):
+        return (
+            _rebuild_stall,
+            (self.reason, self.rank, self.worker, self.seconds, self.url, self.member, self.offset),
+        )
+
+
+def _rebuild_stall(reason, rank, worker, seconds, url, member, offset):
+    return StallError(
+        reason, rank=rank, worker=worker, seconds=seconds, url=url, member=member, offset=offset
+    )
+
+
+class StallWarning(TarshardsWarning):
+    """The watchdog's report of a stall (rank, worker, shard URL and byte offset in its text);
+    the stalled read is retried from that offset."""

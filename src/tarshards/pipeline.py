@@ -8,6 +8,7 @@ names are importable from here as before.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any, Callable, Iterable, Iterator
 
@@ -166,6 +167,7 @@ class WebDataset(DataPipeline):
         self.prefetch = int(prefetch)
         self.prefetch_bytes = int(prefetch_bytes)
         self._opener = None
+        self._cache = None
         if cache_dir is not None:
             from .storage import ShardCache
 
@@ -178,6 +180,7 @@ class WebDataset(DataPipeline):
                 manifest=self.manifest,
             )
             self._opener = cache.open
+            self._cache = cache
         # the seed notebook's constructor: shuffle, decode, tuple, per-element transforms
         if shuffle:
             self._append(_stages.shuffle, shuffle)
@@ -224,17 +227,22 @@ class WebDataset(DataPipeline):
             raise ValueError("the table describes other shards than this dataset's")
         self._table = table
 
-    def _open(self, url):
+    def _open(self, url, stats=None):
+        """Open a shard; ``stats``: a loader's counters (retries, cache hits; its watchdog's
+        time is the read timeout)."""
         if self._opener is not None:
+            if stats is not None and self._opener == getattr(self._cache, "open", None):
+                return self._opener(url, stats=stats)
             return self._opener(url)
         return open_url(
             url,
             storage_options=self.storage_options,
             allow_pipe=self.allow_pipe,
             retries=self.retries,
+            **_watched(stats),
         )
 
-    def _open_range(self, url, offset: int, length: int | None):
+    def _open_range(self, url, offset: int, length: int | None, stats=None):
         """A stream of ``length`` bytes (``None``: to the end) from byte ``offset`` of a shard."""
         return open_url(
             url,
@@ -243,6 +251,7 @@ class WebDataset(DataPipeline):
             storage_options=self.storage_options,
             allow_pipe=self.allow_pipe,
             retries=self.retries,
+            **_watched(stats),
         )
 
     def _range_opener(self):
@@ -451,8 +460,13 @@ class WebDataset(DataPipeline):
         }
         if not self.copy:
             options["copy"] = False
+        stats = ctx.get("stats")
+        if stats is not None:  # a loader's counters (stats=True, watchdog=)
+            options["stats"] = stats
         if self._opener is not None:
             options["opener"] = self._opener
+            if stats is not None and self._opener == getattr(self._cache, "open", None):
+                options["opener"] = functools.partial(self._opener, stats=stats)
         if self.verify and self.manifest is not None:  # verify= needs a manifest (__init__)
             options["expect"] = self.manifest.records_by_url()
         if self.manifest is not None and self.on_error.mode != "raise":
@@ -564,6 +578,16 @@ class _IndexOf:
             return None
         i = urls.index(url)
         return self.manifest.load_index(i) if self.manifest.shards[i].index else None
+
+
+def _watched(stats) -> dict:
+    """``open_url``'s options for a loader's counters: told of retries; with a watchdog, a read
+    silent that long is abandoned and resumed."""
+    if stats is None:
+        return {}
+    if stats.watchdog is None:
+        return {"stats": stats}
+    return {"stats": stats, "timeout": stats.watchdog}
 
 
 def _is_remote(url: str) -> bool:

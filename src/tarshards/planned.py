@@ -8,6 +8,7 @@ loaded state at once, runs the rank's steps and says where it is (``state_dict()
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 from typing import Any, Iterator
@@ -99,25 +100,36 @@ class _SingleProgram(PlannedProgram):
         self.pre, self.bstage, self.post = pre, bstage, post
         self._feeds: dict[int, _Feed] = {}
 
-    def _stream(self, reader: int) -> ReaderStream:
+    def _stream(self, reader: int, stats=None) -> ReaderStream:
         ds = self.ds
+        ranged = ds._range_opener()
         return ReaderStream(
             ds.table,
             self.plan,
             reader,
-            opener=ds._open,
-            range_opener=ds._range_opener(),
+            opener=ds._open if stats is None else functools.partial(ds._open, stats=stats),
+            range_opener=(
+                ranged
+                if stats is None or ranged is None
+                else functools.partial(ranged, stats=stats)
+            ),
             last_dot=ds.last_dot,
             unit=self.cfg.batch_size,
+            stats=stats,
         )
 
     def chain(self, it, reader, batches):
         cfg, ds = self.cfg, self.ds
-        feed = _Feed(self._stream(reader), batches, cfg.batch_size, cfg.bufsize)
-        self._feeds[reader] = feed
         ctx = dict(it.ctx, reader=reader)
+        feed = _Feed(self._stream(reader, ctx.get("stats")), batches, cfg.batch_size, cfg.bufsize)
+        self._feeds[reader] = feed
+        samples = feed.samples
+        if ctx.get("stats") is not None:  # a loader's counters
+            from .stats import timed_source
+
+            samples = timed_source(samples, ctx["stats"])
         data = ds._run_stages(
-            feed.samples, self.pre, ctx, ("reader", reader), first=1 if cfg.bufsize else 0
+            samples, self.pre, ctx, ("reader", reader), first=1 if cfg.bufsize else 0
         )
         return iter(ds._run_stages(data, [self.bstage], ctx, ("reader", reader)))
 
@@ -218,6 +230,9 @@ class _PlannedIterator:
             "worker": info.worker,
             "num_workers": info.num_workers,
         }
+        stats = getattr(ds, "_monitor", None)
+        if stats is not None:  # a loader's counters (WebLoader(stats=True), watchdog=)
+            self.ctx["stats"] = stats
         self._gen = self._run()
 
     # ---- state -----------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 import bisect
 import functools
 import os
-from typing import BinaryIO, Callable, Iterable, Iterator, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterable, Iterator, cast
 
 from .errors import IntegrityError, StorageError, TarshardsError
 from .format import group_samples
@@ -14,6 +14,10 @@ from .on_error import OnError, error_policy
 from .storage import is_local, local_path, open_url
 from .storage.prefetch import ShardPrefetcher, given_stream
 from .tario import iter_tar_batches, tar_byte_source
+from .tario.buffer import map_local
+
+if TYPE_CHECKING:  # (imported where a loader counts)
+    from .stats import Counters
 
 __all__ = ["iter_samples", "shard_samples", "skipped_rest"]
 
@@ -29,6 +33,7 @@ def shard_samples(
     retries: int = 5,
     expect=None,
     copy: bool = True,
+    stats: Counters | None = None,
 ) -> Iterator[dict]:
     """The samples of one shard (any URL :func:`tarshards.storage.open_url` opens).
 
@@ -40,14 +45,24 @@ def shard_samples(
     ``memoryview`` slices of the map, not ``bytes`` copies; other shards (compressed, remote,
     piped, or verified with ``expect``) give ``bytes`` (see :func:`tarshards.tario.iter_tar`).
 
+    ``stats``: the reader's :class:`~tarshards.stats.Counters` (a loader's ``stats=True`` or
+    ``watchdog=``): the open's latency, the bytes read and the time blocked reading go there,
+    and remote reads time out after its ``watchdog`` seconds without data (then resume).
+
     Errors are :class:`~tarshards.errors.TarshardsError` subclasses naming the shard, the member
     and the offset; OS errors while reading become :class:`StorageError`.
     """
     url = os.fspath(url)
     if opener is None:
-        opener = functools.partial(
-            open_url, storage_options=storage_options, allow_pipe=allow_pipe, retries=retries
+        opener = cast(
+            Callable,
+            functools.partial(
+                open_url, **_open_options(storage_options, allow_pipe, retries, stats)
+            ),
         )
+    if stats is not None:
+        yield from _counted_samples(url, opener, stats, chunk_size, last_dot, expect, copy)
+        return
     try:
         with opener(url) as stream:
             if expect is not None:
@@ -61,6 +76,59 @@ def shard_samples(
         raise exn.with_context(url=url) from None
     except OSError as exn:
         raise StorageError(f"read failed: {exn}", url=url) from exn
+
+
+def _open_options(
+    storage_options, allow_pipe: bool, retries: int, stats: Counters | None
+) -> dict[str, Any]:
+    options: dict[str, Any] = {"storage_options": storage_options, "allow_pipe": allow_pipe}
+    options["retries"] = retries
+    if stats is not None:
+        options["stats"] = stats
+        if stats.watchdog is not None:  # a read silent that long is abandoned and resumed
+            options["timeout"] = stats.watchdog
+    return options
+
+
+def _counted_samples(url, opener, stats: Counters, chunk_size, last_dot, expect, copy):
+    """:func:`shard_samples` with its open, bytes and read time counted in ``stats``."""
+    from .stats import CountedStream, clock
+
+    counted = None
+    first = stats.samples  # the samples counted downstream while this shard is read
+    t0 = clock()
+    try:
+        with opener(url) as stream:
+            ahead = hasattr(stream, "open_ns")  # opened ahead by a prefetching thread
+            stats.opened(url, 0, None if ahead else clock() - t0)
+            mapped = map_local(stream) if expect is None else None
+            if mapped is not None:  # a local plain tar, read in place: its size is read
+                try:
+                    batches = iter_tar_batches(cast(Any, mapped), url, copy=copy)
+                    yield from group_samples(batches, url, last_dot=last_dot, batched=True)
+                finally:
+                    stats.shard_done(url, mapped.stop - mapped.start, 0, stats.samples - first)
+                return
+            counted = CountedStream(stream, stats, url)
+            if expect is not None:
+                yield from _verified_samples(counted, url, expect, chunk_size, last_dot)
+                return
+            batches = iter_tar_batches(
+                tar_byte_source(cast(BinaryIO, counted), url, chunk_size, mapped=False),
+                url,
+                copy=copy,
+            )
+            yield from group_samples(batches, url, last_dot=last_dot, batched=True)
+    except TarshardsError as exn:
+        raise exn.with_context(url=url) from None
+    except OSError as exn:
+        raise StorageError(f"read failed: {exn}", url=url) from exn
+    finally:
+        if counted is not None:
+            counted.done(stats.samples - first)
+            ns = getattr(counted.stream, "open_ns", None)
+            if ns is not None:
+                stats.open_latency(url, ns, waited=False)
 
 
 def _verified_samples(stream, url: str, expect, chunk_size: int, last_dot: bool):
@@ -157,6 +225,7 @@ def iter_samples(
     prefetch_bytes: int = 256 << 20,
     expect: dict | None = None,
     index_of: Callable | None = None,
+    stats: Counters | None = None,
     **options,
 ) -> Iterator[dict]:
     """The samples of several shards in turn; shard errors go to ``on_error``.
@@ -170,8 +239,11 @@ def iter_samples(
     ``prefetch=k`` opens the next ``k`` shards while the current one is read, each filled from a
     thread into a buffer (``prefetch_bytes`` over all of them; at most ``k + 1`` connections):
     see :mod:`tarshards.storage.prefetch`. Order, samples and errors are the same as without it.
+    ``stats``: the reader's :class:`~tarshards.stats.Counters` (see :func:`shard_samples`).
     """
     policy = error_policy(on_error, handler)
+    if stats is not None:
+        options["stats"] = stats
 
     def one(url, **extra):
         if expect is None:
@@ -194,9 +266,12 @@ def iter_samples(
     if opener is None:
         opener = functools.partial(
             open_url,
-            storage_options=options.get("storage_options"),
-            allow_pipe=options.get("allow_pipe", False),
-            retries=options.get("retries", 5),
+            **_open_options(
+                options.get("storage_options"),
+                options.get("allow_pipe", False),
+                options.get("retries", 5),
+                stats,
+            ),
         )
     with ShardPrefetcher(opener, ahead=prefetch, max_bytes=prefetch_bytes) as prefetcher:
         for url, stream in prefetcher.streams(urls):

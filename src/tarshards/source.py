@@ -13,7 +13,7 @@ import collections
 import hashlib
 import itertools
 import random
-from typing import Any, Callable, Generator, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Sequence
 
 from ._lazy import LazyModule
 from .errors import ResumeError, TarshardsError
@@ -35,6 +35,9 @@ from .storage.paths import is_local
 from .storage.seek import read_exact, sample_from_bytes
 from .tario.buffer import map_local
 from .tario.reader import plain_run
+
+if TYPE_CHECKING:  # (imported where a loader counts)
+    from .stats import Counters
 
 try:  # optional C accelerator (see _speedups.c); ShuffleCore._run is the reference
     from ._speedups import ShuffleRun as _ShuffleRun
@@ -212,8 +215,10 @@ class ReaderStream:
         last_dot: bool = False,
         chunk_bytes: int = CHUNK_BYTES,
         unit: int = _LIST_SAMPLES,
+        stats: Counters | None = None,
     ):
         self.table = table
+        self.stats = stats  # a loader's counters: the runs' opens and bytes go there
         self.plan = plan
         self.reader = reader
         self.opener = opener
@@ -344,12 +349,19 @@ class ReaderStream:
             points = None
         known = offsets is not None or points is not None
         ranged = self._ranged(url) and known and (begin > 0 or size >= 0)
+        stats, counted = self.stats, None
+        if stats is not None:
+            from .stats import CountedStream, clock
+
+            t0 = clock()
         try:
             with (
                 self.range_opener(url, begin, size if size >= 0 else None)  # type: ignore[misc]
                 if ranged
                 else self.opener(url)
             ) as stream:
+                if stats is not None:
+                    stats.opened(url, begin, clock() - t0)
                 origin = 0  # where the read starts in the tar stream (samples' __offset__)
                 if offsets is not None and begin:
                     if not ranged and not _seek(stream, begin):
@@ -359,11 +371,15 @@ class ReaderStream:
                 # place, as the plain path does); other streams are read through a window
                 src: Any = map_local(stream, size) if offsets is not None else None
                 if src is not None:
+                    if stats is not None:  # the run's bytes, read in place
+                        stats.shard_done(url, src.stop - src.start, 0, b - a)
                     try:
                         yield from self._mapped_lists(src, url, offsets, a, b, pad, at)
                     finally:
                         src.close()
                     return
+                if stats is not None:
+                    stream = counted = CountedStream(stream, stats, url, begin)
                 window = _Window(stream, size, self.chunk_bytes)
                 if points is not None:
                     if not ranged and not _seek(stream, begin):
@@ -389,6 +405,9 @@ class ReaderStream:
                     return
         except TarshardsError as exn:
             raise exn.with_context(url=url) from None
+        finally:
+            if counted is not None:
+                counted.done(b - a)
         raise TarshardsError(
             f"shard has fewer samples than the {table.counts[shard]} counted (wanted {a}:{b})",
             url=url,

@@ -31,6 +31,7 @@ import multiprocessing.context
 import os
 import warnings
 import weakref
+from typing import Any
 from multiprocessing import resource_tracker
 
 import numpy as np
@@ -48,6 +49,7 @@ from .media.output import register_media_converter
 from .errors import ResumeError
 from .plan import STATE_FORMAT, check_state
 from .stages import collate_error, register_collation
+from .stats import Counters, LoaderStats, OnStall, clock, gathered, start_watchdog, timed_items
 from .transport import Group, Packer, Unpacker, new_token, remove_orphans
 from .types import WorkerInfo
 from .errors import TarshardsWarning  # (of a plain DataLoader repeating its order)
@@ -232,6 +234,7 @@ class _TorchMixin:
         state = self.__dict__.copy()
         state.pop("_batch_allocate", None)  # a worker's own transport, not to be carried on
         state.pop("_loader_group", None)
+        state.pop("_monitor", None)  # a loader's counters (each worker makes its own)
         if multiprocessing.context.get_spawning_popen() is not None and get_worker_info() is None:
             # sent to a new process (a spawn/forkserver DataLoader worker): carry the rank
             # discovered here, and share the epoch cell with it
@@ -252,6 +255,9 @@ class _TorchMixin:
     def __iter__(self):
         _check_order_moved(self)
         it = _pipeline.DataPipeline.__iter__(self)
+        monitor = self.__dict__.get("_monitor")  # WebLoader(stats=True) or watchdog=
+        if monitor is not None:  # in a worker, the last news goes after the last item
+            it = timed_items(it, monitor, _LAST_NEWS if get_worker_info() is not None else None)
         grouping = self.__dict__.get("_loader_group")  # in a WebLoader worker: batches are
         return it if grouping is None else _grouped(it, *grouping)  # sent a few at a time
 
@@ -367,13 +373,34 @@ class WebLoader(DataLoader):
     positions are those of ``transport=None``. With
     ``persistent_workers=True``, an epoch broken off restarts the workers (the batches they
     had made ahead would keep their slots).
+
+    ``stats=True`` keeps counters in every worker (samples, bytes, time on storage, decoding and
+    the other stages, shard opens, cache hits, retries, the loop's wait per batch), sent to the
+    main process with the batches: :meth:`stats` returns them (``gather=True``: every rank's).
+    ``watchdog=SECONDS`` reports a worker that makes no progress for that long (rank, worker,
+    shard URL, byte offset) and abandons a remote read silent that long, resuming it from its
+    offset; ``on_stall`` is ``"warn"`` (a :class:`~tarshards.errors.StallWarning`), ``"raise"``
+    (:class:`~tarshards.errors.StallError`), ``"skip"`` or a function given the error. See
+    docs/monitoring.md.
     """
 
     def __init__(
-        self, dataset, *args, start_epoch: int = 0, transport: str | None = "auto", **kwargs
+        self,
+        dataset,
+        *args,
+        start_epoch: int = 0,
+        transport: str | None = "auto",
+        stats: bool = False,
+        watchdog: float | None = None,
+        on_stall: OnStall = "warn",
+        **kwargs,
     ):
         if transport not in ("auto", "shm", None):
             raise ValueError(f"transport is 'auto', 'shm' or None, not {transport!r}")
+        monitor = None
+        if stats or watchdog is not None:
+            Counters(watchdog=watchdog, on_stall=on_stall)  # checks them
+            monitor = (bool(stats), watchdog, on_stall)
         bound = inspect.signature(DataLoader.__init__).bind(self, dataset, *args, **kwargs)
         options = bound.arguments
         options.update(options.pop("kwargs", {}) or {})
@@ -411,6 +438,17 @@ class WebLoader(DataLoader):
                     )
                 inner = _PackingCollate(inner, packer)
             options["collate_fn"] = inner
+        if monitor is not None and (options.get("num_workers") or 0) > 0:
+            # each worker counts in its own Counters and sends what it gathered with each batch
+            inner = options.get("collate_fn")
+            if inner is None:
+                inner = default_convert if options.get("batch_size", 1) is None else default_collate
+            options["collate_fn"] = _CarryingStats(
+                inner, options.get("batch_size", 1), bool(options.get("drop_last"))
+            )
+            options["worker_init_fn"] = _Monitoring(
+                options.get("worker_init_fn"), watchdog, on_stall
+            )
         options.pop("self")
         super().__init__(**options)
         self._packing = packing
@@ -432,6 +470,42 @@ class WebLoader(DataLoader):
         self._pending = None
         self._workers_next = None  # with persistent workers: the epoch they run next
         self._origin = 0
+        self._monitor = monitor  # (stats, watchdog, on_stall) or None
+        self._totals: Counters | None = None  # this rank's statistics (made at the first iter)
+
+    def stats(self, gather: bool = False) -> LoaderStats:
+        """This rank's statistics so far (``WebLoader(..., stats=True)``): a
+        :class:`~tarshards.stats.LoaderStats` (``str()`` is a one-line summary, ``.as_dict()``,
+        ``.prometheus()``). ``gather=True``: every rank's, collected through the process group
+        (``torch.distributed.all_gather_object``; every rank must call it), summed, with the
+        ranks whose loop waited longest and the slowest shards named. A worker's counters reach
+        this process with its batches."""
+        if self._monitor is None:
+            raise ValueError("this loader keeps no statistics: pass WebLoader(..., stats=True)")
+        local = self._counters().snapshot()
+        if not gather:
+            return local
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            everyone: list = [None] * dist.get_world_size()
+            dist.all_gather_object(everyone, local.as_dict())
+            return gathered(LoaderStats.from_dict(d) for d in everyone)
+        return gathered([local])
+
+    def _counters(self) -> Counters:
+        totals = self._totals
+        if totals is None:
+            _stats, watchdog, on_stall = self._monitor or (False, None, "warn")
+            ds = self.dataset  # its place: the rank discovered here, or the one it was given
+            env = ds.environment() if isinstance(ds, _pipeline.DataPipeline) else None
+            env = env or torch_environment()
+            totals = Counters(
+                env["rank"], env["world_size"], None, watchdog=watchdog, on_stall=on_stall
+            )
+            self._totals = totals
+            if self.num_workers == 0:  # the dataset runs here, and counts here
+                start_watchdog(totals)
+                weakref.finalize(self, _close, totals)
+        return totals
 
     def _planned(self) -> bool:
         return getattr(self.dataset, "_plan_config", None) is not None
@@ -494,6 +568,11 @@ class WebLoader(DataLoader):
             # one resource tracker for this process and its workers (forked ones would each
             # start their own): the names of their segments are withdrawn where registered
             resource_tracker.ensure_running()
+        totals = None
+        if self._monitor is not None:
+            totals = self._counters()
+            if self.num_workers == 0 and isinstance(ds, _pipeline.DataPipeline):
+                ds._monitor = totals  # type: ignore[attr-defined]
         it = super().__iter__()
         if self._packing:
             remove_orphans(self._token)  # of the workers of earlier epochs
@@ -510,11 +589,14 @@ class WebLoader(DataLoader):
             if self._grouping is not None:
                 packer, cell = self._grouping
                 in_turn = _InTurn(self.num_workers, packer, cell)
-            it = _UnpackingIterator(it, self._unpacker, in_turn)
+            absorb = totals.add if totals is not None and self.num_workers else None
+            it = _UnpackingIterator(it, self._unpacker, in_turn, absorb)
+        elif totals is not None and self.num_workers:
+            it = _absorbing(it, totals)
         if pending is not None and not self._planned() and step:
             for _ in range(step):  # a plain stream: replay to the position
                 next(it)
-        return self._count(it)
+        return self._count(it) if totals is None else self._count_timed(it, totals)
 
     def _count(self, it):
         try:
@@ -544,6 +626,23 @@ class WebLoader(DataLoader):
             if self._unpacker is not None:
                 self._unpacker.close()
                 self._unpacker = None
+
+    def _count_timed(self, it, totals: Counters):
+        """:meth:`_count`, with the time the training loop waits for each batch."""
+        try:
+            t0 = clock()
+            for batch in it:
+                totals.waited(clock() - t0)
+                self._step += 1
+                yield batch
+                t0 = clock()
+            self._finished = True
+        except Exception:
+            self._abandon(it)  # as in _count
+            raise
+        finally:
+            if self.num_workers == 0 and getattr(self.dataset, "_monitor", None) is totals:
+                del self.dataset._monitor
 
     def __len__(self):
         if self._planned():
@@ -782,8 +881,9 @@ class _UnpackingIterator:
     about an IterableDataset yielding more than ``len()``).
     """
 
-    def __init__(self, it, unpacker, in_turn: _InTurn | None = None):
+    def __init__(self, it, unpacker, in_turn: _InTurn | None = None, absorb=None):
         self._it = it
+        self._absorb = absorb  # takes the workers' statistics that come with the batches
         self._unpack = unpacker
         self._direct = all(hasattr(it, a) for a in ("_next_data", "_sampler_iter", "_num_yielded"))
         self._in_turn = in_turn  # the workers send groups of batches
@@ -794,16 +894,24 @@ class _UnpackingIterator:
     def __next__(self):
         if self._in_turn is not None:
             return self._in_turn.next(self._pull)
-        return self._pull()
+        while True:
+            data = self._pull()
+            if data is not _NOTHING:
+                return data
 
     def _pull(self):
         it = self._it
         if not self._direct or torch.autograd._profiler_enabled():
-            return self._unpack(next(it))
-        if it._sampler_iter is None:
-            it._reset()
-        data = it._next_data()
-        it._num_yielded += 1
+            data = next(it)
+        else:
+            if it._sampler_iter is None:
+                it._reset()
+            data = it._next_data()
+            it._num_yielded += 1
+        if type(data) is _Carried:
+            if self._absorb is not None:
+                self._absorb(data.delta)
+            data = data.payload
         return self._unpack(data)
 
     def __len__(self):
@@ -811,6 +919,98 @@ class _UnpackingIterator:
 
     def __getattr__(self, name):
         return getattr(self._it, name)
+
+
+class _Carried:
+    """A worker's batch (or group of batches) with the statistics gathered since its last one
+    (:meth:`tarshards.stats.Counters.take`)."""
+
+    __slots__ = ("delta", "payload")
+
+    def __init__(self, payload, delta):
+        self.payload = payload
+        self.delta = delta
+
+    def __reduce__(self):
+        return _Carried, (self.payload, self.delta)
+
+
+# the item a monitored worker's dataset yields after its last one, so that the counters' last
+# news (the end of the last shard) reach the main process; taken out before collation
+_LAST_NEWS: Any = type("_LastNews", (), {"__reduce__": lambda self: "_LAST_NEWS"})()
+_NOTHING: Any = type("_Nothing", (), {"__reduce__": lambda self: "_NOTHING"})()
+
+
+class _CarryingStats:
+    """A worker's collate function: the inner one, then the worker's counters' news attached.
+    The end-of-stream item (``_LAST_NEWS``, last in its batch or group) is taken out; a batch
+    left empty (or short of ``batch_size`` under ``drop_last``) becomes ``_NOTHING``, which
+    the main process does not hand out."""
+
+    def __init__(self, inner, batch_size=None, drop_last: bool = False):
+        self.inner = inner
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+
+    def __call__(self, batch):
+        if batch is _LAST_NEWS:
+            out = _NOTHING
+        elif type(batch) is list and batch and batch[-1] is _LAST_NEWS:
+            batch = batch[:-1]
+            full = self.batch_size is None or len(batch) == self.batch_size
+            out = self.inner(batch) if batch and (full or not self.drop_last) else _NOTHING
+        elif type(batch) is Group and batch and batch[-1] is _LAST_NEWS:
+            out = self.inner(batch.like(batch[:-1]))  # (an empty group still counts as a turn)
+        else:
+            out = self.inner(batch)
+        info = get_worker_info()
+        monitor = None if info is None else getattr(info.dataset, "_monitor", None)
+        if monitor is None:
+            return out
+        return _Carried(out, monitor.take())
+
+
+class _Monitoring:
+    """A worker's init function: the worker's copy of the dataset counts in a
+    :class:`~tarshards.stats.Counters` of its own (``_monitor``), watched by a thread when the
+    loader has a watchdog; then the inner init function."""
+
+    def __init__(self, inner, watchdog, on_stall):
+        self.inner = inner
+        self.watchdog = watchdog
+        self.on_stall = on_stall
+
+    def __call__(self, worker_id):
+        info = get_worker_info()
+        ds = None if info is None else info.dataset
+        if isinstance(ds, _pipeline.DataPipeline):
+            place = ds.worker_info()
+            monitor = Counters(
+                place.rank,
+                place.world_size,
+                worker_id,
+                watchdog=self.watchdog,
+                on_stall=self.on_stall,
+            )
+            ds._monitor = monitor  # type: ignore[attr-defined]
+            start_watchdog(monitor)
+        if self.inner is not None:
+            self.inner(worker_id)
+
+
+def _absorbing(it, totals: Counters):
+    """The batches of ``it``, the workers' statistics that come with them added to ``totals``."""
+    for data in it:
+        if type(data) is _Carried:
+            totals.add(data.delta)
+            data = data.payload
+            if data is _NOTHING:
+                continue
+        yield data
+
+
+def _close(totals: Counters) -> None:
+    totals.closed = True
 
 
 def _tensor_to_array(x):

@@ -80,6 +80,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         srv._sent("/" + rel, end - start)
         try:
             with open(path, "rb") as f:
+                stall_at = srv._take_stall("/" + rel, start, end)
+                if stall_at is not None:  # send up to there, then go silent
+                    self.connection.sendfile(f, start, stall_at - start)
+                    srv._stall_released.wait(srv.stall_for)
+                    self.close_connection = True
+                    return
                 if srv.delay:
                     f.seek(start)
                     left = end - start
@@ -104,12 +110,28 @@ class HTTPFileServer:
 
     ``delay``: seconds slept after each ``chunk`` bytes of a body (0: full speed via sendfile).
     ``requests``: the list of ``(method, path, range header)`` received.
+    ``stall``: ``{path: offset}``: the first GET of ``path`` whose body crosses ``offset`` sends
+    the bytes before it, then nothing for ``stall_for`` seconds (or until the server stops),
+    as a hung connection does; later GETs are served whole. ``stalled`` lists the
+    ``(path, offset)`` stalls made.
     """
 
-    def __init__(self, root, *, delay: float = 0.0, chunk: int = 64 << 10):
+    def __init__(
+        self,
+        root,
+        *,
+        delay: float = 0.0,
+        chunk: int = 64 << 10,
+        stall: dict | None = None,
+        stall_for: float = 60.0,
+    ):
         self.root = os.fspath(root)
         self.delay = delay
         self.chunk = chunk
+        self.stall = dict(stall or {})
+        self.stall_for = stall_for
+        self.stalled: list[tuple[str, int]] = []
+        self._stall_released = threading.Event()
         self.requests: list[tuple[str, str, str | None]] = []
         self.sent: dict[str, int] = {}  # path -> body bytes served
         self._lock = threading.Lock()
@@ -120,6 +142,15 @@ class HTTPFileServer:
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, daemon=True, kwargs={"poll_interval": 0.05}
         )
+
+    def _take_stall(self, path: str, start: int, end: int) -> int | None:
+        with self._lock:
+            at = self.stall.get(path)
+            if at is None or not start < at < end:
+                return None
+            del self.stall[path]
+            self.stalled.append((path, at))
+            return at
 
     def _record(self, method, path, rng):
         with self._lock:
@@ -153,6 +184,7 @@ class HTTPFileServer:
         return self
 
     def stop(self):
+        self._stall_released.set()
         self._httpd.shutdown()
         self._httpd.server_close()
 

@@ -27,13 +27,16 @@ import logging
 import os
 import re
 import time
-from typing import BinaryIO, Iterator, cast
+from typing import TYPE_CHECKING, BinaryIO, Iterator, cast
 
 from ..compression import by_magic
 from ..errors import IntegrityError, StorageError
 from ..format import parse_size
 from .open import open_url
 from .paths import is_local
+
+if TYPE_CHECKING:  # (the counters' module is imported by loaders that count)
+    from ..stats import Counters
 
 __all__ = ["ShardCache"]
 
@@ -160,8 +163,9 @@ class ShardCache:
 
     # ---- opening ---------------------------------------------------------------------------
     @contextlib.contextmanager
-    def open(self, url) -> Iterator[BinaryIO]:
-        """Open ``url`` through the cache: a context manager giving a binary stream."""
+    def open(self, url, *, stats: Counters | None = None) -> Iterator[BinaryIO]:
+        """Open ``url`` through the cache: a context manager giving a binary stream.
+        ``stats`` (a loader's :class:`~tarshards.stats.Counters`) counts the hit or miss."""
         url = os.fspath(url)
         if not self._is_cacheable(url):
             with open_url(
@@ -173,6 +177,8 @@ class ShardCache:
         while True:
             f = self._open_cached(path)
             if f is not None:
+                if stats is not None:
+                    stats.cache(True)
                 with f:
                     yield f
                 return
@@ -191,6 +197,8 @@ class ShardCache:
             try:
                 if os.path.exists(path):  # someone else finished it while we waited
                     continue
+                if stats is not None:
+                    stats.cache(False)
                 with self._fill(url, path) as f:
                     yield f
                 return

@@ -13,12 +13,15 @@ import contextlib
 import io
 import os
 import sys
-from typing import IO, BinaryIO, Iterator, cast
+from typing import TYPE_CHECKING, BinaryIO, IO, Iterator, cast
 
 from ..errors import PipeNotAllowedError, ShardNotFoundError, StorageError
 from ..types import ReadOptions
 from .paths import filesystem, is_local, local_path
 from .retry import ResumingReader, read_to_end
+
+if TYPE_CHECKING:  # (the counters' module is imported by loaders that count)
+    from ..stats import Counters
 
 __all__ = ["PipeStream", "open_url"]
 
@@ -107,6 +110,7 @@ def _remote_reader(
     retries: int,
     backoff: float,
     timeout: float | None,
+    stats=None,
 ) -> ResumingReader:
     fs, path = filesystem(url, storage_options)
     protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
@@ -119,8 +123,11 @@ def _remote_reader(
     elif "s3" in protocols and hasattr(fs, "_call_s3"):
         from .s3 import S3Stream
 
+        # s3fs has its own timeouts: a watchdog's (given with stats) is added to them
+        s3_timeout = timeout if stats is not None and stats.watchdog is not None else None
+
         def open_at(start):
-            s = S3Stream(fs, path, start, stop=stop)
+            s = S3Stream(fs, path, start, stop=stop, timeout=s3_timeout)
             return s, s.size
     elif stop is not None:  # a byte range (random access): one request for it
 
@@ -139,7 +146,9 @@ def _remote_reader(
             size = getattr(f, "size", None)
             return f, (int(size) if isinstance(size, int) else None)
 
-    return ResumingReader(url, open_at, retries=retries, backoff=backoff, start=offset, stop=stop)
+    return ResumingReader(
+        url, open_at, retries=retries, backoff=backoff, start=offset, stop=stop, stats=stats
+    )
 
 
 def _options(options, storage_options, allow_pipe: bool, retries: int):
@@ -165,6 +174,7 @@ def open_url(
     retries: int = 5,
     retry_backoff: float = 0.1,
     timeout: float | None = 60.0,
+    stats: Counters | None = None,
 ) -> Iterator[BinaryIO]:
     """Open a URL as a binary stream (a context manager).
 
@@ -180,7 +190,8 @@ def open_url(
     that cannot seek, stdin or a pipe, drops the bytes before it) and, with ``length``, ends
     after that many bytes (a remote read then asks for that range only). ``options``, a
     :class:`~tarshards.types.ReadOptions`, gives ``storage_options``, ``allow_pipe`` and
-    ``retries`` in one value.
+    ``retries`` in one value. ``stats`` (:class:`~tarshards.stats.Counters`) counts a remote
+    read's retries (a timeout under a watchdog is reported as a stall).
     """
     if not isinstance(url, str):
         url = os.fspath(url)
@@ -215,6 +226,7 @@ def open_url(
             retries=retries,
             backoff=retry_backoff,
             timeout=timeout,
+            stats=stats,
         ) as reader:
             yield reader
         return

@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
+import time
 from typing import Any, Callable, ContextManager, Iterable, Iterator
 
 __all__ = ["PrefetchedStream", "ShardPrefetcher", "given_stream"]
@@ -48,6 +49,7 @@ class PrefetchedStream:
         self._stopped = False
         self._cond = threading.Condition()
         self.nbytes = 0  # bytes handed out so far
+        self.open_ns: int | None = None  # how long the opener took (once it has returned)
         self._thread = threading.Thread(
             target=self._fill, name=f"tarshards-prefetch {url}", daemon=True
         )
@@ -57,7 +59,9 @@ class PrefetchedStream:
     def _fill(self) -> None:
         cond = self._cond
         try:
+            t0 = time.perf_counter_ns()
             with self._opener(self.url) as stream:
+                self.open_ns = time.perf_counter_ns() - t0
                 read = stream.read
                 while True:
                     with cond:

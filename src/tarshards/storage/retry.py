@@ -16,9 +16,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import ShardNotFoundError, StorageError, TarshardsError
+
+if TYPE_CHECKING:  # (the counters' module is imported by loaders that count)
+    from ..stats import Counters
 
 __all__ = ["FATAL_ERRORS", "ResumingReader", "read_to_end", "transient_errors"]
 
@@ -72,7 +75,7 @@ class ResumingReader:
 
     ``start`` is the first byte read (``open_at(start)`` opens it); ``stop``, when given, the
     byte where the stream ends (reads never go past it; ``open_at`` may then ask for that range
-    only).
+    only). ``stats``: a loader's :class:`~tarshards.stats.Counters`, told of each retry.
     """
 
     def __init__(
@@ -85,6 +88,7 @@ class ResumingReader:
         max_backoff: float = 2.0,
         start: int = 0,
         stop: int | None = None,
+        stats: Counters | None = None,
     ):
         if retries < 0:
             raise ValueError(f"retries must be >= 0, got {retries}")
@@ -95,6 +99,7 @@ class ResumingReader:
         self.backoff = float(backoff)
         self.max_backoff = float(max_backoff)
         self.resumes = 0  # total number of reconnections made
+        self.stats = stats  # a loader's counters: retries (and stalls) are told there
         self._open_at = open_at
         self._transient = transient_errors()
         self._failures = 0  # failures in a row without progress
@@ -144,6 +149,8 @@ class ResumingReader:
             with contextlib.suppress(Exception):
                 self._stream.close()
             self._stream = None
+        if self.stats is not None:  # may raise StallError (on_stall="raise")
+            self.stats.retried(self.url, self.pos, exc)
         if self._failures > self.retries:
             raise StorageError(
                 f"{what} failed after {self.retries} retries: {type(exc).__name__}: {exc}",
