@@ -691,7 +691,7 @@ def build_manifest(
     output = os.fspath(output)
     base = _base_of(output)
     kept: tuple[ShardRecord, ...] = ()
-    if append and _exists(output, storage_options):
+    if append and _exists_or_raise(output, storage_options):
         old = Manifest.load(output, storage_options=storage_options)
         have = set(old.shard_urls())
         kept = old.shards
@@ -762,7 +762,9 @@ def _report_result(rep):
     return TarshardsError(f"indexing failed: {rep.error}", url=rep.input)
 
 
-def _exists(url: str, storage_options) -> bool:
+def _exists_or_raise(url: str, storage_options) -> bool:
+    """Whether ``url`` exists; a storage error propagates (an --append must not take a
+    manifest it could not see for a missing one and write a new one over it)."""
     if is_local(url):
         return os.path.exists(local_path(url))
     from .storage import filesystem

@@ -54,8 +54,53 @@ ARGS = {
 }
 
 
+# commands that serve rather than run to an end: checked through what they serve
+SERVERS = {"browse"}
+
+
 def test_every_command_is_covered():
-    assert set(ARGS) == set(cli.COMMANDS)
+    assert set(ARGS) | SERVERS == set(cli.COMMANDS)
+
+
+def test_browse_serves_a_manifest_as_it_serves_the_spec(data):
+    import re
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    import tarshards
+
+    env = dict(os.environ, BROWSER="true")  # never a real browser
+    where = os.path.dirname(os.path.dirname(os.path.abspath(tarshards.__file__)))
+    env["PYTHONPATH"] = where + os.pathsep + env.get("PYTHONPATH", "")
+    seen = {}
+    for label, spec in (("braces", SPEC), ("manifest", "manifest.json")):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tarshards.cli.main", "browse", spec, "--port", "0"]
+            + ["--no-open", "-q", "--index-dir", str(data / f"idx_{label}")],
+            cwd=data,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        try:
+            m = re.search(r"(http://\S+/)", proc.stdout.readline())
+            assert m is not None, proc.stderr.read()
+            pages = []
+            for path in ("api/info", "api/sample/0", "api/sample/29"):
+                with urllib.request.urlopen(m.group(1) + path, timeout=30) as r:
+                    got = json.loads(r.read())
+                pages.append({k: got[k] for k in ("samples", "shards", "key") if k in got})
+            seen[label] = pages
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.communicate(timeout=30)
+        assert proc.returncode == 0
+    assert seen["braces"] == seen["manifest"]
+    assert seen["manifest"][0] == {"samples": 30, "shards": 3}
+    assert seen["manifest"][2]["key"] == "k0029"
 
 
 def _outputs(directory, out):
