@@ -54,6 +54,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("pipeline",),  # WebDataset (and the names of the modules above, re-exported)
     ("mixing", "indexed", "testing"),  # mixtures, random access, the resume check
     ("torch", "transport", "parallel", "compat", "benchmark"),  # adapters and engines
+    ("convert",),  # sources into shards (on the parallel engines), shards into Parquet
     ("cli",),  # the command line
     ("__init__",),  # the package itself, above everything
 ]

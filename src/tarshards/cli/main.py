@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str | None, str]] = {
     "map": (None, "tarshards.cli.map_cmd:map_cmd"),
     "bench": (None, "tarshards.cli.bench:bench_cmd"),
     "index": (None, "tarshards.cli.index:index_cmd"),
+    "convert": (None, "tarshards.cli.convert:convert_cmd"),
 }
 
 
