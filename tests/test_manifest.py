@@ -298,3 +298,18 @@ def test_writer_sweeps_the_index_directory_once_not_per_shard(tmp_path, monkeypa
         return listed.count(str(folder))
 
     assert run(tmp_path / "one", 1) == run(tmp_path / "many", 8)
+
+
+def test_meta_is_kept_and_old_manifests_load(tmp_path):
+    m = _write(tmp_path, n=10, meta={"classes": ["a", "b"]})
+    assert m.meta == {"classes": ["a", "b"]}
+    loaded = Manifest.load(m.url)
+    assert loaded.meta == {"classes": ["a", "b"]} and loaded == m
+    # the fingerprint covers the records only: the same shards without meta, the same print
+    obj = json.loads(open(m.url).read())
+    del obj["meta"]
+    plain = Manifest.from_json(obj, url=m.url)
+    assert plain.meta == {} and plain.fingerprint == m.fingerprint and plain != m
+    assert "meta" not in plain.to_json()
+    with pytest.raises(ValueError, match="meta= is stored in the manifest"):
+        ShardWriter(str(tmp_path / "x-%d.tar"), meta={"a": 1})

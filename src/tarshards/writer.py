@@ -603,9 +603,7 @@ class ShardWriter:
         if manifest is not None:  # record each shard's index and write the manifest at close
             from .manifest import ManifestRecorder
 
-            self._manifest = ManifestRecorder(
-                manifest, storage_options=storage_options, meta=meta
-            )
+            self._manifest = ManifestRecorder(manifest, storage_options=storage_options, meta=meta)
             self.tarwriter_options = dict(tarwriter_options, index=True)
         self.shards: list[ShardInfo] = []
         self._writer: TarWriter | None = None
