@@ -123,6 +123,8 @@ OPTIONAL = (
     "sklearn",
     "moto",
     "boto3",
+    "pyarrow",
+    "datasets",
 )
 MISSING = [name for name in OPTIONAL if importlib.util.find_spec(name) is None]
 _NEEDS = re.compile(

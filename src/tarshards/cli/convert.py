@@ -79,9 +79,8 @@ def _pairs(values, what: str) -> dict[str, str]:
     "-s",
     "--maxsize",
     type=SIZE,
-    default="1GB",
-    show_default=True,
-    help="Bytes per shard, about (uncompressed).",
+    default=None,
+    help="Bytes per shard, about (uncompressed; shards of equal size). Default: by count only.",
 )
 @click.option(
     "-z",

@@ -56,7 +56,7 @@ def convert(
     split: str | None = None,
     manifest=None,
     maxcount: int = 10_000,
-    maxsize: int | float | str = "1GB",
+    maxsize: int | float | str | None = None,
     compress: str | None = None,
     aligned: bool = False,
     level: int | None = None,
@@ -87,7 +87,9 @@ def convert(
 
     ``output`` is a folder (``OUT/shard-000000.tar``..., manifest ``OUT/manifest.json``) or a
     pattern (``out/train-%06d.tar.gz``, manifest ``out/train.json``; ``manifest=`` chooses).
-    Shards hold at most ``maxcount`` samples and about ``maxsize`` bytes; compression by suffix
+    Shards hold at most ``maxcount`` samples and, with ``maxsize``, about that many bytes (the
+    rows then cut into shards of about equal size; a folder's files are measured for it, a
+    ``stat`` each; tables give estimates); compression by suffix
     or ``compress=``, ``aligned=True`` for sample-aligned compression, ``meta=`` added to the
     manifest's ``meta``. Shards are written in parallel: ``engine="processes"`` with
     ``workers`` processes (one per CPU by default; ``workers=1`` writes in this process) or
@@ -123,7 +125,15 @@ def convert(
         )
     if kind == "shards":
         raise ValueError("shards convert to Parquet: give an output ending in .parquet")
-    source = open_source(src, kind, fields=fields, extensions=extensions, key=key, split=split)
+    source = open_source(
+        src,
+        kind,
+        fields=fields,
+        extensions=extensions,
+        key=key,
+        split=split,
+        sizes=maxsize is not None,
+    )
     options = WriteOptions(
         maxcount=maxcount, maxsize=maxsize, compress=compress, aligned=aligned, level=level
     )

@@ -1,10 +1,10 @@
 """Writing a source's rows as shards: a fixed plan, one atomic job per shard, then the manifest.
 
 The plan: rows are taken in the source's order and cut into shards of at most ``maxcount`` rows
-and about ``maxsize`` bytes (the sizes the source lists: exact for files, estimates for tables),
-so shard ``k`` holds a fixed range of rows. The plan's fingerprint (the source's listing, the
-member plan, the ranges, the output's names and compression) is saved beside the manifest
-(``MANIFEST.convert``) before anything is written.
+and, with ``maxsize``, about that many bytes (the sizes the source lists: exact for files,
+estimates for tables), so shard ``k`` holds a fixed range of rows. The plan's fingerprint (the
+source's listing, the member plan, the ranges, the output's names and compression) is saved
+beside the manifest (``MANIFEST.convert``) before anything is written.
 
 Each shard is one job, run on the processes or Dask engine of :mod:`tarshards.parallel` (or in
 this process, with one worker): it writes its rows with a :class:`~tarshards.writer.TarWriter`
@@ -37,12 +37,13 @@ PLAN_SUFFIX = ".convert"
 
 @dataclass(frozen=True)
 class WriteOptions:
-    """How shards are written: ``maxcount`` samples and about ``maxsize`` bytes each at most,
-    ``compress`` (``gz``, ``zst``...; None: by the name's suffix), ``aligned`` (each sample
-    its own compressed frame, for random access), ``level`` (compression level)."""
+    """How shards are written: ``maxcount`` samples at most, and about ``maxsize`` bytes each
+    (None: no limit by size), ``compress`` (``gz``, ``zst``...; None: by the name's suffix),
+    ``aligned`` (each sample its own compressed frame, for random access), ``level``
+    (compression level)."""
 
     maxcount: int = 10_000
-    maxsize: int | float | str = 1 << 30  # bytes once made (a size string is parsed)
+    maxsize: int | float | str | None = None  # bytes once made (a size string is parsed)
     compress: str | None = None
     aligned: bool = False
     level: int | None = None
@@ -50,24 +51,52 @@ class WriteOptions:
     def __post_init__(self):
         if not isinstance(self.maxcount, int) or self.maxcount < 1:
             raise ValueError(f"maxcount must be an int >= 1, got {self.maxcount!r}")
-        object.__setattr__(self, "maxsize", parse_size(self.maxsize, positive=True))
+        if self.maxsize is not None:
+            object.__setattr__(self, "maxsize", parse_size(self.maxsize, positive=True))
 
 
-def assign_rows(sizes: list[int], maxcount: int, maxsize: int) -> list[int]:
-    """Shard boundaries ``[0, b1, ..., n]``: shard ``k`` gets rows ``[b[k], b[k+1])``, a new
-    shard starting where one more row would pass ``maxcount`` rows or ``maxsize`` bytes (a row
-    larger than ``maxsize`` gets a shard of its own)."""
-    bounds = [0]
+def assign_rows(sizes: list[int] | int, maxcount: int, maxsize: int | None) -> list[int]:
+    """Shard boundaries ``[0, b1, ..., n]``: shard ``k`` gets rows ``[b[k], b[k+1])``.
+
+    By count, shards are full (``maxcount`` rows) but the last. By size, the rows are cut into
+    as few shards as ``maxsize`` allows, of about equal bytes (so that workers get equal work:
+    80 MB with ``maxsize`` 64 MB is two shards of 40 MB, not 64 and 16), each still at most
+    ``maxcount`` rows; a row larger than ``maxsize`` gets a shard of its own. Each row counts
+    1 kB more than its size (the headers and padding of its members, about). ``sizes`` may be
+    just the number of rows (sizes not measured), with ``maxsize=None``."""
+    if isinstance(sizes, int) or maxsize is None:
+        n = sizes if isinstance(sizes, int) else len(sizes)
+        return list(range(0, n, maxcount)) + [n] if n else [0]
+    n = len(sizes)
+    if n == 0:
+        return [0]
+    weights = [s + 1024 for s in sizes]
+    greedy = [0]
     count = total = 0
-    for i, size in enumerate(sizes):
-        if count and (count + 1 > maxcount or total + size > maxsize):
-            bounds.append(i)
+    for i, w in enumerate(weights):
+        if count and (count + 1 > maxcount or total + w > maxsize):
+            greedy.append(i)
             count = total = 0
         count += 1
-        total += size + 1024  # the headers and padding a sample's members take, about
-    if sizes:
-        bounds.append(len(sizes))
-    return bounds
+        total += w
+    greedy.append(n)
+    k = len(greedy) - 1
+    if k == 1 or -(-n // maxcount) >= k:  # bound by count (or one shard): full shards
+        return greedy
+    # bound by size: k shards of about total/k bytes each
+    whole = sum(weights)
+    bounds = [0]
+    acc = 0
+    for i, w in enumerate(weights):
+        if len(bounds) < k and acc + w / 2 > whole * len(bounds) / k and i > bounds[-1]:
+            bounds.append(i)
+        acc += w
+    bounds.append(n)
+    shards = list(zip(bounds, bounds[1:]))
+    ok = len(bounds) == k + 1 and all(
+        b - a <= maxcount and (b - a == 1 or sum(weights[a:b]) <= maxsize) for a, b in shards
+    )
+    return bounds if ok else greedy
 
 
 def output_layout(
@@ -153,6 +182,8 @@ def _plan_record(source: Source, bounds, urls, pattern, options: WriteOptions, m
         "bounds": bounds,
         "pattern": pattern,
         "compress": options.compress,
+        "maxcount": options.maxcount,
+        "maxsize": options.maxsize,
         "aligned": options.aligned,
     }
     digest = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
@@ -223,7 +254,11 @@ def write_shards(
     n = source.count()
     if n == 0:
         raise ValueError("the source has no rows")
-    bounds = assign_rows(source.sizes(), options.maxcount, int(options.maxsize))
+    sizes = source.sizes() if options.maxsize is not None else None
+    if options.maxsize is not None and sizes is None:
+        raise ValueError("this source was listed without sizes; maxsize= needs them")
+    maxsize = None if options.maxsize is None else int(options.maxsize)
+    bounds = assign_rows(n if sizes is None else sizes, options.maxcount, maxsize)
     urls = [shard_name(pattern, k) for k in range(len(bounds) - 1)]
     if is_local(manifest_url):
         os.makedirs(os.path.dirname(os.path.abspath(local_path(manifest_url))), exist_ok=True)

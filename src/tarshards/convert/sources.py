@@ -4,7 +4,8 @@ A source lists its rows once, in a fixed order (sorted paths, file order, datase
 row ``i`` is the same row on every run; shard ``k`` of a conversion gets a fixed range of rows
 (:mod:`tarshards.convert.shards`). Every source has:
 
-* ``count()``: the number of rows; ``sizes()``: each row's size in bytes (an estimate for tables);
+* ``count()``: the number of rows; ``sizes()``: each row's size in bytes (an estimate for tables;
+  for folders measured only when asked, as a ``stat`` per file costs as much as listing them);
 * ``identity()``: what the conversion's fingerprint covers (names and sizes, schema, options);
 * ``meta()``: what goes into the manifest's ``meta`` (the class names of an ImageFolder);
 * ``samples(start, stop)``: ``(key, [(ext, bytes), ...])`` for the rows in ``range(start, stop)``.
@@ -32,6 +33,7 @@ __all__ = [
     "Source",
     "detect_kind",
     "open_source",
+    "read_file",
     "require_pyarrow",
 ]
 
@@ -73,7 +75,8 @@ class Source:
     def count(self) -> int:
         raise NotImplementedError
 
-    def sizes(self) -> list[int]:
+    def sizes(self) -> list[int] | None:
+        """Each row's size in bytes (None: not measured; shards are then cut by count)."""
         raise NotImplementedError
 
     def identity(self) -> dict:
@@ -84,6 +87,31 @@ class Source:
 
     def samples(self, start: int, stop: int) -> Iterator[Sample]:
         raise NotImplementedError
+
+
+_O_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+_FIRST_READ = 1 << 16
+
+
+def read_file(path: str) -> bytes:
+    """A whole file's bytes: ``open``, one ``read`` for a small file (a short read of a regular
+    file is its end), ``close``. Measured: 1.6-2x faster than ``open(path, "rb").read()``
+    on 4 KB files (which also asks the size and reads once more to see the end)."""
+    fd = os.open(path, _O_READ)
+    try:
+        data = os.read(fd, _FIRST_READ)
+        if len(data) < _FIRST_READ:
+            return data
+        parts = [data]
+        while chunk := os.read(fd, 1 << 20):
+            parts.append(chunk)
+        return b"".join(parts)
+    finally:
+        os.close(fd)
+
+
+def _entry_name(entry) -> str:
+    return entry.name
 
 
 def _row_keys(n: int) -> int:
@@ -106,15 +134,19 @@ class FolderSource(Source):
     ``CLASS/NAME``. ``files``: files at any depth grouped by the part of the name before its
     first dot, as tar readers group members (``a.jpg``, ``a.json``, ``a.seg.png``); keys are the
     relative paths without extensions. Hidden files and folders are left out.
+
+    ``sizes=True`` measures each file (a ``stat``): for shards cut by size, and for a plan that
+    also notices a file changed in size.
     """
 
-    def __init__(self, root, kind: str = "files", *, fields=None):
+    def __init__(self, root, kind: str = "files", *, fields=None, sizes: bool = True):
         self.root = os.path.abspath(os.fspath(root))
         if not os.path.isdir(self.root):
             raise FileNotFoundError(f"no such folder: {self.root}")
         if kind not in ("imagefolder", "files"):
             raise ValueError(f"a folder source is 'imagefolder' or 'files', not {kind!r}")
         self.kind = kind
+        self.measured = sizes
         self.fields = None if fields is None else frozenset(fields)
         self.classes: list[str] = []
         self.left_out = 0  # ImageFolder groups without an image
@@ -126,40 +158,51 @@ class FolderSource(Source):
         else:
             self._list_files()
 
-    def _walk(self, top: str):
-        """(relative dir, name, size) of the visible files under ``top``, sorted walk order."""
-        for dirpath, dirnames, filenames in os.walk(top, followlinks=True):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            rel = os.path.relpath(dirpath, self.root).replace(os.sep, "/")
-            with os.scandir(dirpath) as it:
-                entries = {e.name: e for e in it}
-            for name in sorted(filenames):
-                if name.startswith("."):
-                    continue
-                entry = entries.get(name)
-                size = entry.stat().st_size if entry is not None else 0
-                yield ("" if rel == "." else rel), name, size
+    def _walk(self, top: str, rel: str = ""):
+        """(relative dir, name, size) of the visible files under ``top``: files in name order,
+        then each sub-folder in name order (one ``scandir`` per folder; sizes 0 unmeasured)."""
+        with os.scandir(top) as it:
+            entries = sorted([e for e in it if e.name[0] != "."], key=_entry_name)
+        subdirs = []
+        measure = self.measured
+        for e in entries:
+            if e.is_dir():  # symbolic links to folders followed, as os.walk(followlinks=True)
+                subdirs.append(e)
+            else:
+                yield rel, e.name, e.stat().st_size if measure else 0
+        for e in subdirs:
+            yield from self._walk(e.path, f"{rel}/{e.name}" if rel else e.name)
 
-    def _add_groups(self, groups: dict, cls: int, need_image: bool) -> None:
+    def _add(self, groups: dict, key: str, ext: str, path: str, size: int) -> None:
+        """File ``path`` as member ``ext`` of sample ``key``."""
+        fields = self.fields
+        if fields is not None and ext not in fields:
+            return
+        group = groups.get(key)
+        if group is None:
+            groups[key] = [[(ext, path)], size]
+            return
+        for e, other in group[0]:
+            if e == ext:
+                raise ValueError(
+                    f"{other} and {path} would both be member {key}.{ext} of one sample; rename one"
+                )
+        group[0].append((ext, path))
+        group[1] += size
+
+    def _add_rows(self, groups: dict, cls: int, need_image: bool) -> None:
+        rows, sizes = self.rows, self._sizes
         for key in sorted(groups):
             members, size = groups[key]
-            if need_image and not any(ext in IMAGE_EXTENSIONS for ext, _ in members):
-                self.left_out += 1
-                continue
-            self.rows.append((key, tuple(sorted(members)), cls))
-            self._sizes.append(size)
-
-    def _group(self, groups: dict, key: str, ext: str, path: str, size: int) -> None:
-        if self.fields is not None and ext not in self.fields:
-            return
-        members, total = groups.get(key, ([], 0))
-        if any(e == ext for e, _ in members):
-            other = next(p for e, p in members if e == ext)
-            raise ValueError(
-                f"{other} and {path} would both be member {key}.{ext} of one sample; rename one"
-            )
-        members.append((ext, path))
-        groups[key] = (members, total + size)
+            if need_image:
+                for ext, _ in members:
+                    if ext in IMAGE_EXTENSIONS:
+                        break
+                else:
+                    self.left_out += 1
+                    continue
+            rows.append((key, tuple(members) if len(members) == 1 else tuple(sorted(members)), cls))
+            sizes.append(size)
 
     def _list_imagefolder(self) -> None:
         with os.scandir(self.root) as it:
@@ -168,15 +211,17 @@ class FolderSource(Source):
             )
         if not self.classes:
             raise ValueError(f"{self.root} has no class folders (an ImageFolder's sub-folders)")
+        add = self._add
         for cls, name in enumerate(self.classes):
             groups: dict = {}
-            for rel, fname, size in self._walk(os.path.join(self.root, name)):
+            for rel, fname, size in self._walk(os.path.join(self.root, name), name):
                 stem, dot, ext = fname.rpartition(".")
                 if not dot or not stem:
                     stem, ext = fname, "bin"
-                key = f"{rel}/{stem.replace('.', '_')}"
-                self._group(groups, key, ext.lower(), f"{rel}/{fname}", size)
-            self._add_groups(groups, cls, need_image=True)
+                elif "." in stem:
+                    stem = stem.replace(".", "_")
+                add(groups, f"{rel}/{stem}", ext.lower(), f"{rel}/{fname}", size)
+            self._add_rows(groups, cls, need_image=True)
         if not self.rows:
             raise ValueError(f"no images in the class folders of {self.root}")
 
@@ -187,38 +232,39 @@ class FolderSource(Source):
             if not dot or not ext:
                 ext = "bin"
             key = f"{rel}/{stem}" if rel else stem
-            self._group(groups, key, ext, f"{rel}/{fname}" if rel else fname, size)
+            self._add(groups, key, ext, f"{rel}/{fname}" if rel else fname, size)
         for key in groups:
             row_key(key, 0)  # names readers could not group are refused here, not mid-way
-        self._add_groups(groups, -1, need_image=False)
+        self._add_rows(groups, -1, need_image=False)
         if not self.rows:
             raise ValueError(f"no files in {self.root}")
 
     def count(self) -> int:
         return len(self.rows)
 
-    def sizes(self) -> list[int]:
-        return self._sizes
+    def sizes(self) -> list[int] | None:
+        return self._sizes if self.measured else None
 
     def identity(self) -> dict:
         import hashlib
 
         h = hashlib.sha256()
         for (key, members, cls), size in zip(self.rows, self._sizes):
-            h.update(json.dumps([key, members, cls, size]).encode())
-        return {"kind": self.kind, "rows": len(self.rows), "listing": h.hexdigest()}
+            h.update(f"{key}\t{members}\t{cls}\t{size}\n".encode())
+        return {
+            "kind": self.kind,
+            "rows": len(self.rows),
+            "listing": h.hexdigest(),
+            "sizes": self.measured,
+        }
 
     def meta(self) -> dict:
         return {"classes": list(self.classes)} if self.kind == "imagefolder" else {}
 
     def samples(self, start: int, stop: int) -> Iterator[Sample]:
-        root = self.root
-        join = os.path.join
+        root = self.root + "/"
         for key, members, cls in self.rows[start:stop]:
-            out = []
-            for ext, path in members:
-                with open(join(root, path), "rb") as f:
-                    out.append((ext, f.read()))
+            out = [(ext, read_file(root + path)) for ext, path in members]
             if cls >= 0:
                 out.append(("cls", str(cls).encode()))
                 out.sort()
@@ -296,8 +342,7 @@ class _TableSource(Source):
     def _read_file(self, path: str) -> bytes:
         if self.base is not None and not os.path.isabs(path):
             path = os.path.join(self.base, path)
-        with open(path, "rb") as f:
-            return f.read()
+        return read_file(path)
 
     def _table_samples(self, table, first_row: int) -> Iterator[Sample]:
         n = table.num_rows
@@ -718,9 +763,17 @@ def detect_kind(src) -> str:
 
 
 def open_source(
-    src, kind: str | None = None, *, fields=None, extensions=None, key=None, split=None
+    src,
+    kind: str | None = None,
+    *,
+    fields=None,
+    extensions=None,
+    key=None,
+    split=None,
+    sizes: bool = True,
 ) -> Source:
-    """The :class:`Source` for ``src`` (of ``kind``, or the kind :func:`detect_kind` finds)."""
+    """The :class:`Source` for ``src`` (of ``kind``, or the kind :func:`detect_kind` finds);
+    ``sizes=False``: a folder's files are not measured (shards cut by count only)."""
     if kind is None:
         kind = detect_kind(src)
     if kind not in KINDS:
@@ -731,7 +784,7 @@ def open_source(
                 "extensions= and key= are for tables (parquet, hf, jsonl); a folder's "
                 "extensions and keys come from its file names"
             )
-        return FolderSource(src, kind, fields=fields)
+        return FolderSource(src, kind, fields=fields, sizes=sizes)
     if kind == "parquet":
         return ParquetSource(src, fields=fields, extensions=extensions, key=key)
     if kind == "hf":
