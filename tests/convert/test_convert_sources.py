@@ -377,3 +377,26 @@ def test_dask_engine(tmp_path):
     )
     assert read_back(m)[1] == expected
     assert m.load_index(0).compression == "zstd"
+
+
+def test_tarshards_convert_is_callable_however_it_was_imported(tmp_path):
+    import subprocess
+    import sys
+
+    code = (
+        "import tarshards.convert.sources, tarshards\n"  # the package imported first
+        "from tarshards import convert\n"
+        "assert callable(tarshards.convert) and callable(convert)\n"
+        "assert tarshards.convert.write_parquet is tarshards.convert.parquet.write_parquet\n"
+        "import sys; m = tarshards.convert(sys.argv[1], sys.argv[2], workers=1)\n"
+        "print(m.num_samples)\n"
+    )
+    (tmp_path / "f").mkdir()
+    (tmp_path / "f" / "a.txt").write_text("a")
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "f"), str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "1", out.stderr
