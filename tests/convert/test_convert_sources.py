@@ -400,3 +400,14 @@ def test_tarshards_convert_is_callable_however_it_was_imported(tmp_path):
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
     assert out.returncode == 0 and out.stdout.strip() == "1", out.stderr
+
+
+def test_jsonl_maxsize_counts_the_files_named(tmp_path):
+    for i in range(6):
+        (tmp_path / f"{i}.bin").write_bytes(bytes(5000))
+    (tmp_path / "d.jsonl").write_text(
+        "".join(json.dumps({"blob": f"{i}.bin"}) + "\n" for i in range(6))
+    )
+    m = tarshards.convert(tmp_path / "d.jsonl", tmp_path / "o", maxsize=13_000, workers=1)
+    assert [r.samples for r in m.shards] == [2, 2, 2]
+    assert read_back(m)[1]["000004"] == {"bin": bytes(5000)}

@@ -263,9 +263,8 @@ def write_shards(
     if is_local(manifest_url):
         os.makedirs(os.path.dirname(os.path.abspath(local_path(manifest_url))), exist_ok=True)
     base = Manifest((), url=manifest_url).base
-    for u in urls[:1]:
-        if is_local(u):
-            os.makedirs(os.path.dirname(os.path.abspath(local_path(u))), exist_ok=True)
+    for folder in {os.path.dirname(os.path.abspath(local_path(u))) for u in urls if is_local(u)}:
+        os.makedirs(folder, exist_ok=True)
     index_urls = [resolve_url(index_path_for(relative_url(u, base)), base) for u in urls]
     full_meta = {**source.meta(), **(meta or {})}
     plan = _plan_record(source, bounds, urls, pattern, options, full_meta)

@@ -661,8 +661,25 @@ class JsonlSource(_TableSource):
         return len(self.offsets)
 
     def sizes(self) -> list[int]:
-        n = len(self.offsets)
-        return [self._nbytes // n] * n
+        """Each line's length plus the sizes of the files it names (a ``stat`` each)."""
+        out: list[int] = []
+        files = self.file_fields
+        with open(self.path, "rb") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                size = len(line)
+                if files:
+                    obj = self._parse(line, len(out))
+                    for name in files:
+                        value = obj.get(name)
+                        if isinstance(value, str):
+                            try:
+                                size += os.stat(self._resolve(value)).st_size
+                            except OSError:
+                                pass  # reported when the shard is written
+                out.append(size)
+        return out
 
     def identity(self) -> dict:
         st = os.stat(self.path)
