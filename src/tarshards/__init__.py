@@ -187,6 +187,11 @@ _SUBMODULES = frozenset(
 )
 
 
+# subpackages that are also called as functions: ``tarshards.convert(src, output)`` (importing
+# the package binds its module here, so the module itself is callable; see tarshards.convert)
+_CALLABLE_SUBMODULES = frozenset(["convert"])
+
+
 def __getattr__(name: str):
     if name in _LAZY_MODULES:
         value = getattr(importlib.import_module(f"tarshards.{_LAZY_MODULES[name]}"), name)
