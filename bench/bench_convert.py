@@ -50,23 +50,23 @@ sys.path.insert(0, HERE)
 PEER_PYTHON = os.path.join(HERE, ".venv", "bin", "python")
 CLASSES = 100
 SHARD_BYTES = "64MB"  # the peers' chunks
-SHARD_SAMPLES = 10_000  # ours: 10,000 samples (~57 MB of tar), cut by count (no stat per file)
+SHARD_SAMPLES = 10_000  # ours: 10,000 samples a shard (~57 MB of tar at --side 96), by count
 
 
-def make_imagefolder(n: int) -> str:
-    """``bench/_data/imagefolder-N``: ``n`` JPEGs in 100 class folders (made once)."""
+def make_imagefolder(n: int, side: int = 96) -> str:
+    """``bench/_data/imagefolder-N[-SIDE]``: ``n`` JPEGs in 100 class folders (made once)."""
     import numpy as np
 
     import common
 
-    root = os.path.join(common.DATA, f"imagefolder-{n}")
+    root = os.path.join(common.DATA, f"imagefolder-{n}" + ("" if side == 96 else f"-{side}"))
     stamp = root + ".json"
-    want = {"files": n, "classes": CLASSES, "seed": common.SEED, "size": [96, 96]}
+    want = {"files": n, "classes": CLASSES, "seed": common.SEED, "size": [side, side]}
     if common.is_made(stamp, want):
         return root
     shutil.rmtree(root, ignore_errors=True)
     rng = np.random.default_rng(common.SEED)
-    pool = common._jpeg_pool(rng, 500, (96, 96), 4.0)
+    pool = common._jpeg_pool(rng, 500, (side, side), 4.0)
     for c in range(CLASSES):
         os.makedirs(os.path.join(root, f"class{c:03d}"))
     for i in range(n):
@@ -215,6 +215,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--files", type=int, default=20_000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument(
+        "--side", type=int, default=96, help="Image width and height (96: ~4 KB JPEGs)."
+    )
     ap.add_argument("--peer-python", default=PEER_PYTHON)
     ap.add_argument("--json", metavar="PATH", help="Also write the results here.")
     ap.add_argument("--child", nargs=4, metavar=("NAME", "SRC", "OUT", "W"), help=argparse.SUPPRESS)
@@ -238,7 +241,7 @@ def main(argv=None) -> int:
     # byte-code for tarshards, as an installed package has (the peers' were compiled by pip):
     # with PYTHONDONTWRITEBYTECODE set, each worker process would compile it again
     compileall.compile_dir(os.path.join(os.path.dirname(HERE), "src", "tarshards"), quiet=1)
-    src = make_imagefolder(args.files)
+    src = make_imagefolder(args.files, args.side)
     common.warm_cache([os.path.join(d, f) for d, _, fs in os.walk(src) for f in fs])
     work = os.path.join(common.DATA, "convert-out")
     os.makedirs(work, exist_ok=True)
