@@ -300,16 +300,20 @@ def test_writer_sweeps_the_index_directory_once_not_per_shard(tmp_path, monkeypa
     assert run(tmp_path / "one", 1) == run(tmp_path / "many", 8)
 
 
-def test_meta_is_kept_and_old_manifests_load(tmp_path):
-    m = _write(tmp_path, n=10, meta={"classes": ["a", "b"]})
-    assert m.meta == {"classes": ["a", "b"]}
+def test_info_is_kept_and_old_manifests_load(tmp_path):
+    import dataclasses
+
+    written = _write(tmp_path, n=10)
+    m = dataclasses.replace(written, info={"classes": ["a", "b"]}).save(written.url)
+    assert m.info == {"classes": ["a", "b"]}
     loaded = Manifest.load(m.url)
-    assert loaded.meta == {"classes": ["a", "b"]} and loaded == m
-    # the fingerprint covers the records only: the same shards without meta, the same print
-    obj = json.loads(open(m.url).read())
-    del obj["meta"]
+    assert loaded.info == {"classes": ["a", "b"]} and loaded == m
+    # the fingerprint covers the records only: the same shards without info, the same print
+    with open(m.url) as f:
+        obj = json.load(f)
+    del obj["info"]
     plain = Manifest.from_json(obj, url=m.url)
-    assert plain.meta == {} and plain.fingerprint == m.fingerprint and plain != m
-    assert "meta" not in plain.to_json()
-    with pytest.raises(ValueError, match="meta= is stored in the manifest"):
-        ShardWriter(str(tmp_path / "x-%d.tar"), meta={"a": 1})
+    assert plain.info == {} and plain.fingerprint == m.fingerprint and plain != m
+    assert "info" not in plain.to_json() and plain == written
+    with pytest.raises(TypeError, match="info is a dict"):
+        Manifest((), info=["not", "a", "dict"])  # type: ignore[arg-type]

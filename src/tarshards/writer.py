@@ -558,8 +558,7 @@ class ShardWriter:
     ``"512MiB"``, as :func:`tarshards.format.parse_size` reads it); a single sample larger than
     ``maxsize`` gets a shard of its own. Each shard is committed atomically when complete;
     ``shards`` lists what was written and ``post(url)`` is called after each commit (with
-    ``manifest=``, once the shard's index file is saved). ``meta=`` (with ``manifest=``): a JSON
-    object stored in the manifest as its ``meta`` (class names, a description...).
+    ``manifest=``, once the shard's index file is saved).
     """
 
     def __init__(
@@ -573,7 +572,6 @@ class ShardWriter:
         post=None,
         storage_options: dict | None = None,
         manifest=None,
-        meta: dict | None = None,
         **tarwriter_options,
     ):
         if maxcount is None or maxcount < 1:
@@ -598,12 +596,10 @@ class ShardWriter:
         self.tarwriter_options = tarwriter_options
         self.manifest = None  # the Manifest, after close() with manifest=PATH
         self._manifest = None
-        if meta is not None and manifest is None:
-            raise ValueError("meta= is stored in the manifest: give manifest= too")
         if manifest is not None:  # record each shard's index and write the manifest at close
             from .manifest import ManifestRecorder
 
-            self._manifest = ManifestRecorder(manifest, storage_options=storage_options, meta=meta)
+            self._manifest = ManifestRecorder(manifest, storage_options=storage_options)
             self.tarwriter_options = dict(tarwriter_options, index=True)
         self.shards: list[ShardInfo] = []
         self._writer: TarWriter | None = None

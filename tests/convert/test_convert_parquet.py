@@ -1,8 +1,9 @@
 """Shards -> Parquet -> shards: every field of every sample byte for byte the same (the shard files
-too, written with the same sizes), the manifest's meta carried through; chosen fields; the CLI."""
+too, written with the same sizes), the manifest's info carried through; chosen fields; the CLI."""
 
 from __future__ import annotations
 
+import dataclasses
 import filecmp
 import io
 import json
@@ -51,11 +52,11 @@ def _write(tmp_path, samples, maxcount=5):
         maxcount=maxcount,
         encoder=False,
         manifest=tmp_path / "orig" / "manifest.json",
-        meta={"classes": ["a", "b", "c", "d"], "note": "test"},
     ) as w:
         for s in samples:
             w.write(s)
-    return w.manifest
+    info = {"classes": ["a", "b", "c", "d"], "note": "test"}  # what describes the data set
+    return dataclasses.replace(w.manifest, info=info).save(w.manifest.url)
 
 
 def _fields(manifest) -> list[tuple[str, dict]]:
@@ -79,7 +80,7 @@ def test_round_trip_is_byte_identical(tmp_path):
     back = tarshards.convert(tmp_path / "all.parquet", tmp_path / "back", maxcount=5, workers=1)
     expected = [(s["__key__"], {k: v for k, v in s.items() if k != "__key__"}) for s in samples]
     assert _fields(back) == _fields(orig) == expected
-    assert back.meta == {"classes": ["a", "b", "c", "d"], "note": "test"}
+    assert back.info == {"classes": ["a", "b", "c", "d"], "note": "test"}
     # the same samples in the same shards: the same files, byte for byte
     assert len(back.shards) == len(orig.shards)
     for a, b in zip(orig.shard_urls(), back.shard_urls()):

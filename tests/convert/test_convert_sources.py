@@ -1,5 +1,5 @@
 """tarshards.convert from each kind of source: counts, keys and bytes of the shards checked
-against the source; the manifest's meta (class names); the plan's checks; the engines."""
+against the source; the manifest's info (class names); the plan's checks; the engines."""
 
 from __future__ import annotations
 
@@ -88,8 +88,8 @@ def test_imagefolder(tmp_path):
     assert detect_kind(tmp_path / "train") == "imagefolder"
     m = tarshards.convert(tmp_path / "train", tmp_path / "out", maxcount=4, workers=1)
     assert isinstance(m, Manifest)
-    assert m.meta["classes"] == ["ant", "bee", "cat"]
-    assert Manifest.load(tmp_path / "out" / "manifest.json").meta["classes"] == [
+    assert m.info["classes"] == ["ant", "bee", "cat"]
+    assert Manifest.load(tmp_path / "out" / "manifest.json").info["classes"] == [
         "ant",
         "bee",
         "cat",
@@ -244,7 +244,7 @@ def _hf_dataset():
 def _check_hf(m, n):
     keys, samples = read_back(m)
     assert keys == [f"{i:06d}" for i in range(n)]
-    assert m.meta["classes"] == ["zero", "one", "two"]
+    assert m.info["classes"] == ["zero", "one", "two"]
     for i in range(n):
         s = samples[f"{i:06d}"]
         # the encoded bytes as stored; the extension from the first image's format
@@ -341,12 +341,12 @@ def test_rerun_checks_the_plan(tmp_path):
         tarshards.convert(src, tmp_path / "out", maxcount=2, workers=1)
 
 
-def test_meta_and_errors(tmp_path):
+def test_info_and_errors(tmp_path):
     src = tmp_path / "f"
     src.mkdir()
     (src / "a.txt").write_bytes(b"a")
-    m = tarshards.convert(src, tmp_path / "out", meta={"license": "CC0"}, workers=1)
-    assert Manifest.load(m.url).meta == {"license": "CC0"}
+    m = tarshards.convert(src, tmp_path / "out", info={"license": "CC0"}, workers=1)
+    assert Manifest.load(m.url).info == {"license": "CC0"}
     with pytest.raises(FileNotFoundError):
         tarshards.convert(tmp_path / "missing", tmp_path / "o")
     with pytest.raises(ValueError, match="kind must be one of"):

@@ -91,11 +91,11 @@ def _pairs(values, what: str) -> dict[str, str]:
 )
 @click.option("--aligned", is_flag=True, help="Sample-aligned compression (random access).")
 @click.option(
-    "--meta",
-    "meta",
+    "--info",
+    "info",
     multiple=True,
     metavar="KEY=JSON",
-    help="An entry of the manifest's meta (repeatable); the value is JSON, or else text.",
+    help="An entry of the manifest's info (repeatable); the value is JSON, or else text.",
 )
 @click.option(
     "--engine",
@@ -129,7 +129,7 @@ def convert_cmd(
     maxsize,
     compress,
     aligned,
-    meta,
+    info,
     engine,
     address,
     workers,
@@ -152,15 +152,15 @@ def convert_cmd(
     if address is not None and engine != "dask":
         raise click.UsageError("--address needs --engine dask")
     chosen = [f for f in fields.split(",") if f] if fields else None
-    parsed_meta = {}
-    for item in meta:
+    parsed_info = {}
+    for item in info:
         name, sep, value = item.partition("=")
         if not sep or not name:
-            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="'--meta'")
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="'--info'")
         try:
-            parsed_meta[name] = json.loads(value)
+            parsed_info[name] = json.loads(value)
         except ValueError:
-            parsed_meta[name] = value
+            parsed_info[name] = value
     srcs: list = list(src)
     to_parquet = output.lower().endswith(".parquet")
     if to_parquet:
@@ -187,7 +187,7 @@ def convert_cmd(
             maxsize=maxsize,
             compress=compress,
             aligned=aligned,
-            meta=parsed_meta or None,
+            info=parsed_info or None,
             engine=engine,
             workers=workers,
             address=address,

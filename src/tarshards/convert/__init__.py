@@ -60,7 +60,7 @@ def convert(
     compress: str | None = None,
     aligned: bool = False,
     level: int | None = None,
-    meta: dict | None = None,
+    info: dict | None = None,
     engine="processes",
     workers: int | None = None,
     address: str | None = None,
@@ -76,7 +76,7 @@ def convert(
     """Convert ``src`` into shards with a manifest and indexes, or shards into Parquet.
 
     Into shards (returns the :class:`~tarshards.manifest.Manifest`): ``src`` is an ImageFolder
-    tree (``cls`` from the class folder, the class names in the manifest's ``meta``), a folder of
+    tree (``cls`` from the class folder, the class names in the manifest's ``info``), a folder of
     files grouped by name (``a.jpg``, ``a.json``), a Parquet file, list or folder, a Hugging Face
     ``datasets.Dataset``/``DatasetDict`` or ``save_to_disk`` folder (``split=``), or a JSONL
     file whose fields name files; ``kind=`` (``imagefolder``, ``files``, ``parquet``, ``hf``,
@@ -90,8 +90,8 @@ def convert(
     Shards hold at most ``maxcount`` samples and, with ``maxsize``, about that many bytes (the
     rows then cut into shards of about equal size; a folder's files are measured for it, a
     ``stat`` each; tables give estimates); compression by suffix
-    or ``compress=``, ``aligned=True`` for sample-aligned compression, ``meta=`` added to the
-    manifest's ``meta``. Shards are written in parallel: ``engine="processes"`` with
+    or ``compress=``, ``aligned=True`` for sample-aligned compression, ``info=`` added to the
+    manifest's ``info``. Shards are written in parallel: ``engine="processes"`` with
     ``workers`` processes (one per CPU by default; ``workers=1`` writes in this process) or
     ``engine="dask"`` (``address=``/``client=``, else a local cluster), with a progress bar
     (``progress``, default: when stderr is a terminal).
@@ -143,7 +143,7 @@ def convert(
         output,
         manifest=manifest,
         options=options,
-        meta=meta,
+        info=info,
         prefix=split_name or "shard",
         engine=engine,
         workers=workers,

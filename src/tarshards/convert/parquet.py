@@ -4,7 +4,7 @@ The key is the ``__key__`` column (a string); each chosen field (extension) is a
 it: text fields (``txt``, ``json``, ``cls``... and ``*.txt``/``*.json``/``*.cls``) as strings,
 everything else (images, audio, arrays) as binary, the member's bytes as they are. A sample
 without a field has a null there. The schema's metadata (``b"tarshards"``) records the key
-column, each column's extension and the manifest's ``meta``, so ``tarshards convert`` of the file
+column, each column's extension and the manifest's ``info``, so ``tarshards convert`` of the file
 gives back shards whose members are byte for byte the same.
 """
 
@@ -61,7 +61,7 @@ def write_parquet(
     pq = pa.parquet
     if row_group_size < 1:
         raise ValueError(f"row_group_size must be >= 1, got {row_group_size!r}")
-    meta: dict = {}
+    info: dict = {}
     if is_manifest_spec(spec):
         manifest = (
             spec
@@ -69,7 +69,7 @@ def write_parquet(
             else Manifest.load(spec, storage_options=storage_options)
         )
         urls = manifest.shard_urls()
-        meta = dict(manifest.meta)
+        info = dict(manifest.info)
         if fields is None:
             found: dict[str, None] = {}
             for i in range(len(manifest.shards)):
@@ -103,7 +103,7 @@ def write_parquet(
         + [pa.field(f, pa.string() if is_text[f] else pa.binary()) for f in fields],
         metadata={
             b"tarshards": json.dumps(
-                {"key": KEY_COLUMN, "extensions": {f: f for f in fields}, "meta": meta}
+                {"key": KEY_COLUMN, "extensions": {f: f for f in fields}, "info": info}
             ).encode()
         },
     )

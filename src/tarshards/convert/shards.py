@@ -176,7 +176,7 @@ class InlineEngine:
             finished(i, job(*pairs[i]))
 
 
-def _plan_record(source: Source, bounds, urls, pattern, options: WriteOptions, meta) -> dict:
+def _plan_record(source: Source, bounds, urls, pattern, options: WriteOptions, info) -> dict:
     what = {
         "source": source.identity(),
         "bounds": bounds,
@@ -194,7 +194,7 @@ def _plan_record(source: Source, bounds, urls, pattern, options: WriteOptions, m
         "kind": source.kind,
         "rows": bounds[-1],
         "shards": len(urls),
-        "meta": meta,
+        "info": info,
     }
 
 
@@ -231,7 +231,7 @@ def write_shards(
     *,
     manifest=None,
     options: WriteOptions = WriteOptions(),
-    meta: dict | None = None,
+    info: dict | None = None,
     prefix: str = "shard",
     engine="processes",
     workers: int | None = None,
@@ -266,8 +266,8 @@ def write_shards(
     for folder in {os.path.dirname(os.path.abspath(local_path(u))) for u in urls if is_local(u)}:
         os.makedirs(folder, exist_ok=True)
     index_urls = [resolve_url(index_path_for(relative_url(u, base)), base) for u in urls]
-    full_meta = {**source.meta(), **(meta or {})}
-    plan = _plan_record(source, bounds, urls, pattern, options, full_meta)
+    full_info = {**source.info(), **(info or {})}
+    plan = _plan_record(source, bounds, urls, pattern, options, full_info)
     plan_url = manifest_url + PLAN_SUFFIX
     _check_plan(plan, plan_url, urls, overwrite, storage_options)
     with AtomicOutput(plan_url, storage_options=storage_options) as out:
@@ -295,15 +295,15 @@ def write_shards(
             f"first: {failed[0].error}",
             url=failed[0].output,
         )
-    return _assemble(urls, index_urls, bounds, manifest_url, full_meta, storage_options)
+    return _assemble(urls, index_urls, bounds, manifest_url, full_info, storage_options)
 
 
-def _assemble(urls, index_urls, bounds, manifest_url, meta, storage_options) -> Manifest:
+def _assemble(urls, index_urls, bounds, manifest_url, info, storage_options) -> Manifest:
     """The manifest from the shards' indexes (an index missing, as after a kill between a
     shard's commit and its index's, is made by reading the shard)."""
     from ..index import ShardIndex, index_url
 
-    with ManifestRecorder(manifest_url, storage_options=storage_options, meta=meta) as rec:
+    with ManifestRecorder(manifest_url, storage_options=storage_options, info=info) as rec:
         for k, (url, iurl) in enumerate(zip(urls, index_urls)):
             if _exists(iurl, storage_options):
                 idx = ShardIndex.load(iurl, storage_options=storage_options)

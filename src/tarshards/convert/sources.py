@@ -7,7 +7,7 @@ row ``i`` is the same row on every run; shard ``k`` of a conversion gets a fixed
 * ``count()``: the number of rows; ``sizes()``: each row's size in bytes (an estimate for tables;
   for folders measured only when asked, as a ``stat`` per file costs as much as listing them);
 * ``identity()``: what the conversion's fingerprint covers (names and sizes, schema, options);
-* ``meta()``: what goes into the manifest's ``meta`` (the class names of an ImageFolder);
+* ``info()``: what goes into the manifest's ``info`` (the class names of an ImageFolder);
 * ``samples(start, stop)``: ``(key, [(ext, bytes), ...])`` for the rows in ``range(start, stop)``.
 
 Sources are pickled to the worker processes (or Dask workers) that write the shards; what they
@@ -82,7 +82,7 @@ class Source:
     def identity(self) -> dict:
         raise NotImplementedError
 
-    def meta(self) -> dict:
+    def info(self) -> dict:
         return {}
 
     def samples(self, start: int, stop: int) -> Iterator[Sample]:
@@ -258,7 +258,7 @@ class FolderSource(Source):
             "sizes": self.measured,
         }
 
-    def meta(self) -> dict:
+    def info(self) -> dict:
         return {"classes": list(self.classes)} if self.kind == "imagefolder" else {}
 
     def samples(self, start: int, stop: int) -> Iterator[Sample]:
@@ -428,7 +428,7 @@ class ParquetSource(_TableSource):
         stored = {}
         if schema.metadata and b"tarshards" in schema.metadata:
             stored = json.loads(schema.metadata[b"tarshards"])
-        self.stored_meta = stored.get("meta") or {}
+        self.stored_info = stored.get("info") or {}
         first = None
         for f, groups in zip(self.files, self.groups):
             if groups and sum(groups):
@@ -452,8 +452,8 @@ class ParquetSource(_TableSource):
     def identity(self) -> dict:
         return {"kind": self.kind, "files": self.stat, "plan": self._plan_identity()}
 
-    def meta(self) -> dict:
-        return dict(self.stored_meta)
+    def info(self) -> dict:
+        return dict(self.stored_info)
 
     def samples(self, start: int, stop: int) -> Iterator[Sample]:
         pq = require_pyarrow().parquet
@@ -479,7 +479,7 @@ class HFSource(_TableSource):
     """A Hugging Face ``datasets.Dataset`` (or the folder ``save_to_disk`` wrote; with a
     ``DatasetDict``, ``split=`` chooses one). Rows are read as Arrow (no decoding): ``Image`` and
     ``Audio`` features are written as their encoded bytes, ``ClassLabel`` as ``cls`` with the
-    class names in the manifest's ``meta``."""
+    class names in the manifest's ``info``."""
 
     kind = "hf"
 
@@ -564,7 +564,7 @@ class HFSource(_TableSource):
             "plan": self._plan_identity(),
         }
 
-    def meta(self) -> dict:
+    def info(self) -> dict:
         if not self._labels:
             return {}
         if "cls" in self._labels:
