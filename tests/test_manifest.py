@@ -317,4 +317,3 @@ def test_writer_sweeps_the_index_directory_once_not_per_shard(tmp_path, monkeypa
         return listed.count(str(folder))
 
     assert run(tmp_path / "one", 1) == run(tmp_path / "many", 8)
-
