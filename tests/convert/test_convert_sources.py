@@ -411,3 +411,26 @@ def test_jsonl_maxsize_counts_the_files_named(tmp_path):
     m = tarshards.convert(tmp_path / "d.jsonl", tmp_path / "o", maxsize=13_000, workers=1)
     assert [r.samples for r in m.shards] == [2, 2, 2]
     assert read_back(m)[1]["000004"] == {"bin": bytes(5000)}
+
+
+def test_parquet_of_the_hub_image_structs(tmp_path):
+    """Hugging Face's Parquet files hold images as struct<bytes, path>: the bytes are written,
+    the extension taken from the path (or the content where the path has none)."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    images = [image_bytes(i, "PNG") for i in range(4)]
+    struct = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    table = pa.table(
+        {
+            "image": pa.array(
+                [{"bytes": b, "path": f"img{i}.png"} for i, b in enumerate(images)], struct
+            ),
+            "thumb": pa.array([{"bytes": image_bytes(i), "path": None} for i in range(4)], struct),
+        }
+    )
+    pq.write_table(table, tmp_path / "hub.parquet")
+    keys, samples = read_back(
+        tarshards.convert(tmp_path / "hub.parquet", tmp_path / "o", workers=1)
+    )
+    assert keys == [f"{i:06d}" for i in range(4)]
+    assert samples["000002"] == {"png": images[2], "jpg": image_bytes(2)}
