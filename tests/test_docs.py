@@ -126,6 +126,8 @@ OPTIONAL = (
     "boto3",
     "av",
     "soundfile",
+    "pyarrow",
+    "datasets",
 )
 MISSING = [name for name in OPTIONAL if importlib.util.find_spec(name) is None]
 _NEEDS = re.compile(

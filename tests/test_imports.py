@@ -61,6 +61,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("mixing", "indexed", "testing", "media.collate"),  # mixtures, random access, the resume check
     ("torch", "transport", "parallel", "compat", "benchmark"),  # adapters and engines
     ("curate",),  # views, dedup, sidecar columns, joins, the key table, splits, dataset specs
+    ("convert",),  # sources into shards (on the parallel engines), shards into Parquet
     ("web",),  # the data set browser (a web application over random access)
     ("cli",),  # the command line
     ("__init__",),  # the package itself, above everything

@@ -133,6 +133,25 @@ def test_wids_shardindex_is_read(tmp_path):
         w.load_index(0)
 
 
+def test_info_is_kept_and_old_manifests_load(tmp_path):
+    import dataclasses
+
+    written = _write(tmp_path, n=10)
+    m = dataclasses.replace(written, info={"classes": ["a", "b"]}).save(written.url)
+    assert m.info == {"classes": ["a", "b"]}
+    loaded = Manifest.load(m.url)
+    assert loaded.info == {"classes": ["a", "b"]} and loaded == m
+    # the fingerprint covers the records only: the same shards without info, the same print
+    with open(m.url) as f:
+        obj = json.load(f)
+    del obj["info"]
+    plain = Manifest.from_json(obj, url=m.url)
+    assert plain.info == {} and plain.fingerprint == m.fingerprint and plain != m
+    assert "info" not in plain.to_json() and plain == written
+    with pytest.raises(TypeError, match="info is a dict"):
+        Manifest((), info=["not", "a", "dict"])  # type: ignore[arg-type]
+
+
 def test_exact_len_per_rank_and_worker(tmp_path):
     m = _write(tmp_path, n=61, maxcount=7)  # 9 shards of 7, 7, ..., 5
     url = str(tmp_path / "ds" / "manifest.json")

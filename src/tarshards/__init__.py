@@ -71,6 +71,7 @@ __all__ = sorted(
         "audio",
         "batched",
         "build_manifest",
+        "convert",
         "decode",
         "decode_value",
         "default_collation_fn",
@@ -182,6 +183,7 @@ _SUBMODULES = frozenset(
         "compat",
         "composition",
         "compression",
+        "convert",
         "crop",
         "curate",
         "decoding",
@@ -218,6 +220,11 @@ _SUBMODULES = frozenset(
         "writer",
     ]
 )
+
+
+# subpackages that are also called as functions: ``tarshards.convert(src, output)`` (importing
+# the package binds its module here, so the module itself is callable; see tarshards.convert)
+_CALLABLE_SUBMODULES = frozenset(["convert"])
 
 
 def __getattr__(name: str):

@@ -7,6 +7,10 @@ A manifest is a small JSON file (``docs/format.md``)::
      "shards": [{"url": "train-000000.tar", "samples": 1000, "nbytes": 10496000,
                  "hash": "xxh3_64:9f0c...", "index": "train-000000.tar.tsidx"}, ...]}
 
+An optional ``"info"`` object carries what describes the data set as a whole (the class names
+of a converted ImageFolder, where it came from...); it is not part of the fingerprint, and
+manifests without it load as before.
+
 URLs (shards and indexes) are relative to the manifest where possible, so a data set can be
 moved or copied to a bucket as a whole. The fingerprint is a hash over the records (URL, count,
 size, hash), the identity a saved training state checks. ``Manifest.load`` also reads the
@@ -140,11 +144,13 @@ def index_path_for(shard_url: str) -> str:
 class Manifest:
     """A data set's shards with their counts, sizes and hashes (see the module docstring).
 
-    Two manifests are equal when their records are; ``url`` (where it was loaded from) and
-    the index cache do not count.
+    Two manifests are equal when their records and ``info`` are; ``url`` (where it was loaded
+    from) and the index cache do not count. ``info`` is a JSON object describing the data set
+    (``{"classes": [...]}`` for a converted ImageFolder); the fingerprint does not cover it.
     """
 
     shards: tuple[ShardRecord, ...]
+    info: dict = field(default_factory=dict)
     url: str | None = field(default=None, compare=False)
     storage_options: dict | None = field(default=None, compare=False, repr=False)
     _indexes: dict = field(default_factory=dict, compare=False, repr=False)
@@ -156,6 +162,8 @@ class Manifest:
                 raise TypeError(f"a manifest holds ShardRecords, not {type(r).__name__}")
             if r.samples < 0:
                 raise ValueError(f"negative sample count for {r.url}")
+        if not isinstance(self.info, dict):
+            raise TypeError(f"a manifest's info is a dict, not {type(self.info).__name__}")
 
     # ---- values ------------------------------------------------------------------------------
     @property
@@ -249,13 +257,16 @@ class Manifest:
 
     # ---- files -------------------------------------------------------------------------------
     def to_json(self) -> dict:
-        return {
+        out = {
             "format": MANIFEST_FORMAT,
             "version": MANIFEST_VERSION,
             "fingerprint": self.fingerprint,
             "num_samples": self.num_samples,
             "shards": [r.to_json() for r in self.shards],
         }
+        if self.info:
+            out["info"] = self.info
+        return out
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=1) + "\n"
@@ -300,7 +311,10 @@ class Manifest:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ShardFormatError(f"malformed manifest record: {exc}", url=url) from None
-        m = cls(shards, url=url, storage_options=storage_options)
+        info = obj.get("info") or {}
+        if not isinstance(info, dict):
+            raise ShardFormatError("the manifest's info is not a JSON object", url=url)
+        m = cls(shards, info=info, url=url, storage_options=storage_options)
         stored = obj.get("fingerprint")
         if stored is not None and stored != m.fingerprint:
             raise IntegrityError(
@@ -432,9 +446,10 @@ class ManifestRecorder:
     cost the writer more than the save.)
     """
 
-    def __init__(self, path, *, storage_options: dict | None = None):
+    def __init__(self, path, *, storage_options: dict | None = None, info: dict | None = None):
         self.path = os.fspath(path)
         self.storage_options = storage_options
+        self.info = dict(info or {})  # the manifest's "info" object
         self.base = _base_of(self.path)
         self.records: list[ShardRecord] = []
         self._swept: set = set()  # index directories cleared of stale temporaries
@@ -464,7 +479,12 @@ class ManifestRecorder:
         return record
 
     def manifest(self) -> Manifest:
-        return Manifest(tuple(self.records), url=self.path, storage_options=self.storage_options)
+        return Manifest(
+            tuple(self.records),
+            info=self.info,
+            url=self.path,
+            storage_options=self.storage_options,
+        )
 
     def flush(self) -> None:
         """Commit the index files still being written (each under its name; the error of one

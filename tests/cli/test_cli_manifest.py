@@ -51,6 +51,7 @@ ARGS = {
     "map": ["-q", "-c", "true", "-p", "1", "-o", "{out}-{{0000..0002}}.tar"],
     "bench": ["-q", "-n", "20", "--seconds", "0.2", "--workers", "0", "--json"],
     "index": ["-q", "-o", "{out}.json"],
+    "convert": ["-q", "-o", "{out}.parquet"],
 }
 
 

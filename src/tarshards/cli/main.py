@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str | None, str]] = {
     "bench": (None, "tarshards.cli.bench:bench_cmd"),
     "index": (None, "tarshards.cli.index:index_cmd"),
     "browse": (None, "tarshards.cli.browse:browse_cmd"),
+    "convert": (None, "tarshards.cli.convert:convert_cmd"),
 }
 
 

@@ -93,7 +93,19 @@ def _pid_alive(pid: int, start: int) -> bool:
         now = _process_start(pid)
         if now and now != start:
             return False  # the PID was reused by a younger process: the writer is gone
+    if _is_zombie(pid):
+        return False  # killed, not yet reaped (an init that does not reap): it writes no more
     return True
+
+
+def _is_zombie(pid: int) -> bool:
+    """Whether process ``pid`` has exited and awaits reaping (Linux; False when unknown)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] in (b"Z", b"X")
+    except (OSError, ValueError):
+        return False
 
 
 def _try_lock(fd: int) -> bool:
