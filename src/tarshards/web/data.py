@@ -11,7 +11,6 @@ from __future__ import annotations
 import bisect
 import collections
 import hashlib
-import importlib.util
 import io
 import json
 import os
@@ -108,14 +107,13 @@ def media_type(name: str) -> str | None:
     return AUDIO_TYPES.get(last) or VIDEO_TYPES.get(last)
 
 
-_AV: list[bool] = []
-
-
 def av_available() -> bool:
-    """Whether PyAV is installed (video posters and media durations need it)."""
-    if not _AV:
-        _AV.append(importlib.util.find_spec("av") is not None)
-    return _AV[0]
+    """Whether PyAV can be imported (video posters and probed durations need it)."""
+    try:
+        import av  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def as_text(data: bytes) -> str | None:
