@@ -88,7 +88,7 @@ def _cell(data: BrowseData, info: SampleInfo, sample: dict | None, lazy: bool = 
             out.append(_media_line(data, info, f.name, f.size))
             continue
         if kind == "audio":
-            rest.append(_media_line(data, info, f.name, f.size) + _audio(info, f.name))
+            rest.append(_media_line(data, info, f.name, f.size) + _audio(info, f.name, "none"))
             continue
         if kind == "image" and not shown_image:
             shown_image = True
@@ -149,10 +149,12 @@ def _media_line(data: BrowseData, info: SampleInfo, name: str, size: int) -> str
     )
 
 
-def _audio(info: SampleInfo, name: str) -> str:
-    """An ``<audio>`` player of the field (served by the raw-field route, with byte ranges)."""
+def _audio(info: SampleInfo, name: str, preload: str) -> str:
+    """An ``<audio>`` player of the field (served by the raw-field route, with byte ranges).
+    ``preload``: ``"none"`` in the grid (a page of players fetches nothing until one plays),
+    ``"metadata"`` on a sample page (the header: the duration shows)."""
     return (
-        f'<audio class="player" controls preload="metadata" '
+        f'<audio class="player" controls preload="{preload}" '
         f'src="/api/sample/{info.index}/{quote(name)}" '
         f'aria-label="{esc(name)} of {esc(info.key)}"></audio>'
     )
@@ -319,7 +321,7 @@ def sample_page(data: BrowseData, i, page_size: int = 48) -> str:
 def _media_preview(data: BrowseData, info: SampleInfo, name: str, size: int) -> str:
     line = _media_line(data, info, name, size)
     if field_kind(name) == "audio":
-        return line + _audio(info, name)
+        return line + _audio(info, name, "metadata")
     out = line + _poster(info, name, "full", size=640)
     if name.rsplit(".", 1)[-1].lower() in PLAYABLE_VIDEO:  # a player where Chromium plays it
         out += (

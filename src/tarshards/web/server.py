@@ -68,6 +68,7 @@ JSON = "application/json"
 MAX_PAGE_SIZE = 500
 THUMB_SIZE = 192
 THUMB_CACHE = 4096  # thumbnails kept (LRU)
+RANGE_CHUNK = 8 << 20  # the most bytes one open range (``bytes=A-``) of a field is answered
 
 
 class _Answer(Exception):
@@ -276,6 +277,8 @@ class BrowseApp:
         if span is None:
             return 200, ctype, data.field_bytes(info.index, f.name, info), headers
         start, end = span
+        if end - start > RANGE_CHUNK and wanted.strip().endswith("-"):
+            end = start + RANGE_CHUNK  # an open range of a large field: a part (the player asks on)
         body = data.field_range(info.index, f.name, start, end, info)
         return 206, ctype, body, (*headers, ("Content-Range", f"bytes {start}-{end - 1}/{f.size}"))
 
