@@ -66,3 +66,71 @@ def dataset(tmp_path_factory):
 def evil():
     """``(key, caption)``: the HTML that must show as text."""
     return EVIL_KEY, EVIL_CAPTION
+
+
+# ---- a data set of media: a short video (PyAV), tones (soundfile) -------------------------------
+MEDIA_N = 6
+VIDEO_FRAMES, VIDEO_FPS = 20, 25
+TONE_SECONDS, TONE_RATE = 0.5, 8000
+BROKEN_VIDEO = 4  # the sample whose mp4 is not a video
+
+
+def make_video(frames: int = VIDEO_FRAMES, fps: int = VIDEO_FPS) -> bytes:
+    """A 64x48 MPEG-4 video of moving noise over a gray ramp (a poster frame is not blank)."""
+    import av
+
+    pattern = np.random.default_rng(0).integers(0, 200, (48, 64, 3), np.uint8)
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="mp4") as c:
+        s = c.add_stream("mpeg4", rate=fps)
+        s.width, s.height, s.pix_fmt = 64, 48, "yuv420p"
+        s.codec_context.bit_rate = 2_000_000
+        for i in range(frames):
+            img = (np.roll(pattern, 2 * i, axis=1) + 4 * i).astype(np.uint8)
+            for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    return buf.getvalue()
+
+
+def make_tone(seconds: float = TONE_SECONDS, rate: int = TONE_RATE, fmt: str = "WAV") -> bytes:
+    import soundfile as sf
+
+    t = np.arange(int(seconds * rate)) / rate
+    buf = io.BytesIO()
+    sf.write(buf, (np.sin(2 * np.pi * 440 * t) * 0.5).astype(np.float32), rate, format=fmt)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="session")
+def media_dataset(tmp_path_factory):
+    """``(manifest path, shard spec, samples)``: 6 samples in 2 shards, each a video (sample 4's
+    is not one), a WAV tone, a FLAC tone and a caption; the manifest's indexes hold the media
+    metadata columns (``tarshards.media_meta()``: ``mp4.duration``, ``wav.rate``...)."""
+    pytest.importorskip("av", reason="the media browser tests need PyAV (pip install av)")
+    pytest.importorskip("soundfile", reason="the media browser tests need soundfile")
+    import tarshards
+
+    root = tmp_path_factory.mktemp("browse-media")
+    video, wav, flac = make_video(), make_tone(), make_tone(0.25, fmt="FLAC")
+    made = [
+        {
+            "__key__": f"clip{i:02d}",
+            "mp4": b"not a video at all" if i == BROKEN_VIDEO else video,
+            "wav": wav,
+            "flac": flac,
+            "txt": f"clip {i}".encode(),
+        }
+        for i in range(MEDIA_N)
+    ]
+    with ShardWriter(
+        str(root / "media-%04d.tar"),
+        maxcount=4,
+        manifest=str(root / "media.json"),
+        encoder=False,
+        meta=tarshards.media_meta(),
+    ) as sink:
+        for s in made:
+            sink.write(s)
+    return str(root / "media.json"), str(root / "media-{0000..0001}.tar"), made

@@ -169,3 +169,88 @@ def test_html_in_the_data_never_runs(page, server, evil):
     assert page.locator("h1.sample-key").inner_text() == evil[0]
     assert evil[1] in page.locator("main").inner_text()
     assert not page.errors
+
+
+# ---- audio and video (a data set written with PyAV and soundfile) -----------------------------
+@pytest.fixture(scope="module")
+def media_server(media_dataset):
+    with serve(media_dataset[0], page_size=6) as srv:
+        yield srv
+
+
+@pytest.fixture
+def media_page(browser, media_server):
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    pg = context.new_page()
+    blocked: list[str] = []  # Content-Security-Policy violations, as Chromium reports them
+    pg.on(
+        "console",
+        lambda m: blocked.append(m.text) if "Content Security Policy" in m.text else None,
+    )
+    pg.blocked = blocked
+    try:
+        yield pg
+    finally:
+        context.close()
+
+
+def test_media_grid_shows_posters_and_players(media_page, media_server):
+    page = media_page
+    page.goto(media_server.url)
+    posters = page.locator("img.thumb.poster")
+    assert posters.count() == 6
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('img.poster')].every(i => i.complete)"
+    )
+    widths = page.eval_on_selector_all("img.poster", "els => els.map(e => e.naturalWidth)")
+    assert widths[0] == 64 and widths[4] == 0, widths  # sample 4's mp4 is not a video
+    shot = posters.nth(0).screenshot()
+    assert _variance(shot) > 100, "the poster frame looks blank"
+    assert _variance(page.locator("header").screenshot()) < _variance(shot)
+    assert "0.80 s" in page.locator("article.cell").nth(0).inner_text()  # the duration
+    assert page.locator("audio.player").count() == 12  # preload="none": loaded when played
+    assert not page.blocked, page.blocked
+
+
+def test_media_sample_page_players_load(media_page, media_server):
+    page = media_page
+    page.goto(media_server.url + "sample/1")
+    audio = page.locator("audio.player")
+    assert audio.count() == 2
+    # Chromium loads each tone's header through the raw-field route (byte ranges)
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('audio.player')].every(a => a.readyState >= 1)",
+        timeout=10_000,
+    )
+    duration = audio.nth(1).evaluate("a => a.duration")  # the sample's second player: its wav
+    assert duration == pytest.approx(0.5, abs=0.02)
+    src = audio.nth(1).get_attribute("src")
+    # the browser's own requests for it succeeded (its Resource Timing entries)
+    statuses = page.evaluate(
+        "src => performance.getEntriesByType('resource')"
+        ".filter(e => new URL(e.name).pathname == src).map(e => e.responseStatus)",
+        src,
+    )
+    assert statuses and all(s in (200, 206) for s in statuses), statuses
+    # a range of it, as a player seeking asks (the page's CSP allows no fetch from scripts)
+    r = page.request.get(media_server.url + src.lstrip("/"), headers={"Range": "bytes=0-3"})
+    assert (r.status, r.headers["content-type"], r.body()) == (206, "audio/wav", b"RIFF")
+    assert not page.blocked, page.blocked  # media-src 'self' lets the players load
+
+
+def test_media_sample_page_poster_and_metadata_histograms(media_page, media_server):
+    page = media_page
+    page.goto(media_server.url + "sample/1")
+    page.wait_for_function("() => document.querySelector('img.full.poster').complete")
+    poster = page.locator("img.full.poster")
+    assert poster.evaluate("e => e.naturalWidth") == 64 and _variance(poster.screenshot()) > 100
+    assert page.locator("video.player").count() == 1 and page.locator("audio.player").count() == 2
+    page.goto(media_server.url + "stats")
+    titles = page.eval_on_selector_all("svg.plot > title", "els => els.map(e => e.textContent)")
+    assert "metadata: mp4.duration" in titles and "metadata: wav.rate" in titles
+    hist = page.locator("svg.plot", has=page.locator("title", has_text="metadata: mp4.duration"))
+    heights = hist.first.locator("rect.bar").evaluate_all(
+        "els => els.map(e => e.getBoundingClientRect().height)"
+    )
+    assert max(heights) > 50  # five samples of one duration: a tall bar, laid out
+    assert not page.blocked, page.blocked

@@ -47,12 +47,16 @@ def test_scatter_and_units():
 
 
 def test_field_kinds():
-    assert [field_kind(n) for n in ("jpg", "seg.png", "json", "txt", "cls", "npy", "flac")] == [
+    names = ("jpg", "seg.png", "json", "txt", "cls", "npy", "flac", "left.MP4", "opus", "mkv")
+    assert [field_kind(n) for n in names] == [
         "image",
         "image",
         "json",
         "text",
         "text",
         "binary",
-        "binary",
+        "audio",
+        "video",
+        "audio",
+        "video",
     ]

@@ -22,7 +22,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from ..errors import IntegrityError, TarshardsError
+from ..errors import IntegrityError, MissingDependencyError, TarshardsError
 from ..index import FLAG_REBUILT
 from ..images import IMAGE_EXTENSIONS
 from ..indexed import IndexedDataset
@@ -31,10 +31,14 @@ from ..specs import expand_urls
 from ..storage import filesystem, is_local, local_path, open_url
 
 __all__ = [
+    "AUDIO_TYPES",
     "BadRequest",
     "BrowseData",
     "NotFound",
+    "VIDEO_TYPES",
+    "av_available",
     "field_kind",
+    "media_type",
 ]
 
 TEXT_EXTENSIONS = frozenset(
@@ -44,6 +48,26 @@ JSON_EXTENSIONS = frozenset(("json", "jsn"))
 CLASS_FIELDS = ("cls", "class", "label", "cls2", "target")
 TEXT_LIMIT = 100_000  # characters of a text field shown on a sample page
 WHOLE_SAMPLE = 4 << 20  # a sample up to this size is read in one piece for its fields
+WHOLE_FIELD = 8 << 20  # a byte range of a field up to this size: the field read whole, checked
+# what the browser plays: the Content-Type of the raw-field route for audio and video fields
+AUDIO_TYPES = {
+    "wav": "audio/wav",
+    "flac": "audio/flac",
+    "mp3": "audio/mpeg",
+    "ogg": "audio/ogg",
+    "opus": "audio/ogg",
+    "m4a": "audio/mp4",
+}
+VIDEO_TYPES = {
+    "mp4": "video/mp4",
+    "m4v": "video/mp4",
+    "webm": "video/webm",
+    "mkv": "video/x-matroska",
+    "mov": "video/quicktime",
+    "avi": "video/x-msvideo",
+}
+PLAYABLE_VIDEO = frozenset(("mp4", "m4v", "webm"))  # containers Chromium plays in <video>
+MEDIA_INFO_CACHE = 4096  # probed media fields kept (LRU)
 _CONTROL = frozenset(chr(c) for c in range(32) if chr(c) not in "\t\n\r")
 
 
@@ -60,16 +84,36 @@ class NotFound(BadRequest):
 
 
 def field_kind(name: str) -> str:
-    """``"image"``, ``"json"``, ``"text"`` or ``"binary"`` for a field (its last extension part
-    decides: ``seg.png`` is an image)."""
+    """``"image"``, ``"audio"``, ``"video"``, ``"json"``, ``"text"`` or ``"binary"`` for a field
+    (its last extension part decides: ``seg.png`` is an image, ``left.mp4`` a video)."""
     last = name.rsplit(".", 1)[-1].lower()
     if last in IMAGE_EXTENSIONS:
         return "image"
+    if last in AUDIO_TYPES:
+        return "audio"
+    if last in VIDEO_TYPES:
+        return "video"
     if last in JSON_EXTENSIONS:
         return "json"
     if last in TEXT_EXTENSIONS:
         return "text"
     return "binary"
+
+
+def media_type(name: str) -> str | None:
+    """The Content-Type of an audio or video field (``audio/flac``, ``video/mp4``...), else
+    None."""
+    last = name.rsplit(".", 1)[-1].lower()
+    return AUDIO_TYPES.get(last) or VIDEO_TYPES.get(last)
+
+
+def av_available() -> bool:
+    """Whether PyAV can be imported (video posters and probed durations need it)."""
+    try:
+        import av  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def as_text(data: bytes) -> str | None:
@@ -225,6 +269,7 @@ class BrowseData:
         self._rows: dict[int, _ShardRows] = {}
         self._stats: dict[str, Any] = {}
         self._stats_lock = threading.Lock()
+        self._media_info: collections.OrderedDict = collections.OrderedDict()
 
     # ---- opening -----------------------------------------------------------------------------
     def _open(self, spec, index_dir, progress: bool) -> Manifest:
@@ -427,6 +472,110 @@ class BrowseData:
             )
         return data
 
+    def field_range(self, i, name: str, start: int, end: int, info: SampleInfo | None = None):
+        """Bytes ``[start, end)`` of a field (an HTTP Range request): the field read whole and
+        checked against the index's checksum up to :data:`WHOLE_FIELD` bytes, else the range
+        alone (from a plain tar shard; a range of a member cannot be checked)."""
+        if info is None or info.index != i:
+            info = self.info(i)
+        f = info.field(name)
+        if not 0 <= start <= end <= f.size:
+            raise BadRequest(f"byte range {start}-{end} outside field {name!r} ({f.size} bytes)")
+        if f.size <= WHOLE_FIELD or not self._plain(info):
+            return self.field_bytes(info.index, name, info)[start:end]
+        return self._read_range(info, f.data_offset + start, end - start)
+
+    def media_file(self, info: SampleInfo, name: str):
+        """A field's bytes as a seekable file (a context manager): the member's byte range of a
+        plain tar shard (:func:`tarshards.media.member_file`: a demuxer reads only what it
+        needs), else the field read from its sample."""
+        f = info.field(name)
+        if self._plain(info):
+            from ..media.access import member_file
+
+            return member_file(
+                info.shard_url, f.data_offset, f.size, storage_options=self.storage_options
+            )
+        return io.BytesIO(self.field_bytes(info.index, name, info))
+
+    def meta_value(self, info: SampleInfo, column: str) -> float | None:
+        """Per-sample metadata ``column`` of a sample, from its shard's index (nothing read);
+        None where the index has no such column or no value for it."""
+        arr = self.rows(info.shard).index.meta.get(column)
+        if arr is None:
+            return None
+        value = float(arr[info.position])
+        return None if value != value else value
+
+    def media_info(self, i, name: str, info: SampleInfo | None = None) -> dict:
+        """``duration`` (seconds) and the other properties of an audio or video field: from the
+        index's metadata columns (``mp4.duration``...) when it has them, else probed from the
+        member's header (PyAV; cached). ``{}`` when neither tells (no PyAV, not readable)."""
+        if info is None or info.index != i:
+            info = self.info(i)
+        f = info.field(name)
+        kind = field_kind(f.name)
+        if kind not in ("audio", "video"):
+            return {}
+        duration = self.meta_value(info, f"{f.name}.duration")
+        if duration is not None:
+            out: dict = {"duration": duration}
+            props = ("width", "height", "fps") if kind == "video" else ("rate", "channels")
+            for prop in props:
+                value = self.meta_value(info, f"{f.name}.{prop}")
+                if value is not None:
+                    out[prop] = value
+            return out
+        key = (info.index, f.name)
+        with self._lock:
+            cached = self._media_info.get(key)
+            if cached is not None:
+                self._media_info.move_to_end(key)
+                return cached
+        if not av_available():
+            return {}
+        from ..media.probe import probe
+
+        try:
+            with self.media_file(info, f.name) as fh:
+                got = probe(fh, f.name)
+        except (TarshardsError, MissingDependencyError):
+            got = {}
+        got = {k: v for k, v in got.items() if k != "start"}
+        with self._lock:
+            self._media_info[key] = got
+            while len(self._media_info) > MEDIA_INFO_CACHE:
+                self._media_info.popitem(last=False)
+        return got
+
+    def poster(self, i, name: str, size: int, info: SampleInfo | None = None) -> bytes:
+        """A video field's poster frame (its middle frame, decoded with
+        :func:`tarshards.video` from the member's byte range) as a JPEG at most ``size`` pixels
+        wide and high. :class:`~tarshards.errors.MissingDependencyError` without PyAV,
+        ValueError when the video cannot be decoded."""
+        if info is None or info.index != i:
+            info = self.info(i)
+        f = info.field(name)
+        if field_kind(f.name) != "video":
+            raise BadRequest(f"field {name!r} of sample {info.index} is not a video")
+        from ..media.probe import av_module
+        from ..media.video import VideoDecoder
+
+        av_module()  # MissingDependencyError saying how to install PyAV
+        decoder = VideoDecoder(frames=1, clip="center", output="numpy")
+        try:
+            with self.media_file(info, f.name) as fh:
+                clip = decoder.decode(fh)
+        except TarshardsError as exc:
+            raise ValueError(f"not a video PyAV decodes ({exc.reason})") from None
+        from PIL import Image
+
+        img = Image.fromarray(np.asarray(clip.frames[0]))
+        img.thumbnail((size, size))
+        buf = io.BytesIO()
+        img.convert("RGB").save(buf, "JPEG", quality=85)
+        return buf.getvalue()
+
     def page(self, page, size: int) -> tuple[int, int, range]:
         """``(page, pages, sample numbers)`` of page ``page`` (from 0) of ``size`` samples."""
         if isinstance(page, str):
@@ -526,9 +675,30 @@ class BrowseData:
                 "members_per_sample": {
                     str(k): int(v) for k, v in zip(*np.unique(mp, return_counts=True))
                 },
+                "meta": self._meta_stats(),
             }
             self._stats["index"] = out
             return out
+
+    def _meta_stats(self) -> dict:
+        """Each per-sample metadata column of the indexes (``tokens``, ``jpg.width``,
+        ``mp4.duration``...: :meth:`tarshards.Manifest.meta`): how many samples have a value,
+        min, mean, max and a histogram (no data read)."""
+        out = {}
+        for name in self.manifest.meta_columns()[:META_COLUMNS]:
+            arr = np.asarray(self.manifest.meta(name), dtype=np.float64)
+            values = arr[np.isfinite(arr)]
+            if values.size and np.all(values == np.round(values)) and np.abs(values).max() < 2**53:
+                values = values.astype(np.int64)  # counts, sizes: one bin per value when few
+            out[name] = {
+                "count": int(values.size),
+                "missing": int(arr.size - values.size),
+                "min": float(values.min()) if values.size else None,
+                "mean": float(values.mean()) if values.size else None,
+                "max": float(values.max()) if values.size else None,
+                "histogram": histogram(values),
+            }
+        return out
 
     def data_stats(self) -> dict:
         """Statistics of a sample of decoded data: ``stats_samples`` samples drawn by ``seed``
@@ -600,6 +770,7 @@ class BrowseData:
 
 
 JSON_COLUMNS = 12  # numeric keys of a JSON field plotted, at most
+META_COLUMNS = 64  # per-sample metadata columns of the index plotted, at most
 
 
 def _numbers(data: bytes, columns: dict) -> None:

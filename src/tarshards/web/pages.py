@@ -11,7 +11,16 @@ import html
 import urllib.parse
 
 from . import plots
-from .data import TEXT_LIMIT, BrowseData, SampleInfo, as_text, field_kind, pretty_json
+from .data import (
+    PLAYABLE_VIDEO,
+    TEXT_LIMIT,
+    BrowseData,
+    SampleInfo,
+    as_text,
+    av_available,
+    field_kind,
+    pretty_json,
+)
 
 __all__ = ["esc", "grid_page", "message_page", "sample_page", "search_page", "stats_page"]
 
@@ -72,6 +81,15 @@ def _cell(data: BrowseData, info: SampleInfo, sample: dict | None, lazy: bool = 
     for f in info.fields:
         kind = field_kind(f.name)
         value = None if sample is None else sample.get(f.name)
+        if kind == "video":
+            out.append(
+                f'<a href="/sample/{info.index}">{_poster(info, f.name, "thumb", lazy=lazy)}</a>'
+            )
+            out.append(_media_line(data, info, f.name, f.size))
+            continue
+        if kind == "audio":
+            rest.append(_media_line(data, info, f.name, f.size) + _audio(info, f.name, "none"))
+            continue
         if kind == "image" and not shown_image:
             shown_image = True
             out.append(
@@ -103,6 +121,58 @@ def _cell(data: BrowseData, info: SampleInfo, sample: dict | None, lazy: bool = 
     out += rest
     out.append("</article>")
     return "".join(out)
+
+
+def _duration(seconds: float) -> str:
+    """``4.00 s``, ``1:05``, ``1:02:03``."""
+    if seconds < 60:
+        return f"{seconds:.2f} s"
+    m, s = divmod(int(round(seconds)), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def _media_line(data: BrowseData, info: SampleInfo, name: str, size: int) -> str:
+    """``mp4 4.00 s, 64x48, 12 kB``: what the index (or the member's header) says."""
+    got = data.media_info(info.index, name, info)
+    bits = []
+    if got.get("duration") is not None:
+        bits.append(_duration(float(got["duration"])))
+    if got.get("width") and got.get("height"):
+        bits.append(f"{int(got['width'])}\u00d7{int(got['height'])}")
+    if got.get("rate"):
+        bits.append(f"{int(got['rate']):,} Hz")
+    bits.append(plots.human_bytes(size))
+    return (
+        f'<p class="media"><span class="field">{esc(name)}</span> '
+        f'<span class="duration">{esc(", ".join(bits))}</span></p>'
+    )
+
+
+def _audio(info: SampleInfo, name: str, preload: str) -> str:
+    """An ``<audio>`` player of the field (served by the raw-field route, with byte ranges).
+    ``preload``: ``"none"`` in the grid (a page of players fetches nothing until one plays),
+    ``"metadata"`` on a sample page (the header: the duration shows)."""
+    return (
+        f'<audio class="player" controls preload="{preload}" '
+        f'src="/api/sample/{info.index}/{quote(name)}" '
+        f'aria-label="{esc(name)} of {esc(info.key)}"></audio>'
+    )
+
+
+def _poster(info: SampleInfo, name: str, cls: str, size: int | None = None, lazy: bool = False):
+    """A video's poster frame (``/poster/I/FIELD``), or a placeholder where PyAV is missing."""
+    alt = f"{name} of {info.key}"
+    if not av_available():
+        return (
+            f'<div class="{cls} placeholder" role="img" aria-label="{esc(alt)}" '
+            'title="no poster frame: PyAV is not installed">video</div>'
+        )
+    q = "" if size is None else f"?size={size}"
+    return (
+        f'<img class="{cls} poster" {LAZY if lazy else ""}'
+        f'src="/poster/{info.index}/{quote(name)}{q}" alt="{esc(alt)}">'
+    )
 
 
 def _clip(text: str, n: int) -> str:
@@ -219,7 +289,10 @@ def sample_page(data: BrowseData, i, page_size: int = 48) -> str:
     fields = []
     for f in info.fields:
         value = None if sample is None else sample.get(f.name)
-        preview = _preview(info, f.name, f.size, value) if sample is not None else ""
+        if field_kind(f.name) in ("audio", "video"):  # read by the browser, by byte ranges
+            preview = _media_preview(data, info, f.name, f.size)
+        else:
+            preview = _preview(info, f.name, f.size, value) if sample is not None else ""
         fields.append(
             f'<section class="field" id="field-{esc(f.name)}">'
             f'<h2>{esc(f.name)}</h2><table class="facts">'
@@ -243,6 +316,19 @@ def sample_page(data: BrowseData, i, page_size: int = 48) -> str:
         + "".join(fields)
     )
     return _layout(data, f"sample {info.index}", body)
+
+
+def _media_preview(data: BrowseData, info: SampleInfo, name: str, size: int) -> str:
+    line = _media_line(data, info, name, size)
+    if field_kind(name) == "audio":
+        return line + _audio(info, name, "metadata")
+    out = line + _poster(info, name, "full", size=640)
+    if name.rsplit(".", 1)[-1].lower() in PLAYABLE_VIDEO:  # a player where Chromium plays it
+        out += (
+            f'<video class="player" controls preload="none" '
+            f'src="/api/sample/{info.index}/{quote(name)}"></video>'
+        )
+    return out
 
 
 def _preview(info: SampleInfo, name: str, size: int, value) -> str:
@@ -297,6 +383,27 @@ def stats_page(data: BrowseData) -> str:
     for name, f in st["fields"].items():
         parts.append(plots.histogram_chart(f["histogram"], f"size of {name}", unit="bytes"))
     parts.append("</div>")
+    meta = st.get("meta") or {}
+    if meta:
+        parts.append(
+            "<h3>Per-sample metadata columns (from the index)</h3>"
+            '<table class="fields"><tr><th>column</th><th>samples</th><th>missing</th>'
+            "<th>min</th><th>mean</th><th>max</th></tr>"
+            + "".join(
+                f"<tr><td>{esc(name)}</td><td>{m['count']:,}</td><td>{m['missing']:,}</td>"
+                + "".join(
+                    f"<td>{'' if m[k] is None else esc(plots.number(m[k]))}</td>"
+                    for k in ("min", "mean", "max")
+                )
+                + "</tr>"
+                for name, m in meta.items()
+            )
+            + "</table>"
+        )
+        parts.append('<div class="plots meta">')
+        for name, m in meta.items():
+            parts.append(plots.histogram_chart(m["histogram"], f"metadata: {name}"))
+        parts.append("</div>")
     ds = data.data_stats()
     parts.append(
         f"<h2>From {ds['samples_read']:,} samples read and decoded (seed {ds['seed']})</h2>"

@@ -12,7 +12,7 @@ import html
 import math
 from typing import Sequence
 
-__all__ = ["bar_chart", "histogram_chart", "human_bytes", "scatter"]
+__all__ = ["bar_chart", "histogram_chart", "human_bytes", "number", "scatter"]
 
 W, H = 560, 220  # the plot's box
 ML, MR, MT, MB = 56, 12, 24, 42  # margins: left (y ticks), right, top (title), bottom (x ticks)
@@ -36,6 +36,11 @@ def _number(x: float) -> str:
     if float(x).is_integer() and abs(x) < 1e6:
         return str(int(x))
     return f"{x:.3g}"
+
+
+def number(x: float) -> str:
+    """A number shown short: ``12``, ``0.333``, ``1.5e+07``."""
+    return _number(float(x))
 
 
 def _open(title: str, kind: str) -> list[str]:

@@ -8,16 +8,19 @@ Routes (``GET`` and ``HEAD``; every other method is answered 405)::
     /search?q=PREFIX       the samples whose key starts with PREFIX (&page=N)
     /stats                 statistics: from the index, and from a sample of decoded data
     /thumb/I/FIELD         an image field as a JPEG thumbnail (?size=PIXELS, 16..1024)
+    /poster/I/FIELD        a video field's poster frame (its middle frame) as a JPEG (?size=)
     /static/NAME           the packaged assets (style.css, favicon.svg), by name only
     /api/info              the data set: samples, shards, fingerprint
     /api/sample/I          sample I as JSON (key, fields with sizes and checksums, shard, offset)
-    /api/sample/I/FIELD    the field's raw bytes (as a download)
+    /api/sample/I/FIELD    the field's raw bytes: audio and video with their media type, inline,
+                           and byte ranges (``Range: bytes=A-B``: 206) so a player can seek;
+                           other fields as a download
     /api/page?page=N&size=M, /api/search?q=PREFIX&start=S&limit=L, /api/stats
 
 Safety: no request reaches the file system (the assets are read from the package by a fixed
 table of names); a path with a ``.``/``..`` segment, a backslash or a NUL, encoded or not (up to
 three times), is answered 400. Every answer carries a strict Content-Security-Policy (no scripts,
-styles and images from this server only, no framing), ``nosniff`` and no referrer. Bound to a
+styles, images and media from this server only, no framing), ``nosniff`` and no referrer. Bound to a
 loopback address it answers only requests whose ``Host`` names it (a page elsewhere cannot reach it
 through DNS rebinding). Bad input (a sample out of range, an unknown field, a bad number) gets a
 4xx with a one-line reason: plain text, or ``{"error": ...}`` under ``/api/``.
@@ -37,14 +40,15 @@ import warnings
 from importlib import resources
 from typing import Any, Callable
 
-from ..errors import TarshardsError, TarshardsWarning
+from ..errors import MissingDependencyError, TarshardsError, TarshardsWarning
 from . import pages
-from .data import BadRequest, BrowseData, field_kind, thumbnail
+from .data import BadRequest, BrowseData, field_kind, media_type, thumbnail
 
 __all__ = ["BrowseServer", "CSP", "is_loopback", "serve"]
 
 CSP = (
-    "default-src 'none'; img-src 'self'; style-src 'self'; form-action 'self'; "
+    "default-src 'none'; img-src 'self'; media-src 'self'; style-src 'self'; "
+    "form-action 'self'; "
     "base-uri 'none'; frame-ancestors 'none'"
 )
 SECURITY_HEADERS = (
@@ -64,6 +68,7 @@ JSON = "application/json"
 MAX_PAGE_SIZE = 500
 THUMB_SIZE = 192
 THUMB_CACHE = 4096  # thumbnails kept (LRU)
+RANGE_CHUNK = 8 << 20  # the most bytes one open range (``bytes=A-``) of a field is answered
 
 
 class _Answer(Exception):
@@ -113,6 +118,36 @@ def _int_param(query: dict, name: str, default: int, lo: int, hi: int) -> int:
     return value
 
 
+def parse_range(header: str, size: int) -> tuple[int, int] | None:
+    """``(start, end)`` (end exclusive) of a ``Range: bytes=...`` header over ``size`` bytes;
+    None where the header is to be ignored (another unit, several ranges, a malformed one: the
+    whole answer is sent, as RFC 9110 allows); 416 where the range is not satisfiable."""
+    unit, _, spec = header.strip().partition("=")
+    if unit.strip().lower() != "bytes" or "," in spec:
+        return None
+    first, dash, last = spec.strip().partition("-")
+    first, last = first.strip(), last.strip()
+    if not dash or not (first or last) or not (first + last).isdigit() or len(first + last) > 36:
+        return None
+    unsatisfiable = _Answer(
+        416,
+        f"range {spec.strip()[:60]} not satisfiable ({size} bytes)",
+        (("Content-Range", f"bytes */{size}"),),
+    )
+    if not first:  # the last N bytes
+        n = int(last)
+        if n == 0 or size == 0:
+            raise unsatisfiable
+        return max(0, size - n), size
+    start = int(first)
+    end = size if not last else int(last) + 1
+    if last and end <= start:
+        return None  # invalid (last < first): ignored
+    if start >= size:
+        raise unsatisfiable
+    return start, min(end, size)
+
+
 class BrowseApp:
     """Requests to answers: ``answer(path, query) -> (status, content type, body, headers)``
     (no sockets here; :class:`BrowseServer` serves it)."""
@@ -126,7 +161,11 @@ class BrowseApp:
         self._thumb_lock = threading.Lock()
         self._assets: dict[str, bytes] = {}
 
-    def answer(self, raw_path: str, raw_query: str) -> tuple[int, str, bytes, tuple]:
+    def answer(
+        self, raw_path: str, raw_query: str, request_headers=None
+    ) -> tuple[int, str, bytes, tuple]:
+        """``request_headers`` (a mapping, optional): the request's, for ``Range`` and
+        ``If-Range`` on the raw-field route."""
         _check_path(raw_path)
         if not raw_path.startswith("/"):
             raise _Answer(400, "the request target must be a path")
@@ -136,7 +175,7 @@ class BrowseApp:
         }
         head, rest = parts[0], parts[1:]
         if head == "api":
-            return self._api(rest, query)
+            return self._api(rest, query, request_headers or {})
         if head == "" and not rest:
             size = _int_param(query, "size", self.page_size, 1, MAX_PAGE_SIZE)
             return self._html(pages.grid_page(self.data, query.get("page", "0") or "0", size))
@@ -154,6 +193,9 @@ class BrowseApp:
         if head == "thumb" and len(rest) == 2:
             size = _int_param(query, "size", THUMB_SIZE, 16, 1024)
             return self._thumb(rest[0], rest[1], size)
+        if head == "poster" and len(rest) == 2:
+            size = _int_param(query, "size", THUMB_SIZE, 16, 1024)
+            return self._poster(rest[0], rest[1], size)
         if head == "static" and len(rest) == 1:
             return self._asset(rest[0])
         raise _Answer(404, f"no such page: {raw_path[:100]}")
@@ -185,6 +227,61 @@ class BrowseApp:
                     self._thumbs.popitem(last=False)
         return 200, "image/jpeg", body, (("Cache-Control", "private, max-age=600"),)
 
+    def _poster(self, i: str, name: str, size: int) -> tuple[int, str, bytes, tuple]:
+        info = self.data.info(i)
+        info.field(name)
+        if field_kind(name) != "video":
+            raise BadRequest(f"field {name!r} of sample {info.index} is not a video")
+        cache_key = (info.index, name, size, "poster")
+        with self._thumb_lock:
+            body = self._thumbs.get(cache_key)
+            if body is not None:
+                self._thumbs.move_to_end(cache_key)
+        if body is None:
+            try:
+                body = self.data.poster(info.index, name, size, info)
+            except MissingDependencyError as exc:
+                raise _Answer(501, str(exc)) from None
+            except ValueError as exc:
+                raise _Answer(422, f"field {name!r} of sample {info.index}: {exc}") from None
+            with self._thumb_lock:
+                self._thumbs[cache_key] = body
+                while len(self._thumbs) > THUMB_CACHE:
+                    self._thumbs.popitem(last=False)
+        return 200, "image/jpeg", body, (("Cache-Control", "private, max-age=600"),)
+
+    def _raw_field(self, i: str, name: str, req) -> tuple[int, str, bytes, tuple]:
+        """The field's bytes: audio and video inline with their media type and byte ranges
+        (206), the others as a download (``application/octet-stream``)."""
+        data = self.data
+        info = data.info(i)
+        f = info.field(name)
+        filename = "".join(c if c.isalnum() or c in "._-" else "_" for c in f.member)[-200:]
+        ctype = media_type(f.name)
+        etag = f'"{f.checksum.replace(":", "-")}"'
+        headers: tuple = (
+            (
+                "Content-Disposition",
+                f'{"inline" if ctype else "attachment"}; filename="{filename}"',
+            ),
+            ("Cache-Control", "no-cache"),
+            ("Accept-Ranges", "bytes"),
+            ("ETag", etag),
+        )
+        ctype = ctype or "application/octet-stream"
+        wanted = req.get("Range")
+        if_range = req.get("If-Range")
+        span = None
+        if wanted is not None and (if_range is None or if_range.strip() == etag):
+            span = parse_range(wanted, f.size)
+        if span is None:
+            return 200, ctype, data.field_bytes(info.index, f.name, info), headers
+        start, end = span
+        if end - start > RANGE_CHUNK and wanted.strip().endswith("-"):
+            end = start + RANGE_CHUNK  # an open range of a large field: a part (the player asks on)
+        body = data.field_range(info.index, f.name, start, end, info)
+        return 206, ctype, body, (*headers, ("Content-Range", f"bytes {start}-{end - 1}/{f.size}"))
+
     def _asset(self, name: str) -> tuple[int, str, bytes, tuple]:
         ctype = ASSETS.get(name)
         if ctype is None:
@@ -196,7 +293,7 @@ class BrowseApp:
         return 200, ctype, body, (("Cache-Control", "max-age=3600"),)
 
     # ---- the JSON API ------------------------------------------------------------------------
-    def _api(self, rest: list[str], query: dict) -> tuple[int, str, bytes, tuple]:
+    def _api(self, rest: list[str], query: dict, request_headers) -> tuple[int, str, bytes, tuple]:
         data = self.data
         obj: Any
         if rest == ["info"]:
@@ -211,19 +308,7 @@ class BrowseApp:
         elif len(rest) == 2 and rest[0] == "sample":
             obj = data.info(rest[1]).to_json()
         elif len(rest) == 3 and rest[0] == "sample":
-            info = data.info(rest[1])
-            f = info.field(rest[2])
-            body = data.field_bytes(info.index, f.name)
-            filename = "".join(c if c.isalnum() or c in "._-" else "_" for c in f.member)[-200:]
-            return (
-                200,
-                "application/octet-stream",
-                body,
-                (
-                    ("Content-Disposition", f'attachment; filename="{filename}"'),
-                    ("Cache-Control", "no-store"),
-                ),
-            )
+            return self._raw_field(rest[1], rest[2], request_headers)
         elif rest == ["page"]:
             size = _int_param(query, "size", self.page_size, 1, MAX_PAGE_SIZE)
             page, pages_, indices = data.page(query.get("page", "0") or "0", size)
@@ -305,7 +390,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         t0 = time.perf_counter()
         try:
             self._check_host()
-            status, ctype, payload, headers = app.answer(raw_path, raw_query)
+            status, ctype, payload, headers = app.answer(raw_path, raw_query, self.headers)
         except _Answer as a:
             status, ctype, payload, headers = self._error(a.status, a.reason, api, a.headers)
         except BadRequest as exc:
