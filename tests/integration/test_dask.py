@@ -314,6 +314,12 @@ def test_convert_on_ray_equals_processes(tmp_path, ray_local):
     assert len(want.shards) == 5 and want.meta("words")[:3].tolist() == [1.0, 2.0, 3.0]
     assert got.meta("jpg.width").tolist() == [32.0] * 23
     assert _tree(out) == _tree(tmp_path / "p")  # shards, indexes, manifest and plan
+    kept = os.stat(out / "shard-000000.tar.zst").st_ino
+    for name in ("shard-000002.tar.zst", "shard-000004.tar.zst.tsidx", "manifest.json"):
+        os.remove(out / name)  # as if killed: a rerun on Ray writes only what is missing
+    tarshards.convert(src, out, engine="ray", workers=2, meta=meta, **kw)
+    assert _tree(out) == _tree(tmp_path / "p")
+    assert os.stat(out / "shard-000000.tar.zst").st_ino == kept
     shutil.rmtree(out)
     args = ["convert", "-q", str(src), "-o", str(out), "-c", "5", "-z", "zst", "--aligned"]
     res = CliRunner().invoke(group, [*args, "--media", "--engine", "ray", "-p", "2"])
