@@ -542,7 +542,7 @@ class _HashingSink(io.RawIOBase):
             raw.flush()
 
 
-def _meta_functions(meta) -> list:
+def meta_functions(meta) -> list:
     """``ShardWriter(meta=...)`` as ``[(name or None, fn)]``: a dict ``{name: fn(sample)}``, a
     function ``fn(sample) -> {name: value}`` (``tarshards.media_meta()``), or a list of them."""
     if meta is None:
@@ -562,7 +562,20 @@ def _meta_functions(meta) -> list:
     return out
 
 
-def _meta_table(rows: list[dict]) -> dict:
+def meta_row(meta: list, sample: dict) -> dict:
+    """The metadata of one sample: each function of ``meta`` (as :func:`meta_functions` gives
+    them) applied to it; ``None`` from a named function is no value."""
+    row: dict = {}
+    for name, fn in meta:
+        got = fn(sample)
+        if name is None:
+            row.update(got)
+        elif got is not None:
+            row[name] = got
+    return row
+
+
+def meta_table(rows: list[dict]) -> dict:
     """Per-sample dicts -> columns (NaN where a sample has no value)."""
     names: dict[str, None] = {}
     for r in rows:
@@ -653,7 +666,7 @@ class ShardWriter:
             self.tarwriter_options = dict(tarwriter_options, index=True)
         # per-sample metadata columns for the index: {name: fn(sample) -> number}, or
         # fn(sample) -> {name: number}, or a list of them
-        self._meta = _meta_functions(meta)
+        self._meta = meta_functions(meta)
         if self._meta and manifest is None:
             raise ValueError("meta= is stored with the shards' indexes: pass manifest= too")
         self._meta_rows: list[dict] = []
@@ -690,7 +703,7 @@ class ShardWriter:
         info = ShardInfo(w.name, w.count, w.size, time.monotonic() - self._started)
         rows, self._meta_rows = self._meta_rows, []
         if w.index is not None and self._meta:
-            w.index = w.index.with_meta(_meta_table(rows))
+            w.index = w.index.with_meta(meta_table(rows))
         if w.index is not None:
             info.extra["hash"] = w.index.hash
             info.extra["nbytes"] = w.index.nbytes
@@ -717,14 +730,7 @@ class ShardWriter:
             self._open_next()
         self.total += 1
         if self._meta:
-            row: dict = {}
-            for name, fn in self._meta:
-                got = fn(sample)
-                if name is None:
-                    row.update(got)
-                elif got is not None:
-                    row[name] = got
-            self._meta_rows.append(row)
+            self._meta_rows.append(meta_row(self._meta, sample))
         return self._writer.write_members(members, sample["__key__"])
 
     def close(self) -> None:

@@ -374,9 +374,13 @@ def test_dask_engine(tmp_path):
         aligned=True,
         engine="dask",
         workers=2,
+        meta={"jpg_bytes": lambda s: len(s["jpg"]) if "jpg" in s else None},  # on the workers
     )
-    assert read_back(m)[1] == expected
+    keys, got = read_back(m)
+    assert got == expected
     assert m.load_index(0).compression == "zstd"
+    want = [len(expected[k]["jpg"]) if "jpg" in expected[k] else np.nan for k in keys]
+    np.testing.assert_array_equal(m.meta("jpg_bytes"), want)
 
 
 def test_tarshards_convert_is_callable_however_it_was_imported(tmp_path):

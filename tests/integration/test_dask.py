@@ -13,7 +13,7 @@ import threading
 
 import pytest
 from click.testing import CliRunner
-from conftest import ShardOpener, write_shards
+from conftest import ShardOpener, make_samples, write_shards
 
 from tarshards import shard_samples
 from tarshards.errors import TarshardsWarning
@@ -280,3 +280,63 @@ def test_cluster_index_worker_killed_is_retried_and_rerun_reads_only_the_rest(
     build_manifest(paths, d / "m.json", opener=opener, **on_cluster)
     assert opener.opened() == ["shard-0001.tar", "shard-0004.tar"]
     assert _index_files(d) == want
+
+
+# ---------------------------------------------------------------------------------------------
+# conversion and the key table on Ray (the module's Ray): the processes engine's output, byte
+# for byte
+# ---------------------------------------------------------------------------------------------
+
+
+def _tree(d) -> dict:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def caption_words(sample):
+    return len(bytes(sample["txt"]).split())
+
+
+def test_convert_on_ray_equals_processes(tmp_path, ray_local):
+    import tarshards
+    from tarshards.cli.main import group
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for s in make_samples(23):
+        (src / f"{s['__key__']}.jpg").write_bytes(s["jpg"])
+        (src / f"{s['__key__']}.txt").write_bytes(b"w " * (int(s["cls"]) + 1))
+    out = tmp_path / "out"  # each run writes here (the plan names its output), then moves
+    kw = dict(maxcount=5, compress="zst", aligned=True)
+    meta = [{"words": caption_words}, tarshards.media_meta()]
+    want = tarshards.convert(src, out, engine="processes", workers=2, meta=meta, **kw)
+    out.rename(tmp_path / "p")
+    got = tarshards.convert(src, out, engine="ray", workers=2, meta=meta, **kw)
+    assert len(want.shards) == 5 and want.meta("words")[:3].tolist() == [1.0, 2.0, 3.0]
+    assert got.meta("jpg.width").tolist() == [32.0] * 23
+    assert _tree(out) == _tree(tmp_path / "p")  # shards, indexes, manifest and plan
+    kept = os.stat(out / "shard-000000.tar.zst").st_ino
+    for name in ("shard-000002.tar.zst", "shard-000004.tar.zst.tsidx", "manifest.json"):
+        os.remove(out / name)  # as if killed: a rerun on Ray writes only what is missing
+    tarshards.convert(src, out, engine="ray", workers=2, meta=meta, **kw)
+    assert _tree(out) == _tree(tmp_path / "p")
+    assert os.stat(out / "shard-000000.tar.zst").st_ino == kept
+    shutil.rmtree(out)
+    args = ["convert", "-q", str(src), "-o", str(out), "-c", "5", "-z", "zst", "--aligned"]
+    res = CliRunner().invoke(group, [*args, "--media", "--engine", "ray", "-p", "2"])
+    assert res.exit_code == 0, res.output
+    out.rename(tmp_path / "c")
+    tarshards.convert(src, out, workers=2, meta=tarshards.media_meta(), **kw)
+    assert _tree(out) == _tree(tmp_path / "c")
+    assert Manifest.load(str(out / "manifest.json")).meta_columns() == ["jpg.height", "jpg.width"]
+
+
+def test_keyindex_on_ray_equals_processes(tmp_path, ray_local, indexed_locally):
+    from tarshards import KeyIndex
+
+    src, _ = indexed_locally
+    kw = dict(workers=2, group_keys=PER_SHARD * 2)  # 3 groups of 2 shards: 3 tasks
+    want = KeyIndex.build(src / "m.json", tmp_path / "p.keys", engine="processes", **kw)
+    got = KeyIndex.build(src / "m.json", tmp_path / "r.keys", engine="ray", **kw)
+    assert len(got) == len(want) == 6 * PER_SHARD
+    assert _tree(tmp_path / "r.keys") == _tree(tmp_path / "p.keys")
+    assert got.locate("sample000037") == (3, 7)

@@ -19,6 +19,7 @@ Examples:
   tarshards convert data/*.parquet -o shards/ --ext image=jpg --key id
   tarshards convert hf_saved/ --split train -o shards/train      # datasets' save_to_disk
   tarshards convert captions.jsonl -o shards/ --engine dask --address tcp://sched:8786
+  tarshards convert imagenet/train -o shards/train --media --engine ray --address auto
   tarshards convert shards/manifest.json -o train.parquet -f jpg,cls
 """
 
@@ -98,13 +99,25 @@ def _pairs(values, what: str) -> dict[str, str]:
     help="An entry of the manifest's info (repeatable); the value is JSON, or else text.",
 )
 @click.option(
+    "--media",
+    is_flag=True,
+    help="Also record media metadata columns in the indexes (jpg.width, jpg.height, "
+    "mp4.duration, flac.rate...; headers only, nothing decoded), for Manifest.meta and "
+    "tarshards browse.",
+)
+@click.option(
     "--engine",
-    type=click.Choice(["processes", "dask"]),
+    type=click.Choice(["processes", "dask", "ray"]),
     default="processes",
     show_default=True,
-    help="Local worker processes, or a Dask cluster.",
+    help="Local worker processes, a Dask cluster, or a Ray cluster.",
 )
-@click.option("--address", metavar="URL", help="Dask scheduler (default: a local cluster).")
+@click.option(
+    "--address",
+    metavar="URL",
+    help="Dask scheduler (tcp://host:8786) or Ray address (auto, ray://host:10001); default: a "
+    "local cluster.",
+)
 @click.option(
     "-p",
     "--workers",
@@ -130,6 +143,7 @@ def convert_cmd(
     compress,
     aligned,
     info,
+    media,
     engine,
     address,
     workers,
@@ -149,8 +163,8 @@ def convert_cmd(
     from ..convert import convert
     from ..specs import expand_urls
 
-    if address is not None and engine != "dask":
-        raise click.UsageError("--address needs --engine dask")
+    if address is not None and engine not in ("dask", "ray"):
+        raise click.UsageError("--address needs --engine dask or --engine ray")
     chosen = [f for f in fields.split(",") if f] if fields else None
     parsed_info = {}
     for item in info:
@@ -171,6 +185,13 @@ def convert_cmd(
         source = srcs
     else:
         raise click.UsageError("several SRC are Parquet files; other sources are one path")
+    if media and to_parquet:
+        raise click.UsageError("--media records metadata in shards' indexes, not in Parquet")
+    meta = None
+    if media:
+        from ..media import media_meta
+
+        meta = media_meta()
     if not to_parquet and isinstance(source, str) and not os.path.exists(source):
         raise click.BadParameter(f"no such file or folder: {source}", param_hint="SRC")
     try:
@@ -188,6 +209,7 @@ def convert_cmd(
             compress=compress,
             aligned=aligned,
             info=parsed_info or None,
+            meta=meta,
             engine=engine,
             workers=workers,
             address=address,

@@ -61,6 +61,7 @@ def convert(
     aligned: bool = False,
     level: int | None = None,
     info: dict | None = None,
+    meta=None,
     engine="processes",
     workers: int | None = None,
     address: str | None = None,
@@ -91,10 +92,15 @@ def convert(
     rows then cut into shards of about equal size; a folder's files are measured for it, a
     ``stat`` each; tables give estimates); compression by suffix
     or ``compress=``, ``aligned=True`` for sample-aligned compression, ``info=`` added to the
-    manifest's ``info``. Shards are written in parallel: ``engine="processes"`` with
-    ``workers`` processes (one per CPU by default; ``workers=1`` writes in this process) or
-    ``engine="dask"`` (``address=``/``client=``, else a local cluster), with a progress bar
-    (``progress``, default: when stderr is a terminal).
+    manifest's ``info``. ``meta=`` records per-sample metadata columns in the shards' indexes,
+    as ``ShardWriter(meta=)`` does (``{"tokens": fn}``, or :func:`tarshards.media_meta` for
+    image sizes and media durations; each function gets the sample before decoding,
+    ``{"__key__": key, ext: bytes}``): :meth:`Manifest.meta` reads them. Shards are written in
+    parallel: ``engine="processes"`` with ``workers`` processes (one per CPU by default;
+    ``workers=1`` writes in this process), ``engine="dask"`` (``address=``/``client=``, else a
+    local cluster) or ``engine="ray"`` (the Ray this process is connected to, the one at
+    ``address=``, else a local one of ``workers`` CPUs), with a progress bar (``progress``,
+    default: when stderr is a terminal).
 
     Resumable: rows go to shards by a fixed plan, each shard is committed atomically, and a
     rerun after a kill writes only the missing shards (``overwrite=True`` writes them all).
@@ -108,6 +114,8 @@ def convert(
             raise ValueError("give kind= or from_=, not both")
         kind = from_
     if _is_parquet_output(output):
+        if meta is not None:
+            raise ValueError("meta= is for the indexes of shards, not for Parquet output")
         if kind not in (None, "shards"):
             raise ValueError(f"Parquet output is made from shards, not from kind={kind!r}")
         if kind is None and not _names_shards(src):
@@ -153,6 +161,7 @@ def convert(
         overwrite=overwrite,
         progress=progress,
         storage_options=storage_options,
+        meta=meta,
     )
 
 

@@ -6,12 +6,14 @@ estimates for tables), so shard ``k`` holds a fixed range of rows. The plan's fi
 source's listing, the member plan, the ranges, the output's names and compression) is saved
 beside the manifest (``MANIFEST.convert``) before anything is written.
 
-Each shard is one job, run on the processes or Dask engine of :mod:`tarshards.parallel` (or in
-this process, with one worker): it writes its rows with a :class:`~tarshards.writer.TarWriter`
-to a temporary name, commits it under its final name when complete, and saves its index beside
-it. A rerun after a kill finds the plan, checks that it is the same, skips the shards that exist
-and writes the others; temporaries of dead writers are removed. Then the manifest is assembled
-from the shards' indexes, each checked to hold its planned number of samples.
+Each shard is one job, run on the processes, Dask or Ray engine of :mod:`tarshards.parallel`
+(or in this process, with one worker): it writes its rows with a
+:class:`~tarshards.writer.TarWriter` to a temporary name, commits it under its final name when
+complete, and saves its index beside it (with ``meta=``, the per-sample metadata columns
+computed from the rows it wrote). A rerun after a kill finds the plan, checks that it is the
+same, skips the shards that exist and writes the others; temporaries of dead writers are
+removed. Then the manifest is assembled from the shards' indexes, each checked to hold its
+planned number of samples.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from ..format import parse_size
 from ..manifest import Manifest, ManifestRecorder, index_path_for, relative_url, resolve_url
 from ..parallel import FAILED, map_shard_files
 from ..storage import AtomicOutput, filesystem, is_local, local_path, open_url
-from ..writer import TarWriter, shard_name
+from ..writer import TarWriter, meta_functions, meta_row, meta_table, shard_name
 from .sources import Source
 
 __all__ = ["WriteOptions", "assign_rows", "output_layout", "write_shards"]
@@ -135,33 +137,49 @@ class ConvertJob:
     """Write shard ``k`` of a plan: ``job(str(k), url) -> samples written`` (pickled to the
     worker processes; :func:`tarshards.parallel.map_shard_files` runs it)."""
 
-    def __init__(self, source: Source, bounds, index_urls, options: WriteOptions, storage_options):
+    def __init__(
+        self,
+        source: Source,
+        bounds,
+        index_urls,
+        options: WriteOptions,
+        storage_options,
+        meta=(),
+    ):
         self.source = source
         self.bounds = list(bounds)
         self.index_urls = list(index_urls)
         self.options = options
         self.storage_options = storage_options
+        self.meta = list(meta)  # [(name or None, fn)], as ShardWriter(meta=) takes them
 
     def __call__(self, inp: str, out: str) -> int:
         k = int(inp)
         start, stop = self.bounds[k], self.bounds[k + 1]
         opts = self.options
+        meta, rows = self.meta, []
         with TarWriter(
             out,
             encoder=False,
             compress=opts.compress,
             level=opts.level,
             aligned=opts.aligned,
-            index=self.index_urls[k],
+            # with meta, the index is saved below, once its columns are added
+            index=True if meta else self.index_urls[k],
             storage_options=self.storage_options,
         ) as sink:
             write = sink.write_members
             for key, members in self.source.samples(start, stop):
                 write([(f"{key}.{ext}", data) for ext, data in members], key)
+                if meta:
+                    rows.append(meta_row(meta, {"__key__": key, **dict(members)}))
         if sink.count != stop - start:
             raise IntegrityError(
                 f"the source gave {sink.count} rows for shard {k}, not {stop - start}", url=out
             )
+        if meta and sink.index is not None:
+            idx = sink.index.with_meta(meta_table(rows))
+            idx.save(self.index_urls[k], storage_options=self.storage_options)
         return sink.count
 
 
@@ -176,7 +194,21 @@ class InlineEngine:
             finished(i, job(*pairs[i]))
 
 
-def _plan_record(source: Source, bounds, urls, pattern, options: WriteOptions, info) -> dict:
+def _meta_names(meta) -> list[str]:
+    """What the plan records of ``meta=``: each column's name, or for a function returning
+    several, its qualified name (``tarshards.media.probe.MediaMeta``)."""
+    out = []
+    for name, fn in meta:
+        if name is None:
+            named = fn if hasattr(fn, "__qualname__") else type(fn)
+            name = f"{getattr(named, '__module__', '')}.{named.__qualname__}"
+        out.append(name)
+    return out
+
+
+def _plan_record(
+    source: Source, bounds, urls, pattern, options: WriteOptions, info, meta=()
+) -> dict:
     what = {
         "source": source.identity(),
         "bounds": bounds,
@@ -186,6 +218,8 @@ def _plan_record(source: Source, bounds, urls, pattern, options: WriteOptions, i
         "maxsize": options.maxsize,
         "aligned": options.aligned,
     }
+    if meta:  # (only then: the plans of conversions without meta= keep their fingerprint)
+        what["meta"] = _meta_names(meta)
     digest = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
     return {
         "format": PLAN_FORMAT,
@@ -241,8 +275,14 @@ def write_shards(
     overwrite: bool = False,
     progress: bool | None = None,
     storage_options: dict | None = None,
+    meta=None,
 ) -> Manifest:
-    """Write ``source`` as shards with indexes and a manifest; resumable (module docstring)."""
+    """Write ``source`` as shards with indexes and a manifest; resumable (module docstring).
+
+    ``meta``: per-sample metadata columns for the shards' indexes, as ``ShardWriter(meta=)``
+    takes them (``{"tokens": fn}``, or ``tarshards.media_meta()``), each function applied to
+    the sample as a reader gives it before decoding (``{"__key__": key, ext: bytes}``)."""
+    meta_fns = meta_functions(meta)
     pattern, manifest_url = output_layout(
         output, manifest, compress=options.compress, prefix=prefix
     )
@@ -267,13 +307,13 @@ def write_shards(
         os.makedirs(folder, exist_ok=True)
     index_urls = [resolve_url(index_path_for(relative_url(u, base)), base) for u in urls]
     full_info = {**source.info(), **(info or {})}
-    plan = _plan_record(source, bounds, urls, pattern, options, full_info)
+    plan = _plan_record(source, bounds, urls, pattern, options, full_info, meta_fns)
     plan_url = manifest_url + PLAN_SUFFIX
     _check_plan(plan, plan_url, urls, overwrite, storage_options)
     with AtomicOutput(plan_url, storage_options=storage_options) as out:
         out.stream.write((json.dumps(plan, indent=1) + "\n").encode())
 
-    job = ConvertJob(source, bounds, index_urls, options, storage_options)
+    job = ConvertJob(source, bounds, index_urls, options, storage_options, meta_fns)
     if engine == "processes" and workers == 1 and address is None and client is None:
         engine = InlineEngine()
     reports = map_shard_files(
@@ -295,22 +335,30 @@ def write_shards(
             f"first: {failed[0].error}",
             url=failed[0].output,
         )
-    return _assemble(urls, index_urls, bounds, manifest_url, full_info, storage_options)
+    return _assemble(job, urls, manifest_url, full_info)
 
 
-def _assemble(urls, index_urls, bounds, manifest_url, info, storage_options) -> Manifest:
+def _assemble(job: ConvertJob, urls, manifest_url, info) -> Manifest:
     """The manifest from the shards' indexes (an index missing, as after a kill between a
-    shard's commit and its index's, is made by reading the shard)."""
+    shard's commit and its index's, is made by reading the shard, its metadata columns from the
+    source's rows)."""
     from ..index import ShardIndex, index_url
 
+    storage_options, bounds = job.storage_options, job.bounds
     with ManifestRecorder(manifest_url, storage_options=storage_options, info=info) as rec:
-        for k, (url, iurl) in enumerate(zip(urls, index_urls)):
+        for k, (url, iurl) in enumerate(zip(urls, job.index_urls)):
+            want = bounds[k + 1] - bounds[k]
             if _exists(iurl, storage_options):
                 idx = ShardIndex.load(iurl, storage_options=storage_options)
             else:
                 idx = index_url(url, storage_options=storage_options)
+                if job.meta and idx.num_samples == want:
+                    rows = [
+                        meta_row(job.meta, {"__key__": key, **dict(members)})
+                        for key, members in job.source.samples(bounds[k], bounds[k + 1])
+                    ]
+                    idx = idx.with_meta(meta_table(rows))
                 idx.save(iurl, storage_options=storage_options)
-            want = bounds[k + 1] - bounds[k]
             if idx.num_samples != want:
                 raise IntegrityError(
                     f"the shard holds {idx.num_samples} samples; the conversion planned {want} "

@@ -25,10 +25,10 @@ about six pages (the page cache keeps what is hot; nothing is read at open).
 
 Building (:meth:`KeyIndex.build`) hashes each shard index's key blob in one C call
 (:func:`tarshards.hashing.hash_rows`) and sorts groups of consecutive shards into runs in
-parallel (the ``processes`` or ``dask`` engine of :mod:`tarshards.parallel`); a merge then
-reads the runs range by range of the hash space (the hashes are uniform, so each range holds
-about ``chunk_keys`` keys) and appends each range, sorted, to the table: memory stays at a few
-hundred MB whatever the number of keys. The table is the same, byte for byte, for any number of
+parallel (the ``processes``, ``dask`` or ``ray`` engine of :mod:`tarshards.parallel`); a merge
+then reads the runs range by range of the hash space (the hashes are uniform, so each range
+holds about ``chunk_keys`` keys) and appends each range, sorted, to the table: memory stays at a
+few hundred MB whatever the number of keys. The table is the same, byte for byte, for any number of
 workers.
 
 Two samples with the same key: ``duplicates="error"`` (the default) raises
@@ -540,6 +540,8 @@ class KeyIndex:
         *,
         engine="processes",
         workers: int | None = None,
+        address: str | None = None,
+        client=None,
         duplicates: str = "error",
         storage_options: dict | None = None,
         group_keys: int | None = None,
@@ -550,10 +552,14 @@ class KeyIndex:
         ``source``: a manifest (path, URL or :class:`~tarshards.Manifest`) whose shards have
         index files, or a shard spec whose shards have ``SHARD.tsidx`` beside them. Groups of
         consecutive shards (about ``group_keys`` keys each) are hashed and sorted on
-        ``engine`` (``"processes"``, ``"dask"`` or an engine object; ``workers`` of them, by
-        default one per CPU; one worker runs in this process; by default groups are sized to
-        give each worker four, up to 1M keys each), into a temporary folder beside ``output``;
-        the merge holds about ``chunk_keys`` keys at once. ``duplicates``: ``"error"`` or
+        ``engine`` (``"processes"``, ``"dask"``, ``"ray"`` or an engine object; ``workers`` of
+        them, by default one per CPU; one worker runs in this process; by default groups are
+        sized to give each worker four, up to 1M keys each), into a temporary folder beside
+        ``output``; the merge holds about ``chunk_keys`` keys at once. ``address``: the Dask
+        scheduler or Ray cluster (``client``: a Dask client); by default a local cluster of
+        ``workers`` is started for the job, or with Ray, the one this process is connected to is
+        used. The cluster's workers must see ``output``'s folder (a local cluster does; a remote
+        one needs a shared file system there). ``duplicates``: ``"error"`` or
         ``"first"`` (see the module docstring). An existing table at ``output`` is replaced
         when the new one is complete.
         """
@@ -584,7 +590,7 @@ class KeyIndex:
                 for g, (a, b) in enumerate(groups)
             ]
             job = _RunJob(index_urls, shard_urls, records, storage_options)
-            _run_jobs(job, pairs, engine, workers)
+            _run_jobs(job, pairs, engine, workers, address, client)
             merger = _Merger(tmp, shard_urls, duplicates)
             try:
                 merger.merge([_Run(out) for _, out in pairs], chunk_keys)
@@ -809,15 +815,15 @@ def _reopen(path, shard_urls):
     return ki
 
 
-def _run_jobs(job, pairs, engine, workers) -> None:
+def _run_jobs(job, pairs, engine, workers, address=None, client=None) -> None:
     if workers is not None and (not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers must be an int >= 1, got {workers!r}")
     failed = []
-    if engine == "processes" and (workers == 1 or len(pairs) == 1):
+    if engine == "processes" and (workers == 1 or len(pairs) == 1) and address is None:
         for inp, out in pairs:  # in this process: its errors raised as they are
             job._sort(ShardReport(inp, out))
     else:
-        eng = make_engine(engine, workers=workers)
+        eng = make_engine(engine, workers=workers, address=address, client=client)
         done: list = []
         eng.run(job, pairs, list(range(len(pairs))), lambda i, r: done.append(r))
         failed = [r for r in done if r.status == FAILED]
