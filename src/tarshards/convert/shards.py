@@ -327,6 +327,7 @@ def write_shards(
         overwrite=overwrite,
         storage_options=storage_options,
         progress=progress,
+        warn_kept=False,  # the plan check above refused a rerun with other sources or options
     )
     failed = [r for r in reports if r.status == FAILED]
     if failed:

@@ -155,12 +155,15 @@ def map_shard_files(
     progress: bool | None = None,
     client=None,
     mp_context=None,
+    warn_kept: bool = True,
 ) -> list[ShardReport]:
     """Run ``fn(input_url, output_url)`` for each pair, on the same engines as :func:`map_shards`.
 
     ``fn`` writes the output itself (use :class:`~tarshards.writer.TarWriter` so that it appears
     only when complete); it may return the number of samples written, or a dict with
-    ``samples_in`` and ``samples_out``. Existing outputs are skipped unless ``overwrite=True``.
+    ``samples_in`` and ``samples_out``. Existing outputs are skipped unless ``overwrite=True``,
+    with a warning that says so (``warn_kept=False``: a caller that checks itself that the kept
+    outputs are what its run would make, as :func:`tarshards.convert` does by its plan).
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, not {fn!r}")
@@ -181,11 +184,20 @@ def map_shard_files(
         storage_options=storage_options,
         progress=progress,
         cleanup=False,
+        warn_kept=warn_kept,
     )
 
 
 def _run_shard_jobs(
-    job, pairs, engine: Engine, *, overwrite, storage_options, progress, cleanup=True
+    job,
+    pairs,
+    engine: Engine,
+    *,
+    overwrite,
+    storage_options,
+    progress,
+    cleanup=True,
+    warn_kept=True,
 ) -> list[ShardReport]:
     """Skip the outputs that exist, run the rest on ``engine``, report every pair in order."""
     reports: list[ShardReport | None] = [None] * len(pairs)
@@ -218,7 +230,7 @@ def _run_shard_jobs(
             f"internal error: the {engine.name} engine reported {len(done)} of {len(pairs)} shards"
         )
     kept = [r for r in done if r.status == SKIPPED]
-    if kept:
+    if kept and warn_kept:
         names = ", ".join(r.output for r in kept[:3]) + (" ..." if len(kept) > 3 else "")
         warnings.warn(
             f"{len(kept)} of {len(pairs)} outputs exist already and were kept, not made again "
