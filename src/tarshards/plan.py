@@ -77,8 +77,9 @@ class ShardTable:
     ``offsets[i]`` is a sequence of the byte offsets of shard i's samples, or ``None`` when not
     known (the shard is then read from its start and samples are skipped). ``plain[i]`` says the
     shard is an uncompressed tar (offsets can be sought). :attr:`aliases` maps the other values
-    a saved state may carry for this data (the manifest's :attr:`~tarshards.manifest.Manifest.
-    checksum`, the fingerprint states saved with a manifest had before) to :attr:`fingerprint`.
+    a saved state may carry for this data to :attr:`fingerprint`: the manifest's
+    :attr:`~tarshards.manifest.Manifest.checksum`, which states saved with a manifest carried
+    before the data had one fingerprint.
     """
 
     def __init__(
@@ -101,9 +102,7 @@ class ShardTable:
             raise ValueError("the manifest's records are not these shards' counts")
         self.offsets = list(offsets) if offsets is not None else [None] * len(self.urls)
         self.plain = list(plain) if plain is not None else [not _compressed(u) for u in self.urls]
-        self.manifest = (
-            manifest if manifest is not None else Manifest.from_counts(self.urls, self.counts)
-        )
+        self._manifest = manifest  # a scan's (or a bare table's) is made when first asked for
         self.fingerprint = fingerprint or data_fingerprint(self.urls, self.counts)
         self.aliases: dict[str, str] = {}
         self._points: dict = {}  # shard -> seek_points (False: none)
@@ -128,17 +127,25 @@ class ShardTable:
         else:
             urls = manifest.shard_urls()
         table = cls(urls, [r.samples for r in manifest.shards], manifest=manifest)
-        if full.checksum != table.fingerprint:
-            table.aliases[full.checksum] = table.fingerprint
+        table.aliases[full.checksum] = table.fingerprint
         return table
+
+    @property
+    def manifest(self) -> Manifest:
+        """The record the table views: the manifest it came from, or a scan's manifest (shard
+        URLs and counts, no sizes or hashes), with the same :attr:`fingerprint`."""
+        if self._manifest is None:
+            self._manifest = Manifest.from_counts(self.urls, self.counts)
+        return self._manifest
 
     def sample_offsets(self, shard: int):
         """Byte offsets of shard ``shard``'s samples in its plain tar file, or ``None``."""
         offs = self.offsets[shard]
+        manifest = self._manifest
         if offs is None and self.plain[shard]:
             offs = False
-            if self.manifest.shards[shard].index is not None:
-                idx = self.manifest.load_index(shard)
+            if manifest is not None and manifest.shards[shard].index is not None:
+                idx = manifest.load_index(shard)
                 if getattr(idx, "compression", "none") == "none" and idx.seekable:
                     offs = idx.sample_offsets
             self.offsets[shard] = offs
@@ -151,8 +158,12 @@ class ShardTable:
         got = self._points.get(shard)
         if got is None:
             got = False
-            manifest = self.manifest
-            if not self.plain[shard] and manifest.shards[shard].index is not None:
+            manifest = self._manifest
+            if (
+                manifest is not None
+                and not self.plain[shard]
+                and manifest.shards[shard].index is not None
+            ):
                 idx = manifest.load_index(shard)
                 if idx.compression != "none" and idx.seekable:
                     got = (idx.sample_offsets, idx.tar_offsets, idx.entry, idx.sample_ends)
