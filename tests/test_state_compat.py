@@ -125,6 +125,36 @@ def test_loader_state_from_before_resumes(tmp_path, frozen, name, workers):
     assert _digests(loader) == case["next_epoch"]
 
 
+# the states were saved without a manifest; a manifest of the same shards describes the same
+# data (one fingerprint: shard names and counts), so they load and resume the same through it
+@pytest.mark.parametrize("name", ["planned-dataset", "planned-dataset-epoch1"])
+def test_state_from_before_resumes_with_a_manifest(tmp_path, frozen, name):
+    from tarshards.manifest import build_manifest
+
+    build, _, _ = CASES[name]
+    case = frozen["cases"][name]
+    build_manifest(_write(tmp_path), tmp_path / "data.json", workers=1)
+    ds = build(str(tmp_path / "data.json"))
+    assert ds.table.manifest.shards[0].hash is not None  # read from the manifest, not scanned
+    ds.load_state_dict(case["state"])
+    assert _digests(ds) == case["rest"]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_loader_state_from_before_resumes_with_a_manifest(tmp_path, frozen, workers):
+    pytest.importorskip("torch")
+    from tarshards import WebLoader
+    from tarshards.manifest import build_manifest
+
+    build, _ = LOADER_CASES["planned-loader"]
+    case = frozen["cases"]["planned-loader"]
+    build_manifest(_write(tmp_path), tmp_path / "data.json", workers=1)
+    loader = WebLoader(build(str(tmp_path / "data.json")), batch_size=None, num_workers=workers)
+    loader.load_state_dict(case["state"])
+    assert _digests(loader) == case["rest"]
+    assert _digests(loader) == case["next_epoch"]
+
+
 def test_frozen_states_are_what_today_saves(tmp_path, frozen):
     """Today's code saves the same states (keys and values) at the same cuts."""
     made = _make(tmp_path)

@@ -423,7 +423,7 @@ class DataPipeline:
         if isinstance(state, dict) and state.get("kind") == "loader":
             state = state["dataset"]
         if getattr(self, "_plan_config", None) is not None:
-            check_state(state, dict(self._plan_identity(), kind="plan"))
+            state = self._check_plan_state(state)
         else:
             check_state(state, {"kind": "stream", "seed": self.seed})
         self._live = None
@@ -484,6 +484,18 @@ class DataPipeline:
     def _plan_identity(self) -> dict:
         """What a planned pipeline's state depends on (its data, seed and plan)."""
         raise TypeError(f"{type(self).__name__} has no epoch plan (WebDataset(readers=V) has)")
+
+    def _fingerprint_aliases(self) -> dict:
+        """Other fingerprints a saved state may carry for this pipeline's data, each mapped to
+        the one :meth:`_plan_identity` has (:attr:`tarshards.plan.ShardTable.aliases`)."""
+        return {}
+
+    def _check_plan_state(self, state: dict) -> dict:
+        """``state`` checked against this planned pipeline (:class:`ResumeError` where it does
+        not fit), with the data's fingerprint in place of an alias."""
+        return check_state(
+            state, dict(self._plan_identity(), kind="plan"), aliases=self._fingerprint_aliases()
+        )
 
     def _epoch_program(self, epoch: int) -> Any:
         """The epoch's program of batches (planned pipelines)."""

@@ -12,9 +12,22 @@ of a converted ImageFolder, where it came from...); it is not part of the finger
 manifests without it load as before.
 
 URLs (shards and indexes) are relative to the manifest where possible, so a data set can be
-moved or copied to a bucket as a whole. The fingerprint is a hash over the records (URL, count,
-size, hash), the identity a saved training state checks. ``Manifest.load`` also reads the
-``shardindex.json`` that ``wids`` writes (counts only).
+moved or copied to a bucket as a whole. ``Manifest.load`` also reads the ``shardindex.json`` that
+``wids`` writes (counts only).
+
+Two hashes, for two questions:
+
+- :attr:`Manifest.fingerprint`, *which samples in which shards*: :func:`data_fingerprint` over
+  the shards' file names and sample counts, the data an epoch plan is a function of. A scan of
+  the shards without a manifest (:func:`tarshards.plan.scan_shards`, which yields a manifest
+  without hashes) gives the same value, so plans, resume states (and views, ledgers) refer to
+  the data by it whether or not a manifest exists.
+- :attr:`Manifest.checksum`, *are these the records that were written*: ``sha256:`` over the
+  records (URL, count, size, hash). The file stores it under its historical key
+  ``"fingerprint"`` and loading refuses records that do not match it; the sizes and hashes
+  check the shards themselves (``verify=True``, ``tarcheck --manifest``). Resume states saved
+  with a manifest by tarshards before the two were told apart carry this value: a pipeline
+  given the same manifest accepts it (:attr:`tarshards.plan.ShardTable.aliases`).
 
 Manifests are made while writing (``ShardWriter(..., manifest=PATH)``) or for existing shards by
 :func:`build_manifest` (the ``tarshards index`` command).
@@ -50,6 +63,7 @@ __all__ = [
     "ManifestRecorder",
     "ShardRecord",
     "build_manifest",
+    "data_fingerprint",
     "index_path_for",
     "is_manifest_spec",
     "relative_url",
@@ -81,7 +95,18 @@ class ShardRecord:
         return out
 
 
-def _fingerprint(shards: Sequence[ShardRecord]) -> str:
+def data_fingerprint(urls: Iterable[str], counts: Iterable[int]) -> str:
+    """The identity of *which samples in which shards*: sha256 (hex) over the shards' file names
+    (the last part of each URL, so a data set moved elsewhere keeps it) and sample counts, in
+    order. The one fingerprint of the data: :attr:`Manifest.fingerprint`,
+    :attr:`tarshards.plan.ShardTable.fingerprint` (a scan without a manifest gives the same
+    value) and the ``fingerprint`` of a resume state."""
+    names = [os.fspath(u).rstrip("/").rsplit("/", 1)[-1] for u in urls]
+    text = json.dumps([names, [int(c) for c in counts]], separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _checksum(shards: Sequence[ShardRecord]) -> str:
     h = hashlib.sha256()
     for r in shards:
         h.update(json.dumps([r.url, r.samples, r.nbytes, r.hash], separators=(",", ":")).encode())
@@ -168,12 +193,33 @@ class Manifest:
     # ---- values ------------------------------------------------------------------------------
     @property
     def fingerprint(self) -> str:
-        """``sha256:HEX`` over the records (URL as written, count, size, hash)."""
+        """The data's identity: :func:`data_fingerprint` of the shards' names and sample counts
+        (the same as a scan of the shards gives; sizes and hashes do not count)."""
         fp = self.__dict__.get("_fp")
         if fp is None:
-            fp = _fingerprint(self.shards)
+            fp = data_fingerprint((r.url for r in self.shards), (r.samples for r in self.shards))
             object.__setattr__(self, "_fp", fp)
         return fp
+
+    @property
+    def checksum(self) -> str:
+        """``sha256:HEX`` over the records (URL as written, count, size, hash): the integrity
+        check the file stores under ``"fingerprint"`` (and what this property was called before
+        :attr:`fingerprint` became the data's identity)."""
+        sum_ = self.__dict__.get("_checksum")
+        if sum_ is None:
+            sum_ = _checksum(self.shards)
+            object.__setattr__(self, "_checksum", sum_)
+        return sum_
+
+    @classmethod
+    def from_counts(cls, urls: Sequence[str], counts: Sequence[int]) -> "Manifest":
+        """A manifest without sizes, hashes or indexes: what a scan of the shards knows."""
+        urls = [os.fspath(u) for u in urls]
+        counts = [int(c) for c in counts]
+        if len(urls) != len(counts):
+            raise ValueError("one count per shard")
+        return cls(tuple(ShardRecord(u, c) for u, c in zip(urls, counts)))
 
     @property
     def num_samples(self) -> int:
@@ -260,7 +306,7 @@ class Manifest:
         out = {
             "format": MANIFEST_FORMAT,
             "version": MANIFEST_VERSION,
-            "fingerprint": self.fingerprint,
+            "fingerprint": self.checksum,  # the records' checksum (its historical key)
             "num_samples": self.num_samples,
             "shards": [r.to_json() for r in self.shards],
         }
@@ -316,7 +362,7 @@ class Manifest:
             raise ShardFormatError("the manifest's info is not a JSON object", url=url)
         m = cls(shards, info=info, url=url, storage_options=storage_options)
         stored = obj.get("fingerprint")
-        if stored is not None and stored != m.fingerprint:
+        if stored is not None and stored != m.checksum:
             raise IntegrityError(
                 "the manifest's records do not match its fingerprint (edited "
                 "by hand? rebuild it with tarshards index)",

@@ -206,6 +206,12 @@ class MixedDataset(DataPipeline):
             "weights": list(self.weights),
         }
 
+    def _fingerprint_aliases(self) -> dict:
+        aliases: dict = {}
+        for src in self.sources:
+            aliases.update(src.table.aliases)
+        return aliases
+
     def _epoch_program(self, epoch: int) -> "_MixProgram":
         return _MixProgram(self, epoch)
 

@@ -305,6 +305,9 @@ class WebDataset(DataPipeline):
     def _plan_identity(self) -> dict:
         return self._plan_parts()[0].identity(self.table.fingerprint)
 
+    def _fingerprint_aliases(self) -> dict:
+        return dict(self.table.aliases)
+
     def _epoch_program(self, epoch: int) -> "PlannedProgram":
         return _SingleProgram(self, epoch)
 

@@ -28,15 +28,14 @@ from __future__ import annotations
 
 import bisect
 import functools
-import hashlib
-import json
 import os
-from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Callable, Iterator, Mapping, Sequence
 
 from ._lazy import LazyModule
 from .errors import ResumeError, TarshardsError
 from .format import group_samples
+from .manifest import Manifest, data_fingerprint
 from .shards import shard_order
 from .tario import iter_tar_batches, tar_byte_source
 
@@ -65,12 +64,22 @@ REMAINDERS = ("drop", "carry", "pad")
 
 
 class ShardTable:
-    """The shards of a data set with their sample counts, a fingerprint and (optionally) the byte
-    offset of every sample in each shard (for seeking).
+    """The per-shard view of a data set that an epoch plan reads: a
+    :class:`~tarshards.manifest.Manifest`'s shards with their sample counts and the data's one
+    fingerprint, and (optionally) the byte offset of every sample in each shard (for seeking).
+
+    A table comes from a manifest (:meth:`from_manifest`: offsets from its per-shard indexes,
+    loaded when a shard is first sought) or from a scan (:func:`scan_shards`: a manifest without
+    hashes, offsets recorded as the shards are read); both give the same :attr:`fingerprint`
+    (:func:`~tarshards.manifest.data_fingerprint` of the shards' names and counts), so a resume
+    state saved with one loads with the other. :attr:`manifest` is that record.
 
     ``offsets[i]`` is a sequence of the byte offsets of shard i's samples, or ``None`` when not
     known (the shard is then read from its start and samples are skipped). ``plain[i]`` says the
-    shard is an uncompressed tar (offsets can be sought).
+    shard is an uncompressed tar (offsets can be sought). :attr:`aliases` maps the other values
+    a saved state may carry for this data to :attr:`fingerprint`: the manifest's
+    :attr:`~tarshards.manifest.Manifest.checksum`, which states saved with a manifest carried
+    before the data had one fingerprint.
     """
 
     def __init__(
@@ -81,6 +90,7 @@ class ShardTable:
         fingerprint: str | None = None,
         offsets: Sequence | None = None,
         plain: Sequence[bool] | None = None,
+        manifest: Manifest | None = None,
     ):
         self.urls = tuple(os.fspath(u) for u in urls)
         self.counts = tuple(int(c) for c in counts)
@@ -88,28 +98,54 @@ class ShardTable:
             raise ValueError("one count per shard")
         if any(c < 0 for c in self.counts):
             raise ValueError("sample counts are non-negative")
+        if manifest is not None and [r.samples for r in manifest.shards] != list(self.counts):
+            raise ValueError("the manifest's records are not these shards' counts")
         self.offsets = list(offsets) if offsets is not None else [None] * len(self.urls)
         self.plain = list(plain) if plain is not None else [not _compressed(u) for u in self.urls]
-        self.fingerprint = fingerprint or _fingerprint(self.urls, self.counts)
-        self._manifest = None
+        self._manifest = manifest  # a scan's (or a bare table's) is made when first asked for
+        self.fingerprint = fingerprint or data_fingerprint(self.urls, self.counts)
+        self.aliases: dict[str, str] = {}
         self._points: dict = {}  # shard -> seek_points (False: none)
 
     @classmethod
-    def from_manifest(cls, manifest, urls: Sequence[str] | None = None) -> "ShardTable":
-        """Counts and fingerprint from a :class:`tarshards.manifest.Manifest`; sample offsets
-        from its per-shard indexes, loaded when a shard is first sought."""
-        urls = list(urls) if urls is not None else manifest.shard_urls()
-        table = cls(urls, [r.samples for r in manifest.shards], fingerprint=manifest.fingerprint)
-        table._manifest = manifest
+    def from_manifest(cls, manifest: Manifest, urls: Sequence[str] | None = None) -> "ShardTable":
+        """The table of ``manifest``'s shards (of those named ``urls``, found by URL, in that
+        order; by position where a URL is not among the manifest's): counts from its records,
+        sample offsets from its per-shard indexes, loaded when a shard is first sought. A state
+        saved with this manifest's :attr:`~tarshards.manifest.Manifest.checksum` as its
+        fingerprint (tarshards before the two were told apart) is accepted
+        (:attr:`aliases`)."""
+        full = manifest
+        if urls is not None:
+            urls = [os.fspath(u) for u in urls]
+            row = {u: i for i, u in enumerate(manifest.shard_urls())}
+            rows = [row.get(u) for u in urls]
+            if None not in rows and rows != list(range(len(manifest.shards))):
+                manifest = replace(
+                    manifest, shards=tuple(manifest.shards[i] for i in rows), _indexes={}
+                )
+        else:
+            urls = manifest.shard_urls()
+        table = cls(urls, [r.samples for r in manifest.shards], manifest=manifest)
+        table.aliases[full.checksum] = table.fingerprint
         return table
+
+    @property
+    def manifest(self) -> Manifest:
+        """The record the table views: the manifest it came from, or a scan's manifest (shard
+        URLs and counts, no sizes or hashes), with the same :attr:`fingerprint`."""
+        if self._manifest is None:
+            self._manifest = Manifest.from_counts(self.urls, self.counts)
+        return self._manifest
 
     def sample_offsets(self, shard: int):
         """Byte offsets of shard ``shard``'s samples in its plain tar file, or ``None``."""
         offs = self.offsets[shard]
-        if offs is None and self._manifest is not None and self.plain[shard]:
+        manifest = self._manifest
+        if offs is None and self.plain[shard]:
             offs = False
-            if self._manifest.shards[shard].index is not None:
-                idx = self._manifest.load_index(shard)
+            if manifest is not None and manifest.shards[shard].index is not None:
+                idx = manifest.load_index(shard)
                 if getattr(idx, "compression", "none") == "none" and idx.seekable:
                     offs = idx.sample_offsets
             self.offsets[shard] = offs
@@ -123,11 +159,14 @@ class ShardTable:
         if got is None:
             got = False
             manifest = self._manifest
-            if manifest is not None and not self.plain[shard]:
-                if manifest.shards[shard].index is not None:
-                    idx = manifest.load_index(shard)
-                    if idx.compression != "none" and idx.seekable:
-                        got = (idx.sample_offsets, idx.tar_offsets, idx.entry, idx.sample_ends)
+            if (
+                manifest is not None
+                and not self.plain[shard]
+                and manifest.shards[shard].index is not None
+            ):
+                idx = manifest.load_index(shard)
+                if idx.compression != "none" and idx.seekable:
+                    got = (idx.sample_offsets, idx.tar_offsets, idx.entry, idx.sample_ends)
             self._points[shard] = got
         return got or None
 
@@ -149,17 +188,13 @@ def _compressed(url: str) -> bool:
     return str(url).lower().endswith((".gz", ".tgz", ".zst", ".tzst"))
 
 
-def _fingerprint(urls, counts) -> str:
-    names = [u.rstrip("/").rsplit("/", 1)[-1] for u in urls]
-    text = json.dumps([names, list(counts)], separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def scan_shards(urls: Sequence[str], *, opener: Callable, last_dot: bool = False) -> ShardTable:
     """Read every shard once and record its sample count and sample byte offsets.
 
     This is what a manifest/index stores; without one, a resumable pipeline scans the shards when
-    it first needs the plan (once per process that builds it).
+    it first needs the plan (once per process that builds it). The table's :attr:`~ShardTable.
+    manifest` is the scan's record: a manifest without sizes and hashes, with the same
+    fingerprint as the shards' manifest (``tarshards index``) has.
     """
     counts, offsets, plain = [], [], []
     for url in urls:
@@ -357,15 +392,46 @@ class Schedule:
         return self.origin + step * self.world_size + self.rank
 
 
-def check_state(state: dict, expected: dict) -> None:
-    """Raise :class:`ResumeError` naming every field where ``state`` differs from ``expected``."""
+def check_state(state: dict, expected: dict, *, aliases: Mapping[str, str] | None = None) -> dict:
+    """Raise :class:`ResumeError` naming every field where ``state`` differs from ``expected``;
+    return the state as checked.
+
+    ``aliases`` maps other values a saved fingerprint may have for the same data to the one
+    expected (:attr:`ShardTable.aliases`: a manifest's checksum, which states saved with a
+    manifest carried before the data had one fingerprint); a state that carries one is checked,
+    and returned, with the fingerprint in its place (at the top, and in a mixture's sources).
+    """
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         got = state.get("format") if isinstance(state, dict) else type(state).__name__
         raise ResumeError(
             f"not a tarshards resume state (format {got!r}, expected {STATE_FORMAT!r})"
         )
+    if aliases:
+        state = _renamed(state, aliases)
     diffs = [
         f"{k}: saved {state.get(k)!r}, here {v!r}" for k, v in expected.items() if state.get(k) != v
     ]
     if diffs:
-        raise ResumeError("the saved state does not fit this pipeline: " + "; ".join(diffs))
+        hint = ""
+        if str(state.get("fingerprint", "")).startswith("sha256:") and expected.get(
+            "fingerprint"
+        ) != state.get("fingerprint"):
+            hint = (
+                " (the state was saved with a manifest by an earlier tarshards, whose "
+                "fingerprint was the manifest's checksum: load it into a pipeline given the "
+                "same manifest)"
+            )
+        raise ResumeError("the saved state does not fit this pipeline: " + "; ".join(diffs) + hint)
+    return state
+
+
+def _renamed(value, aliases: Mapping[str, str]):
+    """``value`` (a state: dicts, lists) with every string that is a key of ``aliases``
+    replaced by its value (checksums are ``sha256:`` and 64 hex digits: nothing else matches)."""
+    if isinstance(value, str):
+        return aliases.get(value, value)
+    if isinstance(value, dict):
+        return {k: _renamed(v, aliases) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_renamed(v, aliases) for v in value)
+    return value

@@ -47,7 +47,7 @@ from .codecs import Codec, register_array_kind, register_codec
 from .crop import register_crop_converter
 from .media.output import register_media_converter
 from .errors import ResumeError
-from .plan import STATE_FORMAT, check_state
+from .plan import STATE_FORMAT
 from .stages import collate_error, register_collation
 from .stats import Counters, LoaderStats, OnStall, clock, gathered, start_watchdog, timed_items
 from .transport import Group, Packer, Unpacker, new_token, remove_orphans
@@ -690,8 +690,7 @@ class WebLoader(DataLoader):
             )
         ds = self.dataset
         if self._planned():
-            inner = state.get("dataset")
-            check_state(inner, dict(ds._plan_identity(), kind="plan"))
+            state = dict(state, dataset=ds._check_plan_state(state.get("dataset")))
         elif state.get("dataset", {}).get("kind") == "plan":
             raise ResumeError(
                 "a planned pipeline's state loaded into a loader whose dataset "

@@ -255,6 +255,34 @@ def test_stale_manifest_refused(tmp_path):
     assert KeyIndex.open(tmp_path / "k.tski", manifest=manifest)["d"][1] == 1
 
 
+def test_same_names_and_counts_other_keys_refused(tmp_path):
+    """The data's fingerprint (names, counts) is the same; the manifest's checksum (sizes,
+    hashes) is not, and a key table is about the keys: refused."""
+    manifest = write_set(tmp_path / "d", [["a", "b"], ["c"]])
+    KeyIndex.build(manifest, tmp_path / "k.tski")
+    before = tarshards.Manifest.load(manifest)
+    write_set(tmp_path / "d", [["a", "b"], ["x"]])
+    after = tarshards.Manifest.load(manifest)
+    assert after.fingerprint == before.fingerprint and after.checksum != before.checksum
+    with pytest.raises(IntegrityError, match="another version of the data set"):
+        KeyIndex.open(tmp_path / "k.tski", manifest=manifest)
+
+
+def test_table_from_before_the_checksum_opens(tmp_path):
+    """A header written before it had ``checksum`` holds the manifest's checksum (the old
+    fingerprint) under ``fingerprint``: it opens with the same manifest, not with another."""
+    manifest = write_set(tmp_path / "d", [["a", "b"], ["c"]])
+    KeyIndex.build(manifest, tmp_path / "k.tski")
+    head = tmp_path / "k.tski" / "keyindex.json"
+    header = json.loads(head.read_text())
+    header["manifest"]["fingerprint"] = header["manifest"].pop("checksum")
+    head.write_text(json.dumps(header))
+    assert KeyIndex.open(tmp_path / "k.tski", manifest=manifest)["c"][1] == 0
+    write_set(tmp_path / "d", [["a", "b"], ["x"]])
+    with pytest.raises(IntegrityError, match="another version of the data set"):
+        KeyIndex.open(tmp_path / "k.tski", manifest=manifest)
+
+
 def test_index_not_matching_the_manifest_refused(tmp_path):
     old = tarshards.Manifest.load(write_set(tmp_path / "d", [["a", "b"], ["c"]]))
     write_set(tmp_path / "d", [["a", "b"], ["c", "d"]])  # the index of shard 1 rewritten

@@ -4,7 +4,7 @@ A :class:`KeyIndex` is a directory of flat little-endian arrays and a small JSON
 (``keyindex.json``), all of them sorted by the xxh3_64 of the key's UTF-8 bytes::
 
     keys.tski/
-      keyindex.json     format, version, count, the manifest's fingerprint and shard URLs
+      keyindex.json     format, version, count, the manifest's fingerprint, checksum, shard URLs
       hashes.u64        xxh3_64 of each key, ascending (ties: by shard, then row)
       shards.u32        the shard's number in the manifest, per key
       rows.u32          the sample's row in its shard (its position in the shard index)
@@ -36,8 +36,11 @@ Two samples with the same key: ``duplicates="error"`` (the default) raises
 ``duplicates="first"`` keeps the first in manifest order (lowest shard, then row) and records
 how many were dropped (:attr:`KeyIndex.duplicates`, the first 100 in the header).
 
-The header holds the manifest's fingerprint: :meth:`KeyIndex.open` with ``manifest=`` refuses a
-table built from another version of the data set (:class:`~tarshards.errors.IntegrityError`).
+The header holds the manifest's fingerprint (the data's identity) and checksum (over its records:
+URLs, counts, sizes and hashes): :meth:`KeyIndex.open` with ``manifest=`` refuses a table built
+from another version of the data set, even one with the same shard names and counts
+(:class:`~tarshards.errors.IntegrityError`). Tables built before the header had ``checksum``
+hold the checksum under ``fingerprint``, and are checked the same way.
 """
 
 from __future__ import annotations
@@ -660,11 +663,14 @@ class KeyIndex:
         stored = header["manifest"]
         if manifest is not None:
             m = _as_manifest(manifest, storage_options)
-            if m.fingerprint != stored["fingerprint"]:
+            # the records' checksum (keys are content: same names and counts do not suffice);
+            # a table built before the header had "checksum" holds it under "fingerprint"
+            saved = stored.get("checksum", stored["fingerprint"])
+            if m.checksum != saved:
                 raise IntegrityError(
                     f"the key index {path} was built from another version of the data set "
-                    f"(its manifest's fingerprint {stored['fingerprint']}, this one's "
-                    f"{m.fingerprint}): rebuild it with KeyIndex.build"
+                    f"(its manifest's checksum {saved}, this one's {m.checksum}): rebuild it "
+                    "with KeyIndex.build"
                 )
             shard_urls = m.shard_urls()
         else:
@@ -684,7 +690,9 @@ class KeyIndex:
 
     @property
     def fingerprint(self) -> str:
-        """The fingerprint of the manifest the table was built from."""
+        """The fingerprint of the data the table was built from
+        (:attr:`tarshards.Manifest.fingerprint`; a table built before the header had
+        ``checksum`` holds that manifest's checksum here)."""
         return self.header["manifest"]["fingerprint"]
 
     @property
@@ -854,6 +862,7 @@ def _header(manifest: Manifest, output: str, merger: _Merger, duplicates: str) -
         "duplicates": {"policy": duplicates, "count": merger.dropped, "first": merger.examples},
         "manifest": {
             "fingerprint": manifest.fingerprint,
+            "checksum": manifest.checksum,
             "url": where,
             "num_samples": manifest.num_samples,
         },
