@@ -202,6 +202,10 @@ def test_values_are_frozen(cls):
         (lambda: ReadOptions(prefetch=-1), ValueError, "prefetch"),
         (lambda: ReadOptions(prefetch_bytes=0), ValueError, "prefetch_bytes"),
         (lambda: ReadOptions(cache_dir=3), TypeError, "cache_dir"),
+        (lambda: ReadOptions(copy="no"), TypeError, "copy"),
+        (lambda: SafetyOptions(verify="yes"), TypeError, "verify"),
+        (lambda: SafetyOptions(empty_check=None), TypeError, "empty_check"),
+        (lambda: PlanOptions(readers=4, equal="yes"), TypeError, "equal"),
         (lambda: PlanOptions(readers=0), ValueError, "readers"),
         (lambda: PlanOptions(readers=2.5), TypeError, "readers"),
         (lambda: PlanOptions(readers=4, remainder="keep"), ValueError, "remainder"),
@@ -226,6 +230,8 @@ def test_numpy_integers_are_ints():
     value = PlanOptions(readers=np.int64(4), rank=np.int32(0), world_size=np.int64(2))
     assert value == PlanOptions(readers=4, rank=0, world_size=2)
     assert type(value.readers) is int
+    flags = SafetyOptions(allow_unsafe=np.bool_(True), verify=1, empty_check=0)
+    assert flags == SafetyOptions(allow_unsafe=True, verify=True, empty_check=False)
     copy = ReadOptions(storage_options={"anon": True})
     assert pickle.loads(pickle.dumps(copy)) == copy
 

@@ -63,7 +63,7 @@ def _grouped(flat: dict, **given: Any) -> tuple:
     ``readers=``, ``allow_unsafe=``...), which go into the value of their group."""
     for name in flat:
         if name not in _FLAT:
-            raise TypeError(f"WebDataset() got an unexpected keyword argument {name!r}")
+            raise TypeError(f"WebDataset.__init__() got an unexpected keyword argument {name!r}")
     values = []
     for group, cls in _GROUPS.items():
         value = given[group]

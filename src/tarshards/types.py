@@ -85,6 +85,18 @@ def _check_int(obj: Any, name: str, least: int, none: bool = False) -> None:
     object.__setattr__(obj, name, number)
 
 
+def _check_flag(obj: Any, name: str, none: bool = False) -> None:
+    """``obj.name`` as a ``bool`` (``0``/``1`` and numpy booleans too), or ``None``."""
+    value = getattr(obj, name)
+    if isinstance(value, bool) or (value is None and none):
+        return
+    numpy_bool = getattr(getattr(value, "dtype", None), "kind", "") == "b" and not value.shape
+    if numpy_bool or (isinstance(value, int) and value in (0, 1)):
+        object.__setattr__(obj, name, bool(value))
+        return
+    raise TypeError(f"{type(obj).__name__}.{name} must be True or False, not {value!r}")
+
+
 def _check_callable(owner: str, name: str, value: Any) -> None:
     if value is not None and not callable(value):
         raise TypeError(f"{owner}.{name} must be a function or None, not {type(value).__name__}")
@@ -123,6 +135,8 @@ class ReadOptions:
                 )
             object.__setattr__(self, "storage_options", dict(self.storage_options))
         _check_int(self, "retries", 0)
+        for name in ("allow_pipe", "last_dot", "copy"):
+            _check_flag(self, name)
         try:
             if self.prefetch is not None:
                 _check_int(self, "prefetch", 0)
@@ -169,6 +183,7 @@ class PlanOptions:
                 f"PlanOptions.remainder must be one of {', '.join(REMAINDERS)}, "
                 f"not {self.remainder!r}"
             )
+        _check_flag(self, "equal", none=True)
         if self.readers is None and self.equal:
             raise ValueError(
                 "equal batches per rank need the epoch plan: pass readers=V "
@@ -203,6 +218,10 @@ class SafetyOptions:
     allow_unsafe: bool = False
     verify: bool = False
     empty_check: bool = True
+
+    def __post_init__(self):
+        for name in ("allow_unsafe", "verify", "empty_check"):
+            _check_flag(self, name)
 
 
 @runtime_checkable
