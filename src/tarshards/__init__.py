@@ -50,7 +50,10 @@ __all__ = sorted(
         "Manifest",
         "MissingDependencyError",
         "PipeNotAllowedError",
+        "PlanOptions",
         "RandomResizedCrop",
+        "ReadOptions",
+        "SafetyOptions",
         "ShardCache",
         "ShardFormatError",
         "ShardIndex",
@@ -170,6 +173,7 @@ _MODULE_OF = {
     ],
     "storage": ["ShardCache", "open_url"],
     "tario": ["iter_tar"],
+    "types": ["PlanOptions", "ReadOptions", "SafetyOptions"],
     "writer": ["ShardWriter", "TarWriter"],
 }
 _LAZY_MODULES = {name: module for module, names in _MODULE_OF.items() for name in names}

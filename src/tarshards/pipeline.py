@@ -8,9 +8,10 @@ names are importable from here as before.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from . import stages as _stages
 from .composition import _DEFAULT, _PLACE, DataPipeline, _Stage, _wanted
@@ -22,16 +23,75 @@ from .plan import PlanConfig, ShardTable, plan_for, scan_shards
 from .specs import check_local_shards, expand_urls
 from .specs import is_manifest_spec as _is_manifest_spec
 from .storage import is_local, open_url
-from .types import WorkerInfo
+from .types import EpochContext, PlanOptions, ReadOptions, SafetyOptions, WorkerInfo
 
 __all__ = [
     "DataPipeline",
+    "PlanOptions",
     "PlannedProgram",
+    "ReadOptions",
+    "SafetyOptions",
     "WebDataset",
     "feed_batches",
     "iter_samples",
     "shard_samples",
 ]
+
+
+class _Auto:
+    """``decoder=``'s default: ``"rgb"`` with ``extensions=``, else no decoding."""
+
+    def __repr__(self) -> str:
+        return "<auto>"
+
+
+_AUTO: Any = _Auto()
+
+#: the option values' classes, by the name of the ``WebDataset`` parameter that takes one
+_GROUPS: dict[str, type] = {"read": ReadOptions, "plan": PlanOptions, "safety": SafetyOptions}
+#: each flat keyword of before -> the group whose value holds it
+_FLAT = {
+    name: group
+    for group, cls in _GROUPS.items()
+    for name in (f.name for f in dataclasses.fields(cls))
+}
+
+
+def _grouped(flat: dict, **given: Any) -> tuple:
+    """The (read, plan, safety) values from those ``given`` (``None``: left out) and the flat
+    keywords ``flat`` (webdataset's and tarshards' keywords of before: ``cache_dir=``,
+    ``readers=``, ``allow_unsafe=``...), which go into the value of their group."""
+    for name in flat:
+        if name not in _FLAT:
+            raise TypeError(f"WebDataset.__init__() got an unexpected keyword argument {name!r}")
+    values = []
+    for group, cls in _GROUPS.items():
+        value = given[group]
+        mine = {k: v for k, v in flat.items() if _FLAT[k] == group}
+        if value is None:
+            value = cls(**mine)
+        elif not isinstance(value, cls):
+            raise TypeError(f"{group}_options must be a {cls.__name__}, not {type(value).__name__}")
+        elif mine:
+            raise TypeError(
+                f"pass {', '.join(k + '=' for k in mine)} either in {group}_options="
+                f"{cls.__name__}(...) or as keywords, not both"
+            )
+        values.append(value)
+    return tuple(values)
+
+
+def _field(group: str, name: str) -> property:
+    """The attribute ``name`` of a dataset: a field of its ``group`` value; setting it replaces
+    the value (the values stay frozen)."""
+
+    def get(self):
+        return getattr(getattr(self, group), name)
+
+    def put(self, value):
+        setattr(self, group, dataclasses.replace(getattr(self, group), **{name: value}))
+
+    return property(get, put, doc=f"``{group}.{name}``")
 
 
 class WebDataset(DataPipeline):
@@ -49,30 +109,44 @@ class WebDataset(DataPipeline):
     ``on_error``: what a data error does: ``"raise"``, ``"skip"``, ``"warn"``, or a function
     ``exn -> bool`` (see :mod:`tarshards.on_error`); ``handler=`` is its older name and takes
     webdataset's handler functions (``warn_and_continue``...).
-    ``rank``/``world_size``: the node's place (default: from torch.distributed when initialized).
-    ``nodesplitter``/``workersplitter``: functions ``urls -> urls`` replacing the default split.
-    ``empty_check``: raise when this reader was given shards but found no sample in them.
-    ``cache_dir``/``cache_size``: keep remote shards in a local cache (size like ``"20GB"``).
-    ``retries``: reconnections per shard after a dropped connection (resumes at the offset).
+    ``manifest``: the shards' manifest (exact ``len()``, ``verify``, known offsets).
     ``decode_size=(w, h)``: with ``decoder=``, decode images at that size (fast for JPEG).
-    ``readers=V``: follow an epoch plan over ``V`` virtual readers (see
-    :mod:`tarshards.source`): exact and elastic mid-epoch resume (``state_dict()``), equal
-    batches on every rank, ``len()`` exact; ``remainder="drop"|"carry"|"pad"`` says what
-    happens to the samples that do not fill ``V x B`` (left out: ``"drop"``, with a warning
-    naming the count for each epoch that drops any); ``equal=True`` asks for it explicitly.
+
+    The other options come in three frozen values (:mod:`tarshards.types`), each field also
+    accepted as a keyword of its own (``WebDataset(urls, cache_dir=..., readers=60)`` is
+    ``WebDataset(urls, read_options=ReadOptions(cache_dir=...),
+    plan_options=PlanOptions(readers=60))``):
+
+    ``read_options``, a :class:`ReadOptions`: how shards are opened and parsed.
+    ``storage_options`` (fsspec's), ``allow_pipe`` (``pipe:`` URLs), ``retries``: reconnections
+    per shard after a dropped connection (resumes at the offset), ``last_dot``,
+    ``cache_dir``/``cache_size``: keep remote shards in a local cache (size like ``"20GB"``).
     ``prefetch``: shards opened ahead of the current one (default: 2 for remote shard lists, 0
     for local files); ``prefetch_bytes`` bounds the memory they buffer.
     ``copy=False``: zero-copy reads: the fields of local plain shards are read-only
     ``memoryview`` slices of the memory-mapped file instead of ``bytes`` copies (decoders take
     either; ``bytes(v)`` copies one out); other shards still give ``bytes``. See
     docs/performance.md.
+
+    ``plan_options``, a :class:`PlanOptions`: which shards each reader reads.
+    ``readers=V``: follow an epoch plan over ``V`` virtual readers (see
+    :mod:`tarshards.source`): exact and elastic mid-epoch resume (``state_dict()``), equal
+    batches on every rank, ``len()`` exact; ``remainder="drop"|"carry"|"pad"`` says what
+    happens to the samples that do not fill ``V x B`` (left out: ``"drop"``, with a warning
+    naming the count for each epoch that drops any); ``equal=True`` asks for it explicitly.
+    ``rank``/``world_size``: the node's place (default: from torch.distributed when initialized).
+    ``nodesplitter``/``workersplitter``: functions ``urls -> urls`` replacing the default split.
+
+    ``safety_options``, a :class:`SafetyOptions`: what is trusted and checked.
+    ``allow_unsafe``: let ``decoder=`` unpickle. ``verify``: check shards against the manifest.
+    ``empty_check``: raise when this reader was given shards but found no sample in them.
     """
 
     def __init__(
         self,
         urls,
         extensions: str | None = None,
-        decoder: Any = _DEFAULT,
+        decoder: Any = _AUTO,
         transforms: Any = None,
         shuffle: int = 0,
         *,
@@ -80,51 +154,29 @@ class WebDataset(DataPipeline):
         resampled: bool = False,
         seed: int = 0,
         on_error: OnError = "raise",
-        handler: Callable | None = None,
-        nodesplitter: Callable | None = None,
-        workersplitter: Callable | None = None,
-        empty_check: bool = True,
-        rank: int | None = None,
-        world_size: int | None = None,
-        storage_options: dict | None = None,
-        allow_pipe: bool = False,
-        cache_dir: str | None = None,
-        cache_size: float | str | None = None,
-        retries: int = 5,
-        last_dot: bool = False,
-        decode_size=None,
-        allow_unsafe: bool = False,
         manifest=None,
-        verify: bool = False,
-        prefetch: int | None = None,
-        prefetch_bytes: int = 256 << 20,
-        readers: int | None = None,
-        remainder: str | None = None,
-        equal: bool | None = None,
-        copy: bool = True,
         split: str | None = None,
+        decode_size=None,
+        read_options: ReadOptions | None = None,
+        plan_options: PlanOptions | None = None,
+        safety_options: SafetyOptions | None = None,
+        **options: Any,
     ):
+        handler = options.pop("handler", None)
+        read, plan, safety = _grouped(
+            options, read=read_options, plan=plan_options, safety=safety_options
+        )
         super().__init__(self._samples, seed=seed, on_error=on_error, handler=handler)
-        if readers is None and equal:
-            raise ValueError(
-                "equal batches per rank need the epoch plan: pass readers=V "
-                "(virtual readers, e.g. 60)"
-            )
-        if readers is not None and equal is False:
-            raise ValueError(
-                "a planned pipeline (readers=) always yields equal batches per "
-                "rank; leave readers= out for the plain shard split"
-            )
         self._plan_config = None
-        self._equal = equal
-        if readers is not None:
+        if plan.readers is not None:
             # remainder left out: "drop", with a warning for each epoch that drops samples
-            PlanConfig(readers=readers, remainder=remainder or "drop")  # checks the arguments
+            PlanConfig(readers=plan.readers, remainder=plan.remainder or "drop")  # checks them
             self._plan_config = {
-                "readers": int(readers),
-                "remainder": remainder or "drop",
-                "chosen": remainder is not None,
+                "readers": plan.readers,
+                "remainder": plan.remainder or "drop",
+                "chosen": plan.remainder is not None,
             }
+        storage_options = read.storage_options
         self._table: ShardTable | None = None
         self.manifest = None
         if manifest is None and _is_manifest_spec(urls):
@@ -139,44 +191,36 @@ class WebDataset(DataPipeline):
             self.urls = expand_urls(urls, storage_options=storage_options, split=split)
         if not self.urls:
             raise ValueError(f"the shard spec {urls!r} names no shards")
-        if verify and self.manifest is None:
+        if safety.verify and self.manifest is None:
             raise ValueError(
                 "verify=True checks shards against a manifest: pass manifest=M "
                 "(or the manifest as the URL spec)"
             )
-        self.verify = verify
         self.spec = (
             urls if urls is not None else (getattr(self.manifest, "url", None) or "<manifest>")
         )
         self.resampled = resampled
         self.shardshuffle = bool(shuffle) if shardshuffle is None else bool(shardshuffle)
-        self.nodesplitter = nodesplitter
-        self.workersplitter = workersplitter
-        self.empty_check = empty_check
-        self.rank = rank
-        self.world_size = world_size
-        self.last_dot = last_dot
-        self.storage_options = storage_options
-        self.allow_pipe = allow_pipe
-        self.retries = retries
-        self.copy = bool(copy)
-        if prefetch is None:
-            prefetch = 2 if any(_is_remote(u) for u in self.urls) else 0
-        if prefetch < 0 or prefetch_bytes < 1:
-            raise ValueError(f"bad prefetch={prefetch!r} / prefetch_bytes={prefetch_bytes!r}")
-        self.prefetch = int(prefetch)
-        self.prefetch_bytes = int(prefetch_bytes)
+        if read.prefetch is None:
+            read = dataclasses.replace(
+                read, prefetch=2 if any(_is_remote(u) for u in self.urls) else 0
+            )
+        #: how shards are opened and parsed; which shards each reader reads; what is trusted
+        #: and checked (frozen values; the flat attributes below read and replace their fields)
+        self.read_options: ReadOptions = read
+        self.plan_options: PlanOptions = plan
+        self.safety_options: SafetyOptions = safety
         self._opener = None
         self._cache = None
-        if cache_dir is not None:
+        if read.cache_dir is not None:
             from .storage import ShardCache
 
             cache = ShardCache(
-                cache_dir,
-                max_bytes=cache_size,
+                read.cache_dir,
+                max_bytes=read.cache_size,
                 storage_options=storage_options,
-                retries=retries,
-                allow_pipe=allow_pipe,
+                retries=read.retries,
+                allow_pipe=read.allow_pipe,
                 manifest=self.manifest,
             )
             self._opener = cache.open
@@ -184,11 +228,11 @@ class WebDataset(DataPipeline):
         # the seed notebook's constructor: shuffle, decode, tuple, per-element transforms
         if shuffle:
             self._append(_stages.shuffle, shuffle)
-        if decoder is _DEFAULT:
+        if decoder is _AUTO:
             decoder = "rgb" if extensions is not None else None
         if decoder is not None:
             modes = decoder if isinstance(decoder, (list, tuple)) else [decoder]
-            kw = {"allow_unsafe": allow_unsafe}
+            kw = {"allow_unsafe": safety.allow_unsafe}
             if decode_size is not None:
                 kw["size"] = decode_size
             self._append(_stages.decode, *modes, **kw)
@@ -205,6 +249,21 @@ class WebDataset(DataPipeline):
                 "transforms= applies to the elements of extensions=; with dict "
                 "samples use .map() or .map_dict()"
             )
+
+    # the flat attributes of before: fields of the option values (setting one replaces the value)
+    storage_options = _field("read_options", "storage_options")
+    allow_pipe = _field("read_options", "allow_pipe")
+    retries = _field("read_options", "retries")
+    last_dot = _field("read_options", "last_dot")
+    prefetch = _field("read_options", "prefetch")
+    prefetch_bytes = _field("read_options", "prefetch_bytes")
+    copy = _field("read_options", "copy")
+    rank = _field("plan_options", "rank")
+    world_size = _field("plan_options", "world_size")
+    nodesplitter = _field("plan_options", "nodesplitter")
+    workersplitter = _field("plan_options", "workersplitter")
+    verify = _field("safety_options", "verify")
+    empty_check = _field("safety_options", "empty_check")
 
     def worker_info(self) -> WorkerInfo:
         return _explicit_rank(super().worker_info(), self.rank, self.world_size)
@@ -234,24 +293,12 @@ class WebDataset(DataPipeline):
             if stats is not None and self._opener == getattr(self._cache, "open", None):
                 return self._opener(url, stats=stats)
             return self._opener(url)
-        return open_url(
-            url,
-            storage_options=self.storage_options,
-            allow_pipe=self.allow_pipe,
-            retries=self.retries,
-            **_watched(stats),
-        )
+        return open_url(url, options=self.read_options, **_watched(stats))
 
     def _open_range(self, url, offset: int, length: int | None, stats=None):
         """A stream of ``length`` bytes (``None``: to the end) from byte ``offset`` of a shard."""
         return open_url(
-            url,
-            offset=offset,
-            length=length,
-            storage_options=self.storage_options,
-            allow_pipe=self.allow_pipe,
-            retries=self.retries,
-            **_watched(stats),
+            url, offset=offset, length=length, options=self.read_options, **_watched(stats)
         )
 
     def _range_opener(self):
@@ -353,7 +400,7 @@ class WebDataset(DataPipeline):
             stacklevel=4,
         )
 
-    def _warn_unequal(self, ctx: dict) -> None:
+    def _warn_unequal(self, context: EpochContext) -> None:
         """Say (once, from rank 0's first worker) that the plain shard split may give the ranks
         different numbers of samples, which stalls a synchronous (DDP) step at the epoch's end:
         with a manifest, only when it does, with the counts."""
@@ -361,24 +408,24 @@ class WebDataset(DataPipeline):
 
         from .errors import TarshardsWarning
 
-        world = ctx["world_size"]
+        world, nworkers = context.worker.world_size, context.worker.num_workers
         if self.manifest is not None:
             if self.nodesplitter or self.workersplitter:  # their split is not ours to count
                 return
             counts = self.manifest.counts()
             order = shard_order(
-                self.urls, seed=ctx["seed"], epoch=ctx["epoch"], shuffle=self.shardshuffle
+                self.urls, seed=context.seed, epoch=context.epoch, shuffle=self.shardshuffle
             )
             per_rank = [
                 sum(
                     counts.get(u, 0)
-                    for w in range(ctx["num_workers"])
+                    for w in range(nworkers)
                     for u in split_shards(
                         order,
                         rank=r,
                         world_size=world,
                         worker=w,
-                        num_workers=ctx["num_workers"],
+                        num_workers=nworkers,
                         warn=False,
                     )
                 )
@@ -398,34 +445,34 @@ class WebDataset(DataPipeline):
             stacklevel=3,
         )
 
-    def shard_list(self, ctx: dict) -> Iterable[str]:
-        """The shards this reader reads in the epoch described by ``ctx``.
+    def shard_list(self, ctx: EpochContext | Mapping[str, Any]) -> Iterable[str]:
+        """The shards this reader reads in the epoch described by ``ctx``: an
+        :class:`~tarshards.types.EpochContext` (or the pipeline's context dict: ``seed``,
+        ``epoch``, ``rank``, ``world_size``, ``worker``, ``num_workers``).
 
         A ``nodesplitter``/``workersplitter`` that takes parameters named ``rank``,
         ``world_size``, ``worker``, ``num_workers`` or ``worker_info`` (as :func:`split_by_node`
         and :func:`split_by_worker` do) is given this reader's values.
         """
+        context = _epoch_context(ctx)
+        place = context.worker
         if self.resampled:
             return resampled_shards(
-                self.urls,
-                seed=ctx["seed"],
-                epoch=ctx["epoch"],
-                rank=ctx["rank"] * ctx["num_workers"] + ctx["worker"],
-                worker=0,
+                self.urls, seed=context.seed, epoch=context.epoch, rank=place.reader, worker=0
             )
         urls = shard_order(
-            self.urls, seed=ctx["seed"], epoch=ctx["epoch"], shuffle=self.shardshuffle
+            self.urls, seed=context.seed, epoch=context.epoch, shuffle=self.shardshuffle
         )
         if self.nodesplitter is not None:
-            urls = _as_urls(_call_splitter(self.nodesplitter, urls, ctx))
+            urls = _as_urls(_call_splitter(self.nodesplitter, urls, place))
         if self.workersplitter is not None:
-            urls = _as_urls(_call_splitter(self.workersplitter, urls, ctx))
+            urls = _as_urls(_call_splitter(self.workersplitter, urls, place))
         if self.nodesplitter is None or self.workersplitter is None:
             rank, world = (
-                (0, 1) if self.nodesplitter is not None else (ctx["rank"], ctx["world_size"])
+                (0, 1) if self.nodesplitter is not None else (place.rank, place.world_size)
             )
             worker, nworkers = (
-                (0, 1) if self.workersplitter is not None else (ctx["worker"], ctx["num_workers"])
+                (0, 1) if self.workersplitter is not None else (place.worker, place.num_workers)
             )
             urls = split_shards(
                 urls, rank=rank, world_size=world, worker=worker, num_workers=nworkers
@@ -442,26 +489,29 @@ class WebDataset(DataPipeline):
 
     def _samples(self, ctx: dict) -> Iterator[dict]:
         self._check_shards_exist()
-        shards: Any = self.shard_list(ctx)
+        context = _epoch_context(ctx)
+        shards: Any = self.shard_list(context)
         if not self.resampled:
             shards = list(shards)
+            place = context.worker
             if (
-                ctx["world_size"] > 1
-                and ctx["rank"] == 0
-                and ctx["worker"] == 0
-                and self._equal is None
+                place.world_size > 1
+                and place.rank == 0
+                and place.worker == 0
+                and self.plan_options.equal is None
                 and self._nsamples is None
             ):
-                self._warn_unequal(ctx)
+                self._warn_unequal(context)
+        read = self.read_options
         options: dict[str, Any] = {
-            "storage_options": self.storage_options,
-            "allow_pipe": self.allow_pipe,
-            "last_dot": self.last_dot,
-            "retries": self.retries,
-            "prefetch": self.prefetch,
-            "prefetch_bytes": self.prefetch_bytes,
+            "storage_options": read.storage_options,
+            "allow_pipe": read.allow_pipe,
+            "last_dot": read.last_dot,
+            "retries": read.retries,
+            "prefetch": read.prefetch,
+            "prefetch_bytes": read.prefetch_bytes,
         }
-        if not self.copy:
+        if not read.copy:
             options["copy"] = False
         stats = ctx.get("stats")
         if stats is not None:  # a loader's counters (stats=True, watchdog=)
@@ -470,11 +520,13 @@ class WebDataset(DataPipeline):
             options["opener"] = self._opener
             if stats is not None and self._opener == getattr(self._cache, "open", None):
                 options["opener"] = functools.partial(self._opener, stats=stats)
-        if self.verify and self.manifest is not None:  # verify= needs a manifest (__init__)
+        if (
+            self.safety_options.verify and self.manifest is not None
+        ):  # verify= needs a manifest (__init__)
             options["expect"] = self.manifest.records_by_url()
         if self.manifest is not None and self.on_error.mode != "raise":
             options["index_of"] = _IndexOf(self.manifest)  # to name the samples a skip loses
-        if not self.empty_check or self.resampled:
+        if not self.safety_options.empty_check or self.resampled:
             yield from iter_samples(shards, on_error=self.on_error, **options)
             return
         skipped: list = []  # errors the policy let pass, to name the real cause below
@@ -520,28 +572,26 @@ class WebDataset(DataPipeline):
             )
         if self.resampled:
             raise TypeError("a resampled WebDataset is endless; bound it with .with_epoch(n)")
-        env = self.environment()
-        ctx = {
-            "rank": env["rank"] if rank is None else rank,
-            "world_size": env["world_size"] if world_size is None else world_size,
-            "worker": worker,
-            "num_workers": num_workers,
-            "seed": self.seed,
-            "epoch": (
-                epoch
-                if epoch is not None
-                else self._current_epoch()
-                if self._current_epoch() is not None
-                else self._auto_epoch
+        info = self.worker_info()
+        if epoch is None:
+            epoch = self._current_epoch()
+        context = EpochContext(
+            seed=self.seed,
+            epoch=self._auto_epoch if epoch is None else epoch,
+            worker=WorkerInfo(
+                info.rank if rank is None else rank,
+                info.world_size if world_size is None else world_size,
+                worker,
+                num_workers,
             ),
-        }
+        )
         counts = self.manifest.counts()
         total = 0
         import warnings
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            shards = list(self.shard_list(ctx))
+            shards = list(self.shard_list(context))
         for url in shards:
             n = counts.get(url)
             if n is None:
@@ -608,15 +658,26 @@ def _explicit_rank(info: WorkerInfo, rank: int | None, world_size: int | None) -
     )
 
 
-def _call_splitter(fn: Callable, urls: list[str], ctx: dict):
-    if "worker_info" not in ctx:  # a context made by hand (rank, world_size... only)
-        ctx = dict(
-            ctx,
-            worker_info=WorkerInfo(
-                ctx["rank"], ctx["world_size"], ctx["worker"], ctx["num_workers"]
-            ),
-        )
-    return fn(urls, **{name: ctx[name] for name in _wanted(fn, _PLACE)})
+def _epoch_context(ctx: EpochContext | Mapping[str, Any]) -> EpochContext:
+    """``ctx`` as an :class:`EpochContext`: the pipeline's context dict (or one made by hand:
+    ``seed``, ``epoch``, ``rank``, ``world_size``, ``worker``, ``num_workers``) converted."""
+    if isinstance(ctx, EpochContext):
+        return ctx
+    info = ctx.get("worker_info")
+    if info is None:
+        info = WorkerInfo(ctx["rank"], ctx["world_size"], ctx["worker"], ctx["num_workers"])
+    return EpochContext(seed=ctx["seed"], epoch=ctx["epoch"], worker=info)
+
+
+def _call_splitter(fn: Callable, urls: list[str], place: WorkerInfo):
+    values = {
+        "rank": place.rank,
+        "world_size": place.world_size,
+        "worker": place.worker,
+        "num_workers": place.num_workers,
+        "worker_info": place,
+    }
+    return fn(urls, **{name: values[name] for name in _wanted(fn, _PLACE)})
 
 
 def _as_urls(items) -> list[str]:

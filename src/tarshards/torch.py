@@ -299,6 +299,7 @@ def _adapter(cls):
 class WebDataset(IterableDataset, _TorchMixin, _pipeline.WebDataset):
     __doc__ = _pipeline.WebDataset.__doc__
 
+    @functools.wraps(_pipeline.WebDataset.__init__)  # the signature inspect and help() show
     def __init__(self, *args, **kwargs):
         _pipeline.WebDataset.__init__(self, *args, **kwargs)
         self._order_token = _new_order_token()
@@ -310,6 +311,7 @@ class WebDataset(IterableDataset, _TorchMixin, _pipeline.WebDataset):
 class DataPipeline(IterableDataset, _TorchMixin, _pipeline.DataPipeline):
     __doc__ = _pipeline.DataPipeline.__doc__
 
+    @functools.wraps(_pipeline.DataPipeline.__init__)  # the signature inspect and help() show
     def __init__(self, *args, **kwargs):
         _pipeline.DataPipeline.__init__(self, *args, **kwargs)
         self._order_token = _new_order_token()
@@ -319,6 +321,7 @@ class IndexedDataset(Dataset, _indexed.IndexedDataset):
     """:class:`tarshards.indexed.IndexedDataset` as a ``torch.utils.data.Dataset`` (map-style:
     works with ``DataLoader(shuffle=True, num_workers=N)`` and ``DistributedSampler``)."""
 
+    @functools.wraps(_indexed.IndexedDataset.__init__)  # the signature inspect and help() show
     def __init__(self, *args, **kwargs):
         _indexed.IndexedDataset.__init__(self, *args, **kwargs)
 
@@ -332,6 +335,7 @@ class IndexedDataset(Dataset, _indexed.IndexedDataset):
 class MixedDataset(IterableDataset, _TorchMixin, _mix.MixedDataset):
     __doc__ = _mix.MixedDataset.__doc__
 
+    @functools.wraps(_mix.MixedDataset.__init__)  # the signature inspect and help() show
     def __init__(self, *args, **kwargs):
         _mix.MixedDataset.__init__(self, *args, **kwargs)
         self._order_token = _new_order_token()
