@@ -297,7 +297,7 @@ class ShardIndex:
             self._cache("_meta_arrays", cached)
         return cached
 
-    def with_meta(self, columns: dict[str, npt.ArrayLike]) -> "ShardIndex":
+    def with_meta(self, columns: Mapping[str, npt.ArrayLike]) -> "ShardIndex":
         """A copy of this index with the metadata ``columns`` added (or replaced): name ->
         one number per sample (NaN: none)."""
         merged = dict(self.meta)
