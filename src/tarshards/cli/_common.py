@@ -15,7 +15,7 @@ import functools
 import os
 import re
 import sys
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Generator, Iterable, Iterator
 
 import click
 
@@ -297,7 +297,7 @@ class _Counted:
         return getattr(self._stream, name)
 
 
-def shard_reader(url: str) -> Iterator[dict]:
+def shard_reader(url: str) -> Generator[dict, None, None]:
     """The samples of one input, fields as raw bytes; every failure a TarshardsError naming it.
 
     An input of 0 bytes is an error (as for tar itself), not an empty dataset.
@@ -321,7 +321,7 @@ def shard_reader(url: str) -> Iterator[dict]:
         raise TruncatedShardError("empty input (0 bytes): not a tar archive", url=url, offset=0)
 
 
-def read_samples(urls: Iterable[str], on_error: str = "raise") -> Iterator[dict]:
+def read_samples(urls: Iterable[str], on_error: str = "raise") -> Generator[dict, None, None]:
     """Samples of ``urls`` in turn, fields as raw bytes; bad inputs as ``--on-error`` says."""
     handler = error_handler(on_error)
     for url in urls:

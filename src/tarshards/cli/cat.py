@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from typing import Iterator
 
 import click
 
@@ -53,7 +54,7 @@ def cat_cmd(inputs, output, count, skip, shuffle, seed, listfile, on_error, quie
     """Concatenate the samples of INPUTS (files, URLs, brace specs; default stdin) into one tar."""
     urls = collect_inputs(inputs, listfile)
     check_stdout_not_tty(output)
-    samples = read_samples(urls, on_error)
+    samples: Iterator[dict] = read_samples(urls, on_error)
     if shuffle > 1:
         samples = shuffle_stage(samples, shuffle, seed=seed)
     if skip or count is not None:

@@ -255,7 +255,7 @@ def _hashing_reader(stream, expect):
     return HashingReader(stream, algorithm)
 
 
-def _human(n: int) -> str:
+def _human(n: float) -> str:
     for unit in ("B", "kB", "MB", "GB", "TB"):
         if n < 1000 or unit == "TB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -279,7 +279,7 @@ def format_table(reports: list[ShardReport]) -> str:
             )
         )
     if len(reports) > 1:
-        tot = collections.Counter()
+        tot: collections.Counter[str] = collections.Counter()
         for r in reports:
             tot.update(r.extensions)
         bad = sum(1 for r in reports if not r.ok)

@@ -134,7 +134,7 @@ def index_cmd(
     """Index shards: write MANIFEST (counts, sizes, hashes) and one index per shard."""
     with one_blas_thread():
         from ..index import INDEX_SUFFIX
-        from ..manifest import Manifest, build_manifest, resolve_url
+        from ..manifest import Manifest, build_manifest
     if not inputs and listfile is None:
         raise click.UsageError("name the shards to index (SPEC... or -T FILE)")
     if keyframes and not media:
@@ -188,7 +188,8 @@ def index_cmd(
             if idx.compression != "none":
                 print_err(f"{prog}: warning: no DALI index for compressed {rec.url}")
                 continue
-            path = resolve_url(rec.index, manifest.base)
+            path = manifest.index_url(i)
+            assert path is not None  # load_index(i) raised otherwise
             idx.save_dali(
                 path[: -len(INDEX_SUFFIX)] + ".idx"
                 if path.endswith(INDEX_SUFFIX)

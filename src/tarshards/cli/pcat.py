@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-from typing import Callable, Iterator
+from typing import Callable, Generator, Iterator
 
 import click
 
@@ -83,7 +83,9 @@ class _Reader:
             samples.close()
 
 
-def interleave(urls: list[str], parallel: int, handler: Callable) -> Iterator[dict]:
+def interleave(
+    urls: list[str], parallel: int, handler: Callable[[BaseException], bool]
+) -> Generator[dict, None, None]:
     """Samples of ``urls``, ``parallel`` shards at a time, taken round robin."""
     if parallel < 1:
         raise ValueError(f"parallel must be >= 1, got {parallel}")
@@ -148,7 +150,7 @@ def pcat_cmd(inputs, parallel, output, count, shuffle, seed, listfile, on_error,
     urls = collect_inputs(inputs, listfile)
     check_stdout_not_tty(output)
     source = interleave(urls, parallel, error_handler(on_error))
-    samples = source
+    samples: Iterator[dict] = source
     if shuffle > 1:
         samples = shuffle_stage(samples, shuffle, seed=seed)
     if count is not None:

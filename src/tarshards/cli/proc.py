@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import itertools
+from typing import Iterator
 
 import click
 
@@ -123,7 +124,7 @@ def proc_cmd(inputs, command, parallel, unordered, on_error, output, count, tmpd
     """
     urls = collect_inputs(inputs)
     check_stdout_not_tty(output)
-    samples = read_samples(urls, on_error)
+    samples: Iterator[dict] = read_samples(urls, on_error)
     if count is not None:
         samples = itertools.islice(samples, count)
     prog = click.get_current_context().command_path

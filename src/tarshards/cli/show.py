@@ -165,7 +165,7 @@ def show_cmd(inputs, count, skip, fields, width, grid, on_error):
     urls = collect_inputs(inputs)
     wanted = fields.split() if fields else None
     samples = read_samples(urls, on_error)
-    shown = []
+    shown: list[dict | None] = []
     try:
         for sample in itertools.islice(samples, skip, skip + count):
             if shown:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+from typing import Iterator
 
 import click
 
@@ -66,7 +67,7 @@ def tsv_cmd(inputs, fields, count, nokey, noheader, output, on_error):
         if not columns or not all(all(c) for c in columns):
             raise click.BadParameter("no field names given (or an empty one)", param_hint="'-f'")
     urls = collect_inputs(inputs)
-    samples = read_samples(urls, on_error)
+    samples: Iterator[dict] = read_samples(urls, on_error)
     if count is not None:
         samples = itertools.islice(samples, count)
     out = sys.stdout if output == "-" else open(output, "w", encoding="utf-8")
