@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import functools
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import click
 
@@ -40,6 +41,9 @@ from ._common import (
     print_err,
     quiet_option,
 )
+
+if TYPE_CHECKING:
+    from ..manifest import ShardRecord
 
 __all__ = ["ShardReport", "check_cmd", "check_shard"]
 
@@ -100,7 +104,9 @@ def _multi_member_warning(url: str, compression: str, frames: list, starts: list
     )
 
 
-def check_shard(url: str, *, max_problems: int = 20, expect=None) -> ShardReport:
+def check_shard(
+    url: str, *, max_problems: int = 20, expect: ShardRecord | None = None
+) -> ShardReport:
     """Read one shard to its end and report what is in it and what is wrong with it.
 
     ``expect``: the shard's manifest record; its size, hash and sample count are checked too."""
@@ -115,7 +121,7 @@ def check_shard(url: str, *, max_problems: int = 20, expect=None) -> ShardReport
     head: list = []
     starts: list = []  # tar offset of each sample
 
-    def problem(msg):
+    def problem(msg: str) -> None:
         if len(rep.problems) < max_problems:
             rep.problems.append(msg)
 

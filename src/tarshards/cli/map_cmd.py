@@ -13,6 +13,7 @@ import os
 import sys
 import time
 import warnings
+from typing import Any, Callable
 
 import click
 
@@ -42,7 +43,7 @@ Examples:
 """
 
 
-def load_function(spec: str):
+def load_function(spec: str) -> Callable[..., Any]:
     """``module:function`` (``module.sub:obj.attr``) -> the callable; the current directory is
     searched first, as with ``python -m``."""
     module_name, sep, attr = spec.partition(":")
