@@ -579,13 +579,13 @@ class _HashingSink(io.RawIOBase):
             raw.flush()
 
 
-def _meta_functions(meta: MetaSpec | None) -> list[tuple[str | None, Callable[[dict], Any]]]:
+def _meta_functions(meta) -> list:
     """``ShardWriter(meta=...)`` as ``[(name or None, fn)]``: a dict ``{name: fn(sample)}``, a
     function ``fn(sample) -> {name: value}`` (``tarshards.media_meta()``), or a list of them."""
     if meta is None:
         return []
     items = meta if isinstance(meta, (list, tuple)) else [meta]
-    out: list[tuple[str | None, Callable[[dict], Any]]] = []
+    out: list = []
     for m in items:
         if isinstance(m, dict):
             for name, fn in m.items():
@@ -599,7 +599,7 @@ def _meta_functions(meta: MetaSpec | None) -> list[tuple[str | None, Callable[[d
     return out
 
 
-def _meta_table(rows: list[dict]) -> dict[str, list[float]]:
+def _meta_table(rows: list[dict]) -> dict:
     """Per-sample dicts -> columns (NaN where a sample has no value)."""
     names: dict[str, None] = {}
     for r in rows:
@@ -705,7 +705,7 @@ class ShardWriter:
         """Name of the shard being written (None between shards)."""
         return self._writer.name if self._writer is not None else None
 
-    def _open_next(self) -> TarWriter:
+    def _open_next(self) -> None:
         name = shard_name(self.pattern, self.shard)
         self.shard += 1
         if self.verbose:
@@ -715,9 +715,8 @@ class ShardWriter:
             remove_stale_temporaries(tmpdir)
             self._swept.add(tmpdir)
         options = {**self.tarwriter_options, "remove_stale": False}
-        self._writer = writer = TarWriter(name, storage_options=self.storage_options, **options)
+        self._writer = TarWriter(name, storage_options=self.storage_options, **options)
         self._started = time.monotonic()
-        return writer
 
     def _finish_current(self) -> None:
         w = self._writer
@@ -751,7 +750,9 @@ class ShardWriter:
             and (w.count + 1 > self.maxcount or w.size + size + 2 * BLOCK > self.maxsize)
         ):
             self._finish_current()
-        writer = self._writer if self._writer is not None else self._open_next()
+        if self._writer is None:
+            self._open_next()
+            assert self._writer is not None  # made by _open_next (or a subclass's)
         self.total += 1
         if self._meta:
             row: dict = {}
@@ -762,7 +763,7 @@ class ShardWriter:
                 elif got is not None:
                     row[name] = got
             self._meta_rows.append(row)
-        return writer.write_members(members, sample["__key__"])
+        return self._writer.write_members(members, sample["__key__"])
 
     def close(self) -> None:
         """Commit the last shard (and write the manifest, with ``manifest=``)."""
