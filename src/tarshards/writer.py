@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any, BinaryIO, Callable, Literal, Sequence, cast
+from typing import IO, TYPE_CHECKING, Any, BinaryIO, Callable, Literal, Sequence, TypeVar, cast
 
 from .codecs import encode_value
 from .compression import FlushedGzip, by_name, is_compressed_name, open_compressed_writer
@@ -37,6 +37,8 @@ Destination = str | os.PathLike[str] | IO[bytes]
 # ShardWriter(meta=): {name: fn(sample) -> number}, fn(sample) -> {name: number}, or a list
 MetaFunctions = dict[str, Callable[[dict], Any]] | Callable[[dict], Any]
 MetaSpec = MetaFunctions | list[MetaFunctions] | tuple[MetaFunctions, ...]
+_TW = TypeVar("_TW", bound="TarWriter")  # __enter__ returns the subclass (compat's)
+_SW = TypeVar("_SW", bound="ShardWriter")
 
 try:  # optional C accelerator (see _speedups.c); _Recorder's lists are the reference
     from ._speedups import Recorder as _CRecorder
@@ -263,7 +265,7 @@ class TarWriter:
                 self._recorder.close()
             self._out.abort()
 
-    def __enter__(self) -> TarWriter:
+    def __enter__(self: _TW) -> _TW:
         return self
 
     def __exit__(
@@ -788,7 +790,7 @@ class ShardWriter:
             except Exception as exc:  # not raised over what made the caller abort
                 logger.warning("an index of a committed shard was not saved: %s", exc)
 
-    def __enter__(self) -> ShardWriter:
+    def __enter__(self: _SW) -> _SW:
         return self
 
     def __exit__(
