@@ -1007,7 +1007,9 @@ class IndexBuilder:
         return index_from_columns(columns, tuple(self._ext_codes), **fields)
 
 
-def index_from_columns(columns: dict, extensions: tuple, **fields) -> ShardIndex:
+def index_from_columns(
+    columns: Mapping[str, Any], extensions: tuple[str, ...], **fields: Any
+) -> ShardIndex:
     """A plain shard's index from its columns as the index file stores them (``_ARRAYS``' names
     and dtypes, little-endian bytes-like objects, taken without a copy): the writer's read-back
     thread (:class:`tarshards._xxh3.Background`) and the builder's C path make them so.
@@ -1146,7 +1148,7 @@ class _ChunkReader:
         if readinto is None:
             read = getattr(stream, "read1", None) or stream.read
 
-            def readinto(view) -> int:
+            def readinto(view: memoryview) -> int:
                 data = read(len(view))
                 view[: len(data)] = data
                 return len(data)
@@ -1218,7 +1220,7 @@ class _ChunkReader:
             self.base += n
             yield bytes(view[:n]) if fresh else view[:n]
 
-    def readinto(self, view) -> int:
+    def readinto(self, view: memoryview) -> int:
         """The file from ``base`` on as a stream (what is in the buffer first), for a reader that
         reads straight into its own buffer: hashed and counted as it goes, one copy."""
         if self.have:

@@ -633,7 +633,7 @@ class _Window:
         self._left = size if size >= 0 else 1 << 62
         self._step = step
 
-    def readinto(self, view) -> int:
+    def readinto(self, view: memoryview) -> int:
         n = min(len(view), self._left, self._step)
         if n <= 0:
             return 0
