@@ -50,7 +50,17 @@ __all__ = ["cat_cmd"]
 @on_error_option()
 @quiet_option()
 @handle_errors
-def cat_cmd(inputs, output, count, skip, shuffle, seed, listfile, on_error, quiet):
+def cat_cmd(
+    inputs: tuple[str, ...],
+    output: str,
+    count: int | None,
+    skip: int,
+    shuffle: int,
+    seed: int,
+    listfile: str | None,
+    on_error: str,
+    quiet: bool,
+) -> None:
     """Concatenate the samples of INPUTS (files, URLs, brace specs; default stdin) into one tar."""
     urls = collect_inputs(inputs, listfile)
     check_stdout_not_tty(output)

@@ -337,7 +337,13 @@ def format_table(reports: list[ShardReport]) -> str:
     help="Check sizes, hashes, counts against MANIFEST.",
 )
 @handle_errors
-def check_cmd(inputs, listfile, max_problems, quiet, manifest_url=None):
+def check_cmd(
+    inputs: tuple[str, ...],
+    listfile: str | None,
+    max_problems: int,
+    quiet: bool,
+    manifest_url: str | None = None,
+) -> None:
     """Verify shards: readable to the end, no truncated member, no split key, no repeated field.
 
     With --manifest, each shard's size, hash and sample count must be the manifest's too (its

@@ -145,7 +145,17 @@ def interleave(
 @on_error_option()
 @quiet_option()
 @handle_errors
-def pcat_cmd(inputs, parallel, output, count, shuffle, seed, listfile, on_error, quiet):
+def pcat_cmd(
+    inputs: tuple[str, ...],
+    parallel: int,
+    output: str,
+    count: int | None,
+    shuffle: int,
+    seed: int,
+    listfile: str | None,
+    on_error: str,
+    quiet: bool,
+) -> None:
     """Read INPUTS N at a time in parallel and interleave their samples into one tar stream."""
     urls = collect_inputs(inputs, listfile)
     check_stdout_not_tty(output)

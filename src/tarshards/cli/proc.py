@@ -117,7 +117,18 @@ def _results(samples, command, parallel, ordered, tmpdir, verbose):
 @click.option("-v", "--verbose", is_flag=True, help="Copy the commands' output to stderr.")
 @quiet_option()
 @handle_errors
-def proc_cmd(inputs, command, parallel, unordered, on_error, output, count, tmpdir, verbose, quiet):
+def proc_cmd(
+    inputs: tuple[str, ...],
+    command: str,
+    parallel: int,
+    unordered: bool,
+    on_error: str,
+    output: str,
+    count: int | None,
+    tmpdir: str | None,
+    verbose: bool,
+    quiet: bool,
+) -> None:
     """Run a shell command on each sample of INPUTS; the files it leaves form the output sample.
 
     The sample's fields are files BASE.EXT in a fresh directory, $KEY holds the key.

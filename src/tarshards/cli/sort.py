@@ -175,8 +175,18 @@ def sorted_samples(
 @quiet_option()
 @handle_errors
 def sort_cmd(
-    inputs, field, numeric, reverse, shuffle, seed, output, tmpdir, cache_mb, on_error, quiet
-):
+    inputs: tuple[str, ...],
+    field: str | None,
+    numeric: bool,
+    reverse: bool,
+    shuffle: bool,
+    seed: int,
+    output: str,
+    tmpdir: str | None,
+    cache_mb: int,
+    on_error: str,
+    quiet: bool,
+) -> None:
     """Sort the samples of INPUTS by key or by a field, or shuffle them, out of core."""
     if field is not None and (not field.strip() or field.startswith("__")):
         raise click.BadParameter(

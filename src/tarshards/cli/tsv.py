@@ -59,7 +59,15 @@ def _pick(sample: dict, alternatives: list[str]):
 @output_option("file")
 @on_error_option()
 @handle_errors
-def tsv_cmd(inputs, fields, count, nokey, noheader, output, on_error):
+def tsv_cmd(
+    inputs: tuple[str, ...],
+    fields: str | None,
+    count: int | None,
+    nokey: bool,
+    noheader: bool,
+    output: str,
+    on_error: str,
+) -> None:
     """Tabulate fields of samples: text fields as text, binary fields as their size in bytes."""
     columns = None
     if fields is not None:
