@@ -457,7 +457,9 @@ class ShardIndex:
         return data.data.cast("B") if data.ndim else data.tobytes()
 
     @classmethod
-    def from_bytes(cls, data: bytes, url: str | None = None) -> "ShardIndex":
+    def from_bytes(
+        cls, data: bytes | bytearray | memoryview, url: str | None = None
+    ) -> "ShardIndex":
         """Parse an index file's bytes (raises :class:`IntegrityError` when malformed); the
         arrays are views of ``data``, made when first asked for."""
         data = memoryview(data).cast("B") if not isinstance(data, bytes) else data

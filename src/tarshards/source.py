@@ -653,7 +653,7 @@ class _Window:
         self._left -= got
         return got
 
-    def read(self, n: int = -1) -> bytes:
+    def read(self, n: int | None = -1) -> bytes:
         n = self._step if n is None or n < 0 else n
         n = min(n, self._left, self._step)
         if n <= 0:
