@@ -775,3 +775,23 @@ def test_index_columns_refuses_partial_rows():
         _speedups.index_columns(bytes(25), bytes(48))
     cols = _speedups.index_columns(b"", b"")
     assert len(cols) == 9 and all(c == b"" for c in cols)
+
+
+def test_add_written_with_keys_but_no_counts_takes_the_member_path():
+    # keys= without counts= used to raise TypeError (sum(None)); it now records member by
+    # member, as without keys: the same index as add() of each member
+    names = ["a.txt", "a.cls", "b.txt"]
+    data = [b"x" * 700, b"1", b"yy"]
+    csum = member_checksum_fn()
+    sums = [csum(d) for d in data]
+
+    def built(**kw):
+        builder = index_mod.IndexBuilder()
+        builder.add_written(names, [len(d) for d in data], sums, **kw)
+        return builder.build(nbytes=0, hash=None)
+
+    plain = built()
+    assert built(keys=["a", "b"]) == plain
+    assert plain.keys == ["a", "b"]
+    assert plain.member_sizes.tolist() == [700, 1, 2]
+    assert plain.member_offsets.tolist() == [0, 512 + 1024, 512 + 1024 + 1024]

@@ -420,7 +420,7 @@ class FlushedGzip:
         return body + struct.pack("<II", self._crc, self._size & 0xFFFFFFFF)
 
 
-def gzip_layout(head: bytes) -> str | None:
+def gzip_layout(head: bytes | memoryview) -> str | None:
     """``"flush"`` where ``head`` (the first bytes of a file) is the gzip header of the
     sample-aligned one-member layout (:class:`FlushedGzip`), else None."""
     return "flush" if bytes(head[: len(GZIP_FLUSH_HEADER)]) == GZIP_FLUSH_HEADER else None
@@ -609,7 +609,7 @@ _ALIASES = {
 }
 
 
-def by_magic(head: bytes) -> Compression | None:
+def by_magic(head: bytes | memoryview) -> Compression | None:
     """The compression whose magic bytes ``head`` starts with, or None (plain data)."""
     head = bytes(head[:_MAGIC_LEN])
     for comp in COMPRESSIONS:
@@ -619,7 +619,7 @@ def by_magic(head: bytes) -> Compression | None:
     return None
 
 
-def _tar_header_ok(block: bytes) -> bool:
+def _tar_header_ok(block: bytes | memoryview) -> bool:
     """Whether ``block`` (512 bytes) has a valid tar header checksum (unsigned or signed)."""
     if len(block) < 512:
         return False
@@ -631,13 +631,13 @@ def _tar_header_ok(block: bytes) -> bool:
     return stored in (sum(rest), sum(b - 256 if b > 127 else b for b in rest))
 
 
-def not_plain(head: bytes) -> bool:
+def not_plain(head: bytes | memoryview) -> bool:
     """Whether a stream starting with ``head`` (its first 512 bytes, or all of a shorter one)
     goes through :func:`decompressed_chunks` (compressed, or a format it names in an error)."""
     return by_magic(head) is not None or foreign_format(head) is not None
 
 
-def foreign_format(head: bytes) -> tuple[str, str] | None:
+def foreign_format(head: bytes | memoryview) -> tuple[str, str] | None:
     """``(name, what to do)`` where ``head`` starts like a format tarshards does not read (and
     is not a tar header), else None."""
     for magic, name, advice in _FOREIGN:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import decimal
 import re
-from typing import Any, Iterable, Iterator
+from typing import Any, Generator, Iterable, Iterator
 
 from .errors import CompressionError, DuplicateFieldError, MissingFieldError, TruncatedShardError
 
@@ -89,7 +89,7 @@ def group_samples(
     last_dot: bool = False,
     batched: bool = False,
     accelerate: bool = True,
-) -> Iterator[dict]:
+) -> Generator[dict, None, None]:
     """Group consecutive tar members with the same key into sample dicts.
 
     ``members`` yields ``(name, data, offset)``, or lists of them with ``batched=True`` (as
@@ -136,7 +136,7 @@ def _damage_after(exn: Exception, key: str | None, last_dot: bool) -> bool:
     return parts[0] != key or isinstance(exn, TruncatedShardError) and exn.member_whole
 
 
-def _group_fast(batches: Iterable[list], url, last_dot: bool) -> Iterator[dict]:
+def _group_fast(batches: Iterable[list], url, last_dot: bool) -> Generator[dict, None, None]:
     sample = None
     key = None
     try:
@@ -164,7 +164,7 @@ def _group_fast(batches: Iterable[list], url, last_dot: bool) -> Iterator[dict]:
 
 def _group(
     batches: Iterable, url, last_dot: bool, sample: Any = None, key: str | None = None
-) -> Iterator[dict]:
+) -> Generator[dict, None, None]:
     """The reference grouping loop (state ``sample``/``key`` carried in from a caller)."""
     state = [sample, key]  # the sample being assembled, for the error path
     try:

@@ -25,8 +25,28 @@ import array
 import itertools
 import json
 import operator
+import os
 import struct
-from typing import BinaryIO, Iterator, Sequence
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    BinaryIO,
+    Callable,
+    ContextManager,
+    Iterable,
+    Iterator,
+    Mapping,
+    Literal,
+    NoReturn,
+    Sequence,
+    cast,
+    overload,
+)
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from .storage import AtomicOutput
 
 from ._lazy import LazyModule
 from .errors import IntegrityError
@@ -56,7 +76,10 @@ __all__ = [
     "index_url",
 ]
 
-np = LazyModule("numpy", globals(), "np")  # imported when an array is first asked for
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = LazyModule("numpy", globals(), "np")  # imported when an array is first asked for
 
 INDEX_MAGIC = b"TSIDX\x00\r\n"
 INDEX_VERSION = 1
@@ -124,11 +147,23 @@ class ShardIndex:
     member_data_offsets: np.ndarray
     member_sizes: np.ndarray
     member_checksums: np.ndarray
+    # the fields (set through __dict__: the index is immutable)
+    extensions: tuple[str, ...]
+    compression: str
+    seekable: bool
+    entry: str
+    member_hash: str
+    nbytes: int
+    hash: str | None
+    last_dot: bool
+    url: str | None
+    _raw: dict[str, tuple[Any, int]]  # name -> (buffer, offset) of arrays not read yet
+    _counts: dict[str, int]
 
     def __init__(
         self,
         *,
-        extensions: tuple = (),
+        extensions: Sequence[str] = (),
         compression: str = "none",  # "none", "gzip" or "zstd"
         seekable: bool = True,  # sample_offsets are offsets one can start reading the file at
         entry: str = "member",  # how: a member/frame starts there, or "deflate" (raw inflate)
@@ -181,7 +216,7 @@ class ShardIndex:
         self._init({}, raw, counts, **fields)
         return self
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> np.ndarray:  # the arrays, made on first use
         raw = self.__dict__.get("_raw")
         if raw is None or name not in raw:
             raise AttributeError(f"'ShardIndex' object has no attribute {name!r}")
@@ -191,12 +226,17 @@ class ShardIndex:
         self.__dict__[name] = array
         return array
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: object) -> NoReturn:
         raise AttributeError(f"ShardIndex is immutable: cannot set {name!r}")
 
-    __delattr__ = __setattr__
+    def __delattr__(self, name: str) -> NoReturn:
+        raise AttributeError(f"ShardIndex is immutable: cannot set {name!r}")
 
-    def __reduce__(self):  # pickled as its index file (processes, DataLoader workers)
+    def __reduce__(
+        self,
+    ) -> tuple[
+        Any, tuple[bytes, str | None]
+    ]:  # pickled as its index file (processes, DataLoader workers)
         return (_from_bytes, (bytes(self.to_bytes()), self.url))
 
     def _count(self, per: str) -> int:
@@ -224,7 +264,7 @@ class ShardIndex:
             blob = raw.decode("utf-8", "surrogateescape")
             # offsets are in bytes: decode per key when any key is not ASCII (read as the file
             # stores them: numpy not needed)
-            offs = self._array_bytes("key_offsets").cast("q").tolist()
+            offs = memoryview(self._array_bytes("key_offsets")).cast("q").tolist()
             if len(blob) == len(raw):
                 cached = [blob[offs[i] : offs[i + 1]] for i in range(len(offs) - 1)]
             else:
@@ -257,7 +297,7 @@ class ShardIndex:
             self._cache("_meta_arrays", cached)
         return cached
 
-    def with_meta(self, columns: dict) -> "ShardIndex":
+    def with_meta(self, columns: Mapping[str, npt.ArrayLike]) -> "ShardIndex":
         """A copy of this index with the metadata ``columns`` added (or replaced): name ->
         one number per sample (NaN: none)."""
         merged = dict(self.meta)
@@ -265,7 +305,7 @@ class ShardIndex:
         return self._copy({k: merged[k] for k in sorted(merged)}, self.keyframe_table)
 
     @property
-    def keyframe_table(self):
+    def keyframe_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """The keyframes of the video members, where ``tarshards index --keyframes`` recorded
         them: ``(member, time, position)``, three numpy arrays (member number, presentation
         time in seconds, byte position in the member; sorted by member, then time), or None."""
@@ -283,7 +323,7 @@ class ShardIndex:
             self._cache("_kf", kf)
         return d["_kf"]
 
-    def member_keyframes(self, m: int):
+    def member_keyframes(self, m: int) -> tuple[np.ndarray, np.ndarray] | None:
         """``(times, positions)`` of member ``m``'s keyframes, or None (none recorded)."""
         kf = self.keyframe_table
         if kf is None:
@@ -294,7 +334,9 @@ class ShardIndex:
             return None
         return kf[1][lo:hi], kf[2][lo:hi]
 
-    def with_keyframes(self, members, times, positions) -> "ShardIndex":
+    def with_keyframes(
+        self, members: npt.ArrayLike, times: npt.ArrayLike, positions: npt.ArrayLike
+    ) -> "ShardIndex":
         """A copy of this index with the keyframe table ``(members, times, positions)``
         (see :attr:`keyframe_table`; replaces the one it had)."""
         m = np.asarray(members, np.int64).reshape(-1)
@@ -305,7 +347,11 @@ class ShardIndex:
         order = np.lexsort((t, m))
         return self._copy(dict(self.meta), (m[order], t[order], p[order]))
 
-    def _copy(self, meta: dict, keyframes) -> "ShardIndex":
+    def _copy(
+        self,
+        meta: dict[str, np.ndarray],
+        keyframes: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+    ) -> "ShardIndex":
         new = ShardIndex.from_bytes(bytes(self._index_bytes(meta=False)), url=self.url)
         new.__dict__["_meta_arrays"] = meta
         new.__dict__["_kf"] = keyframes
@@ -321,14 +367,14 @@ class ShardIndex:
             for e in self.member_ext[starts[i] : starts[i + 1]].tolist()
         ]
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         if not isinstance(other, ShardIndex):
             return NotImplemented
         return self.to_bytes() == other.to_bytes()
 
-    __hash__ = None
+    __hash__ = None  # type: ignore[assignment]  # equal by content, mutable arrays: unhashable
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (
             f"ShardIndex({self.num_samples} samples, {self._counts['members']} members, "
             f"compression={self.compression!r}, seekable={self.seekable}, "
@@ -379,12 +425,12 @@ class ShardIndex:
     def _index_bytes(self, meta: bool = True) -> bytes:
         return b"".join(self._parts(meta))
 
-    def _parts(self, with_meta: bool = True) -> list:
+    def _parts(self, with_meta: bool = True) -> list[bytes | memoryview]:
         """The index file as a list of buffers (the arrays as they are, where no conversion
         is needed: no copy)."""
         meta = json.dumps(self._meta(with_meta), sort_keys=True, separators=(",", ":")).encode()
         meta += b" " * (-len(meta) % 8)
-        parts = [INDEX_MAGIC, _HEAD.pack(self._version, len(meta)), meta]
+        parts: list[bytes | memoryview] = [INDEX_MAGIC, _HEAD.pack(self._version, len(meta)), meta]
         for name, _, _ in _ARRAYS:
             data = self._array_bytes(name)
             parts.append(data)
@@ -399,7 +445,7 @@ class ShardIndex:
                     parts.append(np.ascontiguousarray(a, dtype=dtype).tobytes())
         return parts
 
-    def _array_bytes(self, name: str):
+    def _array_bytes(self, name: str) -> memoryview | bytes:
         """Array ``name``'s bytes as the index file stores them (little-endian, its dtype): the
         raw buffer where it was not read yet, no copy where no conversion is needed."""
         dtype, per = _ARRAY_SPEC[name]
@@ -411,7 +457,9 @@ class ShardIndex:
         return data.data.cast("B") if data.ndim else data.tobytes()
 
     @classmethod
-    def from_bytes(cls, data: bytes, url: str | None = None) -> "ShardIndex":
+    def from_bytes(
+        cls, data: bytes | bytearray | memoryview, url: str | None = None
+    ) -> "ShardIndex":
         """Parse an index file's bytes (raises :class:`IntegrityError` when malformed); the
         arrays are views of ``data``, made when first asked for."""
         data = memoryview(data).cast("B") if not isinstance(data, bytes) else data
@@ -479,7 +527,13 @@ class ShardIndex:
             index.__dict__["_kf_raw"] = kf_raw
         return index
 
-    def save(self, path, *, storage_options: dict | None = None, remove_stale: bool = True) -> None:
+    def save(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        storage_options: dict | None = None,
+        remove_stale: bool = True,
+    ) -> None:
         """Write the index to ``path`` (a path or URL), atomically (``remove_stale``: as
         :class:`tarshards.storage.AtomicOutput`'s; a writer of many indexes into one directory
         sweeps it once and passes ``False``)."""
@@ -488,7 +542,13 @@ class ShardIndex:
         with AtomicOutput(path, storage_options=storage_options, remove_stale=remove_stale) as out:
             out.stream.writelines(self._parts())  # large parts written without the GIL
 
-    def start_save(self, path, *, storage_options: dict | None = None, remove_stale: bool = True):
+    def start_save(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        storage_options: dict | None = None,
+        remove_stale: bool = True,
+    ) -> AtomicOutput:
         """Begin :meth:`save`: the file is written by a thread of its own where it can be
         (:meth:`tarshards.storage.AtomicOutput.write_behind`); returns the output, which
         appears under ``path`` when the caller calls its ``commit()`` (or is discarded by
@@ -509,7 +569,9 @@ class ShardIndex:
         return out
 
     @classmethod
-    def load(cls, url, *, storage_options: dict | None = None) -> "ShardIndex":
+    def load(
+        cls, url: str | os.PathLike[str], *, storage_options: dict | None = None
+    ) -> "ShardIndex":
         """Read an index file from a path or URL."""
         import os
 
@@ -540,14 +602,15 @@ class ShardIndex:
             lines.append(" ".join(parts))
         return "\n".join(lines) + "\n"
 
-    def save_dali(self, path) -> None:
+    def save_dali(self, path: str | os.PathLike[str]) -> None:
         """Write :meth:`to_dali` to ``path`` (DALI's ``index_paths=``)."""
         from .storage import AtomicOutput
 
         with AtomicOutput(path) as out:
             out.stream.write(self.to_dali().encode("utf-8"))
 
-    def checksum_fn(self):
+    def checksum_fn(self) -> Callable[[Any], int]:
+        """The member checksum of this index (``member_hash``): bytes-like -> int."""
         return member_checksum_fn(self.member_hash)
 
 
@@ -562,7 +625,7 @@ _MEMBER_REC = struct.Struct("<qqqqqQ")  # sample, ext code, header/data offset, 
 _MEMBER_FIELDS = ("sample", "ext", "offset", "data", "size", "checksum")  # 64-bit each
 
 
-def _meta_columns(columns: dict, n: int) -> dict:
+def _meta_columns(columns: Mapping[str, npt.ArrayLike], n: int) -> dict[str, np.ndarray]:
     """``columns`` as float64 arrays of ``n`` values each (a ``ValueError`` otherwise)."""
     out = {}
     for name, values in columns.items():
@@ -575,12 +638,14 @@ def _meta_columns(columns: dict, n: int) -> dict:
     return out
 
 
-def _member_dtype():
+def _member_dtype() -> np.dtype:
     """The member records as a numpy structured dtype (``index._MEMBER_DTYPE``)."""
     return np.dtype([(name, "<u8" if name == "checksum" else "<i8") for name in _MEMBER_FIELDS])
 
 
-def __getattr__(name: str):  # _MEMBER_DTYPE made on first use: numpy is not imported before
+def __getattr__(
+    name: str,
+) -> np.dtype:  # _MEMBER_DTYPE made on first use: numpy is not imported before
     if name == "_MEMBER_DTYPE":
         return _member_dtype()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -682,7 +747,7 @@ class IndexBuilder:
             len(self._keys) - 1, code, header_offset, data_offset, size, checksum
         )
 
-    def scan(self, buf, pos: int, base: int, end: int) -> int:
+    def scan(self, buf: bytearray, pos: int, base: int, end: int) -> int:
         """:meth:`add` every plain member of a run lying wholly in ``buf[pos:end]`` (``base``:
         the stream offset of ``buf[0]``), in C, which calls :meth:`checksum` on a memoryview of
         each member's data (no copy); returns where it stopped (``pos`` when the C scanner is
@@ -733,10 +798,14 @@ class IndexBuilder:
         for j in special:
             hsize[j] = header_size(names[j], int(size[j]))
         offsets, data_offsets, total = _layout(hsize, size, start)
-        if keys is not None and self._fast_ok(keys, counts, n):
+        if keys is not None and counts is not None and self._fast_ok(keys, counts, n):
             klen = np.repeat(np.fromiter(map(len, keys), np.int64, len(keys)) + 1, counts)
-            exts = list(
-                map(operator.getitem, names, map(slice, klen.tolist(), itertools.repeat(None)))
+            # cast: a str's slice is a str (operator.getitem's stub says Sequence[str])
+            exts = cast(
+                "list[str]",
+                list(
+                    map(operator.getitem, names, map(slice, klen.tolist(), itertools.repeat(None)))
+                ),
             )
             codes = self._ext_codes  # numbered in order of first appearance, as add() does
             for e in dict.fromkeys(exts):
@@ -750,7 +819,14 @@ class IndexBuilder:
         ):
             add(name, off, doff, sz, cs)
 
-    def add_rows(self, keys: list, samples, members, key_blob, key_offsets) -> None:
+    def add_rows(
+        self,
+        keys: list[str],
+        samples: bytearray,
+        members: bytearray,
+        key_blob: bytearray,
+        key_offsets: bytearray,
+    ) -> None:
         """Take the rows :class:`tarshards._speedups.Recorder` laid out while writing, as they
         are (bytearrays the builder then owns: ``samples`` and ``members`` as this builder packs
         them, the keys' UTF-8 bytes back to back and where each starts; ``keys``: the samples'
@@ -828,7 +904,7 @@ class IndexBuilder:
     def build(
         self, *, nbytes: int, hash: str | None, compression: str = "none", url: str | None = None
     ) -> ShardIndex:
-        fields = dict(
+        fields: dict[str, Any] = dict(
             compression=compression,
             member_hash=self.member_hash,
             nbytes=int(nbytes),
@@ -933,7 +1009,9 @@ class IndexBuilder:
         return index_from_columns(columns, tuple(self._ext_codes), **fields)
 
 
-def index_from_columns(columns: dict, extensions: tuple, **fields) -> ShardIndex:
+def index_from_columns(
+    columns: Mapping[str, Any], extensions: tuple[str, ...], **fields: Any
+) -> ShardIndex:
     """A plain shard's index from its columns as the index file stores them (``_ARRAYS``' names
     and dtypes, little-endian bytes-like objects, taken without a copy): the writer's read-back
     thread (:class:`tarshards._xxh3.Background`) and the builder's C path make them so.
@@ -952,13 +1030,13 @@ def index_from_columns(columns: dict, extensions: tuple, **fields) -> ShardIndex
     )
 
 
-def _entry(entry, url=None) -> str:
+def _entry(entry: str, url: str | None = None) -> str:
     if entry not in ENTRIES:
         raise IntegrityError(f"unknown index entry kind {entry!r}", url=url, offset=16)
     return entry
 
 
-def index_header(url, *, storage_options: dict | None = None) -> dict:
+def index_header(url: str | os.PathLike[str], *, storage_options: dict | None = None) -> dict:
     """The JSON header of the index file at ``url`` (``samples``, ``nbytes``, ``hash``,
     ``member_hash``, ``last_dot``...), read without its arrays; raises :class:`IntegrityError`
     when the file is not an index or its length is not what the header says (a file cut short)."""
@@ -1003,7 +1081,7 @@ def index_header(url, *, storage_options: dict | None = None) -> dict:
     return meta
 
 
-def _from_bytes(data: bytes, url):
+def _from_bytes(data: bytes, url: str | None) -> ShardIndex:
     return ShardIndex.from_bytes(data, url=url)
 
 
@@ -1011,7 +1089,7 @@ def _as_is(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def _key_rows(keys: list) -> tuple:
+def _key_rows(keys: list[str]) -> tuple[bytes, list[int]]:
     """The keys' UTF-8 bytes (surrogateescape) back to back, and where each starts (and the
     end), a list."""
     joined = "".join(keys)
@@ -1025,13 +1103,15 @@ def _key_rows(keys: list) -> tuple:
     return key_blob, list(itertools.accumulate(lengths, initial=0))
 
 
-def _key_arrays(keys: list) -> tuple:
+def _key_arrays(keys: list[str]) -> tuple[bytes, np.ndarray]:
     """:func:`_key_rows`, the offsets a numpy array."""
     key_blob, offsets = _key_rows(keys)
     return key_blob, np.array(offsets, np.int64)
 
 
-def _layout(hsize: np.ndarray, size: np.ndarray, start: int):
+def _layout(
+    hsize: np.ndarray, size: np.ndarray, start: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Header offsets, data offsets and padded lengths of members written back to back."""
     total = hsize + size + (-size % BLOCK)
     offsets = np.empty(len(size), np.int64)
@@ -1070,7 +1150,7 @@ class _ChunkReader:
         if readinto is None:
             read = getattr(stream, "read1", None) or stream.read
 
-            def readinto(view) -> int:
+            def readinto(view: memoryview) -> int:
                 data = read(len(view))
                 view[: len(data)] = data
                 return len(data)
@@ -1119,7 +1199,11 @@ class _ChunkReader:
         self.have = 0
         return head
 
-    def rest(self, fresh: bool = False) -> Iterator[bytes]:
+    @overload
+    def rest(self, fresh: Literal[True]) -> Iterator[bytes]: ...
+    @overload
+    def rest(self, fresh: bool = ...) -> Iterator[bytes | memoryview]: ...
+    def rest(self, fresh: bool = False) -> Iterator[bytes | memoryview]:
         """The file from ``base`` on, in chunks (the first: what is in the buffer, copied; then
         views of the refilled buffer, which the consumer must copy what it keeps of before it
         asks for the next one, or with ``fresh``, a copy of each)."""
@@ -1138,7 +1222,7 @@ class _ChunkReader:
             self.base += n
             yield bytes(view[:n]) if fresh else view[:n]
 
-    def readinto(self, view) -> int:
+    def readinto(self, view: memoryview) -> int:
         """The file from ``base`` on as a stream (what is in the buffer first), for a reader that
         reads straight into its own buffer: hashed and counted as it goes, one copy."""
         if self.have:
@@ -1165,7 +1249,9 @@ class _ChunkReader:
             pass
 
 
-def _read_members(chunks, offset: int, builder: IndexBuilder, url) -> None:
+def _read_members(
+    chunks: Iterable[bytes] | _ChunkReader, offset: int, builder: IndexBuilder, url: str | None
+) -> None:
     """Record the members of the tar stream ``chunks`` (from tar offset ``offset`` on) as the
     reader reads them: the reader's own parser decides what a member is, its name, its bytes
     (sparse members rebuilt), and where the archive ends, so that the index lists exactly what
@@ -1175,8 +1261,14 @@ def _read_members(chunks, offset: int, builder: IndexBuilder, url) -> None:
     checksum = builder.checksum
     add = builder.add
     layout: list = []
+    # cast: the reader takes a stream with readinto() as well as chunks (tario.buffer)
     for batch in iter_tar_batches(
-        chunks, url, offset=offset, drain=False, _layout=layout, _index_scan=builder.scan
+        cast("Iterable[bytes]", chunks),
+        url,
+        offset=offset,
+        drain=False,
+        _layout=layout,
+        _index_scan=builder.scan,
     ):
         for name, data, first in batch:
             if layout and layout[0][0] == first:  # from the general path
@@ -1188,7 +1280,7 @@ def _read_members(chunks, offset: int, builder: IndexBuilder, url) -> None:
 
 def index_stream(
     stream: BinaryIO,
-    url=None,
+    url: str | None = None,
     *,
     hash: str = DEFAULT_HASH,
     member_hash: str = MEMBER_HASH,
@@ -1228,7 +1320,9 @@ def index_stream(
     )
 
 
-def _flush_points_indexed(chunks, url, builder: IndexBuilder) -> Iterator[bytes]:
+def _flush_points_indexed(
+    chunks: Iterable[bytes], url: str | None, builder: IndexBuilder
+) -> Iterator[bytes]:
     """The tar stream of a :class:`~tarshards.compression.FlushedGzip` shard, recording each
     flush point as a frame (``builder.frame``: its file offset, and the tar bytes handed out
     before it, which the decompressor has all given when the next piece is asked for)."""
@@ -1250,7 +1344,7 @@ def index_url(
     hash: str = DEFAULT_HASH,
     member_hash: str = MEMBER_HASH,
     last_dot: bool = False,
-    opener=None,
+    opener: Callable[[str], ContextManager[BinaryIO]] | None = None,
 ) -> ShardIndex:
     """:func:`index_stream` of the shard at ``url`` (any URL :func:`open_url` opens)."""
     import os

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 from fractions import Fraction
-from typing import Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from . import stages as _stages
 from .pipeline import DataPipeline, PlannedProgram, _bind, _explicit_rank
@@ -33,12 +33,19 @@ from .plan import PlanConfig, plan_for
 from .source import ReaderStream, reader_rng
 from .types import WorkerInfo
 
+if TYPE_CHECKING:
+    from .composition import _Stage
+    from .pipeline import WebDataset
+    from .planned import _PlannedIterator
+
 __all__ = ["MixedDataset", "batch_quotas", "mix"]
 
 STOPS = ("first", "all", "cycle")
 
 
-def _apportion(weights: tuple, batch_size: int):
+def _apportion(
+    weights: tuple[float, ...], batch_size: int
+) -> tuple[list[int], list[Fraction], int]:
     fr = [Fraction(w) for w in weights]
     total = sum(fr)
     fr = [w / total for w in fr]
@@ -47,7 +54,9 @@ def _apportion(weights: tuple, batch_size: int):
     return base, frac, batch_size - sum(base)
 
 
-def _next_quota(base, frac, extra, b, given):
+def _next_quota(
+    base: list[int], frac: list[Fraction], extra: int, b: int, given: list[Fraction]
+) -> list[int]:
     """Batch ``b``'s counts: the extra seats go to the sources furthest behind."""
     if not extra:
         return list(base)
@@ -61,7 +70,9 @@ def _next_quota(base, frac, extra, b, given):
 
 
 @functools.lru_cache(maxsize=64)
-def batch_quotas(weights: tuple, batch_size: int, lengths: tuple, stop: str) -> tuple:
+def batch_quotas(
+    weights: tuple[float, ...], batch_size: int, lengths: tuple[int, ...], stop: str
+) -> tuple[tuple[int, ...], ...]:
     """The per-batch counts of each source for one reader: a tuple of tuples, one per batch.
 
     ``lengths`` are the samples each source's reader has per pass.
@@ -71,7 +82,7 @@ def batch_quotas(weights: tuple, batch_size: int, lengths: tuple, stop: str) -> 
     base, frac, extra = _apportion(weights, batch_size)
     given = [Fraction(0)] * len(base)
     used = [0] * len(base)
-    out = []
+    out: list[tuple[int, ...]] = []
     if stop == "cycle":
         nbatches = sum(lengths) // batch_size
     b = 0
@@ -89,12 +100,12 @@ def batch_quotas(weights: tuple, batch_size: int, lengths: tuple, stop: str) -> 
     return tuple(out)
 
 
-def _interleave(quota) -> list[int]:
+def _interleave(quota: Sequence[int]) -> list[int]:
     """The order of sources inside one batch (smooth weighted round robin)."""
     total = sum(quota)
     credit = [0] * len(quota)
     left = list(quota)
-    order = []
+    order: list[int] = []
     for _ in range(total):
         for i, c in enumerate(quota):
             credit[i] += c
@@ -112,10 +123,12 @@ def _pass_epoch(epoch: int, npass: int) -> int:
 class MixedDataset(DataPipeline):
     """A weighted mixture of planned sources (see :func:`mix`)."""
 
+    _plan_config: dict[str, Any]  # always set: the mixture is planned
+
     def __init__(
         self,
-        sources: Mapping,
-        weights: Mapping | None = None,
+        sources: Mapping[str, WebDataset],
+        weights: Mapping[str, float] | None = None,
         *,
         readers: int = 60,
         stop: str = "first",
@@ -123,7 +136,8 @@ class MixedDataset(DataPipeline):
         rank: int | None = None,
         world_size: int | None = None,
     ):
-        super().__init__(None, seed=seed)
+        # ignore: no source of its own (each epoch's _MixProgram reads the sources)
+        super().__init__(None, seed=seed)  # type: ignore[arg-type]
         if not sources:
             raise ValueError("mix() needs at least one source")
         self.names = list(sources)
@@ -152,7 +166,7 @@ class MixedDataset(DataPipeline):
         PlanConfig(readers=readers)
 
     # ---- what the plan depends on ------------------------------------------------------------
-    def _source_config(self, i: int) -> tuple[PlanConfig, list]:
+    def _source_config(self, i: int) -> tuple[PlanConfig, list[_Stage]]:
         src = self.sources[i]
         stages = src._stages
         bufsize, initial, rest = 0, None, stages
@@ -171,7 +185,7 @@ class MixedDataset(DataPipeline):
         )
         return cfg, rest
 
-    def _mix_parts(self):
+    def _mix_parts(self) -> tuple[int, list[_Stage], _Stage, list[_Stage]]:
         stages = self._stages
         at = [i for i, st in enumerate(stages) if st.fn is _stages.batched]
         if not at:
@@ -230,10 +244,10 @@ class _Cursor:
         self.src = mixds.sources[i]
         self.cfg, self.reader, self.epoch = cfg, reader, epoch
         self.length = plan_for(self.src.table, cfg, epoch).segment_length
-        self.npass = None
-        self.stream = None
+        self.npass: int | None = None
+        self.stream: ReaderStream | None = None
 
-    def read(self, position: int, n: int):
+    def read(self, position: int, n: int) -> Iterator[dict]:
         while n:
             npass, p = divmod(position, self.length)
             if npass != self.npass:
@@ -250,6 +264,7 @@ class _Cursor:
                 )
                 self.npass = npass
             s = self.stream
+            assert s is not None  # made above on its first pass
             if p != s.position:
                 gap = p - s.position
                 if s.position == 0 or gap < 0 or gap > 2 * self.cfg.bufsize:
@@ -261,7 +276,7 @@ class _Cursor:
             position += take
             n -= take
 
-    def close(self):
+    def close(self) -> None:
         if self.stream is not None:
             self.stream.close()
 
@@ -283,19 +298,22 @@ class _MixProgram(PlannedProgram):
         if q == 0:
             raise ValueError("the mixture's epoch has no full batch per reader")
         self.num_batches = self.readers * q
-        starts, acc = [], [0] * len(ds.sources)
+        starts: list[tuple[int, ...]] = []
+        acc = [0] * len(ds.sources)
         for quota in self.quotas:
             starts.append(tuple(acc))
             acc = [a + c for a, c in zip(acc, quota)]
         self.starts = starts
 
-    def chain(self, it, reader, batches, pad=False):
+    def chain(
+        self, it: _PlannedIterator, reader: int, batches: list[int], pad: bool = False
+    ) -> Iterator[Any]:
         ds = self.ds
         k = len(ds.sources)
         cursors = [_Cursor(ds, i, reader, self.epoch, self.configs[i][0]) for i in range(k)]
         ctx = dict(it.ctx, reader=reader)
 
-        def feeder(i):
+        def feeder(i: int) -> Iterator[dict]:
             name = ds.names[i]
             for j in batches:
                 for sample in cursors[i].read(self.starts[j][i], self.quotas[j][i]):
@@ -309,7 +327,7 @@ class _MixProgram(PlannedProgram):
             for i in range(k)
         ]
 
-        def mixed():
+        def mixed() -> Iterator[dict]:
             try:
                 for j in batches:
                     for i in _interleave(self.quotas[j]):
@@ -321,13 +339,13 @@ class _MixProgram(PlannedProgram):
         data = ds._run_stages(mixed(), self.pre, ctx, ("reader", reader))
         return iter(ds._run_stages(data, [self.bstage], ctx, ("reader", reader)))
 
-    def pad_chain(self, it):
+    def pad_chain(self, it: _PlannedIterator) -> Iterator[Any]:
         return self.chain(it, 0, [0], pad=True)
 
 
 def mix(
-    sources: Mapping,
-    weights: Mapping | None = None,
+    sources: Mapping[str, WebDataset],
+    weights: Mapping[str, float] | None = None,
     *,
     readers: int = 60,
     stop: str = "first",

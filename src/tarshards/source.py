@@ -13,7 +13,18 @@ import collections
 import hashlib
 import itertools
 import random
-from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Sequence
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    BinaryIO,
+    Callable,
+    ContextManager,
+    Generator,
+    Iterator,
+    Protocol,
+    Sequence,
+    cast,
+)
 
 from ._lazy import LazyModule
 from .errors import ResumeError, TarshardsError
@@ -66,6 +77,16 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------
 
 
+class ClosingIterator(Protocol):
+    """An iterator with ``close()``: a generator, or the C loop of ``_speedups.ShuffleRun``."""
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+    def __next__(self) -> Any: ...
+
+    def close(self) -> None: ...
+
+
 _END = object()
 CHUNK_BYTES = 1 << 17  # a reader's read size: a dozen readers' buffers stay in the CPU caches
 _LIST_SAMPLES = 64  # samples handed on in one list (when no batch size aligns the lists)
@@ -113,7 +134,7 @@ class ShuffleCore:
             return self.emitted + held - self.tail
         return self.emitted + held
 
-    def run(self, it: Iterator, prefetch: bool = False) -> Iterator:
+    def run(self, it: Iterator, prefetch: bool = False) -> ClosingIterator:
         if prefetch and _ShuffleRun is not None and type(self.rng) is random.Random:
             if self._c is not None:
                 raise RuntimeError("ShuffleCore.run: the core already runs")
@@ -130,7 +151,7 @@ class ShuffleCore:
             return self._c
         return self._run(it)
 
-    def _run(self, it: Iterator) -> Iterator:
+    def _run(self, it: Iterator) -> Generator[Any, None, None]:
         buf = self.buf
         if self._tail < 0:
             bufsize, initial = self.bufsize, self.initial
@@ -210,8 +231,9 @@ class ReaderStream:
         plan: EpochPlan,
         reader: int,
         *,
-        opener: Callable,
-        range_opener: Callable | None = None,
+        opener: Callable[[str], ContextManager[BinaryIO]],
+        # (url, offset, length or None) -> that byte range of the shard
+        range_opener: Callable[[str, int, int | None], ContextManager[BinaryIO]] | None = None,
         last_dot: bool = False,
         chunk_bytes: int = CHUNK_BYTES,
         unit: int = _LIST_SAMPLES,
@@ -233,7 +255,7 @@ class ReaderStream:
         self._it: Iterator | None = None  # with a shuffle buffer: what comes out of it
         self._lists: Iterator[list[dict]] | None = None  # without one: the segment's lists
         self._cur: list[dict] = []  # the list being taken from
-        self._open: list[Generator] = []  # what close() closes
+        self._open: list[ClosingIterator] = []  # what close() closes
 
     def seek(self, position: int) -> None:
         plan, cfg = self.plan, self.plan.config
@@ -380,7 +402,8 @@ class ReaderStream:
                     return
                 if stats is not None:
                     stream = counted = CountedStream(stream, stats, url, begin)
-                window = _Window(stream, size, self.chunk_bytes)
+                # cast: a stream as far as the readers of chunks go (readinto, read)
+                window = cast(BinaryIO, _Window(stream, size, self.chunk_bytes))
                 if points is not None:
                     if not ranged and not _seek(stream, begin):
                         _discard(stream, begin, url)
@@ -610,7 +633,7 @@ class _Window:
         self._left = size if size >= 0 else 1 << 62
         self._step = step
 
-    def readinto(self, view) -> int:
+    def readinto(self, view: memoryview) -> int:
         n = min(len(view), self._left, self._step)
         if n <= 0:
             return 0
@@ -630,7 +653,7 @@ class _Window:
         self._left -= got
         return got
 
-    def read(self, n: int = -1) -> bytes:
+    def read(self, n: int | None = -1) -> bytes:
         n = self._step if n is None or n < 0 else n
         n = min(n, self._left, self._step)
         if n <= 0:
@@ -651,7 +674,9 @@ def _discard(stream, n: int, url) -> None:
         n -= len(piece)
 
 
-def resumed_chunks(stream, entry: str, url, offset: int, chunk_size: int) -> Iterator[bytes]:
+def resumed_chunks(
+    stream: BinaryIO, entry: str, url: str | None, offset: int, chunk_size: int
+) -> Iterator[bytes]:
     """The tar stream of a sample-aligned compressed shard read from ``offset`` (where
     ``stream`` stands): a frame of its own (``entry="member"``), or a flush point of a
     one-member gzip shard (``"deflate"``: a raw inflater)."""

@@ -12,10 +12,17 @@ registers it for the ``ten``, ``tb`` and ``tenbin`` extensions.
 
 from __future__ import annotations
 
+import os
 import struct
 import sys
+from collections.abc import Iterable, Sequence
+from typing import IO, TYPE_CHECKING, Literal, overload
 
 import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 __all__ = ["decode_buffer", "encode_buffer", "load", "read", "save", "write"]
 
@@ -36,6 +43,11 @@ _CODES = {
 }
 _DTYPES = {code: np.dtype(name) for name, code in _CODES.items()}
 _LEN = struct.Struct("<q")
+
+Arrays = list[np.ndarray]
+# ``infos=True``: the arrays and their info strings
+ArraysInfos = tuple[list[np.ndarray], list[str]]
+Infos = Sequence[object] | None  # one info per array (``str()`` of each), or none
 
 
 def _word(text: str) -> bytes:
@@ -63,7 +75,7 @@ def _header(a: np.ndarray, info: str) -> bytes:
     return _word(code) + _word(info) + dims
 
 
-def _arrays(arrays, infos) -> list[tuple[np.ndarray, str]]:
+def _arrays(arrays: Sequence[npt.ArrayLike], infos: Infos) -> list[tuple[np.ndarray, str]]:
     if isinstance(arrays, np.ndarray) or not isinstance(arrays, (list, tuple)):
         raise ValueError("tenbin encodes a list of arrays")
     if infos is None:
@@ -73,26 +85,26 @@ def _arrays(arrays, infos) -> list[tuple[np.ndarray, str]]:
     return [(np.ascontiguousarray(a), str(i)) for a, i in zip(arrays, infos)]
 
 
-def _chunks(arrays, infos) -> list[bytes | memoryview]:
-    out: list = []
+def _chunks(arrays: Sequence[npt.ArrayLike], infos: Infos) -> list[bytes | memoryview]:
+    out: list[bytes | memoryview] = []
     for a, info in _arrays(arrays, infos):
         out.append(_header(a, info))
-        out.append(memoryview(a).cast("B") if a.size else b"")
+        out.append(a.data.cast("B") if a.size else b"")  # a.data: memoryview(a)
     return out
 
 
-def encode_buffer(arrays, infos=None) -> bytes:
+def encode_buffer(arrays: Sequence[npt.ArrayLike], infos: Infos = None) -> bytes:
     """The ``.ten`` bytes of a list of arrays (``infos``: optional strings of <= 8 characters)."""
-    parts = []
+    parts: list[bytes | memoryview] = []
     for chunk in _chunks(arrays, infos):
         n = len(chunk)
         parts += [MAGIC, _LEN.pack(n), chunk, bytes(_padded(n) - n)]
     return b"".join(parts)
 
 
-def _split(buf) -> list[memoryview]:
+def _split(buf: ReadableBuffer) -> list[memoryview]:
     view = memoryview(buf).cast("B")
-    chunks = []
+    chunks: list[memoryview] = []
     offset, total = 0, len(view)
     while offset < total:
         if view[offset : offset + 8] != MAGIC:
@@ -107,12 +119,13 @@ def _split(buf) -> list[memoryview]:
     return chunks
 
 
-def _decode(chunks: list, infos: bool):
+def _decode(chunks: Sequence[memoryview], infos: bool) -> Arrays | ArraysInfos:
     if len(chunks) % 2:
         raise ValueError("tenbin: a header without its data")
-    arrays, names = [], []
-    for header, data in zip(chunks[::2], chunks[1::2]):
-        header = bytes(header)
+    arrays: Arrays = []
+    names: list[str] = []
+    for raw, data in zip(chunks[::2], chunks[1::2]):
+        header = bytes(raw)
         dtype = _DTYPES.get(_unword(header[:8]))
         if dtype is None:
             raise ValueError(f"tenbin: unknown dtype code {header[:8]!r}")
@@ -126,19 +139,31 @@ def _decode(chunks: list, infos: bool):
     return (arrays, names) if infos else arrays
 
 
-def decode_buffer(buf, infos: bool = False):
+@overload
+def decode_buffer(buf: ReadableBuffer, infos: Literal[False] = ...) -> Arrays: ...
+@overload
+def decode_buffer(buf: ReadableBuffer, infos: Literal[True]) -> ArraysInfos: ...
+@overload
+def decode_buffer(buf: ReadableBuffer, infos: bool) -> Arrays | ArraysInfos: ...
+def decode_buffer(buf: ReadableBuffer, infos: bool = False) -> Arrays | ArraysInfos:
     """The list of arrays in ``.ten`` bytes (with ``infos=True``: ``(arrays, infos)``)."""
     return _decode(_split(buf), infos)
 
 
-def write(stream, arrays, infos=None) -> None:
+def write(stream: IO[bytes], arrays: Iterable[npt.ArrayLike], infos: Infos = None) -> None:
     """Write arrays to a binary stream in the tenbin format."""
     stream.write(encode_buffer(list(arrays), infos))
 
 
-def read(stream, n: int = sys.maxsize, infos: bool = False):
+@overload
+def read(stream: IO[bytes], n: int = ..., infos: Literal[False] = ...) -> Arrays: ...
+@overload
+def read(stream: IO[bytes], n: int = ..., *, infos: Literal[True]) -> ArraysInfos: ...
+@overload
+def read(stream: IO[bytes], n: int = ..., infos: bool = ...) -> Arrays | ArraysInfos: ...
+def read(stream: IO[bytes], n: int = sys.maxsize, infos: bool = False) -> Arrays | ArraysInfos:
     """Read up to ``n`` arrays from a binary stream written by :func:`write`."""
-    chunks = []
+    chunks: list[memoryview] = []
     while len(chunks) < 2 * n:
         head = stream.read(16)
         if not head:
@@ -153,7 +178,12 @@ def read(stream, n: int = sys.maxsize, infos: bool = False):
     return _decode(chunks, infos)
 
 
-def save(fname: str, *arrays, infos=None, nocheck: bool = False) -> None:
+def save(
+    fname: str | os.PathLike[str],
+    *arrays: npt.ArrayLike,
+    infos: Infos = None,
+    nocheck: bool = False,
+) -> None:
     """Save arrays to a ``.ten`` file."""
     if not nocheck and not str(fname).endswith(".ten"):
         raise ValueError(f"tenbin file names end in .ten: {fname}")
@@ -161,7 +191,21 @@ def save(fname: str, *arrays, infos=None, nocheck: bool = False) -> None:
         write(stream, list(arrays), infos)
 
 
-def load(fname: str, infos: bool = False, nocheck: bool = False):
+@overload
+def load(
+    fname: str | os.PathLike[str], infos: Literal[False] = ..., nocheck: bool = ...
+) -> Arrays: ...
+@overload
+def load(
+    fname: str | os.PathLike[str], infos: Literal[True], nocheck: bool = ...
+) -> ArraysInfos: ...
+@overload
+def load(
+    fname: str | os.PathLike[str], infos: bool, nocheck: bool = ...
+) -> Arrays | ArraysInfos: ...
+def load(
+    fname: str | os.PathLike[str], infos: bool = False, nocheck: bool = False
+) -> Arrays | ArraysInfos:
     """Load the arrays of a ``.ten`` file."""
     if not nocheck and not str(fname).endswith(".ten"):
         raise ValueError(f"tenbin file names end in .ten: {fname}")

@@ -12,12 +12,25 @@ from __future__ import annotations
 import hashlib
 import pickle
 import random
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 __all__ = ["batch_digest", "check_resume", "run_epochs", "standard_cuts"]
 
 
-def _canonical(x: Any):
+class Resumable(Protocol):
+    """What :func:`check_resume` drives: iterated once per epoch, with a state to save and load."""
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any, /) -> Any: ...
+
+
+Cut = tuple[int, int | str]  # (epoch, batches handed out in it, or "end")
+
+
+def _canonical(x: Any) -> tuple[Any, ...]:
     if isinstance(x, dict):
         return ("d", tuple((k, _canonical(v)) for k, v in sorted(x.items())))
     if isinstance(x, (list, tuple)):
@@ -46,17 +59,17 @@ def batch_digest(batch: Any) -> str:
     return hashlib.sha256(pickle.dumps(_canonical(batch), protocol=4)).hexdigest()[:16]
 
 
-def run_epochs(run, epochs: int) -> list[list[str]]:
+def run_epochs(run: Iterable[Any], epochs: int) -> list[list[str]]:
     """Iterate ``run`` for ``epochs`` epochs; the digests of each epoch's batches."""
     return [[batch_digest(b) for b in run] for _ in range(epochs)]
 
 
-def standard_cuts(epoch_lengths: Sequence[int], seed: int = 0) -> list[tuple[int, int | str]]:
+def standard_cuts(epoch_lengths: Sequence[int], seed: int = 0) -> list[Cut]:
     """Where to cut: before anything, at a random step, after the last batch (before
     ``StopIteration``), after the epoch ended, and at a random step inside epoch 2."""
     rng = random.Random(seed)
     n0 = epoch_lengths[0]
-    cuts: list[tuple[int, int | str]] = [
+    cuts: list[Cut] = [
         (0, 0),
         (0, rng.randrange(1, max(2, n0))),
         (0, n0),
@@ -67,7 +80,7 @@ def standard_cuts(epoch_lengths: Sequence[int], seed: int = 0) -> list[tuple[int
     return cuts
 
 
-def _run_until(run, epoch: int, step, sink: list[list[str]]):
+def _run_until(run: Resumable, epoch: int, step: int | str, sink: list[list[str]]) -> Any:
     """Iterate ``run`` to the cut; returns the state there. ``sink`` gets the digests seen."""
     for e in range(epoch + 1):
         it = iter(run)
@@ -93,12 +106,12 @@ def _run_until(run, epoch: int, step, sink: list[list[str]]):
 
 
 def check_resume(
-    make: Callable[[], Any],
+    make: Callable[[], Resumable],
     *,
     epochs: int = 2,
-    cuts: Iterable[tuple[int, int | str]] | None = None,
+    cuts: Iterable[Cut] | None = None,
     resumes_in_one_epoch: int = 0,
-    state_roundtrip: Callable | None = None,
+    state_roundtrip: Callable[[Any], Any] | None = None,
     reference: list[list[str]] | None = None,
 ) -> list[list[str]]:
     """Require exact resumption of the runs ``make()`` builds; returns the reference digests.
@@ -125,7 +138,7 @@ def check_resume(
         got = run_epochs(fresh, rest_epochs)
         done = sum(len(x) for x in seen)
         want = flat_ref[done:]
-        have = []
+        have: list[tuple[int, str]] = []
         first_epoch = epoch + (1 if step == "end" else 0)
         for i, ds in enumerate(got):
             have.extend((first_epoch + i, d) for d in ds)
@@ -135,29 +148,29 @@ def check_resume(
         n0 = len(ref[0])
         rng = random.Random(len(ref[0]))
         points = sorted(rng.sample(range(1, max(2, n0)), min(resumes_in_one_epoch, n0 - 1)))
-        got: list[str] = []
+        digests: list[str] = []
         run = make()
         it = iter(run)
         last = 0
         for p in points:
             for _ in range(p - last):
-                got.append(batch_digest(next(it)))
+                digests.append(batch_digest(next(it)))
             last = p
             state = roundtrip(run.state_dict())
             del it
             run = make()
             run.load_state_dict(state)
             it = iter(run)
-        got.extend(batch_digest(b) for b in it)
-        if got != ref[0]:
+        digests.extend(batch_digest(b) for b in it)
+        if digests != ref[0]:
             raise AssertionError(
                 f"resumed {len(points)} times in one epoch at {points}: "
-                + _explain(0, points, got, ref[0])
+                + _explain(0, points, digests, ref[0])
             )
     return ref
 
 
-def _explain(epoch, step, have, want) -> str:
+def _explain(epoch: int, step: object, have: Sequence[object], want: Sequence[object]) -> str:
     for i, (a, b) in enumerate(zip(have, want)):
         if a != b:
             return (

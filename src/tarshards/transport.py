@@ -53,9 +53,12 @@ import secrets
 import weakref
 from dataclasses import dataclass
 from multiprocessing import shared_memory, util
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 __all__ = ["Group", "Packer", "Ticket", "Unpacker", "new_token", "remove_orphans"]
 
@@ -84,7 +87,7 @@ class Ticket:
 @dataclass(frozen=True)
 class _Leaf:
     offset: int
-    shape: tuple
+    shape: tuple[int, ...]
     dtype: str
     kind: str  # "array" or the name the to_array function gave (e.g. "tensor")
 
@@ -103,8 +106,10 @@ class _Ring:
         name = f"tarshards-{token}-{os.getpid()}-{secrets.token_hex(6)}"
         size = self.header + slots * slot_bytes
         self.shm = shared_memory.SharedMemory(name=name, create=True, size=size)
-        self.busy: memoryview | None = self.shm.buf[:slots]  # 0: free, 1: a batch is there
-        self.address = _address(np.frombuffer(self.shm.buf, np.uint8, 1))  # of the mapping
+        buf = self.shm.buf
+        assert buf is not None  # None only once closed
+        self.busy: memoryview | None = buf[:slots]  # 0: free, 1: a batch is there
+        self.address = _address(np.frombuffer(buf, np.uint8, 1))  # of the mapping
         self.busy[:] = bytes(slots)
         # the name goes when the main process maps the segment, or when this process exits
         # with no ticket out (see _unlink); the main process keeps its own mapping
@@ -132,7 +137,7 @@ def _free(ring: _Ring | None, slot: int) -> None:
         ring.busy[slot] = 0
 
 
-def _unlink(ring) -> None:
+def _unlink(ring: _Ring) -> None:
     """At exit: remove the segment's name unless a ticket naming it may still be on its way
     (a slot is busy: the main process has not mapped it yet, else it would have removed the
     name already). DataLoader stops a worker as soon as it learns that the worker has run out,
@@ -166,7 +171,7 @@ class Packer:
     def __init__(
         self,
         slots: int = 4,
-        to_array: Callable[[Any], tuple | None] | None = None,
+        to_array: Callable[[Any], tuple[np.ndarray, str] | None] | None = None,
         min_bytes: int = _MIN_BYTES,
         group_bytes: int = _GROUP_BYTES,
         group_max: int = _GROUP_MAX,
@@ -186,7 +191,7 @@ class Packer:
         self._bump = 0  # its bytes handed out so far
         self._allocated: dict[int, tuple] = {}  # data address -> (offset, shape, dtype)
 
-    def __getstate__(self):  # a new process starts without a ring of its own
+    def __getstate__(self) -> dict[str, Any]:  # a new process starts without a ring of its own
         state = dict(self.__dict__)
         state["_ring"] = None
         state["_outgrown"] = []
@@ -197,7 +202,7 @@ class Packer:
         """How many batches of ``batch_bytes`` of array data travel as one :class:`Group`."""
         return max(1, min(self.group_max, self.group_bytes // max(int(batch_bytes), 1)))
 
-    def allocate(self, shape: tuple, dtype) -> np.ndarray | None:
+    def allocate(self, shape: tuple[int, ...], dtype: npt.DTypeLike) -> np.ndarray | None:
         """An empty array in the slot that the next batch goes to, for the stage that makes
         the batch's arrays (the stacks of its columns) to write them in place: that batch then
         takes no copy on its way (``None``: no room, or no free slot; the stage makes its array
@@ -253,7 +258,7 @@ class Packer:
             return None
         return offset
 
-    def _leaves(self, batch, out: list):
+    def _leaves(self, batch: Any, out: list[tuple[np.ndarray, str]]) -> Any:
         """Replace arrays by placeholders (their index in ``out``); others stay."""
         if isinstance(batch, np.ndarray):
             if batch.dtype.hasobject:
@@ -277,8 +282,8 @@ class Packer:
                 return _Placeholder(len(out) - 1)
         return batch
 
-    def __call__(self, batch):
-        arrays: list = []
+    def __call__(self, batch: Any) -> Any:  # a Ticket, or the batch unchanged
+        arrays: list[tuple[np.ndarray, str]] = []
         tree = self._leaves(batch, arrays)
         ring, open_slot, bump = self._ring, self._open, self._bump
         placed = [self._in_slot(arr) for arr, _kind in arrays]  # written there by allocate()
@@ -286,7 +291,8 @@ class Packer:
         if open_slot is not None:
             assert ring is not None
             if any(p is not None for p in placed):
-                offsets, total = [], bump  # the other arrays go after those already there
+                offsets: list[int] = []
+                total = bump  # the other arrays go after those already there
                 for (arr, _kind), p in zip(arrays, placed):
                     if p is None:
                         offsets.append(total)
@@ -307,9 +313,9 @@ class Packer:
             return batch
         return self._copied(tree, arrays, grow=False) or batch
 
-    def _copied(self, tree, arrays, grow: bool) -> Ticket | None:
+    def _copied(self, tree: Any, arrays: list[tuple[np.ndarray, str]], grow: bool) -> Ticket | None:
         """The arrays copied into a free slot (``None``: too little data, or no free slot)."""
-        offsets = []
+        offsets: list[int] = []
         total = 0
         for arr, _kind in arrays:
             offsets.append(total)
@@ -331,10 +337,18 @@ class Packer:
             return None
         return self._ticket(ring, slot, tree, arrays, offsets, [None] * len(arrays))
 
-    def _ticket(self, ring: _Ring, slot: int, tree, arrays, offsets, placed) -> Ticket:
+    def _ticket(
+        self,
+        ring: _Ring,
+        slot: int,
+        tree: Any,
+        arrays: list[tuple[np.ndarray, str]],
+        offsets: list[int],
+        placed: list[int | None],
+    ) -> Ticket:
         base = ring.header + slot * ring.slot_bytes
         buf = ring.shm.buf
-        leaves = []
+        leaves: list[_Leaf] = []
         copied = 0
         for (arr, kind), offset, p in zip(arrays, offsets, placed):
             if p is None:
@@ -353,14 +367,14 @@ class Group(list):
     """Consecutive batches of one worker (``worker``: its id) that travel together (one slot,
     one ticket)."""
 
-    def __init__(self, items=(), worker: int | None = None):
+    def __init__(self, items: Iterable[Any] = (), worker: int | None = None):
         super().__init__(items)
         self.worker = worker
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[Group], tuple[list[Any], int | None]]:
         return Group, (list(self), self.worker)
 
-    def like(self, items) -> Group:
+    def like(self, items: Iterable[Any]) -> Group:
         return Group(items, self.worker)
 
 
@@ -369,7 +383,7 @@ class _Placeholder:
     index: int
 
 
-def _fill(tree, leaves):
+def _fill(tree: Any, leaves: list[_Leaf]) -> Any:
     if isinstance(tree, _Placeholder):
         return leaves[tree.index]
     if isinstance(tree, tuple):
@@ -399,7 +413,7 @@ class Unpacker:
     def __init__(
         self,
         from_array: Callable[[np.ndarray, str], Any] | None = None,
-        alloc: Callable | None = None,
+        alloc: Callable[[tuple[int, ...], np.dtype, str], tuple[Any, np.ndarray]] | None = None,
         copy: bool = True,
     ):
         self.from_array = from_array
@@ -411,13 +425,13 @@ class Unpacker:
         self.copied_bytes = 0  # of their array data, what the workers copied into the slots
         self.slot_bytes = 0  # ... and all of it (the rest was stacked in the slot itself)
 
-    def _segment(self, ticket: Ticket):
+    def _segment(self, ticket: Ticket) -> mmap.mmap:
         buf = self._segments.get(ticket.segment)
         if buf is None:
             buf = self._segments[ticket.segment] = _attach(ticket.segment, ticket.segment_size)
         return buf
 
-    def _busy_flags(self, ticket: Ticket, buf) -> np.ndarray | None:
+    def _busy_flags(self, ticket: Ticket, buf: mmap.mmap) -> np.ndarray | None:
         if not ticket.header:  # a ring without flags: nothing to release
             return None
         flags = self._flags.get(ticket.segment)
@@ -425,7 +439,7 @@ class Unpacker:
             flags = self._flags[ticket.segment] = np.frombuffer(buf, np.uint8, ticket.header)
         return flags
 
-    def __call__(self, item):
+    def __call__(self, item: Any) -> Any:  # the batch of a Ticket, else item itself
         if not isinstance(item, Ticket):
             return item
         self.tickets += 1
@@ -448,10 +462,16 @@ class Unpacker:
             weakref.finalize(holder, _release, flags, item.slot)
         return self._unpack(item.tree, holder, 0)
 
-    def _unpack(self, tree, buf, base):
+    def _unpack(self, tree: Any, buf: mmap.mmap | ctypes.Array[ctypes.c_char], base: int) -> Any:
         if isinstance(tree, _Leaf):
             dtype = np.dtype(tree.dtype)
-            src = np.ndarray(tree.shape, dtype=dtype, buffer=buf, offset=base + tree.offset)
+            # ignore: a ctypes array is a buffer (numpy's stubs name no Buffer type before 3.12)
+            src = np.ndarray(
+                tree.shape,
+                dtype=dtype,
+                buffer=buf,  # type: ignore[arg-type]
+                offset=base + tree.offset,
+            )
             if self.alloc is not None:
                 value, dst = self.alloc(tree.shape, dtype, tree.kind)
                 np.copyto(dst, src, casting="no")
@@ -481,7 +501,7 @@ class Unpacker:
                 pass
 
 
-def _nbytes(tree) -> int:
+def _nbytes(tree: Any) -> int:
     if isinstance(tree, _Leaf):
         return math.prod(tree.shape) * np.dtype(tree.dtype).itemsize
     if isinstance(tree, (tuple, list)):
@@ -508,7 +528,7 @@ def _attach(name: str, size: int) -> mmap.mmap:
     except ImportError:  # not POSIX: let SharedMemory do it, and keep the object alive
         shm = shared_memory.SharedMemory(name=name)
         _KEEP.append(shm)
-        return shm._mmap
+        return shm._mmap  # type: ignore[attr-defined]  # no public handle on the mapping
     path = "/" + name.lstrip("/")
     fd = _posixshmem.shm_open(path, os.O_RDWR, mode=0o600)
     try:
@@ -565,4 +585,4 @@ def remove_orphans(token: str, everything: bool = False) -> int:
     return removed
 
 
-_KEEP: list = []
+_KEEP: list[shared_memory.SharedMemory] = []

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import sys
 import time
 from dataclasses import dataclass, field
+from types import TracebackType
+from typing import IO, TYPE_CHECKING, Any, BinaryIO, Callable, Literal, Sequence, TypeVar, cast
 
 from .codecs import encode_value
 from .compression import FlushedGzip, by_name, is_compressed_name, open_compressed_writer
@@ -19,9 +22,23 @@ from .format import parse_size
 from .tario import BLOCK, TarMemberWriter, header_number, header_size
 from .storage import AtomicOutput, remove_stale_temporaries, temporary_directory
 
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+
+    from .index import ShardIndex
+    from .manifest import Manifest, ManifestRecorder
+
 __all__ = ["ShardInfo", "ShardWriter", "TarWriter", "sample_members", "shard_name"]
 
 logger = logging.getLogger(__name__)
+
+# where TarWriter writes: a path, a URL, "-" (stdout), "pipe:CMD", or a binary file object
+Destination = str | os.PathLike[str] | IO[bytes]
+# ShardWriter(meta=): {name: fn(sample) -> number}, fn(sample) -> {name: number}, or a list
+MetaFunctions = dict[str, Callable[[dict], Any]] | Callable[[dict], Any]
+MetaSpec = MetaFunctions | list[MetaFunctions] | tuple[MetaFunctions, ...]
+_TW = TypeVar("_TW", bound="TarWriter")  # __enter__ returns the subclass (compat's)
+_SW = TypeVar("_SW", bound="ShardWriter")
 
 try:  # optional C accelerator (see _speedups.c); _Recorder's lists are the reference
     from ._speedups import Recorder as _CRecorder
@@ -120,7 +137,7 @@ class TarWriter:
 
     def __init__(
         self,
-        dest,
+        dest: Destination,
         *,
         encoder: bool = True,
         compress: str | bool | None = None,
@@ -149,8 +166,8 @@ class TarWriter:
             dest, storage_options=storage_options, allow_pipe=allow_pipe, remove_stale=remove_stale
         )
         self.name = self._out.name
-        self.index = None  # the ShardIndex, after close() when recording
-        self._recorder = None
+        self.index: ShardIndex | None = None  # the ShardIndex, after close() when recording
+        self._recorder: _Recorder | None = None
         try:
             if suffix is None:
                 named = (
@@ -199,9 +216,9 @@ class TarWriter:
         elif (
             key is not None
             and (fast := rec.fast) is not None
-            and (n := self._tar.add_recorded(members, fast, key)) is not None
+            and (recorded := self._tar.add_recorded(members, fast, key)) is not None
         ):
-            pass  # the recorder's hot path: written and recorded in one C call
+            n = recorded  # the recorder's hot path: written and recorded in one C call
         elif rec.fast is None:  # its general path (and aligned frames): before the write
             rec.before_sample(members, key)
             n = self._tar.add_all(members)
@@ -248,10 +265,15 @@ class TarWriter:
                 self._recorder.close()
             self._out.abort()
 
-    def __enter__(self):
+    def __enter__(self: _TW) -> _TW:
         return self
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
         if exc_type is None:
             self.close()
         else:
@@ -287,7 +309,15 @@ class _Recorder:
     compressed one as its compressed bytes leave (by the thread, where there is one), and the
     member checksums are computed in C on each bytes value as given."""
 
-    def __init__(self, writer: "TarWriter", suffix: str, level, aligned: bool, hash, index):
+    def __init__(
+        self,
+        writer: TarWriter,
+        suffix: str,
+        level: int | None,
+        aligned: bool,
+        hash: str | None,
+        index: bool | str | os.PathLike[str],
+    ):
         from .hashing import (
             DEFAULT_HASH,
             MEMBER_HASH,
@@ -340,17 +370,20 @@ class _Recorder:
         # the hot path's recorder, which TarWriter.write_members hands tar_sample (None: none,
         # as in aligned mode, where before_sample records ahead of each frame)
         self.fast = None if self.aligned else self._fast
-        self._parts: list = []
+        self._parts: list[ReadableBuffer] = []  # aligned mode: one sample's tar bytes
+        self._compress: Callable[[bytes], bytes]  # aligned mode: one sample's tar bytes
         if self._flushed is not None:
             self._compress = self._flushed.sample
             writer._stream, writer._close_compressor = self, self._end_flushed
             self.write_raw(self._flushed.header)
         elif self.aligned:
-            self._compress = by_name(self.compression).frame(level)
+            assert comp is not None  # aligned: a compression of _ALIGNABLE
+            self._compress = comp.frame(level)
             writer._stream, writer._close_compressor = self, (lambda: None)
         elif self.compression != "none":
+            # cast: a raw binary stream (the compressors only write and flush it)
             writer._stream, writer._close_compressor = open_compressed_writer(
-                _HashingSink(self), suffix, level
+                cast(BinaryIO, _HashingSink(self)), suffix, level
             )
         else:  # hashed sample by sample on the way into the output's buffer (see attach)
             writer._stream, writer._close_compressor = _HashingSink(self), (lambda: None)
@@ -380,19 +413,19 @@ class _Recorder:
 
             tar._writelines = writelines
 
-    def write(self, data) -> int:  # aligned mode: TarMemberWriter.finish() writes here
+    def write(self, data: bytes) -> int:  # aligned mode: TarMemberWriter.finish() writes here
         self._parts.append(data)
         return len(data)
 
     def _end_flushed(self) -> None:
         self.write_raw(self._flushed.end())  # type: ignore[union-attr]
 
-    def write_raw(self, data) -> None:
+    def write_raw(self, data: bytes) -> None:
         self.hasher.update(data)
         self.nbytes += len(data)
         self.raw.write(data)
 
-    def before_sample(self, members, key=None) -> None:
+    def before_sample(self, members: Sequence[tuple[str, bytes]], key: str | None = None) -> None:
         """The general path of a write (and the frames of aligned mode); TarWriter tried
         ``fast`` (or its ``record``) first where there is one."""
         if self.aligned:
@@ -402,7 +435,7 @@ class _Recorder:
         if self._fast is not None:
             if key is not None and self._fast.record(members, key):
                 return
-            self._to_lists()
+            self._to_lists(self._fast)
         names, datas = zip(*members)
         self.names += names
         self.sizes += map(len, datas)
@@ -414,13 +447,14 @@ class _Recorder:
                 self.keys.append(key)
                 self.counts.append(len(members))
 
-    def _to_lists(self) -> None:
-        """Leave the fast path: the packed records so far become the general path's lists."""
+    def _to_lists(self, fast: Any) -> None:
+        """Leave the fast path (``fast``: its C recorder): the packed records so far become the
+        general path's lists."""
         import numpy as np
 
         from .index import _MEMBER_DTYPE
 
-        rows = np.frombuffer(self._fast.members, _MEMBER_DTYPE)
+        rows = np.frombuffer(fast.members, _MEMBER_DTYPE)
         self._fast = self.fast = None
         exts = list(self._codes)
         keys = self.keys or []
@@ -457,7 +491,7 @@ class _Recorder:
                 digest = self.background.finish(self.nbytes)[0]
         finally:
             self.close()
-        fields = dict(
+        fields: dict[str, Any] = dict(
             nbytes=self.nbytes,
             hash=f"{self.algorithm}:{digest}",
             compression=self.compression,
@@ -466,10 +500,10 @@ class _Recorder:
         if self.read_back:
             named = dict(zip(_READ_BACK_COLUMNS, columns))
             named["tar_offsets"] = named["sample_offsets"]
-            w.index = index_from_columns(
+            w.index = index = index_from_columns(
                 named, tuple(exts), member_hash=self.member_hash, last_dot=False, **fields
             )
-            self._save(w)
+            self._save(w, index)
             return
         builder = IndexBuilder(member_hash=self.member_hash)
         if self._flushed is not None:
@@ -479,19 +513,20 @@ class _Recorder:
         if self._fast is not None:
             builder._ext_codes = self._codes
             fast = self._fast
+            assert self.keys is not None  # None only on the general path (self._fast is None)
             builder.add_rows(self.keys, fast.samples, fast.members, fast.key_blob, fast.key_offsets)
         else:
             builder.add_written(
                 self.names, self.sizes, self.sums, keys=self.keys, counts=self.counts
             )
-        w.index = builder.build(**fields)
+        w.index = index = builder.build(**fields)
         self.names = self.sizes = self.sums = self.frames = []
         self._fast = self.fast = None
-        self._save(w)
+        self._save(w, index)
 
-    def _save(self, w: "TarWriter") -> None:
+    def _save(self, w: "TarWriter", index: ShardIndex) -> None:
         if self.save_to is not None:
-            w.index.save(self.save_to, storage_options=w._out.storage_options)
+            index.save(self.save_to, storage_options=w._out.storage_options)
 
 
 # what Background(index=True).finish() returns between the hash and the extensions, in order
@@ -514,8 +549,12 @@ class _NoHash:
     """The file hash object while the thread hashes the file (its digest comes from there)."""
 
     @staticmethod
-    def update(data) -> None:
+    def update(data: object) -> None:
         pass
+
+    @staticmethod
+    def hexdigest() -> str:  # never called: the file's digest is the thread's
+        raise RuntimeError("the file is hashed by the read-back thread")
 
 
 _NO_HASH = _NoHash()
@@ -531,7 +570,7 @@ class _HashingSink(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, data) -> int:
+    def write(self, data: bytes) -> int:  # type: ignore[override]  # bytes-like, as RawIOBase
         n = len(data)
         self.rec.write_raw(data)
         return n
@@ -631,11 +670,11 @@ class ShardWriter:
         *,
         start_shard: int = 0,
         verbose: int = 0,
-        post=None,
+        post: Callable[[str], object] | None = None,
         storage_options: dict | None = None,
-        manifest=None,
-        meta=None,
-        **tarwriter_options,
+        manifest: str | os.PathLike[str] | None = None,
+        meta: MetaSpec | None = None,
+        **tarwriter_options: Any,
     ):
         if maxcount is None or maxcount < 1:
             raise ValueError(f"maxcount must be >= 1, got {maxcount!r}")
@@ -657,8 +696,8 @@ class ShardWriter:
         self.post = post
         self.storage_options = storage_options
         self.tarwriter_options = tarwriter_options
-        self.manifest = None  # the Manifest, after close() with manifest=PATH
-        self._manifest = None
+        self.manifest: Manifest | None = None  # after close() with manifest=PATH
+        self._manifest: ManifestRecorder | None = None
         if manifest is not None:  # record each shard's index and write the manifest at close
             from .manifest import ManifestRecorder
 
@@ -728,6 +767,7 @@ class ShardWriter:
             self._finish_current()
         if self._writer is None:
             self._open_next()
+            assert self._writer is not None  # made by _open_next (or a subclass's)
         self.total += 1
         if self._meta:
             self._meta_rows.append(meta_row(self._meta, sample))
@@ -738,7 +778,7 @@ class ShardWriter:
         self._finish_current()
         self.save_manifest()
 
-    def save_manifest(self):
+    def save_manifest(self) -> Manifest | None:
         """Write the manifest of the shards committed so far (with ``manifest=``); returns it."""
         if self._manifest is not None:
             self.manifest = self._manifest.save()
@@ -756,10 +796,15 @@ class ShardWriter:
             except Exception as exc:  # not raised over what made the caller abort
                 logger.warning("an index of a committed shard was not saved: %s", exc)
 
-    def __enter__(self):
+    def __enter__(self: _SW) -> _SW:
         return self
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
         if exc_type is None:
             self.close()
         else:

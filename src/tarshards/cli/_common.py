@@ -15,7 +15,7 @@ import functools
 import os
 import re
 import sys
-from typing import Callable, Iterable, Iterator
+from typing import IO, Any, Callable, Generator, Iterable, Iterator, Literal, NoReturn, TypeVar
 
 import click
 
@@ -48,6 +48,9 @@ __all__ = [
     "shuffle_options",
 ]
 
+F = TypeVar("F", bound=Callable[..., Any])  # a command callback, decorated
+T = TypeVar("T")
+
 EPILOG_WIDTH = 100
 CONTEXT_SETTINGS = {
     "help_option_names": ["-h", "--help"],
@@ -66,12 +69,12 @@ class DataError(click.ClickException):
         ctx = click.get_current_context(silent=True)
         self.prog = ctx.command_path if ctx is not None else "tarshards"
 
-    def show(self, file=None) -> None:
+    def show(self, file: IO[Any] | None = None) -> None:
         click.echo(f"{self.prog}: error: {self.format_message()}", file=file or sys.stderr)
 
 
 @contextlib.contextmanager
-def one_blas_thread():
+def one_blas_thread() -> Iterator[None]:
     """numpy, when imported inside this, loads OpenBLAS with one thread: the commands never
     call BLAS, and at load OpenBLAS starts a thread per core that spins for a while (measured:
     0.12-0.13 s of CPU per process on a 2-core host), taking a core from the hashing threads.
@@ -104,11 +107,11 @@ def _quiet_exit_on_broken_pipe() -> None:
     sys.exit(0)
 
 
-def handle_errors(fn):
+def handle_errors(fn: F) -> F:
     """Decorator for command callbacks: data errors -> :class:`DataError`, EPIPE -> quiet exit."""
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except BrokenPipeError:
@@ -123,7 +126,7 @@ def handle_errors(fn):
             where = f" ({exn.filename})" if getattr(exn, "filename", None) else ""
             raise DataError(f"{exn.strerror or exn}{where}") from None
 
-    return wrapper
+    return wrapper  # type: ignore[return-value]  # functools.wraps: fn's signature
 
 
 def as_data_error(exn: BaseException, url: str | None = None) -> TarshardsError:
@@ -154,10 +157,12 @@ class _OnErrorType(click.ParamType):
     choices = ("raise", "skip")
     aliases = {"abort": "raise", "fail": "raise", "stop": "raise", "warn": "skip"}
 
-    def get_metavar(self, param, *args, **kwargs) -> str:  # click 8.2 adds ctx=
+    def get_metavar(
+        self, param: click.Parameter, *args: Any, **kwargs: Any
+    ) -> str:  # click 8.2 adds ctx=
         return "[raise|skip]"
 
-    def convert(self, value, param, ctx):
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
         text = str(value).strip().lower()
         text = self.aliases.get(text, text)
         if text not in self.choices:
@@ -168,7 +173,7 @@ class _OnErrorType(click.ParamType):
 ON_ERROR = _OnErrorType()
 
 
-def on_error_option(what: str = "a bad shard", skip: str = "skip its rest"):
+def on_error_option(what: str = "a bad shard", skip: str = "skip its rest") -> Callable[[F], F]:
     """``-e/--on-error raise|skip``: stop with the error (exit 1), or warn on stderr and go on.
 
     ``what`` names the error, ``skip`` what skipping it drops (both short: one help line)."""
@@ -181,17 +186,17 @@ def on_error_option(what: str = "a bad shard", skip: str = "skip its rest"):
     )
 
 
-def inputs_argument(fn):
+def inputs_argument(fn: F) -> F:
     return click.argument("inputs", nargs=-1, metavar="[INPUTS]...")(fn)
 
 
-def output_option(what: str = "file or URL"):
+def output_option(what: str = "file or URL") -> Callable[[F], F]:
     return click.option(
         "-o", "--output", default="-", show_default=True, help=f"Output {what}; - is stdout."
     )
 
 
-def files_from_option(fn):
+def files_from_option(fn: F) -> F:
     return click.option(
         "-T",
         "--files-from",
@@ -202,11 +207,11 @@ def files_from_option(fn):
     )(fn)
 
 
-def quiet_option(help: str = "No progress bar."):
+def quiet_option(help: str = "No progress bar.") -> Callable[[F], F]:
     return click.option("-q", "--quiet", is_flag=True, help=help)
 
 
-def shuffle_options(fn):
+def shuffle_options(fn: F) -> F:
     fn = click.option(
         "--seed", type=int, default=0, show_default=True, help="Random seed for --shuffle."
     )(fn)
@@ -219,7 +224,7 @@ def shuffle_options(fn):
     )(fn)
 
 
-def count_option(verb: str = "Write", *names: str):
+def count_option(verb: str = "Write", *names: str) -> Callable[[F], F]:
     return click.option(
         *(names or ("-c", "--count")),
         "count",
@@ -229,7 +234,7 @@ def count_option(verb: str = "Write", *names: str):
     )
 
 
-def skip_option(fn):
+def skip_option(fn: F) -> F:
     return click.option(
         "-s", "--skip", type=click.IntRange(min=0), default=0, help="Skip the first N samples."
     )(fn)
@@ -244,7 +249,7 @@ def error_handler(on_error: str, prog: str | None = None) -> Callable[[BaseExcep
     """The handler for ``--on-error``: ``raise`` re-raises, ``skip`` warns on stderr, goes on."""
     if on_error == "raise":
 
-        def reraise(exn):
+        def reraise(exn: BaseException) -> NoReturn:
             raise exn
 
         return reraise
@@ -252,7 +257,7 @@ def error_handler(on_error: str, prog: str | None = None) -> Callable[[BaseExcep
         ctx = click.get_current_context(silent=True)
         prog = ctx.command_path if ctx is not None else "tarshards"
 
-    def skip(exn) -> bool:
+    def skip(exn: BaseException) -> bool:
         from ..reading import skipped_rest  # here: the commands start faster
 
         lost = skipped_rest(exn) if isinstance(exn, TarshardsError) else None  # bytes, offset
@@ -297,7 +302,7 @@ class _Counted:
         return getattr(self._stream, name)
 
 
-def shard_reader(url: str) -> Iterator[dict]:
+def shard_reader(url: str) -> Generator[dict, None, None]:
     """The samples of one input, fields as raw bytes; every failure a TarshardsError naming it.
 
     An input of 0 bytes is an error (as for tar itself), not an empty dataset.
@@ -321,7 +326,7 @@ def shard_reader(url: str) -> Iterator[dict]:
         raise TruncatedShardError("empty input (0 bytes): not a tar archive", url=url, offset=0)
 
 
-def read_samples(urls: Iterable[str], on_error: str = "raise") -> Iterator[dict]:
+def read_samples(urls: Iterable[str], on_error: str = "raise") -> Generator[dict, None, None]:
     """Samples of ``urls`` in turn, fields as raw bytes; bad inputs as ``--on-error`` says."""
     handler = error_handler(on_error)
     for url in urls:
@@ -337,7 +342,7 @@ def read_samples(urls: Iterable[str], on_error: str = "raise") -> Iterator[dict]
 # ---------------------------------------------------------------------------------------------
 
 
-def parse_size(text) -> int:
+def parse_size(text: str | int | float) -> int:
     """A size given on the command line: :func:`tarshards.format.parse_size`, and not 0."""
     return _parse_size(text, positive=True)
 
@@ -345,7 +350,7 @@ def parse_size(text) -> int:
 class _SizeType(click.ParamType):
     name = "SIZE"
 
-    def convert(self, value, param, ctx):
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         try:
             return parse_size(value)
         except ValueError as exn:
@@ -415,7 +420,7 @@ def members_of(sample: dict) -> list[tuple[str, bytes]]:
     return [(f"{key}.{ext}", data) for ext, data in sample.items() if not ext.startswith("__")]
 
 
-def output_dest(output: str):
+def output_dest(output: str) -> str | IO[bytes]:
     """What to give :class:`~tarshards.writer.TarWriter` for ``-o OUTPUT``.
 
     For stdout, a writer over file descriptor 1 with a 1 MiB buffer (Python's default 8 KiB
@@ -446,8 +451,8 @@ def check_stdout_not_tty(output: str) -> None:
 class Progress:
     """A tqdm bar on stderr when stderr is a terminal and not ``--quiet``; otherwise nothing."""
 
-    def __init__(self, quiet: bool, desc: str, unit: str = "samples", total=None):
-        self.bar = None
+    def __init__(self, quiet: bool, desc: str, unit: str = "samples", total: int | None = None):
+        self.bar: Any = None  # a tqdm bar
         if not quiet and sys.stderr.isatty():
             from tqdm import tqdm
 
@@ -459,7 +464,7 @@ class Progress:
         if self.bar is not None:
             self.bar.update(n)
 
-    def wrap(self, items: Iterable) -> Iterator:
+    def wrap(self, items: Iterable[T]) -> Iterator[T]:
         if self.bar is None:
             yield from items
             return
@@ -473,9 +478,9 @@ class Progress:
             self.bar.close()
             self.bar = None
 
-    def __enter__(self):
+    def __enter__(self) -> Progress:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         self.close()
         return False

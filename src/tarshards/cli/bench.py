@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+from typing import Any, Callable
 
 import click
 
@@ -19,7 +20,7 @@ from ._common import CONTEXT_SETTINGS, handle_errors, print_err
 __all__ = ["bench_cmd"]
 
 
-def _load_factory(ref: str):
+def _load_factory(ref: str) -> Callable[..., Any]:
     module, sep, name = ref.partition(":")
     if not sep or not module or not name:
         raise click.BadParameter(f"expected MODULE:FUNCTION, got {ref!r}", param_hint="--pipeline")
@@ -127,22 +128,22 @@ Examples:
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @handle_errors
 def bench_cmd(
-    spec,
-    decode,
-    crop,
-    media,
-    frames,
-    shuffle,
-    fields,
-    batch_size,
-    factory,
-    workers,
-    max_samples,
-    seconds,
-    as_json,
-    plot,
-    quiet,
-):
+    spec: str,
+    decode: tuple[str, ...],
+    crop: int | None,
+    media: bool,
+    frames: int,
+    shuffle: int,
+    fields: str | None,
+    batch_size: int | None,
+    factory: str | None,
+    workers: int | None,
+    max_samples: int,
+    seconds: float,
+    as_json: bool,
+    plot: str | None,
+    quiet: bool,
+) -> None:
     """Measure an input pipeline on SPEC's shards: raw read MB/s against cat (local) or a plain
     GET (remote), samples/s after each stage (read, decode, transforms, batching) and through
     a DataLoader, time to the first sample and batch, peak memory, and what bounds it."""

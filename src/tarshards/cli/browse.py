@@ -67,8 +67,17 @@ DEFAULT_PORT = 8765
 @quiet_option("No progress bar while indexing.")
 @handle_errors
 def browse_cmd(
-    inputs, host, port, no_open, page_size, index_dir, stats_samples, seed, verbose, quiet
-):
+    inputs: tuple[str, ...],
+    host: str,
+    port: int | None,
+    no_open: bool,
+    page_size: int,
+    index_dir: str | None,
+    stats_samples: int,
+    seed: int,
+    verbose: bool,
+    quiet: bool,
+) -> None:
     """Browse a data set (a manifest, or shards) in the web browser."""
     from ..web import BrowseData, BrowseServer, is_loopback
 

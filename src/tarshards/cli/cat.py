@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from typing import Iterator
 
 import click
 
@@ -49,11 +50,21 @@ __all__ = ["cat_cmd"]
 @on_error_option()
 @quiet_option()
 @handle_errors
-def cat_cmd(inputs, output, count, skip, shuffle, seed, listfile, on_error, quiet):
+def cat_cmd(
+    inputs: tuple[str, ...],
+    output: str,
+    count: int | None,
+    skip: int,
+    shuffle: int,
+    seed: int,
+    listfile: str | None,
+    on_error: str,
+    quiet: bool,
+) -> None:
     """Concatenate the samples of INPUTS (files, URLs, brace specs; default stdin) into one tar."""
     urls = collect_inputs(inputs, listfile)
     check_stdout_not_tty(output)
-    samples = read_samples(urls, on_error)
+    samples: Iterator[dict] = read_samples(urls, on_error)
     if shuffle > 1:
         samples = shuffle_stage(samples, shuffle, seed=seed)
     if skip or count is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import functools
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import click
 
@@ -40,6 +41,9 @@ from ._common import (
     print_err,
     quiet_option,
 )
+
+if TYPE_CHECKING:
+    from ..manifest import ShardRecord
 
 __all__ = ["ShardReport", "check_cmd", "check_shard"]
 
@@ -100,7 +104,9 @@ def _multi_member_warning(url: str, compression: str, frames: list, starts: list
     )
 
 
-def check_shard(url: str, *, max_problems: int = 20, expect=None) -> ShardReport:
+def check_shard(
+    url: str, *, max_problems: int = 20, expect: ShardRecord | None = None
+) -> ShardReport:
     """Read one shard to its end and report what is in it and what is wrong with it.
 
     ``expect``: the shard's manifest record; its size, hash and sample count are checked too."""
@@ -115,7 +121,7 @@ def check_shard(url: str, *, max_problems: int = 20, expect=None) -> ShardReport
     head: list = []
     starts: list = []  # tar offset of each sample
 
-    def problem(msg):
+    def problem(msg: str) -> None:
         if len(rep.problems) < max_problems:
             rep.problems.append(msg)
 
@@ -255,7 +261,7 @@ def _hashing_reader(stream, expect):
     return HashingReader(stream, algorithm)
 
 
-def _human(n: int) -> str:
+def _human(n: float) -> str:
     for unit in ("B", "kB", "MB", "GB", "TB"):
         if n < 1000 or unit == "TB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -279,7 +285,7 @@ def format_table(reports: list[ShardReport]) -> str:
             )
         )
     if len(reports) > 1:
-        tot = collections.Counter()
+        tot: collections.Counter[str] = collections.Counter()
         for r in reports:
             tot.update(r.extensions)
         bad = sum(1 for r in reports if not r.ok)
@@ -331,7 +337,13 @@ def format_table(reports: list[ShardReport]) -> str:
     help="Check sizes, hashes, counts against MANIFEST.",
 )
 @handle_errors
-def check_cmd(inputs, listfile, max_problems, quiet, manifest_url=None):
+def check_cmd(
+    inputs: tuple[str, ...],
+    listfile: str | None,
+    max_problems: int,
+    quiet: bool,
+    manifest_url: str | None = None,
+) -> None:
     """Verify shards: readable to the end, no truncated member, no split key, no repeated field.
 
     With --manifest, each shard's size, hash and sample count must be the manifest's too (its

@@ -115,26 +115,26 @@ __all__ = ["index_cmd"]
 @quiet_option()
 @handle_errors
 def index_cmd(
-    inputs,
-    output,
-    listfile,
-    parallel,
-    hash_name,
-    engine,
-    address,
-    retries,
-    append,
-    overwrite,
-    dali,
-    media,
-    keyframes,
-    on_error,
-    quiet,
-):
+    inputs: tuple[str, ...],
+    output: str,
+    listfile: str | None,
+    parallel: int | None,
+    hash_name: str,
+    engine: str | None,
+    address: str | None,
+    retries: int,
+    append: bool,
+    overwrite: bool,
+    dali: bool,
+    media: bool,
+    keyframes: bool,
+    on_error: str,
+    quiet: bool,
+) -> None:
     """Index shards: write MANIFEST (counts, sizes, hashes) and one index per shard."""
     with one_blas_thread():
         from ..index import INDEX_SUFFIX
-        from ..manifest import Manifest, build_manifest, resolve_url
+        from ..manifest import Manifest, build_manifest
     if not inputs and listfile is None:
         raise click.UsageError("name the shards to index (SPEC... or -T FILE)")
     if keyframes and not media:
@@ -155,9 +155,9 @@ def index_cmd(
             before = Manifest.load(output)
         except FileNotFoundError:  # no manifest yet: a plain build
             pass
-    skipped = []
+    skipped: list[str] = []
 
-    def report(url, exc):
+    def report(url: str, exc: BaseException) -> None:
         skipped.append(url)
         print_err(f"{prog}: warning: left out {url}: {exc}")
 
@@ -188,7 +188,8 @@ def index_cmd(
             if idx.compression != "none":
                 print_err(f"{prog}: warning: no DALI index for compressed {rec.url}")
                 continue
-            path = resolve_url(rec.index, manifest.base)
+            path = manifest.index_url(i)
+            assert path is not None  # load_index(i) raised otherwise
             idx.save_dali(
                 path[: -len(INDEX_SUFFIX)] + ".idx"
                 if path.endswith(INDEX_SUFFIX)

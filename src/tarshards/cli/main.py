@@ -10,7 +10,8 @@ command runs, so a tool starts without loading the others.
 from __future__ import annotations
 
 import importlib
-from collections.abc import MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from typing import Any
 
 import click
 
@@ -63,7 +64,7 @@ class _Commands(MutableMapping):
     def __delitem__(self, name: str) -> None:
         del self._loaded[name]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         yield from self._table
         yield from (n for n in self._loaded if n not in self._table)
 
@@ -80,7 +81,7 @@ class _Commands(MutableMapping):
         "tarshards check 'train-{0000..0147}.tar'",
     ),
 )
-def group():
+def group() -> None:
     """Tools for datasets stored as sharded tar files (WebDataset format).
 
     Each subcommand but map and bench is also installed as its own script: cat=tarscat, tsv=tar2tsv,
@@ -88,16 +89,16 @@ def group():
     """
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> Any:
     """``tarshards SUBCOMMAND ...``"""
     return group.main(args=argv, prog_name="tarshards")
 
 
-def script(name: str):
+def script(name: str) -> Callable[[Sequence[str] | None], Any]:
     """The entry point of the script of subcommand ``name`` (``tarscat`` for ``cat``)."""
     prog = COMMANDS[name][0] or f"tarshards {name}"
 
-    def run(argv=None):
+    def run(argv: Sequence[str] | None = None) -> Any:
         return load_command(name).main(args=argv, prog_name=prog)
 
     run.__name__ = prog.replace(" ", "_")

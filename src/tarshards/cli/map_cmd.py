@@ -13,6 +13,7 @@ import os
 import sys
 import time
 import warnings
+from typing import Any, Callable
 
 import click
 
@@ -42,7 +43,7 @@ Examples:
 """
 
 
-def load_function(spec: str):
+def load_function(spec: str) -> Callable[..., Any]:
     """``module:function`` (``module.sub:obj.attr``) -> the callable; the current directory is
     searched first, as with ``python -m``."""
     module_name, sep, attr = spec.partition(":")
@@ -123,19 +124,19 @@ def load_function(spec: str):
 @quiet_option()
 @handle_errors
 def map_cmd(
-    inputs,
-    outputs,
-    command,
-    function,
-    decode,
-    engine,
-    address,
-    workers,
-    retries,
-    overwrite,
-    on_error,
-    quiet,
-):
+    inputs: tuple[str, ...],
+    outputs: str,
+    command: str | None,
+    function: str | None,
+    decode: str | None,
+    engine: str,
+    address: str | None,
+    workers: int | None,
+    retries: int,
+    overwrite: bool,
+    on_error: str,
+    quiet: bool,
+) -> None:
     """Apply a function or a shell command to every sample of many shards, in parallel.
 
     INPUTS are shard specs (braces, globs, lists); -o names the output shards, one per input, in
@@ -152,7 +153,12 @@ def map_cmd(
         raise click.UsageError("--decode applies to -f functions; -c gets the raw files")
     if address is not None and engine not in ("dask", "ray"):
         raise click.UsageError("--address needs --engine dask or --engine ray")
-    fn = shell_sample_fn(command) if command is not None else load_function(function)
+    fn: Callable[..., Any]
+    if command is not None:
+        fn = shell_sample_fn(command)
+    else:
+        assert function is not None  # exactly one of the two (checked above)
+        fn = load_function(function)
     try:
         ins = spec_urls(list(inputs))  # a manifest names its shards
         outs = expand_urls(outputs)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-from typing import Callable, Iterator
+from typing import Callable, Generator, Iterator
 
 import click
 
@@ -83,7 +83,9 @@ class _Reader:
             samples.close()
 
 
-def interleave(urls: list[str], parallel: int, handler: Callable) -> Iterator[dict]:
+def interleave(
+    urls: list[str], parallel: int, handler: Callable[[BaseException], bool]
+) -> Generator[dict, None, None]:
     """Samples of ``urls``, ``parallel`` shards at a time, taken round robin."""
     if parallel < 1:
         raise ValueError(f"parallel must be >= 1, got {parallel}")
@@ -143,12 +145,22 @@ def interleave(urls: list[str], parallel: int, handler: Callable) -> Iterator[di
 @on_error_option()
 @quiet_option()
 @handle_errors
-def pcat_cmd(inputs, parallel, output, count, shuffle, seed, listfile, on_error, quiet):
+def pcat_cmd(
+    inputs: tuple[str, ...],
+    parallel: int,
+    output: str,
+    count: int | None,
+    shuffle: int,
+    seed: int,
+    listfile: str | None,
+    on_error: str,
+    quiet: bool,
+) -> None:
     """Read INPUTS N at a time in parallel and interleave their samples into one tar stream."""
     urls = collect_inputs(inputs, listfile)
     check_stdout_not_tty(output)
     source = interleave(urls, parallel, error_handler(on_error))
-    samples = source
+    samples: Iterator[dict] = source
     if shuffle > 1:
         samples = shuffle_stage(samples, shuffle, seed=seed)
     if count is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import itertools
+from typing import Iterator
 
 import click
 
@@ -116,14 +117,25 @@ def _results(samples, command, parallel, ordered, tmpdir, verbose):
 @click.option("-v", "--verbose", is_flag=True, help="Copy the commands' output to stderr.")
 @quiet_option()
 @handle_errors
-def proc_cmd(inputs, command, parallel, unordered, on_error, output, count, tmpdir, verbose, quiet):
+def proc_cmd(
+    inputs: tuple[str, ...],
+    command: str,
+    parallel: int,
+    unordered: bool,
+    on_error: str,
+    output: str,
+    count: int | None,
+    tmpdir: str | None,
+    verbose: bool,
+    quiet: bool,
+) -> None:
     """Run a shell command on each sample of INPUTS; the files it leaves form the output sample.
 
     The sample's fields are files BASE.EXT in a fresh directory, $KEY holds the key.
     """
     urls = collect_inputs(inputs)
     check_stdout_not_tty(output)
-    samples = read_samples(urls, on_error)
+    samples: Iterator[dict] = read_samples(urls, on_error)
     if count is not None:
         samples = itertools.islice(samples, count)
     prog = click.get_current_context().command_path

@@ -160,12 +160,20 @@ def contact_sheet(samples: list[dict], path: str, thumb: int = 160) -> int:
 )
 @on_error_option()
 @handle_errors
-def show_cmd(inputs, count, skip, fields, width, grid, on_error):
+def show_cmd(
+    inputs: tuple[str, ...],
+    count: int,
+    skip: int,
+    fields: str | None,
+    width: int,
+    grid: str | None,
+    on_error: str,
+) -> None:
     """Show the first samples of INPUTS: each field with a short preview."""
     urls = collect_inputs(inputs)
     wanted = fields.split() if fields else None
     samples = read_samples(urls, on_error)
-    shown = []
+    shown: list[dict | None] = []
     try:
         for sample in itertools.islice(samples, skip, skip + count):
             if shown:

@@ -13,6 +13,7 @@ import os
 import sqlite3
 import struct
 import tempfile
+from typing import Iterable, Iterator
 
 import click
 
@@ -96,7 +97,7 @@ def _sort_value(sample: dict, field: str | None, numeric: bool):
 
 
 def sorted_samples(
-    samples,
+    samples: Iterable[dict],
     *,
     field: str | None = None,
     numeric: bool = False,
@@ -105,8 +106,8 @@ def sorted_samples(
     reverse: bool = False,
     tmpdir: str | None = None,
     cache_mb: int = 64,
-    progress=None,
-):
+    progress: Progress | None = None,
+) -> Iterator[list[tuple[str, bytes]]]:
     """Yield the members of each sample (lists of ``(name, bytes)``) in sorted order."""
     rng = make_rng("tarsort", seed) if shuffle else None
     with tempfile.TemporaryDirectory(prefix="tarsort-", dir=tmpdir) as d:
@@ -174,8 +175,18 @@ def sorted_samples(
 @quiet_option()
 @handle_errors
 def sort_cmd(
-    inputs, field, numeric, reverse, shuffle, seed, output, tmpdir, cache_mb, on_error, quiet
-):
+    inputs: tuple[str, ...],
+    field: str | None,
+    numeric: bool,
+    reverse: bool,
+    shuffle: bool,
+    seed: int,
+    output: str,
+    tmpdir: str | None,
+    cache_mb: int,
+    on_error: str,
+    quiet: bool,
+) -> None:
     """Sort the samples of INPUTS by key or by a field, or shuffle them, out of core."""
     if field is not None and (not field.strip() or field.startswith("__")):
         raise click.BadParameter(

@@ -84,19 +84,19 @@ class _MaxShardsReached(Exception):
 @quiet_option("Do not list the shards being written.")
 @handle_errors
 def split_cmd(
-    inputs,
-    prefix,
-    maxsize,
-    maxcount,
-    maxshards,
-    start,
-    gz,
-    zstd,
-    on_error,
-    quiet,
-    aligned=False,
-    manifest=None,
-):
+    inputs: tuple[str, ...],
+    prefix: str,
+    maxsize: int,
+    maxcount: int,
+    maxshards: int | None,
+    start: int,
+    gz: bool,
+    zstd: bool,
+    on_error: str,
+    quiet: bool,
+    aligned: bool = False,
+    manifest: str | None = None,
+) -> None:
     """Split a tar stream (default stdin) into shards PREFIX-000000.tar..., samples kept whole."""
     if gz and zstd:
         raise click.UsageError("choose one of -z/--gzip and --zstd")
@@ -108,7 +108,7 @@ def split_cmd(
     except (ValueError, TypeError) as exn:
         raise click.BadParameter(str(exn), param_hint="'-o'") from None
 
-    def post(url):
+    def post(url: str) -> None:
         if maxshards is not None and len(sink.shards) >= maxshards:
             raise _MaxShardsReached()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+from typing import Iterator
 
 import click
 
@@ -58,7 +59,15 @@ def _pick(sample: dict, alternatives: list[str]):
 @output_option("file")
 @on_error_option()
 @handle_errors
-def tsv_cmd(inputs, fields, count, nokey, noheader, output, on_error):
+def tsv_cmd(
+    inputs: tuple[str, ...],
+    fields: str | None,
+    count: int | None,
+    nokey: bool,
+    noheader: bool,
+    output: str,
+    on_error: str,
+) -> None:
     """Tabulate fields of samples: text fields as text, binary fields as their size in bytes."""
     columns = None
     if fields is not None:
@@ -66,7 +75,7 @@ def tsv_cmd(inputs, fields, count, nokey, noheader, output, on_error):
         if not columns or not all(all(c) for c in columns):
             raise click.BadParameter("no field names given (or an empty one)", param_hint="'-f'")
     urls = collect_inputs(inputs)
-    samples = read_samples(urls, on_error)
+    samples: Iterator[dict] = read_samples(urls, on_error)
     if count is not None:
         samples = itertools.islice(samples, count)
     out = sys.stdout if output == "-" else open(output, "w", encoding="utf-8")

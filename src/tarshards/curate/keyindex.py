@@ -295,7 +295,7 @@ def _shard_keys(index_url: str, storage_options):
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     try:
         view = memoryview(mm)  # from_bytes takes any buffer (its arrays: views of it)
-        yield ShardIndex.from_bytes(view, url=index_url)  # type: ignore[arg-type]
+        yield ShardIndex.from_bytes(view, url=index_url)
         del view
     finally:
         try:
