@@ -15,7 +15,7 @@ libx264), made here once into ``bench/_data/media/`` from moving noise (a realis
    on the same bytes in memory and the same clip starts (the reference decodes the start our
    decoder drew); the two clips are checked equal. Target: >= 3x.
 2. ``loader``: clips/s of ``WebDataset(shards).decode(tarshards.video(frames=16))
-   .to_tuple("mp4", "cls")`` over 4 shards of 8 such members (one copy each), in one process
+   .to_tuple("mp4", "cls")`` over 4 shards of 32 such members (8 with --quick), in one process
    and through ``WebLoader(num_workers=2)``, over the whole epoch and after its first clip
    (the workers' start-up left out). Target: >= 1.6x on a host with 2 free cores. The
    CPU time a clip costs (this process, and with the loader its workers too, counted once they
@@ -270,7 +270,7 @@ def main() -> None:
     if args.only in (None, "seek"):
         out["seek"] = row_seek(data, 8 if args.quick else 24)
     if args.only in (None, "loader") and importlib.util.find_spec("torch") is not None:
-        out["loader"] = row_loader(data, 4, 4 if args.quick else 8, 3 if args.quick else 5)
+        out["loader"] = row_loader(data, 4, 8 if args.quick else 32, 3 if args.quick else 5)
     if args.only in (None, "remote") and importlib.util.find_spec("aiohttp") is not None:
         out["remote"] = row_remote(data, 5 if args.quick else 10)
     if args.json:

@@ -96,6 +96,15 @@ def test_arguments_are_checked():
         tarshards.audio(clip="end")
 
 
+def test_threads_option_decodes_the_same_frames(video_100):
+    """One decoding thread (``threads=1``) and FFmpeg's choice give the same clip."""
+    a = tarshards.video(frames=6, output="numpy").decode(video_100, random.Random(3))
+    b = tarshards.video(frames=6, output="numpy", threads=1).decode(video_100, random.Random(3))
+    assert np.array_equal(a.frames, b.frames) and np.array_equal(a.timestamps, b.timestamps)
+    with pytest.raises(ValueError, match="threads"):
+        tarshards.video(threads=-1)
+
+
 def test_tensor_output_where_torch_is_installed(video_100):
     torch = pytest.importorskip("torch")
     clip = tarshards.video(frames=2, clip="start").decode(video_100)

@@ -77,6 +77,7 @@ class VideoDecoder:
         size: int | Sequence[int] | None = None,
         output: str = "auto",
         extensions: Sequence[str] | str | None = None,
+        threads: int = 0,
     ):
         if int(frames) < 1:
             raise ValueError(f"frames must be >= 1, got {frames!r}")
@@ -94,6 +95,8 @@ class VideoDecoder:
             size = (int(size[0]), int(size[1]))
         elif isinstance(size, int) and size < 1:
             raise ValueError(f"size must be >= 1, got {size!r}")
+        if int(threads) < 0:
+            raise ValueError(f"threads must be >= 0 (0: FFmpeg's choice), got {threads!r}")
         media_converter(output)  # checks the name
         if isinstance(extensions, str):
             extensions = extensions.split()
@@ -106,6 +109,11 @@ class VideoDecoder:
         self.clip = clip
         self.size = size
         self.output = output
+        # FFmpeg's decoding threads per clip; 0 (default): FFmpeg's choice. On a short clip its
+        # threads buy little wall time for more CPU (a 16-frame 360p H.264 clip here: 27.0 ms
+        # for 36 ms of CPU, against 28.6 ms for 28 ms with threads=1); with as many DataLoader
+        # workers as cores, threads=1 keeps them from competing for the same cores
+        self.threads = int(threads)
         self._convert: Callable[[Any], Any] | None = None
 
     def __repr__(self):
@@ -185,6 +193,9 @@ class VideoDecoder:
 
         info = stream_info(container, "video")
         stream = container.streams.video[0]
+        if self.threads:
+            stream.thread_type = "SLICE"
+            stream.codec_context.thread_count = self.threads
         tb = stream.time_base
         start = info["start"]
         targets = self._targets(info, rng)
@@ -286,10 +297,18 @@ def video(
     size: int | Sequence[int] | None = None,
     output: str = "auto",
     extensions: Sequence[str] | str | None = None,
+    threads: int = 0,
 ) -> VideoDecoder:
     """A decode handler for video clips: ``ds.decode(tarshards.video(frames=16, stride=2))``.
 
     See the module :mod:`tarshards.media.video`."""
     return VideoDecoder(
-        frames, stride=stride, fps=fps, clip=clip, size=size, output=output, extensions=extensions
+        frames,
+        stride=stride,
+        fps=fps,
+        clip=clip,
+        size=size,
+        output=output,
+        extensions=extensions,
+        threads=threads,
     )
