@@ -38,8 +38,8 @@ runs every contender once, the peers staying up in their own processes between r
 5. With ``--aligned-gz`` (alone): sample-aligned ``.tgz`` in its layout (one gzip member, a
    full-flush point per sample, entered with a raw inflater) against the layout tarshards wrote
    before (a gzip member per sample, which Python's streaming ``tarfile`` reads only the first of;
-   written here by ``write_old_layout``), on the same samples: the small images of the layout,
-   and compressible text (~1.5 kB of JSON captions a sample). Rows: file size (target: within
+   written by ``tarshards.testing.write_member_per_sample_gzip``), on the same samples: the small
+   images of the layout, and compressible text (~1.5 kB of JSON captions a sample). Rows: file size (target: within
    2 %), ``--samples`` random ``ds[i]`` with ``IndexedDataset`` (target: no slower), and resume
    to the first batch (``WebDataset(m, readers=8).shuffle(100).batched(32)``: a fresh pipeline
    loads a state saved mid-epoch and yields its first batch; the sum over three cuts; target: no
@@ -709,27 +709,6 @@ def main() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def write_old_layout(samples, path: str) -> None:
-    """A sample-aligned .tgz as tarshards wrote it before the one-member layout: each sample's
-    tar bytes, and the end-of-archive blocks, a gzip member of their own (level 6, no name,
-    mtime 0: what ``GZIP.frame`` made for each sample)."""
-    import io
-
-    from tarshards import TarWriter
-    from tarshards.compression import GZIP
-
-    plain = io.BytesIO()
-    with TarWriter(plain, encoder=False, index=True) as w:
-        for s in samples:
-            w.write(s)
-    data = plain.getvalue()
-    cuts = [int(x) for x in w.index.tar_offsets] + [int(w.index.sample_ends[-1]), len(data)]
-    member = GZIP.frame(None)
-    with open(path, "wb") as f:
-        for a, b in zip(cuts, cuts[1:]):
-            f.write(member(data[a:b]))
-
-
 def _text_samples(n: int) -> list[dict]:
     import random
 
@@ -756,6 +735,7 @@ def _text_samples(n: int) -> list[dict]:
 def _aligned_sets(name: str, samples: list, per_shard: int, tmp: str) -> dict:
     from tarshards import ShardWriter
     from tarshards.manifest import build_manifest
+    from tarshards.testing import write_member_per_sample_gzip
 
     new_dir = os.path.join(tmp, f"{name}-new")
     old_dir = os.path.join(tmp, f"{name}-old")
@@ -772,7 +752,7 @@ def _aligned_sets(name: str, samples: list, per_shard: int, tmp: str) -> dict:
     old_urls = []
     for j in range(0, len(samples), per_shard):
         path = os.path.join(old_dir, f"part-{j // per_shard:04d}.tgz")
-        write_old_layout(samples[j : j + per_shard], path)
+        write_member_per_sample_gzip(path, samples[j : j + per_shard])
         old_urls.append(path)
     build_manifest(old_urls, os.path.join(old_dir, "m.json"), workers=1)
     return {

@@ -25,10 +25,11 @@ from click.testing import CliRunner
 
 from tarshards import IndexedDataset, ShardWriter, TarWriter, WebDataset
 from tarshards.cli import main as cli
-from tarshards.compression import GZIP, gzip_layout
+from tarshards.compression import gzip_layout
 from tarshards.index import ShardIndex, index_url
 from tarshards.pipeline import shard_samples
 from tarshards.storage import read_sample_at, samples_from
+from tarshards.testing import write_member_per_sample_gzip
 
 SUFFIX = {
     "plain": ".tar",
@@ -366,25 +367,10 @@ def test_aligned_tgz_resume_seeks_to_flush_points(aligned_tgz, monkeypatch):
 # ---- the old layout (a gzip member per sample): still read; tarcheck warns ------------------
 
 
-def write_old_layout(path: str, rows) -> None:
-    """A sample-aligned .tgz as tarshards wrote it before the one-member layout: each sample's
-    tar bytes (and the end-of-archive blocks) a gzip member of its own."""
-    plain = io.BytesIO()
-    with TarWriter(plain, encoder=False, index=True) as w:
-        for s in rows:
-            w.write(s)
-    data = plain.getvalue()
-    cuts = [int(x) for x in w.index.tar_offsets] + [int(w.index.sample_ends[-1]), len(data)]
-    member = GZIP.frame(None)
-    with open(path, "wb") as f:
-        for a, b in zip(cuts, cuts[1:]):
-            f.write(member(data[a:b]))
-
-
 def test_old_layout_is_read_and_tarcheck_warns(tmp_path):
     rows = samples(12)
     old = str(tmp_path / "old.tgz")
-    write_old_layout(old, rows)
+    write_member_per_sample_gzip(old, rows)
     with open(old, "rb") as f:
         data = f.read()
     # the defect: Python's streaming tarfile sees the first member only, without an error

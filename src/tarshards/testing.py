@@ -14,7 +14,13 @@ import pickle
 import random
 from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
-__all__ = ["batch_digest", "check_resume", "run_epochs", "standard_cuts"]
+__all__ = [
+    "batch_digest",
+    "check_resume",
+    "run_epochs",
+    "standard_cuts",
+    "write_member_per_sample_gzip",
+]
 
 
 class Resumable(Protocol):
@@ -181,3 +187,28 @@ def _explain(epoch: int, step: object, have: Sequence[object], want: Sequence[ob
         f"cut at epoch {epoch} step {step}: {len(have)} batches after resuming, "
         f"{len(want)} expected"
     )
+
+
+def write_member_per_sample_gzip(path: str, samples: Iterable[dict]) -> None:
+    """Write ``samples`` as a sample-aligned ``.tgz`` in the layout tarshards wrote before the
+    one-member layout: each sample's tar bytes (and the end-of-archive blocks) a gzip member of
+    its own (level 6, no name, mtime 0). Streaming readers (``tarfile`` mode ``r|*``,
+    webdataset) see only its first sample; tarshards reads all of it and ``tarcheck`` warns.
+    For tests and benchmarks of that layout."""
+    import io
+
+    from .compression import GZIP
+    from .writer import TarWriter
+
+    plain = io.BytesIO()
+    with TarWriter(plain, encoder=False, index=True) as w:
+        for s in samples:
+            w.write(s)
+    data = plain.getvalue()
+    index = w.index
+    assert index is not None  # index=True
+    cuts = [int(x) for x in index.tar_offsets] + [int(index.sample_ends[-1]), len(data)]
+    member = GZIP.frame(None)
+    with open(path, "wb") as f:
+        for a, b in zip(cuts, cuts[1:]):
+            f.write(member(data[a:b]))
