@@ -22,7 +22,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from ..errors import DecodeError
 from .output import media_converter
-from .probe import AUDIO_EXTENSIONS, av_module, open_container, stream_info
+from .probe import AUDIO_EXTENSIONS, av_module, clip_offset, open_container, stream_info
 
 __all__ = ["AudioClip", "AudioDecoder", "audio"]
 
@@ -170,13 +170,7 @@ class AudioDecoder:
         else:
             n = max(1, int(round(self.seconds * rate)))
             room = max(total - n, 0)
-            s0 = (
-                rng.randint(0, room)
-                if self.clip == "random"
-                else room // 2
-                if self.clip == "center"
-                else 0
-            )
+            s0 = clip_offset(room, self.clip, rng)
         for attempt in (0, 1):
             if s0 > 0 and attempt == 0 and seek:
                 container.seek(int((start + s0 / rate) / tb), stream=stream, backward=True)

@@ -24,6 +24,7 @@ __all__ = [
     "MEDIA_EXTENSIONS",
     "VIDEO_EXTENSIONS",
     "av_module",
+    "clip_offset",
     "media_meta",
     "open_container",
     "probe",
@@ -194,3 +195,11 @@ def media_meta(fields: Iterable[str] | str | None = None, strict: bool = False) 
     """A per-sample metadata function for the index (see :class:`MediaMeta`):
     ``ShardWriter(..., manifest=M, meta=tarshards.media_meta())``."""
     return MediaMeta(fields, strict)
+
+
+def clip_offset(room: int, clip: str, rng) -> int:
+    """Where a clip starts, in frames or samples, given ``room`` (how far it may start from
+    the beginning): drawn from ``rng`` for ``"random"``, the middle for ``"center"``, else 0."""
+    if clip == "random":
+        return rng.randint(0, room)
+    return room // 2 if clip == "center" else 0

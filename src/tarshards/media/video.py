@@ -33,7 +33,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from ..errors import DecodeError
 from .output import media_converter
-from .probe import VIDEO_EXTENSIONS, av_module, open_container, stream_info
+from .probe import VIDEO_EXTENSIONS, av_module, clip_offset, open_container, stream_info
 
 __all__ = ["VideoClip", "VideoDecoder", "video"]
 
@@ -163,13 +163,7 @@ class VideoDecoder:
                 return [i / src_fps for i in range(0, n_total, self.stride)]
             span = (self.frames - 1) * self.stride + 1
             room = max(n_total - span, 0)
-            first = (
-                rng.randint(0, room)
-                if self.clip == "random"
-                else room // 2
-                if self.clip == "center"
-                else 0
-            )
+            first = clip_offset(room, self.clip, rng)
             return [(first + i * self.stride) / src_fps for i in range(self.frames)]
         step = 1.0 / self.fps
         if self.clip == "all":
