@@ -71,6 +71,7 @@ __all__ = sorted(
         "VideoClip",
         "WebDataset",
         "WebLoader",
+        "add_meta",
         "audio",
         "batched",
         "build_manifest",
@@ -122,7 +123,7 @@ _PLAIN = {"IndexedDataset": "indexed", "MixedDataset": "mixing", "mix": "mixing"
 _MODULE_OF = {
     "codecs": ["Codec", "decode_value", "encode_value", "register_codec"],
     "crop": ["RandomResizedCrop", "random_resized_crop"],
-    "curate": ["KeyIndex"],
+    "curate": ["KeyIndex", "add_meta"],
     "errors": [
         "CommandError",
         "DecodeError",

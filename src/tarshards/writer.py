@@ -603,12 +603,13 @@ def meta_functions(meta) -> list:
 
 def meta_row(meta: list, sample: dict) -> dict:
     """The metadata of one sample: each function of ``meta`` (as :func:`meta_functions` gives
-    them) applied to it; ``None`` from a named function is no value."""
+    them) applied to it; ``None`` (from a named function, or as a value in a returned dict) is
+    no value."""
     row: dict = {}
     for name, fn in meta:
         got = fn(sample)
         if name is None:
-            row.update(got)
+            row.update((k, v) for k, v in got.items() if v is not None)
         elif got is not None:
             row[name] = got
     return row

@@ -2,11 +2,13 @@
 joins, the key table, splits, dataset spec files).
 
 So far: :class:`KeyIndex`, the key table (key -> shard and row for a whole data set, a
-memory-mapped sorted array of key hashes), the foundation of joins.
+memory-mapped sorted array of key hashes), the foundation of joins; and :func:`add_meta`,
+per-sample metadata columns (tokens, sizes, durations) added to an existing data set's indexes.
 """
 
 from __future__ import annotations
 
 from .keyindex import DUPLICATE_POLICIES, KeyIndex
+from .meta import add_meta
 
-__all__ = ["DUPLICATE_POLICIES", "KeyIndex"]
+__all__ = ["DUPLICATE_POLICIES", "KeyIndex", "add_meta"]
