@@ -18,7 +18,7 @@ import functools
 import inspect
 import itertools
 import operator
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from . import decoding as _decoding
 from . import stages as _stages
@@ -126,6 +126,9 @@ def _short(v) -> str:
     return r if len(r) <= 40 else r[:37] + "..."
 
 
+_DP = TypeVar("_DP", bound="DataPipeline")
+
+
 class DataPipeline:
     """A source of samples followed by stages (plain iterable, no torch needed).
 
@@ -163,7 +166,7 @@ class DataPipeline:
         return self.on_error
 
     # ---- composition -------------------------------------------------------------------------
-    def compose(self, stage: Callable, *args, **kwargs) -> "DataPipeline":
+    def compose(self: _DP, stage: Callable, *args, **kwargs) -> _DP:
         """A copy of this pipeline with the stage ``stage(samples, *args, **kwargs)`` appended.
 
         Like webdataset, fluent methods return a new pipeline and leave this one as it was
