@@ -24,9 +24,9 @@ from . import decoding as _decoding
 from . import stages as _stages
 from .errors import ResumeError
 from .on_error import OnError, error_policy
+from .plan import STATE_FORMAT, Schedule, check_state
 from .planned import _PlannedIterator
 from .shards import make_rng
-from .plan import STATE_FORMAT, Schedule, check_state
 from .types import WorkerInfo
 
 __all__ = ["DataPipeline"]
@@ -38,14 +38,14 @@ _PLACE = ("rank", "world_size", "worker", "num_workers", "worker_info")
 
 class _Stage:
     __slots__ = (
-        "fn",
         "args",
+        "fn",
         "kwargs",
-        "wants_rng",
-        "wants_policy",
+        "label",
         "wants_handler",
         "wants_place",
-        "label",
+        "wants_policy",
+        "wants_rng",
     )
 
     def __init__(self, fn, args, kwargs, label=None):
@@ -528,7 +528,7 @@ class _LiveStream:
     resuming grows with the position (the items before it are made again). A planned pipeline
     (``readers=V``) seeks instead, and may change its world size."""
 
-    __slots__ = ("epoch", "place", "_count", "done")
+    __slots__ = ("_count", "done", "epoch", "place")
 
     def __init__(self, ctx: dict):
         self.epoch = int(ctx["epoch"])

@@ -31,28 +31,36 @@ import multiprocessing.context
 import os
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Iterator
 from multiprocessing import resource_tracker
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate, default_convert
-from torch.utils.data import get_worker_info
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    default_collate,
+    default_convert,
+    get_worker_info,
+)
 
 from . import indexed as _indexed
 from . import mixing as _mix
 from . import pipeline as _pipeline
 from .codecs import Codec, register_array_kind, register_codec
 from .crop import register_crop_converter
+from .errors import (
+    ResumeError,
+    TarshardsWarning,  # (of a plain DataLoader repeating its order)
+)
 from .media.output import register_media_converter
-from .errors import ResumeError
 from .plan import STATE_FORMAT
 from .stages import collate_error, register_collation
 from .stats import Counters, LoaderStats, OnStall, clock, gathered, start_watchdog, timed_items
 from .transport import Group, Packer, Unpacker, new_token, remove_orphans
 from .types import WorkerInfo
-from .errors import TarshardsWarning  # (of a plain DataLoader repeating its order)
 
 __all__ = [
     "DataPipeline",
