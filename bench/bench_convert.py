@@ -55,9 +55,8 @@ SHARD_SAMPLES = 10_000  # ours: 10,000 samples a shard (~57 MB of tar at --side 
 
 def make_imagefolder(n: int, side: int = 96) -> str:
     """``bench/_data/imagefolder-N[-SIDE]``: ``n`` JPEGs in 100 class folders (made once)."""
-    import numpy as np
-
     import common
+    import numpy as np
 
     root = os.path.join(common.DATA, f"imagefolder-{n}" + ("" if side == 96 else f"-{side}"))
     stamp = root + ".json"

@@ -186,7 +186,6 @@ def bench_overhead(quick: bool, repeat: int) -> dict:
     import simplejpeg
 
     import tarshards
-
     from tarshards import images
 
     images._cjpeg()  # the C decoder's library chosen before any side runs (see decoder_library)

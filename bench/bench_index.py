@@ -39,12 +39,12 @@ runs every contender once, the peers staying up in their own processes between r
    full-flush point per sample, entered with a raw inflater) against the layout tarshards wrote
    before (a gzip member per sample, which Python's streaming ``tarfile`` reads only the first of;
    written by ``tarshards.testing.write_member_per_sample_gzip``), on the same samples: the small
-   images of the layout, and compressible text (~1.5 kB of JSON captions a sample). Rows: file size (target: within
-   2 %), ``--samples`` random ``ds[i]`` with ``IndexedDataset`` (target: no slower), and resume
-   to the first batch (``WebDataset(m, readers=8).shuffle(100).batched(32)``: a fresh pipeline
-   loads a state saved mid-epoch and yields its first batch; the sum over three cuts; target: no
-   slower). CPU time of the (single-threaded) process, best of interleaved rounds. The old
-   layout is also resumed the way tarshards did before the flush-point layout
+   images of the layout, and compressible text (~1.5 kB of JSON captions a sample). Rows: file
+   size (target: within 2 %), ``--samples`` random ``ds[i]`` with ``IndexedDataset`` (target: no
+   slower), and resume to the first batch (``WebDataset(m, readers=8).shuffle(100).batched(32)``:
+   a fresh pipeline loads a state saved mid-epoch and yields its first batch; the sum over three
+   cuts; target: no slower). CPU time of the (single-threaded) process, best of interleaved
+   rounds. The old layout is also resumed the way tarshards did before the flush-point layout
    came (its compressed shards decompressed from their start, ``seek_points`` off).
 
 The peers run in their own virtual environment, ``bench/.venv`` (git-ignored), because
@@ -635,9 +635,9 @@ def main() -> None:
 
     sys.path.insert(0, HERE)
     sys.path.insert(0, os.path.join(ROOT, "src"))
+    import common
     import numpy as np
 
-    import common
     from tarshards.manifest import build_manifest
 
     repeat = args.repeat or (2 if args.quick else 5)

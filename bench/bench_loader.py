@@ -117,9 +117,9 @@ def _stdin_barrier():
 def child(row: str, quick: bool, part: str | None, passes: int = 1) -> dict:
     sys.path.insert(0, HERE)
     sys.path.insert(0, os.path.join(HERE, "..", "src"))
+    import common
     import torch
 
-    import common
     from tarshards import WebDataset, WebLoader
 
     torch.set_num_threads(1)

@@ -47,9 +47,9 @@ DATA = os.path.join(HERE, "_data", "media")
 sys.path.insert(0, HERE)
 
 import av  # noqa: E402
+from common import machine_info  # noqa: E402
 
 import tarshards  # noqa: E402
-from common import machine_info  # noqa: E402
 
 
 def make_member(seconds: int = 30, fps: int = 30, width: int = 640, height: int = 360) -> bytes:

@@ -110,7 +110,7 @@ def table(name, urls, total, args, storage_options=None):
             for _ in range(args.repeat)
         ]
         runs.sort(key=lambda r: r[1])
-        n, sps, mbs = runs[len(runs) // 2]  # median
+        _n, sps, mbs = runs[len(runs) // 2]  # median
         base = base or sps
         cap = (ahead + 1) * rate_mbs
         rows.append((ahead, sps, mbs, sps / base, mbs / cap))

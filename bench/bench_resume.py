@@ -118,9 +118,8 @@ def peer_streaming(job: dict) -> dict:
 
     common.torchvision_importable()
     import streaming
-    from streaming import StreamingDataLoader, StreamingDataset
-
     from bench_index import _mds_dir
+    from streaming import StreamingDataLoader, StreamingDataset
 
     local = _mds_dir(job)
     B = job["batch"]

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import pickle
 import os
+import pickle
 import statistics
 import sys
 import time

@@ -892,7 +892,7 @@ def main(argv=None) -> int:
         ps = common.make_dataset(lay, args.quick)
         print(f"{lay}: {len(ps)} shards, {common.total_bytes(ps) / 1e6:.0f} MB", file=sys.stderr)
     res = measure(names, args.repeat, args.quick)
-    rows, ok = table(res)
+    rows, _ok = table(res)
     text = markdown(rows)
     print(text)
     if not args.no_write:

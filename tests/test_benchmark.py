@@ -9,12 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import write_shards  # noqa: E402
 from PIL import Image
 
 from tarshards import WebDataset
 from tarshards.benchmark import bench_pipeline, diagnose, format_report, plot_report
-
-from conftest import write_shards  # noqa: E402
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,11 +10,11 @@ import sys
 import time
 
 import pytest
-
 from conftest import load_servers, make_samples, write_shards
+
 from tarshards import WebDataset
-from tarshards.storage.cache import ShardCache, cache_name, looks_like_shard
 from tarshards.pipeline import shard_samples
+from tarshards.storage.cache import ShardCache, cache_name, looks_like_shard
 
 servers = load_servers()
 

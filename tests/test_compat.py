@@ -18,13 +18,11 @@ import tarfile
 
 import numpy as np
 import pytest
-
-import tarshards
-from tarshards.errors import MissingFieldError, PipeNotAllowedError, UnsafeCodecError
-
 from conftest import write_shards
 
+import tarshards
 import tarshards.compat as wds
+from tarshards.errors import MissingFieldError, PipeNotAllowedError, UnsafeCodecError
 
 try:
     import torch

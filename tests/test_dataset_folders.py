@@ -70,7 +70,7 @@ def test_wids_index_without_indexes_fails_at_construction(tmp_path):
     from tarshards.index import index_url
 
     index_url(urls[0]).save(urls[0] + ".tsidx")
-    with pytest.raises(ShardFormatError, match="s-001.tar"):
+    with pytest.raises(ShardFormatError, match=r"s-001.tar"):
         IndexedDataset(wids)
     index_url(urls[1]).save(urls[1] + ".tsidx")
     assert IndexedDataset(wids)[6]["__key__"] == "s006"
@@ -78,7 +78,7 @@ def test_wids_index_without_indexes_fails_at_construction(tmp_path):
 
 def test_a_folder_is_its_shards(tmp_path):
     d = tmp_path / "data"
-    urls, rows = _write(str(d), "b", 12, per=4)
+    _urls, rows = _write(str(d), "b", 12, per=4)
     _write(str(d), "a", 3, per=4, suffix=".tgz")
     # sidecars and other things a folder holds are left out
     (d / "m.json").write_text("{}")
@@ -95,7 +95,7 @@ def test_a_folder_is_its_shards(tmp_path):
     assert expand_urls([str(d), str(d / "b-000.tar")]) == [*want, str(d / "b-000.tar")]
     keys = [s["__key__"] for s in WebDataset(str(d) + "/")]
     assert keys == ["a000", "a001", "a002"] + [r["__key__"] for r in rows]
-    with pytest.raises(ValueError, match="split.yaml"):
+    with pytest.raises(ValueError, match=r"split.yaml"):
         WebDataset(str(d), split="train")
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -192,7 +192,7 @@ def test_loader_state_saved_with_a_manifest_before_still_loads(data):
     pytest.importorskip("torch")
     from tarshards.torch import WebLoader
 
-    urls, path = data
+    _urls, path = data
     old = old_manifest_fingerprint(Manifest.load(path).shards)
     loader = WebLoader(make_ds(path, torch_ds=True), batch_size=None)
     it = iter(loader)

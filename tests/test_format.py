@@ -209,8 +209,8 @@ def test_parse_size_rejects_values():
 
 def test_one_parse_size_for_cache_and_cli(tmp_path):
     """``cache_size="20GB"`` and ``tarsplit -s 20GB`` mean the same number of bytes."""
-    from tarshards.storage import ShardCache
     from tarshards.cli import _common
+    from tarshards.storage import ShardCache
 
     for text in ("20GB", "20GiB", "1.5MB"):
         cli_bytes = _common.SIZE.convert(text, None, None)

@@ -37,6 +37,8 @@ import pytest
 
 zstandard = pytest.importorskip("zstandard")
 
+from test_tario import Trickle  # noqa: E402
+
 from tarshards.compression import by_magic  # noqa: E402
 from tarshards.errors import TarshardsError, TarshardsWarning  # noqa: E402
 from tarshards.format import group_samples, split_name  # noqa: E402
@@ -46,8 +48,6 @@ from tarshards.tario import (  # noqa: E402
     read_chunks,
     tar_byte_source,
 )
-
-from test_tario import Trickle  # noqa: E402
 
 N = int(os.environ.get("TARSHARDS_FUZZ_N", "2500"))
 SEED = int(os.environ.get("TARSHARDS_FUZZ_SEED", "20261201"))
@@ -720,7 +720,7 @@ def test_fuzz_oracle_catches_a_reader_that_drops_members(seeds, monkeypatch):
         yield members[:-1]
 
     monkeypatch.setattr(sys.modules[__name__], "iter_tar_batches", lossy)
-    seeds_, plain = seeds
+    _, plain = seeds
     with pytest.raises(AssertionError, match="silent loss"):
         classify(plain["ustar"])
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import xxhash
+from conftest import refused_in_forked_child
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,8 +20,6 @@ from tarshards import index as index_mod
 from tarshards.index import index_stream, index_url
 from tarshards.manifest import build_manifest
 from tarshards.writer import _READ_BACK_COLUMNS as _COLUMNS  # the order finish() gives them
-
-from conftest import refused_in_forked_child
 
 _xxh3 = pytest.importorskip("tarshards._xxh3", reason="built only where libxxhash-dev is installed")
 
@@ -192,6 +191,7 @@ def test_build_manifest_with_threads_equals_one_worker(tmp_path):
 
 def _recorder(checksum):
     from tarshards._speedups import Recorder
+
     from tarshards.tario import header_size
 
     keys: list = []

@@ -25,8 +25,8 @@ from tarshards import writer as writer_mod
 from tarshards.hashing import HashingReader, file_hasher, member_checksum_fn
 from tarshards.index import ShardIndex, index_stream, index_url
 from tarshards.pipeline import shard_samples
-from tarshards.tario import iter_tar, tar_byte_source
 from tarshards.storage import read_sample_at, samples_from
+from tarshards.tario import iter_tar, tar_byte_source
 
 
 def _tar_bytes(members, fmt=tarfile.PAX_FORMAT, dirs=()) -> bytes:

@@ -270,7 +270,7 @@ def aligned_tgz(tmp_path):
 
 
 def test_aligned_tgz_is_one_gzip_member_with_flush_points(aligned_tgz):
-    w, rows, _ = aligned_tgz
+    w, _rows, _ = aligned_tgz
     for j, info in enumerate(w.shards):
         with open(info.url, "rb") as f:
             data = f.read()
@@ -332,7 +332,7 @@ def test_aligned_tgz_resume_seeks_to_flush_points(aligned_tgz, monkeypatch):
     import tarshards.source as source_mod
     from tarshards.testing import check_resume
 
-    _, rows, manifest = aligned_tgz
+    _, _rows, manifest = aligned_tgz
     entered = []
     real = source_mod.resumed_chunks
 

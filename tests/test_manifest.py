@@ -424,11 +424,11 @@ def test_engine_failures_raise_or_are_left_out(tmp_path):
     with open(paths[1], "r+b") as f:  # a broken header checksum
         f.seek(148)
         f.write(b"99999")
-    with pytest.raises(ShardFormatError, match="shard-0001.tar"):
+    with pytest.raises(ShardFormatError, match=r"shard-0001.tar"):
         build_manifest(paths, d / "m.json", workers=1)
     from tarshards import TarshardsError
 
-    with pytest.raises(TarshardsError, match="shard-0001.tar"):
+    with pytest.raises(TarshardsError, match=r"shard-0001.tar"):
         build_manifest(paths, d / "m.json", engine="processes", workers=2)
     assert not os.path.exists(d / "m.json")
     assert os.path.exists(d / "shard-0002.tar.tsidx")  # the good shards are checkpointed

@@ -14,7 +14,6 @@ import types
 import warnings
 
 import pytest
-
 from test_docs import (
     ROOT,
     RUN_PY,
@@ -24,6 +23,7 @@ from test_docs import (
     _skip_if_needs_missing,
     extract_blocks,
 )
+
 from tarshards.errors import TarshardsWarning
 
 

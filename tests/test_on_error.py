@@ -44,7 +44,7 @@ def test_modes_skip_data_errors_only():
     assert _keys(stages.decode(_samples(), on_error="skip")) == ["k0", "k2", "k3"]
     with pytest.warns(TarshardsWarning, match=r"skipped: .*member 'k1.cls'"):
         assert _keys(stages.decode(_samples(), on_error="warn")) == ["k0", "k2", "k3"]
-    with pytest.raises(DecodeError, match="k1.cls"):
+    with pytest.raises(DecodeError, match=r"k1.cls"):
         list(stages.decode(_samples(), on_error="raise"))
 
     def bug(sample):  # a bug in user code is not a data error

@@ -11,9 +11,9 @@ import pydoc
 
 import numpy as np
 import pytest
+from conftest import write_shards
 
 import tarshards
-from conftest import write_shards
 from tarshards import pipeline as core
 from tarshards import split_by_node, split_by_worker, warn_and_continue
 from tarshards.types import EpochContext, PlanOptions, ReadOptions, SafetyOptions, WorkerInfo

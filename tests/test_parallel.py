@@ -216,7 +216,7 @@ def test_map_shards_worker_death_is_retried(tmp_path):
 
 def test_map_shards_results_lists_and_none_and_decode(tmp_path):
     pytest.importorskip("cloudpickle", reason="closures reach worker processes through cloudpickle")
-    paths, samples = write_shards(tmp_path, 1, 6)
+    paths, _samples = write_shards(tmp_path, 1, 6)
 
     def split(sample):  # a closure: sent with cloudpickle
         i = int(sample["cls"])
@@ -290,7 +290,7 @@ def test_shell_sample_fn_semantics():
         "other": b"x\n",
     }
     assert shell_sample_fn("rm *")({"__key__": "k", "txt": b"h"}) is None
-    with pytest.raises(RuntimeError, match="status 3 on sample 'k'.*oops"):
+    with pytest.raises(RuntimeError, match=r"status 3 on sample 'k'.*oops"):
         shell_sample_fn("echo oops >&2; exit 3")({"__key__": "k", "txt": b"h"})
 
 
@@ -424,7 +424,7 @@ def test_map_shards_on_an_engine_object(tmp_path):
 
 
 def test_map_shards_on_error_modes(tmp_path):
-    paths, samples = write_shards(tmp_path, 1, 10)
+    paths, _samples = write_shards(tmp_path, 1, 10)
     out = str(tmp_path / "a.tar")
     with pytest.warns(TarshardsWarning, match="1 of 1 shards failed"):
         [r] = map_shards(missing_on_7, paths, [out], engine=InlineEngine())
@@ -441,7 +441,7 @@ def test_map_shards_on_error_modes(tmp_path):
 
 
 def test_map_samples_on_error_skip_is_for_data_errors(shards):
-    paths, samples = shards
+    paths, _samples = shards
     got = list(map_samples(missing_on_7, shard_samples(paths[0]), processes=2, on_error="skip"))
     assert len(got) == 24
     with pytest.raises(ZeroDivisionError):

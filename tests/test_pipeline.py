@@ -154,7 +154,7 @@ def test_corrupt_shard_warn_and_continue(shards, tmp_path):
     data = Path(paths[1]).read_bytes()
     bad.write_bytes(data[: len(data) // 2])
     urls = [paths[0], str(bad), str(tmp_path / "missing.tar"), paths[2]]
-    with pytest.raises(StorageError, match="1 of the 4 shards do not exist: .*missing.tar"):
+    with pytest.raises(StorageError, match=r"1 of the 4 shards do not exist: .*missing.tar"):
         list(WebDataset(urls))  # a missing local shard: named before any sample is read
     with pytest.raises(ShardFormatError) as info:
         list(WebDataset([u for u in urls if "missing" not in u]))
@@ -172,7 +172,7 @@ def test_corrupt_shard_warn_and_continue(shards, tmp_path):
 
 
 def test_missing_shard_raises_storage_error(tmp_path):
-    with pytest.raises(StorageError, match="missing.tar"):
+    with pytest.raises(StorageError, match=r"missing.tar"):
         list(WebDataset(str(tmp_path / "missing.tar")))
 
 
@@ -231,7 +231,7 @@ def test_reads_over_http(shards, tmp_path):
 
 
 def test_decode_before_to_tuple_skips_unused_fields(shards, tmp_path):
-    paths, samples = shards
+    _paths, samples = shards
     from tarshards import TarWriter
 
     bad = tmp_path / "bad-json.tar"
@@ -256,7 +256,7 @@ def test_fluent_methods_return_new_pipelines(shards):
 
 
 def test_pipe_urls_expand_braces(shards, tmp_path):
-    paths, samples = shards
+    _paths, samples = shards
     spec = f"pipe:cat {tmp_path}/shard-{{0000..0001}}.tar"
     assert keys(WebDataset(spec, allow_pipe=True)) == [s["__key__"] for s in samples[:50]]
 

@@ -10,13 +10,12 @@ import warnings
 from pathlib import Path
 
 import pytest
-
 from conftest import load_servers, write_shards
+
 from tarshards import StorageError, TarshardsWarning, TarWriter, WebDataset
 from tarshards.pipeline import iter_samples
-from tarshards.storage import ShardPrefetcher
 from tarshards.stages import warn_and_continue
-from tarshards.storage import open_url
+from tarshards.storage import ShardPrefetcher, open_url
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -119,7 +118,7 @@ def test_buffers_stay_within_their_bound(tmp_path):
     prefetcher = ShardPrefetcher(open_url, ahead=1, max_bytes=2 << 20, chunk=64 << 10)
     with prefetcher:
         streams = prefetcher.streams([str(big), str(big)])
-        url, first = next(streams)
+        _url, first = next(streams)
         first.read(10)
         time.sleep(0.3)  # give both fillers time to run ahead as far as they may
         window = list(prefetcher._window)

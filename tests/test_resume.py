@@ -170,7 +170,7 @@ def test_plain_pipeline_state_refuses_another_place(urls):
     state = ds.state_dict()
     other = make_plain(urls, rank=1, world_size=2)
     other.load_state_dict(state)  # the place is checked when the iteration starts
-    with pytest.raises(ResumeError, match="same place.*rank: saved 0, here 1"):
+    with pytest.raises(ResumeError, match=r"same place.*rank: saved 0, here 1"):
         iter(other)
     short = make_plain(urls)
     short.load_state_dict(dict(short.state_dict(), position=10_000))

@@ -8,11 +8,10 @@ import io
 import itertools
 
 import pytest
+from test_resume import COUNTS, write_uneven
 
 from tarshards.source import EpochPlan, PlanConfig, ReaderStream, ShardTable, scan_shards
 from tarshards.tario.buffer import map_local
-
-from test_resume import COUNTS, write_uneven
 
 
 class _Forward:

@@ -9,6 +9,7 @@ import tarfile
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from test_tario import FORMATS, archive_entries, build_tarfile
 
 from tarshards import format as fmt_mod
 from tarshards import source as source_mod
@@ -17,8 +18,6 @@ from tarshards.errors import DuplicateFieldError, ShardFormatError
 from tarshards.format import group_samples
 from tarshards.source import ShuffleCore
 from tarshards.tario import decompressed_chunks, iter_tar_batches, read_chunks
-
-from test_tario import FORMATS, archive_entries, build_tarfile
 
 pytestmark = pytest.mark.skipif(
     tario._scan_members is None or fmt_mod._group_members is None,

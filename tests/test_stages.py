@@ -175,7 +175,7 @@ def test_batched_collation_and_unbatched():
 def test_batched_stacks_tensors():
     torch = pytest.importorskip("torch")
     s = [(torch.ones(3, 4) * i, i) for i in range(4)]
-    x, y = next(stages.batched(s, 4))
+    x, _y = next(stages.batched(s, 4))
     assert isinstance(x, torch.Tensor) and x.shape == (4, 3, 4)
     assert float(x[3, 0, 0]) == 3.0
 

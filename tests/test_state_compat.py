@@ -102,7 +102,7 @@ def frozen():
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_dataset_state_from_before_resumes(tmp_path, frozen, name):
-    build, _, epoch = CASES[name]
+    build, _, _epoch = CASES[name]
     case = frozen["cases"][name]
     ds = build(_write(tmp_path))
     ds.load_state_dict(case["state"])

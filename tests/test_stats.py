@@ -8,8 +8,8 @@ import re
 import tarfile
 
 import pytest
-
 from conftest import write_shards
+
 from tarshards.stats import Counters, LoaderStats, ShardTiming, gathered
 
 # ---- a strict parser of Prometheus' text exposition format (0.0.4) -------------------------

@@ -23,11 +23,11 @@ from hypothesis import strategies as st
 from tarshards.errors import ShardFormatError
 from tarshards.pipeline import shard_samples
 from tarshards.tario import (
-    tar_byte_source,
     decompressed_chunks,
     iter_tar,
     open_tar_bytes,
     read_chunks,
+    tar_byte_source,
     tar_header,
 )
 from tarshards.tario.buffer import DirectFile, MappedFile, map_local
@@ -557,7 +557,7 @@ def test_corrupt_gzip_raises(plain_tar):
     gz = bytearray(gzip.compress(plain_tar))
     gz[len(gz) // 2] ^= 0xFF
     gz[len(gz) // 2 + 1] ^= 0xFF
-    with pytest.raises(ShardFormatError, match="bad.tgz"):
+    with pytest.raises(ShardFormatError, match=r"bad.tgz"):
         read_all(bytes(gz), 4096, source="bad.tgz")
 
 

@@ -8,12 +8,11 @@ import warnings
 import pytest
 
 torch = pytest.importorskip("torch")
+from conftest import write_shards  # noqa: E402
 from torch.utils.data import DataLoader, IterableDataset  # noqa: E402
 
 from tarshards import WebDataset, WebLoader  # noqa: E402
 from tarshards.errors import TarshardsWarning  # noqa: E402
-
-from conftest import write_shards  # noqa: E402
 
 
 @pytest.fixture(scope="module")

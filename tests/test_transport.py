@@ -12,8 +12,8 @@ import textwrap
 
 import numpy as np
 import pytest
-
 from conftest import write_shards
+
 from tarshards.transport import Packer, Ticket, Unpacker
 
 pytestmark = pytest.mark.timeout(240)
@@ -314,7 +314,7 @@ def test_epochs_broken_off_leave_no_slot_taken(tmp_path):
 
 
 def test_persistent_workers_reuse_their_rings(tmp_path):
-    paths, samples = write_shards(tmp_path, 4, 16)
+    paths, _samples = write_shards(tmp_path, 4, 16)
     _, plain = _loader_batches(paths, None, persistent_workers=True)
     loader, shm = _loader_batches(paths, "auto", persistent_workers=True)
     for a, b in zip(plain, shm):

@@ -10,6 +10,7 @@ import tarfile
 
 import numpy as np
 import pytest
+from conftest import refused_in_forked_child
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -17,8 +18,6 @@ from PIL import Image
 from tarshards.pipeline import shard_samples
 from tarshards.tario import iter_tar, read_chunks
 from tarshards.writer import ShardWriter, TarWriter, shard_name
-
-from conftest import refused_in_forked_child
 
 HAVE_TAR = shutil.which("tar") is not None
 
@@ -459,7 +458,7 @@ def test_header_fields_c_equals_python_and_never_truncate(members, mtime, mode):
     outs = []
     for accelerate in (True, False):
         if not fits:
-            with pytest.raises(EncodeError, match="mtime|mode"):
+            with pytest.raises(EncodeError, match=r"mtime|mode"):
                 _write_members(members, mtime, mode, accelerate)
             continue
         outs.append(_write_members(members, mtime, mode, accelerate))
@@ -654,7 +653,7 @@ def test_a_live_writers_temporary_is_kept_and_a_dead_ones_removed(tmp_path):
         assert left.startswith(".live.tar.")
         write(tmp_path / "more.tar", [{"__key__": "m", "txt": b"2"}])  # TarWriter: same
         assert tmp_files(tmp_path) == [left]
-        out, _ = live.communicate("go\n", timeout=60)
+        _out, _ = live.communicate("go\n", timeout=60)
         assert live.returncode == 0
     finally:
         for p in (live, dead):

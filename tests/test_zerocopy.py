@@ -4,10 +4,9 @@ input gives bytes; decoders, stages and writers take views."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import gc
 import gzip
+import importlib.util
 import io
 import json
 import os
@@ -17,17 +16,9 @@ import weakref
 
 import numpy as np
 import pytest
+from conftest import write_shards
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from tarshards import ShardWriter, TarWriter, WebDataset
-from tarshards.codecs import field_decoder
-from tarshards.images import IMAGE_MODES
-from tarshards.pipeline import shard_samples
-from tarshards.tario import iter_tar, iter_tar_batches, tar_byte_source
-from tarshards.tario.buffer import MappedFile, reader_buffer
-
-from conftest import write_shards
 from test_tario import (
     FORMATS,
     _member,
@@ -36,6 +27,13 @@ from test_tario import (
     local_file,
     tarfile_regular,
 )
+
+from tarshards import ShardWriter, TarWriter, WebDataset
+from tarshards.codecs import field_decoder
+from tarshards.images import IMAGE_MODES
+from tarshards.pipeline import shard_samples
+from tarshards.tario import iter_tar, iter_tar_batches, tar_byte_source
+from tarshards.tario.buffer import MappedFile, reader_buffer
 
 WDS_TESTDATA = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared" / "testdata"
 WDS_TESTDATA = WDS_TESTDATA / "webdataset"
@@ -392,7 +390,7 @@ def test_c_scan_slices_the_view_it_is_given():
     if tario._scan_members is None:
         pytest.skip("the C accelerator is not built")
     buf = bytearray(_member("a.bin", b"12345") + _member("b.bin", b"xy") + bytes(1024))
-    members, pos = tario._scan_members(buf, 0, 0, len(buf), len(buf), memoryview(buf))
+    members, _pos = tario._scan_members(buf, 0, 0, len(buf), len(buf), memoryview(buf))
     assert [(n, type(d), bytes(d), o) for n, d, o in members] == [
         ("a.bin", memoryview, b"12345", 0),
         ("b.bin", memoryview, b"xy", 1024),

@@ -32,10 +32,10 @@ from typing import Any, Callable, Iterable
 
 from .images import jpeg_decoder
 from .pipeline import DataPipeline
-from .tario import iter_tar_batches, tar_byte_source
 from .specs import expand_urls
 from .stages import decode as _decode_stage
 from .storage import open_url
+from .tario import iter_tar_batches, tar_byte_source
 
 __all__ = ["bench_pipeline", "diagnose", "format_report", "plot_report"]
 

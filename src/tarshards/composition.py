@@ -18,15 +18,15 @@ import functools
 import inspect
 import itertools
 import operator
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from . import decoding as _decoding
 from . import stages as _stages
 from .errors import ResumeError
 from .on_error import OnError, error_policy
+from .plan import STATE_FORMAT, Schedule, check_state
 from .planned import _PlannedIterator
 from .shards import make_rng
-from .plan import STATE_FORMAT, Schedule, check_state
 from .types import WorkerInfo
 
 __all__ = ["DataPipeline"]
@@ -38,14 +38,14 @@ _PLACE = ("rank", "world_size", "worker", "num_workers", "worker_info")
 
 class _Stage:
     __slots__ = (
-        "fn",
         "args",
+        "fn",
         "kwargs",
-        "wants_rng",
-        "wants_policy",
+        "label",
         "wants_handler",
         "wants_place",
-        "label",
+        "wants_policy",
+        "wants_rng",
     )
 
     def __init__(self, fn, args, kwargs, label=None):
@@ -126,6 +126,9 @@ def _short(v) -> str:
     return r if len(r) <= 40 else r[:37] + "..."
 
 
+_DP = TypeVar("_DP", bound="DataPipeline")
+
+
 class DataPipeline:
     """A source of samples followed by stages (plain iterable, no torch needed).
 
@@ -163,7 +166,7 @@ class DataPipeline:
         return self.on_error
 
     # ---- composition -------------------------------------------------------------------------
-    def compose(self, stage: Callable, *args, **kwargs) -> "DataPipeline":
+    def compose(self: _DP, stage: Callable, *args, **kwargs) -> _DP:
         """A copy of this pipeline with the stage ``stage(samples, *args, **kwargs)`` appended.
 
         Like webdataset, fluent methods return a new pipeline and leave this one as it was
@@ -525,7 +528,7 @@ class _LiveStream:
     resuming grows with the position (the items before it are made again). A planned pipeline
     (``readers=V``) seeks instead, and may change its world size."""
 
-    __slots__ = ("epoch", "place", "_count", "done")
+    __slots__ = ("_count", "done", "epoch", "place")
 
     def __init__(self, ctx: dict):
         self.epoch = int(ctx["epoch"])

@@ -187,7 +187,7 @@ class _ZstdDecoder(_Decoder):
     """One zstd frame, handed to zstandard one unit at a time (the frame header, each block, the
     checksum), so that an error loses only the unit it is in."""
 
-    __slots__ = ("_d", "_error", "_buf", "_fed", "_state", "_checksum", "_raw")
+    __slots__ = ("_buf", "_checksum", "_d", "_error", "_fed", "_raw", "_state")
 
     def __init__(self):
         zstandard = _zstandard()
@@ -273,7 +273,7 @@ class _StreamDecoder(_Decoder):
     offset of a damage is that of the step's input (where the bad block starts or earlier), and
     the output of the failing step is lost."""
 
-    __slots__ = ("_d", "_fed", "_errors", "_name")
+    __slots__ = ("_d", "_errors", "_fed", "_name")
 
     def __init__(self, d, errors: tuple, name: str):
         self._d = d

@@ -40,8 +40,8 @@ import random
 from typing import Any, Callable, Sequence
 
 from ._lazy import LazyModule, OptionalEntries
-from .images import IMAGE_EXTENSIONS, _cjpeg, _rgbx_image_mapper, _simplejpeg
 from .errors import MissingDependencyError
+from .images import IMAGE_EXTENSIONS, _cjpeg, _rgbx_image_mapper, _simplejpeg
 
 np = LazyModule("numpy", globals(), "np")  # numpy is imported on first use
 

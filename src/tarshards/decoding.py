@@ -13,9 +13,9 @@ from operator import itemgetter
 from typing import Any, Callable, Iterable, Iterator
 
 from .codecs import field_decoder
-from .images import _EXTRA_MODES, IMAGE_MODES, image_decoder, jpeg_into
 from .errors import DecodeError, MissingFieldError
 from .format import field_options, missing_field
+from .images import _EXTRA_MODES, IMAGE_MODES, image_decoder, jpeg_into
 from .on_error import OnError, error_policy, sample_context
 
 __all__ = ["decode", "handle_extension"]

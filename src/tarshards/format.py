@@ -133,7 +133,7 @@ def _damage_after(exn: Exception, key: str | None, last_dot: bool) -> bool:
     parts = split_name(exn.member, last_dot)
     if parts is None:  # a member grouping skips: the sample could go on after it
         return False
-    return parts[0] != key or isinstance(exn, TruncatedShardError) and exn.member_whole
+    return parts[0] != key or (isinstance(exn, TruncatedShardError) and exn.member_whole)
 
 
 def _group_fast(batches: Iterable[list], url, last_dot: bool) -> Generator[dict, None, None]:

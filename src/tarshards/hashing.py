@@ -18,6 +18,7 @@ buffers of 64 KiB and more, so that threads hash in parallel (:data:`HASHING_REL
 from __future__ import annotations
 
 import hashlib
+import itertools
 import zlib
 from typing import Any, BinaryIO
 
@@ -153,12 +154,12 @@ def hash_rows(blob, offsets) -> bytes:
 
     view = memoryview(blob).cast("B")
     offs = memoryview(offsets).cast("B").cast("q").tolist()
-    if any(b < a for a, b in zip(offs, offs[1:])) or (
+    if any(b < a for a, b in itertools.pairwise(offs)) or (
         offs and (offs[0] < 0 or offs[-1] > len(view))
     ):
         raise ValueError("hash_rows: offsets out of order or past the blob")
     digest = package.xxh3_64_intdigest
-    return array.array("Q", [digest(view[a:b]) for a, b in zip(offs, offs[1:])]).tobytes()
+    return array.array("Q", [digest(view[a:b]) for a, b in itertools.pairwise(offs)]).tobytes()
 
 
 def background_hasher(

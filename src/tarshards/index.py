@@ -35,8 +35,8 @@ from typing import (
     ContextManager,
     Iterable,
     Iterator,
-    Mapping,
     Literal,
+    Mapping,
     NoReturn,
     Sequence,
     cast,
@@ -49,7 +49,6 @@ if TYPE_CHECKING:
     from .storage import AtomicOutput
 
 from ._lazy import LazyModule
-from .errors import IntegrityError
 from .compression import (
     GZIP,
     by_magic,
@@ -58,6 +57,7 @@ from .compression import (
     gzip_layout,
     not_plain,
 )
+from .errors import IntegrityError
 from .hashing import (
     DEFAULT_HASH,
     MEMBER_HASH,

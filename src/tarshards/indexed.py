@@ -23,6 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import stages as _stages
+from .compression import inflated_from
 from .errors import (
     IntegrityError,
     ShardFormatError,
@@ -30,12 +31,11 @@ from .errors import (
     TarshardsError,
     TarshardsWarning,
 )
-from .manifest import Manifest, as_manifest
-from .storage import is_local, local_path, open_url
-from .compression import inflated_from
-from .storage.seek import read_exact
 from .format import split_name
 from .index import FLAG_REBUILT
+from .manifest import Manifest, as_manifest
+from .storage import is_local, local_path, open_url
+from .storage.seek import read_exact
 from .tario import BLOCK, decompressed_chunks, iter_tar
 from .tario.headers import _checksum_ok, _octal, _size_number
 
@@ -518,23 +518,23 @@ class _ShardInfo:
     """One shard's index as plain lists: what ``ds[i]`` looks up, at list speed."""
 
     __slots__ = (
-        "index",
-        "url",
-        "n",
-        "offsets",
+        "compression",
+        "data_offsets",
         "ends",
-        "tar_offsets",
-        "starts",
+        "entry",
+        "exts",
+        "index",
         "keys",
         "member_offsets",
-        "data_offsets",
-        "sizes",
-        "exts",
-        "seekable",
-        "compression",
-        "entry",
+        "n",
+        "offsets",
         "plain",
         "rebuilt",
+        "seekable",
+        "sizes",
+        "starts",
+        "tar_offsets",
+        "url",
     )
 
     def __init__(self, idx, url: str):

@@ -16,10 +16,10 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 from . import stages as _stages
 from .composition import _DEFAULT, _PLACE, DataPipeline, _Stage, _wanted
 from .on_error import OnError
+from .plan import PlanConfig, ShardTable, plan_for, scan_shards
 from .planned import PlannedProgram, _SingleProgram, feed_batches
 from .reading import iter_samples, shard_samples
 from .shards import resampled_shards, shard_order, split_shards
-from .plan import PlanConfig, ShardTable, plan_for, scan_shards
 from .specs import check_local_shards, expand_urls
 from .specs import is_manifest_spec as _is_manifest_spec
 from .storage import is_local, open_url

@@ -119,10 +119,10 @@ class ShardTable:
         if urls is not None:
             urls = [os.fspath(u) for u in urls]
             row = {u: i for i, u in enumerate(manifest.shard_urls())}
-            rows = [row.get(u) for u in urls]
-            if None not in rows and rows != list(range(len(manifest.shards))):
+            found = [row[u] for u in urls if u in row]
+            if len(found) == len(urls) and found != list(range(len(manifest.shards))):
                 manifest = replace(
-                    manifest, shards=tuple(manifest.shards[i] for i in rows), _indexes={}
+                    manifest, shards=tuple(manifest.shards[i] for i in found), _indexes={}
                 )
         else:
             urls = manifest.shard_urls()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import random
 import warnings
-from typing import Iterator, Sequence
+from typing import Iterator, Sequence, TypeVar
 
 from .errors import TarshardsWarning
 
@@ -32,9 +32,12 @@ def make_rng(*parts) -> random.Random:
     return random.Random(int.from_bytes(hashlib.sha256(text).digest()[:8], "big"))
 
 
+_T = TypeVar("_T")
+
+
 def shard_order(
-    urls: Sequence[str], *, seed: int = 0, epoch: int = 0, shuffle: bool = True
-) -> list[str]:
+    urls: Sequence[_T], *, seed: int = 0, epoch: int = 0, shuffle: bool = True
+) -> list[_T]:
     """The epoch's shard order: a permutation from (seed, epoch), or the list as it is."""
     urls = list(urls)
     if shuffle:

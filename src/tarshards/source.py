@@ -27,6 +27,7 @@ from typing import (
 )
 
 from ._lazy import LazyModule
+from .compression import inflated_from
 from .errors import ResumeError, TarshardsError
 from .format import group_run, group_samples
 from .plan import (
@@ -40,10 +41,9 @@ from .plan import (
     plan_for,
     scan_shards,
 )
-from .compression import inflated_from
-from .tario import decompressed_chunks, iter_tar_batches, read_chunks, tar_byte_source
 from .storage.paths import is_local
 from .storage.seek import read_exact, sample_from_bytes
+from .tario import decompressed_chunks, iter_tar_batches, read_chunks, tar_byte_source
 from .tario.buffer import map_local
 from .tario.reader import plain_run
 
@@ -108,7 +108,7 @@ class ShuffleCore:
     objects are fetched into the CPU cache (a buffer of many samples has long let them go cold).
     """
 
-    __slots__ = ("bufsize", "initial", "rng", "buf", "_emitted", "_tail", "_c")
+    __slots__ = ("_c", "_emitted", "_tail", "buf", "bufsize", "initial", "rng")
 
     def __init__(self, bufsize: int, initial: int | None, rng: random.Random):
         self.bufsize = bufsize

@@ -54,7 +54,7 @@ class ListSource:
 class _StageIter:
     """The iterator a stateful stage returns: its state is the stage's."""
 
-    __slots__ = ("stage", "it")
+    __slots__ = ("it", "stage")
 
     def __init__(self, stage, it):
         self.stage, self.it = stage, it

@@ -10,6 +10,7 @@ batches an uninterrupted run yields from that point on, compared batch by batch 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import pickle
 import random
 from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
@@ -210,5 +211,5 @@ def write_member_per_sample_gzip(path: str, samples: Iterable[dict]) -> None:
     cuts = [int(x) for x in index.tar_offsets] + [int(index.sample_ends[-1]), len(data)]
     member = GZIP.frame(None)
     with open(path, "wb") as f:
-        for a, b in zip(cuts, cuts[1:]):
+        for a, b in itertools.pairwise(cuts):
             f.write(member(data[a:b]))

@@ -31,28 +31,36 @@ import multiprocessing.context
 import os
 import warnings
 import weakref
-from typing import Any
 from multiprocessing import resource_tracker
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate, default_convert
-from torch.utils.data import get_worker_info
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    default_collate,
+    default_convert,
+    get_worker_info,
+)
 
 from . import indexed as _indexed
 from . import mixing as _mix
 from . import pipeline as _pipeline
 from .codecs import Codec, register_array_kind, register_codec
 from .crop import register_crop_converter
+from .errors import (
+    ResumeError,
+    TarshardsWarning,  # (of a plain DataLoader repeating its order)
+)
 from .media.output import register_media_converter
-from .errors import ResumeError
 from .plan import STATE_FORMAT
 from .stages import collate_error, register_collation
 from .stats import Counters, LoaderStats, OnStall, clock, gathered, start_watchdog, timed_items
 from .transport import Group, Packer, Unpacker, new_token, remove_orphans
 from .types import WorkerInfo
-from .errors import TarshardsWarning  # (of a plain DataLoader repeating its order)
 
 __all__ = [
     "DataPipeline",
@@ -171,7 +179,13 @@ def _order_varies(ds) -> bool:
     return any(st.wants_rng for st in ds._stages)
 
 
-class _TorchMixin:
+if TYPE_CHECKING:  # the mixin only goes on core pipelines (_adapter's classes below)
+    _MixinBase = _pipeline.DataPipeline
+else:
+    _MixinBase = object
+
+
+class _TorchMixin(_MixinBase):
     """Shared overrides: rank and epoch carried from the main process into DataLoader workers,
     and the pipeline's own item/len/iter behaviour."""
 
@@ -299,7 +313,8 @@ def _adapter(cls):
 class WebDataset(IterableDataset, _TorchMixin, _pipeline.WebDataset):
     __doc__ = _pipeline.WebDataset.__doc__
 
-    @functools.wraps(_pipeline.WebDataset.__init__)  # the signature inspect and help() show
+    # the signature inspect and help() show (mypy: "unsupported decorated constructor")
+    @functools.wraps(_pipeline.WebDataset.__init__)  # type: ignore[misc]
     def __init__(self, *args, **kwargs):
         _pipeline.WebDataset.__init__(self, *args, **kwargs)
         self._order_token = _new_order_token()
@@ -311,7 +326,8 @@ class WebDataset(IterableDataset, _TorchMixin, _pipeline.WebDataset):
 class DataPipeline(IterableDataset, _TorchMixin, _pipeline.DataPipeline):
     __doc__ = _pipeline.DataPipeline.__doc__
 
-    @functools.wraps(_pipeline.DataPipeline.__init__)  # the signature inspect and help() show
+    # the signature inspect and help() show (mypy: "unsupported decorated constructor")
+    @functools.wraps(_pipeline.DataPipeline.__init__)  # type: ignore[misc]
     def __init__(self, *args, **kwargs):
         _pipeline.DataPipeline.__init__(self, *args, **kwargs)
         self._order_token = _new_order_token()
@@ -321,7 +337,8 @@ class IndexedDataset(Dataset, _indexed.IndexedDataset):
     """:class:`tarshards.indexed.IndexedDataset` as a ``torch.utils.data.Dataset`` (map-style:
     works with ``DataLoader(shuffle=True, num_workers=N)`` and ``DistributedSampler``)."""
 
-    @functools.wraps(_indexed.IndexedDataset.__init__)  # the signature inspect and help() show
+    # the signature inspect and help() show (mypy: "unsupported decorated constructor")
+    @functools.wraps(_indexed.IndexedDataset.__init__)  # type: ignore[misc]
     def __init__(self, *args, **kwargs):
         _indexed.IndexedDataset.__init__(self, *args, **kwargs)
 
@@ -335,7 +352,8 @@ class IndexedDataset(Dataset, _indexed.IndexedDataset):
 class MixedDataset(IterableDataset, _TorchMixin, _mix.MixedDataset):
     __doc__ = _mix.MixedDataset.__doc__
 
-    @functools.wraps(_mix.MixedDataset.__init__)  # the signature inspect and help() show
+    # the signature inspect and help() show (mypy: "unsupported decorated constructor")
+    @functools.wraps(_mix.MixedDataset.__init__)  # type: ignore[misc]
     def __init__(self, *args, **kwargs):
         _mix.MixedDataset.__init__(self, *args, **kwargs)
         self._order_token = _new_order_token()
@@ -387,6 +405,9 @@ class WebLoader(DataLoader):
     (:class:`~tarshards.errors.StallError`), ``"skip"`` or a function given the error. See
     docs/monitoring.md.
     """
+
+    # a tarshards pipeline (its methods used) or any dataset (its attributes probed)
+    dataset: Any
 
     def __init__(
         self,
@@ -463,16 +484,16 @@ class WebLoader(DataLoader):
             # the loader gone (or the program ending, after an error too): every segment of
             # its workers, whose tickets no one will map
             weakref.finalize(self, remove_orphans, token, True)
-        self._unpacker = None
+        self._unpacker: Unpacker | None = None
         if self._planned():
             dataset._plan_identity()  # count the shards once here, not in every worker
             dataset._loader_warns = True  # of dropped samples: here, not in every worker
         self.epoch = start_epoch  # the epoch the next iter() runs
-        self._current = None  # the epoch being run, its steps handed out, finished?
+        self._current: int | None = None  # the epoch being run, its steps handed out, finished?
         self._step = 0
         self._finished = False
-        self._pending = None
-        self._workers_next = None  # with persistent workers: the epoch they run next
+        self._pending: dict | None = None
+        self._workers_next: int | None = None  # with persistent workers: the epoch they run next
         self._origin = 0
         self._monitor = monitor  # (stats, watchdog, on_stall) or None
         self._totals: Counters | None = None  # this rank's statistics (made at the first iter)
@@ -556,7 +577,8 @@ class WebLoader(DataLoader):
             and self._iterator is not None
             and (fresh_workers or broken_off or self._workers_next != epoch)
         ):
-            self._iterator._shutdown_workers()  # they hold another epoch or position
+            # they hold another epoch or position (persistent workers: a multiprocessing iterator)
+            self._iterator._shutdown_workers()  # type: ignore[attr-defined]
             self._iterator = None
             if self._unpacker is not None:
                 self._unpacker.close()
@@ -577,7 +599,7 @@ class WebLoader(DataLoader):
             totals = self._counters()
             if self.num_workers == 0 and isinstance(ds, _pipeline.DataPipeline):
                 ds._monitor = totals  # type: ignore[attr-defined]
-        it = super().__iter__()
+        it: Iterator = super().__iter__()
         if self._packing:
             remove_orphans(self._token)  # of the workers of earlier epochs
             if self._unpacker is None or not self.persistent_workers:
@@ -783,8 +805,9 @@ class _GivingSlots:
     def __call__(self, worker_id):
         info = get_worker_info()
         if info is not None and isinstance(info.dataset, _pipeline.DataPipeline):
-            info.dataset._batch_allocate = self.packer.allocate
-            info.dataset._loader_group = (self.cell, info.id)
+            # read by the pipeline's context (getattr), in this worker's copy only
+            info.dataset._batch_allocate = self.packer.allocate  # type: ignore[attr-defined]
+            info.dataset._loader_group = (self.cell, info.id)  # type: ignore[attr-defined]
         if self.inner is not None:
             self.inner(worker_id)
 
@@ -817,12 +840,12 @@ class _InTurn:
     """
 
     def __init__(self, num_workers: int, packer: Packer, cell: torch.Tensor):
-        self.queues = [collections.deque() for _ in range(num_workers)]
+        self.queues: list[collections.deque] = [collections.deque() for _ in range(num_workers)]
         self.done = [False] * num_workers
         self.since = [[0] * num_workers for _ in range(num_workers)]  # [w][u]: groups of u
         self.turn = 0
         self.ended = False  # DataLoader's iterator is exhausted
-        self.packer = packer
+        self.packer: Packer | None = packer  # until the first batch sets the group size
         self.cell = cell
 
     def next(self, pull):
@@ -850,6 +873,7 @@ class _InTurn:
         if type(group) is not Group:
             raise TypeError(f"a WebLoader worker sent {type(group).__name__}, not a batch group")
         u = group.worker
+        assert u is not None  # a worker's groups name it (_grouped)
         if self.packer is not None and group:
             if int(self.cell[0]) < 1:
                 self.cell.fill_(self.packer.group_size(_array_bytes(group[0])))
@@ -995,7 +1019,7 @@ class _Monitoring:
                 watchdog=self.watchdog,
                 on_stall=self.on_stall,
             )
-            ds._monitor = monitor  # type: ignore[attr-defined]
+            ds._monitor = monitor
             start_watchdog(monitor)
         if self.inner is not None:
             self.inner(worker_id)

@@ -19,8 +19,8 @@ from .codecs import encode_value
 from .compression import FlushedGzip, by_name, is_compressed_name, open_compressed_writer
 from .errors import PipeNotAllowedError
 from .format import parse_size
-from .tario import BLOCK, TarMemberWriter, header_number, header_size
 from .storage import AtomicOutput, remove_stale_temporaries, temporary_directory
+from .tario import BLOCK, TarMemberWriter, header_number, header_size
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer

@@ -159,7 +159,7 @@ def test_tarcheck_of_a_manifest_checks_against_it_and_names_the_member(data):
     import tarfile
 
     with tarfile.open(data / "m-0001.tar") as tf:
-        member = [m for m in tf.getmembers() if m.name == "k0013.txt"][0]
+        member = next(m for m in tf.getmembers() if m.name == "k0013.txt")
     with open(data / "m-0001.tar", "r+b") as f:  # same size, other bytes: the hash differs
         f.seek(member.offset_data + 2)
         f.write(b"X")

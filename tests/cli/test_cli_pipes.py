@@ -12,9 +12,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from PIL import Image
-
 from conftest import write_shards
+from PIL import Image
 
 BIN = Path(sys.executable).parent
 TOOLS = [
@@ -77,7 +76,7 @@ def assert_one_line_error(proc, prog: str, *needles: str):
 
 
 def test_tarscat_count_then_tar2tsv(in_tar, tmp_path):
-    path, samples = in_tar
+    _path, samples = in_tar
     p = sh("tarscat -c 10 in.tar > small.tar", tmp_path)
     assert p.returncode == 0, p.stderr
     p = sh("tar tvf small.tar | fgrep .jpg | wc -l", tmp_path)
@@ -144,7 +143,7 @@ def test_tar_of_a_directory_into_tarsplit_maxshards(tmp_path):
 
 
 def test_tarshow_two_samples(in_tar, tmp_path):
-    path, samples = in_tar
+    _path, samples = in_tar
     p = sh("tarshow -c 2 in.tar", tmp_path)
     assert p.returncode == 0, p.stderr
     blocks = p.stdout.decode().strip().split("\n\n")
@@ -232,7 +231,7 @@ def test_bad_size_string_is_a_usage_error(tmp_path):
 
 
 def test_closed_stdout_exits_quietly(tmp_path):
-    paths, _ = write_shards(tmp_path, 3, 40)
+    _paths, _ = write_shards(tmp_path, 3, 40)
     p = sh(
         "tarscat 'shard-{0000..0002}.tar' 'shard-{0000..0002}.tar' | head -c 100 | wc -c", tmp_path
     )

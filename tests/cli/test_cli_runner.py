@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import make_samples, write_shards
 from PIL import Image
 
-from conftest import make_samples, write_shards
 from tarshards.cli import main as cli
 from tarshards.cli._common import parse_size
 from tarshards.pipeline import shard_samples
@@ -57,7 +57,7 @@ def shards(tmp_path):
 
 
 def test_cat_concatenates_with_skip_and_count(shards, tmp_path):
-    paths, samples = shards
+    _paths, samples = shards
     spec = str(tmp_path / "shard-{0000..0002}.tar")
     r = run("cat", [spec, "-s", 15, "-c", 10, "-o", tmp_path / "out.tar"])
     assert r.exit_code == 0, r.output

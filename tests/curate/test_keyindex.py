@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import filecmp
+import itertools
 import json
 import os
 import pickle
@@ -73,7 +74,7 @@ def data_sets(draw):
     keys = draw(st.lists(KEY, min_size=0, max_size=60, unique=True))
     cuts = sorted(draw(st.lists(st.integers(0, len(keys)), min_size=0, max_size=4)))
     bounds = [0, *cuts, len(keys)]
-    return [keys[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [keys[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 @settings(
@@ -203,7 +204,7 @@ def test_duplicate_keys(tmp_path):
 
 def test_collisions_are_told_apart_by_the_keys(small_set, tmp_path, monkeypatch):
     """With a hash of 3 bits every key shares its hash with dozens: lookups stay exact."""
-    manifest, shards = small_set
+    manifest, _shards = small_set
 
     def weak_rows(blob, offsets):
         return (np.frombuffer(hash_rows(blob, offsets), np.uint64) & np.uint64(7)).tobytes()
@@ -303,7 +304,7 @@ def test_data_set_moved_as_a_whole(small_set, tmp_path):
 
 
 def test_shard_spec_source(small_set, tmp_path):
-    manifest, _ = small_set
+    _manifest, _ = small_set
     spec = str(tmp_path / "d" / "manifest-{0000..0004}.tar")
     ki = KeyIndex.build(spec, tmp_path / "k.tski", workers=1)
     assert ki["s1-001"] == (str(tmp_path / "d" / "manifest-0001.tar"), 1)
@@ -322,7 +323,7 @@ def test_bad_paths_and_files(small_set, tmp_path):
     KeyIndex.build(manifest, tmp_path / "k.tski")
     with open(tmp_path / "k.tski" / "rows.u32", "r+b") as f:
         f.truncate(12)
-    with pytest.raises(IntegrityError, match="rows.u32"):
+    with pytest.raises(IntegrityError, match=r"rows.u32"):
         KeyIndex.open(tmp_path / "k.tski")
     header = json.loads((tmp_path / "k.tski" / "keyindex.json").read_text())
     header["version"] = 99

@@ -113,7 +113,7 @@ def test_local_cluster_started_for_8_shards(tmp_path, engine):
 
         if ray.is_initialized():  # another module's tests left one: this one is for the test
             pytest.skip("a Ray connection is already open")
-    paths, samples = write_shards(tmp_path, 8, PER_SHARD)
+    _paths, samples = write_shards(tmp_path, 8, PER_SHARD)
     outs = str(tmp_path / "out-{0..7}.tar")
     reports = map_shards(
         plus_100, str(tmp_path / "shard-{0000..0007}.tar"), outs, engine=engine, workers=2

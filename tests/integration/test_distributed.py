@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
+import _dist_ranks  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-import _dist_ranks  # noqa: E402
 from tarshards import TarWriter  # noqa: E402
 
 pytestmark = [

@@ -11,10 +11,10 @@ import uuid
 import pytest
 
 from tarshards import IntegrityError, ShardWriter, WebDataset
-from tarshards.storage import ShardCache
 from tarshards.indexed import IndexedDataset
 from tarshards.manifest import Manifest
 from tarshards.pipeline import iter_samples
+from tarshards.storage import ShardCache
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -14,7 +14,6 @@ import uuid
 from dataclasses import dataclass, field
 
 import pytest
-
 from conftest import make_samples
 
 # a stuck connection must fail the test, not hold up the whole suite
@@ -257,7 +256,7 @@ def test_http_not_found_fails_fast(http_remote):
 
 
 def test_http_reads_one_request_per_shard(http_remote):
-    urls, samples = _write(http_remote, 2, 20)
+    urls, _samples = _write(http_remote, 2, 20)
     srv = http_remote.server
     before = srv.get_counts()
     assert len(list(WebDataset(urls, shardshuffle=False))) == 40

@@ -9,7 +9,6 @@ import os
 import warnings
 
 import pytest
-
 from conftest import load_servers, write_shards
 
 torch = pytest.importorskip("torch")
@@ -49,7 +48,7 @@ def test_stalled_shard_is_reported_and_retried(stalling, num_workers):
     st = loader.stats()
     assert st.stalls >= 1 and st.retries >= 1
     (record,) = [r for r in st.stall_log if r[2] == urls[2] and r[3] == STALL_AT]
-    rank, worker, url, offset, seconds, _where = record
+    rank, worker, _url, _offset, seconds, _where = record
     assert (rank, seconds) == (0, 1.0)
     assert worker is None if num_workers == 0 else worker in (0, 1)
 
@@ -75,7 +74,7 @@ def test_stalled_run_of_a_planned_pipeline(tmp_path):
 
 @pytest.mark.parametrize("num_workers", [0, 1])
 def test_on_stall_raise(stalling, num_workers):
-    srv, urls, _ = stalling
+    _srv, urls, _ = stalling
     ds = WebDataset(urls).to_tuple("__key__").batched(10)
     loader = WebLoader(ds, batch_size=None, num_workers=num_workers, watchdog=1.0, on_stall="raise")
     it = iter(loader)
@@ -97,7 +96,7 @@ def test_on_stall_raise(stalling, num_workers):
 
 
 def test_on_stall_function(stalling):
-    srv, urls, keys = stalling
+    _srv, urls, keys = stalling
     seen = []
     ds = WebDataset(urls).to_tuple("__key__").batched(10)
     loader = WebLoader(ds, batch_size=None, watchdog=1.0, on_stall=seen.append)

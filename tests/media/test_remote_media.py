@@ -12,10 +12,10 @@ from .conftest import full_decode, make_video
 av = pytest.importorskip("av")
 pytest.importorskip("aiohttp", reason="HTTP reading needs aiohttp (tarshards[http])")
 
+from conftest import load_servers  # noqa: E402  (tests/conftest.py)
+
 import tarshards  # noqa: E402
 from tarshards import IndexedDataset, ShardWriter  # noqa: E402
-
-from conftest import load_servers  # noqa: E402  (tests/conftest.py)
 
 HTTPFileServer = load_servers().HTTPFileServer
 

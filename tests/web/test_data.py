@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 import tarshards.web.data as webdata
-from tarshards.errors import TarshardsError
 from tarshards import ShardWriter
+from tarshards.errors import TarshardsError
 from tarshards.web import BrowseApp, BrowseData
 
 

@@ -15,7 +15,18 @@ import functools
 import os
 import re
 import sys
-from typing import IO, Any, Callable, Generator, Iterable, Iterator, Literal, NoReturn, TypeVar
+from typing import (
+    IO,
+    Any,
+    Callable,
+    ClassVar,
+    Generator,
+    Iterable,
+    Iterator,
+    Literal,
+    NoReturn,
+    TypeVar,
+)
 
 import click
 
@@ -155,7 +166,12 @@ class _OnErrorType(click.ParamType):
 
     name = "on-error"
     choices = ("raise", "skip")
-    aliases = {"abort": "raise", "fail": "raise", "stop": "raise", "warn": "skip"}
+    aliases: ClassVar[dict[str, str]] = {
+        "abort": "raise",
+        "fail": "raise",
+        "stop": "raise",
+        "warn": "skip",
+    }
 
     def get_metavar(
         self, param: click.Parameter, *args: Any, **kwargs: Any

@@ -27,8 +27,8 @@ from ..errors import TarshardsError
 from ..format import split_name
 from ..hashing import HashingReader, split_hash
 from ..hashing import check_shard as verify_record
-from ..tario import decompressed_chunks, iter_tar, read_chunks
 from ..storage import open_url
+from ..tario import decompressed_chunks, iter_tar, read_chunks
 from ._common import (
     CONTEXT_SETTINGS,
     Progress,

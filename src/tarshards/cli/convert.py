@@ -8,7 +8,7 @@ import os
 
 import click
 
-from ._common import SIZE, CONTEXT_SETTINGS, handle_errors, print_err, quiet_option
+from ._common import CONTEXT_SETTINGS, SIZE, handle_errors, print_err, quiet_option
 
 __all__ = ["convert_cmd"]
 

@@ -22,8 +22,8 @@ from ._common import (
     collect_inputs,
     files_from_option,
     handle_errors,
-    one_blas_thread,
     on_error_option,
+    one_blas_thread,
     print_err,
     quiet_option,
 )

@@ -9,7 +9,6 @@ import itertools
 import click
 
 from ..images import IMAGE_EXTENSIONS
-
 from ._common import (
     CONTEXT_SETTINGS,
     as_text,

@@ -8,9 +8,11 @@ that does) when it is installed, as ``import webdataset`` does: its datasets mus
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 
 from .. import pipeline as _pipeline
 
+_adapter: ModuleType | None
 try:
     _adapter = importlib.import_module("tarshards.torch")
 except ImportError as exc:  # no torch: plain iterables

@@ -83,7 +83,9 @@ def gzfilter(key: str, data: bytes):
     """Decompress ``.gz`` fields and decode what is inside (the registry does this already)."""
     if not key.lower().endswith(".gz"):
         return None
-    return field_decoder(key, image_mode=None)(data)
+    dec = field_decoder(key, image_mode=None)
+    assert dec is not None  # a .gz field always has one (gzip.decompress at least)
+    return dec(data)
 
 
 class Continue:

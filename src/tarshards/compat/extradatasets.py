@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Iterator
+
 from ._base import IterableDataset
 from .utils import PipelineStage
 from .utils import repeatedly as _repeatedly
@@ -54,7 +56,7 @@ class with_epoch(IterableDataset):
     def __init__(self, dataset, length: int):
         self.source = dataset
         self.length = length
-        self._it = None
+        self._it: Iterator | None = None
 
     def __getstate__(self):
         state = self.__dict__.copy()

@@ -64,7 +64,7 @@ class Curried:
     """A stage with its arguments, waiting for its upstream: ``Curried(f, args, kw)(src)`` is
     ``f(src, *args, **kw)``. Picklable when ``f`` is a module-level function."""
 
-    __slots__ = ("fn", "args", "kwargs")
+    __slots__ = ("args", "fn", "kwargs")
 
     def __init__(self, fn: Callable, args: tuple = (), kwargs: dict | None = None):
         self.fn = fn

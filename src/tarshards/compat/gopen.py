@@ -47,4 +47,4 @@ def gopen(url, mode: str = "rb", bufsize: int = 8192, *, allow_pipe: bool = Fals
     return _Opened(url, mode, allow_pipe=allow_pipe, **options)
 
 
-gopen_schemes = {}  # fsspec decides which protocols are known
+gopen_schemes: dict[str, object] = {}  # fsspec decides which protocols are known

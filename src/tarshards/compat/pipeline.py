@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from ..stages import reraise_exception
 from . import filters
@@ -39,7 +39,7 @@ _apply.__name__ = "stage"
 
 
 def _flatten(stages) -> list:
-    out = []
+    out: list = []
     for s in stages:
         if s is None:
             continue
@@ -53,8 +53,15 @@ def _flatten(stages) -> list:
 class _CompatMixin:
     """webdataset's pipeline methods over a tarshards pipeline (placed first in the MRO)."""
 
+    pipeline: list
+    _repetitions: tuple[int | None, int | None] | None
+    if TYPE_CHECKING:  # the tarshards pipeline's, which the classes built on this mixin have
+        _stages: list
+
+        def _append(self, fn, *args, **kwargs) -> Any: ...
+
     def _init_compat(self) -> None:
-        self.pipeline: list = []  # the stages as given (webdataset's .pipeline / .stage(i))
+        self.pipeline = []  # the stages as given (webdataset's .pipeline / .stage(i))
         self._repetitions = None
 
     # ---- composition -------------------------------------------------------------------------
@@ -132,6 +139,10 @@ class _CompatMixin:
 
 class FluidInterface:
     """webdataset's fluent methods: each appends the curried filter of the same name."""
+
+    if TYPE_CHECKING:  # _CompatMixin's, which the classes built on this one have
+
+        def compose(self, *stages) -> Any: ...
 
     def batched(self, batchsize, collation_fn=filters.default_collation_fn, partial=True):
         return self.compose(filters.batched(batchsize, collation_fn=collation_fn, partial=partial))

@@ -20,9 +20,9 @@ from typing import Iterable, Iterator
 
 from ..shards import make_rng
 from ..specs import expand_urls as _ts_expand_urls
+from ._base import IterableDataset
 from .filters import pipelinefilter
 from .utils import pytorch_worker_info, pytorch_worker_seed
-from ._base import IterableDataset
 
 __all__ = [
     "DirectoryShardList",

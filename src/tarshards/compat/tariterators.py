@@ -10,7 +10,7 @@ member and offset (a corrupt shard's is also a ``tarfile.ReadError``).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeGuard
 
 from ..errors import PipeNotAllowedError, TarshardsError
 from ..format import group_samples, split_name
@@ -45,7 +45,7 @@ def base_plus_ext(path: str):
     return parts[0], name[len(parts[0]) + 1 :]
 
 
-def valid_sample(sample: Any) -> bool:
+def valid_sample(sample: Any) -> TypeGuard[dict[str, Any]]:
     """True for a non-empty sample dict not marked ``__bad__``."""
     return (
         sample is not None
@@ -65,7 +65,7 @@ def _policy(handler: Callable) -> Callable:
             raise exn
         return handler(exn)
 
-    decide._tarshards_policy = True
+    decide._tarshards_policy = True  # type: ignore[attr-defined]  # a marker on the function
     decide.__name__ = getattr(handler, "__name__", "handler")
     return decide
 
@@ -197,7 +197,8 @@ def group_by_keys(
 
 def _group_default(data, suffixes, handler):
     def runs():
-        url, run = None, []
+        url = None
+        run: list[tuple[str, Any, int | None]] = []
         for member in data:
             if not member:
                 continue

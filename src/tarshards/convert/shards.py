@@ -19,6 +19,7 @@ planned number of samples.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 from dataclasses import dataclass
@@ -94,7 +95,7 @@ def assign_rows(sizes: list[int] | int, maxcount: int, maxsize: int | None) -> l
             bounds.append(i)
         acc += w
     bounds.append(n)
-    shards = list(zip(bounds, bounds[1:]))
+    shards = list(itertools.pairwise(bounds))
     ok = len(bounds) == k + 1 and all(
         b - a <= maxcount and (b - a == 1 or sum(weights[a:b]) <= maxsize) for a, b in shards
     )

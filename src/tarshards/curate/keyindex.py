@@ -60,8 +60,8 @@ from ..hashing import hash_rows, member_checksum_fn
 from ..index import INDEX_SUFFIX, ShardIndex
 from ..manifest import Manifest, ShardRecord, is_manifest_spec, relative_url, resolve_url
 from ..parallel.engines import make_engine
-from ..parallel.pool import portable_exception
 from ..parallel.jobs import ShardJob
+from ..parallel.pool import portable_exception
 from ..parallel.reports import FAILED, ShardReport
 from ..storage import is_local, local_path, url_protocol
 
@@ -245,7 +245,7 @@ class _RunJob(ShardJob):
                     url=self.shard_urls[s],
                 )
             with _shard_keys(index_url, self.storage_options) as idx:
-                samples, nbytes, shard_hash = self.records[s]
+                samples, _nbytes, shard_hash = self.records[s]
                 if idx.num_samples != samples or (
                     shard_hash is not None and idx.hash is not None and idx.hash != shard_hash
                 ):

@@ -77,7 +77,7 @@ def _worker_main(conn, payload: bytes) -> None:
 
 
 class _Worker:
-    __slots__ = ("process", "conn", "tasks")
+    __slots__ = ("conn", "process", "tasks")
 
     def __init__(self, process, conn):
         self.process = process

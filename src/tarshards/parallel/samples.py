@@ -15,7 +15,7 @@ __all__ = ["apply_one", "map_samples"]
 
 
 class _SampleOutcome:
-    __slots__ = ("ok", "value", "tb")
+    __slots__ = ("ok", "tb", "value")
 
     def __init__(self, ok, value, tb=None):
         self.ok = ok

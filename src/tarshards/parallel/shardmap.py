@@ -14,8 +14,8 @@ import warnings
 from typing import Callable
 
 from ..errors import TarshardsWarning
-from ..on_error import OnError, error_policy
 from ..manifest import spec_urls
+from ..on_error import OnError, error_policy
 from ..specs import expand_urls
 from ..storage import filesystem, is_local, local_path, remove_stale_temporaries
 from .engines import Engine, make_engine

@@ -13,7 +13,7 @@ import contextlib
 import io
 import os
 import sys
-from typing import TYPE_CHECKING, BinaryIO, IO, Iterator, cast
+from typing import IO, TYPE_CHECKING, BinaryIO, Iterator, cast
 
 from ..errors import PipeNotAllowedError, ShardNotFoundError, StorageError
 from ..types import ReadOptions

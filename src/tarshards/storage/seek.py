@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import BinaryIO, Iterable, Iterator
 
+from ..compression import inflated_from
 from ..errors import ShardFormatError, TruncatedShardError
 from ..format import group_samples
-from ..compression import inflated_from
 from ..tario import decompressed_chunks, iter_tar, read_chunks
 
 __all__ = ["read_exact", "read_sample_at", "sample_from_bytes", "samples_from"]

@@ -68,7 +68,7 @@ class _Buffer:
     reader among many (the planned pipeline's virtual readers) passes a small one.
     """
 
-    __slots__ = ("it", "readinto", "buf", "pos", "end", "base", "origin", "size")
+    __slots__ = ("base", "buf", "end", "it", "origin", "pos", "readinto", "size")
 
     mapped = False  # the whole input is in ``buf`` (see _MappedBuffer)
 

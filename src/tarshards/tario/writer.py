@@ -179,7 +179,7 @@ _JOIN_MAX = 64 << 10
 class _HeaderTemplate:
     """The fixed parts of our ustar headers, so a plain header costs a join and two sums."""
 
-    __slots__ = ("mid", "mtime", "tail", "const")
+    __slots__ = ("const", "mid", "mtime", "tail")
 
     def __init__(self, mtime: int, mode: int):
         self.mid = _octal(header_number(mode, _MAX_MODE, "mode"), 8) + _octal(0, 8) + _octal(0, 8)

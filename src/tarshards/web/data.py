@@ -23,8 +23,8 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..errors import IntegrityError, MissingDependencyError, TarshardsError
-from ..index import FLAG_REBUILT
 from ..images import IMAGE_EXTENSIONS
+from ..index import FLAG_REBUILT
 from ..indexed import IndexedDataset
 from ..manifest import Manifest, build_manifest, is_manifest_spec
 from ..specs import expand_urls

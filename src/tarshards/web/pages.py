@@ -361,8 +361,9 @@ def stats_page(data: BrowseData) -> str:
     if len(per) <= 60:
         parts.append(plots.bar_chart(range(len(per)), per, "samples per shard", ylabel="samples"))
     else:
-        from .data import histogram
         import numpy as np
+
+        from .data import histogram
 
         parts.append(
             plots.histogram_chart(histogram(np.array(per)), "samples per shard", ylabel="shards")
