@@ -18,6 +18,10 @@ def tokens(sample):
     return len(sample["txt"].split())
 
 
+def cls_of(sample):
+    return int(sample["cls"])
+
+
 def chars(sample):
     return {"txt.chars": len(sample["txt"]), "odd": 1.0 if int(sample["cls"]) % 2 else None}
 
@@ -75,7 +79,7 @@ def test_in_place_and_through_the_reader(data):
         Manifest.load(base / "m.json").meta("tokens"), [len(t.split()) for _, t, _ in rows]
     )
     # a second column joins the first
-    m = tarshards.add_meta(base / "m.json", {"cls": lambda s: int(s["cls"])}, progress=False)
+    m = tarshards.add_meta(base / "m.json", {"cls": cls_of}, progress=False)
     assert set(m.meta_columns()) == {"tokens", "cls"}
     np.testing.assert_array_equal(m.meta("cls"), [c for _, _, c in rows])
 
