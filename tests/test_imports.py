@@ -56,6 +56,7 @@ LAYERS: list[tuple[str, ...]] = [
         "reading",
     ),  # shard lists, the epoch plan and its cursor; shard reading
     ("stages", "planned", "stateful"),  # stages; the planned iteration; stages with a state
+    ("fusion",),  # the stage record and the one rewrite of a stage list (fusion)
     ("composition",),  # DataPipeline: a source and stages, the fluent methods
     ("pipeline",),  # WebDataset (and the names of the modules above, re-exported)
     ("mixing", "indexed", "testing", "media.collate"),  # mixtures, random access, the resume check
