@@ -183,7 +183,6 @@ _LAZY_MODULES = {name: module for module, names in _MODULE_OF.items() for name i
 _SUBMODULES = frozenset(
     [
         "benchmark",
-        "cache",
         "codecs",
         "compat",
         "composition",
@@ -194,6 +193,7 @@ _SUBMODULES = frozenset(
         "decoding",
         "errors",
         "format",
+        "fusion",
         "hashing",
         "images",
         "index",
@@ -207,7 +207,6 @@ _SUBMODULES = frozenset(
         "plan",
         "planned",
         "reading",
-        "seek",
         "shards",
         "source",
         "specs",
@@ -220,7 +219,6 @@ _SUBMODULES = frozenset(
         "testing",
         "transport",
         "types",
-        "urls",
         "web",
         "writer",
     ]
