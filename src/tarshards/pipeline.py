@@ -277,7 +277,7 @@ class WebDataset(DataPipeline):
             if self.manifest is not None:
                 self._table = ShardTable.from_manifest(self.manifest, self.urls)
             else:
-                self._table = scan_shards(self.urls, opener=self._open, last_dot=self.last_dot)
+                self._table = scan_shards(self.urls, opener=self.open_shard, last_dot=self.last_dot)
         return self._table
 
     def set_table(self, table) -> None:
@@ -286,7 +286,7 @@ class WebDataset(DataPipeline):
             raise ValueError("the table describes other shards than this dataset's")
         self._table = table
 
-    def _open(self, url, stats=None):
+    def open_shard(self, url, stats=None):
         """Open a shard; ``stats``: a loader's counters (retries, cache hits; its watchdog's
         time is the read timeout)."""
         if self._opener is not None:
@@ -301,11 +301,11 @@ class WebDataset(DataPipeline):
             url, offset=offset, length=length, options=self.read_options, **_watched(stats)
         )
 
-    def _range_opener(self):
+    def range_opener(self):
         """``_open_range``, or ``None`` with a user's opener (it cannot be asked for a range)."""
         return self._open_range if self._opener is None else None
 
-    def _plan_parts(self):
+    def plan_parts(self):
         """(PlanConfig, stages before the batch, the batch stage, stages after it)."""
         stages = self._stages
         bufsize, initial, first = 0, None, 0
@@ -349,13 +349,13 @@ class WebDataset(DataPipeline):
         )
         return cfg, stages[first:bi], stages[bi], stages[bi + 1 :]
 
-    def _plan_identity(self) -> dict:
-        return self._plan_parts()[0].identity(self.table.fingerprint)
+    def plan_identity(self) -> dict:
+        return self.plan_parts()[0].identity(self.table.fingerprint)
 
-    def _fingerprint_aliases(self) -> dict:
+    def fingerprint_aliases(self) -> dict:
         return dict(self.table.aliases)
 
-    def _epoch_program(self, epoch: int) -> "PlannedProgram":
+    def epoch_program(self, epoch: int) -> "PlannedProgram":
         return _SingleProgram(self, epoch)
 
     def dropped_samples(self, epoch: int | None = None) -> int:
@@ -363,13 +363,13 @@ class WebDataset(DataPipeline):
         next): those that do not fill ``V x B`` under ``remainder="drop"``; 0 otherwise."""
         if self._plan_config is None:
             return 0
-        cfg = self._plan_parts()[0]
+        cfg = self.plan_parts()[0]
         if cfg.remainder != "drop":
             return 0
-        plan = plan_for(self.table, cfg, self._next_epoch() if epoch is None else int(epoch))
+        plan = plan_for(self.table, cfg, self.next_epoch() if epoch is None else int(epoch))
         return plan.length - plan.num_batches * cfg.batch_size
 
-    def _warn_dropped(self, epoch: int) -> None:
+    def warn_dropped(self, epoch: int) -> None:
         """Warn (once per epoch and process) that the default ``remainder="drop"`` leaves
         samples out of ``epoch``, with their count and the options that keep them."""
         plan = self._plan_config
@@ -386,7 +386,7 @@ class WebDataset(DataPipeline):
 
         from .errors import TarshardsWarning
 
-        cfg = self._plan_parts()[0]
+        cfg = self.plan_parts()[0]
         total = self.table.num_samples
         V, B = cfg.readers, cfg.batch_size
         warnings.warn(
@@ -574,7 +574,7 @@ class WebDataset(DataPipeline):
             raise TypeError("a resampled WebDataset is endless; bound it with .with_epoch(n)")
         info = self.worker_info()
         if epoch is None:
-            epoch = self._current_epoch()
+            epoch = self.current_epoch()
         context = EpochContext(
             seed=self.seed,
             epoch=self._auto_epoch if epoch is None else epoch,

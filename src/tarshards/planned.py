@@ -92,7 +92,7 @@ def feed_batches(stream: ReaderStream, batches: list[int], size: int, bufsize: i
 
 class _SingleProgram(PlannedProgram):
     def __init__(self, ds: Any, epoch: int):  # a WebDataset
-        cfg, pre, bstage, post = ds._plan_parts()
+        cfg, pre, bstage, post = ds.plan_parts()
         self.ds, self.cfg = ds, cfg
         self.plan = plan_for(ds.table, cfg, epoch)
         self.num_batches = self.plan.num_batches
@@ -102,12 +102,14 @@ class _SingleProgram(PlannedProgram):
 
     def _stream(self, reader: int, stats=None) -> ReaderStream:
         ds = self.ds
-        ranged = ds._range_opener()
+        ranged = ds.range_opener()
         return ReaderStream(
             ds.table,
             self.plan,
             reader,
-            opener=ds._open if stats is None else functools.partial(ds._open, stats=stats),
+            opener=ds.open_shard
+            if stats is None
+            else functools.partial(ds.open_shard, stats=stats),
             range_opener=(
                 ranged
                 if stats is None or ranged is None
@@ -128,10 +130,10 @@ class _SingleProgram(PlannedProgram):
             from .stats import timed_source
 
             samples = timed_source(samples, ctx["stats"])
-        data = ds._run_stages(
+        data = ds.run_stages(
             samples, self.pre, ctx, ("reader", reader), first=1 if cfg.bufsize else 0
         )
-        return iter(ds._run_stages(data, [self.bstage], ctx, ("reader", reader)))
+        return iter(ds.run_stages(data, [self.bstage], ctx, ("reader", reader)))
 
     def turn_done(self, reader: int) -> None:
         feed = self._feeds.get(reader)
@@ -151,8 +153,8 @@ class _SingleProgram(PlannedProgram):
             finally:
                 stream.close()
 
-        data = ds._run_stages(raw(), self.pre, it.ctx, ("pad",))
-        return iter(ds._run_stages(data, [self.bstage], it.ctx, ("pad",)))
+        data = ds.run_stages(raw(), self.pre, it.ctx, ("pad",))
+        return iter(ds.run_stages(data, [self.bstage], it.ctx, ("pad",)))
 
 
 class _PlannedIterator:
@@ -178,7 +180,8 @@ class _PlannedIterator:
             finished = pending.get("finished") and not worker_state
             if finished:
                 epoch, position = epoch + 1, 0  # after StopIteration: the next epoch
-            prog = ds._epoch_program(epoch)
+            epoch = ds.advance_epoch(epoch)
+            prog = ds.epoch_program(epoch)
             if finished:
                 pass
             elif worker_state:  # one DataLoader worker's own state (StatefulDataLoader)
@@ -207,13 +210,11 @@ class _PlannedIterator:
             if first is None:
                 first = (position - origin) // info.world_size + info.worker
         else:
-            epoch = ds.epoch if ds.epoch is not None else ds._auto_epoch
-            prog = ds._epoch_program(epoch)
+            epoch = ds.advance_epoch()
+            prog = ds.epoch_program(epoch)
             first = info.worker
-        if ds.epoch is None:
-            ds._auto_epoch = epoch + 1
-        if info.rank == 0 and info.worker == 0 and not getattr(ds, "_loader_warns", False):
-            warn = getattr(ds, "_warn_dropped", None)  # samples that remainder="drop" leaves out
+        if info.rank == 0 and info.worker == 0 and not ds.loader_link.warns:
+            warn = getattr(ds, "warn_dropped", None)  # samples that remainder="drop" leaves out
             if warn is not None:
                 warn(epoch)
         self.epoch = epoch
@@ -230,7 +231,7 @@ class _PlannedIterator:
             "worker": info.worker,
             "num_workers": info.num_workers,
         }
-        stats = getattr(ds, "_monitor", None)
+        stats = ds.loader_link.monitor
         if stats is not None:  # a loader's counters (WebLoader(stats=True), watchdog=)
             self.ctx["stats"] = stats
         self._gen = self._run()
@@ -283,8 +284,12 @@ class _PlannedIterator:
         chains = {v: prog.chain(self, v, js) for v, js in needed.items()}
         units = self._units(steps, chains)
         if prog.post:
-            units = self.ds._run_stages(
-                units, prog.post, self.ctx, ("post",), first=len(self.ds._stages) - len(prog.post)
+            units = self.ds.run_stages(
+                units,
+                prog.post,
+                self.ctx,
+                ("post",),
+                first=len(self.ds.stage_list) - len(prog.post),
             )
         yield from units
 
