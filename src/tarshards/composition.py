@@ -24,7 +24,7 @@ from . import stages as _stages
 from .errors import ResumeError
 from .fusion import DEFAULT, PLACE, Stage, params, rewrite, short_repr, wanted
 from .on_error import OnError, error_policy
-from .plan import STATE_FORMAT, Schedule, check_state
+from .plan import PlanState, Schedule, StreamState, check_state
 from .planned import _PlannedIterator
 from .shards import make_rng
 from .types import LoaderLink, WorkerInfo
@@ -233,10 +233,11 @@ class DataPipeline:
             planned = _PlannedIterator(self, pending)
             self._live = planned
             return planned
-        if pending is not None:  # a stream state: the epoch, and the items yielded in it
-            self._auto_epoch = pending["epoch"]
+        saved = None if pending is None else StreamState.from_dict(pending)
+        if saved is not None:  # a stream state: the epoch, and the items yielded in it
+            self._auto_epoch = saved.epoch
             if self.epoch is not None:
-                self.epoch = pending["epoch"]
+                self.epoch = saved.epoch
         ctx = self._context()
         if self._nsamples is None:
             data = self._run(ctx)
@@ -245,8 +246,8 @@ class DataPipeline:
         live = _LiveStream(ctx)
         self._live = live
         it = live.follow(data)
-        if pending is not None and pending.get("position"):
-            live.replay(it, int(pending["position"]), pending)
+        if saved is not None and saved.position:
+            live.replay(it, saved)
         return it
 
     def _repeated(self, ctx: dict) -> Iterator:
@@ -339,24 +340,11 @@ class DataPipeline:
                 epoch, position = live.epoch + 1, 0
             else:
                 epoch, position = live.epoch, live.position()
-            return dict(
-                live.place,
-                format=STATE_FORMAT,
-                kind="stream",
-                seed=self.seed,
-                epoch=epoch,
-                position=position,
-            )
+            return StreamState(self.seed, epoch, position, live.place).to_dict()
         pending = getattr(self, "_pending_state", None)
         if pending is not None:
             return dict(pending)
-        return {
-            "format": STATE_FORMAT,
-            "kind": "stream",
-            "seed": self.seed,
-            "epoch": self.next_epoch(),
-            "position": 0,
-        }
+        return StreamState(self.seed, self.next_epoch()).to_dict()
 
     def load_state_dict(self, state: dict) -> None:
         """Resume from a :meth:`state_dict` (or a loader's) at the next ``iter()``.
@@ -388,18 +376,9 @@ class DataPipeline:
         """The state at global batch ``position`` of ``epoch`` (see :mod:`tarshards.source`)."""
         if world_size is None:
             world_size = self.environment()["world_size"]
-        state: dict[str, Any] = {"format": STATE_FORMAT, "kind": "plan"}
-        state.update(self.plan_identity())
-        state.update(
-            {
-                "epoch": int(epoch),
-                "position": int(position),
-                "origin": int(origin),
-                "world_size": int(world_size),
-                "finished": bool(finished),
-            }
-        )
-        return state
+        return PlanState(
+            self.plan_identity(), epoch, position, origin, world_size, finished
+        ).to_dict()
 
     def steps_per_epoch(self, epoch: int | None = None, world_size: int | None = None) -> int:
         """Batches each rank yields in ``epoch`` (the same on every rank)."""
@@ -489,12 +468,13 @@ class _LiveStream:
     def position(self) -> int:
         return int(repr(self._count)[6:-1])  # "count(N)": N items yielded
 
-    def replay(self, it: Iterator, n: int, state: dict) -> None:
-        """Make and drop the first ``n`` items (those the saved run had yielded)."""
+    def replay(self, it: Iterator, saved: StreamState) -> None:
+        """Make and drop the items the saved run had yielded (``saved.position``)."""
+        n = saved.position
         moved = [
-            f"{k}: saved {state.get(k)!r}, here {v!r}"
+            f"{k}: saved {saved.place.get(k)!r}, here {v!r}"
             for k, v in self.place.items()
-            if state.get(k, v) != v
+            if saved.place.get(k, v) != v
         ]
         if moved:
             raise ResumeError(

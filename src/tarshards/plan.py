@@ -29,8 +29,8 @@ from __future__ import annotations
 import bisect
 import functools
 import os
-from dataclasses import dataclass, replace
-from typing import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from ._lazy import LazyModule
 from .errors import ResumeError, TarshardsError
@@ -44,10 +44,12 @@ np = LazyModule("numpy", globals(), "np")
 __all__ = [
     "EpochPlan",
     "PlanConfig",
+    "PlanState",
     "REMAINDERS",
     "STATE_FORMAT",
     "Schedule",
     "ShardTable",
+    "StreamState",
     "check_state",
     "plan_for",
     "scan_shards",
@@ -390,6 +392,108 @@ class Schedule:
 
     def global_batch(self, step: int) -> int:
         return self.origin + step * self.world_size + self.rank
+
+
+# ---------------------------------------------------------------------------------------------
+# resume states: typed, frozen; saved as plain dicts (a checkpoint's JSON or torch.save)
+# ---------------------------------------------------------------------------------------------
+
+_PLAN_POSITION = ("epoch", "position", "origin", "world_size", "finished")
+_WORKER_POSITION = ("worker", "num_workers", "next_step")
+
+
+@dataclass(frozen=True)
+class PlanState:
+    """Where a planned pipeline (``readers=V``) is: ``epoch``, the global batch ``position``
+    reached (``None`` in one DataLoader worker's own state, which says ``next_step`` instead),
+    the ``origin`` its world of ``world_size`` ranks started counting steps from, whether the
+    epoch is ``finished``; and what the plan depends on (``identity``: the data's fingerprint,
+    the seed and the plan's parameters, :meth:`PlanConfig.identity`), which a load checks.
+
+    :meth:`to_dict` is the saved form (``kind="plan"``, the identity's fields beside the
+    position's), :meth:`from_dict` reads it back."""
+
+    identity: Mapping[str, Any]
+    epoch: int
+    position: int | None
+    origin: int = 0
+    world_size: int = 1
+    finished: bool = False
+    worker: int | None = None  # one DataLoader worker's own state (StatefulDataLoader)
+    num_workers: int | None = None
+    next_step: int | None = None
+
+    def to_dict(self) -> dict:
+        state: dict[str, Any] = {"format": STATE_FORMAT, "kind": "plan"}
+        state.update(self.identity)
+        state.update(
+            epoch=int(self.epoch),
+            position=None if self.position is None else int(self.position),
+            origin=int(self.origin),
+            world_size=int(self.world_size),
+            finished=bool(self.finished),
+        )
+        if self.worker is not None:
+            state.update(worker=self.worker, num_workers=self.num_workers, next_step=self.next_step)
+        return state
+
+    @classmethod
+    def from_dict(cls, state: Mapping[str, Any]) -> "PlanState":
+        if state.get("format") != STATE_FORMAT or state.get("kind") != "plan":
+            raise ResumeError(f"not a planned resume state: {dict(state)!r:.200}")
+        skip = {"format", "kind", *_PLAN_POSITION, *_WORKER_POSITION}
+        worker = state.get("num_workers") is not None
+        position = state.get("position")
+        return cls(
+            identity={k: v for k, v in state.items() if k not in skip},
+            epoch=int(state["epoch"]),
+            position=None if position is None else int(position),
+            origin=int(state.get("origin") or 0),
+            world_size=int(state["world_size"]),
+            finished=bool(state.get("finished")),
+            worker=int(state["worker"]) if worker else None,
+            num_workers=int(state["num_workers"]) if worker else None,
+            next_step=int(state["next_step"]) if worker else None,
+        )
+
+
+@dataclass(frozen=True)
+class StreamState:
+    """Where a pipeline without an epoch plan is: ``epoch`` and the items it has yielded in it
+    (``position``), and the place it ran in (``place``: rank, world size, DataLoader worker and
+    workers; empty between iterations), which a resume mid-epoch must match (the stream
+    depends on it). :meth:`to_dict` is the saved form (``kind="stream"``)."""
+
+    seed: int
+    epoch: int
+    position: int = 0
+    place: Mapping[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return dict(
+            self.place,
+            format=STATE_FORMAT,
+            kind="stream",
+            seed=self.seed,
+            epoch=int(self.epoch),
+            position=int(self.position),
+        )
+
+    @classmethod
+    def from_dict(cls, state: Mapping[str, Any]) -> "StreamState":
+        if state.get("format") != STATE_FORMAT or state.get("kind") != "stream":
+            raise ResumeError(f"not a stream resume state: {dict(state)!r:.200}")
+        place = {
+            k: int(state[k])
+            for k in ("rank", "world_size", "worker", "num_workers")
+            if state.get(k) is not None
+        }
+        return cls(
+            seed=state["seed"],
+            epoch=int(state["epoch"]),
+            position=int(state.get("position") or 0),
+            place=place,
+        )
 
 
 def check_state(state: dict, expected: dict, *, aliases: Mapping[str, str] | None = None) -> dict:

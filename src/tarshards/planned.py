@@ -14,7 +14,7 @@ import operator
 from typing import Any, Iterator
 
 from .errors import ResumeError, TarshardsError
-from .plan import Schedule, plan_for
+from .plan import PlanState, Schedule, plan_for
 from .source import ReaderStream
 from .types import WorkerInfo
 
@@ -174,10 +174,11 @@ class _PlannedIterator:
         self.info = info
         origin, first = 0, None
         if pending is not None:
-            epoch = int(pending["epoch"])
-            position = int(pending["position"] or 0)
-            worker_state = pending.get("num_workers") is not None
-            finished = pending.get("finished") and not worker_state
+            saved = PlanState.from_dict(pending)
+            epoch = saved.epoch
+            position = saved.position or 0
+            worker_state = saved.num_workers is not None
+            finished = saved.finished and not worker_state
             if finished:
                 epoch, position = epoch + 1, 0  # after StopIteration: the next epoch
             epoch = ds.advance_epoch(epoch)
@@ -185,21 +186,21 @@ class _PlannedIterator:
             if finished:
                 pass
             elif worker_state:  # one DataLoader worker's own state (StatefulDataLoader)
-                if (pending["num_workers"], pending["world_size"], pending["worker"]) != (
+                if (saved.num_workers, saved.world_size, saved.worker) != (
                     info.num_workers,
                     info.world_size,
                     info.worker,
                 ):
                     raise ResumeError(
-                        f"a worker state of worker {pending['worker']}/{pending['num_workers']} "
-                        f"on {pending['world_size']} ranks loaded into worker "
+                        f"a worker state of worker {saved.worker}/{saved.num_workers} "
+                        f"on {saved.world_size} ranks loaded into worker "
                         f"{info.worker}/{info.num_workers} on {info.world_size} ranks"
                     )
-                origin, first = int(pending["origin"]), int(pending["next_step"])
+                origin, first = saved.origin, int(saved.next_step or 0)
             elif position >= prog.num_batches:
                 origin, first = position, info.worker  # the epoch's (empty) rest
-            elif int(pending["world_size"]) == info.world_size:
-                origin = int(pending["origin"])
+            elif saved.world_size == info.world_size:
+                origin = saved.origin
                 if (position - origin) % info.world_size:
                     raise ResumeError(
                         f"position {position} is not a step boundary of "
@@ -238,28 +239,28 @@ class _PlannedIterator:
 
     # ---- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """This worker's position (its next step), in the plan's terms."""
-        state = self.ds.plan_state(
-            self.epoch,
-            0,
-            origin=self.sched.origin,
-            world_size=self.info.world_size,
-            finished=self.finished,
-        )
-        W = self.info.num_workers
-        if W > 1 or self.info.worker:
-            state.update(
-                {
-                    "worker": self.info.worker,
-                    "num_workers": W,
-                    "next_step": self.next_step,
-                    "position": None,
-                }
+        """This worker's position (its next step), in the plan's terms (a
+        :class:`~tarshards.plan.PlanState`'s saved form)."""
+        info = self.info
+        common = {
+            "identity": self.ds.plan_identity(),
+            "epoch": self.epoch,
+            "origin": self.sched.origin,
+            "world_size": info.world_size,
+            "finished": self.finished,
+        }
+        if info.num_workers > 1 or info.worker:
+            state = PlanState(
+                **common,
+                position=None,
+                worker=info.worker,
+                num_workers=info.num_workers,
+                next_step=self.next_step,
             )
         else:
             step = min(self.next_step, self.sched.steps)
-            state["position"] = self.sched.origin + step * self.info.world_size
-        return state
+            state = PlanState(**common, position=self.sched.origin + step * info.world_size)
+        return state.to_dict()
 
     # ---- iteration -------------------------------------------------------------------------
     def __iter__(self):
