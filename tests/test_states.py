@@ -17,7 +17,7 @@ def _data(tmp_path, n=40, shards=4):
     with tarshards.ShardWriter(pattern, maxcount=n // shards) as w:
         for i in range(n):
             w.write({"__key__": f"{i:04d}", "cls": str(i).encode()})
-    return str(tmp_path / ("s-{00..%02d}.tar" % (shards - 1)))
+    return str(tmp_path / f"s-{{00..{shards - 1:02d}}}.tar")
 
 
 def test_plan_state_round_trip_and_frozen():
