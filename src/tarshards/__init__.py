@@ -69,6 +69,7 @@ __all__ = sorted(
         "TarshardsWarning",
         "UnsafeCodecError",
         "VideoClip",
+        "View",
         "WebDataset",
         "WebLoader",
         "add_meta",
@@ -124,6 +125,7 @@ _MODULE_OF = {
     "codecs": ["Codec", "decode_value", "encode_value", "register_codec"],
     "crop": ["RandomResizedCrop", "random_resized_crop"],
     "curate": ["KeyIndex", "add_meta"],
+    "curate.views": ["View"],
     "errors": [
         "CommandError",
         "DecodeError",
@@ -208,6 +210,7 @@ _SUBMODULES = frozenset(
         "planned",
         "reading",
         "seek",
+        "selection",
         "shards",
         "source",
         "specs",
