@@ -321,8 +321,9 @@ def test_a_ten_percent_view_reads_about_ten_percent_of_the_bytes(data):
 
 
 def test_view_over_http_reads_only_its_ranges(data, tmp_path):
-    from tests.integration import servers
+    from conftest import load_servers
 
+    servers = load_servers()
     d, m = data
     total = sum(os.path.getsize(u) for u in m.shard_urls())
     with servers.HTTPFileServer(d) as srv:
