@@ -740,6 +740,32 @@ def _row_runs(want, n_max: int = _RUN_SAMPLES) -> list[tuple[int, int]]:
     return out
 
 
+_RANGE_GAP = 1 << 12  # remote runs this close (bytes) are fetched in one request
+_RANGE_MAX = 1 << 23  # the most bytes one request of merged runs asks for
+
+
+def _fetches(runs: list[tuple[int, int]], offsets) -> list[list[tuple[int, int]]]:
+    """``runs`` grouped into ranged requests: a run joins the previous request where the bytes
+    between them are at most ``_RANGE_GAP`` and the request stays under ``_RANGE_MAX`` (a
+    request per sample costs a round trip each; a few KB read through cost less)."""
+    n = len(offsets)
+    out: list[list[tuple[int, int]]] = []
+    for lo, hi in runs:
+        if out:
+            prev = out[-1]
+            first, end = int(offsets[prev[0][0]]), prev[-1][1]
+            if (
+                end < n
+                and hi < n
+                and int(offsets[lo]) - int(offsets[end]) <= _RANGE_GAP
+                and int(offsets[hi]) - first <= _RANGE_MAX
+            ):
+                prev.append((lo, hi))
+                continue
+        out.append([(lo, hi)])
+    return out
+
+
 def _parse_rows(data, url: str, begin: int, lo: int, hi: int, last_dot: bool) -> list[dict]:
     """Samples ``lo..hi-1`` parsed from ``data``, the shard's bytes from sample ``lo``'s offset
     ``begin`` (to the next sample's, or to the end of the shard)."""
@@ -775,15 +801,20 @@ def _read_plain_rows(url, offsets, want, opener, range_opener, last_dot, stats):
 
         t0 = clock()
     if ranged:
-        for k, (lo, hi) in enumerate(runs):
-            begin = int(offsets[lo])
-            length = int(offsets[hi]) - begin if hi < n else None
+        for k, fetch in enumerate(_fetches(runs, offsets)):
+            begin = int(offsets[fetch[0][0]])
+            last = fetch[-1][1]
+            length = int(offsets[last]) - begin if last < n else None
             with range_opener(url, begin, length) as stream:
                 if stats is not None and k == 0:
                     stats.opened(url, begin, clock() - t0)
                 data = stream.read()
             nbytes += len(data)
-            yield _parse_rows(data, url, begin, lo, hi, last_dot)
+            for lo, hi in fetch:  # each run's bytes of the request
+                a = int(offsets[lo]) - begin
+                b = int(offsets[hi]) - begin if hi < n else len(data)
+                part = data if len(fetch) == 1 else data[a:b]
+                yield _parse_rows(part, url, begin + a, lo, hi, last_dot)
     else:
         with opener(url) as stream:
             if stats is not None:

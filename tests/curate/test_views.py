@@ -257,6 +257,9 @@ def test_mix_over_views(data):
         for k, s in zip(keys, sources):
             assert (int(k[1:]) < 40) == (s == "a") and (s == "b") == (int(k[1:]) >= 60)
     check_resume(lambda: mixed, epochs=1, cuts=[(0, 2)])
+    # views (or their files) as the sources themselves
+    direct = tarshards.mix({"a": a, "b": b}, readers=2).to_tuple("__key__", "__source__").batched(4)
+    assert [list(k) for k, _ in direct] == [list(k) for k, _ in batches]
 
 
 class _Counting:
@@ -344,3 +347,11 @@ def test_view_over_http_reads_only_its_ranges(data, tmp_path):
         assert sorted(got) == keys
         sent = sum(srv.bytes_sent(f"/{os.path.basename(u)}") for u in m.shard_urls())
         assert sent < 0.3 * total, (sent, total)
+        # every other sample: the small holes (one ~3.5 KB sample) are read through, a few
+        # requests a shard instead of one a sample
+        srv.reset()
+        even = View.from_positions(remote, range(0, m.num_samples, 2))
+        keys = [s["__key__"] for s in WebDataset(even)]
+        assert keys == all_keys(m)[::2]
+        tar_gets = [p for meth, p, r in srv.requests if meth == "GET" and p.endswith(".tar")]
+        assert len(tar_gets) <= 2 * len(COUNTS), tar_gets
