@@ -514,7 +514,7 @@ class WebDataset(DataPipeline):
                 and self._nsamples is None
             ):
                 self._warn_unequal(context)
-        if self.view is not None and not self.resampled:
+        if self.view is not None:  # (resampled: an endless iterator of its shards)
             yield from self._view_samples(shards, ctx.get("stats"))
             return
         read = self.read_options

@@ -355,3 +355,43 @@ def test_view_over_http_reads_only_its_ranges(data, tmp_path):
         assert keys == all_keys(m)[::2]
         tar_gets = [p for meth, p, r in srv.requests if meth == "GET" and p.endswith(".tar")]
         assert len(tar_gets) <= 2 * len(COUNTS), tar_gets
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+def test_views_of_compressed_shards(tmp_path, aligned):
+    """Sample-aligned gzip shards: each kept sample read and decompressed alone; one-stream
+    gzip shards: read from the start, the kept rows picked out."""
+    from tarshards import ShardWriter
+
+    with ShardWriter(
+        str(tmp_path / "z-%04d.tgz"),
+        maxcount=15,
+        manifest=str(tmp_path / "z.json"),
+        aligned=aligned,
+    ) as w:
+        for i in range(40):
+            w.write({"__key__": f"k{i:04d}", "txt": f"t{i}", "bin": bytes([i]) * 300})
+    m = Manifest.load(tmp_path / "z.json")
+    view = View.from_positions(m, [0, 3, 14, 15, 29, 39])
+    assert (ShardTable.from_view(view).seek_points(0) is not None) == aligned
+    want = [f"k{i:04d}" for i in (0, 3, 14, 15, 29, 39)]
+    assert [s["__key__"] for s in WebDataset(view)] == want
+    got = [s for s in WebDataset(view)]
+    assert got[2]["bin"] == bytes([14]) * 300
+    planned = WebDataset(view, readers=2, remainder="pad", shardshuffle=False).shuffle(2).batched(2)
+    keys = [k for b in planned for k, p in zip(b["__key__"], b["__pad__"]) if not p]
+    assert sorted(keys) == want
+    check_resume(
+        lambda: WebDataset(view, readers=2, remainder="pad", seed=2).shuffle(2).batched(1),
+        epochs=1,
+        cuts=[(0, 1), (0, 3)],
+    )
+
+
+def test_resampled_view_draws_only_its_samples(data):
+    _d, m = data
+    view = View.from_positions(m, [5, 6, 70])
+    ds = WebDataset(view, resampled=True)
+    it = iter(ds)
+    keys = {next(it)["__key__"] for _ in range(30)}
+    assert keys <= {"k0005", "k0006", "k0070"} and len(keys) >= 2
