@@ -149,7 +149,7 @@ class MixedDataset(DataPipeline):
         if stop not in STOPS:
             raise ValueError(f"stop must be one of {', '.join(STOPS)}, got {stop!r}")
         self.weights = tuple(float(weights[n]) for n in self.names)
-        self.sources = [sources[n] for n in self.names]
+        self.sources = [_as_source(sources[n], seed) for n in self.names]
         for name, src in zip(self.names, self.sources):
             if not hasattr(src, "table") or not hasattr(src, "_stages"):
                 raise TypeError(f"source {name!r} is not a WebDataset")
@@ -341,6 +341,18 @@ class _MixProgram(PlannedProgram):
 
     def pad_chain(self, it: _PlannedIterator) -> Iterator[Any]:
         return self.chain(it, 0, [0], pad=True)
+
+
+def _as_source(src: Any, seed: int) -> Any:
+    """A mixture's source: a ``WebDataset``, or a manifest or view (:class:`~tarshards.
+    selection.View`, or the path of either), read as ``WebDataset(src, seed=seed)``."""
+    import os
+
+    if isinstance(src, (str, os.PathLike)) or type(src).__name__ in ("Manifest", "View"):
+        from .pipeline import WebDataset as _WebDataset
+
+        return _WebDataset(src, seed=seed)
+    return src
 
 
 def mix(

@@ -181,16 +181,26 @@ class WebDataset(DataPipeline):
         self.manifest = None
         if manifest is None and _is_manifest_spec(urls):
             manifest, urls = urls, None
+        #: a view (tarshards.selection.View) given as the manifest: its rows are what is read
+        self.view = None
         if manifest is not None:
-            from .manifest import as_manifest
+            from .selection import View, as_record
 
-            self.manifest = as_manifest(manifest, storage_options)
+            record = as_record(manifest, storage_options)
+            if isinstance(record, View):
+                self.view, record = record, record.manifest
+            self.manifest = record
         if urls is None and self.manifest is not None:
             self.urls = self.manifest.shard_urls()
         else:
             self.urls = expand_urls(urls, storage_options=storage_options, split=split)
         if not self.urls:
             raise ValueError(f"the shard spec {urls!r} names no shards")
+        if safety.verify and self.view is not None:
+            raise ValueError(
+                "verify=True checks whole shards against the manifest, and a view reads only "
+                "its rows: check the shards with tarcheck --manifest VIEW instead"
+            )
         if safety.verify and self.manifest is None:
             raise ValueError(
                 "verify=True checks shards against a manifest: pass manifest=M "
@@ -274,7 +284,9 @@ class WebDataset(DataPipeline):
         """The shards' sample counts and offsets (scanned once, when first needed)."""
         if self._table is None:
             self._check_shards_exist()
-            if self.manifest is not None:
+            if self.view is not None:
+                self._table = ShardTable.from_view(self.view, self.urls)
+            elif self.manifest is not None:
                 self._table = ShardTable.from_manifest(self.manifest, self.urls)
             else:
                 self._table = scan_shards(self.urls, opener=self.open_shard, last_dot=self.last_dot)
@@ -412,7 +424,7 @@ class WebDataset(DataPipeline):
         if self.manifest is not None:
             if self.nodesplitter or self.workersplitter:  # their split is not ours to count
                 return
-            counts = self.manifest.counts()
+            counts = self.manifest.counts() if self.view is None else self.view.counts()
             order = shard_order(
                 self.urls, seed=context.seed, epoch=context.epoch, shuffle=self.shardshuffle
             )
@@ -502,6 +514,9 @@ class WebDataset(DataPipeline):
                 and self._nsamples is None
             ):
                 self._warn_unequal(context)
+        if self.view is not None:  # (resampled: an endless iterator of its shards)
+            yield from self._view_samples(shards, ctx.get("stats"))
+            return
         read = self.read_options
         options: dict[str, Any] = {
             "storage_options": read.storage_options,
@@ -548,6 +563,35 @@ class WebDataset(DataPipeline):
         yield first
         yield from samples
 
+    def _view_samples(self, shards: list, stats=None) -> Iterator[dict]:
+        """The samples a view keeps of ``shards`` (in their order; only their bytes read)."""
+        from .errors import TarshardsError
+        from .source import read_rows
+
+        table = self.table
+        row = {u: i for i, u in enumerate(table.urls)}
+        ranged = self.range_opener()
+        for url in shards:
+            i = row[url]
+            if not table.counts[i]:
+                continue
+            try:
+                for got in read_rows(
+                    table,
+                    i,
+                    range(table.counts[i]),
+                    opener=self.open_shard
+                    if stats is None
+                    else functools.partial(self.open_shard, stats=stats),
+                    range_opener=ranged,
+                    last_dot=self.last_dot,
+                    stats=stats,
+                ):
+                    yield from got
+            except TarshardsError as exn:
+                if not self.on_error(exn):
+                    return
+
     # ---- exact lengths from the manifest --------------------------------------------------------
     def num_samples(
         self,
@@ -585,7 +629,7 @@ class WebDataset(DataPipeline):
                 num_workers,
             ),
         )
-        counts = self.manifest.counts()
+        counts = self.manifest.counts() if self.view is None else self.view.counts()
         total = 0
         import warnings
 

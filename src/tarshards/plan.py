@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import json
 import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -93,6 +94,7 @@ class ShardTable:
         offsets: Sequence | None = None,
         plain: Sequence[bool] | None = None,
         manifest: Manifest | None = None,
+        rows: Sequence | None = None,
     ):
         self.urls = tuple(os.fspath(u) for u in urls)
         self.counts = tuple(int(c) for c in counts)
@@ -102,6 +104,19 @@ class ShardTable:
             raise ValueError("sample counts are non-negative")
         if manifest is not None and [r.samples for r in manifest.shards] != list(self.counts):
             raise ValueError("the manifest's records are not these shards' counts")
+        # a view (tarshards.selection.View): the rows of each shard it keeps (None: all). The
+        # plan then counts the rows kept; its sample i of a shard is the shard's row rows[i]
+        self.base_counts = self.counts
+        self.rows: list = [None] * len(self.urls)
+        if rows is not None:
+            self.rows = list(rows)
+            if len(self.rows) != len(self.urls):
+                raise ValueError("one row selection per shard")
+            self.counts = tuple(
+                c if r is None else len(r) for c, r in zip(self.base_counts, self.rows)
+            )
+            if fingerprint is None and any(r is not None for r in self.rows):
+                fingerprint = _rows_fingerprint(self.urls, self.base_counts, self.rows)
         self.offsets = list(offsets) if offsets is not None else [None] * len(self.urls)
         self.plain = list(plain) if plain is not None else [not _compressed(u) for u in self.urls]
         self._manifest = manifest  # a scan's (or a bare table's) is made when first asked for
@@ -110,7 +125,14 @@ class ShardTable:
         self._points: dict = {}  # shard -> seek_points (False: none)
 
     @classmethod
-    def from_manifest(cls, manifest: Manifest, urls: Sequence[str] | None = None) -> "ShardTable":
+    def from_manifest(
+        cls,
+        manifest: Manifest,
+        urls: Sequence[str] | None = None,
+        *,
+        rows: Sequence | None = None,
+        fingerprint: str | None = None,
+    ) -> "ShardTable":
         """The table of ``manifest``'s shards (of those named ``urls``, found by URL, in that
         order; by position where a URL is not among the manifest's): counts from its records,
         sample offsets from its per-shard indexes, loaded when a shard is first sought. A state
@@ -128,16 +150,47 @@ class ShardTable:
                 )
         else:
             urls = manifest.shard_urls()
-        table = cls(urls, [r.samples for r in manifest.shards], manifest=manifest)
-        table.aliases[full.checksum] = table.fingerprint
+        table = cls(
+            urls,
+            [r.samples for r in manifest.shards],
+            manifest=manifest,
+            rows=rows,
+            fingerprint=fingerprint,
+        )
+        if rows is None:
+            table.aliases[full.checksum] = table.fingerprint
         return table
+
+    @classmethod
+    def from_view(cls, view, urls: Sequence[str] | None = None) -> "ShardTable":
+        """The table an epoch plan reads over a :class:`~tarshards.selection.View` (of the
+        shards ``urls``, a reordering or part of its manifest's, default all): the counts are
+        the rows it keeps, the fingerprint the view's."""
+        base_urls = view.manifest.shard_urls()
+        urls = base_urls if urls is None else [os.fspath(u) for u in urls]
+        row = {u: i for i, u in enumerate(base_urls)}
+        missing = [u for u in urls if u not in row]
+        if missing:
+            raise ValueError(f"shard {missing[0]} is not one of the view's base's shards")
+        fp = view.fingerprint
+        if urls != base_urls:  # another data set: these shards' rows
+            import hashlib
+
+            fp = hashlib.sha256((fp + json.dumps([row[u] for u in urls])).encode()).hexdigest()
+        rows = [view.rows[row[u]] for u in urls]
+        return cls.from_manifest(view.manifest, urls, rows=rows, fingerprint=fp)
+
+    def selected_rows(self, shard: int):
+        """The rows of shard ``shard`` a view keeps (a sorted int array), or ``None`` where
+        every row is read (plan position i of the shard is then its row i)."""
+        return self.rows[shard]
 
     @property
     def manifest(self) -> Manifest:
         """The record the table views: the manifest it came from, or a scan's manifest (shard
         URLs and counts, no sizes or hashes), with the same :attr:`fingerprint`."""
         if self._manifest is None:
-            self._manifest = Manifest.from_counts(self.urls, self.counts)
+            self._manifest = Manifest.from_counts(self.urls, self.base_counts)
         return self._manifest
 
     def sample_offsets(self, shard: int):
@@ -184,6 +237,20 @@ class ShardTable:
             f"ShardTable({len(self.urls)} shards, {self.num_samples} samples, "
             f"fingerprint {self.fingerprint[:12]})"
         )
+
+
+def _rows_fingerprint(urls, counts, rows) -> str:
+    """The fingerprint of a selection of rows of the shards ``urls`` (their ``counts``)."""
+    import hashlib
+
+    h = hashlib.sha256(data_fingerprint(urls, counts).encode())
+    for i, r in enumerate(rows):
+        if r is None:
+            h.update(b"%d:*;" % i)
+        else:
+            h.update(b"%d:%d:" % (i, len(r)))
+            h.update(np.ascontiguousarray(r, dtype="<i8").tobytes())
+    return h.hexdigest()
 
 
 def _compressed(url: str) -> bool:
