@@ -186,6 +186,10 @@ class IndexedDataset:
     shard, member and offset).
     ``cache_dir``/``cache_size``: fetch remote shards whole into a :class:`ShardCache` and read
     them locally (a download is verified against the manifest before it is kept).
+    ``fields=[...]``: only these fields (see ``WebDataset(fields=)``): only the column groups
+    holding them are read, the base shards only when a field is not in a group. A manifest with
+    column groups (:func:`tarshards.add_columns`) or a join (:func:`tarshards.join`) gives its
+    rows merged (``cache_dir`` and media decoders then read as plain fields).
     """
 
     def __init__(
@@ -200,8 +204,19 @@ class IndexedDataset:
         cache_size=None,
         decode_size=None,
         allow_unsafe: bool = False,
+        fields=None,
     ):
-        self.manifest: Manifest = _with_indexes(as_manifest(manifest, storage_options))
+        self.manifest: Manifest = as_manifest(manifest, storage_options)
+        #: sidecar columns, a join, fields=: the parts read and merged per row (else None)
+        self.layout = None
+        if fields is not None or self.manifest.columns or self.manifest.join:
+            from .sidecar import layout_for
+
+            self.layout = layout_for(self.manifest, fields, storage_options=storage_options)
+        if self.layout is not None:
+            self.manifest = self.layout.manifest
+        else:
+            self.manifest = _with_indexes(self.manifest)
         self.urls = self.manifest.shard_urls()
         counts = np.fromiter(
             (r.samples for r in self.manifest.shards), np.int64, len(self.manifest.shards)
@@ -256,7 +271,7 @@ class IndexedDataset:
         except TypeError:
             raise TypeError(f"samples are indexed by int, not {type(i).__name__}") from None
         shard, j = self.locate(i)
-        sample = self._media_sample(shard, j) if self._media else None
+        sample = self._media_sample(shard, j) if self._media and self.layout is None else None
         if sample is None:
             sample = self.raw_sample(shard, j)
         if self._decode is not None:
@@ -341,6 +356,8 @@ class IndexedDataset:
         The sample's bytes are read in one piece and its fields cut out where the index says
         they are (the first member's header is checked against the index, so an index made
         for another version of the shard is caught; ``verify=True`` checks every field)."""
+        if self.layout is not None:  # the parts' rows, merged
+            return self.layout.read_rows(shard, [j], verify=self.verify)[0]
         info = self._info(shard)
         url = info.url
         if j >= info.n:
@@ -484,6 +501,8 @@ class IndexedDataset:
         for r in self._readers.values():
             r.close()
         self._readers = {}
+        if self.layout is not None:
+            self.layout.close()
 
     def __enter__(self):
         return self

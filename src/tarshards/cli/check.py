@@ -358,7 +358,7 @@ def check_cmd(
     if manifest_url is not None:
         from ..manifest import Manifest
 
-        manifest = Manifest.load(manifest_url)
+        manifest = Manifest.load(manifest_url).every_shard()  # column groups' shards too
         expected = manifest.records_by_url()
         positions = {u: i for i, u in enumerate(manifest.shard_urls())}
         urls = (
