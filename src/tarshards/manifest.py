@@ -298,6 +298,8 @@ class Manifest:
 
     @property
     def num_samples(self) -> int:
+        if self.join:  # the join's rows (an inner join keeps the left rows that matched)
+            return sum(int(c) for c in self.join["counts"])
         return sum(r.samples for r in self.shards)
 
     def __len__(self) -> int:
