@@ -213,8 +213,15 @@ class IndexedDataset:
             from .sidecar import layout_for
 
             self.layout = layout_for(self.manifest, fields, storage_options=storage_options)
+        self._parts: list = []  # per part of the layout: its own IndexedDataset where aligned
         if self.layout is not None:
             self.manifest = self.layout.manifest
+            self._parts = [
+                IndexedDataset(p.manifest, verify=verify, storage_options=storage_options)
+                if p.aligned
+                else None
+                for p in self.layout.parts
+            ]
         else:
             self.manifest = _with_indexes(self.manifest)
         self.urls = self.manifest.shard_urls()
@@ -356,8 +363,14 @@ class IndexedDataset:
         The sample's bytes are read in one piece and its fields cut out where the index says
         they are (the first member's header is checked against the index, so an index made
         for another version of the shard is caught; ``verify=True`` checks every field)."""
-        if self.layout is not None:  # the parts' rows, merged
-            return self.layout.read_rows(shard, [j], verify=self.verify)[0]
+        if self.layout is not None:  # the parts' rows (an aligned part's by its own ds[i])
+            rows = [
+                sub.raw_sample(shard, j)
+                if sub is not None
+                else part.read_rows(shard, j, j + 1, self.verify)[0]
+                for part, sub in zip(self.layout.parts, self._parts)
+            ]
+            return self.layout.merge(rows)
         info = self._info(shard)
         url = info.url
         if j >= info.n:
@@ -503,6 +516,9 @@ class IndexedDataset:
         self._readers = {}
         if self.layout is not None:
             self.layout.close()
+            for sub in self._parts:
+                if sub is not None:
+                    sub.close()
 
     def __enter__(self):
         return self
