@@ -254,7 +254,10 @@ class _Cursor:
                 if self.stream is not None:
                     self.stream.close()
                 plan = plan_for(self.src.table, self.cfg, _pass_epoch(self.epoch, npass))
-                self.stream = ReaderStream(
+                make: Any = ReaderStream
+                if getattr(self.src, "layout", None) is not None:  # sidecar columns, a join
+                    make = self.src.layout.reader_stream
+                self.stream = make(
                     self.src.table,
                     plan,
                     self.reader,

@@ -319,3 +319,26 @@ def test_a_row_without_new_fields_fails(cols, tmp_path):
         tarshards.add_columns(
             base, empty, output=str(tmp_path / "e.json"), workers=1, progress=False
         )
+
+
+def test_mix_of_a_sidecar_manifest_and_a_plain_one(cols, tmp_path):
+    """mix() reads a sidecar manifest's rows merged (its readers are the layout's), and resumes."""
+    from tarshards.mixing import mix
+
+    other, _ = write_base(tmp_path / "other", n=20, maxcount=6)
+    out = str(cols[0] / "cols" / "m.json")
+
+    def make():
+        a = WebDataset(out, fields=["txt"], shardshuffle=True, seed=0).shuffle(3)
+        b = WebDataset(other, shardshuffle=True, seed=0)
+        mixed = mix({"a": a, "b": b}, weights={"a": 0.5, "b": 0.5}, readers=2, seed=1)
+        return mixed.map(lambda s: (s["__key__"], s["__source__"], s.get("txt", b""))).batched(4)
+
+    seen = 0
+    for batch in make():
+        for k, src, txt in zip(*batch):
+            if src == "a":
+                assert txt == f"a caption of {k}".encode()
+                seen += 1
+    assert seen
+    check_resume(make, epochs=1, cuts=[(0, 2)])
