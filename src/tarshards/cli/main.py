@@ -34,6 +34,8 @@ COMMANDS: dict[str, tuple[str | None, str]] = {
     "index": (None, "tarshards.cli.index:index_cmd"),
     "browse": (None, "tarshards.cli.browse:browse_cmd"),
     "convert": (None, "tarshards.cli.convert:convert_cmd"),
+    "columns": (None, "tarshards.cli.columns:columns_cmd"),
+    "join": (None, "tarshards.cli.join:join_cmd"),
 }
 
 
