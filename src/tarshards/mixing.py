@@ -255,8 +255,9 @@ class _Cursor:
                     self.stream.close()
                 plan = plan_for(self.src.table, self.cfg, _pass_epoch(self.epoch, npass))
                 make: Any = ReaderStream
-                if getattr(self.src, "layout", None) is not None:  # sidecar columns, a join
-                    make = self.src.layout.reader_stream
+                layout = getattr(self.src, "layout", None)
+                if layout is not None:  # sidecar columns, a join: the rows merged
+                    make = layout.reader_stream
                 self.stream = make(
                     self.src.table,
                     plan,
