@@ -223,14 +223,19 @@ class Part:
         optional: bool = False,
         on: str | None = None,
         replaces: bool = True,
+        pointers: str | None = None,
+        columns: tuple[int, int] = (1, 2),
     ):
         self.name = name
         self.manifest = manifest  # a plain manifest of the part's shards
         self.urls = manifest.shard_urls()
         self.keep = keep  # the fields kept (None: all)
         self.prefix = prefix
-        self.aligned = shards is None
+        self.aligned = shards is None and pointers is None
         self._shards, self._rows, self._starts = shards, rows, starts  # pointer parts
+        # or columns (shard, row) of a join's pointer file, mapped when first used (a worker
+        # process maps the file again instead of receiving a copy of the arrays)
+        self.pointers_url, self.columns = pointers, columns
         self.optional = optional  # pointer rows of -1 allowed (a left join's unmatched rows)
         self.on = on  # a join's right side: its key is the first part's key or this field
         self.replaces = replaces  # its fields replace earlier ones of the same name
@@ -240,11 +245,27 @@ class Part:
         """(part shards, part rows) of logical rows ``lo:hi`` of logical shard ``shard``."""
         if self.aligned:
             return np.full(hi - lo, shard, np.int64), np.arange(lo, hi, dtype=np.int64)
+        if self._rows is None:
+            table = load_pointers(self.pointers_url, self.manifest.storage_options)
+            a, b = self.columns
+            self._shards = table[:, a] if a >= 0 else None
+            self._rows = table[:, b]
         a = int(self._starts[shard])
+        if self._shards is None:  # the left side of an inner join: rows of the same shard
+            return np.full(hi - lo, shard, np.int64), np.asarray(
+                self._rows[a + lo : a + hi], np.int64
+            )
         return (
             np.asarray(self._shards[a + lo : a + hi], np.int64),
             np.asarray(self._rows[a + lo : a + hi], np.int64),
         )
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["reader"] = None
+        if self.pointers_url is not None:  # mapped again where unpickled
+            state["_shards"] = state["_rows"] = None
+        return state
 
     def read_rows(self, shard: int, lo: int, hi: int, verify: bool = False) -> list:
         """The part's samples of logical rows ``lo:hi`` of ``shard`` by random access (None
@@ -302,10 +323,6 @@ class Layout:
 
     def __repr__(self) -> str:
         return f"Layout({[p.name for p in self.parts]}, {sum(self.counts)} rows)"
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        return state
 
     # ---- the plan --------------------------------------------------------------------------
     def table(self) -> ShardTable:
@@ -609,31 +626,26 @@ def _join_layout(manifest: Manifest, fields, so) -> Layout:
         storage_options=so,
     )
     counts = [int(c) for c in join["counts"]]
-    ptr = load_pointers(resolve_url(join["pointers"], manifest.base), so)
-    if len(ptr) != sum(counts):
+    url = resolve_url(join["pointers"], manifest.base)
+    ptr = load_pointers(url, so)
+    if ptr.ndim != 2 or ptr.shape[1] != 3 or len(ptr) != sum(counts):
         raise IntegrityError(
-            f"the join's pointer file holds {len(ptr)} rows, its manifest {sum(counts)}",
-            url=manifest.url,
+            f"the join's pointer file holds {ptr.shape} rows, its manifest {sum(counts)} x 3",
+            url=url,
         )
+    del ptr
     starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     how = join["how"]
     if how == "left":
         lpart = Part("left", left)
     else:
-        lpart = Part(
-            "left",
-            left,
-            shards=np.repeat(np.arange(len(counts), dtype=np.int64), counts),
-            rows=ptr[:, 0],
-            starts=starts,
-        )
+        lpart = Part("left", left, starts=starts, pointers=url, columns=(-1, 0))
     rpart = Part(
         "right",
         right,
         prefix=join.get("prefix", ""),
-        shards=ptr[:, 1],
-        rows=ptr[:, 2],
         starts=starts,
+        pointers=url,
         optional=how == "left",
         on=join.get("on", "__key__"),
         replaces=False,
