@@ -245,7 +245,7 @@ class Part:
         """(part shards, part rows) of logical rows ``lo:hi`` of logical shard ``shard``."""
         if self.aligned:
             return np.full(hi - lo, shard, np.int64), np.arange(lo, hi, dtype=np.int64)
-        if self._rows is None:
+        if self._rows is None and self.pointers_url is not None:
             table = load_pointers(self.pointers_url, self.manifest.storage_options)
             a, b = self.columns
             self._shards = table[:, a] if a >= 0 else None
