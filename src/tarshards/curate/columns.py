@@ -144,6 +144,8 @@ def add_columns(
     if m.join:
         raise ValueError("add_columns adds columns to a manifest's shards, not to a join")
     output = os.fspath(output)
+    if m.url is not None and os.path.abspath(m.url) == os.path.abspath(output):
+        raise ValueError("output= is the source manifest: give the new manifest another path")
     out_base = Manifest((), url=output).base
     group = name or ("columns" if not m.columns else f"columns{len(m.columns)}")
     if group in {g.name for g in m.columns}:

@@ -96,6 +96,8 @@ def join(
             url=R.url,
         )
     output = os.fspath(output)
+    if any(m.url and os.path.abspath(m.url) == os.path.abspath(output) for m in (L, R)):
+        raise ValueError("output= is one of the joined manifests: give the join another path")
     out_base = Manifest((), url=output).base
     if "://" not in output:
         os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
