@@ -342,3 +342,17 @@ def test_mix_of_a_sidecar_manifest_and_a_plain_one(cols, tmp_path):
                 seen += 1
     assert seen
     check_resume(make, epochs=1, cuts=[(0, 2)])
+
+
+def test_a_missing_sidecar_shard_goes_to_on_error(cols, tmp_path):
+    """A sidecar shard that cannot be read is a shard error: raised naming it, or skipped
+    with the rest of its base shard under on_error="skip"."""
+    copy = tmp_path / "copy"
+    shutil.copytree(cols[0], copy)
+    (copy / "cols" / "caption-000001.tar").unlink()
+    out = str(copy / "cols" / "m.json")
+    with pytest.raises(TarshardsError) as exc:
+        list(WebDataset(out))
+    assert "caption-000001.tar" in str(exc.value)
+    got = [s["__key__"] for s in WebDataset(out, on_error="skip")]
+    assert got == [r["__key__"] for r in cols[3] if not 10 <= int(r["__key__"][1:]) < 20]
