@@ -358,7 +358,9 @@ def check_cmd(
     if manifest_url is not None:
         from ..manifest import as_manifest
 
-        manifest = as_manifest(manifest_url)  # a view: its manifest's shards
+        manifest = as_manifest(
+            manifest_url
+        ).every_shard()  # a view: its manifest's shards; column groups' shards too
         expected = manifest.records_by_url()
         positions = {u: i for i, u in enumerate(manifest.shard_urls())}
         urls = (
