@@ -216,6 +216,7 @@ _SUBMODULES = frozenset(
         "reading",
         "selection",
         "shards",
+        "sidecar",
         "source",
         "specs",
         "stages",
