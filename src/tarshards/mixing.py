@@ -71,6 +71,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from . import stages as _stages
 from ._lazy import LazyModule
+from .errors import ResumeError
 from .pipeline import DataPipeline, PlannedProgram, _bind, _explicit_rank
 from .plan import PlanConfig, ShardTable, plan_for
 from .source import ReaderStream, ShuffleCore, reader_rng
@@ -658,6 +659,20 @@ class MixedDataset(DataPipeline):
         if self.schedule.scheduled and self.batches_per_step != 1:
             out["batches_per_step"] = self.batches_per_step
         return out
+
+    def _check_plan_state(self, state: dict) -> dict:
+        state = super()._check_plan_state(state)
+        # the keys only a mix by tokens (or a schedule counted in steps of several batches)
+        # records: a state that has them does not load into a mix without them either
+        mine = self._token_identity()
+        diffs = [
+            f"{k}: saved {state.get(k, d)!r}, here {mine.get(k, d)!r}"
+            for k, d in (("unit", "samples"), ("cost", None), ("batches_per_step", None))
+            if state.get(k, d) != mine.get(k, d)
+        ]
+        if diffs:
+            raise ResumeError("the saved state does not fit this pipeline: " + "; ".join(diffs))
+        return state
 
     def _costs(self, i: int) -> tuple[Any, str]:
         return _source_costs(self.sources[i].table, self.cost, self.names[i])
