@@ -88,6 +88,34 @@ def test_rule_never_picks_a_weight_of_zero_and_ties_go_to_the_larger_weight():
         rule.take(p, np.asarray([7.0, 3.0]), w)
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.data(), st.integers(1, 5), st.integers(2, 4), st.integers(0, 40))
+def test_the_c_loop_makes_the_picks_of_the_numpy_rule(data, rows, k, slots):
+    import importlib.util
+
+    if importlib.util.find_spec("tarshards._deficits") is None:
+        pytest.skip("the C extension tarshards._deficits is not built")
+    weights = np.asarray(
+        [data.draw(st.lists(st.integers(0, 4), min_size=k, max_size=k)) for _ in range(rows)],
+        dtype=np.float64,
+    )
+    weights[:, 0] += 1  # (a positive weight in every row)
+    weights /= weights.sum(axis=1, keepdims=True)
+    cap = slots + 2
+    costs = np.asarray(  # small integers: many exact ties between deficits
+        data.draw(st.lists(st.integers(0, 6), min_size=k * rows * cap, max_size=k * rows * cap)),
+        dtype=np.float64,
+    ).reshape(k, rows, cap)
+    out = []
+    for native in (False, True):
+        rule = TokenDeficits(rows, k)
+        pos = np.zeros((rows, k), dtype=np.int64)
+        order = rule.fill(weights, costs, pos, slots, native=native)
+        order2 = rule.fill(weights[::-1].copy()[::-1], costs, pos, 2 if slots else 0, native=native)
+        out.append((order.tolist(), order2.tolist(), pos.tolist(), rule.deficits.tobytes()))
+    assert out[0] == out[1]
+
+
 # ---- data sets with a token column ---------------------------------------------------------
 
 

@@ -79,6 +79,11 @@ from .types import WorkerInfo
 
 np = LazyModule("numpy", globals(), "np")
 
+try:  # optional C loop of the largest deficit rule (see _deficits.c); numpy is the reference
+    from ._deficits import fill as _fill
+except ImportError:  # pragma: no cover - without the extension
+    _fill = None
+
 if TYPE_CHECKING:
     from .composition import _Stage
     from .pipeline import WebDataset
@@ -330,6 +335,26 @@ class TokenDeficits:
         d += weights * costs[:, None]
         d[self._rows, picks] -= costs
 
+    def fill(self, weights, costs, pos, slots: int, *, native: bool = True):
+        """Run the rule over ``slots`` slots of every row: ``costs[s, r]`` are source ``s``'s
+        costs in row ``r`` in delivery order (``(k, rows, cap)`` float64), ``pos`` (``(rows,
+        k)`` int64) their next positions, advanced here. Returns the source of each slot
+        (``(rows, slots)`` int16). In one C loop where the extension is built (``native``),
+        with the same picks as :meth:`pick` and :meth:`take` (the reference)."""
+        rows = self._rows
+        weights = np.ascontiguousarray(weights, dtype=np.float64)
+        order = np.empty((len(rows), slots), dtype=np.int16)
+        if native and _fill is not None and costs.flags.c_contiguous and costs.dtype == np.float64:
+            _fill(self.deficits, weights, costs, pos, order, slots)
+            return order
+        for t in range(slots):
+            picks = self.pick(weights)
+            c = costs[picks, rows, pos[rows, picks]]
+            self.take(picks, c, weights)
+            pos[rows, picks] += 1
+            order[:, t] = picks
+        return order
+
 
 def _cost_digest(costs) -> str:
     return (
@@ -502,14 +527,8 @@ def _plan_layout(
                     buf = grown
                 for i in short:
                     buf[i, :, : have[i]] = np.concatenate(passes[i], axis=1)
-            order = np.empty((V, B), dtype=np.int16)
             before = pos.copy()
-            for t in range(B):
-                picks = deficits.pick(W)
-                c = buf[picks, rows, pos[rows, picks]]
-                deficits.take(picks, c, W)
-                pos[rows, picks] += 1
-                order[:, t] = picks
+            order = deficits.fill(W, buf, pos, B)
             quota = pos - before
         else:
             x = W * B
