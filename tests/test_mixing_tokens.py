@@ -367,6 +367,10 @@ def test_schedule_of_a_function_needs_an_id_and_is_checked(token_sets):
     ]:
         with pytest.raises(ValueError, match=msg):
             make_tok(token_sets, bad)
+    with pytest.raises(ValueError, match="interpolate= applies to a weights table"):
+        make_tok(token_sets, {"web": 1, "code": 1}, interpolate="linear")
+    with pytest.raises(ValueError, match="schedule_id= names a function"):
+        make_tok(token_sets, TABLE, schedule_id="x")
 
 
 def _quiet():

@@ -39,8 +39,9 @@ boundary), with ``M_s`` the largest sample of source ``s``:
 
 A batch's share is the difference of two prefixes: ``|t_s - w_s T| <= sum_r (1 - w_r) M_r`` in
 every batch (``T`` its tokens, ``t_s`` those of ``s``), which is at most ``max_r M_r`` with two
-sources (a convex combination): every batch is within one sample of the weights, and the whole
-run never drifts (with weights that change, the same holds with ``M`` for ``(1 - w) M``).
+sources (a convex combination): every batch is within one sample of the weights, and a reader's
+stream never drifts (the whole run's error is at most ``V`` times a reader's bound, however
+long it runs; with weights that change, the same holds with ``M`` for ``(1 - w) M``).
 :class:`TokenDeficits` is the rule on its own (rows of independent streams),
 for use per pack as well as per batch.
 
@@ -206,6 +207,8 @@ class _Weights:
             if any(not float(v) > 0 for v in w.values()):
                 raise ValueError("weights must be positive")
             self.constant = tuple(float(w[n]) for n in names)
+            if interpolate != "step":
+                raise ValueError("interpolate= applies to a weights table [(step, weights), ...]")
         elif callable(weights):
             if not isinstance(schedule_id, str) or not schedule_id:
                 raise ValueError(
@@ -232,8 +235,6 @@ class _Weights:
                 self.constant = points[0][1]
             else:
                 self.table = points
-        if self.constant is not None and interpolate != "step":
-            raise ValueError("interpolate= applies to a weights table of several steps")
 
     def _row(self, w: Any, where: str) -> tuple[float, ...]:
         if isinstance(w, Mapping):
