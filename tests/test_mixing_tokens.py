@@ -231,6 +231,19 @@ def test_token_mix_shares_per_batch_through_the_pipeline(token_sets, ws, B, stop
         assert len(set(keys)) == len(keys)
 
 
+def test_the_plan_is_the_same_without_the_c_loop(token_sets, monkeypatch):
+    import tarshards.mixing as mixing
+
+    def run():
+        mixing._LAYOUTS.clear()
+        ds = make_tok(token_sets, TABLE, stop="all")
+        return [batch_digest(b) for b in ds]
+
+    native = run()
+    monkeypatch.setattr(mixing, "_fill", None)  # the numpy rule (the reference)
+    assert run() == native
+
+
 def test_sample_weights_give_token_ratios_far_from_the_weights(token_sets):
     """Why: equal sample weights over a long-tailed and a short source give the tokens of the
     long one; equal token weights give equal tokens."""

@@ -4,7 +4,8 @@
  *
  *   deficits  float64 (V, k), C-contiguous, written: the tokens each source is owed per row
  *   weights   float64 (V, k): the shares of the slots filled here (rows sum to 1)
- *   costs     float64 (k, V, cap): source s's costs for row v in delivery order
+ *   costs     a tuple of k float64 (V, n_s) arrays: source s's costs for row v in delivery
+ *             order
  *   pos       int64 (V, k), written: the next position of each source in each row
  *   order     int16 (V, slots), written: the source of each slot
  *
@@ -36,34 +37,56 @@ get(PyObject *obj, Py_buffer *view, int writable, const char *fmt, Py_ssize_t nd
     return 0;
 }
 
+#define MAX_SOURCES 1024
+
 static PyObject *
 fill(PyObject *self, PyObject *args)
 {
     PyObject *od, *ow, *oc, *op, *oo;
     Py_ssize_t slots;
-    if (!PyArg_ParseTuple(args, "OOOOOn", &od, &ow, &oc, &op, &oo, &slots))
+    if (!PyArg_ParseTuple(args, "OOO!OOn", &od, &ow, &PyTuple_Type, &oc, &op, &oo, &slots))
         return NULL;
-    Py_buffer bd, bw, bc, bp, bo;
+    Py_ssize_t k = PyTuple_GET_SIZE(oc);
+    if (k < 1 || k > MAX_SOURCES) {
+        PyErr_SetString(PyExc_ValueError, "fill: 1 to 1024 sources");
+        return NULL;
+    }
+    Py_buffer bd, bw, bp, bo;
+    Py_buffer *bc = PyMem_Calloc((size_t)k, sizeof(Py_buffer));
+    const double **costs = PyMem_Calloc((size_t)k, sizeof(double *));
+    Py_ssize_t *width = PyMem_Calloc((size_t)k, sizeof(Py_ssize_t));
+    Py_ssize_t got = 0;
+    PyObject *result = NULL;
+    if (bc == NULL || costs == NULL || width == NULL) {
+        PyErr_NoMemory();
+        goto free_mem;
+    }
     if (get(od, &bd, 1, "d", 2, "deficits") < 0)
-        return NULL;
+        goto free_mem;
     if (get(ow, &bw, 0, "d", 2, "weights") < 0)
         goto fail_d;
-    if (get(oc, &bc, 0, "d", 3, "costs") < 0)
-        goto fail_w;
     if (get(op, &bp, 1, "l", 2, "pos") < 0 && (PyErr_Clear(), get(op, &bp, 1, "q", 2, "pos") < 0))
-        goto fail_c;
+        goto fail_w;
     if (get(oo, &bo, 1, "h", 2, "order") < 0)
         goto fail_p;
-    Py_ssize_t V = bd.shape[0], k = bd.shape[1], cap = bc.shape[2];
-    if (bw.shape[0] != V || bw.shape[1] != k || bc.shape[0] != k || bc.shape[1] != V ||
-        bp.shape[0] != V || bp.shape[1] != k || bo.shape[0] != V || bo.shape[1] < slots ||
-        slots < 0) {
+    for (; got < k; got++) {
+        if (get(PyTuple_GET_ITEM(oc, got), &bc[got], 0, "d", 2, "costs") < 0)
+            goto fail_c;
+        costs[got] = (const double *)bc[got].buf;
+        width[got] = bc[got].shape[1];
+    }
+    Py_ssize_t V = bd.shape[0];
+    int shapes_ok = bd.shape[1] == k && bw.shape[0] == V && bw.shape[1] == k &&
+                    bp.shape[0] == V && bp.shape[1] == k && bo.shape[0] == V &&
+                    bo.shape[1] >= slots && slots >= 0;
+    for (Py_ssize_t s = 0; s < k; s++)
+        shapes_ok = shapes_ok && bc[s].shape[0] == V;
+    if (!shapes_ok) {
         PyErr_SetString(PyExc_ValueError, "fill: the arrays' shapes do not agree");
-        goto fail_o;
+        goto fail_c;
     }
     double *d = (double *)bd.buf;
     const double *w = (const double *)bw.buf;
-    const double *costs = (const double *)bc.buf;
     int64_t *pos = (int64_t *)bp.buf;
     int16_t *order = (int16_t *)bo.buf;
     Py_ssize_t ostride = bo.shape[1];
@@ -81,11 +104,11 @@ fill(PyObject *self, PyObject *args)
                 if (best < 0 || dv[s] > dv[best] || (dv[s] == dv[best] && wv[s] > wv[best]))
                     best = s;
             }
-            if (best < 0 || pv[best] < 0 || pv[best] >= cap) {
+            if (best < 0 || pv[best] < 0 || pv[best] >= width[best]) {
                 bad = 1;
                 break;
             }
-            double c = costs[(best * V + v) * cap + pv[best]];
+            double c = costs[best][v * width[best] + pv[best]];
             for (Py_ssize_t r = 0; r < k; r++) {
                 double x = wv[r] * c;
                 dv[r] = dv[r] + x;
@@ -96,27 +119,25 @@ fill(PyObject *self, PyObject *args)
         }
     }
     Py_END_ALLOW_THREADS
-    if (bad) {
-        PyErr_SetString(PyExc_IndexError, "fill: a source has no weight or ran past its costs");
-        goto fail_o;
-    }
-    PyBuffer_Release(&bo);
-    PyBuffer_Release(&bp);
-    PyBuffer_Release(&bc);
-    PyBuffer_Release(&bw);
-    PyBuffer_Release(&bd);
-    Py_RETURN_NONE;
-fail_o:
+    if (bad)
+        PyErr_SetString(PyExc_IndexError, "fill: a row has no weight or ran past its costs");
+    else
+        result = Py_NewRef(Py_None);
+fail_c:
+    while (got > 0)
+        PyBuffer_Release(&bc[--got]);
     PyBuffer_Release(&bo);
 fail_p:
     PyBuffer_Release(&bp);
-fail_c:
-    PyBuffer_Release(&bc);
 fail_w:
     PyBuffer_Release(&bw);
 fail_d:
     PyBuffer_Release(&bd);
-    return NULL;
+free_mem:
+    PyMem_Free(bc);
+    PyMem_Free((void *)costs);
+    PyMem_Free(width);
+    return result;
 }
 
 static PyMethodDef methods[] = {

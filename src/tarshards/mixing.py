@@ -336,21 +336,25 @@ class TokenDeficits:
         d += weights * costs[:, None]
         d[self._rows, picks] -= costs
 
-    def fill(self, weights, costs, pos, slots: int, *, native: bool = True):
-        """Run the rule over ``slots`` slots of every row: ``costs[s, r]`` are source ``s``'s
-        costs in row ``r`` in delivery order (``(k, rows, cap)`` float64), ``pos`` (``(rows,
-        k)`` int64) their next positions, advanced here. Returns the source of each slot
-        (``(rows, slots)`` int16). In one C loop where the extension is built (``native``),
-        with the same picks as :meth:`pick` and :meth:`take` (the reference)."""
+    def fill(self, weights, costs: Sequence[Any], pos, slots: int, *, native: bool = True):
+        """Run the rule over ``slots`` slots of every row: ``costs[s][r]`` are source ``s``'s
+        costs in row ``r`` in delivery order (one ``(rows, n_s)`` float64 array a source),
+        ``pos`` (``(rows, k)`` int64) their next positions, advanced here. Returns the source
+        of each slot (``(rows, slots)`` int16). In one C loop where the extension is built
+        (``native``), with the same picks as :meth:`pick` and :meth:`take` (the reference)."""
         rows = self._rows
         weights = np.ascontiguousarray(weights, dtype=np.float64)
         order = np.empty((len(rows), slots), dtype=np.int16)
-        if native and _fill is not None and costs.flags.c_contiguous and costs.dtype == np.float64:
-            _fill(self.deficits, weights, costs, pos, order, slots)
+        costs = [np.ascontiguousarray(c, dtype=np.float64) for c in costs]
+        if native and _fill is not None:
+            _fill(self.deficits, weights, tuple(costs), pos, order, slots)
             return order
+        c = np.empty(len(rows), dtype=np.float64)
         for t in range(slots):
             picks = self.pick(weights)
-            c = costs[picks, rows, pos[rows, picks]]
+            for i, col in enumerate(costs):
+                r = rows[picks == i]
+                c[r] = col[r, pos[r, i]]
             self.take(picks, c, weights)
             pos[rows, picks] += 1
             order[:, t] = picks
@@ -491,12 +495,12 @@ def _plan_layout(
     get: Callable[[int, int], Any] = stream if stream is not None else lambda i, n: None
     if tokens:
         deficits = TokenDeficits(V, k)
-        passes = [[get(i, 0)] for i in range(k)]
-        have = [L[i] for i in range(k)]
-        cap = int(L.max()) + B
-        buf = np.zeros((k, V, cap), dtype=np.float64)
-        for i in range(k):
-            buf[i, :, : L[i]] = passes[i][0]
+        # source i's costs in a window of its passes (what every row has consumed let go of),
+        # and the positions in that window; "first" stops at a source's end: B zeros after it
+        pad = np.zeros((V, B if stop == "first" else 0), dtype=np.float64)
+        window = [np.concatenate([get(i, 0), pad], axis=1) for i in range(k)]
+        npasses = [1] * k
+        rel = np.zeros((V, k), dtype=np.int64)
     else:
         fracsum = np.zeros((V, k), dtype=np.float64)
         given = np.zeros((V, k), dtype=np.int64)
@@ -515,22 +519,22 @@ def _plan_layout(
         if tokens:
             # every source has B more samples in the buffer (passes after the first for "all"
             # and "cycle"; zeros past the end for "first", which stops there)
-            short = [i for i in range(k) if int(pos[:, i].max()) + B > have[i]]
-            if short and stop != "first":
-                for i in short:
-                    while int(pos[:, i].max()) + B > have[i]:
-                        passes[i].append(get(i, len(passes[i])))
-                        have[i] += L[i]
-                cap2 = max(have) + B
-                if cap2 > buf.shape[2]:
-                    grown = np.zeros((k, V, max(cap2, 2 * buf.shape[2])), dtype=np.float64)
-                    grown[:, :, : buf.shape[2]] = buf
-                    buf = grown
-                for i in short:
-                    buf[i, :, : have[i]] = np.concatenate(passes[i], axis=1)
-            before = pos.copy()
-            order = deficits.fill(W, buf, pos, B)
-            quota = pos - before
+            for i in range(k):
+                if stop == "first" or int(rel[:, i].max()) + B <= window[i].shape[1]:
+                    continue
+                done = int(rel[:, i].min())  # (what every row has consumed is let go of)
+                parts = [window[i][:, done:]]
+                width = parts[0].shape[1]
+                while int(rel[:, i].max()) - done + B > width:
+                    parts.append(get(i, npasses[i]))
+                    npasses[i] += 1
+                    width += L[i]
+                window[i] = np.concatenate(parts, axis=1)
+                rel[:, i] -= done
+            before = rel.copy()
+            order = deficits.fill(W, window, rel, B)
+            quota = rel - before
+            pos = pos + quota
         else:
             x = W * B
             base = np.floor(x).astype(np.int64)
