@@ -384,6 +384,12 @@ def test_schedule_of_a_function_needs_an_id_and_is_checked(token_sets):
         make_tok(token_sets, {"web": 1, "code": 1}, interpolate="linear")
     with pytest.raises(ValueError, match="schedule_id= names a function"):
         make_tok(token_sets, TABLE, schedule_id="x")
+    # a source of weight 0 for good: "first" and "cycle" run, "all" cannot end and says so
+    zero = [(0, [1, 0])]
+    for stop in ("first", "cycle"):
+        assert {s for b in make_tok(token_sets, zero, stop=stop) for s in b[1]} == {"web"}
+    with pytest.raises(ValueError, match="never reaches its end"):
+        list(make_tok(token_sets, zero, unit="samples", stop="all"))
 
 
 def _quiet():

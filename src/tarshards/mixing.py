@@ -216,6 +216,8 @@ class _Weights:
                     "function cannot be compared across processes: a saved state records the "
                     "id), or give a table [(step, weights), ...]"
                 )
+            if interpolate != "step":
+                raise ValueError("interpolate= applies to a weights table [(step, weights), ...]")
             self.fn = weights
         else:
             try:
@@ -231,7 +233,7 @@ class _Weights:
                 raise ValueError("the steps of a weights table increase")
             if schedule_id is not None:
                 raise ValueError("schedule_id= names a function of the step; a table is its own id")
-            if len(points) == 1:
+            if len(points) == 1 and min(points[0][1]) > 0:  # (a weight of 0: the plan's guards)
                 self.constant = points[0][1]
             else:
                 self.table = points
@@ -248,6 +250,14 @@ class _Weights:
         if any(not x >= 0 for x in row) or not sum(row) > 0:
             raise ValueError(f"{where}: weights are >= 0 and not all 0, got {row}")
         return tuple(row)
+
+    def last_step(self) -> int | None:
+        """The step from which the weights stay as they are (None: a function's)."""
+        if self.constant is not None:
+            return 0
+        if self.table is not None:
+            return self.table[-1][0]
+        return None
 
     @property
     def scheduled(self) -> bool:
@@ -516,6 +526,14 @@ def _plan_layout(
             )
         steps = (step0 + j * V + rows) // batches_per_step
         W = weights.at(steps)
+        last = weights.last_step()
+        if stop == "all" and last is not None and int(steps.min()) >= last:
+            starved = (W == 0) & (pos < L)  # weight 0 from here on, and not seen entirely
+            if starved.any(axis=0).any():
+                raise ValueError(
+                    "stop='all': a source never reaches its end (its weight stays 0 in the "
+                    "schedule)"
+                )
         if tokens:
             # every source has B more samples in the buffer (passes after the first for "all"
             # and "cycle"; zeros past the end for "first", which stops there)
