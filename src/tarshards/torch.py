@@ -695,13 +695,15 @@ class WebLoader(DataLoader):
 
     def _ledger_start(self, epoch: int, origin: int, step: int, loaded: bool) -> None:
         """A start record in this rank's ledger (opened at the first epoch)."""
-        ds = self.dataset
+        ds, path = self.dataset, self._ledger_path
+        if path is None:
+            return
         env = ds.environment()
         writer = self._ledger
         if writer is None or writer.world_size != env["world_size"]:
             if writer is not None:
                 writer.close()
-            writer = LedgerWriter(self._ledger_path, env["rank"], env["world_size"])
+            writer = LedgerWriter(path, env["rank"], env["world_size"])
             weakref.finalize(self, writer.close)
             self._ledger = writer
         manifest = getattr(ds, "manifest", None)
@@ -711,18 +713,18 @@ class WebLoader(DataLoader):
             epoch=epoch,
             position=origin + step * env["world_size"],
             origin=origin,
-            num_batches=ds.steps_per_epoch(epoch, env["world_size"]) * env["world_size"],
+            num_batches=ds.steps_per_epoch(epoch, 1),  # the epoch's global batches
             resumed=loaded,
             data=os.path.abspath(url) if url is not None and is_local(url) else url,
         )
 
     def _ledger_step(self) -> None:
         """A step record: the batch about to be handed out (global batch origin + k R + r)."""
-        writer = self._ledger
-        if writer is None:
+        writer, epoch = self._ledger, self._current
+        if writer is None or epoch is None:
             return
         world = writer.world_size
-        writer.step(self._current, self._step, self._origin + self._step * world + writer.rank)
+        writer.step(epoch, self._step, self._origin + self._step * world + writer.rank)
 
     def __len__(self):
         if self._planned():
