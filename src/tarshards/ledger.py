@@ -183,6 +183,25 @@ def _ledger_files(paths: Iterable[str | os.PathLike]) -> list[str]:
 
 
 _STEP_FIELDS = ("epoch", "step", "batch", "rank", "world_size")
+_STEP_HEAD = b'{"plan":"'
+_NUMBERS_ONLY = bytes(c if chr(c) in "0123456789.-" else 32 for c in range(256))
+
+
+def _start_lines(data: bytes) -> tuple[list[bytes], bytes]:
+    """The start records' lines of a ledger file's ``data`` (a few), and the rest."""
+    heads, pieces, pos = [], [], 0
+    while True:
+        i = data.find(b'{"ledger"', pos)
+        if i < 0:
+            break
+        j = data.find(b"\n", i) + 1 or len(data)
+        heads.append(data[i:j])
+        pieces.append(data[pos:i])
+        pos = j
+    if not heads:
+        return heads, data
+    pieces.append(data[pos:])
+    return heads, b"".join(pieces)
 
 
 class Ledger:
@@ -196,20 +215,32 @@ class Ledger:
         self.starts: list[dict] = []
         self.plans: list[str] = []
         self.torn = 0
-        plan_of: dict[str, int] = {}
-        cols: dict[str, list] = {k: [] for k in ("plan", *_STEP_FIELDS)}
-        times: list[float] = []
+        self._plan_of: dict[str, int] = {}
+        parts: list[dict[str, Any]] = []
         for path in self.files:
             with open(path, "rb") as f:
                 data = f.read()
-            lines = data.split(b"\n")
-            if lines and not lines[-1]:
-                lines.pop()
-            records = _parse(lines, path)
-            for rec in records:
-                if rec is None:
+            end = data.rfind(b"\n") + 1
+            tail, data = data[end:], data[:end]  # tail: a line cut short (or left unended)
+            lines, body = _start_lines(data)
+            fast = self._fast_columns(body)
+            if fast is None:  # not the writer's own format throughout: line by line
+                lines += [ln for ln in body.split(b"\n") if ln.strip()]
+            else:
+                parts.append(fast)
+            records = []
+            for line in lines:
+                try:
+                    records.append(json.loads(line))
+                except ValueError:
+                    raise ValueError(f"{path}: {line[:80]!r} is not a ledger record") from None
+            if tail.strip():
+                try:
+                    records.append(json.loads(tail))
+                except ValueError:
                     self.torn += 1
-                    continue
+            steps = []
+            for rec in records:
                 if "ledger" in rec:
                     if rec["ledger"] != LEDGER_FORMAT:
                         raise ValueError(
@@ -217,20 +248,53 @@ class Ledger:
                         )
                     rec["file"] = path
                     self.starts.append(rec)
-                    if rec["plan"] not in plan_of:
-                        plan_of[rec["plan"]] = len(self.plans)
-                        self.plans.append(rec["plan"])
-                    continue
-                p = rec["plan"]
-                if p not in plan_of:
-                    plan_of[p] = len(self.plans)
-                    self.plans.append(p)
-                cols["plan"].append(plan_of[p])
-                for k in _STEP_FIELDS:
-                    cols[k].append(rec[k])
-                times.append(rec["time"])
-        self.steps: dict[str, Any] = {k: np.asarray(v, dtype=np.int64) for k, v in cols.items()}
-        self.steps["time"] = np.asarray(times, dtype=np.float64)
+                    self._plan(rec["plan"])
+                else:
+                    steps.append(rec)
+            parts.append(self._json_columns(steps))
+        self.steps: dict[str, Any] = {
+            k: np.concatenate([p[k] for p in parts]) for k in ("plan", *_STEP_FIELDS, "time")
+        }
+
+    def _plan(self, name: str) -> int:
+        got = self._plan_of.get(name)
+        if got is None:
+            got = self._plan_of[name] = len(self.plans)
+            self.plans.append(name)
+        return got
+
+    def _fast_columns(self, body: bytes) -> dict[str, Any] | None:
+        """The step records of ``body`` as columns when every line is one in the writer's own
+        format, of one plan: the field names cut out and the numbers parsed by numpy in one
+        call (1M records in about a second); else ``None``."""
+        n = body.count(b"\n")
+        if not n:
+            return self._json_columns([])
+        plan = body[len(_STEP_HEAD) : len(_STEP_HEAD) + 12]
+        if not body.startswith(_STEP_HEAD) or body.count(_STEP_HEAD + plan + b'"') != n:
+            return None
+        # the plan, the field names, braces and commas to blanks: the numbers are left
+        nums = body.replace(_STEP_HEAD + plan + b'"', b"").translate(_NUMBERS_ONLY)
+        try:
+            values = np.fromstring(nums, dtype=np.float64, sep=" ")  # type: ignore[call-overload]
+        except ValueError:
+            return None
+        if values.size != 6 * n:
+            return None
+        table = values.reshape(n, 6)
+        out = {k: table[:, i].astype(np.int64) for i, k in enumerate(_STEP_FIELDS)}
+        out["time"] = table[:, 5].copy()
+        out["plan"] = np.full(n, self._plan(plan.decode()), dtype=np.int64)
+        return out
+
+    def _json_columns(self, records: list[dict]) -> dict[str, Any]:
+        n = len(records)
+        out = {
+            k: np.fromiter((r[k] for r in records), dtype=np.int64, count=n) for k in _STEP_FIELDS
+        }
+        out["time"] = np.fromiter((r["time"] for r in records), dtype=np.float64, count=n)
+        out["plan"] = np.fromiter((self._plan(r["plan"]) for r in records), dtype=np.int64, count=n)
+        return out
 
     def __len__(self) -> int:
         return len(self.steps["time"])
@@ -256,25 +320,6 @@ class Ledger:
             if s.get("data"):
                 return s["data"]
         return None
-
-
-def _parse(lines: list[bytes], path: str) -> list[dict | None]:
-    """The records of ``lines`` (one JSON object each; ``None`` for a torn or empty line, which
-    only a killed writer's last line may be)."""
-    try:
-        return json.loads(b"[" + b",".join(lines) + b"]")  # one call: fast
-    except ValueError:
-        pass
-    out: list[dict | None] = []
-    for i, line in enumerate(lines):
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            if i != len(lines) - 1:
-                raise ValueError(f"{path}: line {i + 1} is not a ledger record") from None
-            rec = None
-        out.append(rec)
-    return out
 
 
 def read_ledger(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> Ledger:
