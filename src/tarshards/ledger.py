@@ -276,7 +276,7 @@ class Ledger:
         # the plan, the field names, braces and commas to blanks: the numbers are left
         nums = body.replace(_STEP_HEAD + plan + b'"', b"").translate(_NUMBERS_ONLY)
         try:
-            values = np.fromstring(nums, dtype=np.float64, sep=" ")  # type: ignore[call-overload]
+            values = np.fromstring(nums, dtype=np.float64, sep=" ")
         except ValueError:
             return None
         if values.size != 6 * n:
