@@ -286,3 +286,24 @@ def test_records_rewritten_by_other_tools_read_the_same(data, tmp_path):
     for k, v in mine.steps.items():
         assert v.tolist() == theirs.steps[k][order].tolist(), k
     assert tarshards.audit(other, data).ok
+
+
+def test_a_mixture_is_audited_batch_by_batch(tmp_path):
+    from test_resume import make_mix
+
+    from tarshards.torch import WebLoader
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    sets = (
+        write_uneven(tmp_path / "a", [20, 15, 25], prefix="a"),
+        write_uneven(tmp_path / "b", [9, 11], prefix="b"),
+    )
+    loader = WebLoader(make_mix(sets, torch_ds=True), batch_size=None, ledger=tmp_path / "l")
+    steps = len(list(loader))
+    report = tarshards.audit(tmp_path / "l")
+    assert report.ok and report.epochs[0].delivered == steps
+    lines = (tmp_path / "l" / "rank-0.jsonl").read_text().splitlines(keepends=True)
+    (tmp_path / "l" / "rank-0.jsonl").write_text("".join(lines[:2] + lines[3:]))
+    report = tarshards.audit(tmp_path / "l")
+    assert report.epochs[0].never == [1] and "mixture" in str(report)

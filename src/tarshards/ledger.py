@@ -405,6 +405,7 @@ class EpochAudit:
     batch_size: int | None = None
     duplicate_samples: list[dict] = field(default_factory=list)
     missing_samples: list[dict] = field(default_factory=list)
+    named: str | None = None  # why the samples are not named (None: they are)
 
     @property
     def ok(self) -> bool:
@@ -492,8 +493,8 @@ class AuditReport:
                         f"  {kind}: {s['key']}  (shard {s['shard']}, row {s['row']}, "
                         f"batch {s['batch']})"
                     )
-            if not self.named:
-                lines.append("  (give the data's manifest to name the samples)")
+            if e.named is not None:
+                lines.append(f"  ({e.named})")
         return "\n".join(lines)
 
 
@@ -625,7 +626,8 @@ def audit(
     for p, name in enumerate(ledger.plans):
         identity = ledger.identity(p)
         replay = None
-        if data is not None and identity is not None and "readers" in identity:
+        single = identity is not None and "sources" not in identity  # not a mixture
+        if data is not None and single and identity is not None:
             if not data.fits(identity["fingerprint"]):
                 raise ValueError(
                     f"the data ({data.table}) is not the data the ledger's plan {name} ran "
@@ -668,6 +670,12 @@ def audit(
                 replayed=int((in_epoch & gone).sum()),
                 batch_size=identity.get("batch_size") if identity else None,
             )
+            if replay is None:
+                ea.named = (
+                    "the samples of a mixture are not named: its batches are checked"
+                    if not single
+                    else "give the data's manifest to name the samples"
+                )
             if replay is not None:
                 ea.duplicate_samples = [
                     s
@@ -718,7 +726,7 @@ def step_samples(
     data = _load_data(ledger, spec, storage_options)
     identity = ledger.identity(0)
     replay = None
-    if data is not None and identity is not None:
+    if data is not None and identity is not None and "sources" not in identity:
         replay = _Replay(data, _plan_config(identity))
     ranks = []
     for i in rows[np.argsort(st["rank"][rows], kind="stable")]:
