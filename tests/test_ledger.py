@@ -168,6 +168,10 @@ def test_audit_names_the_samples_of_a_deleted_step(trained, tmp_path):
     report = tarshards.audit(bad, manifest)
     assert not report.ok
     assert sorted(s["key"] for s in report.epochs[0].missing_samples) == sorted(missing)
+    # the shards themselves as SPEC: their sidecar indexes give the same names
+    result = audit_cli(bad, manifest.parent / "part-{00..07}.tar")
+    assert result.exit_code == 1, result.output
+    assert all(f"never: {key} " in result.output for key in missing)
 
 
 def test_audit_names_the_samples_of_a_step_written_twice(trained, tmp_path):
