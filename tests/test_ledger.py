@@ -311,3 +311,14 @@ def test_a_mixture_is_audited_batch_by_batch(tmp_path):
     (tmp_path / "l" / "rank-0.jsonl").write_text("".join(lines[:2] + lines[3:]))
     report = tarshards.audit(tmp_path / "l")
     assert report.epochs[0].never == [1] and "mixture" in str(report)
+
+
+def test_samples_left_out_by_remainder_drop_are_declared_not_missing(data, tmp_path):
+    from tarshards.torch import WebDataset, WebLoader
+
+    ds = WebDataset(str(data), seed=2, readers=6, remainder="drop").to_tuple("__key__").batched(3)
+    list(WebLoader(ds, batch_size=None, ledger=tmp_path / "l"))
+    report = tarshards.audit(tmp_path / "l")
+    (epoch,) = report.epochs
+    assert report.ok and epoch.dropped == 73 - 72 == ds.dropped_samples(0)
+    assert "left out by remainder='drop'" in str(report)

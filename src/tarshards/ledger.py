@@ -406,6 +406,7 @@ class EpochAudit:
     duplicate_samples: list[dict] = field(default_factory=list)
     missing_samples: list[dict] = field(default_factory=list)
     named: str | None = None  # why the samples are not named (None: they are)
+    dropped: int | None = None  # samples remainder="drop" leaves out of the epoch (declared)
 
     @property
     def ok(self) -> bool:
@@ -422,6 +423,7 @@ class EpochAudit:
             "reached": self.reached,
             "batch_size": self.batch_size,
             "padding_batches": self.padding,
+            "dropped_samples": self.dropped,
             "replayed_steps": self.replayed,
             "ok": self.ok,
             "twice": [{"batch": b, "times": n} for b, n in sorted(self.twice.items())],
@@ -475,6 +477,8 @@ class AuditReport:
                 head += f", {e.padding} of padding"
             if e.replayed:
                 head += f", {e.replayed} replayed after a resume"
+            if e.dropped:
+                head += f", {e.dropped} sample(s) left out by remainder='drop'"
             if e.ok:
                 lines.append(head + ": every sample exactly once")
                 continue
@@ -670,6 +674,9 @@ def audit(
                 replayed=int((in_epoch & gone).sum()),
                 batch_size=identity.get("batch_size") if identity else None,
             )
+            if replay is not None and replay.config.remainder == "drop":
+                plan = replay.plan(ea.epoch)
+                ea.dropped = plan.length - plan.num_batches * replay.config.batch_size
             if replay is None:
                 ea.named = (
                     "the samples of a mixture are not named: its batches are checked"
