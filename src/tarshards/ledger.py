@@ -482,11 +482,12 @@ class AuditReport:
             if e.ok:
                 lines.append(head + ": every sample exactly once")
                 continue
-            bs = e.batch_size or 0
-            lines.append(
-                head + f": {sum(n - 1 for n in e.twice.values()) * bs or len(e.twice)} "
-                f"sample(s) delivered twice, {len(e.never) * bs or len(e.never)} never"
-            )
+            if e.named is None:  # the samples named (padding apart)
+                twice, never = len(e.duplicate_samples), len(e.missing_samples)
+                what = "sample(s)"
+            else:
+                twice, never, what = sum(n - 1 for n in e.twice.values()), len(e.never), "batch(es)"
+            lines.append(f"{head}: {twice} {what} delivered twice, {never} never")
             for b, n in sorted(e.twice.items()):
                 lines.append(f"  batch {b} delivered {n} times")
             for b in e.never:
