@@ -366,6 +366,13 @@ def mix(sources, weights=None, **kwargs) -> MixedDataset:
     return MixedDataset(sources, weights, **kwargs)
 
 
+# the fields of a planned state that say where it is (the rest: what the plan depends on)
+_POSITION_KEYS = frozenset(
+    ("format", "kind", "epoch", "position", "origin", "world_size", "finished")
+    + ("worker", "num_workers", "next_step")
+)
+
+
 class WebLoader(DataLoader):
     """A ``DataLoader`` that runs the dataset's epochs in turn (e = start_epoch, e + 1, ...) and
     can save and restore its place.
@@ -602,10 +609,10 @@ class WebLoader(DataLoader):
                 self._unpacker = None
         self._workers_next = epoch + 1
         self.epoch = epoch + 1
-        self._current, self._step, self._finished = epoch, step, False
-        self._origin = origin
         if self._ledger_path is not None:
             self._ledger_start(epoch, origin, step, loaded)
+        self._current, self._step, self._finished = epoch, step, False
+        self._origin = origin
         warn_dropped = getattr(ds, "_warn_dropped", None) if self._planned() else None
         if warn_dropped is not None:
             warn_dropped(epoch)  # remainder="drop" left at its default leaves samples out
@@ -708,10 +715,12 @@ class WebLoader(DataLoader):
             self._ledger = writer
         manifest = getattr(ds, "manifest", None)
         url = getattr(manifest, "url", None)
+        position = origin + step * env["world_size"]
+        state = ds.plan_state(epoch, position, origin=origin, world_size=env["world_size"])
         writer.start(
-            ds._plan_identity(),
+            {k: v for k, v in state.items() if k not in _POSITION_KEYS},  # the plan's identity
             epoch=epoch,
-            position=origin + step * env["world_size"],
+            position=position,
             origin=origin,
             num_batches=ds.steps_per_epoch(epoch, 1),  # the epoch's global batches
             resumed=loaded,
