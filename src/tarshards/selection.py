@@ -169,6 +169,13 @@ class View:
         return self.num_samples
 
     @property
+    def removed(self) -> int | None:
+        """How many samples of its source the function that made the view dropped
+        (``info["removed"]``: :func:`tarshards.view`, :func:`tarshards.dedup`), or None."""
+        got = self.info.get("removed")
+        return None if got is None else int(got)
+
+    @property
     def base_fingerprint(self) -> str:
         return self.manifest.fingerprint
 

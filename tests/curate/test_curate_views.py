@@ -105,7 +105,7 @@ def test_view_with_decode_on_dask(data, tmp_path):
     v = tarshards.view(
         str(d / "m.json"),
         is_even_decoded,
-        decode="rgb",  # fields by extension: cls -> int, txt -> str
+        decode=True,  # fields by extension: cls -> int, txt -> str
         output=tmp_path / "v.view.json",
         engine="dask",
         workers=1,
@@ -171,7 +171,7 @@ def test_dedup_by_content_finds_exactly_the_planted_duplicates(tmp_path_factory,
     m, firsts = write_with_duplicates(d, counts, planted)
     v = tarshards.dedup(str(d / "dup.json"), output=d / "dedup.view.json")
     assert keys_of(v) == [f"s{i:04d}" for i in firsts]
-    assert v.info["removed"] == total - len(firsts) and len(v) == len(firsts)
+    assert v.removed == total - len(firsts) and len(v) == len(firsts)
     assert View.load(d / "dedup.view.json") == v and v.manifest == m
 
 

@@ -136,13 +136,14 @@ class _ShardTask:
             range_opener=self._open_range,
             last_dot=False,
         )
-        if self.decode is None:
+        if self.decode is None or self.decode is False:
             for got in lists:
                 yield from got
             return
         from ..stages import decode
 
-        modes = self.decode if isinstance(self.decode, (list, tuple)) else [self.decode]
+        decoder = "rgb" if self.decode is True else self.decode  # True: WebDataset's default
+        modes = decoder if isinstance(decoder, (list, tuple)) else [decoder]
         for got in lists:
             yield from decode(iter(got), *modes)
 
@@ -276,12 +277,12 @@ def view(
     usual place; ``None``: not saved).
 
     ``source``: a manifest or a view (or the path of either: a view of a view keeps rows of its
-    rows). ``keep``: a function of the sample (raw: ``{"__key__", "__url__", ext: bytes}``; with
-    ``decode=`` (a ``WebDataset(decoder=)`` value: ``"pil"``, ``"rgb8"``, a function...), the
-    decoded sample) returning true to keep it; or a collection of keys to keep; ``None``: every
-    sample. ``exclude``: a collection of keys to drop. Keys come from the shards' indexes (no
-    data is read); a function runs one task a shard on ``engine`` (``"processes"``,
-    ``"dask"``, ``"ray"``; ``workers``/``address``/``client`` as
+    rows). ``keep``: a function of the sample (raw: ``{"__key__", "__url__", ext: bytes}``;
+    with ``decode=`` (a ``WebDataset(decoder=)`` value: ``"pil"``, ``"rgb8"``, a function...;
+    ``True``: ``"rgb"``), the decoded sample) returning true to keep it; or a collection of keys
+    to keep; ``None``: every sample. ``exclude``: a collection of keys to drop. Keys come from
+    the shards' indexes (no data is read); a function runs one task a shard on ``engine``
+    (``"processes"``, ``"dask"``, ``"ray"``; ``workers``/``address``/``client`` as
     :func:`tarshards.parallel.map_shards`), reading only the source's rows. The view's
     ``info`` records how many samples were kept and removed.
     """
