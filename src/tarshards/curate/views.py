@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from typing import Any, Callable, Collection, Mapping
 
 from .._lazy import LazyModule
@@ -113,7 +114,8 @@ class _ShardTask:
         decode: Any,
         storage_options: dict | None,
     ):
-        self.view = view
+        # the indexes this process loaded stay here (a worker loads the one of its shard)
+        self.view = View(replace(view.manifest, _indexes={}), view.rows)
         self.what = what
         self.fn = fn
         self.field = field
