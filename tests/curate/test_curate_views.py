@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -249,3 +250,15 @@ def test_views_made_here_read_everywhere(data, tmp_path):
     assert json.loads((tmp_path / "a.view.json").read_text())["format"] == "tarshards.view"
     assert os.path.isabs(json.loads((tmp_path / "a.view.json").read_text())["manifest"])
     assert isinstance(Manifest.load(str(d / "m.json")), Manifest)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), max_size=40))
+def test_first_of_each_group_of_equal_digests(rows):
+    from tarshards.curate.views import _first_of_each  # the grouping dedup runs on digests
+
+    d = np.array(rows, dtype=np.uint64).reshape(-1, 2)
+    seen: dict = {}
+    for i, r in enumerate(rows):
+        seen.setdefault(r, i)
+    assert _first_of_each(d).tolist() == sorted(seen.values())

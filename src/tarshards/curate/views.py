@@ -393,6 +393,25 @@ def content_digests(manifest: Manifest, i: int):
     return np.stack([d1, d2], axis=1)
 
 
+def _first_of_each(digests):
+    """The positions (sorted) of the first row of each group of equal rows of an ``(n, 2)``
+    uint64 array."""
+    n = len(digests)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    # sorted by the first half; where two rows share a first half but not the second (~never:
+    # 64 bits of a hash), by both
+    order = np.argsort(digests[:, 0])
+    d = digests[order]
+    if np.any((d[1:, 0] == d[:-1, 0]) & (d[1:, 1] != d[:-1, 1])):
+        order = np.lexsort((digests[:, 1], digests[:, 0]))
+        d = digests[order]
+    new = np.ones(n, dtype=bool)
+    new[1:] = (d[1:, 0] != d[:-1, 0]) | (d[1:, 1] != d[:-1, 1])
+    # each group's smallest position (the sort need not keep a group's rows in order)
+    return np.sort(np.minimum.reduceat(order, np.flatnonzero(new)))
+
+
 def dedup(
     source: Any,
     *,
@@ -458,11 +477,7 @@ def dedup(
     else:
         raise TypeError(f'by= is "content", a field name or a function, not {by!r}')
     digests = np.ascontiguousarray(np.concatenate(parts) if parts else np.zeros((0, 2), np.uint64))
-    if len(digests):
-        _, first = np.unique(digests.view(np.dtype((np.void, 16))).ravel(), return_index=True)
-        first = np.sort(first)
-    else:
-        first = np.zeros(0, np.int64)
+    first = _first_of_each(digests)
     removed = len(digests) - len(first)
     counts = np.asarray(base.selected_counts, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(counts)])
