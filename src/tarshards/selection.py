@@ -239,6 +239,21 @@ class View:
             start += rec.samples
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
+    def meta_columns(self) -> list[str]:
+        """The per-sample metadata columns of the base's indexes (see
+        :meth:`~tarshards.manifest.Manifest.meta_columns`)."""
+        return self.manifest.meta_columns()
+
+    def meta(self, name: str):
+        """Per-sample metadata column ``name`` for the view's samples, in its order (the base's
+        :meth:`~tarshards.manifest.Manifest.meta` at the rows kept)."""
+        column = self.manifest.meta(name)
+        return column if self.is_everything else column[self.global_rows()]
+
+    def load_index(self, i: int):
+        """The index of shard ``i`` of the base (all its rows)."""
+        return self.manifest.load_index(i)
+
     def locate(self, i: int) -> tuple[int, int]:
         """``(shard, row in the shard)`` of the view's sample ``i``."""
         n = self.num_samples
