@@ -21,6 +21,7 @@ import operator
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from . import decoding as _decoding
+from . import packing as _packing
 from . import stages as _stages
 from .errors import ResumeError
 from .on_error import OnError, error_policy
@@ -645,3 +646,6 @@ for _name in (
     "slice",
 ):
     setattr(DataPipeline, _name, _fluent(getattr(_stages, _name)))
+# packs and buckets (tarshards.packing): stages of their own, which a planned pipeline plans
+for _name in ("pack", "bucket"):
+    setattr(DataPipeline, _name, _fluent(getattr(_packing, _name)))

@@ -1,0 +1,822 @@
+"""Packing and bucketing: samples grouped into *units* (packs under a token budget, batches of one
+bucket), planned from the index's per-sample metadata where it exists.
+
+A unit is a set of positions of the epoch's sample list (the shards in the epoch's order, each in
+its file order: :class:`tarshards.plan.EpochPlan` over one reader). Both kinds of unit are made the
+same way on a stream of samples and on the metadata, so a planned pipeline and a plain one group
+the same samples:
+
+- **packs** (:func:`pack`): the stream is cut into *windows* of ``window`` packs' worth of cost
+  (sample ``i`` is in window ``floor(C_i / (window * max_tokens))``, ``C_i`` the cost of the
+  samples before it, each counted at most ``max_tokens``); each window is packed best-fit
+  decreasing (samples by cost, largest first, ties in stream order; each into the open pack
+  it fills best, the lowest-numbered on a tie; a new pack where none has room); a sample over
+  the budget is a pack of its own (``oversize="truncate"``: the collation cuts it), left out
+  (``"drop"``, counted and warned) or an error (``"raise"``). A window's packs come out in the
+  order their last sample arrives.
+- **buckets** (:func:`bucket`): each sample goes to the bucket of its key
+  (``bisect_right(boundaries, key)``); a bucket's batch is out when it holds its batch size;
+  at the end the partial batches (``partial=True``) come out in the order of their last sample.
+
+In a planned pipeline (``WebDataset(..., readers=V)``) whose cost (or key) is a metadata column
+of the manifest (``Manifest.meta``), the epoch's units are computed from the column alone, no
+data read: :func:`pack_units`, :func:`bucket_units` (all windows at once, in numpy). The unit list
+is then cut like the sample list of a plain plan: reader ``v`` yields units ``v q .. v q + q - 1``
+(``q = P // V``; ``remainder="pad"``: ``ceil(P / V)``, the missing units repeat the first ones,
+flagged ``__pad__``), global batch ``g`` is unit ``(g % V) q + g // V``. A position is then, as
+for batches, a count of global units: resume, elastic resume and DataLoader workers work as
+they do for ``.batched(B)``. A reader reads the positions of its units in file order (seeking
+over the others) and holds the samples of its units until each is complete: at most a window.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import itertools
+import warnings
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from ._lazy import LazyModule
+from .errors import TarshardsError, TarshardsWarning
+from .plan import PlanConfig, ShardTable, plan_for
+from .planned import PlannedProgram
+from .source import ReaderStream
+
+np = LazyModule("numpy", globals(), "np")
+
+__all__ = [
+    "BucketSpec",
+    "OVERSIZE",
+    "PackSpec",
+    "UnitPlan",
+    "UnitProgram",
+    "bucket",
+    "bucket_units",
+    "pack",
+    "pack_units",
+    "unit_stage",
+]
+
+OVERSIZE = ("truncate", "drop", "raise")
+DEFAULT_WINDOW = 64  # packs' worth of cost in a window: about 1 % of fill lost at its end
+_READ_THROUGH = 32  # a gap of up to this many samples between wanted ones is read, not sought
+_RUN = 256  # the most samples taken from the stream at once
+
+
+# ---------------------------------------------------------------------------------------------
+# what a sample costs (or which bucket it is in)
+# ---------------------------------------------------------------------------------------------
+
+
+def _measure(value: Any) -> float:
+    """A field's value as a number: its length when it has one (tokens, text), else itself."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    try:
+        return float(len(value))
+    except TypeError:
+        return float(value)
+
+
+def _getter(what: str | Callable, role: str) -> Callable[[Any], float]:
+    if callable(what):
+        return lambda sample: float(what(sample))
+    if not isinstance(what, str):
+        raise TypeError(f"{role}= is a field name, a metadata column or a function, not {what!r}")
+
+    def get(sample):
+        try:
+            value = sample[what]
+        except (KeyError, TypeError, IndexError):
+            key = sample.get("__key__") if isinstance(sample, dict) else None
+            raise TarshardsError(
+                f"sample {key!r} has no field {what!r} for {role}=: a metadata column (from "
+                "the manifest's index, tarshards.add_meta) is used in a planned pipeline "
+                "(WebDataset(manifest, readers=V)); in a plain one name a field or pass a "
+                "function of the sample"
+            ) from None
+        return _measure(value)
+
+    return get
+
+
+def _check_budget(max_tokens: float, window: int | None, oversize: str) -> None:
+    if not max_tokens > 0:
+        raise ValueError(f"max_tokens must be > 0, got {max_tokens!r}")
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be a positive number of packs, got {window!r}")
+    if oversize not in OVERSIZE:
+        raise ValueError(f"oversize must be one of {', '.join(OVERSIZE)}, got {oversize!r}")
+
+
+def _bucket_sizes(boundaries: Sequence[float], batch_size) -> tuple[tuple[float, ...], tuple]:
+    bounds = tuple(float(b) for b in boundaries)
+    if any(b >= c for b, c in itertools.pairwise(bounds)):
+        raise ValueError(f"boundaries must increase, got {list(boundaries)}")
+    n = len(bounds) + 1
+    if isinstance(batch_size, dict):
+        missing = [i for i in range(n) if i not in batch_size]
+        if missing:
+            raise ValueError(
+                f"batch_size= as a dict needs a size for every bucket 0..{n - 1} "
+                f"({len(bounds)} boundaries); missing {missing}"
+            )
+        sizes = tuple(int(batch_size[i]) for i in range(n))
+    elif isinstance(batch_size, (list, tuple)):
+        if len(batch_size) != n:
+            raise ValueError(
+                f"batch_size= as a list needs one size per bucket: {n} for {len(bounds)} "
+                f"boundaries, got {len(batch_size)}"
+            )
+        sizes = tuple(int(b) for b in batch_size)
+    else:
+        sizes = (int(batch_size),) * n
+    if any(s < 1 for s in sizes):
+        raise ValueError(f"batch sizes must be >= 1, got {list(sizes)}")
+    return bounds, sizes
+
+
+# ---------------------------------------------------------------------------------------------
+# the streaming stages (a plain pipeline; a planned one computes the same units from metadata)
+# ---------------------------------------------------------------------------------------------
+
+
+def _best_fit(costs: Sequence[float], max_tokens: float) -> list[list[int]]:
+    """Best-fit decreasing over one window: the packs (lists of indices into ``costs``), in the
+    order their last index comes. The same packs as :func:`_best_fit_windows` gives."""
+    order = sorted(range(len(costs)), key=lambda i: (-costs[i], i))
+    free: list[tuple[float, int]] = []  # (room left, pack), sorted
+    packs: list[list[int]] = []
+    for i in order:
+        c = costs[i]
+        j = bisect.bisect_left(free, (c, -1))
+        if j < len(free):
+            room, b = free.pop(j)
+        else:
+            room, b = max_tokens, len(packs)
+            packs.append([])
+        packs[b].append(i)
+        bisect.insort(free, (room - c, b))
+    for p in packs:
+        p.sort()
+    packs.sort(key=lambda p: p[-1])
+    return packs
+
+
+def pack(
+    samples: Iterable,
+    max_tokens: float,
+    cost: str | Callable = "tokens",
+    *,
+    window: int | None = None,
+    oversize: str = "truncate",
+) -> Iterator[list]:
+    """Group samples into packs (lists of samples) whose total cost is at most ``max_tokens``.
+
+    ``cost``: a metadata column of the manifest (planned pipelines, ``readers=V``: the packs are
+    planned from the index, no data read), a field of the sample (its length, or its value if
+    a number), or a function of the sample. Samples are packed best-fit decreasing within
+    windows of ``window`` packs' worth of cost (default 64: about 98-99 % fill on long-tailed
+    lengths; a window's samples are held until its packs are out, as a shuffle buffer holds
+    its). A sample costing more than ``max_tokens``: a pack of its own (``oversize=
+    "truncate"``; ``collate_packed(max_tokens=...)`` cuts it), left out with a warning that
+    counts them (``"drop"``), or a ``ValueError`` (``"raise"``). Deterministic: the same stream
+    gives the same packs (see :mod:`tarshards.packing`).
+    """
+    _check_budget(max_tokens, window, oversize)
+    get = _getter(cost, "cost")
+    span = (DEFAULT_WINDOW if window is None else window) * float(max_tokens)
+    buf: list = []
+    costs: list[float] = []
+    total = 0.0  # cost of the stream before the window (each sample at most max_tokens)
+    current = 0
+    dropped = 0
+
+    def flush():
+        fit = [i for i, c in enumerate(costs) if c <= max_tokens]
+        packs = [[fit[i] for i in p] for p in _best_fit([costs[i] for i in fit], max_tokens)]
+        packs += [[i] for i, c in enumerate(costs) if c > max_tokens]
+        packs.sort(key=lambda p: p[-1])
+        out = [[buf[i] for i in p] for p in packs]
+        buf.clear()
+        costs.clear()
+        return out
+
+    for sample in samples:
+        c = get(sample)
+        if c != c or c < 0:
+            raise ValueError(f"cost {c} of sample {_key(sample)!r} is not a non-negative number")
+        if c > max_tokens:
+            if oversize == "raise":
+                raise ValueError(
+                    f"sample {_key(sample)!r} costs {c:g} > max_tokens={max_tokens:g} "
+                    "(oversize='truncate' gives it a pack of its own, 'drop' leaves it out)"
+                )
+            if oversize == "drop":
+                dropped += 1
+                continue
+        w = int(total // span)
+        if w != current and buf:
+            yield from flush()
+        current = w
+        buf.append(sample)
+        costs.append(c)
+        total += min(c, max_tokens)
+    if buf:
+        yield from flush()
+    if dropped:
+        warnings.warn(
+            f".pack({max_tokens:g}) left out {dropped} sample(s) costing more than max_tokens "
+            "(oversize='drop')",
+            TarshardsWarning,
+            stacklevel=2,
+        )
+
+
+def bucket(
+    samples: Iterable,
+    key: str | Callable,
+    boundaries: Sequence[float],
+    batch_size: int | Sequence[int] | dict = 32,
+    *,
+    partial: bool = True,
+    collation_fn: Callable | None = None,
+) -> Iterator:
+    """Batches of samples that share a bucket: bucket ``i`` holds the keys ``k`` with
+    ``boundaries[i - 1] <= k < boundaries[i]`` (``len(boundaries) + 1`` buckets).
+
+    ``key``: a metadata column of the manifest (planned pipelines: batches planned from the
+    index), a field (its length, or its value if a number) or a function of the sample
+    (aspect ratio, length, resolution). ``batch_size``: one size, a list of one per bucket, or
+    a dict ``{bucket: size}``. A bucket's batch comes out when it is full; at the end the
+    partial ones, in the order of their last sample (``partial=False`` leaves them out).
+    ``collation_fn`` (default: none, a batch is a list of samples): e.g.
+    :func:`tarshards.collate_padded`.
+    """
+    bounds, sizes = _bucket_sizes(boundaries, batch_size)
+    get = _getter(key, "key")
+    open_: dict[int, list] = {}
+    last: dict[int, int] = {}
+    for i, sample in enumerate(samples):
+        v = get(sample)
+        if v != v:
+            raise ValueError(f"key of sample {_key(sample)!r} is NaN")
+        b = bisect.bisect_right(bounds, v)
+        got = open_.setdefault(b, [])
+        got.append(sample)
+        last[b] = i
+        if len(got) == sizes[b]:
+            del open_[b]
+            yield collation_fn(got) if collation_fn is not None else got
+    if partial:
+        for b in sorted(open_, key=last.__getitem__):
+            got = open_[b]
+            yield collation_fn(got) if collation_fn is not None else got
+
+
+def _unit_name(spec) -> str:
+    return "packs" if isinstance(spec, PackSpec) else "batches"
+
+
+def _key(sample) -> Any:
+    return sample.get("__key__") if isinstance(sample, dict) else None
+
+
+# ---------------------------------------------------------------------------------------------
+# units planned from metadata
+# ---------------------------------------------------------------------------------------------
+
+
+class UnitPlan:
+    """An epoch's units: ``members`` (epoch positions, unit by unit, each unit ascending) cut at
+    ``offsets`` (``len(self) + 1`` of them); units are in the order of their last position.
+    ``costs``: each unit's total cost (packs; counted at most ``max_tokens`` a sample);
+    ``left_out``: samples in no unit (``oversize="drop"``, ``partial=False``)."""
+
+    def __init__(self, members, offsets, costs=None, left_out: int = 0, budget: float = 0.0):
+        self.members = members
+        self.offsets = offsets
+        self.costs = costs
+        self.left_out = int(left_out)
+        self.budget = float(budget)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def unit(self, u: int):
+        return self.members[self.offsets[u] : self.offsets[u + 1]]
+
+    def units(self) -> list[list[int]]:
+        return [self.unit(u).tolist() for u in range(len(self))]
+
+    def fill(self) -> float:
+        """Mean fill of the packs: their cost over ``len(self) * max_tokens``."""
+        if self.costs is None or not len(self) or not self.budget:
+            return float("nan")
+        return float(np.sum(self.costs) / (len(self) * self.budget))
+
+
+def _ordered(unit_of, positions, costs=None) -> tuple:
+    """Members and offsets of the units (``unit_of[i]``: the unit of ``positions[i]``), units in
+    the order of their last position, members ascending; with ``costs``, each unit's total."""
+    order = np.lexsort((positions, unit_of))
+    pos, uid = positions[order], unit_of[order]
+    n = int(uid[-1]) + 1 if len(uid) else 0
+    counts = np.bincount(uid, minlength=n)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    nonempty = counts > 0
+    starts, lens = offsets[:-1][nonempty], counts[nonempty]
+    lastpos = pos[offsets[1:][nonempty] - 1]
+    by_last = np.argsort(lastpos, kind="stable")
+    starts, lens = starts[by_last], lens[by_last]
+    new_off = np.zeros(len(lens) + 1, dtype=np.int64)
+    np.cumsum(lens, out=new_off[1:])
+    idx = np.repeat(starts - new_off[:-1], lens) + np.arange(new_off[-1])
+    unit_costs = None
+    if costs is not None:
+        c = costs[order][idx]
+        unit_costs = np.add.reduceat(c, new_off[:-1]) if len(c) else np.zeros(0)
+    return pos[idx], new_off, unit_costs
+
+
+def _best_fit_windows(rect, max_tokens: float):
+    """Best-fit decreasing in every row of ``rect`` (costs, ``-1`` where no sample) at once:
+    the pack of each cell (``-1`` where no sample) and the packs of each row."""
+    nwin, width = rect.shape
+    key = np.where(rect >= 0, -rect, np.inf)
+    order = np.argsort(key, axis=1, kind="stable")  # by cost, largest first; ties in order
+    cs = np.take_along_axis(rect, order, axis=1)
+    rows = np.arange(nwin)
+    cap = 8
+    room = np.full((nwin, cap), -1.0)  # not yet open: fits nothing
+    nopen = np.zeros(nwin, dtype=np.int64)
+    assign = np.full((nwin, width), -1, dtype=np.int64)
+    k = 0
+    for i in range(width):
+        c = cs[:, i]
+        act = c >= 0
+        live = np.flatnonzero(act)
+        if not len(live):
+            break
+        cl = c[live]
+        if k:
+            sub = room[live, :k]
+            cand = np.where(sub >= cl[:, None], sub, np.inf)
+            b = cand.argmin(axis=1)
+            new = np.isinf(cand[np.arange(len(live)), b])
+        else:
+            b = np.zeros(len(live), dtype=np.int64)
+            new = np.ones(len(live), dtype=bool)
+        if new.any():
+            b[new] = nopen[live[new]]
+            nopen[live[new]] += 1
+            top = int(nopen.max())
+            if top > cap:
+                cap = max(top, 2 * cap)
+                grown = np.full((nwin, cap), -1.0)
+                grown[:, : room.shape[1]] = room
+                room = grown
+            room[live[new], b[new]] = max_tokens
+            k = max(k, top)
+        room[live, b] -= cl
+        assign[live, i] = b
+    cells = np.empty_like(assign)
+    np.put_along_axis(cells, order, assign, axis=1)
+    del rows
+    return cells, nopen
+
+
+def pack_units(
+    costs, max_tokens: float, *, window: int | None = None, oversize: str = "truncate"
+) -> UnitPlan:
+    """The packs of a stream of samples costing ``costs`` (epoch order), as :func:`pack`
+    makes them (the same packs), computed from the costs alone: every window at once."""
+    _check_budget(max_tokens, window, oversize)
+    costs = np.asarray(costs, dtype=np.float64)
+    if np.isnan(costs).any() or (costs < 0).any():
+        bad = int(np.flatnonzero(np.isnan(costs) | (costs < 0))[0])
+        raise ValueError(
+            f"cost of the sample at epoch position {bad} is {costs[bad]}: every sample needs a "
+            "non-negative cost (a shard whose index lacks the column gives NaN)"
+        )
+    over = costs > max_tokens
+    left_out = 0
+    if over.any():
+        if oversize == "raise":
+            raise ValueError(
+                f"{int(over.sum())} samples cost more than max_tokens={max_tokens:g} (the "
+                f"largest {costs.max():g}; oversize='truncate' gives each a pack of its own, "
+                "'drop' leaves them out)"
+            )
+        if oversize == "drop":
+            left_out = int(over.sum())
+    keep = np.flatnonzero(~over) if oversize == "drop" else np.arange(len(costs))
+    kc = costs[keep]
+    clipped = np.minimum(kc, max_tokens)
+    span = (DEFAULT_WINDOW if window is None else window) * float(max_tokens)
+    before = np.concatenate(([0.0], np.cumsum(clipped)[:-1])) if len(kc) else kc
+    win = (before // span).astype(np.int64)
+    fit = kc <= max_tokens
+    unit_of = np.empty(len(kc), dtype=np.int64)
+    nfit = int(fit.sum())
+    if nfit:
+        fw = win[fit]
+        wins, wrow = np.unique(fw, return_inverse=True)
+        counts = np.bincount(wrow)
+        starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        col = np.arange(nfit) - starts[wrow]
+        rect = np.full((len(wins), int(counts.max())), -1.0)
+        rect[wrow, col] = kc[fit]
+        cells, nopen = _best_fit_windows(rect, float(max_tokens))
+        base = np.concatenate(([0], np.cumsum(nopen)[:-1]))
+        unit_of[fit] = base[wrow] + cells[wrow, col]
+        nunits = int(nopen.sum())
+    else:
+        nunits = 0
+    unit_of[~fit] = nunits + np.arange(int((~fit).sum()))
+    members, offsets, ucost = _ordered(unit_of, keep.astype(np.int64), clipped)
+    return UnitPlan(members, offsets, ucost, left_out=left_out, budget=float(max_tokens))
+
+
+def bucket_units(values, boundaries, batch_size, *, partial: bool = True) -> UnitPlan:
+    """The batches of a stream of samples with keys ``values`` (epoch order), as :func:`bucket`
+    makes them (the same batches), computed from the keys alone."""
+    bounds, sizes = _bucket_sizes(boundaries, batch_size)
+    values = np.asarray(values, dtype=np.float64)
+    if np.isnan(values).any():
+        bad = int(np.flatnonzero(np.isnan(values))[0])
+        raise ValueError(f"the key of the sample at epoch position {bad} is NaN")
+    b = np.searchsorted(np.asarray(bounds), values, side="right")
+    n = len(values)
+    order = np.lexsort((np.arange(n), b))
+    bs = b[order]
+    counts = np.bincount(bs, minlength=len(sizes))
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    rank = np.arange(n) - starts[bs]
+    size = np.asarray(sizes)[bs]
+    batch = rank // size
+    full = counts // np.asarray(sizes)  # full batches per bucket
+    keep = np.ones(n, dtype=bool) if partial else batch < full[bs]
+    nb = -(-counts // np.asarray(sizes))  # batches per bucket, partial ones too
+    base = np.concatenate(([0], np.cumsum(nb)[:-1]))
+    unit_of = base[bs] + batch
+    members, offsets, _ = _ordered(unit_of[keep], order[keep].astype(np.int64))
+    return UnitPlan(members, offsets, None, left_out=int(n - keep.sum()))
+
+
+# ---------------------------------------------------------------------------------------------
+# the planned program: units in place of batches
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PackSpec:
+    max_tokens: float
+    cost: str
+    window: int | None
+    oversize: str
+
+    def identity(self) -> dict:
+        return {
+            "unit": "pack",
+            "max_tokens": self.max_tokens,
+            "cost": self.cost,
+            "window": self.window,
+            "oversize": self.oversize,
+        }
+
+
+@dataclass(frozen=True)
+class BucketSpec:
+    key: str
+    boundaries: tuple
+    batch_sizes: tuple
+    partial: bool
+    collation_fn: Any = None
+
+    def identity(self) -> dict:
+        return {
+            "unit": "bucket",
+            "key": self.key,
+            "boundaries": list(self.boundaries),
+            "batch_sizes": list(self.batch_sizes),
+            "partial": self.partial,
+        }
+
+
+def unit_stage(stages: Sequence) -> int | None:
+    """The index of the first ``pack``/``bucket`` stage of a pipeline's stages, or ``None``."""
+    for i, st in enumerate(stages):
+        if st.fn is pack or st.fn is bucket:
+            return i
+    return None
+
+
+def _bound(st) -> dict:
+    import inspect
+
+    args = inspect.signature(st.fn).bind(None, *st.args, **st.kwargs)
+    args.apply_defaults()
+    return dict(args.arguments)
+
+
+def unit_parts(ds) -> tuple[Any, list, list]:
+    """(the unit's spec, the stages before it, the stages after it) of a planned pipeline."""
+    from . import stages as _stages
+
+    stages = ds._stages
+    i = unit_stage(stages)
+    if i is None:
+        raise TypeError("the pipeline has no .pack() or .bucket() stage")
+    st = stages[i]
+    args = _bound(st)
+    pre, post = stages[:i], stages[i + 1 :]
+    for other in pre:
+        if other.fn in (_stages.shuffle, _stages.batched, _stages.unbatched):
+            name = other.fn.__name__
+            raise ValueError(
+                f"a planned pipeline with .{st.fn.__name__}() takes no .{name}() before it: "
+                "the plan orders the shards (shardshuffle) and groups the samples itself; "
+                "per-sample stages (decode, map, to_tuple...) may come before it"
+            )
+    if ds._nsamples is not None:
+        raise ValueError("with_epoch() does not apply to a planned pipeline")
+    what = args["cost"] if st.fn is pack else args["key"]
+    role = "cost" if st.fn is pack else "key"
+    columns = _meta_columns(ds)
+    if not isinstance(what, str) or what not in columns:
+        named = what if isinstance(what, str) else getattr(what, "__name__", repr(what))
+        raise ValueError(
+            f".{st.fn.__name__}({role}={named!r}) in a planned pipeline (readers=V) is planned "
+            f"from a per-sample metadata column of the manifest (it has: "
+            f"{', '.join(columns) or 'none'}): record one while writing "
+            f"(ShardWriter(..., meta={{{named!r}: fn}})) or add it with tarshards.add_meta(...); "
+            "a field or a function works in a plain pipeline (no readers=)"
+        )
+    if st.fn is pack:
+        _check_budget(args["max_tokens"], args["window"], args["oversize"])
+        spec: Any = PackSpec(float(args["max_tokens"]), what, args["window"], args["oversize"])
+    else:
+        bounds, sizes = _bucket_sizes(args["boundaries"], args["batch_size"])
+        spec = BucketSpec(what, bounds, sizes, bool(args["partial"]), args["collation_fn"])
+    return spec, pre, post
+
+
+def _meta_columns(ds) -> list[str]:
+    if getattr(ds, "manifest", None) is None:
+        return []
+    return ds.table.manifest.meta_columns()
+
+
+# per table (weakly): metadata columns in table order, and recent epochs' unit plans
+_COLUMNS: "weakref.WeakKeyDictionary[ShardTable, dict]" = weakref.WeakKeyDictionary()
+_PLANS: "weakref.WeakKeyDictionary[ShardTable, dict]" = weakref.WeakKeyDictionary()
+
+
+def _column(table: ShardTable, name: str) -> tuple[Any, str]:
+    """Metadata column ``name`` of the table's shards (table order) and a digest of it."""
+    got = _COLUMNS.setdefault(table, {})
+    if name not in got:
+        values = np.ascontiguousarray(table.manifest.meta(name), dtype=np.float64)
+        if np.isnan(values).any():
+            starts = np.concatenate(([0], np.cumsum(table.counts)))
+            bad = int(np.flatnonzero(np.isnan(values))[0])
+            shard = int(np.searchsorted(starts, bad, side="right") - 1)
+            raise TarshardsError(
+                f"metadata column {name!r} has no value for sample {bad - starts[shard]} of "
+                "this shard (its index lacks the column: add it with tarshards.add_meta)",
+                url=table.urls[shard],
+            )
+        digest = hashlib.blake2b(values.tobytes(), digest_size=8).hexdigest()
+        got[name] = (values, digest)
+    return got[name]
+
+
+def _epoch_order(table: ShardTable, seed: int, shardshuffle: bool, epoch: int):
+    """(the plan of the epoch's sample list over one reader, the manifest row of each of its
+    positions)."""
+    cfg = PlanConfig(
+        seed=seed, readers=1, batch_size=1, remainder="drop", shardshuffle=shardshuffle
+    )
+    full = plan_for(table, cfg, epoch)
+    starts = np.concatenate(([0], np.cumsum(table.counts)[:-1]))
+    rows = (
+        np.concatenate([np.arange(starts[s] + a, starts[s] + b) for s, a, b, _ in full.runs])
+        if full.runs
+        else np.zeros(0, dtype=np.int64)
+    )
+    return full, rows
+
+
+def plan_units(table: ShardTable, spec, seed: int, shardshuffle: bool, epoch: int) -> UnitPlan:
+    """The units of ``epoch`` (cached per table for a few epochs)."""
+    cache = _PLANS.setdefault(table, {})
+    key = (spec, seed, shardshuffle, int(epoch))
+    got = cache.get(key)
+    if got is None:
+        name = spec.cost if isinstance(spec, PackSpec) else spec.key
+        values, _ = _column(table, name)
+        _, rows = _epoch_order(table, seed, shardshuffle, epoch)
+        if isinstance(spec, PackSpec):
+            got = pack_units(
+                values[rows], spec.max_tokens, window=spec.window, oversize=spec.oversize
+            )
+        else:
+            got = bucket_units(
+                values[rows], spec.boundaries, spec.batch_sizes, partial=spec.partial
+            )
+        while len(cache) >= 4:
+            cache.pop(next(iter(cache)))
+        cache[key] = got
+    return got
+
+
+def plan_identity(ds) -> dict:
+    """What a state of a packed/bucketed planned pipeline records and checks."""
+    spec, _, _ = unit_parts(ds)
+    plan = ds._plan_config
+    name = spec.cost if isinstance(spec, PackSpec) else spec.key
+    _, digest = _column(ds.table, name)
+    out = {
+        "fingerprint": ds.table.fingerprint,
+        "seed": ds.seed,
+        "readers": plan["readers"],
+        "remainder": plan["remainder"],
+        "shardshuffle": ds.shardshuffle,
+        "meta": digest,
+    }
+    out.update(spec.identity())
+    return out
+
+
+def _positions(stream: ReaderStream, positions) -> Iterator[dict]:
+    """The samples at ``positions`` (ascending) of ``stream``'s segment, in order: runs of
+    nearby positions read in one take, short gaps read through, long ones sought over."""
+    ps = positions
+    if not len(ps):
+        return
+    gaps = np.flatnonzero(np.diff(ps) > _READ_THROUGH) + 1
+    bounds = np.concatenate(([0], gaps, [len(ps)]))
+    for a, b in itertools.pairwise(bounds.tolist()):
+        run = ps[a:b]
+        i = 0
+        while i < len(run):
+            lo = int(run[i])
+            j = int(np.searchsorted(run, lo + _RUN, side="left"))
+            j = max(j, i + 1)
+            hi = int(run[j - 1]) + 1
+            gap = lo - stream.position
+            if gap:
+                if 0 < gap <= _READ_THROUGH and stream.position:
+                    stream.skip(gap)
+                else:
+                    stream.seek(lo)
+            got = stream.take(hi - lo)
+            if hi - lo == j - i:
+                yield from got
+            else:
+                for p in run[i:j].tolist():
+                    yield got[p - lo]
+            del got
+            i = j
+
+
+class UnitProgram(PlannedProgram):
+    """The epoch program of a planned pipeline whose unit is a pack or a bucket's batch."""
+
+    def __init__(self, ds: Any, epoch: int):
+        spec, pre, post = unit_parts(ds)
+        plan = ds._plan_config
+        self.ds, self.spec, self.pre, self.post = ds, spec, pre, post
+        self.epoch = int(epoch)
+        if plan["remainder"] == "carry":
+            raise ValueError(
+                "remainder='carry' is not supported with .pack()/.bucket(): use 'drop' (the "
+                "units that do not fill the readers wait for no epoch) or 'pad'"
+            )
+        self.units = plan_units(ds.table, spec, ds.seed, ds.shardshuffle, self.epoch)
+        self.full = _epoch_order(ds.table, ds.seed, ds.shardshuffle, self.epoch)[0]
+        V, P = int(plan["readers"]), len(self.units)
+        self.readers = V
+        self.q = -(-P // V) if plan["remainder"] == "pad" else P // V
+        if self.q == 0:
+            raise ValueError(
+                f"epoch {epoch} has {P} units ({_unit_name(spec)}), fewer than readers={V}: "
+                "use fewer readers or remainder='pad'"
+            )
+        self.num_batches = V * self.q
+        # samples the units that do not fill the readers leave out (remainder="drop")
+        unplanned = self.units.offsets[-1] - self.units.offsets[V * self.q] if P > V * self.q else 0
+        self.dropped = int(unplanned) + self.units.left_out
+
+    def _stream(self, stats=None) -> ReaderStream:
+        import functools
+
+        ds = self.ds
+        ranged = ds._range_opener()
+        return ReaderStream(
+            ds.table,
+            self.full,
+            0,
+            opener=ds._open if stats is None else functools.partial(ds._open, stats=stats),
+            range_opener=(
+                ranged
+                if stats is None or ranged is None
+                else functools.partial(ranged, stats=stats)
+            ),
+            last_dot=ds.last_dot,
+            unit=64,
+            stats=stats,
+        )
+
+    def chain(self, it, reader, batches):
+        ctx = dict(it.ctx, reader=reader)
+        P = len(self.units)
+        ids = [reader * self.q + j for j in batches]
+        real = [u for u in ids if u < P]
+        pads = [u - P for u in ids if u >= P]
+        return self._assembled(ctx, reader, real, pads)
+
+    def _assembled(self, ctx, reader, real, pads):
+        ds, units = self.ds, self.units
+        if real:
+            positions = np.sort(np.concatenate([units.unit(u) for u in real]))
+            stream = self._stream(ctx.get("stats"))
+            try:
+                raw: Iterator = _positions(stream, positions)
+                if ctx.get("stats") is not None:
+                    from .stats import timed_source
+
+                    raw = timed_source(raw, ctx["stats"])
+                data = iter(ds._run_stages(raw, self.pre, ctx, ("reader", reader)))
+                pos = iter(positions.tolist())
+                held: dict[int, Any] = {}
+                for u in real:
+                    members = units.unit(u).tolist()
+                    last = members[-1]
+                    while last not in held:
+                        held[next(pos)] = next(data)
+                    yield self._out([held.pop(p) for p in members])
+            finally:
+                stream.close()
+        for u in pads:
+            yield self._pad_unit(ctx, u % len(units))
+
+    def _out(self, samples: list):
+        fn = getattr(self.spec, "collation_fn", None)
+        return fn(samples) if fn is not None else samples
+
+    def _pad_unit(self, ctx, u: int):
+        """Unit ``u`` again, its samples flagged ``__pad__``."""
+        members = self.units.unit(u).tolist()
+        stream = self._stream()
+        try:
+            got = stream.read_positions(members)
+        finally:
+            stream.close()
+        raw = []
+        for p in members:
+            sample = got[p]
+            sample["__pad__"] = True
+            raw.append(sample)
+        data = list(self.ds._run_stages(iter(raw), self.pre, ctx, ("pad",)))
+        return self._out(data)
+
+    def pad_chain(self, it):
+        return iter([self._pad_unit(it.ctx, 0)])
+
+
+def warn_dropped(ds, epoch: int) -> None:
+    """Warn (once per epoch and process) of the samples a packed/bucketed plan leaves out:
+    units past ``readers x q`` (``remainder="drop"`` left to its default) and samples in no unit
+    (``oversize="drop"``, ``partial=False``: always)."""
+    warned = ds.__dict__.setdefault("_dropped_warned", set())
+    if epoch in warned:
+        return
+    warned.add(epoch)
+    prog = ds._epoch_program(epoch)
+    tail = prog.dropped - prog.units.left_out
+    parts = []
+    if tail and not ds._plan_config.get("chosen"):
+        parts.append(
+            f"{tail} in the {len(prog.units) - prog.num_batches} units that do not fill "
+            f"readers={prog.readers} (remainder='drop' is the default; 'pad' repeats units "
+            "flagged __pad__ instead)"
+        )
+    if prog.units.left_out:
+        what = (
+            "over max_tokens (oversize='drop')"
+            if isinstance(prog.spec, PackSpec)
+            else ("in partial batches (partial=False)")
+        )
+        parts.append(f"{prog.units.left_out} {what}")
+    if parts:
+        warnings.warn(
+            f"epoch {epoch} leaves out samples: " + "; ".join(parts),
+            TarshardsWarning,
+            stacklevel=4,
+        )
