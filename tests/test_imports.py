@@ -56,6 +56,7 @@ LAYERS: list[tuple[str, ...]] = [
         "reading",
     ),  # shard lists, the epoch plan and its cursor; shard reading
     ("stages", "planned", "stateful"),  # stages; the planned iteration; stages with a state
+    ("packing", "collation"),  # packs and buckets (planned from metadata); their collations
     ("composition",),  # DataPipeline: a source and stages, the fluent methods
     ("pipeline",),  # WebDataset (and the names of the modules above, re-exported)
     ("mixing", "indexed", "testing", "media.collate"),  # mixtures, random access, the resume check
