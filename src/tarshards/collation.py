@@ -213,10 +213,10 @@ def collate_padded(
     ``multiple_of``: round the padded sizes of those axes up to a multiple. Numpy arrays by
     default; torch tensors when the column holds tensors or ``tensors="torch"``.
     """
-    samples = list(samples)
-    if not samples:
+    rows = list(samples)
+    if not rows:
         raise ValueError("collate_padded: no samples")
-    first = samples[0]
+    first = rows[0]
 
     def padded(col: list):
         convert = _converter(tensors, col[0])
@@ -234,8 +234,8 @@ def collate_padded(
         out = np.full((len(arrs), *shape), pad_value, dtype=dtype)
         mask = np.zeros((len(arrs), *shape[:mask_axes]), dtype=bool)
         for i, a in enumerate(arrs):
-            out[(i, *tuple(slice(0, n) for n in a.shape))] = a
-            mask[(i, *tuple(slice(0, n) for n in a.shape[:mask_axes]))] = True
+            out[(i,) + tuple(slice(0, n) for n in a.shape)] = a
+            mask[(i,) + tuple(slice(0, n) for n in a.shape[:mask_axes])] = True
         return convert(out), convert(mask)
 
     def wanted(name, value) -> bool:
@@ -246,7 +246,7 @@ def collate_padded(
     if isinstance(first, dict):
         out: dict[str, Any] = {}
         for k in first:
-            col = [s[k] for s in samples]
+            col = [s[k] for s in rows]
             if wanted(k, first[k]):
                 out[k], out[f"{k}_mask"] = padded(col)
             else:
@@ -254,12 +254,12 @@ def collate_padded(
         return out
     if isinstance(first, tuple):
         cols, masks = [], []
-        for i, col in enumerate(zip(*samples)):
-            if wanted(i, col[0]):
-                arr, mask = padded(list(col))
+        for i, column in enumerate(zip(*rows)):
+            if wanted(i, column[0]):
+                arr, mask = padded(list(column))
                 cols.append(arr)
                 masks.append(mask)
             else:
-                cols.append(default_collation_fn(list(col)))
+                cols.append(default_collation_fn(list(column)))
         return (*cols, *masks)
-    return padded(samples)
+    return padded(rows)

@@ -369,7 +369,8 @@ class WebDataset(DataPipeline):
         if self._plan_config is None:
             return 0
         if _packing.unit_stage(self._stages) is not None:  # .pack() / .bucket(): units
-            return self._epoch_program(self._next_epoch() if epoch is None else int(epoch)).dropped
+            prog = _packing.UnitProgram(self, self._next_epoch() if epoch is None else int(epoch))
+            return prog.dropped
         cfg = self._plan_parts()[0]
         if cfg.remainder != "drop":
             return 0
