@@ -319,9 +319,10 @@ class UnitPlan:
         return float(np.sum(self.costs) / (len(self) * self.budget))
 
 
-def _ordered(unit_of, positions, costs=None) -> tuple:
+def _ordered(unit_of, positions, costs=None, late=None) -> tuple:
     """Members and offsets of the units (``unit_of[i]``: the unit of ``positions[i]``), units in
-    the order of their last position, members ascending; with ``costs``, each unit's total."""
+    the order of their last position (those flagged in ``late``, by unit, after the others),
+    members ascending; with ``costs``, each unit's total."""
     order = np.lexsort((positions, unit_of))
     pos, uid = positions[order], unit_of[order]
     n = int(uid[-1]) + 1 if len(uid) else 0
@@ -331,7 +332,10 @@ def _ordered(unit_of, positions, costs=None) -> tuple:
     nonempty = counts > 0
     starts, lens = offsets[:-1][nonempty], counts[nonempty]
     lastpos = pos[offsets[1:][nonempty] - 1]
-    by_last = np.argsort(lastpos, kind="stable")
+    if late is None:
+        by_last = np.argsort(lastpos, kind="stable")
+    else:
+        by_last = np.lexsort((lastpos, np.asarray(late)[:n][nonempty]))
     starts, lens = starts[by_last], lens[by_last]
     new_off = np.zeros(len(lens) + 1, dtype=np.int64)
     np.cumsum(lens, out=new_off[1:])
@@ -464,7 +468,10 @@ def bucket_units(values, boundaries, batch_size, *, partial: bool = True) -> Uni
     nb = -(-counts // np.asarray(sizes))  # batches per bucket, partial ones too
     base = np.concatenate(([0], np.cumsum(nb)[:-1]))
     unit_of = base[bs] + batch
-    members, offsets, _ = _ordered(unit_of[keep], order[keep].astype(np.int64))
+    # the partial batches come out at the end (a stream knows them only there)
+    late = np.zeros(int(nb.sum()), dtype=bool)
+    late[(base + full)[full < nb]] = True
+    members, offsets, _ = _ordered(unit_of[keep], order[keep].astype(np.int64), late=late)
     return UnitPlan(members, offsets, None, left_out=int(n - keep.sum()))
 
 
