@@ -349,49 +349,59 @@ def _ordered(unit_of, positions, costs=None, late=None) -> tuple:
 
 def _best_fit_windows(rect, max_tokens: float):
     """Best-fit decreasing in every row of ``rect`` (costs, ``-1`` where no sample) at once:
-    the pack of each cell (``-1`` where no sample) and the packs of each row."""
+    the pack of each cell (``-1`` where no sample) and the packs of each row.
+
+    One step a column: column ``i`` holds each row's ``i``-th largest sample, and every row
+    puts it in its open pack with the least room that fits it (a new pack where none does).
+    Rows are taken longest first, so the rows still packing are a prefix (slices, no copies).
+    """
     nwin, width = rect.shape
+    lengths = (rect >= 0).sum(axis=1)
+    by_len = np.argsort(-lengths, kind="stable")
+    rect = rect[by_len]
+    lengths = lengths[by_len]
     key = np.where(rect >= 0, -rect, np.inf)
     order = np.argsort(key, axis=1, kind="stable")  # by cost, largest first; ties in order
     cs = np.take_along_axis(rect, order, axis=1)
-    rows = np.arange(nwin)
     cap = 8
     room = np.full((nwin, cap), -1.0)  # not yet open: fits nothing
     nopen = np.zeros(nwin, dtype=np.int64)
     assign = np.full((nwin, width), -1, dtype=np.int64)
     k = 0
     for i in range(width):
-        c = cs[:, i]
-        act = c >= 0
-        live = np.flatnonzero(act)
-        if not len(live):
+        m = int(np.searchsorted(-lengths, -i, side="left"))  # rows whose length > i
+        if not m:
             break
-        cl = c[live]
+        c = cs[:m, i]
         if k:
-            sub = room[live, :k]
-            cand = np.where(sub >= cl[:, None], sub, np.inf)
+            sub = room[:m, :k]
+            cand = np.where(sub >= c[:, None], sub, np.inf)
             b = cand.argmin(axis=1)
-            new = np.isinf(cand[np.arange(len(live)), b])
+            new = np.isinf(cand[np.arange(m), b])
         else:
-            b = np.zeros(len(live), dtype=np.int64)
-            new = np.ones(len(live), dtype=bool)
+            b = np.zeros(m, dtype=np.int64)
+            new = np.ones(m, dtype=bool)
         if new.any():
-            b[new] = nopen[live[new]]
-            nopen[live[new]] += 1
-            top = int(nopen.max())
+            fresh = np.flatnonzero(new)
+            b[fresh] = nopen[fresh]
+            nopen[fresh] += 1
+            top = int(nopen[:m].max())
             if top > cap:
                 cap = max(top, 2 * cap)
                 grown = np.full((nwin, cap), -1.0)
                 grown[:, : room.shape[1]] = room
                 room = grown
-            room[live[new], b[new]] = max_tokens
+            room[fresh, b[fresh]] = max_tokens
             k = max(k, top)
-        room[live, b] -= cl
-        assign[live, i] = b
+        room[np.arange(m), b] -= c
+        assign[:m, i] = b
     cells = np.empty_like(assign)
     np.put_along_axis(cells, order, assign, axis=1)
-    del rows
-    return cells, nopen
+    out_cells = np.empty_like(cells)
+    out_cells[by_len] = cells
+    out_open = np.empty_like(nopen)
+    out_open[by_len] = nopen
+    return out_cells, out_open
 
 
 def pack_units(
