@@ -124,42 +124,41 @@ def collate_packed(
         packs = [list(p) for p in items]
     else:
         packs = [items]
-    seqs: list = []
-    bounds: list[int] = []  # sequences per pack
-    extra: dict[Any, list] = {}
-    first_value = None
-    name = None
-    for p in packs:
-        for sample in p:
-            key, value = _field_of(sample, field)
-            if first_value is None:
-                first_value, name = value, key
-            arr = _as_array(value).reshape(-1)
-            if max_tokens is not None:
-                arr = arr[:max_tokens]
-            seqs.append(arr)
-            if isinstance(sample, dict):
-                for k, v in sample.items():
-                    if k != key:
-                        extra.setdefault(k, []).append(v)
-        bounds.append(len(p))
-    if not seqs:
+    samples = [x for p in packs for x in p]
+    if not samples:
         raise ValueError("collate_packed: no samples")
+    bounds = [len(p) for p in packs]  # sequences per pack
+    first = samples[0]
+    name, first_value = _field_of(first, field)
+    if isinstance(first, (dict, tuple)):
+        values = [x[name] for x in samples]
+    else:
+        values = samples
+    if isinstance(first_value, np.ndarray):  # the common case, without a call per sample
+        seqs = [v if v.ndim == 1 else v.reshape(-1) for v in values]
+    else:
+        seqs = [_as_array(v).reshape(-1) for v in values]
+    if max_tokens is not None:
+        seqs = [v[:max_tokens] for v in seqs]
+    extra: dict[Any, list] = {}
+    if isinstance(first, dict):
+        for k in first:
+            if k != name:
+                extra[k] = [x.get(k) for x in samples]
     convert = _converter(tensors, first_value)
-    dtype = np.result_type(*[s.dtype for s in seqs[:64]])
-    parts: list = []
-    lengths: list[int] = []
-    real: list[bool] = []
-    i = 0
-    for n in bounds:
-        used = 0
-        for s in seqs[i : i + n]:
-            parts.append(s)
-            lengths.append(len(s))
-            real.append(True)
-            used += len(s)
-        i += n
-        if pad_to is not None:
+    dtype = np.result_type(*{s.dtype for s in seqs})
+    seq_lengths = [len(v) for v in seqs]
+    if pad_to is None:
+        parts, lengths, real = seqs, seq_lengths, [True] * len(seqs)
+    else:
+        parts, lengths, real = [], [], []
+        i = 0
+        for n in bounds:
+            used = sum(seq_lengths[i : i + n])
+            parts += seqs[i : i + n]
+            lengths += seq_lengths[i : i + n]
+            real += [True] * n
+            i += n
             if used > pad_to:
                 raise ValueError(
                     f"a pack of {used} tokens does not fit pad_to={pad_to} (pass max_tokens= "

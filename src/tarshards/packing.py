@@ -63,7 +63,7 @@ __all__ = [
 OVERSIZE = ("truncate", "drop", "raise")
 DEFAULT_WINDOW = 64  # packs' worth of cost in a window: about 1 % of fill lost at its end
 _READ_THROUGH = 32  # a gap of up to this many samples between wanted ones is read, not sought
-_RUN = 256  # the most samples taken from the stream at once
+_RUN = 64  # the most samples taken from the stream at once
 
 
 # ---------------------------------------------------------------------------------------------
@@ -670,36 +670,45 @@ def plan_identity(ds) -> dict:
     return out
 
 
-def _positions(stream: ReaderStream, positions) -> Iterator[dict]:
-    """The samples at ``positions`` (ascending) of ``stream``'s segment, in order: runs of
-    nearby positions read in one take, short gaps read through, long ones sought over."""
+def _positions(stream: ReaderStream, positions) -> Iterator[list]:
+    """The samples at ``positions`` (ascending) of ``stream``'s segment, in order, in lists:
+    each run of nearby positions (gaps of up to ``_READ_THROUGH`` samples read through) read
+    from its first position as the stream cuts it (a dense run's lists handed on as they are);
+    the stream is opened again at the next run (a seek)."""
     ps = positions
     if not len(ps):
         return
     gaps = np.flatnonzero(np.diff(ps) > _READ_THROUGH) + 1
-    bounds = np.concatenate(([0], gaps, [len(ps)]))
-    for a, b in itertools.pairwise(bounds.tolist()):
-        run = ps[a:b]
-        i = 0
-        while i < len(run):
-            lo = int(run[i])
-            j = int(np.searchsorted(run, lo + _RUN, side="left"))
-            j = max(j, i + 1)
-            hi = int(run[j - 1]) + 1
-            gap = lo - stream.position
-            if gap:
-                if 0 < gap <= _READ_THROUGH and stream.position:
-                    stream.skip(gap)
+    bounds = np.concatenate(([0], gaps, [len(ps)])).tolist()
+    for a, b in itertools.pairwise(bounds):
+        lo, hi = int(ps[a]), int(ps[b - 1]) + 1
+        dense = hi - lo == b - a
+        wanted = None if dense else ps[a:b].tolist()
+        chunks = stream.chunks(lo)
+        try:
+            at = lo
+            k = 0  # wanted positions handed on
+            for lst in chunks:
+                end = at + len(lst)
+                if end > hi:
+                    lst = lst[: hi - at]
+                    end = hi
+                if dense:
+                    yield lst
                 else:
-                    stream.seek(lo)
-            got = stream.take(hi - lo)
-            if hi - lo == j - i:
-                yield from got
-            else:
-                for p in run[i:j].tolist():
-                    yield got[p - lo]
-            del got
-            i = j
+                    j = bisect.bisect_left(wanted, end, k)
+                    yield [lst[p - at] for p in wanted[k:j]]
+                    k = j
+                at = end
+                if at >= hi:
+                    break
+        finally:
+            chunks.close()
+        if at < hi:
+            raise TarshardsError(
+                f"the epoch's samples ended at position {at}, before {hi}: the shards changed "
+                "since they were counted"
+            )
 
 
 class UnitProgram(PlannedProgram):
@@ -759,52 +768,72 @@ class UnitProgram(PlannedProgram):
         return self._assembled(ctx, reader, real, pads)
 
     def _assembled(self, ctx, reader, real, pads):
-        ds, units = self.ds, self.units
+        """The units (their samples through the stages before the unit stage, in unit order:
+        what a stage does to a sample happens just before its unit goes out)."""
+        units = self.units
+        offsets = units.offsets
+        sizes = [int(offsets[u + 1] - offsets[u]) for u in real]
+        sizes += [int(offsets[u % len(units) + 1] - offsets[u % len(units)]) for u in pads]
+        flat: Iterator = itertools.chain.from_iterable(self._raw_units(ctx, real, pads))
+        if ctx.get("stats") is not None:
+            from .stats import timed_source
+
+            flat = timed_source(flat, ctx["stats"])
+        data = iter(self.ds._run_stages(flat, self.pre, ctx, ("reader", reader)))
+        for n in sizes:
+            got = list(itertools.islice(data, n))
+            if len(got) < n:
+                raise TarshardsError(
+                    f"a unit of epoch {self.epoch} (reader {reader}) lost samples: a stage "
+                    "before .pack()/.bucket() dropped samples (a planned pipeline needs each "
+                    "of them; flag bad samples instead)"
+                )
+            yield self._out(got)
+
+    def _raw_units(self, ctx, real, pads) -> Iterator[list]:
+        """The raw samples of units ``real`` (read in file order, each unit's held until it is
+        complete), then of the padding units ``pads`` (read by position, flagged)."""
+        units = self.units
         if real:
             positions = np.sort(np.concatenate([units.unit(u) for u in real]))
             stream = self._stream(ctx.get("stats"))
             try:
-                raw: Iterator = _positions(stream, positions)
-                if ctx.get("stats") is not None:
-                    from .stats import timed_source
-
-                    raw = timed_source(raw, ctx["stats"])
-                data = iter(ds._run_stages(raw, self.pre, ctx, ("reader", reader)))
-                pos = iter(positions.tolist())
+                raw = itertools.chain.from_iterable(_positions(stream, positions))
+                pos = positions.tolist()
+                offsets = units.offsets
+                # how many of the positions are read when each unit is complete
+                ends = np.searchsorted(positions, units.members[offsets[np.asarray(real) + 1] - 1])
                 held: dict[int, Any] = {}
-                for u in real:
-                    members = units.unit(u).tolist()
-                    last = members[-1]
-                    while last not in held:
-                        held[next(pos)] = next(data)
-                    yield self._out([held.pop(p) for p in members])
+                done = 0
+                for u, end in zip(real, (ends + 1).tolist()):
+                    if end > done:  # read on to the unit's last sample (at C speed)
+                        held.update(zip(pos[done:end], itertools.islice(raw, end - done)))
+                        done = end
+                    yield list(map(held.pop, units.members[offsets[u] : offsets[u + 1]].tolist()))
             finally:
                 stream.close()
         for u in pads:
-            yield self._pad_unit(ctx, u % len(units))
+            yield self._pad_raw(u % len(units))
 
     def _out(self, samples: list):
         fn = getattr(self.spec, "collation_fn", None)
         return fn(samples) if fn is not None else samples
 
-    def _pad_unit(self, ctx, u: int):
-        """Unit ``u`` again, its samples flagged ``__pad__``."""
+    def _pad_raw(self, u: int) -> list:
+        """The raw samples of unit ``u`` again, flagged ``__pad__``."""
         members = self.units.unit(u).tolist()
         stream = self._stream()
         try:
             got = stream.read_positions(members)
         finally:
             stream.close()
-        raw = []
         for p in members:
-            sample = got[p]
-            sample["__pad__"] = True
-            raw.append(sample)
-        data = list(self.ds._run_stages(iter(raw), self.pre, ctx, ("pad",)))
-        return self._out(data)
+            got[p]["__pad__"] = True
+        return [got[p] for p in members]
 
     def pad_chain(self, it):
-        return iter([self._pad_unit(it.ctx, 0)])
+        raw = iter(self._pad_raw(0))
+        return iter([self._out(list(self.ds._run_stages(raw, self.pre, it.ctx, ("pad",))))])
 
 
 def warn_dropped(ds, epoch: int) -> None:
