@@ -683,7 +683,7 @@ def _positions(stream: ReaderStream, positions) -> Iterator[list]:
     for a, b in itertools.pairwise(bounds):
         lo, hi = int(ps[a]), int(ps[b - 1]) + 1
         dense = hi - lo == b - a
-        wanted = None if dense else ps[a:b].tolist()
+        wanted: list[int] = [] if dense else ps[a:b].tolist()
         chunks = stream.chunks(lo)
         try:
             at = lo
