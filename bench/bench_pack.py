@@ -29,6 +29,7 @@ Figures from a loaded machine are noisy; compare rows of one run only.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import os
 import platform
@@ -81,40 +82,51 @@ def epoch_rate(ds) -> tuple[float, int, int]:
     return samples / (time.process_time() - t0), samples, units
 
 
-def rate_rows(manifest: str, b: int, repeat: int) -> list[tuple[str, float]]:
+def rate_rows(manifest: str, b: int, held: int, repeat: int, readers: int) -> None:
     from tarshards import WebDataset, collate_packed, collate_padded
 
     def base():
-        return WebDataset(manifest, shardshuffle=True, seed=0, readers=READERS, remainder="drop")
+        return WebDataset(manifest, shardshuffle=True, seed=0, readers=readers, remainder="drop")
 
     sides = {
         "unpacked": base().map(tokens).batched(b, collation_fn=None),
         "packed": base().map(tokens).pack(MAX, "tokens"),
-        "unpacked+collate_padded": base().map(tokens).batched(b, collation_fn=collate_padded),
-        "packed+collate_packed": base().map(tokens).pack(MAX, "tokens").map(collate_packed),
+        f"unpacked, shuffle({held})": base()
+        .shuffle(held)
+        .map(tokens)
+        .batched(b, collation_fn=None),
+        "packed, window=16": base().map(tokens).pack(MAX, "tokens", window=16),
+        "unpacked + collate_padded": base()
+        .map(tokens)
+        .batched(b, collation_fn=functools.partial(collate_padded, fields=["tokens"])),
+        "packed + collate_packed": base()
+        .map(tokens)
+        .pack(MAX, "tokens")
+        .map(functools.partial(collate_packed, field="tokens")),
     }
     first = {}
     for name, ds in sides.items():  # the first pass plans the epoch (timed apart)
         t0 = time.process_time()
-        first[name] = epoch_rate(ds)
-        first[name] = (*first[name], time.process_time() - t0)
+        got = epoch_rate(ds)
+        first[name] = (*got, time.process_time() - t0)
     best = {name: 0.0 for name in sides}
     for _ in range(repeat):
         for name, ds in sides.items():
             best[name] = max(best[name], epoch_rate(ds)[0])
-    out = []
     for name in sides:
         _, samples, units, t = first[name]
         print(
             f"  {name:28s} {best[name]:>10,.0f} samples/s  ({samples} samples, {units} units; "
             f"first pass, planning included: {t:.2f} s CPU)"
         )
-        out.append((name, best[name]))
+    r = {k: best[k] for k in best}
+    shuffled = r[f"unpacked, shuffle({held})"]
     print(
-        f"  packed / unpacked: {best['packed'] / best['unpacked']:.3f}; with collation: "
-        f"{best['packed+collate_packed'] / best['unpacked+collate_padded']:.3f}"
+        f"  ratios: packed / unpacked {r['packed'] / r['unpacked']:.3f}; packed / unpacked "
+        f"holding as many samples (shuffle({held})) {r['packed'] / shuffled:.3f}; "
+        f"window=16 / unpacked {r['packed, window=16'] / r['unpacked']:.3f}; with collation "
+        f"{r['packed + collate_packed'] / r['unpacked + collate_padded']:.3f}"
     )
-    return out
 
 
 def token_rows(lengths: np.ndarray, b: int) -> None:
@@ -178,8 +190,10 @@ def main() -> None:
     from tarshards.packing import pack_units
 
     b = max(1, round(len(lengths) / len(pack_units(lengths, MAX))))
-    print(f"1. rate ({n:,} samples, readers={READERS}, B={b}):")
-    rate_rows(manifest, b, args.repeat)
+    held = b * 64  # the samples of a default window (64 packs' worth)
+    for readers in (READERS, 2):
+        print(f"1. rate ({n:,} samples, readers={readers} in one process, B={b}):")
+        rate_rows(manifest, b, held, args.repeat, readers)
     print("2. tokens per batch:")
     token_rows(lengths, b)
     print("3. planning from metadata:")
