@@ -302,7 +302,11 @@ def test_planned_errors(data):
     with pytest.raises(ValueError, match="carry"):
         list(WebDataset(manifest, readers=4, remainder="carry").pack(MAX, "tokens"))
     with pytest.raises(ValueError, match="oversize"):
-        list(base.pack(MAX, "tokens", oversize="split"))
+        base.pack(MAX, "tokens", oversize="split")  # at once, not at iteration
+    with pytest.raises(ValueError, match="max_tokens"):
+        base.pack(0)
+    with pytest.raises(ValueError, match="one size per bucket"):
+        base.bucket("tokens", [10, 20], [1, 2])
     with pytest.raises(ValueError, match="fewer than readers"):
         list(WebDataset(manifest, readers=10_000, remainder="drop").pack(10**9, "tokens"))
 

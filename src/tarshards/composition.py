@@ -619,6 +619,9 @@ def _fluent(stage: Callable) -> Callable:
             sig.bind(self, *args, **shown)
         except TypeError as exn:
             raise TypeError(f".{stage.__name__}(): {exn}") from None
+        check = getattr(stage, "check_arguments", None)  # a stage's own checks, at once
+        if check is not None:
+            check(*args, **shown)
         if "on_error" in kwargs and kwargs["on_error"] is None:
             del kwargs["on_error"]  # the pipeline's policy
         return self.compose(stage, *args, **kwargs)

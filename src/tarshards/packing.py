@@ -281,6 +281,23 @@ def _unit_name(spec) -> str:
     return "packs" if isinstance(spec, PackSpec) else "batches"
 
 
+def _check_pack(max_tokens, cost="tokens", *, window=None, oversize="truncate") -> None:
+    _check_budget(max_tokens, window, oversize)
+    if not (isinstance(cost, str) or callable(cost)):
+        raise TypeError(f"cost= is a field name, a metadata column or a function, not {cost!r}")
+
+
+def _check_bucket(key, boundaries, batch_size=32, *, partial=True, collation_fn=None) -> None:
+    _bucket_sizes(boundaries, batch_size)
+    if not (isinstance(key, str) or callable(key)):
+        raise TypeError(f"key= is a field name, a metadata column or a function, not {key!r}")
+
+
+# the fluent methods check their arguments when called (DataPipeline.pack(...), .bucket(...))
+pack.check_arguments = _check_pack  # type: ignore[attr-defined]
+bucket.check_arguments = _check_bucket  # type: ignore[attr-defined]
+
+
 def _key(sample) -> Any:
     return sample.get("__key__") if isinstance(sample, dict) else None
 
@@ -755,7 +772,7 @@ class UnitProgram(PlannedProgram):
                 else functools.partial(ranged, stats=stats)
             ),
             last_dot=ds.last_dot,
-            unit=64,
+            unit=16,
             stats=stats,
         )
 
