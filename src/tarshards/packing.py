@@ -61,7 +61,7 @@ __all__ = [
 ]
 
 OVERSIZE = ("truncate", "drop", "raise")
-DEFAULT_WINDOW = 64  # packs' worth of cost in a window: about 1 % of fill lost at its end
+DEFAULT_WINDOW = 16  # packs' worth of cost in a window (with the carried tails: ~98 % fill)
 _READ_THROUGH = 32  # a gap of up to this many samples between wanted ones is read, not sought
 _RUN = 64  # the most samples taken from the stream at once
 
@@ -144,12 +144,14 @@ def _bucket_sizes(boundaries: Sequence[float], batch_size) -> tuple[tuple[float,
 # ---------------------------------------------------------------------------------------------
 
 
-def _best_fit(costs: Sequence[float], max_tokens: float) -> list[list[int]]:
-    """Best-fit decreasing over one window: the packs (lists of indices into ``costs``), in the
-    order their last index comes. The same packs as :func:`_best_fit_windows` gives."""
+def _best_fit(costs: Sequence[float], max_tokens: float) -> list[tuple[list[int], float]]:
+    """Best-fit decreasing over one window: the packs (indices into ``costs``, ascending, and
+    the room left), in the order they were opened. The same packs as
+    :func:`_best_fit_windows` gives."""
     order = sorted(range(len(costs)), key=lambda i: (-costs[i], i))
     free: list[tuple[float, int]] = []  # (room left, pack), sorted
     packs: list[list[int]] = []
+    rooms: list[float] = []
     for i in order:
         c = costs[i]
         j = bisect.bisect_left(free, (c, -1))
@@ -158,12 +160,11 @@ def _best_fit(costs: Sequence[float], max_tokens: float) -> list[list[int]]:
         else:
             room, b = max_tokens, len(packs)
             packs.append([])
+            rooms.append(max_tokens)
         packs[b].append(i)
+        rooms[b] = room - c
         bisect.insort(free, (room - c, b))
-    for p in packs:
-        p.sort()
-    packs.sort(key=lambda p: p[-1])
-    return packs
+    return [(sorted(p), r) for p, r in zip(packs, rooms)]
 
 
 def pack(
@@ -191,19 +192,39 @@ def pack(
     span = (DEFAULT_WINDOW if window is None else window) * float(max_tokens)
     buf: list = []
     costs: list[float] = []
+    where: list[int] = []  # each buffered sample's index in the stream
     total = 0.0  # cost of the stream before the window (each sample at most max_tokens)
     current = 0
     dropped = 0
+    seen = 0
+    carry: list = []  # [(last index, samples, cost)]: a window's least-filled pack, waiting
 
     def flush():
         fit = [i for i, c in enumerate(costs) if c <= max_tokens]
-        packs = [[fit[i] for i in p] for p in _best_fit([costs[i] for i in fit], max_tokens)]
-        packs += [[i] for i, c in enumerate(costs) if c > max_tokens]
-        packs.sort(key=lambda p: p[-1])
-        out = [[buf[i] for i in p] for p in packs]
+        out = [(where[i], [buf[i]], 0.0) for i, c in enumerate(costs) if c > max_tokens]
+        packs = []
+        for members, room in _best_fit([costs[i] for i in fit], max_tokens):
+            idx = [fit[i] for i in members]
+            packs.append((where[idx[-1]], [buf[i] for i in idx], max_tokens - room))
+        if packs:
+            t = min(range(len(packs)), key=lambda j: (packs[j][2], packs[j][0]))
+            tail = packs.pop(t)
+            if carry:
+                held = carry.pop()
+                if held[2] + tail[2] <= max_tokens:  # the two become one pack
+                    tail = (tail[0], held[1] + tail[1], held[2] + tail[2])
+                else:
+                    out.append(held)
+            if tail[2] < max_tokens / 2:
+                carry.append(tail)  # waits for the next window's least-filled pack
+            else:
+                packs.append(tail)
+        out += packs
+        out.sort(key=lambda p: p[0])
         buf.clear()
         costs.clear()
-        return out
+        where.clear()
+        return [p[1] for p in out]
 
     for sample in samples:
         c = get(sample)
@@ -217,6 +238,7 @@ def pack(
                 )
             if oversize == "drop":
                 dropped += 1
+                seen += 1
                 continue
         w = int(total // span)
         if w != current and buf:
@@ -224,9 +246,13 @@ def pack(
         current = w
         buf.append(sample)
         costs.append(c)
+        where.append(seen)
+        seen += 1
         total += min(c, max_tokens)
     if buf:
         yield from flush()
+    if carry:
+        yield carry.pop()[1]
     if dropped:
         warnings.warn(
             f".pack({max_tokens:g}) left out {dropped} sample(s) costing more than max_tokens "
@@ -338,7 +364,7 @@ class UnitPlan:
 
 def _ordered(unit_of, positions, costs=None, late=None) -> tuple:
     """Members and offsets of the units (``unit_of[i]``: the unit of ``positions[i]``), units in
-    the order of their last position (those flagged in ``late``, by unit, after the others),
+    the order of their last position (with ``late``, a rank by unit id: by rank first),
     members ascending; with ``costs``, each unit's total."""
     order = np.lexsort((positions, unit_of))
     pos, uid = positions[order], unit_of[order]
@@ -418,7 +444,9 @@ def _best_fit_windows(rect, max_tokens: float):
     out_cells[by_len] = cells
     out_open = np.empty_like(nopen)
     out_open[by_len] = nopen
-    return out_cells, out_open
+    out_room = np.empty_like(room)
+    out_room[by_len] = room
+    return out_cells, out_open, out_room
 
 
 def pack_units(
@@ -453,7 +481,9 @@ def pack_units(
     win = (before // span).astype(np.int64)
     fit = kc <= max_tokens
     unit_of = np.empty(len(kc), dtype=np.int64)
+    positions = keep.astype(np.int64)
     nfit = int(fit.sum())
+    nunits = 0
     if nfit:
         fw = win[fit]
         wins, wrow = np.unique(fw, return_inverse=True)
@@ -462,15 +492,54 @@ def pack_units(
         col = np.arange(nfit) - starts[wrow]
         rect = np.full((len(wins), int(counts.max())), -1.0)
         rect[wrow, col] = kc[fit]
-        cells, nopen = _best_fit_windows(rect, float(max_tokens))
+        cells, nopen, room = _best_fit_windows(rect, float(max_tokens))
         base = np.concatenate(([0], np.cumsum(nopen)[:-1]))
         unit_of[fit] = base[wrow] + cells[wrow, col]
         nunits = int(nopen.sum())
-    else:
-        nunits = 0
-    unit_of[~fit] = nunits + np.arange(int((~fit).sum()))
-    members, offsets, ucost = _ordered(unit_of, keep.astype(np.int64), clipped)
+    nown = int((~fit).sum())
+    unit_of[~fit] = nunits + np.arange(nown)
+    total_units = nunits + nown
+    rank = np.empty(total_units, dtype=np.int64)  # the window a unit goes out with
+    rank[nunits:] = win[~fit]
+    if nunits:
+        prow = np.repeat(np.arange(len(wins)), nopen)
+        pcost = max_tokens - room[prow, np.arange(nunits) - base[prow]]
+        rank[:nunits] = wins[prow]
+        order = np.lexsort((positions, unit_of))
+        ends = np.cumsum(np.bincount(unit_of, minlength=total_units))
+        lastpos = positions[order][ends - 1]
+        # each window's least-filled pack (ties: the one whose last sample comes first)
+        tails = np.lexsort((lastpos[:nunits], pcost, prow))[base].tolist()
+        group = _carried(
+            tails, pcost.tolist(), wins.tolist(), float(max_tokens), rank, int(win.max()) + 1
+        )
+        unit_of = group[unit_of]
+    members, offsets, ucost = _ordered(unit_of, positions, clipped, late=rank)
     return UnitPlan(members, offsets, ucost, left_out=left_out, budget=float(max_tokens))
+
+
+def _carried(tails: list, cost: list, wins: list, max_tokens: float, rank, end: int) -> Any:
+    """Each pack's unit after the tails of the windows are carried and merged as :func:`pack`
+    does (``tails[r]``: window ``r``'s least-filled pack); ``rank`` (the window each unit goes
+    out with) updated for the carried ones; ``end``: the rank after every window."""
+    group = np.arange(len(rank))
+    carry: list[int] = []
+    carry_cost = 0.0
+    for r, t in enumerate(tails):
+        ids, c = [t], cost[t]
+        if carry:
+            if carry_cost + c <= max_tokens:  # the two become one pack, out with window r
+                ids, c = [*carry, t], carry_cost + c
+                group[ids] = t
+            else:  # the waiting pack goes out with window r as it is
+                rank[carry[-1]] = wins[r]
+            carry = []
+        if c < max_tokens / 2:
+            carry, carry_cost = ids, c
+            rank[t] = -1  # (decided later)
+    if carry:
+        rank[carry[-1]] = end  # at the end of the stream
+    return group
 
 
 def bucket_units(values, boundaries, batch_size, *, partial: bool = True) -> UnitPlan:
