@@ -857,16 +857,26 @@ class UnitProgram(PlannedProgram):
         """The units (their samples through the stages before the unit stage, in unit order:
         what a stage does to a sample happens just before its unit goes out)."""
         units = self.units
-        offsets = units.offsets
-        sizes = [int(offsets[u + 1] - offsets[u]) for u in real]
-        sizes += [int(offsets[u % len(units) + 1] - offsets[u % len(units)]) for u in pads]
-        flat: Iterator = itertools.chain.from_iterable(self._raw_units(ctx, real, pads))
+        P = len(units)
+        ids = np.asarray([*real, *(u % P for u in pads)], dtype=np.int64)
+        lo, hi = units.offsets[ids], units.offsets[ids + 1]
+        lens = hi - lo
+        cuts = np.concatenate(([0], np.cumsum(lens)))
+        # every unit's members, taken from the plan at once
+        flat = units.members[np.repeat(lo - cuts[:-1], lens) + np.arange(cuts[-1])]
+        cut = cuts.tolist()
+        members = flat.tolist()
+        lists = [members[cut[i] : cut[i + 1]] for i in range(len(ids))]
+        nreal = len(real)
+        raw: Iterator = itertools.chain.from_iterable(
+            self._raw_units(ctx, lists[:nreal], flat[: cut[nreal]], lists[nreal:])
+        )
         if ctx.get("stats") is not None:
             from .stats import timed_source
 
-            flat = timed_source(flat, ctx["stats"])
-        data = iter(self.ds._run_stages(flat, self.pre, ctx, ("reader", reader)))
-        for n in sizes:
+            raw = timed_source(raw, ctx["stats"])
+        data = iter(self.ds._run_stages(raw, self.pre, ctx, ("reader", reader)))
+        for n in lens.tolist():
             got = list(itertools.islice(data, n))
             if len(got) < n:
                 raise TarshardsError(
@@ -876,38 +886,36 @@ class UnitProgram(PlannedProgram):
                 )
             yield self._out(got)
 
-    def _raw_units(self, ctx, real, pads) -> Iterator[list]:
-        """The raw samples of units ``real`` (read in file order, each unit's held until it is
-        complete), then of the padding units ``pads`` (read by position, flagged)."""
-        units = self.units
+    def _raw_units(self, ctx, real: list, flat, pads: list) -> Iterator[list]:
+        """The raw samples of the units whose members are ``real`` (read in file order, each
+        unit's held until it is complete; ``flat``: their members one after the other), then of
+        the padding units whose members are ``pads`` (read by position, flagged)."""
         if real:
-            positions = np.sort(np.concatenate([units.unit(u) for u in real]))
+            positions = np.sort(flat)
             stream = self._stream(ctx.get("stats"))
             try:
                 raw = itertools.chain.from_iterable(_positions(stream, positions))
                 pos = positions.tolist()
-                offsets = units.offsets
                 # how many of the positions are read when each unit is complete
-                ends = np.searchsorted(positions, units.members[offsets[np.asarray(real) + 1] - 1])
+                ends = np.searchsorted(positions, [m[-1] for m in real]) + 1
                 held: dict[int, Any] = {}
                 done = 0
-                for u, end in zip(real, (ends + 1).tolist()):
+                for members, end in zip(real, ends.tolist()):
                     if end > done:  # read on to the unit's last sample (at C speed)
                         held.update(zip(pos[done:end], itertools.islice(raw, end - done)))
                         done = end
-                    yield list(map(held.pop, units.members[offsets[u] : offsets[u + 1]].tolist()))
+                    yield list(map(held.pop, members))
             finally:
                 stream.close()
-        for u in pads:
-            yield self._pad_raw(u % len(units))
+        for members in pads:
+            yield self._pad_raw(members)
 
     def _out(self, samples: list):
         fn = getattr(self.spec, "collation_fn", None)
         return fn(samples) if fn is not None else samples
 
-    def _pad_raw(self, u: int) -> list:
-        """The raw samples of unit ``u`` again, flagged ``__pad__``."""
-        members = self.units.unit(u).tolist()
+    def _pad_raw(self, members: list) -> list:
+        """The raw samples at positions ``members`` again (a unit), flagged ``__pad__``."""
         stream = self._stream()
         try:
             got = stream.read_positions(members)
@@ -918,7 +926,7 @@ class UnitProgram(PlannedProgram):
         return [got[p] for p in members]
 
     def pad_chain(self, it):
-        raw = iter(self._pad_raw(0))
+        raw = iter(self._pad_raw(self.units.unit(0).tolist()))
         return iter([self._out(list(self.ds._run_stages(raw, self.pre, it.ctx, ("pad",))))])
 
 
