@@ -12,13 +12,18 @@ Rows:
    raw ``tok`` field, a ``tokens`` metadata column in the manifest, lengths lognormal(5.5, 1.0)
    capped at 8,192, mean ~400): ``.map(tokens).batched(B, collation_fn=None)`` (unpacked: lists
    of B samples, B the mean samples per pack, so both yield about as many units) against
-   ``.map(tokens).pack(8192, "tokens")`` (packs planned from the column); the two taken in turn,
-   best of ``--repeat`` (the first pass, which plans the epoch, is timed apart). Then the same
-   with their collations, ``collate_padded`` against ``collate_packed``.
+   ``.map(tokens).pack(8192, "tokens")`` (packs planned from the column; default window of 16
+   packs); an unpacked pipeline holding as many samples as a window (``.shuffle(16 B)``: a pack's
+   reader holds a window's samples until their packs are complete, as a shuffle buffer holds
+   its); packs with ``window=64``; then the unpacked and packed ones with their collations,
+   ``collate_padded`` against ``collate_packed``. All taken in turn, best of ``--repeat`` (the
+   first pass, which plans the epoch, is timed apart), with 12 readers in the process (one
+   process reading the whole plan) and with 2 (a DataLoader worker's share of 12 readers in 6
+   workers).
 2. ``tokens/batch``: on the same lengths, the share of a batch's token slots that hold tokens:
-   packs of 8,192 (``pack_units``) against batches of B samples in the epoch's order padded to
-   their longest, and against length buckets (``bucket_units``) padded to their longest; the
-   ratio packed / padded is the tokens a batch of the same size carries more.
+   packs of 8,192 (``pack_units``, default window) against batches of B samples in the epoch's
+   order padded to their longest, and against length buckets (``bucket_units``) padded to their
+   longest; the ratio packed / padded is the tokens a batch of the same size carries more.
 3. ``plan 10M``: the pack plan of an epoch of 10M samples in 1,000 shards from a cost column
    (the epoch's order of the shards, the column in that order, best-fit decreasing in windows):
    CPU and wall seconds; the bucket plan of the same.
@@ -95,7 +100,7 @@ def rate_rows(manifest: str, b: int, held: int, repeat: int, readers: int) -> No
         .shuffle(held)
         .map(tokens)
         .batched(b, collation_fn=None),
-        "packed, window=16": base().map(tokens).pack(MAX, "tokens", window=16),
+        "packed, window=64": base().map(tokens).pack(MAX, "tokens", window=64),
         "unpacked + collate_padded": base()
         .map(tokens)
         .batched(b, collation_fn=functools.partial(collate_padded, fields=["tokens"])),
@@ -124,7 +129,7 @@ def rate_rows(manifest: str, b: int, held: int, repeat: int, readers: int) -> No
     print(
         f"  ratios: packed / unpacked {r['packed'] / r['unpacked']:.3f}; packed / unpacked "
         f"holding as many samples (shuffle({held})) {r['packed'] / shuffled:.3f}; "
-        f"window=16 / unpacked {r['packed, window=16'] / r['unpacked']:.3f}; with collation "
+        f"window=64 / unpacked {r['packed, window=64'] / r['unpacked']:.3f}; with collation "
         f"{r['packed + collate_packed'] / r['unpacked + collate_padded']:.3f}"
     )
 
@@ -190,7 +195,7 @@ def main() -> None:
     from tarshards.packing import pack_units
 
     b = max(1, round(len(lengths) / len(pack_units(lengths, MAX))))
-    held = b * 64  # the samples of a default window (64 packs' worth)
+    held = b * 16  # the samples of a default window (16 packs' worth)
     for readers in (READERS, 2):
         print(f"1. rate ({n:,} samples, readers={readers} in one process, B={b}):")
         rate_rows(manifest, b, held, args.repeat, readers)
