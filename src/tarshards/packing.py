@@ -12,8 +12,11 @@ the same samples:
   decreasing (samples by cost, largest first, ties in stream order; each into the open pack
   it fills best, the lowest-numbered on a tie; a new pack where none has room); a sample over
   the budget is a pack of its own (``oversize="truncate"``: the collation cuts it), left out
-  (``"drop"``, counted and warned) or an error (``"raise"``). A window's packs come out in the
-  order their last sample arrives.
+  (``"drop"``, counted and warned) or an error (``"raise"``). A window's least-filled pack
+  (ties: the one whose last sample comes first), when under half full, waits for the next
+  window's and the two become one pack where they fit (else the waiting one goes out with the
+  next window's); the rest of a window's packs come out in the order their last sample
+  arrives.
 - **buckets** (:func:`bucket`): each sample goes to the bucket of its key
   (``bisect_right(boundaries, key)``); a bucket's batch is out when it holds its batch size;
   at the end the partial batches (``partial=True``) come out in the order of their last sample.
@@ -180,11 +183,12 @@ def pack(
     ``cost``: a metadata column of the manifest (planned pipelines, ``readers=V``: the packs are
     planned from the index, no data read), a field of the sample (its length, or its value if
     a number), or a function of the sample. Samples are packed best-fit decreasing within
-    windows of ``window`` packs' worth of cost (default 64: about 98-99 % fill on long-tailed
-    lengths; a window's samples are held until its packs are out, as a shuffle buffer holds
-    its). A sample costing more than ``max_tokens``: a pack of its own (``oversize=
-    "truncate"``; ``collate_packed(max_tokens=...)`` cuts it), left out with a warning that
-    counts them (``"drop"``), or a ``ValueError`` (``"raise"``). Deterministic: the same stream
+    windows of ``window`` packs' worth of cost (default 16: about 98 % fill on long-tailed
+    lengths, 99.5 % with 64; a window's samples are held until its packs are out, as a
+    shuffle buffer holds its), a window's least-filled pack merged with the next one's. A
+    sample costing more than ``max_tokens``: a pack of its own (``oversize="truncate"``;
+    ``collate_packed(max_tokens=...)`` cuts it), left out with a warning that counts them
+    (``"drop"``), or a ``ValueError`` (``"raise"``). Deterministic: the same stream
     gives the same packs (see :mod:`tarshards.packing`).
     """
     _check_budget(max_tokens, window, oversize)
