@@ -181,6 +181,19 @@ def test_planned_packs_hold_the_budget_and_every_sample_once(data):
     assert [_keys(u) for u in packed(manifest)] == epochs[0]  # a pure function of the seed
 
 
+def test_the_plan_names_each_units_samples(data):
+    """A global batch's samples follow from the plan alone (what an audit replays)."""
+    manifest, _ = data
+    ds = packed(manifest)
+    prog = ds._epoch_program(0)
+    urls = ds.table.urls
+    keys_of = {s: [x["__key__"] for x in WebDataset(url)] for s, url in enumerate(urls)}
+    ds.set_epoch(0)
+    for g, unit in enumerate(ds):
+        named = [(keys_of[s][i], pad) for s, i, pad in prog.unit_samples(g)]
+        assert named == [(x["__key__"], x["__pad__"]) for x in unit]
+
+
 def test_planned_packs_equal_the_streaming_stage(data):
     """The packs planned from metadata are those the stage makes of the epoch's stream."""
     manifest, _ = data

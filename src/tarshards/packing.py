@@ -829,6 +829,19 @@ class UnitProgram(PlannedProgram):
         unplanned = self.units.offsets[-1] - self.units.offsets[V * self.q] if P > V * self.q else 0
         self.dropped = int(unplanned) + self.units.left_out
 
+    def unit_samples(self, g: int) -> list[tuple[int, int, bool]]:
+        """``(shard, sample index in the shard, pad)`` of each sample of global batch ``g`` (a
+        pack or a bucket's batch), from the plan alone (what a ledger's audit replays)."""
+        if not 0 <= g < self.num_batches:
+            raise ValueError(f"global batch {g} outside the epoch's {self.num_batches}")
+        u = (g % self.readers) * self.q + g // self.readers
+        P = len(self.units)
+        out = []
+        for p in self.units.unit(u % P).tolist():
+            shard, i, _ = self.full.locate(p)
+            out.append((shard, i, u >= P))
+        return out
+
     def _stream(self, stats=None) -> ReaderStream:
         import functools
 
