@@ -394,26 +394,22 @@ def _ordered(unit_of, positions, costs=None, late=None) -> tuple:
     return pos[idx], new_off, unit_costs
 
 
-def _best_fit_windows(rect, max_tokens: float):
-    """Best-fit decreasing in every row of ``rect`` (costs, ``-1`` where no sample) at once:
-    the pack of each cell (``-1`` where no sample) and the packs of each row.
+def _best_fit_windows(rect, lengths, max_tokens: float):
+    """Best-fit decreasing in every row of ``rect`` (costs, ``-1`` where no sample; rows longest
+    first, ``lengths`` their samples) at once: the pack of each cell (``-1`` where no sample),
+    the packs of each row and the room left in each.
 
     One step a column: column ``i`` holds each row's ``i``-th largest sample, and every row
     puts it in its open pack with the least room that fits it (a new pack where none does).
-    Rows are taken longest first, so the rows still packing are a prefix (slices, no copies).
+    Rows longest first: the rows still packing are a prefix (slices, no copies).
     """
     nwin, width = rect.shape
-    lengths = (rect >= 0).sum(axis=1)
-    by_len = np.argsort(-lengths, kind="stable")
-    rect = rect[by_len]
-    lengths = lengths[by_len]
-    key = np.where(rect >= 0, -rect, np.inf)
-    order = np.argsort(key, axis=1, kind="stable")  # by cost, largest first; ties in order
+    order = np.argsort(-rect, axis=1, kind="stable")  # by cost, largest first; ties in order
     cs = np.take_along_axis(rect, order, axis=1)
     cap = 8
     room = np.full((nwin, cap), -1.0)  # not yet open: fits nothing
     nopen = np.zeros(nwin, dtype=np.int64)
-    assign = np.full((nwin, width), -1, dtype=np.int64)
+    assign = np.full((nwin, width), -1, dtype=np.int32)
     k = 0
     for i in range(width):
         m = int(np.searchsorted(-lengths, -i, side="left"))  # rows whose length > i
@@ -442,15 +438,10 @@ def _best_fit_windows(rect, max_tokens: float):
             k = max(k, top)
         room[np.arange(m), b] -= c
         assign[:m, i] = b
+    del cs
     cells = np.empty_like(assign)
     np.put_along_axis(cells, order, assign, axis=1)
-    out_cells = np.empty_like(cells)
-    out_cells[by_len] = cells
-    out_open = np.empty_like(nopen)
-    out_open[by_len] = nopen
-    out_room = np.empty_like(room)
-    out_room[by_len] = room
-    return out_cells, out_open, out_room
+    return cells, nopen, room
 
 
 def pack_units(
@@ -489,16 +480,24 @@ def pack_units(
     nfit = int(fit.sum())
     nunits = 0
     if nfit:
-        fw = win[fit]
-        wins, wrow = np.unique(fw, return_inverse=True)
+        fw = win[fit]  # ascending: windows follow the stream
+        first = np.concatenate(([True], fw[1:] != fw[:-1]))
+        wins, wrow = fw[first], np.cumsum(first) - 1
         counts = np.bincount(wrow)
         starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
         col = np.arange(nfit) - starts[wrow]
+        by_len = np.argsort(-counts, kind="stable")  # the windows' rows, longest first
+        row_of = np.empty_like(by_len)
+        row_of[by_len] = np.arange(len(by_len))
+        srow = row_of[wrow]
         rect = np.full((len(wins), int(counts.max())), -1.0)
-        rect[wrow, col] = kc[fit]
-        cells, nopen, room = _best_fit_windows(rect, float(max_tokens))
+        rect[srow, col] = kc[fit]
+        cells, nopen, room = _best_fit_windows(rect, counts[by_len], float(max_tokens))
+        del rect
+        nopen, room = nopen[row_of], room[row_of]
         base = np.concatenate(([0], np.cumsum(nopen)[:-1]))
-        unit_of[fit] = base[wrow] + cells[wrow, col]
+        unit_of[fit] = base[wrow] + cells[srow, col]
+        del cells
         nunits = int(nopen.sum())
     nown = int((~fit).sum())
     unit_of[~fit] = nunits + np.arange(nown)
