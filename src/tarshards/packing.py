@@ -555,7 +555,7 @@ def bucket_units(values, boundaries, batch_size, *, partial: bool = True) -> Uni
         raise ValueError(f"the key of the sample at epoch position {bad} is NaN")
     b = np.searchsorted(np.asarray(bounds), values, side="right")
     n = len(values)
-    order = np.lexsort((np.arange(n), b))
+    order = np.argsort(b, kind="stable")  # by bucket, each in stream order
     bs = b[order]
     counts = np.bincount(bs, minlength=len(sizes))
     starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
