@@ -242,49 +242,64 @@ def test_remainder_drop_counts_and_warns(data):
     assert len(units) % 7 == 0
 
 
-def test_elastic_resume_every_sample_once(data):
+@pytest.mark.parametrize("workers", [None, 2])
+def test_elastic_resume_every_sample_once(data, workers):
     """Two ranks run some steps; the state goes to three ranks, which finish the epoch: every
-    sample once, the same number of steps on every rank (the last one padded)."""
+    sample once, the same number of steps on every rank (the last one padded). ``workers``:
+    each rank through a ``WebLoader`` with that many workers."""
     manifest, _ = data
+    if workers is not None:
+        pytest.importorskip("torch")
+        from tarshards.torch import WebDataset as TorchWebDataset
+        from tarshards.torch import WebLoader
+
+        warnings.filterwarnings("ignore", message=".*worker processes in total.*")
 
     def world(n):
-        return [
-            WebDataset(
-                manifest,
-                shardshuffle=True,
-                seed=3,
-                readers=12,
-                remainder="drop",
-                rank=r,
-                world_size=n,
+        runs = []
+        for r in range(n):
+            cls = WebDataset if workers is None else TorchWebDataset
+            ds = (
+                cls(
+                    manifest,
+                    shardshuffle=True,
+                    seed=3,
+                    readers=12,
+                    remainder="drop",
+                    rank=r,
+                    world_size=n,
+                )
+                .decode()
+                .pack(MAX, "tokens", window=4)
             )
-            .decode()
-            .pack(MAX, "tokens", window=4)
-            for r in range(n)
-        ]
+            runs.append(
+                ds if workers is None else WebLoader(ds, batch_size=None, num_workers=workers)
+            )
+        return runs
 
     first = world(2)
-    its = [iter(ds) for ds in first]
+    its = [iter(run) for run in first]
     delivered = []
     for _ in range(3):
         for it in its:
             delivered += [s for s in next(it) if not s["__pad__"]]
     state = first[0].state_dict()
     assert state == first[1].state_dict()
+    del its
     second = world(3)
     steps = []
-    for ds in second:
-        ds.load_state_dict(state)
-        units = list(ds)
+    for run in second:
+        run.load_state_dict(state)
+        units = list(run)
         steps.append(len(units))
         delivered += [s for u in units for s in u if not s["__pad__"]]
     assert len(set(steps)) == 1
-    total = first[0]._epoch_program(0).num_batches
+    plain = world(1)[0] if workers is None else world(1)[0].dataset
+    prog = plain._epoch_program(0)
     keys = _keys(delivered)
     assert len(keys) == len(set(keys))
-    planned = first[0]._epoch_program(0).units
-    assert len(keys) == int(planned.offsets[total])  # every planned sample once
-    assert steps[0] == -(-(total - 6) // 3)
+    assert len(keys) == int(prog.units.offsets[prog.num_batches])  # every planned sample once
+    assert steps[0] == -(-(prog.num_batches - 6) // 3)
 
 
 def test_state_of_other_packing_is_refused(data):
