@@ -575,6 +575,40 @@ def bucket_units(values, boundaries, batch_size, *, partial: bool = True) -> Uni
 
 
 # ---------------------------------------------------------------------------------------------
+# the pipeline's methods this module calls: the public names (tarshards after issue 36:
+# stage_list, run_stages, open_shard, range_opener, epoch_program) where the pipeline has them,
+# else the older private ones (the fallbacks can go once every pipeline has the public names)
+# ---------------------------------------------------------------------------------------------
+
+
+def _stage_list(ds) -> Sequence:
+    got = getattr(ds, "stage_list", None)  # a property
+    if got is None:
+        return ds._stages
+    return got() if callable(got) else got
+
+
+def _run_stages(ds, data, stages, ctx: dict, tag: tuple):
+    method = getattr(ds, "run_stages", None) or ds._run_stages
+    return method(data, stages, ctx, tag)
+
+
+def _shard_opener(ds) -> Callable:
+    return getattr(ds, "open_shard", None) or ds._open
+
+
+def _range_opener(ds):
+    method = getattr(ds, "range_opener", None) or ds._range_opener
+    return method()
+
+
+def epoch_program(ds, epoch: int):
+    """The epoch's program of a planned pipeline."""
+    method = getattr(ds, "epoch_program", None) or ds._epoch_program
+    return method(epoch)
+
+
+# ---------------------------------------------------------------------------------------------
 # the planned program: units in place of batches
 # ---------------------------------------------------------------------------------------------
 
@@ -634,13 +668,13 @@ def unit_parts(ds) -> tuple[Any, list, list]:
     """(the unit's spec, the stages before it, the stages after it) of a planned pipeline."""
     from . import stages as _stages
 
-    stages = ds._stages
+    stages = _stage_list(ds)
     i = unit_stage(stages)
     if i is None:
         raise TypeError("the pipeline has no .pack() or .bucket() stage")
     st = stages[i]
     args = _bound(st)
-    pre, post = stages[:i], stages[i + 1 :]
+    pre, post = list(stages[:i]), list(stages[i + 1 :])
     for other in pre:
         if other.fn in (_stages.shuffle, _stages.batched, _stages.unbatched):
             name = other.fn.__name__
@@ -845,12 +879,13 @@ class UnitProgram(PlannedProgram):
         import functools
 
         ds = self.ds
-        ranged = ds._range_opener()
+        ranged = _range_opener(ds)
+        opener = _shard_opener(ds)
         return ReaderStream(
             ds.table,
             self.full,
             0,
-            opener=ds._open if stats is None else functools.partial(ds._open, stats=stats),
+            opener=opener if stats is None else functools.partial(opener, stats=stats),
             range_opener=(
                 ranged
                 if stats is None or ranged is None
@@ -891,7 +926,7 @@ class UnitProgram(PlannedProgram):
             from .stats import timed_source
 
             raw = timed_source(raw, ctx["stats"])
-        data = iter(self.ds._run_stages(raw, self.pre, ctx, ("reader", reader)))
+        data = iter(_run_stages(self.ds, raw, self.pre, ctx, ("reader", reader)))
         for n in lens.tolist():
             got = list(itertools.islice(data, n))
             if len(got) < n:
@@ -943,7 +978,7 @@ class UnitProgram(PlannedProgram):
 
     def pad_chain(self, it):
         raw = iter(self._pad_raw(self.units.unit(0).tolist()))
-        return iter([self._out(list(self.ds._run_stages(raw, self.pre, it.ctx, ("pad",))))])
+        return iter([self._out(list(_run_stages(self.ds, raw, self.pre, it.ctx, ("pad",))))])
 
 
 def warn_dropped(ds, epoch: int) -> None:
@@ -954,7 +989,7 @@ def warn_dropped(ds, epoch: int) -> None:
     if epoch in warned:
         return
     warned.add(epoch)
-    prog = ds._epoch_program(epoch)
+    prog = epoch_program(ds, epoch)
     tail = prog.dropped - prog.units.left_out
     parts = []
     if tail and not ds._plan_config.get("chosen"):
