@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tarshards import ShardWriter, WebDataset
 from tarshards.errors import ResumeError, TarshardsWarning
-from tarshards.packing import bucket, bucket_units, epoch_program, pack, pack_units
+from tarshards.packing import bucket, bucket_units, pack, pack_units
 from tarshards.testing import check_resume
 
 N = 240
@@ -185,7 +185,7 @@ def test_the_plan_names_each_units_samples(data):
     """A global batch's samples follow from the plan alone (what an audit replays)."""
     manifest, _ = data
     ds = packed(manifest)
-    prog = epoch_program(ds, 0)
+    prog = ds.epoch_program(0)
     urls = ds.table.urls
     keys_of = {s: [x["__key__"] for x in WebDataset(url)] for s, url in enumerate(urls)}
     ds.set_epoch(0)
@@ -295,7 +295,7 @@ def test_elastic_resume_every_sample_once(data, workers):
         delivered += [s for u in units for s in u if not s["__pad__"]]
     assert len(set(steps)) == 1
     plain = world(1)[0] if workers is None else world(1)[0].dataset
-    prog = epoch_program(plain, 0)
+    prog = plain.epoch_program(0)
     keys = _keys(delivered)
     assert len(keys) == len(set(keys))
     assert len(keys) == int(prog.units.offsets[prog.num_batches])  # every planned sample once
