@@ -32,6 +32,10 @@ _declare_optional(
     module="tarshards.media.collate",
     extra="av",
 )
+# dataset spec files (WebDataset("train.yaml")): read by tarshards.curate.spec, with PyYAML
+_declare_optional(
+    "specs.OPTIONAL_DATASET_SPECS", [".yaml", ".yml"], module="tarshards.curate.spec", extra="yaml"
+)
 
 __all__ = sorted(
     [

@@ -19,6 +19,12 @@ Stopping rules (``stop=``), per epoch:
 Each source is a ``WebDataset`` with at most a leading ``.shuffle(n)`` and per-sample stages
 (``decode``, ``map``, ``to_tuple``...), and no ``.batched()``: batching is the mixture's. Every
 sample carries ``__source__`` (the source's name) and ``__pad__``.
+
+``repeat={"a": 2}``: source ``a`` may be read twice (each pass a new shuffle) before it counts
+as run out (``0.5``: half of one pass); the stopping rules above count in these budgets. A
+``.shuffle(n)`` put first on the mixture itself (``mix(...).shuffle(n).batched(B)``) shuffles
+each source that has no shuffle of its own, with the same buffer (rebuilt from positions on
+resume, as a source's own).
 """
 
 from __future__ import annotations
@@ -135,6 +141,7 @@ class MixedDataset(DataPipeline):
         seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
+        repeat: Mapping[str, float] | None = None,
     ):
         # ignore: no source of its own (each epoch's _MixProgram reads the sources)
         super().__init__(None, seed=seed)  # type: ignore[arg-type]
@@ -159,6 +166,13 @@ class MixedDataset(DataPipeline):
                 )
             if any(st.fn is _stages.shuffle for st in src._stages[1:]):
                 raise ValueError(f"source {name!r}: put .shuffle(n) before its other stages")
+        repeat = dict(repeat) if repeat is not None else {}
+        if set(repeat) - set(self.names):
+            raise ValueError(f"repeat names {sorted(set(repeat) - set(self.names))}, not sources")
+        if any(not float(r) > 0 for r in repeat.values()):
+            raise ValueError("repeat counts must be positive")
+        #: passes of each source that count before it runs out (1: one pass)
+        self.repeats = tuple(float(repeat.get(n, 1)) for n in self.names)
         self.stop = stop
         self.rank = rank
         self.world_size = world_size
@@ -173,6 +187,13 @@ class MixedDataset(DataPipeline):
         if stages and stages[0].fn is _stages.shuffle:
             args = _bind(stages[0])
             bufsize, initial, rest = int(args["bufsize"]), args["initial"], stages[1:]
+        elif self._stages and self._stages[0].fn is _stages.shuffle:  # the mixture's: each source's
+            args = _bind(self._stages[0])
+            if args.get("rng") is not None or args.get("seed") is not None:
+                raise ValueError(
+                    "the mixture's shuffle is seeded from the plan: leave out rng=/seed="
+                )
+            bufsize, initial = int(args["bufsize"]), args["initial"]
         seed = reader_rng(self.seed, 0, i).randrange(1 << 62)
         cfg = PlanConfig(
             seed=seed,
@@ -191,7 +212,10 @@ class MixedDataset(DataPipeline):
         if not at:
             raise ValueError("batch the mixture: mix(...).batched(B) (loader batch_size=None)")
         bi = at[0]
-        return int(_bind(stages[bi])["batchsize"]), stages[:bi], stages[bi], stages[bi + 1 :]
+        pre = stages[:bi]
+        if pre and pre[0].fn is _stages.shuffle:  # each source's shuffle (_source_config)
+            pre = pre[1:]
+        return int(_bind(stages[bi])["batchsize"]), pre, stages[bi], stages[bi + 1 :]
 
     def _plan_identity(self) -> dict:
         B = self._mix_parts()[0]
@@ -218,6 +242,7 @@ class MixedDataset(DataPipeline):
             "initial": None,
             "sources": parts,
             "weights": list(self.weights),
+            **({"repeat": list(self.repeats)} if any(r != 1 for r in self.repeats) else {}),
         }
 
     def _fingerprint_aliases(self) -> dict:
@@ -231,6 +256,12 @@ class MixedDataset(DataPipeline):
 
     def worker_info(self) -> WorkerInfo:
         return _explicit_rank(super().worker_info(), self.rank, self.world_size)
+
+    def __len__(self):
+        """``with_length(n)`` when set; else the batches this rank yields an epoch."""
+        if self._length is not None:
+            return self._length
+        return self.steps_per_epoch()
 
     def _source_repr(self) -> str:
         parts = ", ".join(f"{n}: {w:g}" for n, w in zip(self.names, self.weights))
@@ -292,7 +323,11 @@ class _MixProgram(PlannedProgram):
         )
         if min(lengths) == 0:
             raise ValueError("a source has fewer samples than readers")
-        self.quotas = batch_quotas(ds.weights, self.B, lengths, ds.stop)
+        # what each source gives before it counts as run out (repeat=: passes of it)
+        budgets = tuple(
+            int(n * Fraction(r).limit_denominator(1 << 20)) for n, r in zip(lengths, ds.repeats)
+        )
+        self.quotas = batch_quotas(ds.weights, self.B, budgets, ds.stop)
         self.readers = ds._plan_config["readers"]
         q = len(self.quotas)
         if q == 0:
@@ -352,8 +387,16 @@ def mix(
     seed: int = 0,
     rank: int | None = None,
     world_size: int | None = None,
+    repeat: Mapping[str, float] | None = None,
 ) -> MixedDataset:
     """Mix planned sources with exact per-epoch quotas (see the module's documentation)."""
     return MixedDataset(
-        sources, weights, readers=readers, stop=stop, seed=seed, rank=rank, world_size=world_size
+        sources,
+        weights,
+        readers=readers,
+        stop=stop,
+        seed=seed,
+        rank=rank,
+        world_size=world_size,
+        repeat=repeat,
     )
