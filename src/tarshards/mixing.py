@@ -257,6 +257,14 @@ class MixedDataset(DataPipeline):
     def worker_info(self) -> WorkerInfo:
         return _explicit_rank(super().worker_info(), self.rank, self.world_size)
 
+    def source_counts(self, epoch: int | None = None) -> dict[str, int]:
+        """The samples each source gives in ``epoch`` (default: the next), all ranks and
+        readers together."""
+        prog = self._epoch_program(self._next_epoch() if epoch is None else int(epoch))
+        return {
+            name: prog.readers * sum(q[i] for q in prog.quotas) for i, name in enumerate(self.names)
+        }
+
     def __len__(self):
         """``with_length(n)`` when set; else the batches this rank yields an epoch."""
         if self._length is not None:

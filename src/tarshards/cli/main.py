@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str | None, str]] = {
     "index": (None, "tarshards.cli.index:index_cmd"),
     "browse": (None, "tarshards.cli.browse:browse_cmd"),
     "convert": (None, "tarshards.cli.convert:convert_cmd"),
+    "info": (None, "tarshards.cli.info:info_cmd"),
 }
 
 

@@ -231,7 +231,7 @@ def _parse_blend(obj: dict, path: str, base: str, prefix: str) -> Blend:
             dup = [e.where for e in entries if e.name == name]
             raise ShardSpecError(
                 f"{path}: two sources are named {name!r} ({', '.join(dup)}): give each a "
-                "unique name:"
+                "unique name"
             )
     weighted = [e.weight is not None for e in entries]
     if any(weighted) and not all(weighted):
@@ -479,8 +479,10 @@ class _Resolver:
         out: list[BlendSource] = []
         for w, (_, leaves, _) in zip(weights, parts):
             out.extend(_replace(leaf, share=leaf.share * w / total) for leaf in leaves)
-        size = min((Fraction(leaf.budget) / leaf.share for leaf in out if leaf.share), default=0)
-        return out, Fraction(size)
+        epoch = min(
+            (Fraction(leaf.budget) / leaf.share for leaf in out if leaf.share), default=Fraction(0)
+        )
+        return out, epoch
 
     def leaf(
         self, entry: SourceEntry, subset: tuple[Fraction, Fraction] | None, prefix: str
