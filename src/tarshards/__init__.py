@@ -43,6 +43,7 @@ __all__ = sorted(
         "Codec",
         "CommandError",
         "DataPipeline",
+        "DatasetSpec",
         "DecodeError",
         "DuplicateFieldError",
         "DuplicateKeyError",
@@ -102,6 +103,7 @@ __all__ = sorted(
         "parse_size",
         "random_resized_crop",
         "read_media",
+        "read_spec",
         "register_codec",
         "rename",
         "reraise_exception",
@@ -128,6 +130,7 @@ _MODULE_OF = {
     "codecs": ["Codec", "decode_value", "encode_value", "register_codec"],
     "crop": ["RandomResizedCrop", "random_resized_crop"],
     "curate": ["KeyIndex", "add_meta"],
+    "curate.spec": ["DatasetSpec", "read_spec"],  # dataset spec files (YAML blends)
     "errors": [
         "CommandError",
         "DecodeError",

@@ -14,20 +14,19 @@ import warnings
 
 import pytest
 
-pytest.importorskip("yaml")
-
-import tarshards  # noqa: E402
-from tarshards import ShardWriter  # noqa: E402
-from tarshards.curate.spec import read_spec, resolve_blend, spec_info  # noqa: E402
-from tarshards.errors import ShardSpecError  # noqa: E402
-from tarshards.pipeline import WebDataset  # noqa: E402
-from tarshards.testing import check_resume  # noqa: E402
+import tarshards
+from tarshards import ShardWriter
+from tarshards.curate.spec import read_spec, resolve_blend, spec_info
+from tarshards.errors import MissingDependencyError, ShardSpecError
+from tarshards.pipeline import WebDataset
+from tarshards.testing import check_resume
 
 SIZES = {"web": 60, "books": 40, "code": 20}  # samples; shards of 10
 
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
+    pytest.importorskip("yaml", reason="dataset spec files need PyYAML (tarshards[yaml])")
     d = tmp_path_factory.mktemp("blend")
     for name, n in SIZES.items():
         (d / name).mkdir()
@@ -57,6 +56,14 @@ def sources_of(batches):
 def run(spec, readers=2, batch=4, **kw):
     ds = WebDataset(spec, readers=readers, **kw).to_tuple("__key__", "__source__").batched(batch)
     return list(ds)
+
+
+def test_without_pyyaml_a_spec_says_what_to_install(tmp_path, monkeypatch):
+    path = tmp_path / "train.yaml"
+    path.write_text("sources: [web/manifest.json]")
+    monkeypatch.setitem(sys.modules, "yaml", None)  # (import yaml raises ImportError)
+    with pytest.raises(MissingDependencyError, match=r"pip install 'tarshards\[yaml\]'"):
+        WebDataset(str(path), readers=2)
 
 
 # ---- parsing ------------------------------------------------------------------------------------
