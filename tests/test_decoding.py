@@ -1,4 +1,4 @@
-"""The fused decode + to_tuple stage's row function (decoding._decode_tuple): the common case
+"""The fused decode + to_tuple stage's row function (decoding.decode_tuple): the common case
 taken in one small call per sample, and every sample it does not fit handed to the plan's loop,
 so the values and errors are those of decode then to_tuple."""
 
@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tarshards import stages
-from tarshards.decoding import _decode_tuple
+from tarshards.decoding import decode_tuple
 from tarshards.errors import DecodeError, MissingFieldError
 
 
@@ -20,7 +20,7 @@ def sample(i, **fields):
 
 
 def both(samples, fields, *handlers, **kw):
-    fused = list(_decode_tuple(list(samples), fields, *handlers, **kw))
+    fused = list(decode_tuple(list(samples), fields, *handlers, **kw))
     plain = list(stages.to_tuple(stages.decode(list(samples), *handlers), *fields, **kw))
     assert fused == plain
     return fused
@@ -67,14 +67,14 @@ def test_alternatives_take_the_first_present_field():
     ]
     assert both(samples, ("txt;text", "cls")) == [("a", 0), ("b", 1), ("c", 2), ("d", 3)]
     with pytest.raises(MissingFieldError, match="k1"):
-        list(_decode_tuple(samples, ("txt", "cls")))
+        list(decode_tuple(samples, ("txt", "cls")))
 
 
 def test_decoded_values_and_partial():
     samples = [sample(0), sample(1, cls=1), sample(2)]
     with pytest.raises(DecodeError, match="already decoded"):
-        list(_decode_tuple(samples, ("cls", "json")))
-    assert list(_decode_tuple(samples, ("cls", "json"), partial=True)) == [
+        list(decode_tuple(samples, ("cls", "json")))
+    assert list(decode_tuple(samples, ("cls", "json"), partial=True)) == [
         (i, {"i": i}) for i in range(3)
     ]
 
@@ -84,13 +84,13 @@ def test_an_error_names_the_field_that_failed(bad):
     samples = [sample(i) for i in range(4)]
     samples[2][bad] = b"not valid"
     with pytest.raises(DecodeError) as fused:
-        list(_decode_tuple(samples, ("cls", "json")))
+        list(decode_tuple(samples, ("cls", "json")))
     with pytest.raises(DecodeError) as plain:
         list(stages.to_tuple(stages.decode(samples), "cls", "json"))
     assert str(fused.value) == str(plain.value)
     assert f"k2.{bad}" in str(fused.value) and "shard-3.tar" in str(fused.value)
     with pytest.warns(Warning):
-        got = list(_decode_tuple(samples, ("cls", "json"), on_error="warn"))
+        got = list(decode_tuple(samples, ("cls", "json"), on_error="warn"))
     assert got == [(i, {"i": i}) for i in (0, 1, 3)]
 
 

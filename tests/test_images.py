@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from tarshards import images
-from tarshards.decoding import _decode_tuple
+from tarshards.decoding import decode_tuple
 from tarshards.errors import DecodeError
 
 _jpeg = pytest.importorskip("tarshards._jpeg", reason="the C JPEG decoder was not built")
@@ -241,7 +241,7 @@ def test_a_broken_jpeg_fails_as_before_naming_shard_and_member(mode, monkeypatch
 
     def run():
         with pytest.raises(DecodeError) as info:
-            list(_decode_tuple(samples, ("jpg", "cls"), mode))
+            list(decode_tuple(samples, ("jpg", "cls"), mode))
         return str(info.value)
 
     msg = run()

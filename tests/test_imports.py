@@ -43,8 +43,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tario.reader",),  # the streaming member reader
     ("tario",),  # the package: re-exports its modules' names
     ("storage",),  # opening URLs (at an offset), retries, atomic output, cache, prefetch, seeks
-    ("specs", "urls", "cache", "seek"),  # shard specs (list files and globs read through storage);
-    # the old import paths of storage's names (shims: nothing in tarshards imports them)
+    ("specs",),  # shard specs (list files and globs read through storage)
     ("parallel.pool", "parallel.reports", "parallel.engines"),  # where shard jobs run
     ("writer", "manifest", "index"),  # writing; the dataset's record and index
     ("media.video", "media.audio", "media.access", "media.metadata"),  # clips, byte ranges
@@ -56,6 +55,7 @@ LAYERS: list[tuple[str, ...]] = [
         "reading",
     ),  # shard lists, the epoch plan and its cursor; shard reading
     ("stages", "planned", "stateful"),  # stages; the planned iteration; stages with a state
+    ("fusion",),  # the stage record and the one rewrite of a stage list (fusion)
     ("composition",),  # DataPipeline: a source and stages, the fluent methods
     ("pipeline",),  # WebDataset (and the names of the modules above, re-exported)
     ("mixing", "indexed", "testing", "media.collate"),  # mixtures, random access, the resume check
@@ -190,33 +190,15 @@ def test_known_upward_edges_still_exist():
     assert not gone, f"remove from KNOWN_UPWARD in tests/test_imports.py: {', '.join(gone)}"
 
 
-# Modules kept only so that old import paths keep working (tarshards.urls -> tarshards.storage and
-# tarshards.specs, tarshards.cache -> tarshards.storage.cache, tarshards.seek -> ...storage.seek):
-# tarshards' own modules import the real ones.
-SHIMS = {"tarshards.urls", "tarshards.cache", "tarshards.seek"}
+def test_the_old_import_paths_are_gone():
+    """``tarshards.urls``, ``tarshards.cache`` and ``tarshards.seek`` (import paths of the
+    unreleased 0.1.0) are gone: their names live in ``tarshards.storage`` and
+    ``tarshards.specs``."""
+    import importlib
 
-
-def test_nothing_imports_the_old_import_paths():
-    users = [
-        f"{path.relative_to(SRC.parent)}:{line}: {target}"
-        for path in _modules()
-        if _module_name(path) not in SHIMS
-        for target, line, _ in _edges(path)
-        if target in SHIMS
-    ]
-    assert not users, "import tarshards.storage / tarshards.specs instead:\n" + "\n".join(users)
-
-
-def test_the_old_import_paths_still_work():
-    import tarshards.cache
-    import tarshards.seek
-    import tarshards.storage
-    import tarshards.urls
-
-    assert tarshards.cache.ShardCache is tarshards.storage.ShardCache
-    assert tarshards.seek.read_sample_at is tarshards.storage.read_sample_at
-    assert tarshards.urls.open_url is tarshards.storage.open_url
-    assert tarshards.urls.expand_urls is tarshards.expand_urls
+    for old in ("tarshards.urls", "tarshards.cache", "tarshards.seek"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
 
 
 # ---- the checker itself: it sees the kinds of edges it claims to see --------------------------

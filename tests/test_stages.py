@@ -266,14 +266,14 @@ def _same(a, b):
     ],
 )
 @pytest.mark.parametrize("mode", ["rgb8", "l8", None])
-def test_fused_decode_tuple_is_decode_then_to_tuple(fields, kw, mode):
+def test_fuseddecode_tuple_is_decode_then_to_tuple(fields, kw, mode):
     handlers = (mode,) if mode else ()
     want = list(stages.to_tuple(stages.decode(_mixed_samples(), *handlers), *fields, **kw))
-    got = list(decoding._decode_tuple(_mixed_samples(), fields, *handlers, **kw))
+    got = list(decoding.decode_tuple(_mixed_samples(), fields, *handlers, **kw))
     _same(got, want)
 
 
-def test_fused_decode_tuple_errors_as_the_two_stages():
+def test_fuseddecode_tuple_errors_as_the_two_stages():
     samples = _mixed_samples()
     samples[2]["cls"] = b"not a number"
     del samples[5]["cls"]
@@ -281,7 +281,7 @@ def test_fused_decode_tuple_errors_as_the_two_stages():
 
         def run(fused, policy=policy):
             if fused:
-                return list(decoding._decode_tuple(samples, ("cls", "json"), on_error=policy))
+                return list(decoding.decode_tuple(samples, ("cls", "json"), on_error=policy))
             return list(
                 stages.to_tuple(
                     stages.decode(samples, on_error=policy), "cls", "json", on_error=policy
@@ -303,16 +303,16 @@ def test_fused_decode_tuple_errors_as_the_two_stages():
     from tarshards.errors import MissingFieldError
 
     with pytest.raises(MissingFieldError, match="k5"):
-        list(decoding._decode_tuple(samples, ("cls",)))
+        list(decoding.decode_tuple(samples, ("cls",)))
     # already decoded fields: an error unless partial=True, as decode says
     samples = _mixed_samples()
     samples[1]["cls"] = 1
     with pytest.raises(DecodeError, match="already decoded"):
-        list(decoding._decode_tuple(samples, ("cls",)))
-    assert [c for (c,) in decoding._decode_tuple(samples, ("cls",), partial=True)] == list(range(8))
+        list(decoding.decode_tuple(samples, ("cls",)))
+    assert [c for (c,) in decoding.decode_tuple(samples, ("cls",), partial=True)] == list(range(8))
 
 
-def test_fused_decode_tuple_runs_handlers_with_the_same_generators():
+def test_fuseddecode_tuple_runs_handlers_with_the_same_generators():
     seen = {}
 
     def draw(key, data, rng):
@@ -323,7 +323,7 @@ def test_fused_decode_tuple_runs_handlers_with_the_same_generators():
     def run(fused):
         handlers = (draw, "rgb8")
         if fused:
-            it = decoding._decode_tuple(
+            it = decoding.decode_tuple(
                 _mixed_samples(), ("cls", "json"), *handlers, rng=random.Random(5)
             )
         else:

@@ -190,7 +190,6 @@ _LAZY_MODULES = {name: module for module, names in _MODULE_OF.items() for name i
 _SUBMODULES = frozenset(
     [
         "benchmark",
-        "cache",
         "codecs",
         "compat",
         "composition",
@@ -201,6 +200,7 @@ _SUBMODULES = frozenset(
         "decoding",
         "errors",
         "format",
+        "fusion",
         "hashing",
         "images",
         "index",
@@ -214,7 +214,6 @@ _SUBMODULES = frozenset(
         "plan",
         "planned",
         "reading",
-        "seek",
         "shards",
         "source",
         "specs",
@@ -227,7 +226,6 @@ _SUBMODULES = frozenset(
         "testing",
         "transport",
         "types",
-        "urls",
         "web",
         "writer",
     ]

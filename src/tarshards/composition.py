@@ -14,15 +14,14 @@ with what it discovered at the top.
 from __future__ import annotations
 
 import copy
-import functools
 import inspect
 import itertools
 import operator
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-from . import decoding as _decoding
 from . import stages as _stages
 from .errors import ResumeError
+from .fusion import DEFAULT, PLACE, Stage, params, rewrite, short_repr, wanted
 from .on_error import OnError, error_policy
 from .plan import STATE_FORMAT, Schedule, check_state
 from .planned import _PlannedIterator
@@ -31,60 +30,12 @@ from .types import WorkerInfo
 
 __all__ = ["DataPipeline"]
 
-_DEFAULT: Any = object()
-# what a stage or a splitter may ask for by naming a parameter so: the reader's place
-_PLACE = ("rank", "world_size", "worker", "num_workers", "worker_info")
-
-
-class _Stage:
-    __slots__ = (
-        "args",
-        "fn",
-        "kwargs",
-        "label",
-        "wants_handler",
-        "wants_place",
-        "wants_policy",
-        "wants_rng",
-    )
-
-    def __init__(self, fn, args, kwargs, label=None):
-        self.fn = fn
-        self.args = args
-        self.kwargs = kwargs
-        params = _params(fn)
-        self.wants_rng = "rng" in params and "rng" not in kwargs and "seed" not in kwargs
-        given = "on_error" in kwargs or "handler" in kwargs
-        # the pipeline's error policy: as on_error= to stages that take it, as handler= to those
-        # that take only webdataset's handler= (tarshards.compat's filters, user stages)
-        self.wants_policy = "on_error" in params and not given
-        self.wants_handler = "handler" in params and "on_error" not in params and not given
-        self.wants_place = _wanted(fn, _PLACE, kwargs)
-        self.label = label or getattr(fn, "__name__", repr(fn))
-
-    def __repr__(self):
-        parts = [_short(a) for a in self.args]
-        parts += [f"{k}={_short(v)}" for k, v in self.kwargs.items()]
-        return f"{self.label}({', '.join(parts)})"
-
-
-@functools.cache
-def _params(fn) -> frozenset:
-    try:
-        return frozenset(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return frozenset()
-
-
-def _wanted(fn, names, given=()) -> tuple:
-    """Those of ``names`` that ``fn`` takes as parameters and that are not given already (as
-    keywords, or bound by a ``functools.partial``)."""
-    try:
-        params = _params(fn)
-    except TypeError:  # an unhashable callable: not cached
-        params = _params.__wrapped__(fn)
-    bound = fn.keywords if isinstance(fn, functools.partial) else {}
-    return tuple(n for n in names if n in params and n not in given and n not in bound)
+# the stage record and its helpers live in .fusion; these names are what pipeline.py and
+# mixing.py import from here
+_DEFAULT = DEFAULT
+_PLACE = PLACE
+_Stage = Stage
+_wanted = wanted
 
 
 def _place(info: WorkerInfo) -> dict:
@@ -95,35 +46,6 @@ def _place(info: WorkerInfo) -> dict:
         "num_workers": info.num_workers,
         "worker_info": info,
     }
-
-
-def _collates_by_default(st: _Stage) -> bool:
-    if st.fn is not _stages.batched:
-        return False
-    fn = st.kwargs.get("collation_fn", st.args[1] if len(st.args) > 1 else _DEFAULT)
-    return fn is _DEFAULT or fn is _stages.default_collation_fn
-
-
-def _with_allocation(st: _Stage, allocate, rows=None) -> _Stage:
-    """``st`` (a ``batched()`` with the default collation) stacking into ``allocate``'s memory
-    (taking the columns that ``rows``, a :class:`~tarshards.decoding.BatchRows`, decoded there)."""
-    kwargs = dict(st.kwargs)
-    kwargs["collation_fn"] = functools.partial(
-        _stages.default_collation_fn, allocate=allocate, rows=rows
-    )
-    return _Stage(st.fn, st.args[:1], kwargs, label=st.label)
-
-
-def _batch_size(st: _Stage) -> int | None:
-    size = st.args[0] if st.args else st.kwargs.get("batchsize")
-    return size if isinstance(size, int) and size > 0 else None
-
-
-def _short(v) -> str:
-    if callable(v) and hasattr(v, "__name__"):
-        return v.__name__
-    r = repr(v)
-    return r if len(r) <= 40 else r[:37] + "..."
 
 
 _DP = TypeVar("_DP", bound="DataPipeline")
@@ -152,7 +74,7 @@ class DataPipeline:
         handler: Callable | None = None,
     ):
         self._source = source
-        self._stages: list[_Stage] = []
+        self._stages: list[Stage] = []
         self.seed = seed
         self.on_error = error_policy(on_error, handler)
         self.epoch: int | None = None  # None: counted automatically
@@ -180,7 +102,7 @@ class DataPipeline:
     def _append(self, stage: Callable, *args, **kwargs) -> None:
         if not callable(stage):
             raise TypeError(f"a stage is a generator function, not {stage!r}")
-        self._stages.append(_Stage(stage, args, kwargs))
+        self._stages.append(Stage(stage, args, kwargs))
 
     def with_epoch(
         self, nsamples: int | None = None, nbatches: int | None = None
@@ -303,53 +225,25 @@ class DataPipeline:
             from .stats import timed_source
 
             data = timed_source(data, ctx["stats"])
-        stages = self._stages
-        allocate = ctx.get("allocate")
-        if allocate is not None and stages and _collates_by_default(stages[-1]):
-            # the batches are this pipeline's items (nothing after batched() keeps them): the
-            # loader's transport gives the memory that each batch's columns are stacked into;
-            # right after .decode(...).to_tuple(...), the images are decoded into it
-            rows = None
-            size = _batch_size(stages[-1])
-            if (
-                len(stages) >= 3
-                and stages[-3].fn is _stages.decode
-                and stages[-2].fn is _stages.to_tuple
-                and size is not None
-            ):
-                rows = _decoding.BatchRows(allocate, size)
-                ctx = dict(ctx, batch_rows=(len(stages) - 3, rows))
-            stages = [*stages[:-1], _with_allocation(stages[-1], allocate, rows)]
-        data = self._run_stages(data, stages, ctx, ("stage",))
-        return iter(data)
+        # the batches are this pipeline's items (nothing after its last stage keeps them): a
+        # loader's transport (ctx["allocate"]) gives the memory they are stacked into
+        calls = rewrite(self._stages, allocate=ctx.get("allocate"))
+        return iter(self.run_calls(data, calls, ctx, ("stage",)))
 
-    def _run_stages(self, data, stages, ctx: dict, rng_tag: tuple, first: int = 0):
-        """Apply ``stages`` (numbered from ``first``) to ``data``; stages that take an ``rng``
-        get one seeded from ``rng_tag``, the stage's number, seed, epoch, rank and worker."""
-        fused = None
-        for n, st in enumerate(stages):
-            i = first + n
-            if n == fused:
-                continue  # the to_tuple of a fused decode
-            kwargs = st.kwargs
-            fn, args = st.fn, st.args
-            if (
-                fn is _stages.decode
-                and n + 1 < len(stages)
-                and stages[n + 1].fn is _stages.to_tuple
-            ):
-                tup = stages[n + 1]
-                if st.wants_policy and tup.wants_policy and set(tup.kwargs) <= {"missing_is_error"}:
-                    # decode and to_tuple in one pass (decoding._decode_tuple): same values
-                    fused = n + 1
-                    fn, args = _decoding._decode_tuple, (tup.args, *st.args)
-                    kwargs = dict(kwargs, **tup.kwargs)
-                    batch_rows = ctx.get("batch_rows")
-                    if batch_rows is not None and batch_rows[0] == i:  # images into the batch
-                        kwargs["rows"] = batch_rows[1]
-                elif "only" not in kwargs:
-                    # to_tuple keeps only the fields it names: decoding the others is wasted work
-                    kwargs = dict(kwargs, only=_tuple_fields(tup.args))
+    def run_stages(self, data, stage_list, ctx: dict, rng_tag: tuple, first: int = 0):
+        """Apply ``stage_list`` (numbered from ``first``, rewritten by
+        :func:`tarshards.fusion.rewrite`) to ``data`` in the iteration ``ctx``: stages that take
+        an ``rng`` get one seeded from ``rng_tag``, the stage's number, seed, epoch, rank and
+        worker; those that take the error policy or the place get this pipeline's."""
+        return self.run_calls(data, rewrite(stage_list, first=first), ctx, rng_tag)
+
+    _run_stages = run_stages  # the name planned.py and mixing.py call (to go: issue 36)
+
+    def run_calls(self, data, calls, ctx: dict, rng_tag: tuple):
+        """Apply rewritten stages (:class:`tarshards.fusion.Call`) to ``data`` (see
+        :meth:`run_stages`)."""
+        for call in calls:
+            st, kwargs = call.stage, call.kwargs
             if st.wants_rng or st.wants_policy or st.wants_handler or st.wants_place:
                 kwargs = dict(kwargs)
                 for name in st.wants_place:
@@ -357,17 +251,23 @@ class DataPipeline:
                 if st.wants_rng:
                     again = (ctx["again"],) if ctx.get("again") else ()
                     kwargs["rng"] = make_rng(
-                        *rng_tag, i, ctx["seed"], ctx["epoch"], ctx["rank"], ctx["worker"], *again
+                        *rng_tag,
+                        call.number,
+                        ctx["seed"],
+                        ctx["epoch"],
+                        ctx["rank"],
+                        ctx["worker"],
+                        *again,
                     )
-                    if "sample_seed" in _params(fn) and "sample_seed" not in kwargs:
+                    if "sample_seed" in params(call.fn) and "sample_seed" not in kwargs:
                         # what a sample's own draws come from: not the place that reads it
                         kwargs["sample_seed"] = ("sample", ctx["seed"], ctx["epoch"], *again)
                 if st.wants_policy:
                     kwargs["on_error"] = self.on_error
                 if st.wants_handler:
                     kwargs["handler"] = self.on_error
-            data = fn(data, *args, **kwargs)
-            if st.fn is _stages.decode and ctx.get("stats") is not None:
+            data = call.fn(data, *call.args, **kwargs)
+            if call.decodes and ctx.get("stats") is not None:
                 from .stats import timed_stage
 
                 data = timed_stage(data, ctx["stats"])  # the time in decoding
@@ -516,7 +416,7 @@ class DataPipeline:
         return " | ".join([self._source_repr()] + [repr(s) for s in self._stages])
 
     def _source_repr(self) -> str:
-        return f"{type(self).__name__}({_short(self._source)})"
+        return f"{type(self).__name__}({short_repr(self._source)})"
 
 
 class _LiveStream:
@@ -572,13 +472,6 @@ class _LiveStream:
 
 _FIRST = operator.itemgetter(0)
 _MISSING = object()
-
-
-def _tuple_fields(args) -> list[str]:
-    """Every field a ``to_tuple(*args)`` stage may pick (alternatives included)."""
-    if len(args) == 1 and isinstance(args[0], str) and " " in args[0]:
-        args = args[0].split()
-    return [f for spec in args for f in spec.split(";")]
 
 
 # parameters the pipeline fills in (a seeded rng; its error policy): not shown on fluent methods

@@ -45,7 +45,7 @@ _BYTES_LIKE = (bytes, bytearray, memoryview)
 
 
 def _decoders(handlers, only, size, allow_unsafe: bool, rng, sample_seed=None):
-    """What :func:`decode` and :func:`_decode_tuple` work with: ``(custom, seeded, base, only,
+    """What :func:`decode` and :func:`decode_tuple` work with: ``(custom, seeded, base, only,
     cache, lookup)``, the custom handlers, which of them take a generator, the seed of the
     per-sample generators, the extensions to decode, and a cache of field decoders filled by
     ``lookup(ext)``."""
@@ -289,7 +289,7 @@ def decode(
         yield out
 
 
-def _decode_tuple(
+def decode_tuple(
     samples: Iterable[dict],
     fields: tuple,
     *handlers,
