@@ -419,6 +419,15 @@ def test_tarshards_info(root):
     assert lines[0].startswith("info.yaml: 2 source(s), 80 samples")
     assert lines[2].split()[:4] == ["web", "manifest", "6", "60"]
     assert "0%-50%" in lines[3] and "25.0%" in lines[3]
+    # the exact epoch of a plan: what WebDataset(SPEC, readers=V).batched(B) reads
+    p = _cli(["info.yaml", "--json", "--readers", "3", "--batch-size", "4"], root)
+    exact = json.loads(p.stdout)
+    batches = run(str(root / "info.yaml"), readers=3, batch=4)
+    assert exact["batches"] == len(batches)
+    got = collections.Counter(sources_of(batches))
+    assert {s["name"]: s["epoch_samples"] for s in exact["sources"]} == got
+    p = _cli(["info.yaml", "--readers", "3"], root)
+    assert p.returncode == 2 and "--readers and --batch-size go together" in p.stderr
     # a manifest, a shard spec: one source
     p = _cli(["web/manifest.json", "--json"], root)
     assert json.loads(p.stdout)["sources"][0]["samples"] == 60

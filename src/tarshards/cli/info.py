@@ -77,10 +77,16 @@ def format_info(info: dict) -> str:
                 c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))
             ).rstrip()
         )
-    lines.append(
-        f"an epoch: {info['epoch_samples']} samples (with one reader; readers=V and "
-        ".batched(B) round each source to whole batches)"
-    )
+    if "batches" in info:
+        lines.append(
+            f"an epoch: {info['epoch_samples']} samples, {info['batches']} batches of "
+            f"{info['batch_size']} over {info['readers']} readers"
+        )
+    else:
+        lines.append(
+            f"an epoch: {info['epoch_samples']} samples (with one reader; readers=V and "
+            ".batched(B) round each source to whole batches)"
+        )
     return "\n".join(lines)
 
 
@@ -96,17 +102,39 @@ def format_info(info: dict) -> str:
 )
 @click.argument("inputs", nargs=-1, required=True, metavar="SPEC")
 @click.option("--split", default=None, metavar="NAME", help="The split of a spec with splits.")
+@click.option(
+    "--readers",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="V",
+    help="With --batch-size: the exact epoch of WebDataset(SPEC, readers=V).batched(B).",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="B",
+    help="With --readers: the batch size of that epoch.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
 @handle_errors
-def info_cmd(inputs: tuple[str, ...], split: str | None, as_json: bool) -> None:
+def info_cmd(
+    inputs: tuple[str, ...],
+    split: str | None,
+    readers: int | None,
+    batch_size: int | None,
+    as_json: bool,
+) -> None:
     """Show what a dataset spec (.yaml), a manifest, a view or a shard spec holds: its sources,
     their samples and bytes, subsets, weights, repeats, and the share of every batch and the
     samples of an epoch each source gets."""
     from ..curate.spec import spec_info
 
     source: str | list[str] = inputs[0] if len(inputs) == 1 else list(inputs)
+    if (readers is None) != (batch_size is None):
+        raise click.UsageError("--readers and --batch-size go together")
     try:
-        info = spec_info(source, split=split)
+        info = spec_info(source, split=split, readers=readers, batch_size=batch_size)
     except (ValueError, FileNotFoundError) as exn:
         raise DataError(str(exn)) from None
     if as_json:

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Iterable, Mapping
 
+from .. import stages as _stages
 from ..errors import MissingDependencyError, ShardSpecError
 from ..mixing import STOPS, MixedDataset
 from ..pipeline import WebDataset
@@ -730,19 +731,34 @@ def spec_info(
     source,
     *,
     split: str | None = None,
+    readers: int | None = None,
+    batch_size: int | None = None,
     storage_options: dict | None = None,
 ) -> dict:
     """What ``source`` holds, as a dict (``tarshards info --json``): for a dataset spec its
     sources (kind, data, samples, subset, selected samples and bytes, weight, repeat, share of
     every batch, samples an epoch) and totals; a manifest, a view or a shard spec is one
-    source."""
+    source.
+
+    The samples an epoch are those of one reader taking one sample at a time; with ``readers``
+    and ``batch_size`` they are the exact counts of ``WebDataset(SPEC,
+    readers=readers).batched(batch_size)``'s first epoch (each source's quota of whole batches
+    on every reader), and ``"batches"`` says how many global batches that epoch has."""
+    if (readers is None) != (batch_size is None):
+        raise ValueError("give readers and batch_size together (the exact epoch of a plan)")
     if is_dataset_spec(source):
         spec = read_spec(source, storage_options=storage_options)
         if split is None and None not in spec.blends:
             return {
                 "spec": spec.path,
                 "splits": {
-                    name: spec_info(source, split=name, storage_options=storage_options)
+                    name: spec_info(
+                        source,
+                        split=name,
+                        readers=readers,
+                        batch_size=batch_size,
+                        storage_options=storage_options,
+                    )
                     for name in spec.splits
                 },
             }
@@ -763,6 +779,18 @@ def spec_info(
         leaves = [_Resolver(make, storage_options).leaf(entry, None, "")]
         stop, what = "first", str(data)
     epoch = _epoch_counts(leaves, stop)
+    batches = None
+    if readers is not None and batch_size is not None:
+        mixed = MixedDataset(
+            {leaf.name: leaf.dataset for leaf in leaves},
+            {leaf.name: float(leaf.share) for leaf in leaves},
+            readers=readers,
+            stop=stop,
+            repeat={leaf.name: float(leaf.repeat) for leaf in leaves},
+        ).compose(_stages.batched, batch_size)
+        counts = mixed.source_counts(epoch=0)
+        epoch = [counts[leaf.name] for leaf in leaves]
+        batches = mixed.steps_per_epoch(epoch=0, world_size=1)
     rows = []
     for leaf, n in zip(leaves, epoch):
         rows.append(
@@ -792,4 +820,9 @@ def spec_info(
         "samples": sum(r["selected"] for r in rows),
         "bytes": None if None in known else sum(known),
         "epoch_samples": sum(epoch),
+        **(
+            {}
+            if batches is None
+            else {"readers": readers, "batch_size": batch_size, "batches": batches}
+        ),
     }
