@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import warnings
@@ -309,6 +310,12 @@ def test_a_spec_of_one_source_is_that_source(root):
     plain = WebDataset(str(root / "web/manifest.json"), readers=3).to_tuple("__key__").batched(4)
     assert sorted(keys_of(batches)) == sorted(k for b in plain for k in b[0])
     assert set(sources_of(batches)) == {"web"}
+    # a list of shards (no manifest: scanned), from a pathlib.Path
+    lst = write(
+        root, "list.yaml", "sources: [{name: c, data: [code/code-0000.tar, code/code-0001.tar]}]"
+    )
+    keys = keys_of(run(pathlib.Path(lst), readers=2, batch=5))
+    assert sorted(keys) == [f"code{i:04d}" for i in range(20)]
 
 
 def test_a_shuffle_on_the_spec_shuffles_each_source_and_resumes(root):

@@ -34,6 +34,11 @@ or with named splits, each a blend of its own::
   ``0.5``: half a pass); on a nested spec it multiplies its sources' repeats.
 - ``split``: the split of a nested spec to read (default: the split being read).
 
+A source may be written as its ``data`` alone (``- web/manifest.json``), and a split as the list
+of its sources (``val: [web/manifest.json]``). ``WebDataset``'s other options (``shuffle=``,
+``shardshuffle=``, ``decoder=``, read and safety options) go to every source, and a
+``.shuffle(n)`` put first on the mixture shuffles each source with its own buffer.
+
 ``stop`` says when the epoch ends (see :mod:`tarshards.mixing`): ``first``, once a source
 would go past its budget (samples after subset, times repeat); ``all``, once every source has
 given its budget (those done start over); ``cycle``, after as many samples as the budgets
@@ -58,10 +63,12 @@ from ..specs import DATASET_SPEC_OPENERS, DATASET_SPEC_SUFFIXES, is_dataset_spec
 from ..storage import is_local, local_path, open_url, url_protocol
 
 __all__ = [
+    "Blend",
     "BlendSource",
     "DatasetSpec",
     "SourceEntry",
     "open_spec",
+    "parse_spec",
     "read_spec",
     "resolve_blend",
     "spec_info",
@@ -155,6 +162,8 @@ def _base_of(path: str) -> str:
 
 
 def _resolve(url: str, base: str) -> str:
+    if url.startswith("@"):  # a list file: its path is taken from the spec's folder
+        return "@" + _resolve(url[1:], base)
     if url_protocol(url) is not None or url.startswith(("/", "file:", "pipe:")) or url == "-":
         return url
     if url_protocol(base) is None:
