@@ -130,7 +130,6 @@ _MODULE_OF = {
     "codecs": ["Codec", "decode_value", "encode_value", "register_codec"],
     "crop": ["RandomResizedCrop", "random_resized_crop"],
     "curate": ["KeyIndex", "add_meta"],
-    "curate.spec": ["DatasetSpec", "read_spec"],  # dataset spec files (YAML blends)
     "errors": [
         "CommandError",
         "DecodeError",
@@ -182,6 +181,7 @@ _MODULE_OF = {
     "storage": ["ShardCache", "open_url"],
     "tario": ["iter_tar"],
     "types": ["PlanOptions", "ReadOptions", "SafetyOptions"],
+    "curate.spec": ["DatasetSpec", "read_spec"],  # dataset spec files (YAML blends)
     "writer": ["ShardWriter", "TarWriter"],
 }
 _LAZY_MODULES = {name: module for module, names in _MODULE_OF.items() for name in names}
