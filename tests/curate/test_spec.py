@@ -154,6 +154,9 @@ def test_errors_of_the_data_name_the_entry(root):
     path = write(root, "loop.yaml", "sources: [{name: me, data: loop.yaml}]")
     with pytest.raises(ShardSpecError, match="includes itself"):
         WebDataset(path, readers=2)
+    path = write(root, "none.yaml", "sources: [{name: n, data: 'code/*.tar', subset: [0%, 4%]}]")
+    with pytest.raises(ShardSpecError, match=r"\(n\): subset \[0%, 4%\] keeps none of its 20"):
+        WebDataset(path, readers=2)
     path = write(root, "plain.yaml", "sources: [web/manifest.json]")
     with pytest.raises(ValueError, match="remainder= does not apply"):
         WebDataset(path, readers=2, remainder="pad")

@@ -501,6 +501,9 @@ class _Resolver:
         table = ds.table
         n = table.num_samples
         lo, hi = _rows(n, subset)
+        if hi <= lo:
+            bounds = ", ".join(f"{float(b * 100):g}%" for b in subset or ())
+            raise ShardSpecError(f"{entry.where}: subset [{bounds}] keeps none of its {n} samples")
         if subset is not None:
             ds = self.make.subset(ds, lo, hi, entry)
         return BlendSource(
