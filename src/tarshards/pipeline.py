@@ -106,6 +106,10 @@ class WebDataset(DataPipeline):
     ``urls``: a shard spec (braces, ``::``-joined specs, globs, lists, a URL list file, a
     directory of shards). ``split``: with a directory that Megatron-Energon prepared
     (``.nv-meta/split.yaml``), the part to read (``"train"``, ``"val"``, ``"test"``).
+    A dataset spec file (``WebDataset("train.yaml", readers=V)``: sources, weights, subsets,
+    repeats, splits, ``split=`` one of them; see :mod:`tarshards.curate.spec`) gives the planned
+    mixture of its sources instead (a :class:`~tarshards.mixing.MixedDataset`, ``__source__``
+    on every sample).
     ``shardshuffle``: shuffle the shard order each epoch (default: on when ``shuffle`` > 0).
     ``resampled``: draw shards with replacement forever (bound it with ``.with_epoch(n)``).
     ``on_error``: what a data error does: ``"raise"``, ``"skip"``, ``"warn"``, or a function
