@@ -810,7 +810,7 @@ def spec_info(
                 "name": leaf.name,
                 "kind": leaf.kind,
                 "data": leaf.data if isinstance(leaf.data, str) else list(leaf.data),
-                "shards": len(leaf.dataset.table.urls),
+                "shards": sum(1 for c in leaf.dataset.table.counts if c),  # (read from)
                 "samples": leaf.samples,
                 "subset": None
                 if leaf.subset is None
