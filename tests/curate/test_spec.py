@@ -344,6 +344,28 @@ def test_a_shuffle_on_the_spec_shuffles_each_source_and_resumes(root):
     check_resume(make, epochs=2, cuts=[(0, 1), (0, 7), (1, 2)])
 
 
+def test_mix_repeat_and_a_shuffle_on_the_mixture(root):
+    from tarshards.mixing import mix
+
+    def make(shuffle=0, weights=(3, 1), **kw):
+        web = WebDataset(str(root / "web/manifest.json"))
+        code = WebDataset(str(root / "code/code-{0000..0001}.tar"))
+        ds = mix({"web": web, "code": code}, dict(zip(("web", "code"), weights)), readers=2, **kw)
+        if shuffle:
+            ds = ds.shuffle(shuffle)
+        return ds.to_tuple("__key__", "__source__").batched(4)
+
+    # half and half: code's 20 samples, read twice, last as long as 40 of web's 60
+    count = collections.Counter(keys_of(make(weights=(1, 1), repeat={"code": 2})))
+    assert sum(count.values()) == 80 and all(count[f"code{i:04d}"] == 2 for i in range(20))
+    with pytest.raises(ValueError, match="repeat names"):
+        make(repeat={"nope": 2})
+    plain, shuffled = keys_of(make()), keys_of(make(shuffle=5))
+    assert sorted(plain) == sorted(shuffled) and plain != shuffled
+    assert all(list(b[1]).count("web") == 3 for b in make(shuffle=5))  # still exact quotas
+    check_resume(lambda: make(shuffle=5), epochs=2, cuts=[(0, 3), (1, 1)])
+
+
 def test_resume_through_a_loader_with_workers_and_elastic(root):
     torch_mod = pytest.importorskip("tarshards.torch")
     warnings.filterwarnings("ignore", message=".*worker processes in total.*")
