@@ -45,7 +45,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("storage",),  # opening URLs (at an offset), retries, atomic output, cache, prefetch, seeks
     ("specs",),  # shard specs (list files and globs read through storage)
     ("parallel.pool", "parallel.reports", "parallel.engines"),  # where shard jobs run
-    ("writer", "manifest", "index"),  # writing; the dataset's record and index
+    ("writer", "manifest", "index", "selection"),  # writing; the dataset's record and index;
+    # views (a selection of a manifest's rows: a record of the data too)
     ("media.video", "media.audio", "media.access", "media.metadata"),  # clips, byte ranges
     ("media",),  # the package: its names, imported on first use
     (

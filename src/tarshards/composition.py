@@ -17,16 +17,17 @@ import copy
 import inspect
 import itertools
 import operator
+from dataclasses import replace
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from . import stages as _stages
 from .errors import ResumeError
 from .fusion import DEFAULT, PLACE, Stage, params, rewrite, short_repr, wanted
 from .on_error import OnError, error_policy
-from .plan import STATE_FORMAT, Schedule, check_state
+from .plan import PlanState, Schedule, StreamState, check_state
 from .planned import _PlannedIterator
 from .shards import make_rng
-from .types import WorkerInfo
+from .types import LoaderLink, WorkerInfo
 
 __all__ = ["DataPipeline"]
 
@@ -64,6 +65,8 @@ class DataPipeline:
     _plan_config: dict[str, Any] | None = None
     _pending_state: dict | None = None
     _live: Any = None
+    # what a loader running this pipeline told it (WebLoader; its DataLoader workers)
+    loader_link: LoaderLink = LoaderLink()
 
     def __init__(
         self,
@@ -146,6 +149,46 @@ class DataPipeline:
         """Fix the epoch used to seed shard and sample shuffling (instead of counting)."""
         self.epoch = int(epoch)
 
+    # ---- what the plan and a loader ask of the pipeline --------------------------------------
+    @property
+    def stage_list(self) -> tuple[Stage, ...]:
+        """The stages as written (:class:`tarshards.fusion.Stage`), in order."""
+        return tuple(self._stages)
+
+    @property
+    def pending_state(self) -> dict | None:
+        """The state the next ``iter()`` resumes from (:meth:`load_state_dict`), or ``None``."""
+        return self._pending_state
+
+    def advance_epoch(self, epoch: int | None = None) -> int:
+        """The epoch of an iteration starting now: ``epoch`` (a resumed state's) or the
+        pipeline's own (:meth:`set_epoch`'s, else the count); unless :meth:`set_epoch` fixed
+        it, the count moves past it."""
+        if epoch is None:
+            epoch = self.epoch if self.epoch is not None else self._auto_epoch
+        if self.epoch is None:
+            self._auto_epoch = int(epoch) + 1
+        return int(epoch)
+
+    def attach_loader(self, **changes) -> None:
+        """Tell the pipeline what the loader running it gives (:class:`LoaderLink`'s fields;
+        ``monitor=None`` etc. take one back)."""
+        self.loader_link = replace(self.loader_link, **changes)
+
+    def loader_epoch(self, epoch: int, state: dict | None = None) -> None:
+        """A loader runs ``epoch`` next (from ``state``, a checked planned state, when given)
+        and moves the epoch from here on: the pipeline counts on from it (its workers' copies
+        too) and an earlier :meth:`set_epoch` no longer pins it."""
+        self.attach_loader(managed=True)
+        self.epoch = None
+        self._auto_epoch = int(epoch)
+        self._pending_state = None if state is None else dict(state)
+        self.unpin_epoch()
+
+    def unpin_epoch(self) -> None:
+        """Undo what :meth:`set_epoch` shared with other processes (the torch adapter's
+        workers read the epoch from shared memory); nothing here."""
+
     # ---- environment -------------------------------------------------------------------------
     def worker_info(self) -> WorkerInfo:
         """Where the reader running this iteration is: rank 0 of 1, worker 0 of 1 here; the torch
@@ -162,23 +205,23 @@ class DataPipeline:
             "num_workers": info.num_workers,
         }
 
-    def _current_epoch(self) -> int | None:
+    def current_epoch(self) -> int | None:
         """The epoch set by :meth:`set_epoch` (``None``: count); the torch adapter reads it from
         memory shared with the main process inside DataLoader workers."""
         return self.epoch
 
     def _context(self) -> dict:
         ctx = _place(self.worker_info())
-        epoch = self._current_epoch()
+        epoch = self.current_epoch()
         if epoch is None:
             epoch = self._auto_epoch
             self._auto_epoch += 1
         ctx["epoch"] = epoch
         ctx["seed"] = self.seed
-        allocate = getattr(self, "_batch_allocate", None)
+        allocate = self.loader_link.allocate
         if allocate is not None:  # a loader worker's transport: where batches are made
             ctx["allocate"] = allocate
-        stats = getattr(self, "_monitor", None)
+        stats = self.loader_link.monitor
         if stats is not None:  # a loader's counters (WebLoader(stats=True), watchdog=)
             ctx["stats"] = stats
         return ctx
@@ -190,10 +233,11 @@ class DataPipeline:
             planned = _PlannedIterator(self, pending)
             self._live = planned
             return planned
-        if pending is not None:  # a stream state: the epoch, and the items yielded in it
-            self._auto_epoch = pending["epoch"]
+        saved = None if pending is None else StreamState.from_dict(pending)
+        if saved is not None:  # a stream state: the epoch, and the items yielded in it
+            self._auto_epoch = saved.epoch
             if self.epoch is not None:
-                self.epoch = pending["epoch"]
+                self.epoch = saved.epoch
         ctx = self._context()
         if self._nsamples is None:
             data = self._run(ctx)
@@ -202,8 +246,8 @@ class DataPipeline:
         live = _LiveStream(ctx)
         self._live = live
         it = live.follow(data)
-        if pending is not None and pending.get("position"):
-            live.replay(it, int(pending["position"]), pending)
+        if saved is not None and saved.position:
+            live.replay(it, saved)
         return it
 
     def _repeated(self, ctx: dict) -> Iterator:
@@ -236,8 +280,6 @@ class DataPipeline:
         an ``rng`` get one seeded from ``rng_tag``, the stage's number, seed, epoch, rank and
         worker; those that take the error policy or the place get this pipeline's."""
         return self.run_calls(data, rewrite(stage_list, first=first), ctx, rng_tag)
-
-    _run_stages = run_stages  # the name planned.py and mixing.py call (to go: issue 36)
 
     def run_calls(self, data, calls, ctx: dict, rng_tag: tuple):
         """Apply rewritten stages (:class:`tarshards.fusion.Call`) to ``data`` (see
@@ -291,31 +333,18 @@ class DataPipeline:
                 return live.state_dict()
             if self._pending_state is not None:
                 return dict(self._pending_state)
-            return self.plan_state(self._next_epoch(), 0)
+            return self.plan_state(self.next_epoch(), 0)
         live = getattr(self, "_live", None)
         if isinstance(live, _LiveStream):
             if live.done:  # the epoch ended: the next one from its start
                 epoch, position = live.epoch + 1, 0
             else:
                 epoch, position = live.epoch, live.position()
-            return dict(
-                live.place,
-                format=STATE_FORMAT,
-                kind="stream",
-                seed=self.seed,
-                epoch=epoch,
-                position=position,
-            )
+            return StreamState(self.seed, epoch, position, live.place).to_dict()
         pending = getattr(self, "_pending_state", None)
         if pending is not None:
             return dict(pending)
-        return {
-            "format": STATE_FORMAT,
-            "kind": "stream",
-            "seed": self.seed,
-            "epoch": self._next_epoch(),
-            "position": 0,
-        }
+        return StreamState(self.seed, self.next_epoch()).to_dict()
 
     def load_state_dict(self, state: dict) -> None:
         """Resume from a :meth:`state_dict` (or a loader's) at the next ``iter()``.
@@ -326,7 +355,7 @@ class DataPipeline:
         if isinstance(state, dict) and state.get("kind") == "loader":
             state = state["dataset"]
         if getattr(self, "_plan_config", None) is not None:
-            state = self._check_plan_state(state)
+            state = self.check_plan_state(state)
         else:
             check_state(state, {"kind": "stream", "seed": self.seed})
         self._live = None
@@ -347,25 +376,16 @@ class DataPipeline:
         """The state at global batch ``position`` of ``epoch`` (see :mod:`tarshards.source`)."""
         if world_size is None:
             world_size = self.environment()["world_size"]
-        state: dict[str, Any] = {"format": STATE_FORMAT, "kind": "plan"}
-        state.update(self._plan_identity())
-        state.update(
-            {
-                "epoch": int(epoch),
-                "position": int(position),
-                "origin": int(origin),
-                "world_size": int(world_size),
-                "finished": bool(finished),
-            }
-        )
-        return state
+        return PlanState(
+            self.plan_identity(), epoch, position, origin, world_size, finished
+        ).to_dict()
 
     def steps_per_epoch(self, epoch: int | None = None, world_size: int | None = None) -> int:
         """Batches each rank yields in ``epoch`` (the same on every rank)."""
         if world_size is None:
             world_size = self.environment()["world_size"]
-        epoch = self._next_epoch() if epoch is None else epoch
-        prog = self._epoch_program(epoch)
+        epoch = self.next_epoch() if epoch is None else epoch
+        prog = self.epoch_program(epoch)
         Schedule(prog.num_batches, prog.readers, world_size, 0)  # checks world_size
         return prog.num_batches // world_size
 
@@ -384,23 +404,23 @@ class DataPipeline:
             left -= n
             epoch += 1
 
-    def _plan_identity(self) -> dict:
+    def plan_identity(self) -> dict:
         """What a planned pipeline's state depends on (its data, seed and plan)."""
         raise TypeError(f"{type(self).__name__} has no epoch plan (WebDataset(readers=V) has)")
 
-    def _fingerprint_aliases(self) -> dict:
+    def fingerprint_aliases(self) -> dict:
         """Other fingerprints a saved state may carry for this pipeline's data, each mapped to
-        the one :meth:`_plan_identity` has (:attr:`tarshards.plan.ShardTable.aliases`)."""
+        the one :meth:`plan_identity` has (:attr:`tarshards.plan.ShardTable.aliases`)."""
         return {}
 
-    def _check_plan_state(self, state: dict) -> dict:
+    def check_plan_state(self, state: dict) -> dict:
         """``state`` checked against this planned pipeline (:class:`ResumeError` where it does
         not fit), with the data's fingerprint in place of an alias."""
         return check_state(
-            state, dict(self._plan_identity(), kind="plan"), aliases=self._fingerprint_aliases()
+            state, dict(self.plan_identity(), kind="plan"), aliases=self.fingerprint_aliases()
         )
 
-    def _epoch_program(self, epoch: int) -> Any:
+    def epoch_program(self, epoch: int) -> Any:
         """The epoch's program of batches (planned pipelines)."""
         raise TypeError(f"{type(self).__name__} has no epoch plan (WebDataset(readers=V) has)")
 
@@ -409,7 +429,7 @@ class DataPipeline:
         state["_live"] = None
         return state
 
-    def _next_epoch(self) -> int:
+    def next_epoch(self) -> int:
         return self.epoch if self.epoch is not None else self._auto_epoch
 
     def __repr__(self):
@@ -448,12 +468,13 @@ class _LiveStream:
     def position(self) -> int:
         return int(repr(self._count)[6:-1])  # "count(N)": N items yielded
 
-    def replay(self, it: Iterator, n: int, state: dict) -> None:
-        """Make and drop the first ``n`` items (those the saved run had yielded)."""
+    def replay(self, it: Iterator, saved: StreamState) -> None:
+        """Make and drop the items the saved run had yielded (``saved.position``)."""
+        n = saved.position
         moved = [
-            f"{k}: saved {state.get(k)!r}, here {v!r}"
+            f"{k}: saved {saved.place.get(k)!r}, here {v!r}"
             for k, v in self.place.items()
-            if state.get(k, v) != v
+            if saved.place.get(k, v) != v
         ]
         if moved:
             raise ResumeError(

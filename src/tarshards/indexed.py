@@ -201,11 +201,21 @@ class IndexedDataset:
         decode_size=None,
         allow_unsafe: bool = False,
     ):
-        self.manifest: Manifest = _with_indexes(as_manifest(manifest, storage_options))
+        from .selection import View, as_record
+
+        record = as_record(manifest, storage_options)
+        #: a view given as the manifest: ``ds[i]`` is the view's sample i
+        self.view = record if isinstance(record, View) else None
+        if self.view is not None:
+            record = self.view.manifest
+        self.manifest: Manifest = _with_indexes(as_manifest(record, storage_options))
         self.urls = self.manifest.shard_urls()
         counts = np.fromiter(
             (r.samples for r in self.manifest.shards), np.int64, len(self.manifest.shards)
         )
+        if self.view is not None:
+            counts = np.asarray(self.view.selected_counts, dtype=np.int64)
+            self._rows = self.view.rows
         self._starts = np.concatenate([[0], np.cumsum(counts)])
         self._start_list = self._starts.tolist()
         self._len = self._start_list[-1]
@@ -246,6 +256,10 @@ class IndexedDataset:
             raise IndexError(f"sample {i} out of range (the data set has {n} samples)")
         starts = self._start_list
         shard = bisect.bisect_right(starts, i) - 1
+        if self.view is not None:  # the view's sample: the row it keeps
+            rows = self._rows[shard]
+            if rows is not None:
+                return shard, int(rows[i - starts[shard]])
         return shard, i - starts[shard]
 
     def __getitem__(self, i):

@@ -443,7 +443,7 @@ def _exists(url: str, storage_options) -> bool:
 
 def is_manifest_spec(spec) -> bool:
     """Whether a URL spec names a manifest (a :class:`Manifest` or a ``.json`` path/URL)."""
-    if isinstance(spec, Manifest):
+    if isinstance(spec, Manifest) or type(spec).__name__ == "View":
         return True
     if isinstance(spec, os.PathLike):
         spec = os.fspath(spec)
@@ -456,9 +456,22 @@ def is_manifest_spec(spec) -> bool:
 
 
 def as_manifest(spec, storage_options: dict | None = None) -> Manifest:
+    """The manifest ``spec`` names: a :class:`Manifest`, its path/URL, or a view
+    (:class:`tarshards.selection.View` or a ``*.view.json`` path), whose base manifest it is."""
     if isinstance(spec, Manifest):
         return spec
-    return Manifest.load(spec, storage_options=storage_options)
+    base = getattr(spec, "manifest", None)
+    if type(spec).__name__ == "View" and isinstance(base, Manifest):
+        return base
+    url = os.fspath(spec)
+    if url.lower().endswith(".view.json"):  # a view file names its manifest
+        with open_url(url, storage_options=storage_options) as f:
+            try:
+                named = json.loads(f.read())["manifest"]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ShardFormatError(f"not a tarshards view: {exc}", url=url) from None
+        url = resolve_url(named, _base_of(url))
+    return Manifest.load(url, storage_options=storage_options)
 
 
 def spec_urls(spec, *, storage_options: dict | None = None) -> list[str]:

@@ -156,7 +156,7 @@ class MixedDataset(DataPipeline):
         if stop not in STOPS:
             raise ValueError(f"stop must be one of {', '.join(STOPS)}, got {stop!r}")
         self.weights = tuple(float(weights[n]) for n in self.names)
-        self.sources = [sources[n] for n in self.names]
+        self.sources = [_as_source(sources[n], seed) for n in self.names]
         for name, src in zip(self.names, self.sources):
             if not hasattr(src, "table") or not hasattr(src, "_stages"):
                 raise TypeError(f"source {name!r} is not a WebDataset")
@@ -180,7 +180,7 @@ class MixedDataset(DataPipeline):
         PlanConfig(readers=readers)
 
     # ---- what the plan depends on ------------------------------------------------------------
-    def _source_config(self, i: int) -> tuple[PlanConfig, list[_Stage]]:
+    def source_config(self, i: int) -> tuple[PlanConfig, list[_Stage]]:
         src = self.sources[i]
         stages = src._stages
         bufsize, initial, rest = 0, None, stages
@@ -206,7 +206,7 @@ class MixedDataset(DataPipeline):
         )
         return cfg, rest
 
-    def _mix_parts(self) -> tuple[int, list[_Stage], _Stage, list[_Stage]]:
+    def mix_parts(self) -> tuple[int, list[_Stage], _Stage, list[_Stage]]:
         stages = self._stages
         at = [i for i, st in enumerate(stages) if st.fn is _stages.batched]
         if not at:
@@ -217,11 +217,11 @@ class MixedDataset(DataPipeline):
             pre = pre[1:]
         return int(_bind(stages[bi])["batchsize"]), pre, stages[bi], stages[bi + 1 :]
 
-    def _plan_identity(self) -> dict:
-        B = self._mix_parts()[0]
+    def plan_identity(self) -> dict:
+        B = self.mix_parts()[0]
         parts = []
         for i, name in enumerate(self.names):
-            cfg, _ = self._source_config(i)
+            cfg, _ = self.source_config(i)
             parts.append(
                 [
                     name,
@@ -245,13 +245,13 @@ class MixedDataset(DataPipeline):
             **({"repeat": list(self.repeats)} if any(r != 1 for r in self.repeats) else {}),
         }
 
-    def _fingerprint_aliases(self) -> dict:
+    def fingerprint_aliases(self) -> dict:
         aliases: dict = {}
         for src in self.sources:
             aliases.update(src.table.aliases)
         return aliases
 
-    def _epoch_program(self, epoch: int) -> "_MixProgram":
+    def epoch_program(self, epoch: int) -> "_MixProgram":
         return _MixProgram(self, epoch)
 
     def worker_info(self) -> WorkerInfo:
@@ -297,8 +297,8 @@ class _Cursor:
                     self.src.table,
                     plan,
                     self.reader,
-                    opener=self.src._open,
-                    range_opener=self.src._range_opener(),
+                    opener=self.src.open_shard,
+                    range_opener=self.src.range_opener(),
                     last_dot=self.src.last_dot,
                 )
                 self.npass = npass
@@ -323,8 +323,8 @@ class _Cursor:
 class _MixProgram(PlannedProgram):
     def __init__(self, ds: MixedDataset, epoch: int):
         self.ds, self.epoch = ds, epoch
-        self.B, self.pre, self.bstage, self.post = ds._mix_parts()
-        self.configs = [ds._source_config(i) for i in range(len(ds.sources))]
+        self.B, self.pre, self.bstage, self.post = ds.mix_parts()
+        self.configs = [ds.source_config(i) for i in range(len(ds.sources))]
         lengths = tuple(
             plan_for(src.table, cfg, epoch).segment_length
             for src, (cfg, _) in zip(ds.sources, self.configs)
@@ -366,7 +366,7 @@ class _MixProgram(PlannedProgram):
                     yield sample
 
         per_source = [
-            iter(ds.sources[i]._run_stages(feeder(i), self.configs[i][1], ctx, ("mix", i, reader)))
+            iter(ds.sources[i].run_stages(feeder(i), self.configs[i][1], ctx, ("mix", i, reader)))
             for i in range(k)
         ]
 
@@ -379,11 +379,23 @@ class _MixProgram(PlannedProgram):
                 for c in cursors:
                     c.close()
 
-        data = ds._run_stages(mixed(), self.pre, ctx, ("reader", reader))
-        return iter(ds._run_stages(data, [self.bstage], ctx, ("reader", reader)))
+        data = ds.run_stages(mixed(), self.pre, ctx, ("reader", reader))
+        return iter(ds.run_stages(data, [self.bstage], ctx, ("reader", reader)))
 
     def pad_chain(self, it: _PlannedIterator) -> Iterator[Any]:
         return self.chain(it, 0, [0], pad=True)
+
+
+def _as_source(src: Any, seed: int) -> Any:
+    """A mixture's source: a ``WebDataset``, or a manifest or view (:class:`~tarshards.
+    selection.View`, or the path of either), read as ``WebDataset(src, seed=seed)``."""
+    import os
+
+    if isinstance(src, (str, os.PathLike)) or type(src).__name__ in ("Manifest", "View"):
+        from .pipeline import WebDataset as _WebDataset
+
+        return _WebDataset(src, seed=seed)
+    return src
 
 
 def mix(

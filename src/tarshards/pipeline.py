@@ -194,16 +194,26 @@ class WebDataset(DataPipeline):
         self.manifest = None
         if manifest is None and _is_manifest_spec(urls):
             manifest, urls = urls, None
+        #: a view (tarshards.selection.View) given as the manifest: its rows are what is read
+        self.view = None
         if manifest is not None:
-            from .manifest import as_manifest
+            from .selection import View, as_record
 
-            self.manifest = as_manifest(manifest, storage_options)
+            record = as_record(manifest, storage_options)
+            if isinstance(record, View):
+                self.view, record = record, record.manifest
+            self.manifest = record
         if urls is None and self.manifest is not None:
             self.urls = self.manifest.shard_urls()
         else:
             self.urls = expand_urls(urls, storage_options=storage_options, split=split)
         if not self.urls:
             raise ValueError(f"the shard spec {urls!r} names no shards")
+        if safety.verify and self.view is not None:
+            raise ValueError(
+                "verify=True checks whole shards against the manifest, and a view reads only "
+                "its rows: check the shards with tarcheck --manifest VIEW instead"
+            )
         if safety.verify and self.manifest is None:
             raise ValueError(
                 "verify=True checks shards against a manifest: pass manifest=M "
@@ -287,10 +297,12 @@ class WebDataset(DataPipeline):
         """The shards' sample counts and offsets (scanned once, when first needed)."""
         if self._table is None:
             self._check_shards_exist()
-            if self.manifest is not None:
+            if self.view is not None:
+                self._table = ShardTable.from_view(self.view, self.urls)
+            elif self.manifest is not None:
                 self._table = ShardTable.from_manifest(self.manifest, self.urls)
             else:
-                self._table = scan_shards(self.urls, opener=self._open, last_dot=self.last_dot)
+                self._table = scan_shards(self.urls, opener=self.open_shard, last_dot=self.last_dot)
         return self._table
 
     def set_table(self, table) -> None:
@@ -299,7 +311,7 @@ class WebDataset(DataPipeline):
             raise ValueError("the table describes other shards than this dataset's")
         self._table = table
 
-    def _open(self, url, stats=None):
+    def open_shard(self, url, stats=None):
         """Open a shard; ``stats``: a loader's counters (retries, cache hits; its watchdog's
         time is the read timeout)."""
         if self._opener is not None:
@@ -314,11 +326,11 @@ class WebDataset(DataPipeline):
             url, offset=offset, length=length, options=self.read_options, **_watched(stats)
         )
 
-    def _range_opener(self):
+    def range_opener(self):
         """``_open_range``, or ``None`` with a user's opener (it cannot be asked for a range)."""
         return self._open_range if self._opener is None else None
 
-    def _plan_parts(self):
+    def plan_parts(self):
         """(PlanConfig, stages before the batch, the batch stage, stages after it)."""
         stages = self._stages
         bufsize, initial, first = 0, None, 0
@@ -362,13 +374,13 @@ class WebDataset(DataPipeline):
         )
         return cfg, stages[first:bi], stages[bi], stages[bi + 1 :]
 
-    def _plan_identity(self) -> dict:
-        return self._plan_parts()[0].identity(self.table.fingerprint)
+    def plan_identity(self) -> dict:
+        return self.plan_parts()[0].identity(self.table.fingerprint)
 
-    def _fingerprint_aliases(self) -> dict:
+    def fingerprint_aliases(self) -> dict:
         return dict(self.table.aliases)
 
-    def _epoch_program(self, epoch: int) -> "PlannedProgram":
+    def epoch_program(self, epoch: int) -> "PlannedProgram":
         return _SingleProgram(self, epoch)
 
     def dropped_samples(self, epoch: int | None = None) -> int:
@@ -376,13 +388,13 @@ class WebDataset(DataPipeline):
         next): those that do not fill ``V x B`` under ``remainder="drop"``; 0 otherwise."""
         if self._plan_config is None:
             return 0
-        cfg = self._plan_parts()[0]
+        cfg = self.plan_parts()[0]
         if cfg.remainder != "drop":
             return 0
-        plan = plan_for(self.table, cfg, self._next_epoch() if epoch is None else int(epoch))
+        plan = plan_for(self.table, cfg, self.next_epoch() if epoch is None else int(epoch))
         return plan.length - plan.num_batches * cfg.batch_size
 
-    def _warn_dropped(self, epoch: int) -> None:
+    def warn_dropped(self, epoch: int) -> None:
         """Warn (once per epoch and process) that the default ``remainder="drop"`` leaves
         samples out of ``epoch``, with their count and the options that keep them."""
         plan = self._plan_config
@@ -399,7 +411,7 @@ class WebDataset(DataPipeline):
 
         from .errors import TarshardsWarning
 
-        cfg = self._plan_parts()[0]
+        cfg = self.plan_parts()[0]
         total = self.table.num_samples
         V, B = cfg.readers, cfg.batch_size
         warnings.warn(
@@ -425,7 +437,7 @@ class WebDataset(DataPipeline):
         if self.manifest is not None:
             if self.nodesplitter or self.workersplitter:  # their split is not ours to count
                 return
-            counts = self.manifest.counts()
+            counts = self.manifest.counts() if self.view is None else self.view.counts()
             order = shard_order(
                 self.urls, seed=context.seed, epoch=context.epoch, shuffle=self.shardshuffle
             )
@@ -515,6 +527,9 @@ class WebDataset(DataPipeline):
                 and self._nsamples is None
             ):
                 self._warn_unequal(context)
+        if self.view is not None:  # (resampled: an endless iterator of its shards)
+            yield from self._view_samples(shards, ctx.get("stats"))
+            return
         read = self.read_options
         options: dict[str, Any] = {
             "storage_options": read.storage_options,
@@ -561,6 +576,35 @@ class WebDataset(DataPipeline):
         yield first
         yield from samples
 
+    def _view_samples(self, shards: list, stats=None) -> Iterator[dict]:
+        """The samples a view keeps of ``shards`` (in their order; only their bytes read)."""
+        from .errors import TarshardsError
+        from .source import read_rows
+
+        table = self.table
+        row = {u: i for i, u in enumerate(table.urls)}
+        ranged = self.range_opener()
+        for url in shards:
+            i = row[url]
+            if not table.counts[i]:
+                continue
+            try:
+                for got in read_rows(
+                    table,
+                    i,
+                    range(table.counts[i]),
+                    opener=self.open_shard
+                    if stats is None
+                    else functools.partial(self.open_shard, stats=stats),
+                    range_opener=ranged,
+                    last_dot=self.last_dot,
+                    stats=stats,
+                ):
+                    yield from got
+            except TarshardsError as exn:
+                if not self.on_error(exn):
+                    return
+
     # ---- exact lengths from the manifest --------------------------------------------------------
     def num_samples(
         self,
@@ -587,7 +631,7 @@ class WebDataset(DataPipeline):
             raise TypeError("a resampled WebDataset is endless; bound it with .with_epoch(n)")
         info = self.worker_info()
         if epoch is None:
-            epoch = self._current_epoch()
+            epoch = self.current_epoch()
         context = EpochContext(
             seed=self.seed,
             epoch=self._auto_epoch if epoch is None else epoch,
@@ -598,7 +642,7 @@ class WebDataset(DataPipeline):
                 num_workers,
             ),
         )
-        counts = self.manifest.counts()
+        counts = self.manifest.counts() if self.view is None else self.view.counts()
         total = 0
         import warnings
 

@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import bisect
 import functools
+import json
 import os
-from dataclasses import dataclass, replace
-from typing import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from ._lazy import LazyModule
 from .errors import ResumeError, TarshardsError
@@ -44,10 +45,12 @@ np = LazyModule("numpy", globals(), "np")
 __all__ = [
     "EpochPlan",
     "PlanConfig",
+    "PlanState",
     "REMAINDERS",
     "STATE_FORMAT",
     "Schedule",
     "ShardTable",
+    "StreamState",
     "check_state",
     "plan_for",
     "scan_shards",
@@ -91,6 +94,7 @@ class ShardTable:
         offsets: Sequence | None = None,
         plain: Sequence[bool] | None = None,
         manifest: Manifest | None = None,
+        rows: Sequence | None = None,
     ):
         self.urls = tuple(os.fspath(u) for u in urls)
         self.counts = tuple(int(c) for c in counts)
@@ -100,6 +104,19 @@ class ShardTable:
             raise ValueError("sample counts are non-negative")
         if manifest is not None and [r.samples for r in manifest.shards] != list(self.counts):
             raise ValueError("the manifest's records are not these shards' counts")
+        # a view (tarshards.selection.View): the rows of each shard it keeps (None: all). The
+        # plan then counts the rows kept; its sample i of a shard is the shard's row rows[i]
+        self.base_counts = self.counts
+        self.rows: list = [None] * len(self.urls)
+        if rows is not None:
+            self.rows = list(rows)
+            if len(self.rows) != len(self.urls):
+                raise ValueError("one row selection per shard")
+            self.counts = tuple(
+                c if r is None else len(r) for c, r in zip(self.base_counts, self.rows)
+            )
+            if fingerprint is None and any(r is not None for r in self.rows):
+                fingerprint = _rows_fingerprint(self.urls, self.base_counts, self.rows)
         self.offsets = list(offsets) if offsets is not None else [None] * len(self.urls)
         self.plain = list(plain) if plain is not None else [not _compressed(u) for u in self.urls]
         self._manifest = manifest  # a scan's (or a bare table's) is made when first asked for
@@ -108,7 +125,14 @@ class ShardTable:
         self._points: dict = {}  # shard -> seek_points (False: none)
 
     @classmethod
-    def from_manifest(cls, manifest: Manifest, urls: Sequence[str] | None = None) -> "ShardTable":
+    def from_manifest(
+        cls,
+        manifest: Manifest,
+        urls: Sequence[str] | None = None,
+        *,
+        rows: Sequence | None = None,
+        fingerprint: str | None = None,
+    ) -> "ShardTable":
         """The table of ``manifest``'s shards (of those named ``urls``, found by URL, in that
         order; by position where a URL is not among the manifest's): counts from its records,
         sample offsets from its per-shard indexes, loaded when a shard is first sought. A state
@@ -126,16 +150,47 @@ class ShardTable:
                 )
         else:
             urls = manifest.shard_urls()
-        table = cls(urls, [r.samples for r in manifest.shards], manifest=manifest)
-        table.aliases[full.checksum] = table.fingerprint
+        table = cls(
+            urls,
+            [r.samples for r in manifest.shards],
+            manifest=manifest,
+            rows=rows,
+            fingerprint=fingerprint,
+        )
+        if rows is None:
+            table.aliases[full.checksum] = table.fingerprint
         return table
+
+    @classmethod
+    def from_view(cls, view, urls: Sequence[str] | None = None) -> "ShardTable":
+        """The table an epoch plan reads over a :class:`~tarshards.selection.View` (of the
+        shards ``urls``, a reordering or part of its manifest's, default all): the counts are
+        the rows it keeps, the fingerprint the view's."""
+        base_urls = view.manifest.shard_urls()
+        urls = base_urls if urls is None else [os.fspath(u) for u in urls]
+        row = {u: i for i, u in enumerate(base_urls)}
+        missing = [u for u in urls if u not in row]
+        if missing:
+            raise ValueError(f"shard {missing[0]} is not one of the view's base's shards")
+        fp = view.fingerprint
+        if urls != base_urls:  # another data set: these shards' rows
+            import hashlib
+
+            fp = hashlib.sha256((fp + json.dumps([row[u] for u in urls])).encode()).hexdigest()
+        rows = [view.rows[row[u]] for u in urls]
+        return cls.from_manifest(view.manifest, urls, rows=rows, fingerprint=fp)
+
+    def selected_rows(self, shard: int):
+        """The rows of shard ``shard`` a view keeps (a sorted int array), or ``None`` where
+        every row is read (plan position i of the shard is then its row i)."""
+        return self.rows[shard]
 
     @property
     def manifest(self) -> Manifest:
         """The record the table views: the manifest it came from, or a scan's manifest (shard
         URLs and counts, no sizes or hashes), with the same :attr:`fingerprint`."""
         if self._manifest is None:
-            self._manifest = Manifest.from_counts(self.urls, self.counts)
+            self._manifest = Manifest.from_counts(self.urls, self.base_counts)
         return self._manifest
 
     def sample_offsets(self, shard: int):
@@ -182,6 +237,20 @@ class ShardTable:
             f"ShardTable({len(self.urls)} shards, {self.num_samples} samples, "
             f"fingerprint {self.fingerprint[:12]})"
         )
+
+
+def _rows_fingerprint(urls, counts, rows) -> str:
+    """The fingerprint of a selection of rows of the shards ``urls`` (their ``counts``)."""
+    import hashlib
+
+    h = hashlib.sha256(data_fingerprint(urls, counts).encode())
+    for i, r in enumerate(rows):
+        if r is None:
+            h.update(b"%d:*;" % i)
+        else:
+            h.update(b"%d:%d:" % (i, len(r)))
+            h.update(np.ascontiguousarray(r, dtype="<i8").tobytes())
+    return h.hexdigest()
 
 
 def _compressed(url: str) -> bool:
@@ -390,6 +459,108 @@ class Schedule:
 
     def global_batch(self, step: int) -> int:
         return self.origin + step * self.world_size + self.rank
+
+
+# ---------------------------------------------------------------------------------------------
+# resume states: typed, frozen; saved as plain dicts (a checkpoint's JSON or torch.save)
+# ---------------------------------------------------------------------------------------------
+
+_PLAN_POSITION = ("epoch", "position", "origin", "world_size", "finished")
+_WORKER_POSITION = ("worker", "num_workers", "next_step")
+
+
+@dataclass(frozen=True)
+class PlanState:
+    """Where a planned pipeline (``readers=V``) is: ``epoch``, the global batch ``position``
+    reached (``None`` in one DataLoader worker's own state, which says ``next_step`` instead),
+    the ``origin`` its world of ``world_size`` ranks started counting steps from, whether the
+    epoch is ``finished``; and what the plan depends on (``identity``: the data's fingerprint,
+    the seed and the plan's parameters, :meth:`PlanConfig.identity`), which a load checks.
+
+    :meth:`to_dict` is the saved form (``kind="plan"``, the identity's fields beside the
+    position's), :meth:`from_dict` reads it back."""
+
+    identity: Mapping[str, Any]
+    epoch: int
+    position: int | None
+    origin: int = 0
+    world_size: int = 1
+    finished: bool = False
+    worker: int | None = None  # one DataLoader worker's own state (StatefulDataLoader)
+    num_workers: int | None = None
+    next_step: int | None = None
+
+    def to_dict(self) -> dict:
+        state: dict[str, Any] = {"format": STATE_FORMAT, "kind": "plan"}
+        state.update(self.identity)
+        state.update(
+            epoch=int(self.epoch),
+            position=None if self.position is None else int(self.position),
+            origin=int(self.origin),
+            world_size=int(self.world_size),
+            finished=bool(self.finished),
+        )
+        if self.worker is not None:
+            state.update(worker=self.worker, num_workers=self.num_workers, next_step=self.next_step)
+        return state
+
+    @classmethod
+    def from_dict(cls, state: Mapping[str, Any]) -> "PlanState":
+        if state.get("format") != STATE_FORMAT or state.get("kind") != "plan":
+            raise ResumeError(f"not a planned resume state: {dict(state)!r:.200}")
+        skip = {"format", "kind", *_PLAN_POSITION, *_WORKER_POSITION}
+        worker = state.get("num_workers") is not None
+        position = state.get("position")
+        return cls(
+            identity={k: v for k, v in state.items() if k not in skip},
+            epoch=int(state["epoch"]),
+            position=None if position is None else int(position),
+            origin=int(state.get("origin") or 0),
+            world_size=int(state["world_size"]),
+            finished=bool(state.get("finished")),
+            worker=int(state["worker"]) if worker else None,
+            num_workers=int(state["num_workers"]) if worker else None,
+            next_step=int(state["next_step"]) if worker else None,
+        )
+
+
+@dataclass(frozen=True)
+class StreamState:
+    """Where a pipeline without an epoch plan is: ``epoch`` and the items it has yielded in it
+    (``position``), and the place it ran in (``place``: rank, world size, DataLoader worker and
+    workers; empty between iterations), which a resume mid-epoch must match (the stream
+    depends on it). :meth:`to_dict` is the saved form (``kind="stream"``)."""
+
+    seed: int
+    epoch: int
+    position: int = 0
+    place: Mapping[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return dict(
+            self.place,
+            format=STATE_FORMAT,
+            kind="stream",
+            seed=self.seed,
+            epoch=int(self.epoch),
+            position=int(self.position),
+        )
+
+    @classmethod
+    def from_dict(cls, state: Mapping[str, Any]) -> "StreamState":
+        if state.get("format") != STATE_FORMAT or state.get("kind") != "stream":
+            raise ResumeError(f"not a stream resume state: {dict(state)!r:.200}")
+        place = {
+            k: int(state[k])
+            for k in ("rank", "world_size", "worker", "num_workers")
+            if state.get(k) is not None
+        }
+        return cls(
+            seed=state["seed"],
+            epoch=int(state["epoch"]),
+            position=int(state.get("position") or 0),
+            place=place,
+        )
 
 
 def check_state(state: dict, expected: dict, *, aliases: Mapping[str, str] | None = None) -> dict:

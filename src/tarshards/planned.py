@@ -14,7 +14,7 @@ import operator
 from typing import Any, Iterator
 
 from .errors import ResumeError, TarshardsError
-from .plan import Schedule, plan_for
+from .plan import PlanState, Schedule, plan_for
 from .source import ReaderStream
 from .types import WorkerInfo
 
@@ -92,7 +92,7 @@ def feed_batches(stream: ReaderStream, batches: list[int], size: int, bufsize: i
 
 class _SingleProgram(PlannedProgram):
     def __init__(self, ds: Any, epoch: int):  # a WebDataset
-        cfg, pre, bstage, post = ds._plan_parts()
+        cfg, pre, bstage, post = ds.plan_parts()
         self.ds, self.cfg = ds, cfg
         self.plan = plan_for(ds.table, cfg, epoch)
         self.num_batches = self.plan.num_batches
@@ -102,12 +102,14 @@ class _SingleProgram(PlannedProgram):
 
     def _stream(self, reader: int, stats=None) -> ReaderStream:
         ds = self.ds
-        ranged = ds._range_opener()
+        ranged = ds.range_opener()
         return ReaderStream(
             ds.table,
             self.plan,
             reader,
-            opener=ds._open if stats is None else functools.partial(ds._open, stats=stats),
+            opener=ds.open_shard
+            if stats is None
+            else functools.partial(ds.open_shard, stats=stats),
             range_opener=(
                 ranged
                 if stats is None or ranged is None
@@ -128,10 +130,10 @@ class _SingleProgram(PlannedProgram):
             from .stats import timed_source
 
             samples = timed_source(samples, ctx["stats"])
-        data = ds._run_stages(
+        data = ds.run_stages(
             samples, self.pre, ctx, ("reader", reader), first=1 if cfg.bufsize else 0
         )
-        return iter(ds._run_stages(data, [self.bstage], ctx, ("reader", reader)))
+        return iter(ds.run_stages(data, [self.bstage], ctx, ("reader", reader)))
 
     def turn_done(self, reader: int) -> None:
         feed = self._feeds.get(reader)
@@ -151,8 +153,8 @@ class _SingleProgram(PlannedProgram):
             finally:
                 stream.close()
 
-        data = ds._run_stages(raw(), self.pre, it.ctx, ("pad",))
-        return iter(ds._run_stages(data, [self.bstage], it.ctx, ("pad",)))
+        data = ds.run_stages(raw(), self.pre, it.ctx, ("pad",))
+        return iter(ds.run_stages(data, [self.bstage], it.ctx, ("pad",)))
 
 
 class _PlannedIterator:
@@ -172,31 +174,33 @@ class _PlannedIterator:
         self.info = info
         origin, first = 0, None
         if pending is not None:
-            epoch = int(pending["epoch"])
-            position = int(pending["position"] or 0)
-            worker_state = pending.get("num_workers") is not None
-            finished = pending.get("finished") and not worker_state
+            saved = PlanState.from_dict(pending)
+            epoch = saved.epoch
+            position = saved.position or 0
+            worker_state = saved.num_workers is not None
+            finished = saved.finished and not worker_state
             if finished:
                 epoch, position = epoch + 1, 0  # after StopIteration: the next epoch
-            prog = ds._epoch_program(epoch)
+            epoch = ds.advance_epoch(epoch)
+            prog = ds.epoch_program(epoch)
             if finished:
                 pass
             elif worker_state:  # one DataLoader worker's own state (StatefulDataLoader)
-                if (pending["num_workers"], pending["world_size"], pending["worker"]) != (
+                if (saved.num_workers, saved.world_size, saved.worker) != (
                     info.num_workers,
                     info.world_size,
                     info.worker,
                 ):
                     raise ResumeError(
-                        f"a worker state of worker {pending['worker']}/{pending['num_workers']} "
-                        f"on {pending['world_size']} ranks loaded into worker "
+                        f"a worker state of worker {saved.worker}/{saved.num_workers} "
+                        f"on {saved.world_size} ranks loaded into worker "
                         f"{info.worker}/{info.num_workers} on {info.world_size} ranks"
                     )
-                origin, first = int(pending["origin"]), int(pending["next_step"])
+                origin, first = saved.origin, int(saved.next_step or 0)
             elif position >= prog.num_batches:
                 origin, first = position, info.worker  # the epoch's (empty) rest
-            elif int(pending["world_size"]) == info.world_size:
-                origin = int(pending["origin"])
+            elif saved.world_size == info.world_size:
+                origin = saved.origin
                 if (position - origin) % info.world_size:
                     raise ResumeError(
                         f"position {position} is not a step boundary of "
@@ -207,13 +211,11 @@ class _PlannedIterator:
             if first is None:
                 first = (position - origin) // info.world_size + info.worker
         else:
-            epoch = ds.epoch if ds.epoch is not None else ds._auto_epoch
-            prog = ds._epoch_program(epoch)
+            epoch = ds.advance_epoch()
+            prog = ds.epoch_program(epoch)
             first = info.worker
-        if ds.epoch is None:
-            ds._auto_epoch = epoch + 1
-        if info.rank == 0 and info.worker == 0 and not getattr(ds, "_loader_warns", False):
-            warn = getattr(ds, "_warn_dropped", None)  # samples that remainder="drop" leaves out
+        if info.rank == 0 and info.worker == 0 and not ds.loader_link.warns:
+            warn = getattr(ds, "warn_dropped", None)  # samples that remainder="drop" leaves out
             if warn is not None:
                 warn(epoch)
         self.epoch = epoch
@@ -230,35 +232,35 @@ class _PlannedIterator:
             "worker": info.worker,
             "num_workers": info.num_workers,
         }
-        stats = getattr(ds, "_monitor", None)
+        stats = ds.loader_link.monitor
         if stats is not None:  # a loader's counters (WebLoader(stats=True), watchdog=)
             self.ctx["stats"] = stats
         self._gen = self._run()
 
     # ---- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """This worker's position (its next step), in the plan's terms."""
-        state = self.ds.plan_state(
-            self.epoch,
-            0,
-            origin=self.sched.origin,
-            world_size=self.info.world_size,
-            finished=self.finished,
-        )
-        W = self.info.num_workers
-        if W > 1 or self.info.worker:
-            state.update(
-                {
-                    "worker": self.info.worker,
-                    "num_workers": W,
-                    "next_step": self.next_step,
-                    "position": None,
-                }
+        """This worker's position (its next step), in the plan's terms (a
+        :class:`~tarshards.plan.PlanState`'s saved form)."""
+        info = self.info
+        common = {
+            "identity": self.ds.plan_identity(),
+            "epoch": self.epoch,
+            "origin": self.sched.origin,
+            "world_size": info.world_size,
+            "finished": self.finished,
+        }
+        if info.num_workers > 1 or info.worker:
+            state = PlanState(
+                **common,
+                position=None,
+                worker=info.worker,
+                num_workers=info.num_workers,
+                next_step=self.next_step,
             )
         else:
             step = min(self.next_step, self.sched.steps)
-            state["position"] = self.sched.origin + step * self.info.world_size
-        return state
+            state = PlanState(**common, position=self.sched.origin + step * info.world_size)
+        return state.to_dict()
 
     # ---- iteration -------------------------------------------------------------------------
     def __iter__(self):
@@ -283,8 +285,12 @@ class _PlannedIterator:
         chains = {v: prog.chain(self, v, js) for v, js in needed.items()}
         units = self._units(steps, chains)
         if prog.post:
-            units = self.ds._run_stages(
-                units, prog.post, self.ctx, ("post",), first=len(self.ds._stages) - len(prog.post)
+            units = self.ds.run_stages(
+                units,
+                prog.post,
+                self.ctx,
+                ("post",),
+                first=len(self.ds.stage_list) - len(prog.post),
             )
         yield from units
 

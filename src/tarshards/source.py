@@ -12,6 +12,7 @@ import bisect
 import collections
 import hashlib
 import itertools
+import os
 import random
 from typing import (
     TYPE_CHECKING,
@@ -68,6 +69,7 @@ __all__ = [
     "ShuffleCore",
     "check_state",
     "plan_for",
+    "read_rows",
     "reader_rng",
     "scan_shards",
 ]
@@ -351,6 +353,9 @@ class ReaderStream:
         plain tar whose sample offsets are known the read starts at sample ``a`` (a seek, or
         bytes dropped unparsed) and stops at the end of sample ``b - 1``; otherwise the first
         ``a`` samples are parsed and dropped."""
+        if self.table.rows[shard] is not None:  # a view: only the rows it keeps are read
+            yield from self._view_chunks(shard, a, b, pad, at)
+            return
         table = self.table
         url = table.urls[shard]
         offsets = table.sample_offsets(shard) if table.plain[shard] else None
@@ -436,6 +441,30 @@ class ReaderStream:
             url=url,
         )
 
+    def _view_chunks(self, shard: int, a: int, b: int, pad: bool, at: int):
+        """Samples ``a:b`` of a view's shard (the rows it keeps, read by byte ranges) in lists
+        cut at the segment positions that are multiples of :attr:`unit`."""
+        samples = itertools.chain.from_iterable(
+            read_rows(
+                self.table,
+                shard,
+                np.arange(a, b),
+                opener=self.opener,
+                range_opener=self.range_opener,
+                last_dot=self.last_dot,
+                stats=self.stats,
+            )
+        )
+        n, unit, want = 0, self.unit, b - a
+        while n < want:
+            k = min(want - n, unit - (at + n) % unit)
+            chunk = list(itertools.islice(samples, k))
+            if not chunk:
+                break
+            _flag(chunk, pad)
+            n += len(chunk)
+            yield chunk
+
     def _mapped_lists(self, src, url: str, offsets, a: int, b: int, pad: bool, at: int):
         """Samples ``a:b`` of a mapped plain shard (``src``: the run's bytes) in lists, each
         parsed from its own byte range to its end (see the class notes)."""
@@ -501,6 +530,19 @@ class ReaderStream:
 
     def _read_samples(self, shard: int, idxs: list[int]) -> Iterator[list[tuple[int, dict]]]:
         """The samples ``idxs`` (sorted) of one shard, as lists of ``(index, sample)``."""
+        if self.table.rows[shard] is not None:  # a view: its rows, by byte ranges
+            got = itertools.chain.from_iterable(
+                read_rows(
+                    self.table,
+                    shard,
+                    idxs,
+                    opener=self.opener,
+                    range_opener=self.range_opener,
+                    last_dot=self.last_dot,
+                )
+            )
+            yield list(zip(idxs, got))
+            return
         table = self.table
         url = table.urls[shard]
         offsets = table.sample_offsets(shard)
@@ -616,6 +658,249 @@ class ReaderStream:
                     f"samples {lo}..{hi} not found at offset {begin}", url=url, offset=begin
                 )
             yield [(i, got[i - lo]) for i in run]
+
+
+# ---------------------------------------------------------------------------------------------
+# reading the rows a view keeps
+# ---------------------------------------------------------------------------------------------
+
+_RUN_SAMPLES = 64  # the most samples read in one piece (a run of adjacent rows is cut there)
+
+
+def read_rows(
+    table: ShardTable,
+    shard: int,
+    positions,
+    *,
+    opener: Callable[[str], ContextManager[BinaryIO]],
+    range_opener: Callable[[str, int, int | None], ContextManager[BinaryIO]] | None = None,
+    last_dot: bool = False,
+    stats: Counters | None = None,
+) -> Iterator[list[dict]]:
+    """The samples at ``positions`` (sorted; positions among the rows the table's view keeps of
+    shard ``shard``, or among all its rows) of one shard, in lists, reading only their bytes.
+
+    In a plain shard whose sample offsets are known (its index), adjacent rows are read
+    together, each run of them as one byte range (a seek and a read in a local file, one ranged
+    request through ``range_opener`` for a remote one), from the first sample's offset to the
+    next sample's; a sample-aligned compressed shard reads and decompresses each sample from its
+    frame or flush point; any other shard is read from its start and the rows picked out.
+    """
+    url = table.urls[shard]
+    pos = np.asarray(positions, dtype=np.int64)
+    if not len(pos):
+        return
+    sel = table.rows[shard]
+    want = pos if sel is None else np.asarray(sel)[pos]
+    offsets = table.sample_offsets(shard) if table.plain[shard] else None
+    try:
+        if offsets is not None:
+            yield from _read_plain_rows(url, offsets, want, opener, range_opener, last_dot, stats)
+            return
+        points = table.seek_points(shard)
+        with opener(url) as stream:
+            if points is not None and _seekable(stream):
+                yield from _read_entered_rows(stream, url, points, want, last_dot)
+                return
+            # read through: the shard from its start, the rows picked out
+            keep = set(want.tolist())
+            last = int(want[-1])
+            got: list[dict] = []
+            batches = iter_tar_batches(tar_byte_source(stream, url, direct=True), url)
+            for i, sample in enumerate(
+                group_samples(batches, url, last_dot=last_dot, batched=True)
+            ):
+                if i in keep:
+                    got.append(sample)
+                    if len(got) >= _RUN_SAMPLES:
+                        yield got
+                        got = []
+                if i >= last:
+                    if got:
+                        yield got
+                    return
+    except TarshardsError as exn:
+        raise exn.with_context(url=url) from None
+    raise TarshardsError(
+        f"shard has fewer samples than the view's rows (row {int(want[-1])} wanted)", url=url
+    )
+
+
+def _row_runs(want, n_max: int = _RUN_SAMPLES) -> list[tuple[int, int]]:
+    """``[(first row, last row + 1)]``: the runs of adjacent rows of ``want`` (sorted), each of
+    at most ``n_max`` rows."""
+    brk = np.flatnonzero(np.diff(want) != 1) + 1
+    firsts = want[np.concatenate([[0], brk])].tolist()
+    lasts = (want[np.concatenate([brk - 1, [len(want) - 1]])] + 1).tolist()
+    out = []
+    for lo, hi in zip(firsts, lasts):
+        while hi - lo > n_max:
+            out.append((lo, lo + n_max))
+            lo += n_max
+        out.append((lo, hi))
+    return out
+
+
+_RANGE_GAP = 1 << 12  # remote runs this close (bytes) are fetched in one request
+_RANGE_MAX = 1 << 23  # the most bytes one request of merged runs asks for
+
+
+def _fetches(runs: list[tuple[int, int]], offsets) -> list[list[tuple[int, int]]]:
+    """``runs`` grouped into ranged requests: a run joins the previous request where the bytes
+    between them are at most ``_RANGE_GAP`` and the request stays under ``_RANGE_MAX`` (a
+    request per sample costs a round trip each; a few KB read through cost less)."""
+    n = len(offsets)
+    out: list[list[tuple[int, int]]] = []
+    for lo, hi in runs:
+        if out:
+            prev = out[-1]
+            first, end = int(offsets[prev[0][0]]), prev[-1][1]
+            if (
+                end < n
+                and hi < n
+                and int(offsets[lo]) - int(offsets[end]) <= _RANGE_GAP
+                and int(offsets[hi]) - first <= _RANGE_MAX
+            ):
+                prev.append((lo, hi))
+                continue
+        out.append([(lo, hi)])
+    return out
+
+
+def _parse_rows(data, url: str, begin: int, lo: int, hi: int, last_dot: bool) -> list[dict]:
+    """Samples ``lo..hi-1`` parsed from ``data``, the shard's bytes from sample ``lo``'s offset
+    ``begin`` (to the next sample's, or to the end of the shard)."""
+    # plain members that end where the next sample starts: read and grouped in two C calls
+    members = plain_run(data, 0, len(data))
+    fast = None if members is None else group_run(members, url, last_dot)
+    if fast is not None and len(fast) == hi - lo:
+        if begin:
+            for sample in fast:
+                sample["__offset__"] += begin
+        return fast
+    batches = iter_tar_batches([data], url, offset=begin, chunk_size=max(1, len(data)))
+    groups = group_samples(batches, url, last_dot=last_dot, batched=True)
+    got = list(itertools.islice(groups, hi - lo))
+    groups.close()
+    if len(got) != hi - lo:
+        raise TarshardsError(
+            f"samples {lo}..{hi - 1} not found at offset {begin} (the shard changed since it "
+            "was indexed)",
+            url=url,
+            offset=begin,
+        )
+    return got
+
+
+def _read_plain_rows(url, offsets, want, opener, range_opener, last_dot, stats):
+    n = len(offsets)
+    runs = _row_runs(want)
+    ranged = range_opener is not None and not is_local(url)
+    nbytes, t0 = 0, 0
+    if stats is not None:
+        from .stats import clock
+
+        t0 = clock()
+    if ranged:
+        for k, fetch in enumerate(_fetches(runs, offsets)):
+            begin = int(offsets[fetch[0][0]])
+            last = fetch[-1][1]
+            length = int(offsets[last]) - begin if last < n else None
+            with range_opener(url, begin, length) as stream:
+                if stats is not None and k == 0:
+                    stats.opened(url, begin, clock() - t0)
+                data = stream.read()
+            nbytes += len(data)
+            for lo, hi in fetch:  # each run's bytes of the request
+                a = int(offsets[lo]) - begin
+                b = int(offsets[hi]) - begin if hi < n else len(data)
+                part = data if len(fetch) == 1 else data[a:b]
+                yield _parse_rows(part, url, begin + a, lo, hi, last_dot)
+    else:
+        with opener(url) as stream:
+            if stats is not None:
+                stats.opened(url, int(offsets[runs[0][0]]), clock() - t0)
+            seekable = _seekable(stream)
+            ahead = _Readahead(stream, offsets, runs) if seekable else None
+            at = 0
+            for k, (lo, hi) in enumerate(runs):
+                if ahead is not None:
+                    ahead.advise(k)
+                begin = int(offsets[lo])
+                length = int(offsets[hi]) - begin if hi < n else -1
+                if seekable:
+                    stream.seek(begin)
+                else:
+                    _discard(stream, begin - at, url)
+                data = read_exact(stream, length, url, begin) if length >= 0 else stream.read()
+                at = begin + len(data)
+                nbytes += len(data)
+                yield _parse_rows(data, url, begin, lo, hi, last_dot)
+    if stats is not None:
+        stats.shard_done(url, nbytes, 0, len(want))
+
+
+_AHEAD_BYTES = 1 << 25  # a local view's runs announced to the kernel this far ahead
+
+
+class _Readahead:
+    """Tell the kernel which byte ranges of a local file the next runs will read
+    (``POSIX_FADV_WILLNEED``): it fetches them in parallel, where reading one run after the
+    other from a disk would wait for each (the page cache's own readahead serves sequential
+    reads only). Does nothing where the stream has no file descriptor."""
+
+    def __init__(self, stream, offsets, runs):
+        self.fd = None
+        if hasattr(os, "posix_fadvise"):
+            try:
+                self.fd = stream.fileno()
+            except (AttributeError, OSError, ValueError):
+                self.fd = None
+        self.offsets, self.runs, self.next = offsets, runs, 0
+
+    def advise(self, k: int) -> None:
+        if self.fd is None or self.next > k + 8:
+            return
+        offsets, runs, n = self.offsets, self.runs, len(self.offsets)
+        budget = _AHEAD_BYTES
+        while self.next < len(runs) and budget > 0:
+            lo, hi = runs[self.next]
+            begin = int(offsets[lo])
+            length = int(offsets[hi]) - begin if hi < n else 0
+            try:
+                os.posix_fadvise(self.fd, begin, length, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                self.fd = None
+                return
+            budget -= length or _AHEAD_BYTES
+            self.next += 1
+
+
+def _read_entered_rows(stream, url: str, points, want, last_dot: bool):
+    """Rows ``want`` of a sample-aligned compressed shard, each decompressed alone."""
+    starts, tar_offsets, entry, ends = points
+    compression = "gzip" if entry == "deflate" else "any"
+    got: list[dict] = []
+    for i in want.tolist():
+        begin, end = int(starts[i]), int(ends[i])
+        stream.seek(begin)
+        data = read_exact(stream, end - begin, url, begin)
+        got.append(
+            sample_from_bytes(
+                data,
+                int(tar_offsets[i]),
+                compression=compression,
+                url=url,
+                last_dot=last_dot,
+                offset=begin,
+                entry=entry,
+            )
+        )
+        if len(got) >= _RUN_SAMPLES:
+            yield got
+            got = []
+    if got:
+        yield got
 
 
 def _flag(samples: list[dict], pad: bool) -> None:

@@ -74,7 +74,7 @@ def is_manifest_spec(spec) -> bool:
         spec = os.fspath(spec)
     if isinstance(spec, str):
         return "::" not in spec and "{" not in spec and spec.lower().endswith(".json")
-    return type(spec).__name__ == "Manifest" and hasattr(spec, "shard_urls")
+    return type(spec).__name__ in ("Manifest", "View") and hasattr(spec, "shard_urls")
 
 
 def _has_glob(s: str) -> bool:

@@ -139,15 +139,15 @@ def _check_order_moved(ds) -> None:
     info = get_worker_info()
     table = _order_table
     token = ds.__dict__.get("_order_token")
-    if info is None or table is None or not token or ds.__dict__.get("_loader_managed"):
+    if info is None or table is None or not token or ds.loader_link.managed:
         return
-    if ds._current_epoch() is not None or ds._pending_state is not None:
+    if ds.current_epoch() is not None or ds.pending_state is not None:
         return  # set_epoch() or a loaded state: the epoch is the caller's choice
     if not _order_varies(ds):
         return
     cells = table.numpy()
     key = ((token & 0xFFFFF) << 12) | (info.id & 0xFFF)
-    value = (key << 24) | ((ds._auto_epoch + 1) & 0xFFFFFF)
+    value = (key << 24) | ((ds.next_epoch() + 1) & 0xFFFFFF)
     slot = (token * 131 + info.id) % _ORDER_SLOTS
     again = int(cells[slot]) == value
     cells[slot] = value
@@ -159,7 +159,7 @@ def _check_order_moved(ds) -> None:
         return
     cells[wslot] = warned
     warnings.warn(
-        f"DataLoader worker {info.id} starts epoch {ds._auto_epoch} of this dataset again: a "
+        f"DataLoader worker {info.id} starts epoch {ds.next_epoch()} of this dataset again: a "
         "DataLoader's fresh workers begin from the dataset's own epoch each time, so every "
         "epoch repeats the same shard and sample order. Use tarshards.WebLoader (it advances "
         "the epoch each time it is iterated), or call dataset.set_epoch(epoch) before each "
@@ -176,7 +176,7 @@ def _order_varies(ds) -> bool:
         return True
     if any(getattr(src, "shardshuffle", False) for src in getattr(ds, "sources", ()) or ()):
         return True
-    return any(st.wants_rng for st in ds._stages)
+    return any(st.wants_rng for st in ds.stage_list)
 
 
 if TYPE_CHECKING:  # the mixin only goes on core pipelines (_adapter's classes below)
@@ -218,6 +218,11 @@ class _TorchMixin(_MixinBase):
         if get_worker_info() is None:
             self._epoch_cell().fill_(int(epoch))
 
+    def unpin_epoch(self) -> None:
+        cell = self._shared_epoch
+        if cell is not None:
+            cell.fill_(-1)  # an earlier set_epoch() must not pin the workers' epoch
+
     def _epoch_cell(self) -> torch.Tensor:
         cell = self._shared_epoch
         if cell is None or not cell.is_shared():
@@ -226,7 +231,7 @@ class _TorchMixin(_MixinBase):
             self._shared_epoch = cell
         return cell
 
-    def _current_epoch(self) -> int | None:
+    def current_epoch(self) -> int | None:
         cell = self._shared_epoch
         if cell is not None and get_worker_info() is not None:
             value = int(cell[0])
@@ -246,9 +251,8 @@ class _TorchMixin(_MixinBase):
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state.pop("_batch_allocate", None)  # a worker's own transport, not to be carried on
-        state.pop("_loader_group", None)
-        state.pop("_monitor", None)  # a loader's counters (each worker makes its own)
+        if "loader_link" in state:  # a worker's own transport, grouping and counters stay here
+            state["loader_link"] = self.loader_link.for_worker()
         if multiprocessing.context.get_spawning_popen() is not None and get_worker_info() is None:
             # sent to a new process (a spawn/forkserver DataLoader worker): carry the rank
             # discovered here, and share the epoch cell with it
@@ -269,10 +273,10 @@ class _TorchMixin(_MixinBase):
     def __iter__(self):
         _check_order_moved(self)
         it = _pipeline.DataPipeline.__iter__(self)
-        monitor = self.__dict__.get("_monitor")  # WebLoader(stats=True) or watchdog=
+        monitor = self.loader_link.monitor  # WebLoader(stats=True) or watchdog=
         if monitor is not None:  # in a worker, the last news goes after the last item
             it = timed_items(it, monitor, _LAST_NEWS if get_worker_info() is not None else None)
-        grouping = self.__dict__.get("_loader_group")  # in a WebLoader worker: batches are
+        grouping = self.loader_link.group  # in a WebLoader worker: batches are
         return it if grouping is None else _grouped(it, *grouping)  # sent a few at a time
 
     def __getitem__(self, index):
@@ -288,7 +292,7 @@ class _TorchMixin(_MixinBase):
 _FROM_MIXIN = (
     "worker_info",
     "set_epoch",
-    "_current_epoch",
+    "current_epoch",
     "compose",
     "load_state_dict",
     "__getstate__",
@@ -488,8 +492,8 @@ class WebLoader(DataLoader):
             weakref.finalize(self, remove_orphans, token, True)
         self._unpacker: Unpacker | None = None
         if self._planned():
-            dataset._plan_identity()  # count the shards once here, not in every worker
-            dataset._loader_warns = True  # of dropped samples: here, not in every worker
+            dataset.plan_identity()  # count the shards once here, not in every worker
+            dataset.attach_loader(warns=True)  # of dropped samples: here, not in every worker
         self.epoch = start_epoch  # the epoch the next iter() runs
         self._current: int | None = None  # the epoch being run, its steps handed out, finished?
         self._step = 0
@@ -558,16 +562,12 @@ class WebLoader(DataLoader):
             fresh_workers = True
         else:
             epoch, step = self.epoch, 0
-        if hasattr(ds, "_auto_epoch"):
-            ds._loader_managed = True  # the loader moves the epoch (no warning of repeats)
-            ds.epoch = None  # counted by the dataset (and by persistent workers' copies)
-            ds._auto_epoch = epoch
-            cell = getattr(ds, "_shared_epoch", None)
-            if cell is not None:
-                cell.fill_(-1)  # an earlier set_epoch() must not pin the workers' epoch
-            ds._pending_state = None
-            if pending is not None and self._planned():
-                ds._pending_state = pending["dataset"]
+        if isinstance(ds, _pipeline.DataPipeline):
+            # the loader moves the epoch (no warning of repeats): counted by the dataset (and
+            # by persistent workers' copies) from here, an earlier set_epoch() unpinned
+            resume = pending["dataset"] if pending is not None and self._planned() else None
+            ds.loader_epoch(epoch, resume)
+            if resume is not None:
                 fresh_workers = True
         elif hasattr(ds, "set_epoch"):
             ds.set_epoch(epoch)
@@ -589,7 +589,7 @@ class WebLoader(DataLoader):
         self.epoch = epoch + 1
         self._current, self._step, self._finished = epoch, step, False
         self._origin = origin
-        warn_dropped = getattr(ds, "_warn_dropped", None) if self._planned() else None
+        warn_dropped = getattr(ds, "warn_dropped", None) if self._planned() else None
         if warn_dropped is not None:
             warn_dropped(epoch)  # remainder="drop" left at its default leaves samples out
         if self._packing:
@@ -600,7 +600,7 @@ class WebLoader(DataLoader):
         if self._monitor is not None:
             totals = self._counters()
             if self.num_workers == 0 and isinstance(ds, _pipeline.DataPipeline):
-                ds._monitor = totals  # type: ignore[attr-defined]
+                ds.attach_loader(monitor=totals)
         it: Iterator = super().__iter__()
         if self._packing:
             remove_orphans(self._token)  # of the workers of earlier epochs
@@ -669,8 +669,10 @@ class WebLoader(DataLoader):
             self._abandon(it)  # as in _count
             raise
         finally:
-            if self.num_workers == 0 and getattr(self.dataset, "_monitor", None) is totals:
-                del self.dataset._monitor
+            ds = self.dataset
+            if self.num_workers == 0 and isinstance(ds, _pipeline.DataPipeline):
+                if ds.loader_link.monitor is totals:
+                    ds.attach_loader(monitor=None)
 
     def __len__(self):
         if self._planned():
@@ -718,7 +720,7 @@ class WebLoader(DataLoader):
             )
         ds = self.dataset
         if self._planned():
-            state = dict(state, dataset=ds._check_plan_state(state.get("dataset")))
+            state = dict(state, dataset=ds.check_plan_state(state.get("dataset")))
         elif state.get("dataset", {}).get("kind") == "plan":
             raise ResumeError(
                 "a planned pipeline's state loaded into a loader whose dataset "
@@ -795,8 +797,8 @@ class _PackingCollate:
 
 class _GivingSlots:
     """A worker's init function: the worker's copy of the dataset stacks its batches in the
-    slots of the worker's packer (``_batch_allocate``, read by the pipeline's context) and
-    yields them in groups of the size in ``cell`` (``_loader_group``); then the user's
+    slots of the worker's packer (its ``loader_link.allocate``, read by the pipeline's context) and
+    yields them in groups of the size in ``cell`` (``loader_link.group``); then the user's
     ``worker_init_fn``."""
 
     def __init__(self, inner, packer, cell):
@@ -808,8 +810,7 @@ class _GivingSlots:
         info = get_worker_info()
         if info is not None and isinstance(info.dataset, _pipeline.DataPipeline):
             # read by the pipeline's context (getattr), in this worker's copy only
-            info.dataset._batch_allocate = self.packer.allocate  # type: ignore[attr-defined]
-            info.dataset._loader_group = (self.cell, info.id)  # type: ignore[attr-defined]
+            info.dataset.attach_loader(allocate=self.packer.allocate, group=(self.cell, info.id))
         if self.inner is not None:
             self.inner(worker_id)
 
@@ -993,7 +994,8 @@ class _CarryingStats:
         else:
             out = self.inner(batch)
         info = get_worker_info()
-        monitor = None if info is None else getattr(info.dataset, "_monitor", None)
+        ds = None if info is None else info.dataset
+        monitor = ds.loader_link.monitor if isinstance(ds, _pipeline.DataPipeline) else None
         if monitor is None:
             return out
         return _Carried(out, monitor.take())
@@ -1001,8 +1003,8 @@ class _CarryingStats:
 
 class _Monitoring:
     """A worker's init function: the worker's copy of the dataset counts in a
-    :class:`~tarshards.stats.Counters` of its own (``_monitor``), watched by a thread when the
-    loader has a watchdog; then the inner init function."""
+    :class:`~tarshards.stats.Counters` of its own (its ``loader_link.monitor``), watched by a thread
+    when the loader has a watchdog; then the inner init function."""
 
     def __init__(self, inner, watchdog, on_stall):
         self.inner = inner
@@ -1021,7 +1023,7 @@ class _Monitoring:
                 watchdog=self.watchdog,
                 on_stall=self.on_stall,
             )
-            ds._monitor = monitor
+            ds.attach_loader(monitor=monitor)
             start_watchdog(monitor)
         if self.inner is not None:
             self.inner(worker_id)

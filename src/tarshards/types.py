@@ -15,12 +15,37 @@ from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 __all__ = [
     "EpochContext",
+    "LoaderLink",
     "PlanOptions",
     "ReadOptions",
     "SafetyOptions",
     "Stateful",
     "WorkerInfo",
 ]
+
+
+@dataclass(frozen=True)
+class LoaderLink:
+    """What a loader (``tarshards.WebLoader``, its DataLoader workers) tells the pipeline it
+    runs: given with :meth:`tarshards.composition.DataPipeline.attach_loader`, read by the
+    pipeline's iteration. A pipeline no loader runs has the empty link.
+
+    ``allocate``: the worker's transport, the memory its batches are stacked into; ``group``:
+    ``(shared cell, worker id)``, how many batches the worker hands on together; ``monitor``:
+    the loader's counters (:class:`tarshards.stats.Counters`); ``managed``: the loader moves
+    the epoch (no warning of a repeated order); ``warns``: the loader warns of the samples a
+    plan leaves out (the workers do not). Only ``managed`` and ``warns`` travel to the
+    workers; the rest belongs to one process."""
+
+    allocate: Callable | None = None
+    group: tuple | None = None
+    monitor: Any = None
+    managed: bool = False
+    warns: bool = False
+
+    def for_worker(self) -> "LoaderLink":
+        """What a copy of the pipeline in another process keeps of this link."""
+        return LoaderLink(managed=self.managed, warns=self.warns)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from typing import Iterator
 
 import click
 
+from ..selection import is_view_spec
 from ..stages import shuffle as shuffle_stage
 from ..writer import TarWriter
 from ._common import (
@@ -30,6 +31,19 @@ from ._common import (
 )
 
 __all__ = ["cat_cmd"]
+
+
+def _with_views(inputs, listfile, on_error: str) -> Iterator[dict]:
+    """The samples of INPUTS in turn, a view's (``*.view.json``) as it selects them."""
+    from ..pipeline import WebDataset
+
+    for spec in inputs:
+        if is_view_spec(spec):
+            yield from WebDataset(spec, on_error="raise" if on_error == "raise" else "warn")
+        else:
+            yield from read_samples(collect_inputs([spec]), on_error)
+    if listfile is not None:
+        yield from read_samples(collect_inputs([], listfile), on_error)
 
 
 @click.command(
@@ -62,9 +76,13 @@ def cat_cmd(
     quiet: bool,
 ) -> None:
     """Concatenate the samples of INPUTS (files, URLs, brace specs; default stdin) into one tar."""
-    urls = collect_inputs(inputs, listfile)
     check_stdout_not_tty(output)
-    samples: Iterator[dict] = read_samples(urls, on_error)
+    samples: Iterator[dict]
+    if any(is_view_spec(s) for s in inputs):  # a view: only its samples (their bytes) are read
+        samples = _with_views(inputs, listfile, on_error)
+    else:
+        urls = collect_inputs(inputs, listfile)
+        samples = read_samples(urls, on_error)
     if shuffle > 1:
         samples = shuffle_stage(samples, shuffle, seed=seed)
     if skip or count is not None:

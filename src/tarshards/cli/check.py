@@ -356,9 +356,9 @@ def check_cmd(
         if is_manifest_spec(inputs[0]):  # tarcheck M: its shards, checked against it
             manifest_url, inputs = inputs[0], ()
     if manifest_url is not None:
-        from ..manifest import Manifest
+        from ..manifest import as_manifest
 
-        manifest = Manifest.load(manifest_url)
+        manifest = as_manifest(manifest_url)  # a view: its manifest's shards
         expected = manifest.records_by_url()
         positions = {u: i for i, u in enumerate(manifest.shard_urls())}
         urls = (

@@ -34,6 +34,8 @@ COMMANDS: dict[str, tuple[str | None, str]] = {
     "index": (None, "tarshards.cli.index:index_cmd"),
     "browse": (None, "tarshards.cli.browse:browse_cmd"),
     "convert": (None, "tarshards.cli.convert:convert_cmd"),
+    "view": (None, "tarshards.cli.view:view_cmd"),
+    "dedup": (None, "tarshards.cli.dedup:dedup_cmd"),
     "info": (None, "tarshards.cli.info:info_cmd"),
 }
 

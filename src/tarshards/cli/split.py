@@ -80,6 +80,17 @@ class _MaxShardsReached(Exception):
 @click.option(
     "--manifest", default=None, metavar="PATH", help="Write a manifest and shard indexes."
 )
+@click.option(
+    "--into",
+    multiple=True,
+    metavar="NAME=SHARE",
+    help="Split a MANIFEST or VIEW into views instead (train=0.98 --into val=0.02), by a hash of "
+    "the key; written as DIR/NAME.view.json (-O).",
+)
+@click.option(
+    "-O", "--output-dir", default=None, metavar="DIR", help="With --into: where the views go."
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="With --into: hash seed.")
 @on_error_option()
 @quiet_option("Do not list the shards being written.")
 @handle_errors
@@ -96,8 +107,19 @@ def split_cmd(
     quiet: bool,
     aligned: bool = False,
     manifest: str | None = None,
+    into: tuple[str, ...] = (),
+    output_dir: str | None = None,
+    seed: int = 0,
 ) -> None:
-    """Split a tar stream (default stdin) into shards PREFIX-000000.tar..., samples kept whole."""
+    """Split a tar stream (default stdin) into shards PREFIX-000000.tar..., samples kept whole.
+
+    With --into NAME=SHARE: split a MANIFEST or VIEW into one view per name instead (no data
+    copied), each sample's split decided by a hash of (--seed, its key)."""
+    if into:
+        from .split_views import split_views
+
+        split_views(inputs, into, output_dir, seed, quiet)
+        return
     if gz and zstd:
         raise click.UsageError("choose one of -z/--gzip and --zstd")
     urls = collect_inputs(inputs)

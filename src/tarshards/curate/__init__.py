@@ -3,12 +3,15 @@ joins, the key table, splits, dataset spec files).
 
 So far: :class:`KeyIndex`, the key table (key -> shard and row for a whole data set, a
 memory-mapped sorted array of key hashes), the foundation of joins; and :func:`add_meta`,
-per-sample metadata columns (tokens, sizes, durations) added to an existing data set's indexes.
+per-sample metadata columns (tokens, sizes, durations) added to an existing data set's indexes;
+views (:class:`View`, :func:`view`, :func:`dedup`, :func:`split`): selections of a data set's
+samples, stored beside its manifest, read wherever a manifest is.
 """
 
 from __future__ import annotations
 
 from .keyindex import DUPLICATE_POLICIES, KeyIndex
 from .meta import add_meta
+from .views import View, dedup, split, view
 
-__all__ = ["DUPLICATE_POLICIES", "KeyIndex", "add_meta"]
+__all__ = ["DUPLICATE_POLICIES", "KeyIndex", "View", "add_meta", "dedup", "split", "view"]
