@@ -260,7 +260,7 @@ class MixedDataset(DataPipeline):
     def source_counts(self, epoch: int | None = None) -> dict[str, int]:
         """The samples each source gives in ``epoch`` (default: the next), all ranks and
         readers together."""
-        prog = self._epoch_program(self._next_epoch() if epoch is None else int(epoch))
+        prog = self.epoch_program(self.next_epoch() if epoch is None else int(epoch))
         return {
             name: prog.readers * sum(q[i] for q in prog.quotas) for i, name in enumerate(self.names)
         }

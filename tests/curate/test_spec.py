@@ -224,15 +224,30 @@ def test_subset_rows_in_manifest_order(root):
     assert info["bytes"] == spec_info(str(root / "books/manifest.json"))["bytes"]
 
 
-def test_a_subset_cutting_a_shard_says_so(root):
-    # (rows of a shard: with views, a row selection; until then, whole shards only)
+def test_subset_rows_of_a_shard_of_a_view_and_of_scanned_shards(root):
+    from tarshards import Manifest, View
+
     path = write(
-        root, "cut.yaml", "sources: [{name: a, data: books/manifest.json, subset: [0%, 33%]}]"
+        root, "rows.yaml", "sources: [{name: a, data: books/manifest.json, subset: [0%, 33%]}]"
     )
-    with pytest.raises(
-        ShardSpecError, match=r"cut\.yaml: sources\[0\] \(a\): subset rows \[0, 13\)"
-    ):
-        WebDataset(path, readers=2)
+    assert sorted(keys_of(run(path, readers=1, batch=1))) == [f"books{i:04d}" for i in range(13)]
+    # a view: a subset is rows of its rows
+    books = Manifest.load(str(root / "books/manifest.json"))
+    View.from_positions(books, range(1, 40, 2)).save(str(root / "books/odd.view.json"))
+    path = write(
+        root, "view.yaml", "sources: [{name: odd, data: books/odd.view.json, subset: [0%, 50%]}]"
+    )
+    leaves = resolve_blend(path)
+    assert (leaves[0].kind, leaves[0].samples, leaves[0].selected) == ("view", 20, 10)
+    assert sorted(keys_of(run(path, readers=1, batch=1))) == [
+        f"books{i:04d}" for i in range(1, 20, 2)
+    ]
+    # the bytes of the rows kept: the samples' spans in their shards
+    whole = spec_info(str(root / "books/manifest.json"))["bytes"]
+    assert 0 < spec_info(path)["bytes"] < whole // 3
+    # shards without a manifest: rows in the order of the scan
+    path = write(root, "scan.yaml", "sources: [{name: c, data: 'code/*.tar', subset: [25%, 75%]}]")
+    assert sorted(keys_of(run(path, readers=1, batch=1))) == [f"code{i:04d}" for i in range(5, 15)]
 
 
 def test_nested_specs_multiply_weights_and_repeats(root):
@@ -373,7 +388,7 @@ def test_resume_through_a_loader_with_workers_and_elastic(root):
         root,
         "loader.yaml",
         "sources:\n  - {name: web, data: web/manifest.json, weight: 2}\n"
-        "  - {name: books, data: books/manifest.json, weight: 1, repeat: 2}\n"
+        "  - {name: books, data: books/manifest.json, weight: 1, repeat: 2, subset: [5%, 95%]}\n"
         "stop: all\n",
     )
 

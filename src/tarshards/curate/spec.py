@@ -58,7 +58,6 @@ from .. import stages as _stages
 from ..errors import MissingDependencyError, ShardSpecError
 from ..mixing import STOPS, MixedDataset
 from ..pipeline import WebDataset
-from ..plan import ShardTable
 from ..specs import DATASET_SPEC_OPENERS, DATASET_SPEC_SUFFIXES, is_dataset_spec
 from ..storage import is_local, local_path, open_url, url_protocol
 
@@ -515,7 +514,7 @@ class _Resolver:
             subset=subset,
             samples=n,
             selected=hi - lo,
-            nbytes=_row_bytes(ds, table, lo, hi),
+            nbytes=_row_bytes(ds),
             weight=entry.weight,
             dataset=ds,
         )
@@ -546,39 +545,23 @@ class _Maker:
         return self._new(entry, list(entry.data) if isinstance(entry.data, tuple) else entry.data)
 
     def subset(self, ds: Any, lo: int, hi: int, entry: SourceEntry) -> Any:
-        """Rows ``[lo, hi)`` of ``ds`` in manifest order, as a planned source.
+        """Rows ``[lo, hi)`` of ``ds`` in manifest order (of the rows it reads: a view's rows
+        of rows), as a planned source over a :class:`~tarshards.selection.View`."""
+        from ..selection import View
 
-        Until views (row selections of a table) are in: at shard granularity, the bounds on
-        shard boundaries."""
-        table = ds.table
-        starts = [0]
-        for c in table.counts:
-            starts.append(starts[-1] + c)
-        for bound in (lo, hi):
-            if bound not in starts:
-                cut = next(i for i in range(len(table.counts)) if bound < starts[i + 1])
-                raise ShardSpecError(
-                    f"{entry.where}: subset rows [{lo}, {hi}) cut shard {table.urls[cut]} "
-                    f"(rows {starts[cut]}..{starts[cut + 1] - 1}); this version selects whole "
-                    "shards only: choose bounds on shard boundaries"
-                )
-        a, b = starts.index(lo), starts.index(hi)
-        if a >= b:
-            raise ShardSpecError(f"{entry.where}: subset selects no samples")
-        urls = list(table.urls[a:b])
-        if ds.manifest is not None:
-            return self._new(entry, urls, manifest=ds.manifest)
-        sub = self._new(entry, urls)
-        sub.set_table(ShardTable(urls, table.counts[a:b]))
-        return sub
+        base = ds.view if ds.view is not None else ds.manifest
+        if base is None:  # shards without a manifest: the record their scan made
+            base = ds.table.manifest
+        return self._new(entry, View.from_positions(base, range(lo, hi)))
 
 
-def _row_bytes(ds: Any, table: ShardTable, lo: int, hi: int) -> int | None:
-    """The bytes of rows ``[lo, hi)``: whole shards by their size, a cut shard by its sample
-    offsets (or in proportion to its rows)."""
-    manifest = ds.manifest if ds.manifest is not None else None
+def _row_bytes(ds: Any) -> int | None:
+    """The bytes of the rows ``ds`` reads: whole shards by their size, the rows a view keeps of
+    a shard by its sample offsets (or in proportion to the rows)."""
+    table = ds.table
+    manifest = table.manifest
     sizes: list[int | None]
-    if manifest is not None and len(manifest.shards) == len(table.urls):
+    if ds.manifest is not None:
         sizes = [r.nbytes for r in manifest.shards]
     else:
         sizes = [
@@ -588,23 +571,21 @@ def _row_bytes(ds: Any, table: ShardTable, lo: int, hi: int) -> int | None:
             for u in table.urls
         ]
     total = 0
-    start = 0
-    for i, (n, size) in enumerate(zip(table.counts, sizes)):
-        a, b = max(lo, start) - start, min(hi, start + n) - start
-        start += n
-        if a >= b:
+    for i, size in enumerate(sizes):
+        rows, n = table.selected_rows(i), table.base_counts[i]
+        if rows is not None and len(rows) == 0:
             continue
         if size is None:
             return None
-        if a == 0 and b == n:
+        if rows is None:
             total += size
             continue
         offs = table.sample_offsets(i)
         if offs is not None and len(offs) == n:
-            end = offs[b] if b < n else size
-            total += int(end - offs[a])
+            ends = list(offs[1:]) + [size]
+            total += sum(int(ends[r]) - int(offs[r]) for r in rows)
         else:
-            total += size * (b - a) // n
+            total += size * len(rows) // n
     return total
 
 
