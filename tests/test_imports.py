@@ -55,6 +55,7 @@ LAYERS: list[tuple[str, ...]] = [
         "source",
         "reading",
     ),  # shard lists, the epoch plan and its cursor; shard reading
+    ("sidecar",),  # sidecar column groups and joins, read row by row beside their base
     ("stages", "planned", "stateful"),  # stages; the planned iteration; stages with a state
     ("fusion",),  # the stage record and the one rewrite of a stage list (fusion)
     ("composition",),  # DataPipeline: a source and stages, the fluent methods

@@ -77,6 +77,7 @@ __all__ = sorted(
         "View",
         "WebDataset",
         "WebLoader",
+        "add_columns",
         "add_meta",
         "audio",
         "batched",
@@ -94,6 +95,7 @@ __all__ = sorted(
         "ignore_and_stop",
         "iter_samples",
         "iter_tar",
+        "join",
         "map_dict",
         "map_samples",
         "map_shard_files",
@@ -133,7 +135,7 @@ _PLAIN = {"IndexedDataset": "indexed", "MixedDataset": "mixing", "mix": "mixing"
 _MODULE_OF = {
     "codecs": ["Codec", "decode_value", "encode_value", "register_codec"],
     "crop": ["RandomResizedCrop", "random_resized_crop"],
-    "curate": ["KeyIndex", "add_meta"],
+    "curate": ["KeyIndex", "add_meta", "add_columns", "join"],
     "curate.views": ["View", "dedup", "split", "view"],
     "errors": [
         "CommandError",

@@ -186,6 +186,10 @@ class IndexedDataset:
     shard, member and offset).
     ``cache_dir``/``cache_size``: fetch remote shards whole into a :class:`ShardCache` and read
     them locally (a download is verified against the manifest before it is kept).
+    ``fields=[...]``: only these fields (see ``WebDataset(fields=)``): only the column groups
+    holding them are read, the base shards only when a field is not in a group. A manifest with
+    column groups (:func:`tarshards.add_columns`) or a join (:func:`tarshards.join`) gives its
+    rows merged (``cache_dir`` and media decoders then read as plain fields).
     """
 
     def __init__(
@@ -200,6 +204,7 @@ class IndexedDataset:
         cache_size=None,
         decode_size=None,
         allow_unsafe: bool = False,
+        fields=None,
     ):
         from .selection import View, as_record
 
@@ -208,7 +213,29 @@ class IndexedDataset:
         self.view = record if isinstance(record, View) else None
         if self.view is not None:
             record = self.view.manifest
-        self.manifest: Manifest = _with_indexes(as_manifest(record, storage_options))
+        self.manifest: Manifest = as_manifest(record, storage_options)
+        #: sidecar columns, a join, fields=: the parts read and merged per row (else None)
+        self.layout = None
+        if fields is not None or self.manifest.columns or self.manifest.join:
+            if self.view is not None:
+                raise ValueError(
+                    "a view over a manifest with sidecar columns or a join (or read with "
+                    "fields=) is not supported yet: make the view over the plain manifest"
+                )
+            from .sidecar import layout_for
+
+            self.layout = layout_for(self.manifest, fields, storage_options=storage_options)
+        self._parts: list = []  # per part of the layout: its own IndexedDataset where aligned
+        if self.layout is not None:
+            self.manifest = self.layout.manifest
+            self._parts = [
+                IndexedDataset(p.manifest, verify=verify, storage_options=storage_options)
+                if p.aligned
+                else None
+                for p in self.layout.parts
+            ]
+        else:
+            self.manifest = _with_indexes(self.manifest)
         self.urls = self.manifest.shard_urls()
         counts = np.fromiter(
             (r.samples for r in self.manifest.shards), np.int64, len(self.manifest.shards)
@@ -270,7 +297,7 @@ class IndexedDataset:
         except TypeError:
             raise TypeError(f"samples are indexed by int, not {type(i).__name__}") from None
         shard, j = self.locate(i)
-        sample = self._media_sample(shard, j) if self._media else None
+        sample = self._media_sample(shard, j) if self._media and self.layout is None else None
         if sample is None:
             sample = self.raw_sample(shard, j)
         if self._decode is not None:
@@ -355,6 +382,14 @@ class IndexedDataset:
         The sample's bytes are read in one piece and its fields cut out where the index says
         they are (the first member's header is checked against the index, so an index made
         for another version of the shard is caught; ``verify=True`` checks every field)."""
+        if self.layout is not None:  # the parts' rows (an aligned part's by its own ds[i])
+            rows = [
+                sub.raw_sample(shard, j)
+                if sub is not None
+                else part.read_rows(shard, j, j + 1, self.verify)[0]
+                for part, sub in zip(self.layout.parts, self._parts)
+            ]
+            return self.layout.merge(rows)
         info = self._info(shard)
         url = info.url
         if j >= info.n:
@@ -498,6 +533,11 @@ class IndexedDataset:
         for r in self._readers.values():
             r.close()
         self._readers = {}
+        if self.layout is not None:
+            self.layout.close()
+            for sub in self._parts:
+                if sub is not None:
+                    sub.close()
 
     def __enter__(self):
         return self

@@ -58,6 +58,7 @@ from .storage import (
 
 __all__ = [
     "MANIFEST_FORMAT",
+    "ColumnGroup",
     "Manifest",
     "IndexJob",
     "ManifestRecorder",
@@ -112,6 +113,61 @@ def _checksum(shards: Sequence[ShardRecord]) -> str:
         h.update(json.dumps([r.url, r.samples, r.nbytes, r.hash], separators=(",", ":")).encode())
         h.update(b"\n")
     return f"sha256:{h.hexdigest()}"
+
+
+@dataclass(frozen=True)
+class ColumnGroup:
+    """A group of sidecar columns (:func:`tarshards.add_columns`): the fields it holds and its
+    shards, one per shard of the base data set, aligned row by row with it (same keys, same
+    order). Its records are as a manifest's (relative to the manifest that holds the group)."""
+
+    name: str
+    fields: tuple[str, ...]
+    shards: tuple[ShardRecord, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "fields", tuple(str(f) for f in self.fields))
+        object.__setattr__(self, "shards", tuple(self.shards))
+        if not self.name or not isinstance(self.name, str):
+            raise ValueError("a column group has a name")
+        if not self.fields:
+            raise ValueError(f"column group {self.name!r} holds no field")
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "fields": list(self.fields),
+            "shards": [r.to_json() for r in self.shards],
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "ColumnGroup":
+        return cls(
+            name=obj["name"],
+            fields=tuple(obj["fields"]),
+            shards=tuple(_record(s) for s in obj["shards"]),
+        )
+
+
+def _record(s: dict) -> ShardRecord:
+    return ShardRecord(
+        url=s["url"],
+        samples=int(s["samples"]),
+        nbytes=s.get("nbytes"),
+        hash=s.get("hash"),
+        index=s.get("index"),
+    )
+
+
+def _extension_checksum(base: str, columns, base_ref, join) -> str:
+    """The records' checksum of a manifest with sidecar columns or a join: the base's
+    :func:`_checksum` and those parts' JSON, hashed together."""
+    text = json.dumps(
+        [base, [g.to_json() for g in columns], base_ref, join],
+        separators=(",", ":"),
+        sort_keys=True,
+    )
+    return f"sha256:{hashlib.sha256(text.encode()).hexdigest()}"
 
 
 def _base_of(url: str) -> str:
@@ -179,9 +235,24 @@ class Manifest:
     url: str | None = field(default=None, compare=False)
     storage_options: dict | None = field(default=None, compare=False, repr=False)
     _indexes: dict = field(default_factory=dict, compare=False, repr=False)
+    #: sidecar column groups (:func:`tarshards.add_columns`), aligned row by row with shards
+    columns: tuple[ColumnGroup, ...] = ()
+    #: the manifest this one was derived from: {"manifest": URL relative to this one, "checksum"}
+    base_ref: dict | None = None
+    #: a join (:func:`tarshards.join`): its right side and the file of per-row pointers
+    join: dict | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "shards", tuple(self.shards))
+        object.__setattr__(self, "columns", tuple(self.columns))
+        for g in self.columns:
+            if not isinstance(g, ColumnGroup):
+                raise TypeError(f"a manifest's columns are ColumnGroups, not {type(g).__name__}")
+            if [r.samples for r in g.shards] != [r.samples for r in self.shards]:
+                raise ValueError(
+                    f"column group {g.name!r} is not aligned with the shards (its sample "
+                    "counts differ)"
+                )
         for r in self.shards:
             if not isinstance(r, ShardRecord):
                 raise TypeError(f"a manifest holds ShardRecords, not {type(r).__name__}")
@@ -198,6 +269,8 @@ class Manifest:
         fp = self.__dict__.get("_fp")
         if fp is None:
             fp = data_fingerprint((r.url for r in self.shards), (r.samples for r in self.shards))
+            if self.columns or self.join:  # what is read with the shards counts too
+                fp = _extended_fingerprint(fp, self.columns, self.join)
             object.__setattr__(self, "_fp", fp)
         return fp
 
@@ -209,6 +282,8 @@ class Manifest:
         sum_ = self.__dict__.get("_checksum")
         if sum_ is None:
             sum_ = _checksum(self.shards)
+            if self.columns or self.base_ref or self.join:
+                sum_ = _extension_checksum(sum_, self.columns, self.base_ref, self.join)
             object.__setattr__(self, "_checksum", sum_)
         return sum_
 
@@ -223,6 +298,8 @@ class Manifest:
 
     @property
     def num_samples(self) -> int:
+        if self.join:  # the join's rows (an inner join keeps the left rows that matched)
+            return sum(int(c) for c in self.join["counts"])
         return sum(r.samples for r in self.shards)
 
     def __len__(self) -> int:
@@ -312,6 +389,12 @@ class Manifest:
         }
         if self.info:
             out["info"] = self.info
+        if self.base_ref:
+            out["base"] = self.base_ref
+        if self.columns:
+            out["columns"] = [g.to_json() for g in self.columns]
+        if self.join:
+            out["join"] = self.join
         return out
 
     def dumps(self) -> str:
@@ -360,7 +443,21 @@ class Manifest:
         info = obj.get("info") or {}
         if not isinstance(info, dict):
             raise ShardFormatError("the manifest's info is not a JSON object", url=url)
-        m = cls(shards, info=info, url=url, storage_options=storage_options)
+        try:
+            columns = tuple(ColumnGroup.from_json(g) for g in obj.get("columns") or ())
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ShardFormatError(f"malformed column group: {exc}", url=url) from None
+        extra: dict = {}
+        if columns:
+            extra["columns"] = columns
+        if obj.get("base"):
+            extra["base_ref"] = dict(obj["base"])
+        if obj.get("join"):
+            extra["join"] = dict(obj["join"])
+        try:
+            m = cls(shards, info=info, url=url, storage_options=storage_options, **extra)
+        except ValueError as exc:
+            raise ShardFormatError(str(exc), url=url) from None
         stored = obj.get("fingerprint")
         if stored is not None and stored != m.checksum:
             raise IntegrityError(
@@ -426,7 +523,78 @@ class Manifest:
             url = relative_url(resolve_url(r.url, old), base)
             index = None if r.index is None else relative_url(resolve_url(r.index, old), base)
             shards.append(replace(r, url=url, index=index))
+        if self.columns or self.base_ref or self.join:
+            return _relocated_parts(self, old, base, tuple(shards))
         return replace(self, shards=tuple(shards), _indexes={})
+
+    # ---- sidecar columns -------------------------------------------------------------------
+    def column_fields(self) -> dict[str, str]:
+        """Field -> the name of the column group that holds it (sidecar fields only)."""
+        return {f: g.name for g in self.columns for f in g.fields}
+
+    def group_manifest(self, name: str) -> "Manifest":
+        """Column group ``name``'s shards as a plain manifest (their URLs resolved against
+        this manifest's place, as the group's records are written relative to it)."""
+        for g in self.columns:
+            if g.name == name:
+                return Manifest(g.shards, url=self.url, storage_options=self.storage_options)
+        raise KeyError(f"no column group {name!r} (groups: {[g.name for g in self.columns]})")
+
+    def plain(self) -> "Manifest":
+        """The base shards alone: this manifest without column groups, base or join."""
+        if not (self.columns or self.base_ref or self.join):
+            return self
+        return Manifest(
+            self.shards, info=self.info, url=self.url, storage_options=self.storage_options
+        )
+
+    def every_shard(self) -> "Manifest":
+        """A plain manifest of every shard this one names: the base shards, then each column
+        group's (what ``tarcheck --manifest`` checks)."""
+        if not self.columns:
+            return self.plain()
+        shards = self.shards + tuple(r for g in self.columns for r in g.shards)
+        return Manifest(shards, url=self.url, storage_options=self.storage_options)
+
+
+def _extended_fingerprint(base: str, columns, join) -> str:
+    """The data's identity with column groups (their names, fields, shard names and counts)
+    and a join (its own identity, stored with it) over the base's."""
+    parts = [
+        [
+            g.name,
+            list(g.fields),
+            data_fingerprint([r.url for r in g.shards], [r.samples for r in g.shards]),
+        ]
+        for g in columns
+    ]
+    text = json.dumps([base, parts, (join or {}).get("identity")], separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _relocated_parts(m: "Manifest", old, base, shards) -> "Manifest":
+    """:meth:`Manifest.relocated` of a manifest with column groups, a base or a join."""
+
+    def move(u):
+        return None if u is None else relative_url(resolve_url(u, old), base)
+
+    columns = tuple(
+        replace(g, shards=tuple(replace(r, url=move(r.url), index=move(r.index)) for r in g.shards))
+        for g in m.columns
+    )
+    base_ref = dict(m.base_ref, manifest=move(m.base_ref["manifest"])) if m.base_ref else None
+    join = m.join
+    if join:
+        join = dict(join)
+        join["pointers"] = move(join["pointers"])
+        right = dict(join["right"])
+        right["shards"] = [
+            dict(r, url=move(r["url"]), index=move(r.get("index"))) for r in right["shards"]
+        ]
+        if right.get("manifest"):
+            right["manifest"] = move(right["manifest"])
+        join["right"] = right
+    return replace(m, shards=shards, columns=columns, base_ref=base_ref, join=join, _indexes={})
 
 
 def _exists(url: str, storage_options) -> bool:

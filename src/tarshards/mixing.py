@@ -293,7 +293,11 @@ class _Cursor:
                 if self.stream is not None:
                     self.stream.close()
                 plan = plan_for(self.src.table, self.cfg, _pass_epoch(self.epoch, npass))
-                self.stream = ReaderStream(
+                make: Any = ReaderStream
+                layout = getattr(self.src, "layout", None)
+                if layout is not None:  # sidecar columns, a join: the rows merged
+                    make = layout.reader_stream
+                self.stream = make(
                     self.src.table,
                     plan,
                     self.reader,

@@ -117,6 +117,10 @@ class WebDataset(DataPipeline):
     webdataset's handler functions (``warn_and_continue``...).
     ``manifest``: the shards' manifest (exact ``len()``, ``verify``, known offsets).
     ``decode_size=(w, h)``: with ``decoder=``, decode images at that size (fast for JPEG).
+    ``fields=[...]``: with a manifest, only these fields (and ``__key__``...): only the column
+    groups holding them are read, and the base shards only when a field is not in a group
+    (see :func:`tarshards.add_columns`); a manifest with column groups or a join
+    (:func:`tarshards.join`) is read merged row by row.
 
     The other options come in three frozen values (:mod:`tarshards.types`), each field also
     accepted as a keyword of its own (``WebDataset(urls, cache_dir=..., readers=60)`` is
@@ -170,6 +174,7 @@ class WebDataset(DataPipeline):
         manifest=None,
         split: str | None = None,
         decode_size=None,
+        fields=None,
         read_options: ReadOptions | None = None,
         plan_options: PlanOptions | None = None,
         safety_options: SafetyOptions | None = None,
@@ -203,6 +208,16 @@ class WebDataset(DataPipeline):
             if isinstance(record, View):
                 self.view, record = record, record.manifest
             self.manifest = record
+        #: how a manifest with sidecar columns or a join (or one read with fields=) is read
+        self.layout = None
+        if fields is not None or (self.manifest is not None and _has_layout(self.manifest)):
+            if self.view is not None:
+                raise ValueError(
+                    "a view over a manifest with sidecar columns or a join (or read with "
+                    "fields=) is not supported yet: make the view over the plain manifest"
+                )
+            self.layout = _layout(self.manifest, fields, storage_options)
+            self.manifest, urls = self.layout.manifest, None
         if urls is None and self.manifest is not None:
             self.urls = self.manifest.shard_urls()
         else:
@@ -299,6 +314,8 @@ class WebDataset(DataPipeline):
             self._check_shards_exist()
             if self.view is not None:
                 self._table = ShardTable.from_view(self.view, self.urls)
+            elif self.layout is not None:  # the logical rows (sidecar columns, a join)
+                self._table = self.layout.table()
             elif self.manifest is not None:
                 self._table = ShardTable.from_manifest(self.manifest, self.urls)
             else:
@@ -554,6 +571,18 @@ class WebDataset(DataPipeline):
             options["expect"] = self.manifest.records_by_url()
         if self.manifest is not None and self.on_error.mode != "raise":
             options["index_of"] = _IndexOf(self.manifest)  # to name the samples a skip loses
+        if self.layout is not None:  # sidecar columns, a join, fields=: parts merged per row
+            yield from self.layout.iter_samples(
+                shards,
+                on_error=self.on_error,
+                verify=self.safety_options.verify,
+                **{
+                    k: options[k]
+                    for k in ("storage_options", "last_dot", "retries", "opener")
+                    if k in options
+                },
+            )
+            return
         if not self.safety_options.empty_check or self.resampled:
             yield from iter_samples(shards, on_error=self.on_error, **options)
             return
@@ -674,6 +703,26 @@ class WebDataset(DataPipeline):
     def _source_repr(self) -> str:
         spec = repr(self.spec) if isinstance(self.spec, str) else f"[{self.urls[0]!r}, ...]"
         return f"{type(self).__name__}({spec}, {len(self.urls)} shards)"
+
+
+def _has_layout(manifest) -> bool:
+    return bool(manifest.columns or manifest.join)
+
+
+def _layout(manifest, fields, storage_options):
+    """The :class:`~tarshards.sidecar.Layout` a manifest is read through (``fields=``: only the
+    parts holding those fields)."""
+    if manifest is None:
+        raise ValueError(
+            "fields= reads the column groups of a manifest: pass the manifest (or its path) "
+            "as the data set"
+        )
+    from .sidecar import layout_for
+
+    layout = layout_for(manifest, fields, storage_options=storage_options)
+    if layout is None:  # (not asked of a plain manifest read whole)
+        raise ValueError("this manifest has no column groups or join to read")
+    return layout
 
 
 class _IndexOf:

@@ -103,7 +103,10 @@ class _SingleProgram(PlannedProgram):
     def _stream(self, reader: int, stats=None) -> ReaderStream:
         ds = self.ds
         ranged = ds.range_opener()
-        return ReaderStream(
+        make: Any = ReaderStream
+        if getattr(ds, "layout", None) is not None:  # sidecar columns, a join, fields=
+            make = ds.layout.reader_stream
+        return make(
             ds.table,
             self.plan,
             reader,

@@ -340,3 +340,23 @@ def test_keyindex_on_ray_equals_processes(tmp_path, ray_local, indexed_locally):
     assert len(got) == len(want) == 6 * PER_SHARD
     assert _tree(tmp_path / "r.keys") == _tree(tmp_path / "p.keys")
     assert got.locate("sample000037") == (3, 7)
+
+
+def caption_of(sample):
+    """add_columns' function (module level: the cluster's workers import it)."""
+    return {"txt": f"caption of {sample['__key__']}"}
+
+
+def test_add_columns_on_a_cluster_equals_processes(tmp_path, on_cluster, indexed_locally):
+    """Sidecar columns (issue 37) made one task a shard on the cluster: the same shards."""
+    import tarshards
+
+    src, _ = indexed_locally
+    want = tarshards.add_columns(
+        src / "m.json", caption_of, output=str(tmp_path / "p" / "m.json"), workers=2
+    )
+    got = tarshards.add_columns(
+        src / "m.json", caption_of, output=str(tmp_path / "c" / "m.json"), **on_cluster
+    )
+    assert [r.hash for r in got.columns[0].shards] == [r.hash for r in want.columns[0].shards]
+    assert got.fingerprint == want.fingerprint and got.num_samples == 6 * PER_SHARD

@@ -358,7 +358,8 @@ def check_cmd(
     if manifest_url is not None:
         from ..manifest import as_manifest
 
-        manifest = as_manifest(manifest_url)  # a view: its manifest's shards
+        # a view: its manifest's shards; column groups' shards too
+        manifest = as_manifest(manifest_url).every_shard()
         expected = manifest.records_by_url()
         positions = {u: i for i, u in enumerate(manifest.shard_urls())}
         urls = (

@@ -36,6 +36,8 @@ COMMANDS: dict[str, tuple[str | None, str]] = {
     "convert": (None, "tarshards.cli.convert:convert_cmd"),
     "view": (None, "tarshards.cli.view:view_cmd"),
     "dedup": (None, "tarshards.cli.dedup:dedup_cmd"),
+    "columns": (None, "tarshards.cli.columns:columns_cmd"),
+    "join": (None, "tarshards.cli.join:join_cmd"),
     "info": (None, "tarshards.cli.info:info_cmd"),
 }
 
