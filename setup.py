@@ -24,6 +24,14 @@ setup(
             libraries=["xxhash"],
             extra_compile_args=["-O2"],
         ),
+        # the largest deficit rule of mixing by tokens (tarshards.mixing; numpy without it),
+        # in the same float64 operations as numpy's: no fused multiply-adds
+        Extension(
+            "tarshards._deficits",
+            ["src/tarshards/_deficits.c"],
+            optional=True,
+            extra_compile_args=["-O2", "-ffp-contract=off"],
+        ),
         # JPEG decoding and cropped decoding over the system's libjpeg-turbo (Debian:
         # libjpeg-dev), or a newer one in the process (images.py: Pillow's); skipped where its
         # headers are missing (simplejpeg and Pillow then decode)

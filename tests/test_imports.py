@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
         "_speedups",
         "_jpeg",
         "_xxh3",
+        "_deficits",
         "stats",
     ),  # the bottom: no tarshards imports but these (stats: a loader's counters, which the
     # reading path is handed)
@@ -141,6 +142,7 @@ def _exists(module: str) -> bool:
         (SRC / rel).with_suffix(".py").exists()
         or (SRC / rel / "__init__.py").exists()
         or module in ("tarshards._speedups", "tarshards._jpeg", "tarshards._xxh3")
+        or module == "tarshards._deficits"
     )
 
 

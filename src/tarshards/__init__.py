@@ -223,6 +223,7 @@ _SUBMODULES = frozenset(
         "reading",
         "selection",
         "shards",
+        "sidecar",
         "source",
         "specs",
         "stages",

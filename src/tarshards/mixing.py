@@ -20,6 +20,44 @@ Each source is a ``WebDataset`` with at most a leading ``.shuffle(n)`` and per-s
 (``decode``, ``map``, ``to_tuple``...), and no ``.batched()``: batching is the mixture's. Every
 sample carries ``__source__`` (the source's name) and ``__pad__``.
 
+**Mixing by tokens** (``unit="tokens"``, ``cost="tokens"``: a per-sample metadata column of each
+source's manifest, see :meth:`tarshards.manifest.Manifest.meta`). The weights are shares of
+*tokens*, not of samples. Batches keep ``B`` samples; their composition follows the largest
+deficit rule: every slot of reader ``v``'s stream goes to the source ``s`` whose deficit
+``d_s = (w_s x tokens delivered) - tokens of s delivered`` is largest (ties: the larger weight,
+then the first source; a source of weight 0 is never picked), and the next sample of that
+source (in its planned, shuffled order) fills it. The plan reads the column only (no data): each
+source reader's order is the plan's and its shuffle buffer replayed on positions, the same
+order the reader delivers. Bounds, for every prefix of a reader's stream (so at every batch
+boundary), with ``M_s`` the largest sample of source ``s``:
+
+- ``d_s >= -(1 - w_s) M_s``: a source is never ahead of its share by a whole sample of its own
+  (it is picked only with ``d_s >= 0``, since the deficits sum to 0, and a pick lowers
+  ``d_s`` by ``(1 - w_s) c``; otherwise ``d_s`` only grows);
+- ``d_s <= sum over r != s of (1 - w_r) M_r`` (the deficits sum to 0): behind by at most one
+  sample of each other source, i.e. ``M = max M_r`` with two sources.
+
+A batch's share is the difference of two prefixes: ``|t_s - w_s T| <= sum_r (1 - w_r) M_r`` in
+every batch (``T`` its tokens, ``t_s`` those of ``s``), which is at most ``max_r M_r`` with two
+sources (a convex combination): every batch is within one sample of the weights, and a reader's
+stream never drifts (the whole run's error is at most ``V`` times a reader's bound, however
+long it runs; with weights that change, the same holds with ``M`` for ``(1 - w) M``).
+:class:`TokenDeficits` is the rule on its own (rows of independent streams),
+for use per pack as well as per batch.
+
+**Weights that follow the step.** ``weights=`` also takes a table ``[(step, weights), ...]``
+(steps increasing from 0; ``weights`` a mapping by source name or a sequence in the sources'
+order; each applies from its step on, or ``interpolate="linear"`` between the points), or a
+function ``step -> weights`` with ``schedule_id="..."`` (a name for the function: a function
+cannot be compared across processes, so a saved state records the id and the table, and a state
+saved under another schedule is refused). The step of global batch ``g`` of epoch ``e`` is
+``(g + global batches of the epochs before e) // batches_per_step``: a pure function of the plan,
+the same on any number of ranks, so an exact or elastic resume continues with the weights of its
+step. (With R ranks a trainer step takes R global batches: ``batches_per_step=R`` counts the
+table in trainer steps; it is part of the plan.) With a schedule the composition of each
+reader's batches is its own; with ``stop="first"``/``"all"`` an epoch's length depends on its
+weights, so epoch ``e``'s plan follows the plans of the epochs before it (cached).
+
 ``repeat={"a": 2}``: source ``a`` may be read twice (each pass a new shuffle) before it counts
 as run out (``0.5``: half of one pass); the stopping rules above count in these budgets. A
 ``.shuffle(n)`` put first on the mixture itself (``mix(...).shuffle(n).batched(B)``) shuffles
@@ -29,24 +67,40 @@ resume, as a source's own).
 
 from __future__ import annotations
 
+import collections
 import functools
+import hashlib
+import itertools
+import json
+import weakref
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from . import stages as _stages
+from ._lazy import LazyModule
+from .errors import ResumeError
 from .pipeline import DataPipeline, PlannedProgram, _bind, _explicit_rank
-from .plan import PlanConfig, plan_for
-from .source import ReaderStream, reader_rng
+from .plan import PlanConfig, ShardTable, plan_for
+from .source import ReaderStream, ShuffleCore, reader_rng
 from .types import WorkerInfo
+
+np = LazyModule("numpy", globals(), "np")
+
+try:  # optional C loop of the largest deficit rule (see _deficits.c); numpy is the reference
+    from ._deficits import fill as _fill
+except ImportError:  # pragma: no cover - without the extension
+    _fill = None
 
 if TYPE_CHECKING:
     from .composition import _Stage
     from .pipeline import WebDataset
     from .planned import _PlannedIterator
 
-__all__ = ["MixedDataset", "batch_quotas", "mix"]
+__all__ = ["MixedDataset", "TokenDeficits", "batch_quotas", "mix"]
 
 STOPS = ("first", "all", "cycle")
+UNITS = ("samples", "tokens")
+INTERPOLATIONS = ("step", "linear")
 
 
 def _apportion(
@@ -126,6 +180,408 @@ def _pass_epoch(epoch: int, npass: int) -> int:
     return epoch if npass == 0 else (epoch + 1) * 1_000_003 + npass
 
 
+# ---------------------------------------------------------------------------------------------
+# weights: constant, a table by step, or a named function of the step
+# ---------------------------------------------------------------------------------------------
+
+
+class _Weights:
+    """The mixture's weights as a function of the step (normalized rows, one per step)."""
+
+    def __init__(
+        self,
+        weights: Any,
+        names: list[str],
+        *,
+        schedule_id: str | None,
+        interpolate: str,
+    ):
+        self.names = names
+        self.fn: Callable[[int], Any] | None = None
+        self.table: list[tuple[int, tuple[float, ...]]] | None = None
+        self.schedule_id = schedule_id
+        if interpolate not in INTERPOLATIONS:
+            raise ValueError(
+                f"interpolate must be one of {', '.join(INTERPOLATIONS)}, got {interpolate!r}"
+            )
+        self.interpolate = interpolate
+        self.constant: tuple[float, ...] | None = None
+        if weights is None or isinstance(weights, Mapping):
+            w = dict(weights) if weights is not None else {n: 1 for n in names}
+            if set(w) != set(names):
+                raise ValueError(f"weights name {sorted(w)}, sources {sorted(names)}")
+            if any(not float(v) > 0 for v in w.values()):
+                raise ValueError("weights must be positive")
+            self.constant = tuple(float(w[n]) for n in names)
+            if interpolate != "step":
+                raise ValueError("interpolate= applies to a weights table [(step, weights), ...]")
+        elif callable(weights):
+            if not isinstance(schedule_id, str) or not schedule_id:
+                raise ValueError(
+                    "weights given as a function of the step need schedule_id='a name' (a "
+                    "function cannot be compared across processes: a saved state records the "
+                    "id), or give a table [(step, weights), ...]"
+                )
+            if interpolate != "step":
+                raise ValueError("interpolate= applies to a weights table [(step, weights), ...]")
+            self.fn = weights
+        else:
+            try:
+                points = [(int(step), self._row(w, f"step {step}")) for step, w in weights]
+            except (TypeError, ValueError) as exn:
+                raise type(exn)(
+                    "weights: a mapping {source: weight}, a table [(step, weights), ...] or a "
+                    f"function of the step with schedule_id= ({exn})"
+                ) from None
+            if not points or points[0][0] != 0:
+                raise ValueError("a weights table starts at step 0: [(0, weights), ...]")
+            if any(b[0] <= a[0] for a, b in itertools.pairwise(points)):
+                raise ValueError("the steps of a weights table increase")
+            if schedule_id is not None:
+                raise ValueError("schedule_id= names a function of the step; a table is its own id")
+            if len(points) == 1 and min(points[0][1]) > 0:  # (a weight of 0: the plan's guards)
+                self.constant = points[0][1]
+            else:
+                self.table = points
+
+    def _row(self, w: Any, where: str) -> tuple[float, ...]:
+        if isinstance(w, Mapping):
+            if set(w) != set(self.names):
+                raise ValueError(f"{where}: weights name {sorted(w)}, sources {sorted(self.names)}")
+            row = [float(w[n]) for n in self.names]
+        else:
+            row = [float(x) for x in w]
+            if len(row) != len(self.names):
+                raise ValueError(f"{where}: {len(row)} weights for {len(self.names)} sources")
+        if any(not x >= 0 for x in row) or not sum(row) > 0:
+            raise ValueError(f"{where}: weights are >= 0 and not all 0, got {row}")
+        return tuple(row)
+
+    def last_step(self) -> int | None:
+        """The step from which the weights stay as they are (None: a function's)."""
+        if self.constant is not None:
+            return 0
+        if self.table is not None:
+            return self.table[-1][0]
+        return None
+
+    @property
+    def scheduled(self) -> bool:
+        return self.constant is None
+
+    def first(self) -> tuple[float, ...]:
+        """The weights of step 0 (the constant weights)."""
+        if self.constant is not None:
+            return self.constant
+        return tuple(self.at(np.zeros(1, dtype=np.int64))[0])
+
+    def identity(self) -> Any:
+        """What a saved state records of the weights (constant: the list, as before)."""
+        if self.constant is not None:
+            return list(self.constant)
+        if self.table is not None:
+            return {
+                "table": [[step, list(row)] for step, row in self.table],
+                "interpolate": self.interpolate,
+            }
+        return {"schedule_id": self.schedule_id}
+
+    def at(self, steps):
+        """The normalized weights (a float64 array ``(len(steps), k)``) of the steps."""
+        steps = np.asarray(steps, dtype=np.int64)
+        if self.constant is not None:
+            rows = np.broadcast_to(
+                np.asarray(self.constant, dtype=np.float64), (len(steps), len(self.names))
+            )
+        elif self.table is not None:
+            at = np.asarray([p for p, _ in self.table], dtype=np.int64)
+            tab = np.asarray([r for _, r in self.table], dtype=np.float64)
+            i = np.searchsorted(at, steps, side="right") - 1
+            rows = tab[i]
+            if self.interpolate == "linear":
+                nxt = np.minimum(i + 1, len(at) - 1)
+                span = np.maximum(at[nxt] - at[i], 1)
+                t = np.where(nxt > i, (steps - at[i]) / span, 0.0)[:, None]
+                rows = rows + t * (tab[nxt] - rows)
+        else:
+            fn = self.fn
+            assert fn is not None
+            cache: dict[int, tuple[float, ...]] = {}
+            out = []
+            for step in steps.tolist():
+                row = cache.get(step)
+                if row is None:
+                    row = cache[step] = self._row(fn(step), f"weights({step})")
+                out.append(row)
+            rows = np.asarray(out, dtype=np.float64).reshape(len(steps), len(self.names))
+        return rows / rows.sum(axis=1, keepdims=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# the largest deficit rule (token shares)
+# ---------------------------------------------------------------------------------------------
+
+
+class TokenDeficits:
+    """The largest deficit rule over ``k`` sources for ``rows`` independent streams at once
+    (the readers of a mixture; a packer's streams).
+
+    ``deficits[r, s]`` is the tokens source ``s`` is owed in row ``r``: its weight times the
+    tokens delivered minus its own tokens delivered. :meth:`pick` names, per row, the source
+    with the largest deficit (ties: the larger weight, then the first source; never a source of
+    weight 0); :meth:`take` delivers a sample of ``costs[r]`` tokens from source ``picks[r]``.
+    Weights are rows of shares summing to 1 (they may change between calls). The deficits sum
+    to 0 and stay in ``[-(1 - w_s) M_s, sum over r != s of (1 - w_r) M_r]`` (``M``: the
+    largest sample of a source), see :mod:`tarshards.mixing`. Pure float64 arithmetic in a
+    fixed order: the same picks on every machine.
+    """
+
+    def __init__(self, rows: int, k: int):
+        self.deficits = np.zeros((rows, k), dtype=np.float64)
+        self._rows = np.arange(rows)
+
+    def pick(self, weights) -> Any:
+        key = np.where(weights > 0, self.deficits, -np.inf)
+        top = key.max(axis=1, keepdims=True)
+        # the largest deficit; among equal ones the largest weight; then the first source
+        tied = np.where(key == top, weights, -1.0)
+        return tied.argmax(axis=1)
+
+    def take(self, picks, costs, weights) -> None:
+        d = self.deficits
+        d += weights * costs[:, None]
+        d[self._rows, picks] -= costs
+
+    def fill(self, weights, costs: Sequence[Any], pos, slots: int, *, native: bool = True):
+        """Run the rule over ``slots`` slots of every row: ``costs[s][r]`` are source ``s``'s
+        costs in row ``r`` in delivery order (one ``(rows, n_s)`` float64 array a source),
+        ``pos`` (``(rows, k)`` int64) their next positions, advanced here. Returns the source
+        of each slot (``(rows, slots)`` int16). In one C loop where the extension is built
+        (``native``), with the same picks as :meth:`pick` and :meth:`take` (the reference)."""
+        rows = self._rows
+        weights = np.ascontiguousarray(weights, dtype=np.float64)
+        order = np.empty((len(rows), slots), dtype=np.int16)
+        costs = [np.ascontiguousarray(c, dtype=np.float64) for c in costs]
+        if native and _fill is not None:
+            _fill(self.deficits, weights, tuple(costs), pos, order, slots)
+            return order
+        c = np.empty(len(rows), dtype=np.float64)
+        for t in range(slots):
+            picks = self.pick(weights)
+            for i, col in enumerate(costs):
+                r = rows[picks == i]
+                c[r] = col[r, pos[r, i]]
+            self.take(picks, c, weights)
+            pos[rows, picks] += 1
+            order[:, t] = picks
+        return order
+
+
+def _cost_digest(costs) -> str:
+    return (
+        "sha256:" + hashlib.sha256(np.ascontiguousarray(costs, dtype="<f8").tobytes()).hexdigest()
+    )
+
+
+# a source's cost column, read from its manifest once per table object (not pickled to workers)
+_COSTS: "weakref.WeakKeyDictionary[ShardTable, dict[str, tuple[Any, str]]]" = (
+    weakref.WeakKeyDictionary()
+)
+# the global batches of each epoch of a scheduled mixture, by the plan's identity
+_EPOCH_BATCHES: dict[str, list[int]] = {}
+# the layouts of recent epochs, by the plan's identity and epoch
+_LAYOUTS: "collections.OrderedDict[str, _ReaderLayout]" = collections.OrderedDict()
+
+
+def _source_costs(table: ShardTable, column: str, name: str) -> tuple[Any, str]:
+    got = _COSTS.setdefault(table, {}).get(column)
+    if got is not None:
+        return got
+    try:
+        costs = np.asarray(table.manifest.meta(column), dtype=np.float64)
+    except KeyError:
+        raise ValueError(
+            f"source {name!r} has no metadata column {column!r}: mixing by tokens plans from "
+            "the sources' manifests (record the column with ShardWriter(..., meta=...) or "
+            "tarshards.add_meta, and give the source as its manifest)"
+        ) from None
+    bad = ~(costs >= 0)  # NaN or negative
+    if bad.any():
+        raise ValueError(
+            f"source {name!r}: {int(bad.sum())} samples have no (or a negative) {column!r} "
+            f"value, the first at position {int(np.argmax(bad))} in manifest order"
+        )
+    got = (costs, _cost_digest(costs))
+    _COSTS[table][column] = got
+    return got
+
+
+class _SharedLayout:
+    """Constant weights by samples: every reader's batches have the same quotas (as before)."""
+
+    def __init__(self, quotas: tuple[tuple[int, ...], ...]):
+        self.quotas = quotas
+        self.q = len(quotas)
+        starts: list[tuple[int, ...]] = []
+        acc = [0] * (len(quotas[0]) if quotas else 0)
+        for quota in quotas:
+            starts.append(tuple(acc))
+            acc = [a + c for a, c in zip(acc, quota)]
+        self.starts = starts
+
+    def quota(self, reader: int, j: int) -> Sequence[int]:
+        return self.quotas[j]
+
+    def start(self, reader: int, j: int) -> Sequence[int]:
+        return self.starts[j]
+
+    def order(self, reader: int, j: int) -> list[int]:
+        return _interleave(self.quotas[j])
+
+
+class _ReaderLayout:
+    """Each reader's own batches: counts ``(q, V, k)``, their starts, and (tokens) the order of
+    the sources inside each batch ``(q, V, B)``."""
+
+    def __init__(self, counts, orders=None):
+        self.counts = counts
+        self.q = counts.shape[0]
+        self.starts = np.cumsum(counts, axis=0) - counts
+        self.orders = orders
+
+    def quota(self, reader: int, j: int) -> Sequence[int]:
+        return self.counts[j, reader].tolist()
+
+    def start(self, reader: int, j: int) -> Sequence[int]:
+        return self.starts[j, reader].tolist()
+
+    def order(self, reader: int, j: int) -> list[int]:
+        if self.orders is not None:
+            return self.orders[j, reader].tolist()
+        return _interleave(self.quotas_of(reader, j))
+
+    def quotas_of(self, reader: int, j: int) -> list[int]:
+        return self.counts[j, reader].tolist()
+
+
+def _stream_costs(table: ShardTable, costs, cfg: PlanConfig, epoch: int, npass: int, readers: int):
+    """The costs of each reader's samples of one pass, in the order the reader delivers them
+    (the plan's runs, through the shuffle buffer replayed on positions): ``(V, L)``."""
+    plan = plan_for(table, cfg, _pass_epoch(epoch, npass))
+    starts = np.concatenate([[0], np.cumsum(table.counts)])
+    L = plan.segment_length
+    out = np.empty((readers, L), dtype=np.float64)
+    for v in range(readers):
+        idx = np.concatenate(
+            [np.arange(starts[s] + a, starts[s] + b) for s, a, b, _ in plan.segment_runs(v)]
+            or [np.zeros(0, dtype=np.int64)]
+        )
+        if cfg.bufsize > 1:
+            core = ShuffleCore(cfg.bufsize, cfg.initial, reader_rng(cfg.seed, plan.epoch, v))
+            perm = np.fromiter(core.run(iter(range(L)), prefetch=True), dtype=np.int64, count=L)
+            idx = idx[perm]
+        out[v] = costs[idx]
+    return out
+
+
+def _plan_layout(
+    weights: _Weights,
+    B: int,
+    V: int,
+    lengths: Sequence[int],
+    stop: str,
+    step0: int,
+    batches_per_step: int,
+    stream: Callable[[int, int], Any] | None,
+) -> _ReaderLayout:
+    """Each reader's batches of one epoch (see the module's documentation): by samples with a
+    schedule (``stream`` None), or by tokens (``stream(i, npass)``: source ``i``'s costs of
+    that pass, ``(V, L_i)``)."""
+    k = len(lengths)
+    L = np.asarray(lengths, dtype=np.int64)
+    rows = np.arange(V)
+    tokens = stream is not None
+    if stop == "cycle":
+        limit = int(L.sum()) // B
+    else:  # (a source of weight 0 for good never ends an epoch stopped by "all")
+        limit = max(1, 64 * int(L.sum()) // B + 64)
+    counts: list[Any] = []
+    orders: list[Any] = []
+    pos = np.zeros((V, k), dtype=np.int64)
+    get: Callable[[int, int], Any] = stream if stream is not None else lambda i, n: None
+    if tokens:
+        deficits = TokenDeficits(V, k)
+        # source i's costs in a window of its passes (what every row has consumed let go of),
+        # and the positions in that window; "first" stops at a source's end: B zeros after it
+        pad = np.zeros((V, B if stop == "first" else 0), dtype=np.float64)
+        window = [np.concatenate([get(i, 0), pad], axis=1) for i in range(k)]
+        npasses = [1] * k
+        rel = np.zeros((V, k), dtype=np.int64)
+    else:
+        fracsum = np.zeros((V, k), dtype=np.float64)
+        given = np.zeros((V, k), dtype=np.int64)
+    j = 0
+    while True:
+        if stop == "all" and (pos >= L).all():
+            break
+        if j >= limit:
+            if stop == "cycle":
+                break
+            raise ValueError(
+                "stop='all': a source never reaches its end (its weight stays 0 in the schedule)"
+            )
+        steps = (step0 + j * V + rows) // batches_per_step
+        W = weights.at(steps)
+        last = weights.last_step()
+        if stop == "all" and last is not None and int(steps.min()) >= last:
+            starved = (W == 0) & (pos < L)  # weight 0 from here on, and not seen entirely
+            if starved.any(axis=0).any():
+                raise ValueError(
+                    "stop='all': a source never reaches its end (its weight stays 0 in the "
+                    "schedule)"
+                )
+        if tokens:
+            # every source has B more samples in the buffer (passes after the first for "all"
+            # and "cycle"; zeros past the end for "first", which stops there)
+            for i in range(k):
+                if stop == "first" or int(rel[:, i].max()) + B <= window[i].shape[1]:
+                    continue
+                done = int(rel[:, i].min())  # (what every row has consumed is let go of)
+                parts = [window[i][:, done:]]
+                width = parts[0].shape[1]
+                while int(rel[:, i].max()) - done + B > width:
+                    parts.append(get(i, npasses[i]))
+                    npasses[i] += 1
+                    width += L[i]
+                window[i] = np.concatenate(parts, axis=1)
+                rel[:, i] -= done
+            before = rel.copy()
+            order = deficits.fill(W, window, rel, B)
+            quota = rel - before
+            pos = pos + quota
+        else:
+            x = W * B
+            base = np.floor(x).astype(np.int64)
+            fracsum += x - base
+            extra = B - base.sum(axis=1)
+            deficit = np.where(W > 0, fracsum - given, -np.inf)
+            rank = np.argsort(np.argsort(-deficit, axis=1, kind="stable"), axis=1, kind="stable")
+            more = rank < extra[:, None]
+            given += more
+            quota = base + more
+            pos = pos + quota
+        if stop == "first" and (pos > L).any():
+            break
+        counts.append(quota)
+        if tokens:
+            orders.append(order)
+        j += 1
+    shape = (len(counts), V, k)
+    c = np.asarray(counts, dtype=np.int64).reshape(shape)
+    o = np.asarray(orders, dtype=np.int16).reshape(len(counts), V, B) if tokens else None
+    return _ReaderLayout(c, o)
+
+
 class MixedDataset(DataPipeline):
     """A weighted mixture of planned sources (see :func:`mix`)."""
 
@@ -134,13 +590,18 @@ class MixedDataset(DataPipeline):
     def __init__(
         self,
         sources: Mapping[str, WebDataset],
-        weights: Mapping[str, float] | None = None,
+        weights: Any = None,
         *,
         readers: int = 60,
         stop: str = "first",
         seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
+        unit: str = "samples",
+        cost: str = "tokens",
+        schedule_id: str | None = None,
+        interpolate: str = "step",
+        batches_per_step: int = 1,
         repeat: Mapping[str, float] | None = None,
     ):
         # ignore: no source of its own (each epoch's _MixProgram reads the sources)
@@ -148,14 +609,20 @@ class MixedDataset(DataPipeline):
         if not sources:
             raise ValueError("mix() needs at least one source")
         self.names = list(sources)
-        weights = dict(weights) if weights is not None else {n: 1 for n in self.names}
-        if set(weights) != set(self.names):
-            raise ValueError(f"weights name {sorted(weights)}, sources {sorted(self.names)}")
-        if any(w <= 0 for w in weights.values()):
-            raise ValueError("weights must be positive")
+        self.schedule = _Weights(
+            weights, self.names, schedule_id=schedule_id, interpolate=interpolate
+        )
         if stop not in STOPS:
             raise ValueError(f"stop must be one of {', '.join(STOPS)}, got {stop!r}")
-        self.weights = tuple(float(weights[n]) for n in self.names)
+        if unit not in UNITS:
+            raise ValueError(f"unit must be one of {', '.join(UNITS)}, got {unit!r}")
+        if not isinstance(cost, str):
+            raise TypeError(f"cost= names a metadata column (a str), got {type(cost).__name__}")
+        if int(batches_per_step) < 1:
+            raise ValueError(f"batches_per_step must be >= 1, got {batches_per_step}")
+        self.unit, self.cost = unit, cost
+        self.batches_per_step = int(batches_per_step)
+        self.weights = self.schedule.first()  # (the weights of step 0)
         self.sources = [_as_source(sources[n], seed) for n in self.names]
         for name, src in zip(self.names, self.sources):
             if not hasattr(src, "table") or not hasattr(src, "_stages"):
@@ -173,6 +640,8 @@ class MixedDataset(DataPipeline):
             raise ValueError("repeat counts must be positive")
         #: passes of each source that count before it runs out (1: one pass)
         self.repeats = tuple(float(repeat.get(n, 1)) for n in self.names)
+        if unit == "tokens" and any(r != 1 for r in self.repeats):
+            raise ValueError("repeat= counts passes of samples: it does not apply to unit='tokens'")
         self.stop = stop
         self.rank = rank
         self.world_size = world_size
@@ -213,7 +682,7 @@ class MixedDataset(DataPipeline):
             raise ValueError("batch the mixture: mix(...).batched(B) (loader batch_size=None)")
         bi = at[0]
         pre = stages[:bi]
-        if pre and pre[0].fn is _stages.shuffle:  # each source's shuffle (_source_config)
+        if pre and pre[0].fn is _stages.shuffle:  # each source's shuffle (source_config)
             pre = pre[1:]
         return int(_bind(stages[bi])["batchsize"]), pre, stages[bi], stages[bi + 1 :]
 
@@ -241,9 +710,100 @@ class MixedDataset(DataPipeline):
             "bufsize": None,
             "initial": None,
             "sources": parts,
-            "weights": list(self.weights),
+            "weights": self.schedule.identity(),
+            **self._token_identity(),
             **({"repeat": list(self.repeats)} if any(r != 1 for r in self.repeats) else {}),
         }
+
+    def _token_identity(self) -> dict:
+        """(Mixing by tokens) the unit, the column and a digest of each source's column; a
+        schedule's step unit. Left out otherwise: states of before load as they did."""
+        out: dict[str, Any] = {}
+        if self.unit == "tokens":
+            out.update(
+                unit="tokens",
+                cost=self.cost,
+                costs=[self._costs(i)[1] for i in range(len(self.sources))],
+            )
+        if self.schedule.scheduled and self.batches_per_step != 1:
+            out["batches_per_step"] = self.batches_per_step
+        return out
+
+    def check_plan_state(self, state: dict) -> dict:
+        state = super().check_plan_state(state)
+        # the keys only a mix by tokens (or a schedule counted in steps of several batches)
+        # records: a state that has them does not load into a mix without them either
+        mine = self._token_identity()
+        diffs = [
+            f"{k}: saved {state.get(k, d)!r}, here {mine.get(k, d)!r}"
+            for k, d in (("unit", "samples"), ("cost", None), ("batches_per_step", None))
+            if state.get(k, d) != mine.get(k, d)
+        ]
+        if diffs:
+            raise ResumeError("the saved state does not fit this pipeline: " + "; ".join(diffs))
+        return state
+
+    def _costs(self, i: int) -> tuple[Any, str]:
+        return _source_costs(self.sources[i].table, self.cost, self.names[i])
+
+    def _layout(self, epoch: int, lengths: tuple[int, ...]) -> _SharedLayout | _ReaderLayout:
+        """The composition of every reader's batches in ``epoch`` (cached by plan and epoch)."""
+        B = self.mix_parts()[0]
+        if self.unit == "samples" and not self.schedule.scheduled:
+            return _SharedLayout(batch_quotas(self.weights, B, lengths, self.stop))
+        key = json.dumps([self.plan_identity(), int(epoch)], sort_keys=True, default=str)
+        got = _LAYOUTS.get(key)
+        if got is not None:
+            _LAYOUTS.move_to_end(key)
+            return got
+        V = self._plan_config["readers"]
+        step0 = self._epoch_origin(epoch) if self.schedule.scheduled else 0
+        stream = None
+        if self.unit == "tokens":
+            configs = [self.source_config(i)[0] for i in range(len(self.sources))]
+            costs = [self._costs(i)[0] for i in range(len(self.sources))]
+
+            def stream(i: int, npass: int):
+                return _stream_costs(self.sources[i].table, costs[i], configs[i], epoch, npass, V)
+
+        got = _plan_layout(
+            self.schedule, B, V, lengths, self.stop, step0, self.batches_per_step, stream
+        )
+        _LAYOUTS[key] = got
+        while len(_LAYOUTS) > 16:
+            _LAYOUTS.popitem(last=False)
+        return got
+
+    def _epoch_origin(self, epoch: int) -> int:
+        """The global batches of the epochs before ``epoch`` (the steps of a schedule count on
+        over epochs)."""
+        if epoch <= 0:
+            return 0
+        V = self._plan_config["readers"]
+        if self.stop == "cycle":  # every epoch has as many batches
+            B = self.mix_parts()[0]
+            lengths = self._lengths(0)
+            return int(epoch) * V * (sum(lengths) // B)
+        key = json.dumps(self.plan_identity(), sort_keys=True, default=str)
+        known = _EPOCH_BATCHES.setdefault(key, [])  # global batches of epochs 0, 1, ...
+        while len(known) < epoch:
+            known.append(self.epoch_program(len(known)).num_batches)
+        return sum(known[: int(epoch)])
+
+    def _lengths(self, epoch: int) -> tuple[int, ...]:
+        return self._budgets(
+            tuple(
+                plan_for(src.table, self.source_config(i)[0], epoch).segment_length
+                for i, src in enumerate(self.sources)
+            )
+        )
+
+    def _budgets(self, lengths: tuple[int, ...]) -> tuple[int, ...]:
+        """What each source's reader gives before it counts as run out: ``repeat`` passes of
+        its ``lengths``."""
+        return tuple(
+            int(n * Fraction(r).limit_denominator(1 << 20)) for n, r in zip(lengths, self.repeats)
+        )
 
     def fingerprint_aliases(self) -> dict:
         aliases: dict = {}
@@ -261,9 +821,14 @@ class MixedDataset(DataPipeline):
         """The samples each source gives in ``epoch`` (default: the next), all ranks and
         readers together."""
         prog = self.epoch_program(self.next_epoch() if epoch is None else int(epoch))
-        return {
-            name: prog.readers * sum(q[i] for q in prog.quotas) for i, name in enumerate(self.names)
-        }
+        layout = prog.layout
+        if isinstance(layout, _SharedLayout):
+            totals = [
+                prog.readers * sum(q[i] for q in layout.quotas) for i in range(len(self.names))
+            ]
+        else:
+            totals = [int(x) for x in layout.counts.sum(axis=(0, 1))]
+        return dict(zip(self.names, totals))
 
     def __len__(self):
         """``with_length(n)`` when set; else the batches this rank yields an epoch."""
@@ -273,7 +838,10 @@ class MixedDataset(DataPipeline):
 
     def _source_repr(self) -> str:
         parts = ", ".join(f"{n}: {w:g}" for n, w in zip(self.names, self.weights))
-        return f"mix({{{parts}}}, stop={self.stop!r})"
+        more = ", scheduled" if self.schedule.scheduled else ""
+        if self.unit != "samples":
+            more += f", unit={self.unit!r}, cost={self.cost!r}"
+        return f"mix({{{parts}}}, stop={self.stop!r}{more})"
 
 
 class _Cursor:
@@ -336,21 +904,12 @@ class _MixProgram(PlannedProgram):
         if min(lengths) == 0:
             raise ValueError("a source has fewer samples than readers")
         # what each source gives before it counts as run out (repeat=: passes of it)
-        budgets = tuple(
-            int(n * Fraction(r).limit_denominator(1 << 20)) for n, r in zip(lengths, ds.repeats)
-        )
-        self.quotas = batch_quotas(ds.weights, self.B, budgets, ds.stop)
+        self.layout = ds._layout(epoch, ds._budgets(lengths))
         self.readers = ds._plan_config["readers"]
-        q = len(self.quotas)
+        q = self.layout.q
         if q == 0:
             raise ValueError("the mixture's epoch has no full batch per reader")
         self.num_batches = self.readers * q
-        starts: list[tuple[int, ...]] = []
-        acc = [0] * len(ds.sources)
-        for quota in self.quotas:
-            starts.append(tuple(acc))
-            acc = [a + c for a, c in zip(acc, quota)]
-        self.starts = starts
 
     def chain(
         self, it: _PlannedIterator, reader: int, batches: list[int], pad: bool = False
@@ -362,8 +921,12 @@ class _MixProgram(PlannedProgram):
 
         def feeder(i: int) -> Iterator[dict]:
             name = ds.names[i]
+            layout = self.layout
             for j in batches:
-                for sample in cursors[i].read(self.starts[j][i], self.quotas[j][i]):
+                n = layout.quota(reader, j)[i]
+                if not n:
+                    continue
+                for sample in cursors[i].read(layout.start(reader, j)[i], n):
                     sample["__source__"] = name
                     if pad:
                         sample["__pad__"] = True
@@ -377,7 +940,7 @@ class _MixProgram(PlannedProgram):
         def mixed() -> Iterator[dict]:
             try:
                 for j in batches:
-                    for i in _interleave(self.quotas[j]):
+                    for i in self.layout.order(reader, j):
                         yield next(per_source[i])
             finally:
                 for c in cursors:
@@ -404,16 +967,28 @@ def _as_source(src: Any, seed: int) -> Any:
 
 def mix(
     sources: Mapping[str, WebDataset],
-    weights: Mapping[str, float] | None = None,
+    weights: Any = None,
     *,
     readers: int = 60,
     stop: str = "first",
     seed: int = 0,
     rank: int | None = None,
     world_size: int | None = None,
+    unit: str = "samples",
+    cost: str = "tokens",
+    schedule_id: str | None = None,
+    interpolate: str = "step",
+    batches_per_step: int = 1,
     repeat: Mapping[str, float] | None = None,
 ) -> MixedDataset:
-    """Mix planned sources with exact per-epoch quotas (see the module's documentation)."""
+    """Mix planned sources with exact per-epoch quotas (see the module's documentation).
+
+    ``weights``: ``{source: weight}`` (default: equal), a table ``[(step, weights), ...]`` or a
+    function of the step with ``schedule_id=``. ``unit="tokens"``: the weights are shares of the
+    per-sample metadata column ``cost`` (each source's manifest has it), each batch within one
+    sample of them. ``interpolate="linear"``: a table's weights change linearly between its
+    steps. ``batches_per_step``: global batches per step of the schedule.
+    """
     return MixedDataset(
         sources,
         weights,
@@ -422,5 +997,10 @@ def mix(
         seed=seed,
         rank=rank,
         world_size=world_size,
+        unit=unit,
+        cost=cost,
+        schedule_id=schedule_id,
+        interpolate=interpolate,
+        batches_per_step=batches_per_step,
         repeat=repeat,
     )

@@ -58,12 +58,9 @@ ARGS = {
 
 # commands that serve rather than run to an end: checked through what they serve
 SERVERS = {"browse"}
-# commands that take a manifest or a view only (they read the indexes): tests/cli/test_cli_views.py
-MANIFEST_ONLY = {"view", "dedup"}
-
-
-# commands that take manifests, not shard specs (tests/cli/test_cli_columns.py)
-MANIFEST_ONLY = {"columns", "join"}
+# commands that take a manifest or a view only, not shard specs (they read the indexes):
+# tests/cli/test_cli_views.py, tests/cli/test_cli_columns.py
+MANIFEST_ONLY = {"view", "dedup", "columns", "join"}
 
 
 def test_every_command_is_covered():

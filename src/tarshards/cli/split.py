@@ -84,8 +84,7 @@ class _MaxShardsReached(Exception):
     "--into",
     multiple=True,
     metavar="NAME=SHARE",
-    help="Split a MANIFEST or VIEW into views instead (train=0.98 --into val=0.02), by a hash of "
-    "the key; written as DIR/NAME.view.json (-O).",
+    help="Split a MANIFEST/VIEW into views by key hash (repeat: train=98%).",
 )
 @click.option(
     "-O", "--output-dir", default=None, metavar="DIR", help="With --into: where the views go."
