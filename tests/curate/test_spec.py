@@ -129,6 +129,8 @@ BAD = [
     ),
     ("sources: [{data: web/manifest.json, split: val}]", "split: selects a split of a nested"),
     ("sources: [{data: web/manifest.json}]\nstop: never", "stop is one of first, all, cycle"),
+    ("sources: [{data: web/manifest.json}]\nunit: bytes", "unit is one of samples, tokens"),
+    ("sources: [{data: web/manifest.json}]\nunit: tokens", "weight every source"),
     ("splits: {train: 3}", "splits.train is a blend"),
     ("splits: {train: {sources: [{data: web/manifest.json}]}}\nstop: all", "goes in each split"),
     ("sources: [{data: web/manifest.json, name: a/b}]", "without '/'"),
@@ -379,6 +381,60 @@ def test_mix_repeat_and_a_shuffle_on_the_mixture(root):
     assert sorted(plain) == sorted(shuffled) and plain != shuffled
     assert all(list(b[1]).count("web") == 3 for b in make(shuffle=5))  # still exact quotas
     check_resume(lambda: make(shuffle=5), epochs=2, cuts=[(0, 3), (1, 1)])
+
+
+def _tokens(sample):
+    return int(sample["tok"])
+
+
+def test_weights_by_tokens_are_the_token_mix(root):
+    from tarshards.mixing import mix
+
+    for name, n, per in (("short", 60, 10), ("long", 30, 10)):
+        with ShardWriter(
+            str(root / f"{name}-%03d.tar"),
+            maxcount=per,
+            manifest=str(root / f"{name}.json"),
+            meta={"tokens": _tokens},
+        ) as w:
+            for i in range(n):
+                tok = 5 + i % 7 if name == "short" else 50 + (i * 37) % 90
+                w.write({"__key__": f"{name}{i:04d}", "tok": str(tok)})
+    path = write(
+        root,
+        "tokens.yaml",
+        "sources:\n  - {name: short, data: short.json, weight: 1}\n"
+        "  - {name: long, data: long.json, weight: 1}\n"
+        "unit: tokens\n",
+    )
+
+    def tuples(ds):
+        return [(list(k), list(s)) for k, s in ds.to_tuple("__key__", "__source__").batched(6)]
+
+    got = tuples(WebDataset(path, readers=2, seed=4))
+    want = tuples(
+        mix(
+            {
+                "short": WebDataset(str(root / "short.json")),
+                "long": WebDataset(str(root / "long.json")),
+            },
+            {"short": 0.5, "long": 0.5},
+            readers=2,
+            seed=4,
+            unit="tokens",
+        )
+    )
+    assert got == want and len(got) > 3
+    info = spec_info(path, readers=2, batch_size=6)
+    assert info["unit"] == "tokens" and info["batches"] == len(got)
+    assert spec_info(path)["epoch_samples"] is None  # (by tokens: known with a plan)
+    bad = write(
+        root,
+        "tokens_bad.yaml",
+        "sources: [{name: a, data: short.json, weight: 1, repeat: 2}]\nunit: tokens\n",
+    )
+    with pytest.raises(ShardSpecError, match=r"sources\[0\] \(a\): repeat counts passes"):
+        read_spec(bad)
 
 
 def test_resume_through_a_loader_with_workers_and_elastic(root):

@@ -62,7 +62,7 @@ def format_info(info: dict) -> str:
                 _number(s["weight"]),
                 _number(s["repeat"]),
                 f"{100 * s['share']:.1f}%",
-                str(s["epoch_samples"]),
+                "-" if s["epoch_samples"] is None else str(s["epoch_samples"]),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -70,6 +70,7 @@ def format_info(info: dict) -> str:
     lines = [
         f"{info['spec']}: {len(info['sources'])} source(s), {info['samples']} samples, "
         f"{_human(info['bytes'])}; stop: {info['stop']}"
+        + ("" if info.get("unit", "samples") == "samples" else f"; weights of {info['unit']}")
     ]
     for r in rows:
         lines.append(
@@ -82,6 +83,8 @@ def format_info(info: dict) -> str:
             f"an epoch: {info['epoch_samples']} samples, {info['batches']} batches of "
             f"{info['batch_size']} over {info['readers']} readers"
         )
+    elif info["epoch_samples"] is None:
+        lines.append("an epoch: --readers V --batch-size B say how many samples (by tokens)")
     else:
         lines.append(
             f"an epoch: {info['epoch_samples']} samples (with one reader; readers=V and "

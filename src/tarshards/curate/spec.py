@@ -8,6 +8,7 @@ A spec (``train.yaml``)::
       - {name: books, data: books/clean.view.json, weight: 1, subset: [0%, 80%]}
       - {name: code, data: "code/shard-{0000..0009}.tar", weight: 1, repeat: 2}
     stop: first            # optional: first (default) | all | cycle
+    unit: samples          # optional: samples (default) | tokens (with cost: COLUMN)
 
 or with named splits, each a blend of its own::
 
@@ -42,7 +43,11 @@ of its sources (``val: [web/manifest.json]``). ``WebDataset``'s other options (`
 ``stop`` says when the epoch ends (see :mod:`tarshards.mixing`): ``first``, once a source
 would go past its budget (samples after subset, times repeat); ``all``, once every source has
 given its budget (those done start over); ``cycle``, after as many samples as the budgets
-together. Only the opened spec's ``stop`` counts (a nested spec's is not used).
+together. ``unit: tokens`` (with ``cost: COLUMN``, default ``tokens``: a per-sample metadata
+column of every source's manifest) makes the weights shares of tokens rather than of samples
+(:mod:`tarshards.mixing`: each batch within one sample of them); every source then has a weight
+and no ``repeat``. Only the opened spec's ``stop``, ``unit`` and ``cost`` count (a nested
+spec's are not used).
 """
 
 from __future__ import annotations
@@ -73,8 +78,9 @@ __all__ = [
     "spec_info",
 ]
 
-SPEC_KEYS = ("sources", "splits", "stop")
-BLEND_KEYS = ("sources", "stop")
+SPEC_KEYS = ("sources", "splits", "stop", "unit", "cost")
+BLEND_KEYS = ("sources", "stop", "unit", "cost")
+UNITS = ("samples", "tokens")
 SOURCE_KEYS = ("name", "data", "weight", "subset", "repeat", "split")
 VIEW_SUFFIX = ".view.json"
 
@@ -108,6 +114,8 @@ class Blend:
 
     sources: tuple[SourceEntry, ...]
     stop: str = "first"
+    unit: str = "samples"  # "tokens": the weights are shares of the metadata column ``cost``
+    cost: str = "tokens"
 
 
 @dataclass(frozen=True)
@@ -201,8 +209,9 @@ def parse_spec(obj: Any, path: str) -> DatasetSpec:
     splits = obj["splits"]
     if not isinstance(splits, dict) or not splits:
         raise ShardSpecError(f"{path}: 'splits:' maps split names to blends ({{sources: [...]}})")
-    if "stop" in obj:
-        raise ShardSpecError(f"{path}: with splits, 'stop:' goes in each split")
+    for key in ("stop", "unit", "cost"):
+        if key in obj:
+            raise ShardSpecError(f"{path}: with splits, '{key}:' goes in each split")
     blends: dict[str | None, Blend] = {}
     for name, body in splits.items():
         where = f"splits.{name}"
@@ -231,6 +240,11 @@ def _parse_blend(obj: dict, path: str, base: str, prefix: str) -> Blend:
     stop = obj.get("stop", "first")
     if stop not in STOPS:
         raise ShardSpecError(f"{path}: {prefix}stop is one of {', '.join(STOPS)}, not {stop!r}")
+    unit, cost = obj.get("unit", "samples"), obj.get("cost", "tokens")
+    if unit not in UNITS:
+        raise ShardSpecError(f"{path}: {prefix}unit is one of {', '.join(UNITS)}, not {unit!r}")
+    if not isinstance(cost, str) or not cost:
+        raise ShardSpecError(f"{path}: {prefix}cost names a metadata column, not {cost!r}")
     entries = [
         _parse_source(item, path, base, f"{prefix}sources[{i}]") for i, item in enumerate(sources)
     ]
@@ -249,7 +263,16 @@ def _parse_blend(obj: dict, path: str, base: str, prefix: str) -> Blend:
             f"{path}: {', '.join(missing)} has no weight while others have one: weight every "
             "source of a blend, or none (then the shares follow the sizes)"
         )
-    return Blend(tuple(entries), stop)
+    if unit == "tokens":
+        if not all(weighted):
+            raise ShardSpecError(
+                f"{path}: {prefix}unit: tokens makes the weights shares of tokens: weight every "
+                "source"
+            )
+        for e in entries:
+            if e.repeat != 1:
+                raise ShardSpecError(f"{e.where}: repeat counts passes of samples (unit: samples)")
+    return Blend(tuple(entries), stop, unit, cost)
 
 
 def _kind(data: str) -> str:
@@ -685,6 +708,8 @@ def open_spec(
         "world_size": planned["world_size"],
         "repeat": {leaf.name: float(leaf.repeat) for leaf in leaves if leaf.repeat != 1},
     }
+    if blend.unit != "samples":  # weights that are shares of a metadata column (tokens)
+        kw.update(unit=blend.unit, cost=blend.cost)
     if planned["readers"] is not None:
         kw["readers"] = planned["readers"]
     mixed = _mixed_class(cls)(
@@ -755,7 +780,8 @@ def spec_info(
                     for name in spec.splits
                 },
             }
-        stop = spec.blend(split).stop
+        blend = spec.blend(split)
+        stop, unit, cost = blend.stop, blend.unit, blend.cost
         leaves = resolve_blend(spec, split, storage_options=storage_options)
         what = spec.path
     else:
@@ -770,8 +796,11 @@ def spec_info(
         )
         make = _Maker(WebDataset, (), {"storage_options": storage_options})
         leaves = [_Resolver(make, storage_options).leaf(entry, None, "")]
-        stop, what = "first", str(data)
-    epoch = _epoch_counts(leaves, stop)
+        stop, unit, cost, what = "first", "samples", "tokens", str(data)
+    # (by tokens, how many samples an epoch reads depends on the plan: known with readers)
+    epoch: list[int | None] = (
+        list(_epoch_counts(leaves, stop)) if unit == "samples" else [None] * len(leaves)
+    )
     batches = None
     if readers is not None and batch_size is not None:
         mixed = MixedDataset(
@@ -780,6 +809,8 @@ def spec_info(
             readers=readers,
             stop=stop,
             repeat={leaf.name: float(leaf.repeat) for leaf in leaves},
+            unit=unit,
+            cost=cost,
         ).compose(_stages.batched, batch_size)
         counts = mixed.source_counts(epoch=0)
         epoch = [counts[leaf.name] for leaf in leaves]
@@ -809,10 +840,11 @@ def spec_info(
         "spec": what,
         "split": split,
         "stop": stop,
+        "unit": unit,
         "sources": rows,
         "samples": sum(r["selected"] for r in rows),
         "bytes": None if None in known else sum(known),
-        "epoch_samples": sum(epoch),
+        "epoch_samples": None if None in epoch else sum(n or 0 for n in epoch),
         **(
             {}
             if batches is None
