@@ -13,6 +13,9 @@ A block that cannot run here (it needs a remote server, a cluster, or would recu
 
 which renders as nothing. Keep those few.
 
+A block preceded by ``<!-- doctest: write NAME -->`` is not run but written to the file ``NAME``
+in that directory (a script that a later ``bash`` block runs, under ``torchrun`` say).
+
 Where an optional package is not installed (the lean CI job: ``pip install .`` without extras), a
 document stops at the first block that needs one and is skipped, naming the package; in the full
 install every block runs.
@@ -36,6 +39,7 @@ DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
 RUN_PY = {"python", "py", "python3"}
 RUN_SH = {"bash", "sh", "shell"}
 SKIP_MARK = re.compile(r"^<!--\s*doctest:\s*skip\b.*-->\s*$")
+WRITE_MARK = re.compile(r"^<!--\s*doctest:\s*write\s+(\S+)\s*-->\s*$")
 FENCE = re.compile(r"^(\s*)(```+|~~~+)\s*([\w+-]*)")
 
 
@@ -54,6 +58,7 @@ def extract_blocks(text: str) -> list[dict]:
         while j >= 0 and not lines[j].strip():
             j -= 1
         skip = j >= 0 and bool(SKIP_MARK.match(lines[j].strip()))
+        write = WRITE_MARK.match(lines[j].strip()) if j >= 0 else None
         body = []
         k = i + 1
         while k < len(lines) and not lines[k].strip().startswith(fence):
@@ -63,6 +68,8 @@ def extract_blocks(text: str) -> list[dict]:
         if k == len(lines):
             raise ValueError(f"unclosed code fence at line {i + 1}")
         blocks.append({"lang": lang, "code": "\n".join(body) + "\n", "line": i + 2, "skip": skip})
+        if write:
+            blocks[-1]["write"] = write.group(1)
         i = k + 1
     return blocks
 
@@ -133,7 +140,7 @@ OPTIONAL = (
 MISSING = [name for name in OPTIONAL if importlib.util.find_spec(name) is None]
 _NEEDS = re.compile(
     r"No module named '([\w.]+)'|MissingDependencyError|pip install 'tarshards\[|"
-    r"install cloudpickle"
+    r"install cloudpickle|torchrun: command not found"
 )
 
 
@@ -187,6 +194,9 @@ def test_doc_blocks_run(path: Path, tmp_path, monkeypatch):
         if block["skip"] or block["lang"] not in RUN_PY | RUN_SH:
             continue
         where = f"{path.relative_to(ROOT)}:{block['line']}"
+        if block.get("write"):  # a script for a later block to run
+            (tmp_path / block["write"]).write_text(block["code"])
+            continue
         try:
             if block["lang"] in RUN_PY:
                 _run_python(block["code"], path, block["line"], module)

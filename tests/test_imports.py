@@ -62,6 +62,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("composition",),  # DataPipeline: a source and stages, the fluent methods
     ("pipeline",),  # WebDataset (and the names of the modules above, re-exported)
     ("mixing", "indexed", "testing", "media.collate"),  # mixtures, random access, the resume check
+    ("ledger",),  # the data-order ledger and its audit (replays plans)
     ("torch", "transport", "parallel", "compat", "benchmark"),  # adapters and engines
     ("curate",),  # views, dedup, sidecar columns, joins, the key table, splits, dataset specs
     ("convert",),  # sources into shards (on the parallel engines), shards into Parquet

@@ -55,10 +55,12 @@ from .errors import (
     ResumeError,
     TarshardsWarning,  # (of a plain DataLoader repeating its order)
 )
+from .ledger import LedgerWriter
 from .media.output import register_media_converter
 from .plan import STATE_FORMAT
 from .stages import collate_error, register_collation
 from .stats import Counters, LoaderStats, OnStall, clock, gathered, start_watchdog, timed_items
+from .storage import is_local
 from .transport import Group, Packer, Unpacker, new_token, remove_orphans
 from .types import WorkerInfo
 
@@ -370,6 +372,13 @@ def mix(sources, weights=None, **kwargs) -> MixedDataset:
     return MixedDataset(sources, weights, **kwargs)
 
 
+# the fields of a planned state that say where it is (the rest: what the plan depends on)
+_POSITION_KEYS = frozenset(
+    ("format", "kind", "epoch", "position", "origin", "world_size", "finished")
+    + ("worker", "num_workers", "next_step")
+)
+
+
 class WebLoader(DataLoader):
     """A ``DataLoader`` that runs the dataset's epochs in turn (e = start_epoch, e + 1, ...) and
     can save and restore its place.
@@ -410,6 +419,11 @@ class WebLoader(DataLoader):
     offset; ``on_stall`` is ``"warn"`` (a :class:`~tarshards.errors.StallWarning`), ``"raise"``
     (:class:`~tarshards.errors.StallError`), ``"skip"`` or a function given the error. See
     docs/monitoring.md.
+
+    ``ledger=PATH`` (a planned dataset) appends a record per step handed out (the plan, epoch,
+    global batch, rank, world size, time) to ``PATH/rank-N.jsonl`` (or ``PATH`` with ``{rank}``
+    replaced), and a start record at each epoch and resume: ``tarshards audit PATH [SPEC]``
+    checks that every sample came exactly once (see :mod:`tarshards.ledger`).
     """
 
     # a tarshards pipeline (its methods used) or any dataset (its attributes probed)
@@ -424,6 +438,7 @@ class WebLoader(DataLoader):
         stats: bool = False,
         watchdog: float | None = None,
         on_stall: OnStall = "warn",
+        ledger: str | os.PathLike | None = None,
         **kwargs,
     ):
         if transport not in ("auto", "shm", None):
@@ -503,6 +518,14 @@ class WebLoader(DataLoader):
         self._origin = 0
         self._monitor = monitor  # (stats, watchdog, on_stall) or None
         self._totals: Counters | None = None  # this rank's statistics (made at the first iter)
+        self._ledger_path = None if ledger is None else os.fspath(ledger)
+        self._ledger: LedgerWriter | None = None  # opened at the first iter()
+        if ledger is not None and not self._planned():
+            raise ValueError(
+                "ledger= records each step's place in the epoch plan: it needs a planned "
+                "dataset (WebDataset(..., readers=V)); the plain path's order depends on the "
+                "workers and ranks that ran it and cannot be replayed"
+            )
 
     def stats(self, gather: bool = False) -> LoaderStats:
         """This rank's statistics so far (``WebLoader(..., stats=True)``): a
@@ -544,6 +567,7 @@ class WebLoader(DataLoader):
     def __iter__(self):
         ds = self.dataset
         pending, self._pending = self._pending, None
+        loaded = pending is not None  # a state: the ledger records a resume
         fresh_workers = False
         origin = 0
         if pending is not None:
@@ -587,6 +611,8 @@ class WebLoader(DataLoader):
                 self._unpacker = None
         self._workers_next = epoch + 1
         self.epoch = epoch + 1
+        if self._ledger_path is not None:
+            self._ledger_start(epoch, origin, step, loaded)
         self._current, self._step, self._finished = epoch, step, False
         self._origin = origin
         warn_dropped = getattr(ds, "warn_dropped", None) if self._planned() else None
@@ -629,6 +655,8 @@ class WebLoader(DataLoader):
     def _count(self, it):
         try:
             for batch in it:
+                if self._ledger is not None:
+                    self._ledger_step()
                 self._step += 1
                 yield batch
         except Exception:
@@ -661,6 +689,8 @@ class WebLoader(DataLoader):
             t0 = clock()
             for batch in it:
                 totals.waited(clock() - t0)
+                if self._ledger is not None:
+                    self._ledger_step()
                 self._step += 1
                 yield batch
                 t0 = clock()
@@ -673,6 +703,41 @@ class WebLoader(DataLoader):
             if self.num_workers == 0 and isinstance(ds, _pipeline.DataPipeline):
                 if ds.loader_link.monitor is totals:
                     ds.attach_loader(monitor=None)
+
+    def _ledger_start(self, epoch: int, origin: int, step: int, loaded: bool) -> None:
+        """A start record in this rank's ledger (opened at the first epoch)."""
+        ds, path = self.dataset, self._ledger_path
+        if path is None:
+            return
+        env = ds.environment()
+        writer = self._ledger
+        if writer is None or writer.world_size != env["world_size"]:
+            if writer is not None:
+                writer.close()
+            writer = LedgerWriter(path, env["rank"], env["world_size"])
+            weakref.finalize(self, writer.close)
+            self._ledger = writer
+        manifest = getattr(ds, "manifest", None)
+        url = getattr(manifest, "url", None)
+        position = origin + step * env["world_size"]
+        state = ds.plan_state(epoch, position, origin=origin, world_size=env["world_size"])
+        writer.start(
+            {k: v for k, v in state.items() if k not in _POSITION_KEYS},  # the plan's identity
+            epoch=epoch,
+            position=position,
+            origin=origin,
+            num_batches=ds.steps_per_epoch(epoch, 1),  # the epoch's global batches
+            resumed=loaded,
+            data=os.path.abspath(url) if url is not None and is_local(url) else url,
+        )
+
+    def _ledger_step(self) -> None:
+        """A step record: the batch about to be handed out (global batch origin + k R + r)."""
+        writer, epoch = self._ledger, self._current
+        if writer is None or epoch is None:
+            return
+        world = writer.world_size
+        writer.step(epoch, self._step, self._origin + self._step * world + writer.rank)
 
     def __len__(self):
         if self._planned():

@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str | None, str]] = {
     "dedup": (None, "tarshards.cli.dedup:dedup_cmd"),
     "columns": (None, "tarshards.cli.columns:columns_cmd"),
     "join": (None, "tarshards.cli.join:join_cmd"),
+    "audit": (None, "tarshards.cli.audit:audit_cmd"),
     "info": (None, "tarshards.cli.info:info_cmd"),
 }
 
