@@ -59,6 +59,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("sidecar",),  # sidecar column groups and joins, read row by row beside their base
     ("stages", "planned", "stateful"),  # stages; the planned iteration; stages with a state
     ("fusion",),  # the stage record and the one rewrite of a stage list (fusion)
+    ("packing", "collation"),  # packs and buckets (planned from metadata); their collations
     ("composition",),  # DataPipeline: a source and stages, the fluent methods
     ("pipeline",),  # WebDataset (and the names of the modules above, re-exported)
     ("mixing", "indexed", "testing", "media.collate"),  # mixtures, random access, the resume check

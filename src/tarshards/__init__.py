@@ -23,6 +23,7 @@ _TORCH = {"module": "tarshards.torch", "extra": "torch"}
 _declare_optional("images.OPTIONAL_ARRAY_KINDS", ["torch-uint8", "torch-float"], **_TORCH)
 _declare_optional("codecs.OPTIONAL_CODECS", ["pth"], **_TORCH, safe=False)
 _declare_optional("stages.OPTIONAL_COLLATION", ["torch.Tensor"], **_TORCH)
+_declare_optional("collation.OPTIONAL_ARRAY_TYPES", ["torch", "torch.Tensor"], **_TORCH)
 _declare_optional("crop.OPTIONAL_CROP_CONVERTERS", ["tensor"], **_TORCH)
 _declare_optional("media.output.OPTIONAL_MEDIA_CONVERTERS", ["tensor"], **_TORCH)
 # batches of clips (tarshards.video / tarshards.audio values): collated by tarshards.media.collate
@@ -83,6 +84,8 @@ __all__ = sorted(
         "audit",
         "batched",
         "build_manifest",
+        "collate_packed",
+        "collate_padded",
         "convert",
         "decode",
         "decode_value",
@@ -135,6 +138,7 @@ _PLAIN = {"IndexedDataset": "indexed", "MixedDataset": "mixing", "mix": "mixing"
 # that `import tarshards` (and each command's start-up) loads only what is used
 _MODULE_OF = {
     "codecs": ["Codec", "decode_value", "encode_value", "register_codec"],
+    "collation": ["collate_packed", "collate_padded"],
     "crop": ["RandomResizedCrop", "random_resized_crop"],
     "curate": ["KeyIndex", "add_meta", "add_columns", "join"],
     "curate.views": ["View", "dedup", "split", "view"],
@@ -200,6 +204,7 @@ _SUBMODULES = frozenset(
     [
         "benchmark",
         "codecs",
+        "collation",
         "compat",
         "composition",
         "compression",
@@ -219,6 +224,7 @@ _SUBMODULES = frozenset(
         "media",
         "mixing",
         "on_error",
+        "packing",
         "parallel",
         "pipeline",
         "plan",

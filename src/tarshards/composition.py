@@ -20,6 +20,7 @@ import operator
 from dataclasses import replace
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
+from . import packing as _packing
 from . import stages as _stages
 from .errors import ResumeError
 from .fusion import DEFAULT, PLACE, Stage, params, rewrite, short_repr, wanted
@@ -532,6 +533,9 @@ def _fluent(stage: Callable) -> Callable:
             sig.bind(self, *args, **shown)
         except TypeError as exn:
             raise TypeError(f".{stage.__name__}(): {exn}") from None
+        check = getattr(stage, "check_arguments", None)  # a stage's own checks, at once
+        if check is not None:
+            check(*args, **shown)
         if "on_error" in kwargs and kwargs["on_error"] is None:
             del kwargs["on_error"]  # the pipeline's policy
         return self.compose(stage, *args, **kwargs)
@@ -559,3 +563,6 @@ for _name in (
     "slice",
 ):
     setattr(DataPipeline, _name, _fluent(getattr(_stages, _name)))
+# packs and buckets (tarshards.packing): stages of their own, which a planned pipeline plans
+for _name in ("pack", "bucket"):
+    setattr(DataPipeline, _name, _fluent(getattr(_packing, _name)))

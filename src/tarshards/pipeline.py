@@ -13,6 +13,7 @@ import functools
 import inspect
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
+from . import packing as _packing
 from . import stages as _stages
 from .composition import _DEFAULT, _PLACE, DataPipeline, _Stage, _wanted
 from .on_error import OnError
@@ -392,12 +393,16 @@ class WebDataset(DataPipeline):
         return cfg, stages[first:bi], stages[bi], stages[bi + 1 :]
 
     def plan_identity(self) -> dict:
+        if _packing.unit_stage(self._stages) is not None:  # .pack() / .bucket(): units
+            return _packing.plan_identity(self)
         return self.plan_parts()[0].identity(self.table.fingerprint)
 
     def fingerprint_aliases(self) -> dict:
         return dict(self.table.aliases)
 
     def epoch_program(self, epoch: int) -> "PlannedProgram":
+        if _packing.unit_stage(self._stages) is not None:  # .pack() / .bucket(): units
+            return _packing.UnitProgram(self, epoch)
         return _SingleProgram(self, epoch)
 
     def dropped_samples(self, epoch: int | None = None) -> int:
@@ -405,6 +410,9 @@ class WebDataset(DataPipeline):
         next): those that do not fill ``V x B`` under ``remainder="drop"``; 0 otherwise."""
         if self._plan_config is None:
             return 0
+        if _packing.unit_stage(self._stages) is not None:  # .pack() / .bucket(): units
+            prog = _packing.UnitProgram(self, self.next_epoch() if epoch is None else int(epoch))
+            return prog.dropped
         cfg = self.plan_parts()[0]
         if cfg.remainder != "drop":
             return 0
@@ -415,6 +423,9 @@ class WebDataset(DataPipeline):
         """Warn (once per epoch and process) that the default ``remainder="drop"`` leaves
         samples out of ``epoch``, with their count and the options that keep them."""
         plan = self._plan_config
+        if plan is not None and _packing.unit_stage(self._stages) is not None:
+            _packing.warn_dropped(self, epoch)  # .pack() / .bucket(): units, their own words
+            return
         if plan is None or plan.get("chosen"):
             return
         warned = self.__dict__.setdefault("_dropped_warned", set())

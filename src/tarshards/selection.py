@@ -53,6 +53,15 @@ VIEW_VERSION = 1
 VIEW_SUFFIX = ".view.json"
 
 
+def _sorted_unique(a):
+    """``a`` (int64) sorted without repeats (as it is where it is so already; a sort, not
+    ``np.unique``'s hash table, which is several times slower on millions of rows)."""
+    if len(a) > 1 and np.any(a[1:] <= a[:-1]):
+        a = np.sort(a)
+        a = a[np.concatenate([[True], a[1:] != a[:-1]])]
+    return a
+
+
 def _rows_array(rows, n: int, shard: int):
     """``rows`` as a sorted, unique int64 array within ``0..n-1`` (``None`` stays ``None``)."""
     if rows is None:
@@ -62,9 +71,7 @@ def _rows_array(rows, n: int, shard: int):
         if a.shape != (n,):
             raise ValueError(f"shard {shard}: a mask of {a.shape} for {n} rows")
         a = np.flatnonzero(a)
-    a = np.asarray(a, dtype=np.int64).ravel()
-    if len(a) and (np.any(a[1:] <= a[:-1])):
-        a = np.unique(a)
+    a = _sorted_unique(np.asarray(a, dtype=np.int64).ravel())
     if len(a) and (a[0] < 0 or a[-1] >= n):
         raise ValueError(f"shard {shard}: rows outside 0..{n - 1}")
     if len(a) == n:
@@ -135,7 +142,7 @@ class View:
             if isinstance(base, View)
             else tuple(r.samples for r in base.shards)
         )
-        pos = np.unique(np.asarray(positions, dtype=np.int64).ravel())
+        pos = _sorted_unique(np.asarray(positions, dtype=np.int64).ravel())
         total = int(sum(counts))
         if len(pos) and (pos[0] < 0 or pos[-1] >= total):
             raise ValueError(f"positions outside 0..{total - 1}")
@@ -167,6 +174,13 @@ class View:
     def __len__(self) -> int:
         """The number of samples the view holds."""
         return self.num_samples
+
+    @property
+    def removed(self) -> int | None:
+        """How many samples of its source the function that made the view dropped
+        (``info["removed"]``: :func:`tarshards.view`, :func:`tarshards.dedup`), or None."""
+        got = self.info.get("removed")
+        return None if got is None else int(got)
 
     @property
     def base_fingerprint(self) -> str:
@@ -224,6 +238,21 @@ class View:
             parts.append(self.shard_rows(i) + start)
             start += rec.samples
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def meta_columns(self) -> list[str]:
+        """The per-sample metadata columns of the base's indexes (see
+        :meth:`~tarshards.manifest.Manifest.meta_columns`)."""
+        return self.manifest.meta_columns()
+
+    def meta(self, name: str):
+        """Per-sample metadata column ``name`` for the view's samples, in its order (the base's
+        :meth:`~tarshards.manifest.Manifest.meta` at the rows kept)."""
+        column = self.manifest.meta(name)
+        return column if self.is_everything else column[self.global_rows()]
+
+    def load_index(self, i: int):
+        """The index of shard ``i`` of the base (all its rows)."""
+        return self.manifest.load_index(i)
 
     def locate(self, i: int) -> tuple[int, int]:
         """``(shard, row in the shard)`` of the view's sample ``i``."""

@@ -50,6 +50,7 @@ from . import indexed as _indexed
 from . import mixing as _mix
 from . import pipeline as _pipeline
 from .codecs import Codec, register_array_kind, register_codec
+from .collation import register_array_type
 from .crop import register_crop_converter
 from .errors import (
     ResumeError,
@@ -1250,3 +1251,4 @@ register_codec(
 register_collation(torch.Tensor, stack, into=stack_into)
 register_crop_converter("tensor", resized_crop)
 register_media_converter("tensor", torch.from_numpy)
+register_array_type("torch", torch.Tensor, lambda t: t.detach().cpu().numpy(), torch.from_numpy)

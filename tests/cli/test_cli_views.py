@@ -105,3 +105,9 @@ def test_split_into_views(data):
     assert r.exit_code != 0 and "NAME=SHARE" in r.output
     r = run("split", ["manifest.json", "--into", "train=1"], data)
     assert r.exit_code != 0 and "--output-dir" in r.output
+
+
+def test_commands_that_read_whole_shards_refuse_a_view_and_take_its_samples_piped(data):
+    run("view", ["manifest.json", "--exclude-keys", "/dev/null", "-o", "all.view.json"], data)
+    r = run("tsv", ["all.view.json", "-f", "txt"], data)
+    assert r.exit_code == 2 and "is a view" in r.output and "tarscat all.view.json" in r.output

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -105,7 +106,7 @@ def test_view_with_decode_on_dask(data, tmp_path):
     v = tarshards.view(
         str(d / "m.json"),
         is_even_decoded,
-        decode="rgb",  # fields by extension: cls -> int, txt -> str
+        decode=True,  # fields by extension: cls -> int, txt -> str
         output=tmp_path / "v.view.json",
         engine="dask",
         workers=1,
@@ -171,7 +172,7 @@ def test_dedup_by_content_finds_exactly_the_planted_duplicates(tmp_path_factory,
     m, firsts = write_with_duplicates(d, counts, planted)
     v = tarshards.dedup(str(d / "dup.json"), output=d / "dedup.view.json")
     assert keys_of(v) == [f"s{i:04d}" for i in firsts]
-    assert v.info["removed"] == total - len(firsts) and len(v) == len(firsts)
+    assert v.removed == total - len(firsts) and len(v) == len(firsts)
     assert View.load(d / "dedup.view.json") == v and v.manifest == m
 
 
@@ -249,3 +250,15 @@ def test_views_made_here_read_everywhere(data, tmp_path):
     assert json.loads((tmp_path / "a.view.json").read_text())["format"] == "tarshards.view"
     assert os.path.isabs(json.loads((tmp_path / "a.view.json").read_text())["manifest"])
     assert isinstance(Manifest.load(str(d / "m.json")), Manifest)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), max_size=40))
+def test_first_of_each_group_of_equal_digests(rows):
+    from tarshards.curate.views import _first_of_each  # the grouping dedup runs on digests
+
+    d = np.array(rows, dtype=np.uint64).reshape(-1, 2)
+    seen: dict = {}
+    for i, r in enumerate(rows):
+        seen.setdefault(r, i)
+    assert _first_of_each(d).tolist() == sorted(seen.values())

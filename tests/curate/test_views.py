@@ -395,3 +395,21 @@ def test_resampled_view_draws_only_its_samples(data):
     it = iter(ds)
     keys = {next(it)["__key__"] for _ in range(30)}
     assert keys <= {"k0005", "k0006", "k0070"} and len(keys) >= 2
+
+
+def test_a_views_metadata_columns_are_its_rows(tmp_path):
+    from tarshards import ShardWriter
+
+    with ShardWriter(
+        str(tmp_path / "t-%04d.tar"),
+        maxcount=7,
+        manifest=str(tmp_path / "t.json"),
+        meta={"tokens": lambda s: len(s["txt"])},
+    ) as w:
+        for i in range(20):
+            w.write({"__key__": f"k{i:04d}", "txt": "w" * i})
+    m = Manifest.load(tmp_path / "t.json")
+    view = View.from_positions(m, [2, 9, 10, 19])
+    assert view.meta_columns() == ["tokens"]
+    assert view.meta("tokens").tolist() == [2.0, 9.0, 10.0, 19.0]
+    assert View(m).meta("tokens").tolist() == [float(i) for i in range(20)]

@@ -392,6 +392,12 @@ def collect_inputs(
     if not specs and listfile is None:
         specs = ["-"]
     for spec in specs:
+        if spec.lower().endswith(".view.json"):  # (tarscat and tarcheck take views)
+            raise click.BadParameter(
+                f"{spec} is a view (a selection of a data set's samples), and this command "
+                f"reads whole shards: pipe the view's samples in (tarscat {spec} | ...)",
+                param_hint="INPUTS",
+            )
         try:
             if is_manifest_spec(spec):  # a manifest names its shards, as in Python
                 from ..manifest import spec_urls  # here: no manifest, no import

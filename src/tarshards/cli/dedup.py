@@ -28,7 +28,7 @@ __all__ = ["dedup_cmd"]
     default="content",
     show_default=True,
     metavar="content|FIELD",
-    help="content: the member checksums of the indexes (no data read); FIELD: that field's bytes.",
+    help="content (no data read) or a FIELD's bytes.",
 )
 @click.option(
     "-f",

@@ -33,6 +33,7 @@ class _MaxShardsReached(Exception):
         "tar -cf - --sort=name -C /data/imagenet train | tarsplit -s 1e9 -o imagenet_train",
         "tarsplit -n 1000 -z -o shards/part big.tar   # shards/part-000000.tgz ...",
         "tarscat 'in-{000..099}.tar' | tarsplit -s 500M --maxshards 2 -o sample",
+        "tarshards split ds/manifest.json --into train=98%,val=2% -O ds/splits  # views",
     ),
 )
 @inputs_argument
@@ -84,10 +85,10 @@ class _MaxShardsReached(Exception):
     "--into",
     multiple=True,
     metavar="NAME=SHARE",
-    help="Split a MANIFEST/VIEW into views by key hash (repeat: train=98%).",
+    help="Views of a MANIFEST|VIEW: train=98%,val=2%.",
 )
 @click.option(
-    "-O", "--output-dir", default=None, metavar="DIR", help="With --into: where the views go."
+    "-O", "--output-dir", default=None, metavar="DIR", help="With --into: DIR/NAME.view.json."
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="With --into: hash seed.")
 @on_error_option()

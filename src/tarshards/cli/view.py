@@ -32,7 +32,7 @@ def engine_options(fn):
     fn = click.option(
         "--address",
         metavar="URL",
-        help="Dask scheduler (tcp://host:8786) or Ray address; default: a local cluster.",
+        help="Dask scheduler or Ray address (default: local).",
     )(fn)
     fn = click.option(
         "--engine",
@@ -70,7 +70,7 @@ def report(what: str, made, quiet: bool) -> None:
     "-f",
     "--function",
     metavar="MODULE:FUNCTION",
-    help="Keep the samples for which fn(sample) is true (raw bytes unless --decode).",
+    help="Keep the samples where fn(sample) is true.",
 )
 @click.option("--decode", metavar="MODE", help="Decode samples before -f (pil, rgb8...).")
 @click.option("--keys", "keys_file", metavar="FILE", help="Keep the keys listed (one a line).")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from typing import Any, Callable, Collection, Mapping
 
 from .._lazy import LazyModule
@@ -113,7 +114,8 @@ class _ShardTask:
         decode: Any,
         storage_options: dict | None,
     ):
-        self.view = view
+        # the indexes this process loaded stay here (a worker loads the one of its shard)
+        self.view = View(replace(view.manifest, _indexes={}), view.rows)
         self.what = what
         self.fn = fn
         self.field = field
@@ -136,13 +138,14 @@ class _ShardTask:
             range_opener=self._open_range,
             last_dot=False,
         )
-        if self.decode is None:
+        if self.decode is None or self.decode is False:
             for got in lists:
                 yield from got
             return
         from ..stages import decode
 
-        modes = self.decode if isinstance(self.decode, (list, tuple)) else [self.decode]
+        decoder = "rgb" if self.decode is True else self.decode  # True: WebDataset's default
+        modes = decoder if isinstance(decoder, (list, tuple)) else [decoder]
         for got in lists:
             yield from decode(iter(got), *modes)
 
@@ -276,12 +279,12 @@ def view(
     usual place; ``None``: not saved).
 
     ``source``: a manifest or a view (or the path of either: a view of a view keeps rows of its
-    rows). ``keep``: a function of the sample (raw: ``{"__key__", "__url__", ext: bytes}``; with
-    ``decode=`` (a ``WebDataset(decoder=)`` value: ``"pil"``, ``"rgb8"``, a function...), the
-    decoded sample) returning true to keep it; or a collection of keys to keep; ``None``: every
-    sample. ``exclude``: a collection of keys to drop. Keys come from the shards' indexes (no
-    data is read); a function runs one task a shard on ``engine`` (``"processes"``,
-    ``"dask"``, ``"ray"``; ``workers``/``address``/``client`` as
+    rows). ``keep``: a function of the sample (raw: ``{"__key__", "__url__", ext: bytes}``;
+    with ``decode=`` (a ``WebDataset(decoder=)`` value: ``"pil"``, ``"rgb8"``, a function...;
+    ``True``: ``"rgb"``), the decoded sample) returning true to keep it; or a collection of keys
+    to keep; ``None``: every sample. ``exclude``: a collection of keys to drop. Keys come from
+    the shards' indexes (no data is read); a function runs one task a shard on ``engine``
+    (``"processes"``, ``"dask"``, ``"ray"``; ``workers``/``address``/``client`` as
     :func:`tarshards.parallel.map_shards`), reading only the source's rows. The view's
     ``info`` records how many samples were kept and removed.
     """
@@ -390,6 +393,25 @@ def content_digests(manifest: Manifest, i: int):
     return np.stack([d1, d2], axis=1)
 
 
+def _first_of_each(digests):
+    """The positions (sorted) of the first row of each group of equal rows of an ``(n, 2)``
+    uint64 array."""
+    n = len(digests)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    # sorted by the first half; where two rows share a first half but not the second (~never:
+    # 64 bits of a hash), by both
+    order = np.argsort(digests[:, 0])
+    d = digests[order]
+    if np.any((d[1:, 0] == d[:-1, 0]) & (d[1:, 1] != d[:-1, 1])):
+        order = np.lexsort((digests[:, 1], digests[:, 0]))
+        d = digests[order]
+    new = np.ones(n, dtype=bool)
+    new[1:] = (d[1:, 0] != d[:-1, 0]) | (d[1:, 1] != d[:-1, 1])
+    # each group's smallest position (the sort need not keep a group's rows in order)
+    return np.sort(np.minimum.reduceat(order, np.flatnonzero(new)))
+
+
 def dedup(
     source: Any,
     *,
@@ -455,11 +477,7 @@ def dedup(
     else:
         raise TypeError(f'by= is "content", a field name or a function, not {by!r}')
     digests = np.ascontiguousarray(np.concatenate(parts) if parts else np.zeros((0, 2), np.uint64))
-    if len(digests):
-        _, first = np.unique(digests.view(np.dtype((np.void, 16))).ravel(), return_index=True)
-        first = np.sort(first)
-    else:
-        first = np.zeros(0, np.int64)
+    first = _first_of_each(digests)
     removed = len(digests) - len(first)
     counts = np.asarray(base.selected_counts, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(counts)])
