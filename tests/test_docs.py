@@ -135,6 +135,7 @@ OPTIONAL = (
     "soundfile",
     "pyarrow",
     "datasets",
+    "yaml",
 )
 MISSING = [name for name in OPTIONAL if importlib.util.find_spec(name) is None]
 _NEEDS = re.compile(

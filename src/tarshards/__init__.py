@@ -33,6 +33,10 @@ _declare_optional(
     module="tarshards.media.collate",
     extra="av",
 )
+# dataset spec files (WebDataset("train.yaml")): read by tarshards.curate.spec, with PyYAML
+_declare_optional(
+    "specs.OPTIONAL_DATASET_SPECS", [".yaml", ".yml"], module="tarshards.curate.spec", extra="yaml"
+)
 
 __all__ = sorted(
     [
@@ -40,6 +44,7 @@ __all__ = sorted(
         "Codec",
         "CommandError",
         "DataPipeline",
+        "DatasetSpec",
         "DecodeError",
         "DuplicateFieldError",
         "DuplicateKeyError",
@@ -106,6 +111,7 @@ __all__ = sorted(
         "parse_size",
         "random_resized_crop",
         "read_media",
+        "read_spec",
         "register_codec",
         "rename",
         "reraise_exception",
@@ -188,6 +194,7 @@ _MODULE_OF = {
     "storage": ["ShardCache", "open_url"],
     "tario": ["iter_tar"],
     "types": ["PlanOptions", "ReadOptions", "SafetyOptions"],
+    "curate.spec": ["DatasetSpec", "read_spec"],  # dataset spec files (YAML blends)
     "writer": ["ShardWriter", "TarWriter"],
 }
 _LAZY_MODULES = {name: module for module, names in _MODULE_OF.items() for name in names}

@@ -57,6 +57,12 @@ step. (With R ranks a trainer step takes R global batches: ``batches_per_step=R`
 table in trainer steps; it is part of the plan.) With a schedule the composition of each
 reader's batches is its own; with ``stop="first"``/``"all"`` an epoch's length depends on its
 weights, so epoch ``e``'s plan follows the plans of the epochs before it (cached).
+
+``repeat={"a": 2}``: source ``a`` may be read twice (each pass a new shuffle) before it counts
+as run out (``0.5``: half of one pass); the stopping rules above count in these budgets. A
+``.shuffle(n)`` put first on the mixture itself (``mix(...).shuffle(n).batched(B)``) shuffles
+each source that has no shuffle of its own, with the same buffer (rebuilt from positions on
+resume, as a source's own).
 """
 
 from __future__ import annotations
@@ -596,6 +602,7 @@ class MixedDataset(DataPipeline):
         schedule_id: str | None = None,
         interpolate: str = "step",
         batches_per_step: int = 1,
+        repeat: Mapping[str, float] | None = None,
     ):
         # ignore: no source of its own (each epoch's _MixProgram reads the sources)
         super().__init__(None, seed=seed)  # type: ignore[arg-type]
@@ -626,6 +633,15 @@ class MixedDataset(DataPipeline):
                 )
             if any(st.fn is _stages.shuffle for st in src._stages[1:]):
                 raise ValueError(f"source {name!r}: put .shuffle(n) before its other stages")
+        repeat = dict(repeat) if repeat is not None else {}
+        if set(repeat) - set(self.names):
+            raise ValueError(f"repeat names {sorted(set(repeat) - set(self.names))}, not sources")
+        if any(not float(r) > 0 for r in repeat.values()):
+            raise ValueError("repeat counts must be positive")
+        #: passes of each source that count before it runs out (1: one pass)
+        self.repeats = tuple(float(repeat.get(n, 1)) for n in self.names)
+        if unit == "tokens" and any(r != 1 for r in self.repeats):
+            raise ValueError("repeat= counts passes of samples: it does not apply to unit='tokens'")
         self.stop = stop
         self.rank = rank
         self.world_size = world_size
@@ -640,6 +656,13 @@ class MixedDataset(DataPipeline):
         if stages and stages[0].fn is _stages.shuffle:
             args = _bind(stages[0])
             bufsize, initial, rest = int(args["bufsize"]), args["initial"], stages[1:]
+        elif self._stages and self._stages[0].fn is _stages.shuffle:  # the mixture's: each source's
+            args = _bind(self._stages[0])
+            if args.get("rng") is not None or args.get("seed") is not None:
+                raise ValueError(
+                    "the mixture's shuffle is seeded from the plan: leave out rng=/seed="
+                )
+            bufsize, initial = int(args["bufsize"]), args["initial"]
         seed = reader_rng(self.seed, 0, i).randrange(1 << 62)
         cfg = PlanConfig(
             seed=seed,
@@ -658,7 +681,10 @@ class MixedDataset(DataPipeline):
         if not at:
             raise ValueError("batch the mixture: mix(...).batched(B) (loader batch_size=None)")
         bi = at[0]
-        return int(_bind(stages[bi])["batchsize"]), stages[:bi], stages[bi], stages[bi + 1 :]
+        pre = stages[:bi]
+        if pre and pre[0].fn is _stages.shuffle:  # each source's shuffle (source_config)
+            pre = pre[1:]
+        return int(_bind(stages[bi])["batchsize"]), pre, stages[bi], stages[bi + 1 :]
 
     def plan_identity(self) -> dict:
         B = self.mix_parts()[0]
@@ -686,6 +712,7 @@ class MixedDataset(DataPipeline):
             "sources": parts,
             "weights": self.schedule.identity(),
             **self._token_identity(),
+            **({"repeat": list(self.repeats)} if any(r != 1 for r in self.repeats) else {}),
         }
 
     def _token_identity(self) -> dict:
@@ -764,9 +791,18 @@ class MixedDataset(DataPipeline):
         return sum(known[: int(epoch)])
 
     def _lengths(self, epoch: int) -> tuple[int, ...]:
+        return self._budgets(
+            tuple(
+                plan_for(src.table, self.source_config(i)[0], epoch).segment_length
+                for i, src in enumerate(self.sources)
+            )
+        )
+
+    def _budgets(self, lengths: tuple[int, ...]) -> tuple[int, ...]:
+        """What each source's reader gives before it counts as run out: ``repeat`` passes of
+        its ``lengths``."""
         return tuple(
-            plan_for(src.table, self.source_config(i)[0], epoch).segment_length
-            for i, src in enumerate(self.sources)
+            int(n * Fraction(r).limit_denominator(1 << 20)) for n, r in zip(lengths, self.repeats)
         )
 
     def fingerprint_aliases(self) -> dict:
@@ -780,6 +816,25 @@ class MixedDataset(DataPipeline):
 
     def worker_info(self) -> WorkerInfo:
         return _explicit_rank(super().worker_info(), self.rank, self.world_size)
+
+    def source_counts(self, epoch: int | None = None) -> dict[str, int]:
+        """The samples each source gives in ``epoch`` (default: the next), all ranks and
+        readers together."""
+        prog = self.epoch_program(self.next_epoch() if epoch is None else int(epoch))
+        layout = prog.layout
+        if isinstance(layout, _SharedLayout):
+            totals = [
+                prog.readers * sum(q[i] for q in layout.quotas) for i in range(len(self.names))
+            ]
+        else:
+            totals = [int(x) for x in layout.counts.sum(axis=(0, 1))]
+        return dict(zip(self.names, totals))
+
+    def __len__(self):
+        """``with_length(n)`` when set; else the batches this rank yields an epoch."""
+        if self._length is not None:
+            return self._length
+        return self.steps_per_epoch()
 
     def _source_repr(self) -> str:
         parts = ", ".join(f"{n}: {w:g}" for n, w in zip(self.names, self.weights))
@@ -848,7 +903,8 @@ class _MixProgram(PlannedProgram):
         )
         if min(lengths) == 0:
             raise ValueError("a source has fewer samples than readers")
-        self.layout = ds._layout(epoch, lengths)
+        # what each source gives before it counts as run out (repeat=: passes of it)
+        self.layout = ds._layout(epoch, ds._budgets(lengths))
         self.readers = ds._plan_config["readers"]
         q = self.layout.q
         if q == 0:
@@ -923,6 +979,7 @@ def mix(
     schedule_id: str | None = None,
     interpolate: str = "step",
     batches_per_step: int = 1,
+    repeat: Mapping[str, float] | None = None,
 ) -> MixedDataset:
     """Mix planned sources with exact per-epoch quotas (see the module's documentation).
 
@@ -945,4 +1002,5 @@ def mix(
         schedule_id=schedule_id,
         interpolate=interpolate,
         batches_per_step=batches_per_step,
+        repeat=repeat,
     )

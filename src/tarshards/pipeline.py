@@ -22,7 +22,9 @@ from .planned import PlannedProgram, _SingleProgram, feed_batches
 from .reading import iter_samples, shard_samples
 from .shards import resampled_shards, shard_order, split_shards
 from .specs import check_local_shards, expand_urls
+from .specs import is_dataset_spec as _is_dataset_spec
 from .specs import is_manifest_spec as _is_manifest_spec
+from .specs import open_dataset_spec as _open_dataset_spec
 from .storage import is_local, open_url
 from .types import EpochContext, PlanOptions, ReadOptions, SafetyOptions, WorkerInfo
 
@@ -105,6 +107,10 @@ class WebDataset(DataPipeline):
     ``urls``: a shard spec (braces, ``::``-joined specs, globs, lists, a URL list file, a
     directory of shards). ``split``: with a directory that Megatron-Energon prepared
     (``.nv-meta/split.yaml``), the part to read (``"train"``, ``"val"``, ``"test"``).
+    A dataset spec file (``WebDataset("train.yaml", readers=V)``: sources, weights, subsets,
+    repeats, splits, ``split=`` one of them; see :mod:`tarshards.curate.spec`) gives the planned
+    mixture of its sources instead (a :class:`~tarshards.mixing.MixedDataset`, ``__source__``
+    on every sample).
     ``shardshuffle``: shuffle the shard order each epoch (default: on when ``shuffle`` > 0).
     ``resampled``: draw shards with replacement forever (bound it with ``.with_epoch(n)``).
     ``on_error``: what a data error does: ``"raise"``, ``"skip"``, ``"warn"``, or a function
@@ -146,6 +152,13 @@ class WebDataset(DataPipeline):
     ``allow_unsafe``: let ``decoder=`` unpickle. ``verify``: check shards against the manifest.
     ``empty_check``: raise when this reader was given shards but found no sample in them.
     """
+
+    def __new__(cls, urls=None, *args: Any, **options: Any):
+        # a dataset spec file (train.yaml): the planned mixture of its sources it describes
+        # (tarshards.curate.spec), which is not a WebDataset (so __init__ is not called)
+        if _is_dataset_spec(urls):
+            return _open_dataset_spec(cls, urls, *args, **options)
+        return super().__new__(cls)
 
     def __init__(
         self,

@@ -19,10 +19,11 @@ from __future__ import annotations
 import glob as _glob
 import os
 import re
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 import braceexpand
 
+from ._lazy import OptionalEntries
 from .errors import ShardNotFoundError, ShardSpecError
 from .storage.open import open_url
 from .storage.paths import filesystem, is_local, local_path, url_protocol
@@ -405,3 +406,39 @@ def _scalar(text: str) -> str:
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
         return text[1:-1]
     return text
+
+
+# ---- dataset spec files: a YAML blend of sources, opened by tarshards.curate.spec ---------------
+
+__all__ += ["DATASET_SPEC_OPENERS", "is_dataset_spec", "open_dataset_spec"]
+
+DATASET_SPEC_SUFFIXES = (".yaml", ".yml")
+#: suffix -> ``opener(cls, path, *args, **options)``: the dataset ``cls(path, ...)`` stands for
+#: (``cls``: the ``WebDataset`` class called); filled by the module that implements it when it is
+#: imported, which :data:`OPTIONAL_DATASET_SPECS` does on first use (the package declares it)
+DATASET_SPEC_OPENERS: dict[str, Callable[..., Any]] = {}
+OPTIONAL_DATASET_SPECS = OptionalEntries("dataset spec", "specs.OPTIONAL_DATASET_SPECS")
+
+
+def is_dataset_spec(spec) -> bool:
+    """Whether ``spec`` names a dataset spec file (a ``.yaml``/``.yml`` path or URL: sources,
+    weights, subsets, splits; see :mod:`tarshards.curate.spec`) rather than shards."""
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    return (
+        isinstance(spec, str)
+        and "::" not in spec
+        and "{" not in spec
+        and spec.lower().endswith(DATASET_SPEC_SUFFIXES)
+    )
+
+
+def open_dataset_spec(cls, spec, *args, **options):
+    """The dataset that ``cls(spec, *args, **options)`` stands for when ``spec`` is a dataset
+    spec file (:func:`is_dataset_spec`)."""
+    suffix = os.path.splitext(os.fspath(spec))[1].lower()
+    if suffix not in DATASET_SPEC_OPENERS and suffix in OPTIONAL_DATASET_SPECS:
+        OPTIONAL_DATASET_SPECS.load(suffix)
+    if suffix not in DATASET_SPEC_OPENERS:
+        raise ShardSpecError(f"no reader of dataset spec files ending in {suffix!r}")
+    return DATASET_SPEC_OPENERS[suffix](cls, spec, *args, **options)

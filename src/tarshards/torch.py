@@ -365,6 +365,8 @@ class MixedDataset(IterableDataset, _TorchMixin, _mix.MixedDataset):
         _mix.MixedDataset.__init__(self, *args, **kwargs)
         self._order_token = _new_order_token()
 
+    __len__ = _mix.MixedDataset.__len__  # the batches a rank yields an epoch
+
 
 def mix(sources, weights=None, **kwargs) -> MixedDataset:
     """:func:`tarshards.mixing.mix` as a torch ``IterableDataset``."""

@@ -52,6 +52,7 @@ ARGS = {
     "bench": ["-q", "-n", "20", "--seconds", "0.2", "--workers", "0", "--json"],
     "index": ["-q", "-o", "{out}.json"],
     "convert": ["-q", "-o", "{out}.parquet"],
+    "info": ["--json"],
 }
 
 
@@ -152,6 +153,11 @@ def test_a_manifest_is_a_spec_for_every_command(data, name):
         assert [(s["url"], s["samples"]) for s in a["shards"]] == [
             (s["url"], s["samples"]) for s in b["shards"]
         ]
+        return
+    if name == "info":  # the same shards, samples and bytes (named as given)
+        a, b = (json.loads(results[k][0])["sources"][0] for k in ("braces", "manifest"))
+        assert a["shards"] == b["shards"] == 3 and a["samples"] == b["samples"] == 30
+        assert a["bytes"] == b["bytes"] > 0
         return
     if name == "map":  # its summary has timings; the shards written are the same
         assert len(results["manifest"][1]) == 3

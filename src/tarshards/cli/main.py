@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[str | None, str]] = {
     "columns": (None, "tarshards.cli.columns:columns_cmd"),
     "join": (None, "tarshards.cli.join:join_cmd"),
     "audit": (None, "tarshards.cli.audit:audit_cmd"),
+    "info": (None, "tarshards.cli.info:info_cmd"),
 }
 
 
