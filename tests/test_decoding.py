@@ -139,7 +139,7 @@ def _batches(samples, mode, batchsize, allocate=None, on_error="raise", fields=(
         DataPipeline(samples, on_error=on_error).decode(mode).to_tuple(*fields).batched(batchsize)
     )
     if allocate is not None:
-        pipe._batch_allocate = allocate
+        pipe.attach_loader(allocate=allocate)
     import tarshards.decoding
 
     saved, tarshards.decoding.BatchRows = tarshards.decoding.BatchRows, Counted
