@@ -175,7 +175,6 @@ class WebDataset(DataPipeline):
         manifest=None,
         split: str | None = None,
         decode_size=None,
-        fields=None,
         read_options: ReadOptions | None = None,
         plan_options: PlanOptions | None = None,
         safety_options: SafetyOptions | None = None,
@@ -185,6 +184,7 @@ class WebDataset(DataPipeline):
         read, plan, safety = _grouped(
             options, read=read_options, plan=plan_options, safety=safety_options
         )
+        fields = read.fields  # only these fields: only the column groups holding them are read
         super().__init__(self._samples, seed=seed, on_error=on_error, handler=handler)
         self._plan_config = None
         if plan.readers is not None:
@@ -714,6 +714,10 @@ class WebDataset(DataPipeline):
     def _source_repr(self) -> str:
         spec = repr(self.spec) if isinstance(self.spec, str) else f"[{self.urls[0]!r}, ...]"
         return f"{type(self).__name__}({spec}, {len(self.urls)} shards)"
+
+
+# inspect.signature(WebDataset) shows __init__'s parameters (__new__ only routes a spec file)
+WebDataset.__new__.__signature__ = inspect.signature(WebDataset.__init__)  # type: ignore[attr-defined]
 
 
 def _has_layout(manifest) -> bool:

@@ -138,7 +138,8 @@ class ReadOptions:
     shards in a local cache (size like ``"20GB"``). ``prefetch``: shards opened ahead of the
     current one (``None``: 2 for remote shard lists, 0 for local files); ``prefetch_bytes``
     bounds the memory they buffer. ``copy=False``: zero-copy reads of local plain shards
-    (read-only ``memoryview`` fields).
+    (read-only ``memoryview`` fields). ``fields``: with a manifest, read only these fields (and
+    ``__key__``...): only the column groups that hold them are opened (sidecar columns).
     """
 
     storage_options: Mapping[str, Any] | None = None
@@ -150,8 +151,14 @@ class ReadOptions:
     prefetch: int | None = None
     prefetch_bytes: int = 256 << 20
     copy: bool = True
+    fields: tuple[str, ...] | None = None
 
     def __post_init__(self):
+        if self.fields is not None:
+            names = (self.fields,) if isinstance(self.fields, str) else tuple(self.fields)
+            if not all(isinstance(f, str) for f in names):
+                raise TypeError(f"ReadOptions.fields names fields (str), got {self.fields!r}")
+            object.__setattr__(self, "fields", names)
         if self.storage_options is not None:
             if not isinstance(self.storage_options, Mapping):
                 raise TypeError(
