@@ -243,22 +243,23 @@ class Part:
 
     def pointers(self, shard: int, lo: int, hi: int):
         """(part shards, part rows) of logical rows ``lo:hi`` of logical shard ``shard``."""
+        return self.pointers_at(shard, np.arange(lo, hi, dtype=np.int64))
+
+    def pointers_at(self, shard: int, rows):
+        """(part shards, part rows) of logical rows ``rows`` (an int array) of logical shard
+        ``shard`` (a view's rows: any of them, in any order)."""
+        rows = np.asarray(rows, dtype=np.int64)
         if self.aligned:
-            return np.full(hi - lo, shard, np.int64), np.arange(lo, hi, dtype=np.int64)
+            return np.full(len(rows), shard, np.int64), rows
         if self._rows is None and self.pointers_url is not None:
             table = load_pointers(self.pointers_url, self.manifest.storage_options)
             a, b = self.columns
             self._shards = table[:, a] if a >= 0 else None
             self._rows = table[:, b]
-        a = int(self._starts[shard])
+        at = int(self._starts[shard]) + rows
         if self._shards is None:  # the left side of an inner join: rows of the same shard
-            return np.full(hi - lo, shard, np.int64), np.asarray(
-                self._rows[a + lo : a + hi], np.int64
-            )
-        return (
-            np.asarray(self._shards[a + lo : a + hi], np.int64),
-            np.asarray(self._rows[a + lo : a + hi], np.int64),
-        )
+            return np.full(len(rows), shard, np.int64), np.asarray(self._rows[at], np.int64)
+        return np.asarray(self._shards[at], np.int64), np.asarray(self._rows[at], np.int64)
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -270,22 +271,35 @@ class Part:
     def read_rows(self, shard: int, lo: int, hi: int, verify: bool = False) -> list:
         """The part's samples of logical rows ``lo:hi`` of ``shard`` by random access (None
         where a pointer is -1)."""
-        shards, rows = self.pointers(shard, lo, hi)
-        out: list = [None] * (hi - lo)
+        return self.read_at(shard, np.arange(lo, hi, dtype=np.int64), verify)
+
+    def read_at(self, shard: int, rows, verify: bool = False) -> list:
+        """The part's samples of logical rows ``rows`` of ``shard`` by random access (None
+        where a pointer is -1)."""
+        shards, prow = self.pointers_at(shard, rows)
+        out: list = [None] * len(prow)
         if self.reader is None:
             self.reader = RowReader(self.manifest)
         for s in np.unique(shards).tolist():
             if s < 0:
                 if not self.optional:
                     raise IntegrityError(
-                        f"{self.name}: logical rows {lo}..{hi} of shard {shard} point nowhere"
+                        f"{self.name}: logical rows of shard {shard} point nowhere"
                     )
                 continue
             where = np.flatnonzero(shards == s)
-            got = self.reader.read(s, rows[where].tolist(), verify=verify)
+            got = self.reader.read(s, prow[where].tolist(), verify=verify)
             for k, sample in zip(where.tolist(), got):
                 out[k] = sample
         return out
+
+    def close(self) -> None:
+        """Close the part's open shard files and let go of its memory-mapped pointer table
+        (a mapping holds a file descriptor); both come back on the next read."""
+        if self.reader is not None:
+            self.reader.close()
+        if self.pointers_url is not None:
+            self._shards = self._rows = None
 
 
 class Layout:
@@ -325,9 +339,21 @@ class Layout:
         return f"Layout({[p.name for p in self.parts]}, {sum(self.counts)} rows)"
 
     # ---- the plan --------------------------------------------------------------------------
-    def table(self) -> ShardTable:
+    def table(self, view=None) -> ShardTable:
+        """The plan's table of the logical rows; over a :class:`~tarshards.selection.View` of
+        the manifest (its rows select logical rows), the rows it keeps."""
+        if view is None:
+            return ShardTable(
+                self.urls, self.counts, fingerprint=self.fingerprint, manifest=self.manifest
+            )
+        if view.manifest.fingerprint != self.source.fingerprint:
+            raise ValueError("the view was made over another manifest than this layout's")
         return ShardTable(
-            self.urls, self.counts, fingerprint=self.fingerprint, manifest=self.manifest
+            self.urls,
+            self.counts,
+            fingerprint=_projected(view.fingerprint, self.fields),
+            manifest=self.manifest,
+            rows=view.rows,
         )
 
     def reader_stream(self, table: ShardTable, plan: EpochPlan, reader: int, **options):
@@ -372,12 +398,8 @@ class Layout:
     # ---- random access ---------------------------------------------------------------------
     def read_rows(self, shard: int, rows: Sequence[int], *, verify: bool = False) -> list[dict]:
         """Logical rows ``rows`` of logical shard ``shard``, merged (random access)."""
-        cols = []
-        for part in self.parts:
-            got: list = []
-            for r in rows:
-                got += part.read_rows(shard, int(r), int(r) + 1, verify)
-            cols.append(got)
+        rows = np.asarray(rows, dtype=np.int64)
+        cols = [part.read_at(shard, rows, verify) for part in self.parts]
         return [self.merge([c[k] for c in cols]) for k in range(len(rows))]
 
     # ---- the plain path --------------------------------------------------------------------
@@ -387,19 +409,38 @@ class Layout:
         *,
         on_error: Any = "raise",
         verify: bool = False,
+        rows: Sequence | None = None,
         **options: Any,
     ) -> Iterator[dict]:
         """The merged samples of the logical shards ``urls`` in turn (the plain path of
-        ``WebDataset``); a shard's error goes to ``on_error``, which may skip its rest."""
+        ``WebDataset``); a shard's error goes to ``on_error``, which may skip its rest.
+        ``rows``: a view's rows (per logical shard, None for all): only those are read, every
+        part by random access through its index (``verify``: each read member against the
+        checksums of its index). The parts' open files are closed when the iteration ends."""
         policy = error_policy(on_error)
         where = {u: i for i, u in enumerate(self.urls)}
-        for url in urls:
-            try:
-                yield from self.iter_shard(where[url], verify=verify, **options)
-            except TarshardsError as exn:
-                if policy(exn):
-                    continue
-                return
+        try:
+            for url in urls:
+                shard = where[url]
+                sel = None if rows is None else rows[shard]
+                try:
+                    if sel is None:
+                        yield from self.iter_shard(shard, verify=verify, **options)
+                    else:
+                        yield from self.iter_rows(shard, sel, verify=verify)
+                except TarshardsError as exn:
+                    if policy(exn):
+                        continue
+                    return
+        finally:
+            self.close()
+
+    def iter_rows(self, shard: int, rows, *, verify: bool = False) -> Iterator[dict]:
+        """The merged samples of logical rows ``rows`` (sorted) of ``shard``, by random
+        access, ``_ROWS`` at a time."""
+        rows = np.asarray(rows, dtype=np.int64)
+        for lo in range(0, len(rows), _ROWS):
+            yield from self.read_rows(shard, rows[lo : lo + _ROWS], verify=verify)
 
     def iter_shard(self, shard: int, *, verify: bool = False, **options: Any) -> Iterator[dict]:
         n = self.counts[shard]
@@ -442,9 +483,9 @@ class Layout:
                     stream.close()
 
     def close(self) -> None:
+        """Close the parts' open shard files (they reopen on the next read)."""
         for part in self.parts:
-            if part.reader is not None:
-                part.reader.close()
+            part.close()
 
 
 def _as_key(value) -> str:
@@ -471,7 +512,7 @@ class MergedReaderStream(ReaderStream):
         options.pop("stats", None)
         self.inner = [
             ReaderStream(
-                ShardTable(part.urls, table.counts, manifest=part.manifest),
+                ShardTable(part.urls, table.base_counts, manifest=part.manifest, rows=table.rows),
                 plan,
                 reader,
                 **options,
@@ -493,7 +534,7 @@ class MergedReaderStream(ReaderStream):
                     cols = []
                     for part, it in zip(layout.parts, lists):
                         if it is None:
-                            cols.append(part.read_rows(shard, i, j))
+                            cols.append(part.read_at(shard, self.logical(shard, i, j)))
                             continue
                         got = next(it, None)
                         if got is None or len(got) != j - i:
@@ -513,6 +554,12 @@ class MergedReaderStream(ReaderStream):
             for it in lists:
                 if it is not None:
                     it.close()
+            layout.close()
+
+    def logical(self, shard: int, i: int, j: int):
+        """The logical rows of plan positions ``i:j`` of ``shard`` (a view's rows kept)."""
+        sel = self.table.rows[shard]
+        return np.arange(i, j, dtype=np.int64) if sel is None else np.asarray(sel[i:j], np.int64)
 
     def read_positions(self, positions: Sequence[int]) -> dict[int, dict]:
         layout = self.layout
@@ -524,7 +571,7 @@ class MergedReaderStream(ReaderStream):
                 continue
             got = {}
             for p, (shard, row, _pad) in located.items():
-                got[p] = part.read_rows(shard, row, row + 1)[0]
+                got[p] = part.read_at(shard, self.logical(shard, row, row + 1))[0]
             cols.append(got)
         out = {}
         for p, (_shard, _row, pad) in located.items():
