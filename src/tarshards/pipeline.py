@@ -603,6 +603,7 @@ class WebDataset(DataPipeline):
         from .source import read_rows
 
         table = self.table
+        base = table.manifest  # the view's base (its shards in the table's order)
         row = {u: i for i, u in enumerate(table.urls)}
         ranged = self.range_opener()
         verify = self.safety_options.verify
@@ -629,7 +630,7 @@ class WebDataset(DataPipeline):
                         rows = table.selected_rows(i)
                         for sample in got:
                             j = seen if rows is None else int(rows[seen])
-                            check_members(sample, self.manifest.load_index(i), j, url)
+                            check_members(sample, base.load_index(i), j, url)
                             seen += 1
                     yield from got
             except TarshardsError as exn:
@@ -690,7 +691,7 @@ class WebDataset(DataPipeline):
     def _counts(self) -> dict:
         """Shard URL -> the samples read of it (a view's: the rows it keeps)."""
         if self.view is None:
-            return self.manifest.counts()
+            return {} if self.manifest is None else self.manifest.counts()
         if self.layout is None:
             return self.view.counts()
         return dict(zip(self.layout.urls, self.view.selected_counts))

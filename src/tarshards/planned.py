@@ -99,11 +99,6 @@ def feed_batches(stream: ReaderStream, batches: list[int], size: int, bufsize: i
 
 
 class _SingleProgram(PlannedProgram):
-    def close(self) -> None:
-        for feed in self._feeds.values():
-            feed.close()
-        self._feeds = {}
-
     def __init__(self, ds: Any, epoch: int):  # a WebDataset
         cfg, pre, bstage, post = ds.plan_parts()
         self.ds, self.cfg = ds, cfg
@@ -112,6 +107,11 @@ class _SingleProgram(PlannedProgram):
         self.readers = cfg.readers
         self.pre, self.bstage, self.post = pre, bstage, post
         self._feeds: dict[int, _Feed] = {}
+
+    def close(self) -> None:
+        for feed in self._feeds.values():
+            feed.close()
+        self._feeds = {}
 
     def _stream(self, reader: int, stats=None) -> ReaderStream:
         ds = self.ds
