@@ -550,10 +550,12 @@ class Manifest:
 
     def every_shard(self) -> "Manifest":
         """A plain manifest of every shard this one names: the base shards, then each column
-        group's (what ``tarcheck --manifest`` checks)."""
-        if not self.columns:
+        group's, then a join's right shards (what ``tarcheck --manifest`` checks)."""
+        if not self.columns and not self.join:
             return self.plain()
         shards = self.shards + tuple(r for g in self.columns for r in g.shards)
+        if self.join:
+            shards += tuple(_record(r) for r in self.join["right"]["shards"])
         return Manifest(shards, url=self.url, storage_options=self.storage_options)
 
 

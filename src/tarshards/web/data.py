@@ -237,9 +237,10 @@ class BrowseData:
 
     ``spec``: a manifest (``.json`` path or URL, or a :class:`~tarshards.manifest.Manifest`), a
     view (a ``*.view.json`` path or a :class:`~tarshards.View`: the pages, search and index
-    statistics are the view's samples; its manifest's shards need indexes), or a shard spec (brace ranges, globs, ``::``-joined, a list; local or remote). Shards without an
-    index are indexed once (one sequential read each) into ``index_dir`` (kept, and reused while
-    the shards' sizes are unchanged), else into a temporary directory removed at :meth:`close`.
+    statistics are the view's samples; its manifest's shards need indexes), or a shard spec
+    (brace ranges, globs, ``::``-joined, a list; local or remote). Shards without an index are
+    indexed once (one sequential read each) into ``index_dir`` (kept, and reused while the
+    shards' sizes are unchanged), else into a temporary directory removed at :meth:`close`.
     ``seed``: which samples the decoded statistics read.
     """
 
