@@ -289,3 +289,56 @@ def test_no_file_descriptors_leak(sets):
         assert len(os.listdir("/proc/self/fd")) <= before
     finally:
         gc.enable()
+
+
+def test_remote_sidecar_and_join_reads_use_ranges_and_only_the_needed_bytes(sets):
+    from conftest import load_servers
+
+    servers = load_servers()
+    root = sets.root
+
+    def sizes(folder, prefix):
+        return {
+            f"/{folder}/{f}": os.path.getsize(root / folder / f)
+            for f in os.listdir(root / folder)
+            if f.startswith(prefix) and f.endswith(".tar")
+        }
+
+    caption_shards, base_shards, right_shards = (
+        sizes("cols", "caption"),
+        sizes("base", "b-"),
+        sizes("R", "r-"),
+    )
+    with servers.HTTPFileServer(root) as srv:
+        cols = tarshards.Manifest.load(f"{srv.url}/cols/m.json")
+        # fields= of the sidecar columns: the caption shards alone, each once
+        srv.reset()
+        got = [(x["__key__"], x["txt"]) for x in WebDataset(cols, fields=["txt"])]
+        assert got == [(f"k{i:04d}", f"a caption of k{i:04d}".encode()) for i in range(40)]
+        tar_paths = {p for _m, p, _r in srv.requests if p.endswith(".tar")}
+        assert tar_paths == set(caption_shards)
+        assert srv.bytes_sent() <= sum(caption_shards.values()) + 4096  # (+ the JSON read)
+        # a view of it with fields=: ranged reads of the selected caption rows only
+        v = View.from_positions(cols, [3, 21])
+        srv.reset()
+        got = [x["txt"] for x in WebDataset(v, fields=["txt"])]
+        assert got == [b"a caption of k0003", b"a caption of k0021"]
+        tar = [(p, r) for _m, p, r in srv.requests if p.endswith(".tar")]
+        assert tar and all(r is not None and r.startswith("bytes=") for _p, r in tar), tar
+        assert {p for p, _r in tar} <= set(caption_shards)
+        assert sum(srv.bytes_sent(p) for p in caption_shards) <= 2 * 2048
+        # a join's right side: random access by ranges, only the rows the left side names
+        inner = tarshards.Manifest.load(f"{srv.url}/J/inner.json")
+        v = View.from_positions(inner, [0, 7])  # two of its 20 rows
+        srv.reset()
+        got = [(x["__key__"], x["right.png"]) for x in WebDataset(v)]
+        assert got == [("k0000", sets.images["img0000"]), ("k0014", sets.images["img0014"])]
+        right = [(p, r) for _m, p, r in srv.requests if p in right_shards]
+        assert right and all(r is not None and r.startswith("bytes=") for _p, r in right)
+        sent_right = sum(srv.bytes_sent(p) for p in right_shards)
+        assert sent_right <= 2 * 2048 < sum(right_shards.values()), sent_right
+        left = [(p, r) for _m, p, r in srv.requests if p in base_shards]
+        assert all(r is not None for _p, r in left)  # the view's left rows: ranges too
+        local = tarshards.Manifest.load(sets.base)
+        one = int(np.diff(local.load_index(0).sample_offsets[:2])[0])  # a left sample's bytes
+        assert sum(srv.bytes_sent(p) for p in base_shards) <= 2 * one + 1024
