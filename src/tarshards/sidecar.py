@@ -225,13 +225,16 @@ class Part:
         replaces: bool = True,
         pointers: str | None = None,
         columns: tuple[int, int] = (1, 2),
+        selection: Any = None,
     ):
         self.name = name
         self.manifest = manifest  # a plain manifest of the part's shards
         self.urls = manifest.shard_urls()
         self.keep = keep  # the fields kept (None: all)
         self.prefix = prefix
-        self.aligned = shards is None and pointers is None
+        # a column group made over a view (its shard i holds the view's rows of shard i)
+        self.selection = selection
+        self.aligned = shards is None and pointers is None and selection is None
         self._shards, self._rows, self._starts = shards, rows, starts  # pointer parts
         # or columns (shard, row) of a join's pointer file, mapped when first used (a worker
         # process maps the file again instead of receiving a copy of the arrays)
@@ -251,6 +254,12 @@ class Part:
         rows = np.asarray(rows, dtype=np.int64)
         if self.aligned:
             return np.full(len(rows), shard, np.int64), rows
+        if self.selection is not None:  # the row's place among the view's rows, or -1
+            sel = self.selection.shard_rows(shard)
+            pos = np.searchsorted(sel, rows)
+            hit = pos < len(sel)
+            hit[hit] = sel[pos[hit]] == rows[hit]
+            return np.where(hit, shard, -1).astype(np.int64), np.where(hit, pos, -1)
         if self._rows is None and self.pointers_url is not None:
             table = load_pointers(self.pointers_url, self.manifest.storage_options)
             a, b = self.columns
@@ -645,19 +654,39 @@ def layout_for(
     if fields is None:
         parts.append(Part("base", base))
         for g in manifest.columns:
-            parts.append(Part(f"column group {g.name!r}", manifest.group_manifest(g.name)))
+            parts.append(_group_part(manifest, g, None, so))
     else:
         holder = manifest.column_fields()
         in_base = frozenset(f for f in fields if f not in holder)
-        if in_base:
-            parts.append(Part("base", base, keep=in_base))
         for g in manifest.columns:
             mine = frozenset(f for f in fields if holder.get(f) == g.name)
             if mine:
-                parts.append(
-                    Part(f"column group {g.name!r}", manifest.group_manifest(g.name), keep=mine)
-                )
+                parts.append(_group_part(manifest, g, mine, so))
+        if in_base or parts[0].selection is not None:
+            # (a group made over a view lacks some rows: the base gives every row's key)
+            parts.insert(0, Part("base", base, keep=in_base))
     return Layout(manifest, parts, counts, _projected(manifest.fingerprint, fields), fields)
+
+
+def _group_part(manifest: Manifest, g, keep, so) -> Part:
+    """The part of column group ``g``: aligned with the base, or, for a group made over a view,
+    read by random access at the view's rows (the others have none of its fields)."""
+    name = f"column group {g.name!r}"
+    if g.rows is None:
+        return Part(name, manifest.group_manifest(g.name), keep=keep)
+    from .selection import View
+
+    url = resolve_url(g.rows["view"], manifest.base)
+    view = View.load(url, storage_options=so)
+    if (
+        view.fingerprint != g.rows["fingerprint"]
+        or len(view.rows) != len(manifest.shards)
+        or list(view.selected_counts) != [r.samples for r in g.shards]
+    ):
+        raise IntegrityError(
+            f"{name} was made over other rows than its view file now holds", url=url
+        )
+    return Part(name, manifest.group_manifest(g.name), keep=keep, optional=True, selection=view)
 
 
 def _join_layout(manifest: Manifest, fields, so) -> Layout:

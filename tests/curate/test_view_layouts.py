@@ -342,3 +342,39 @@ def test_remote_sidecar_and_join_reads_use_ranges_and_only_the_needed_bytes(sets
         local = tarshards.Manifest.load(sets.base)
         one = int(np.diff(local.load_index(0).sample_offsets[:2])[0])  # a left sample's bytes
         assert sum(srv.bytes_sent(p) for p in base_shards) <= 2 * one + 1024
+
+
+def short_caption(sample):
+    return {"cap.txt": f"c{sample['__key__']}"}
+
+
+def test_add_columns_over_a_view_is_aligned_with_the_views_rows(sets, tmp_path):
+    v = View.from_positions(tarshards.Manifest.load(sets.base), [1, 2, 12, 30, 31, 39])
+    v = v.save(str(tmp_path / "few.view.json"))
+    out = tarshards.add_columns(
+        v.url, short_caption, output=str(tmp_path / "cap" / "m.json"), name="cap", workers=1
+    )
+    assert isinstance(out, View) and out.url.endswith("cap/m.view.json") and len(out) == 6
+    m = tarshards.Manifest.load(str(tmp_path / "cap" / "m.json"))
+    g = m.columns[0]
+    assert [r.samples for r in g.shards] == list(v.selected_counts)  # only the view's rows
+    assert g.rows["view"] == "cap.rows.view.json"
+    want = [f"k{i:04d}" for i in (1, 2, 12, 30, 31, 39)]
+    # the view returned: every sample has the new field, base fields merged
+    got = [(x["__key__"], x["cap.txt"], x["cls"]) for x in WebDataset(out.url)]
+    assert got == [(k, f"c{k}".encode(), str(int(k[1:]) % 7).encode()) for k in want]
+    assert [x["cap.txt"] for x in WebDataset(out.url, fields=["cap.txt"])] == [
+        f"c{k}".encode() for k in want
+    ]
+    ds = IndexedDataset(out.url)
+    assert ds[3]["cap.txt"] == b"ck0030"
+    planned = WebDataset(out.url, readers=2, remainder="pad", seed=1).shuffle(2)
+    planned = planned.to_tuple("__key__", "cap.txt", "__pad__").batched(2)
+    got = [(k, c) for b in planned for k, c, p in zip(*b) if not p]
+    assert sorted(got) == [(k, f"c{k}".encode()) for k in want]
+    # the manifest read whole: every base row, those outside the view without the field
+    rows = list(WebDataset(m))
+    assert len(rows) == 40
+    assert [x["__key__"] for x in rows if "cap.txt" in x] == want
+    # its identity covers the rows: another view's group is another data set
+    assert m.fingerprint != tarshards.Manifest.load(sets.cols.url).fingerprint
