@@ -378,3 +378,30 @@ def test_add_columns_over_a_view_is_aligned_with_the_views_rows(sets, tmp_path):
     assert [x["__key__"] for x in rows if "cap.txt" in x] == want
     # its identity covers the rows: another view's group is another data set
     assert m.fingerprint != tarshards.Manifest.load(sets.cols.url).fingerprint
+
+
+def test_mix_of_views_of_a_sidecar_manifest_and_of_a_join(sets):
+    from tarshards.mixing import mix
+
+    a_view = View.from_positions(sets.cols, range(0, 40, 2))
+    b_view = View.from_positions(sets.joins["inner"], range(0, 20, 3))
+
+    def make():
+        a = WebDataset(a_view, fields=["txt"], shardshuffle=True, seed=0).shuffle(3)
+        b = WebDataset(b_view, shardshuffle=True, seed=0)
+        mixed = mix({"a": a, "b": b}, weights={"a": 0.5, "b": 0.5}, readers=2, seed=1)
+        return mixed.map(
+            lambda s: (s["__key__"], s["__source__"], s.get("txt", s.get("right.png")))
+        ).batched(4)
+
+    seen = set()
+    for batch in make():
+        for k, src, value in zip(*batch):
+            i = int(k[1:])
+            if src == "a":
+                assert i % 2 == 0 and value == f"a caption of {k}".encode()
+            else:
+                assert value == sets.images[f"img{i:04d}"] and i % 6 == 0  # rows 0, 3, .. of 20
+            seen.add(src)
+    assert seen == {"a", "b"}
+    check_resume(make, epochs=1, cuts=[(0, 2)])
