@@ -134,6 +134,7 @@ class _SingleProgram(PlannedProgram):
             last_dot=ds.last_dot,
             unit=self.cfg.batch_size,
             stats=stats,
+            verify=bool(getattr(ds, "view", None) is not None and getattr(ds, "verify", False)),
         )
 
     def chain(self, it, reader, batches):

@@ -187,19 +187,7 @@ class RowReader:
 
 def check_members(sample: dict, idx, j: int, url) -> None:
     """Each field of sample ``j`` against the member checksums of its index."""
-    starts = idx.member_starts
-    csum = idx.checksum_fn()
-    exts = idx.extensions
-    for m in range(int(starts[j]), int(starts[j + 1])):
-        ext = exts[int(idx.member_ext[m])].lower()
-        data = sample.get(ext)
-        if data is None or csum(data) != int(idx.member_checksums[m]):
-            raise IntegrityError(
-                "member checksum does not match the index",
-                url=url,
-                member=idx.member_names(j)[m - int(starts[j])],
-                offset=int(idx.member_offsets[m]),
-            )
+    idx.check_sample(sample, j, url)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -543,7 +531,7 @@ class MergedReaderStream(ReaderStream):
                     cols = []
                     for part, it in zip(layout.parts, lists):
                         if it is None:
-                            cols.append(part.read_at(shard, self.logical(shard, i, j)))
+                            cols.append(part.read_at(shard, self.logical(shard, i, j), self.verify))
                             continue
                         got = next(it, None)
                         if got is None or len(got) != j - i:
@@ -580,7 +568,7 @@ class MergedReaderStream(ReaderStream):
                 continue
             got = {}
             for p, (shard, row, _pad) in located.items():
-                got[p] = part.read_at(shard, self.logical(shard, row, row + 1))[0]
+                got[p] = part.read_at(shard, self.logical(shard, row, row + 1), self.verify)[0]
             cols.append(got)
         out = {}
         for p, (_shard, _row, pad) in located.items():

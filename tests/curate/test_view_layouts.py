@@ -266,6 +266,9 @@ def test_verify_over_a_view_checks_the_members_it_reads(sets, tmp_path):
     msg = str(info.value)
     assert "b-0001.tar" in msg and f"k{9 + row_in:04d}" in msg
     assert info.value.offset == int(idx.member_offsets[m_in])
+    # planned (readers=V): the samples read are checked the same way
+    with pytest.raises(IntegrityError, match="member checksum"):
+        list(WebDataset(v, verify=True, readers=2, remainder="pad").to_tuple("__key__").batched(2))
     # without verify the flipped byte goes unnoticed
     assert len(list(WebDataset(v))) == len(v)
     with pytest.raises(IntegrityError):
