@@ -115,7 +115,8 @@ class WebDataset(DataPipeline):
     ``fields=[...]``: with a manifest, only these fields (and ``__key__``...): only the column
     groups holding them are read, and the base shards only when a field is not in a group
     (see :func:`tarshards.add_columns`); a manifest with column groups or a join
-    (:func:`tarshards.join`) is read merged row by row.
+    (:func:`tarshards.join`) is read merged row by row; a view of one reads its rows of
+    every part.
 
     The other options come in three frozen values (:mod:`tarshards.types`), each field also
     accepted as a keyword of its own (``WebDataset(urls, cache_dir=..., readers=60)`` is
@@ -143,7 +144,9 @@ class WebDataset(DataPipeline):
     ``nodesplitter``/``workersplitter``: functions ``urls -> urls`` replacing the default split.
 
     ``safety_options``, a :class:`SafetyOptions`: what is trusted and checked.
-    ``allow_unsafe``: let ``decoder=`` unpickle. ``verify``: check shards against the manifest.
+    ``allow_unsafe``: let ``decoder=`` unpickle. ``verify``: check shards against the manifest
+    (over a view, which reads only its rows: each sample read against its index's member
+    checksums).
     ``empty_check``: raise when this reader was given shards but found no sample in them.
     """
 

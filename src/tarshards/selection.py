@@ -7,6 +7,10 @@ view always names its manifest and rows of that manifest's shards. It is accepte
 manifest is: ``WebDataset(view)``, ``IndexedDataset(view)``, ``readers=V`` plans and their resume
 states, ``mix``, the command line (a ``*.view.json`` path).
 
+Over a manifest with sidecar columns or a join, a view's rows are the rows of the data set as
+read (:func:`row_counts`: the shards' samples, or a join's rows per left shard), and every part
+of the layout is read at them (:mod:`tarshards.sidecar`).
+
 Its :attr:`View.fingerprint` is the identity of the samples it holds (the base's
 :attr:`~tarshards.manifest.Manifest.fingerprint` and a hash of the selection; a view that keeps
 everything has the base's fingerprint). Resume states saved over a view carry it.
