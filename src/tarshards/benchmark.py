@@ -237,6 +237,8 @@ def bench_pipeline(
     a ``WebLoader`` with that many workers (``None``: 2 when torch is installed, else none;
     0: no loader). ``batch_size``: the loader's batch size when the pipeline does not batch.
     Returns a dict (see :func:`format_report`); ``log`` gets one line per finished step.
+    ``spec`` may be a view (``*.view.json``): the pipeline reads its samples; the raw read and
+    tar member measurements read its shards (what the storage and the parser give).
     """
     from .manifest import is_manifest_spec, spec_urls  # a manifest names its shards
 
@@ -244,8 +246,8 @@ def bench_pipeline(
     urls = expand(spec, storage_options=storage_options)
     if not urls:
         raise ValueError(f"the shard spec {spec!r} names no shards")
-    if dataset is None:
-        dataset = _default_dataset(urls)
+    if dataset is None:  # a manifest or a view is read as such (a view: only its samples)
+        dataset = _default_dataset(spec if is_manifest_spec(spec) else urls)
     say = log or (lambda line: None)
     report: dict[str, Any] = {
         "spec": spec if isinstance(spec, str) else list(spec),

@@ -613,6 +613,24 @@ class ShardIndex:
         """The member checksum of this index (``member_hash``): bytes-like -> int."""
         return member_checksum_fn(self.member_hash)
 
+    def check_sample(self, sample: Mapping[str, Any], j: int, url: str | None = None) -> None:
+        """Each field of ``sample`` (sample ``j`` of the shard, fields as read: extension
+        lower-cased -> bytes) against the member checksums of this index: an
+        :class:`~tarshards.errors.IntegrityError` naming the member and its offset where one
+        differs or is missing (what ``verify=True`` checks of a view's samples)."""
+        starts = self.member_starts
+        csum = self.checksum_fn()
+        exts = self.extensions
+        for m in range(int(starts[j]), int(starts[j + 1])):
+            data = sample.get(exts[int(self.member_ext[m])].lower())
+            if data is None or csum(data) != int(self.member_checksums[m]):
+                raise IntegrityError(
+                    "member checksum does not match the index",
+                    url=url,
+                    member=self.member_names(j)[m - int(starts[j])],
+                    offset=int(self.member_offsets[m]),
+                )
+
 
 # ---------------------------------------------------------------------------------------------
 # building an index: one member at a time (the writer) or from a sequential read

@@ -217,11 +217,6 @@ class IndexedDataset:
         #: sidecar columns, a join, fields=: the parts read and merged per row (else None)
         self.layout = None
         if fields is not None or self.manifest.columns or self.manifest.join:
-            if self.view is not None:
-                raise ValueError(
-                    "a view over a manifest with sidecar columns or a join (or read with "
-                    "fields=) is not supported yet: make the view over the plain manifest"
-                )
             from .sidecar import layout_for
 
             self.layout = layout_for(self.manifest, fields, storage_options=storage_options)

@@ -42,7 +42,7 @@ import os
 import posixpath
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from .errors import IntegrityError, ShardFormatError, ShardNotFoundError, TarshardsError
 from .hashing import DEFAULT_HASH, HASHING_RELEASES_GIL, MEMBER_HASH
@@ -119,11 +119,17 @@ def _checksum(shards: Sequence[ShardRecord]) -> str:
 class ColumnGroup:
     """A group of sidecar columns (:func:`tarshards.add_columns`): the fields it holds and its
     shards, one per shard of the base data set, aligned row by row with it (same keys, same
-    order). Its records are as a manifest's (relative to the manifest that holds the group)."""
+    order). Its records are as a manifest's (relative to the manifest that holds the group).
+
+    ``rows``: for a group made over a view (``add_columns(view, ...)``), the view file whose
+    rows the group covers (``{"view": url, "fingerprint": ...}``, the URL relative to the
+    manifest): its shard ``i`` holds the view's rows of base shard ``i``, in order, and the rows
+    the view leaves out have none of the group's fields."""
 
     name: str
     fields: tuple[str, ...]
     shards: tuple[ShardRecord, ...]
+    rows: dict | None = field(default=None, hash=False)
 
     def __post_init__(self):
         object.__setattr__(self, "fields", tuple(str(f) for f in self.fields))
@@ -134,18 +140,25 @@ class ColumnGroup:
             raise ValueError(f"column group {self.name!r} holds no field")
 
     def to_json(self) -> dict:
-        return {
+        out: dict[str, Any] = {
             "name": self.name,
             "fields": list(self.fields),
             "shards": [r.to_json() for r in self.shards],
         }
+        if self.rows is not None:
+            out["rows"] = dict(self.rows)
+        return out
 
     @classmethod
     def from_json(cls, obj: dict) -> "ColumnGroup":
+        rows = obj.get("rows")
         return cls(
             name=obj["name"],
             fields=tuple(obj["fields"]),
             shards=tuple(_record(s) for s in obj["shards"]),
+            rows=None
+            if rows is None
+            else {"view": rows["view"], "fingerprint": rows["fingerprint"]},
         )
 
 
@@ -248,7 +261,9 @@ class Manifest:
         for g in self.columns:
             if not isinstance(g, ColumnGroup):
                 raise TypeError(f"a manifest's columns are ColumnGroups, not {type(g).__name__}")
-            if [r.samples for r in g.shards] != [r.samples for r in self.shards]:
+            if len(g.shards) != len(self.shards) or (
+                g.rows is None and [r.samples for r in g.shards] != [r.samples for r in self.shards]
+            ):  # (a group made over a view holds the view's rows: its view checks them)
                 raise ValueError(
                     f"column group {g.name!r} is not aligned with the shards (its sample "
                     "counts differ)"
@@ -550,10 +565,12 @@ class Manifest:
 
     def every_shard(self) -> "Manifest":
         """A plain manifest of every shard this one names: the base shards, then each column
-        group's (what ``tarcheck --manifest`` checks)."""
-        if not self.columns:
+        group's, then a join's right shards (what ``tarcheck --manifest`` checks)."""
+        if not self.columns and not self.join:
             return self.plain()
         shards = self.shards + tuple(r for g in self.columns for r in g.shards)
+        if self.join:
+            shards += tuple(_record(r) for r in self.join["right"]["shards"])
         return Manifest(shards, url=self.url, storage_options=self.storage_options)
 
 
@@ -566,6 +583,7 @@ def _extended_fingerprint(base: str, columns, join) -> str:
             list(g.fields),
             data_fingerprint([r.url for r in g.shards], [r.samples for r in g.shards]),
         ]
+        + ([g.rows["fingerprint"]] if g.rows is not None else [])
         for g in columns
     ]
     text = json.dumps([base, parts, (join or {}).get("identity")], separators=(",", ":"))
@@ -579,7 +597,11 @@ def _relocated_parts(m: "Manifest", old, base, shards) -> "Manifest":
         return None if u is None else relative_url(resolve_url(u, old), base)
 
     columns = tuple(
-        replace(g, shards=tuple(replace(r, url=move(r.url), index=move(r.index)) for r in g.shards))
+        replace(
+            g,
+            shards=tuple(replace(r, url=move(r.url), index=move(r.index)) for r in g.shards),
+            rows=None if g.rows is None else dict(g.rows, view=move(g.rows["view"])),
+        )
         for g in m.columns
     )
     base_ref = dict(m.base_ref, manifest=move(m.base_ref["manifest"])) if m.base_ref else None

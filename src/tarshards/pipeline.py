@@ -121,7 +121,8 @@ class WebDataset(DataPipeline):
     ``fields=[...]``: with a manifest, only these fields (and ``__key__``...): only the column
     groups holding them are read, and the base shards only when a field is not in a group
     (see :func:`tarshards.add_columns`); a manifest with column groups or a join
-    (:func:`tarshards.join`) is read merged row by row.
+    (:func:`tarshards.join`) is read merged row by row; a view of one reads its rows of
+    every part.
 
     The other options come in three frozen values (:mod:`tarshards.types`), each field also
     accepted as a keyword of its own (``WebDataset(urls, cache_dir=..., readers=60)`` is
@@ -149,7 +150,9 @@ class WebDataset(DataPipeline):
     ``nodesplitter``/``workersplitter``: functions ``urls -> urls`` replacing the default split.
 
     ``safety_options``, a :class:`SafetyOptions`: what is trusted and checked.
-    ``allow_unsafe``: let ``decoder=`` unpickle. ``verify``: check shards against the manifest.
+    ``allow_unsafe``: let ``decoder=`` unpickle. ``verify``: check shards against the manifest
+    (over a view, which reads only its rows: each sample read against its index's member
+    checksums).
     ``empty_check``: raise when this reader was given shards but found no sample in them.
     """
 
@@ -212,11 +215,7 @@ class WebDataset(DataPipeline):
         #: how a manifest with sidecar columns or a join (or one read with fields=) is read
         self.layout = None
         if fields is not None or (self.manifest is not None and _has_layout(self.manifest)):
-            if self.view is not None:
-                raise ValueError(
-                    "a view over a manifest with sidecar columns or a join (or read with "
-                    "fields=) is not supported yet: make the view over the plain manifest"
-                )
+            # (a view's rows then select the layout's logical rows: every part read at them)
             self.layout = _layout(self.manifest, fields, storage_options)
             self.manifest, urls = self.layout.manifest, None
         if urls is None and self.manifest is not None:
@@ -225,11 +224,6 @@ class WebDataset(DataPipeline):
             self.urls = expand_urls(urls, storage_options=storage_options, split=split)
         if not self.urls:
             raise ValueError(f"the shard spec {urls!r} names no shards")
-        if safety.verify and self.view is not None:
-            raise ValueError(
-                "verify=True checks whole shards against the manifest, and a view reads only "
-                "its rows: check the shards with tarcheck --manifest VIEW instead"
-            )
         if safety.verify and self.manifest is None:
             raise ValueError(
                 "verify=True checks shards against a manifest: pass manifest=M "
@@ -313,10 +307,10 @@ class WebDataset(DataPipeline):
         """The shards' sample counts and offsets (scanned once, when first needed)."""
         if self._table is None:
             self._check_shards_exist()
-            if self.view is not None:
+            if self.layout is not None:  # the logical rows (sidecar columns, a join)
+                self._table = self.layout.table(self.view)
+            elif self.view is not None:
                 self._table = ShardTable.from_view(self.view, self.urls)
-            elif self.layout is not None:  # the logical rows (sidecar columns, a join)
-                self._table = self.layout.table()
             elif self.manifest is not None:
                 self._table = ShardTable.from_manifest(self.manifest, self.urls)
             else:
@@ -465,7 +459,7 @@ class WebDataset(DataPipeline):
         if self.manifest is not None:
             if self.nodesplitter or self.workersplitter:  # their split is not ours to count
                 return
-            counts = self.manifest.counts() if self.view is None else self.view.counts()
+            counts = self._counts()
             order = shard_order(
                 self.urls, seed=context.seed, epoch=context.epoch, shuffle=self.shardshuffle
             )
@@ -555,7 +549,7 @@ class WebDataset(DataPipeline):
                 and self._nsamples is None
             ):
                 self._warn_unequal(context)
-        if self.view is not None:  # (resampled: an endless iterator of its shards)
+        if self.view is not None and self.layout is None:  # (resampled: endless shards)
             yield from self._view_samples(shards, ctx.get("stats"))
             return
         read = self.read_options
@@ -587,6 +581,7 @@ class WebDataset(DataPipeline):
                 shards,
                 on_error=self.on_error,
                 verify=self.safety_options.verify,
+                rows=None if self.view is None else self.view.rows,
                 **{
                     k: options[k]
                     for k in ("storage_options", "last_dot", "retries", "opener")
@@ -617,17 +612,24 @@ class WebDataset(DataPipeline):
         yield from samples
 
     def _view_samples(self, shards: list, stats=None) -> Iterator[dict]:
-        """The samples a view keeps of ``shards`` (in their order; only their bytes read)."""
+        """The samples a view keeps of ``shards`` (in their order; only their bytes read).
+        ``verify=True``: each sample's members against the member checksums of its shard's
+        index (the bytes of the rows the view leaves out are not read, so not checked)."""
         from .errors import TarshardsError
         from .source import read_rows
 
         table = self.table
+        base = table.manifest  # the view's base (its shards in the table's order)
         row = {u: i for i, u in enumerate(table.urls)}
         ranged = self.range_opener()
+        verify = self.safety_options.verify
+        if verify:
+            from .sidecar import check_members
         for url in shards:
             i = row[url]
             if not table.counts[i]:
                 continue
+            seen = 0
             try:
                 for got in read_rows(
                     table,
@@ -640,6 +642,12 @@ class WebDataset(DataPipeline):
                     last_dot=self.last_dot,
                     stats=stats,
                 ):
+                    if verify:  # each sample's members against its index's checksums
+                        rows = table.selected_rows(i)
+                        for sample in got:
+                            j = seen if rows is None else int(rows[seen])
+                            check_members(sample, base.load_index(i), j, url)
+                            seen += 1
                     yield from got
             except TarshardsError as exn:
                 if not self.on_error(exn):
@@ -682,7 +690,7 @@ class WebDataset(DataPipeline):
                 num_workers,
             ),
         )
-        counts = self.manifest.counts() if self.view is None else self.view.counts()
+        counts = self._counts()
         total = 0
         import warnings
 
@@ -695,6 +703,14 @@ class WebDataset(DataPipeline):
                 raise TypeError(f"shard {url} is not in the manifest; its length is unknown")
             total += n
         return total
+
+    def _counts(self) -> dict:
+        """Shard URL -> the samples read of it (a view's: the rows it keeps)."""
+        if self.view is None:
+            return {} if self.manifest is None else self.manifest.counts()
+        if self.layout is None:
+            return self.view.counts()
+        return dict(zip(self.layout.urls, self.view.selected_counts))
 
     def __len__(self):
         """``with_length(n)`` when set; else, with a manifest, the exact sample count of this

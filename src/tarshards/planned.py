@@ -41,6 +41,9 @@ class PlannedProgram:
     def turn_done(self, reader: int) -> None:
         """Reader ``reader`` delivered a batch (its chain may let go of what it used)."""
 
+    def close(self) -> None:
+        """The pass is over (or abandoned): close what the chains hold open."""
+
 
 class _Feed:
     """The raw samples of batches ``batches`` (``size`` samples each) of one reader stream,
@@ -56,7 +59,12 @@ class _Feed:
 
     def __init__(self, stream: ReaderStream, batches: list[int], size: int, bufsize: int):
         self._held: list[tuple[list, Iterator]] = []  # lists handed on, with their iterators
-        self.samples = itertools.chain.from_iterable(self._lists(stream, batches, size, bufsize))
+        self._gen = self._lists(stream, batches, size, bufsize)
+        self.samples = itertools.chain.from_iterable(self._gen)
+
+    def close(self) -> None:
+        """Close the reader stream (and the shard files it holds open)."""
+        self._gen.close()
 
     def _lists(self, stream: ReaderStream, batches: list[int], size: int, bufsize: int):
         held = self._held
@@ -100,6 +108,11 @@ class _SingleProgram(PlannedProgram):
         self.pre, self.bstage, self.post = pre, bstage, post
         self._feeds: dict[int, _Feed] = {}
 
+    def close(self) -> None:
+        for feed in self._feeds.values():
+            feed.close()
+        self._feeds = {}
+
     def _stream(self, reader: int, stats=None) -> ReaderStream:
         ds = self.ds
         ranged = ds.range_opener()
@@ -121,6 +134,7 @@ class _SingleProgram(PlannedProgram):
             last_dot=ds.last_dot,
             unit=self.cfg.batch_size,
             stats=stats,
+            verify=bool(getattr(ds, "view", None) is not None and getattr(ds, "verify", False)),
         )
 
     def chain(self, it, reader, batches):
@@ -295,7 +309,14 @@ class _PlannedIterator:
                 ("post",),
                 first=len(self.ds.stage_list) - len(prog.post),
             )
-        yield from units
+        try:
+            yield from units
+        finally:  # the readers' streams and their open shard files, closed with the pass
+            for chain in chains.values():
+                close = getattr(chain, "close", None)
+                if close is not None:
+                    close()
+            prog.close()
 
     def _units(self, steps, chains):
         prog, sched, V = self.prog, self.sched, self.prog.readers

@@ -7,6 +7,10 @@ view always names its manifest and rows of that manifest's shards. It is accepte
 manifest is: ``WebDataset(view)``, ``IndexedDataset(view)``, ``readers=V`` plans and their resume
 states, ``mix``, the command line (a ``*.view.json`` path).
 
+Over a manifest with sidecar columns or a join, a view's rows are the rows of the data set as
+read (:func:`row_counts`: the shards' samples, or a join's rows per left shard), and every part
+of the layout is read at them (:mod:`tarshards.sidecar`).
+
 Its :attr:`View.fingerprint` is the identity of the samples it holds (the base's
 :attr:`~tarshards.manifest.Manifest.fingerprint` and a hash of the selection; a view that keeps
 everything has the base's fingerprint). Resume states saved over a view carry it.
@@ -46,7 +50,15 @@ if TYPE_CHECKING:
 else:
     np = LazyModule("numpy", globals(), "np")
 
-__all__ = ["VIEW_FORMAT", "VIEW_SUFFIX", "View", "as_record", "is_view_spec", "load_record"]
+__all__ = [
+    "VIEW_FORMAT",
+    "VIEW_SUFFIX",
+    "View",
+    "as_record",
+    "is_view_spec",
+    "load_record",
+    "row_counts",
+]
 
 VIEW_FORMAT = "tarshards.view"
 VIEW_VERSION = 1
@@ -106,8 +118,7 @@ class View:
                 f"{len(self.manifest.shards)} shards"
             )
         rows = tuple(
-            _rows_array(r, rec.samples, i)
-            for i, (r, rec) in enumerate(zip(rows, self.manifest.shards))
+            _rows_array(r, n, i) for i, (r, n) in enumerate(zip(rows, row_counts(self.manifest)))
         )
         object.__setattr__(self, "rows", rows)
 
@@ -137,11 +148,7 @@ class View:
     def from_positions(cls, base: "Manifest | View", positions) -> "View":
         """The view of ``base`` keeping the samples at ``positions`` (global sample numbers in
         the base's order: shard by shard, in tar order)."""
-        counts = (
-            base.selected_counts
-            if isinstance(base, View)
-            else tuple(r.samples for r in base.shards)
-        )
+        counts = base.selected_counts if isinstance(base, View) else row_counts(base)
         pos = _sorted_unique(np.asarray(positions, dtype=np.int64).ravel())
         total = int(sum(counts))
         if len(pos) and (pos[0] < 0 or pos[-1] >= total):
@@ -158,8 +165,7 @@ class View:
         got = self.__dict__.get("_counts")
         if got is None:
             got = tuple(
-                rec.samples if r is None else len(r)
-                for r, rec in zip(self.rows, self.manifest.shards)
+                n if r is None else len(r) for r, n in zip(self.rows, row_counts(self.manifest))
             )
             object.__setattr__(self, "_counts", got)
         return got
@@ -229,14 +235,14 @@ class View:
         """The rows of shard ``i`` kept (an int64 array; all of them where the view keeps
         every row)."""
         r = self.rows[i]
-        return np.arange(self.manifest.shards[i].samples, dtype=np.int64) if r is None else r
+        return np.arange(row_counts(self.manifest)[i], dtype=np.int64) if r is None else r
 
     def global_rows(self):
         """The samples kept as global sample numbers of the base (shard by shard)."""
         parts, start = [], 0
-        for i, rec in enumerate(self.manifest.shards):
+        for i, n in enumerate(row_counts(self.manifest)):
             parts.append(self.shard_rows(i) + start)
-            start += rec.samples
+            start += n
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
     def meta_columns(self) -> list[str]:
@@ -313,9 +319,7 @@ class View:
             "fingerprint": self.fingerprint,
             "num_samples": self.num_samples,
             "base_samples": self.manifest.num_samples,
-            "shards": [
-                _encode_rows(r, rec.samples) for r, rec in zip(self.rows, self.manifest.shards)
-            ],
+            "shards": [_encode_rows(r, n) for r, n in zip(self.rows, row_counts(self.manifest))],
         }
         if self.parent is not None:
             out["parent"] = relative_url(self.parent, base)
@@ -361,7 +365,7 @@ class View:
                 url=url,
             )
         try:
-            rows = tuple(_decode_rows(s, rec.samples) for s, rec in zip(shards, manifest.shards))
+            rows = tuple(_decode_rows(s, n) for s, n in zip(shards, row_counts(manifest)))
         except (KeyError, TypeError, ValueError, zlib.error) as exn:
             raise ShardFormatError(f"malformed view rows: {exn}", url=url) from None
         parent = obj.get("parent")
@@ -383,6 +387,15 @@ class View:
         """Read a view file (``*.view.json``) and its manifest."""
         obj = _read_json(os.fspath(url), storage_options, "view")
         return cls.from_json(obj, url=os.fspath(url), storage_options=storage_options)
+
+
+def row_counts(manifest: Manifest) -> tuple[int, ...]:
+    """The rows of each shard of ``manifest`` that a view selects among: its shards' samples,
+    or for a join the join's rows per left shard (an inner join keeps the left rows that
+    matched). Column groups are aligned with the shards: their rows are the shards'."""
+    if manifest.join:
+        return tuple(int(c) for c in manifest.join["counts"])
+    return tuple(r.samples for r in manifest.shards)
 
 
 def _base_dir(url: str | None) -> str | None:

@@ -187,19 +187,7 @@ class RowReader:
 
 def check_members(sample: dict, idx, j: int, url) -> None:
     """Each field of sample ``j`` against the member checksums of its index."""
-    starts = idx.member_starts
-    csum = idx.checksum_fn()
-    exts = idx.extensions
-    for m in range(int(starts[j]), int(starts[j + 1])):
-        ext = exts[int(idx.member_ext[m])].lower()
-        data = sample.get(ext)
-        if data is None or csum(data) != int(idx.member_checksums[m]):
-            raise IntegrityError(
-                "member checksum does not match the index",
-                url=url,
-                member=idx.member_names(j)[m - int(starts[j])],
-                offset=int(idx.member_offsets[m]),
-            )
+    idx.check_sample(sample, j, url)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,13 +213,16 @@ class Part:
         replaces: bool = True,
         pointers: str | None = None,
         columns: tuple[int, int] = (1, 2),
+        selection: Any = None,
     ):
         self.name = name
         self.manifest = manifest  # a plain manifest of the part's shards
         self.urls = manifest.shard_urls()
         self.keep = keep  # the fields kept (None: all)
         self.prefix = prefix
-        self.aligned = shards is None and pointers is None
+        # a column group made over a view (its shard i holds the view's rows of shard i)
+        self.selection = selection
+        self.aligned = shards is None and pointers is None and selection is None
         self._shards, self._rows, self._starts = shards, rows, starts  # pointer parts
         # or columns (shard, row) of a join's pointer file, mapped when first used (a worker
         # process maps the file again instead of receiving a copy of the arrays)
@@ -243,22 +234,29 @@ class Part:
 
     def pointers(self, shard: int, lo: int, hi: int):
         """(part shards, part rows) of logical rows ``lo:hi`` of logical shard ``shard``."""
+        return self.pointers_at(shard, np.arange(lo, hi, dtype=np.int64))
+
+    def pointers_at(self, shard: int, rows):
+        """(part shards, part rows) of logical rows ``rows`` (an int array) of logical shard
+        ``shard`` (a view's rows: any of them, in any order)."""
+        rows = np.asarray(rows, dtype=np.int64)
         if self.aligned:
-            return np.full(hi - lo, shard, np.int64), np.arange(lo, hi, dtype=np.int64)
+            return np.full(len(rows), shard, np.int64), rows
+        if self.selection is not None:  # the row's place among the view's rows, or -1
+            sel = self.selection.shard_rows(shard)
+            pos = np.searchsorted(sel, rows)
+            hit = pos < len(sel)
+            hit[hit] = sel[pos[hit]] == rows[hit]
+            return np.where(hit, shard, -1).astype(np.int64), np.where(hit, pos, -1)
         if self._rows is None and self.pointers_url is not None:
             table = load_pointers(self.pointers_url, self.manifest.storage_options)
             a, b = self.columns
             self._shards = table[:, a] if a >= 0 else None
             self._rows = table[:, b]
-        a = int(self._starts[shard])
+        at = int(self._starts[shard]) + rows
         if self._shards is None:  # the left side of an inner join: rows of the same shard
-            return np.full(hi - lo, shard, np.int64), np.asarray(
-                self._rows[a + lo : a + hi], np.int64
-            )
-        return (
-            np.asarray(self._shards[a + lo : a + hi], np.int64),
-            np.asarray(self._rows[a + lo : a + hi], np.int64),
-        )
+            return np.full(len(rows), shard, np.int64), np.asarray(self._rows[at], np.int64)
+        return np.asarray(self._shards[at], np.int64), np.asarray(self._rows[at], np.int64)
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -270,22 +268,35 @@ class Part:
     def read_rows(self, shard: int, lo: int, hi: int, verify: bool = False) -> list:
         """The part's samples of logical rows ``lo:hi`` of ``shard`` by random access (None
         where a pointer is -1)."""
-        shards, rows = self.pointers(shard, lo, hi)
-        out: list = [None] * (hi - lo)
+        return self.read_at(shard, np.arange(lo, hi, dtype=np.int64), verify)
+
+    def read_at(self, shard: int, rows, verify: bool = False) -> list:
+        """The part's samples of logical rows ``rows`` of ``shard`` by random access (None
+        where a pointer is -1)."""
+        shards, prow = self.pointers_at(shard, rows)
+        out: list = [None] * len(prow)
         if self.reader is None:
             self.reader = RowReader(self.manifest)
         for s in np.unique(shards).tolist():
             if s < 0:
                 if not self.optional:
                     raise IntegrityError(
-                        f"{self.name}: logical rows {lo}..{hi} of shard {shard} point nowhere"
+                        f"{self.name}: logical rows of shard {shard} point nowhere"
                     )
                 continue
             where = np.flatnonzero(shards == s)
-            got = self.reader.read(s, rows[where].tolist(), verify=verify)
+            got = self.reader.read(s, prow[where].tolist(), verify=verify)
             for k, sample in zip(where.tolist(), got):
                 out[k] = sample
         return out
+
+    def close(self) -> None:
+        """Close the part's open shard files and let go of its memory-mapped pointer table
+        (a mapping holds a file descriptor); both come back on the next read."""
+        if self.reader is not None:
+            self.reader.close()
+        if self.pointers_url is not None:
+            self._shards = self._rows = None
 
 
 class Layout:
@@ -325,9 +336,21 @@ class Layout:
         return f"Layout({[p.name for p in self.parts]}, {sum(self.counts)} rows)"
 
     # ---- the plan --------------------------------------------------------------------------
-    def table(self) -> ShardTable:
+    def table(self, view=None) -> ShardTable:
+        """The plan's table of the logical rows; over a :class:`~tarshards.selection.View` of
+        the manifest (its rows select logical rows), the rows it keeps."""
+        if view is None:
+            return ShardTable(
+                self.urls, self.counts, fingerprint=self.fingerprint, manifest=self.manifest
+            )
+        if view.manifest.fingerprint != self.source.fingerprint:
+            raise ValueError("the view was made over another manifest than this layout's")
         return ShardTable(
-            self.urls, self.counts, fingerprint=self.fingerprint, manifest=self.manifest
+            self.urls,
+            self.counts,
+            fingerprint=_projected(view.fingerprint, self.fields),
+            manifest=self.manifest,
+            rows=view.rows,
         )
 
     def reader_stream(self, table: ShardTable, plan: EpochPlan, reader: int, **options):
@@ -372,12 +395,8 @@ class Layout:
     # ---- random access ---------------------------------------------------------------------
     def read_rows(self, shard: int, rows: Sequence[int], *, verify: bool = False) -> list[dict]:
         """Logical rows ``rows`` of logical shard ``shard``, merged (random access)."""
-        cols = []
-        for part in self.parts:
-            got: list = []
-            for r in rows:
-                got += part.read_rows(shard, int(r), int(r) + 1, verify)
-            cols.append(got)
+        rows = np.asarray(rows, dtype=np.int64)
+        cols = [part.read_at(shard, rows, verify) for part in self.parts]
         return [self.merge([c[k] for c in cols]) for k in range(len(rows))]
 
     # ---- the plain path --------------------------------------------------------------------
@@ -387,19 +406,38 @@ class Layout:
         *,
         on_error: Any = "raise",
         verify: bool = False,
+        rows: Sequence | None = None,
         **options: Any,
     ) -> Iterator[dict]:
         """The merged samples of the logical shards ``urls`` in turn (the plain path of
-        ``WebDataset``); a shard's error goes to ``on_error``, which may skip its rest."""
+        ``WebDataset``); a shard's error goes to ``on_error``, which may skip its rest.
+        ``rows``: a view's rows (per logical shard, None for all): only those are read, every
+        part by random access through its index (``verify``: each read member against the
+        checksums of its index). The parts' open files are closed when the iteration ends."""
         policy = error_policy(on_error)
         where = {u: i for i, u in enumerate(self.urls)}
-        for url in urls:
-            try:
-                yield from self.iter_shard(where[url], verify=verify, **options)
-            except TarshardsError as exn:
-                if policy(exn):
-                    continue
-                return
+        try:
+            for url in urls:
+                shard = where[url]
+                sel = None if rows is None else rows[shard]
+                try:
+                    if sel is None:
+                        yield from self.iter_shard(shard, verify=verify, **options)
+                    else:
+                        yield from self.iter_rows(shard, sel, verify=verify)
+                except TarshardsError as exn:
+                    if policy(exn):
+                        continue
+                    return
+        finally:
+            self.close()
+
+    def iter_rows(self, shard: int, rows, *, verify: bool = False) -> Iterator[dict]:
+        """The merged samples of logical rows ``rows`` (sorted) of ``shard``, by random
+        access, ``_ROWS`` at a time."""
+        rows = np.asarray(rows, dtype=np.int64)
+        for lo in range(0, len(rows), _ROWS):
+            yield from self.read_rows(shard, rows[lo : lo + _ROWS], verify=verify)
 
     def iter_shard(self, shard: int, *, verify: bool = False, **options: Any) -> Iterator[dict]:
         n = self.counts[shard]
@@ -442,9 +480,9 @@ class Layout:
                     stream.close()
 
     def close(self) -> None:
+        """Close the parts' open shard files (they reopen on the next read)."""
         for part in self.parts:
-            if part.reader is not None:
-                part.reader.close()
+            part.close()
 
 
 def _as_key(value) -> str:
@@ -471,7 +509,7 @@ class MergedReaderStream(ReaderStream):
         options.pop("stats", None)
         self.inner = [
             ReaderStream(
-                ShardTable(part.urls, table.counts, manifest=part.manifest),
+                ShardTable(part.urls, table.base_counts, manifest=part.manifest, rows=table.rows),
                 plan,
                 reader,
                 **options,
@@ -493,7 +531,7 @@ class MergedReaderStream(ReaderStream):
                     cols = []
                     for part, it in zip(layout.parts, lists):
                         if it is None:
-                            cols.append(part.read_rows(shard, i, j))
+                            cols.append(part.read_at(shard, self.logical(shard, i, j), self.verify))
                             continue
                         got = next(it, None)
                         if got is None or len(got) != j - i:
@@ -513,6 +551,12 @@ class MergedReaderStream(ReaderStream):
             for it in lists:
                 if it is not None:
                     it.close()
+            layout.close()
+
+    def logical(self, shard: int, i: int, j: int):
+        """The logical rows of plan positions ``i:j`` of ``shard`` (a view's rows kept)."""
+        sel = self.table.rows[shard]
+        return np.arange(i, j, dtype=np.int64) if sel is None else np.asarray(sel[i:j], np.int64)
 
     def read_positions(self, positions: Sequence[int]) -> dict[int, dict]:
         layout = self.layout
@@ -524,7 +568,7 @@ class MergedReaderStream(ReaderStream):
                 continue
             got = {}
             for p, (shard, row, _pad) in located.items():
-                got[p] = part.read_rows(shard, row, row + 1)[0]
+                got[p] = part.read_at(shard, self.logical(shard, row, row + 1), self.verify)[0]
             cols.append(got)
         out = {}
         for p, (_shard, _row, pad) in located.items():
@@ -598,19 +642,39 @@ def layout_for(
     if fields is None:
         parts.append(Part("base", base))
         for g in manifest.columns:
-            parts.append(Part(f"column group {g.name!r}", manifest.group_manifest(g.name)))
+            parts.append(_group_part(manifest, g, None, so))
     else:
         holder = manifest.column_fields()
         in_base = frozenset(f for f in fields if f not in holder)
-        if in_base:
-            parts.append(Part("base", base, keep=in_base))
         for g in manifest.columns:
             mine = frozenset(f for f in fields if holder.get(f) == g.name)
             if mine:
-                parts.append(
-                    Part(f"column group {g.name!r}", manifest.group_manifest(g.name), keep=mine)
-                )
+                parts.append(_group_part(manifest, g, mine, so))
+        if in_base or parts[0].selection is not None:
+            # (a group made over a view lacks some rows: the base gives every row's key)
+            parts.insert(0, Part("base", base, keep=in_base))
     return Layout(manifest, parts, counts, _projected(manifest.fingerprint, fields), fields)
+
+
+def _group_part(manifest: Manifest, g, keep, so) -> Part:
+    """The part of column group ``g``: aligned with the base, or, for a group made over a view,
+    read by random access at the view's rows (the others have none of its fields)."""
+    name = f"column group {g.name!r}"
+    if g.rows is None:
+        return Part(name, manifest.group_manifest(g.name), keep=keep)
+    from .selection import View
+
+    url = resolve_url(g.rows["view"], manifest.base)
+    view = View.load(url, storage_options=so)
+    if (
+        view.fingerprint != g.rows["fingerprint"]
+        or len(view.rows) != len(manifest.shards)
+        or list(view.selected_counts) != [r.samples for r in g.shards]
+    ):
+        raise IntegrityError(
+            f"{name} was made over other rows than its view file now holds", url=url
+        )
+    return Part(name, manifest.group_manifest(g.name), keep=keep, optional=True, selection=view)
 
 
 def _join_layout(manifest: Manifest, fields, so) -> Layout:

@@ -240,8 +240,11 @@ class ReaderStream:
         chunk_bytes: int = CHUNK_BYTES,
         unit: int = _LIST_SAMPLES,
         stats: Counters | None = None,
+        verify: bool = False,
     ):
         self.table = table
+        # a view's rows: each sample read checked against its index's member checksums
+        self.verify = verify
         self.stats = stats  # a loader's counters: the runs' opens and bytes go there
         self.plan = plan
         self.reader = reader
@@ -441,6 +444,15 @@ class ReaderStream:
             url=url,
         )
 
+    def _check(self, shard: int, positions, samples: list) -> None:
+        """``samples`` (at ``positions`` among a view's rows of ``shard``) against the member
+        checksums of the shard's index."""
+        idx = self.table.manifest.load_index(shard)
+        sel = self.table.rows[shard]
+        url = self.table.urls[shard]
+        for p, sample in zip(positions, samples):
+            idx.check_sample(sample, int(p) if sel is None else int(sel[p]), url)
+
     def _view_chunks(self, shard: int, a: int, b: int, pad: bool, at: int):
         """Samples ``a:b`` of a view's shard (the rows it keeps, read by byte ranges) in lists
         cut at the segment positions that are multiples of :attr:`unit`."""
@@ -461,6 +473,8 @@ class ReaderStream:
             chunk = list(itertools.islice(samples, k))
             if not chunk:
                 break
+            if self.verify:
+                self._check(shard, range(a + n, a + n + len(chunk)), chunk)
             _flag(chunk, pad)
             n += len(chunk)
             yield chunk
@@ -541,7 +555,10 @@ class ReaderStream:
                     last_dot=self.last_dot,
                 )
             )
-            yield list(zip(idxs, got))
+            pairs = list(zip(idxs, got))
+            if self.verify:
+                self._check(shard, [i for i, _ in pairs], [s for _, s in pairs])
+            yield pairs
             return
         table = self.table
         url = table.urls[shard]

@@ -139,6 +139,15 @@ def index_cmd(
         raise click.UsageError("name the shards to index (SPEC... or -T FILE)")
     if keyframes and not media:
         raise click.UsageError("--keyframes goes with --media")
+    views = [i for i in inputs if i.lower().endswith(".view.json")]
+    if views:  # a view selects indexed samples: there is nothing of its own to index
+        raise click.BadParameter(
+            f"{views[0]} is a view: it selects samples of a manifest whose shards are indexed "
+            "already (a view is read through those indexes), so it has nothing to index. "
+            "Index the shards themselves (tarshards index SPEC -o MANIFEST), then make the "
+            "view over that manifest (tarshards view MANIFEST ...)",
+            param_hint="SPEC",
+        )
     urls = collect_inputs(inputs, listfile)
     if "-" in urls:
         raise click.BadParameter(

@@ -39,7 +39,8 @@ from ..manifest import (
 )
 from ..parallel import FAILED, map_shard_files
 from ..reading import shard_samples
-from ..sidecar import layout_for
+from ..selection import VIEW_SUFFIX, View, as_record
+from ..sidecar import RowReader, layout_for
 from ..storage import is_local, local_path
 from ..writer import TarWriter
 
@@ -51,8 +52,11 @@ class _ColumnJob:
     with its column groups where it has some), applies ``fn`` and writes the new fields to
     ``out`` with its index (picklable: it runs in workers)."""
 
-    def __init__(self, manifest: Manifest, fn: Callable, fields, decode, index_urls, options):
+    def __init__(
+        self, manifest: Manifest, fn: Callable, fields, decode, index_urls, options, view=None
+    ):
         self.manifest = manifest
+        self.view = view  # a View of the manifest: only its rows (the group covers those)
         self.fn = fn
         self.fields = fields
         self.decode = decode
@@ -61,10 +65,27 @@ class _ColumnJob:
 
     def samples(self, k: int):
         m = self.manifest
-        layout = layout_for(m, self.fields, storage_options=self.options.get("storage_options"))
+        so = self.options.get("storage_options")
+        layout = layout_for(m, self.fields, storage_options=so)
+        if self.view is not None:  # the view's rows of the shard, by random access
+            return self._rows(m, layout, k, self.view.shard_rows(k))
         if layout is None:
             return shard_samples(m.shard_urls()[k], **self.options)
         return layout.iter_shard(k, **self.options)
+
+    def _rows(self, m: Manifest, layout, k: int, rows):
+        if layout is not None:
+            try:
+                yield from layout.iter_rows(k, rows)
+            finally:
+                layout.close()
+            return
+        reader = RowReader(m, storage_options=self.options.get("storage_options"))
+        try:
+            for lo in range(0, len(rows), 256):
+                yield from reader.read(k, rows[lo : lo + 256].tolist())
+        finally:
+            reader.close()
 
     def __call__(self, i: str, out: str) -> int:
         k = int(i)
@@ -97,7 +118,9 @@ class _ColumnJob:
                     )
                 sink.write({"__key__": key, **new})
                 n += 1
-        expected = self.manifest.shards[k].samples
+        expected = (
+            self.manifest.shards[k].samples if self.view is None else self.view.selected_counts[k]
+        )
         if n != expected:
             raise ShardFormatError(f"the shard holds {n} samples, the manifest {expected}", url=url)
         return n
@@ -119,12 +142,18 @@ def add_columns(
     overwrite: bool = True,
     progress: bool | None = None,
     storage_options: dict | None = None,
-) -> Manifest:
+) -> Any:
     """Compute new fields for every sample of ``source`` and store them as a sidecar column
     group beside it (see the module docstring); returns the output manifest.
 
     ``source``: a manifest (path, URL or :class:`~tarshards.Manifest`), possibly one with
-    column groups already (they are kept, and ``fn`` sees them merged). ``fn(sample)`` returns
+    column groups already (they are kept, and ``fn`` sees them merged). Or a view
+    (:class:`~tarshards.View` or ``*.view.json``): ``fn`` runs over the view's samples only
+    and the group is aligned with the *view's rows* (its shard ``i`` holds the view's rows of
+    base shard ``i``; a copy of the view is saved beside it as ``NAME.rows.view.json``): the
+    output manifest reads every base row, those outside the view without the new fields, and
+    the view over it, saved as ``OUTPUT.view.json`` (``manifest.json`` ->
+    ``manifest.view.json``), is returned (its samples all have them). ``fn(sample)`` returns
     a dict of one or more new fields (``{"txt": "a caption"}``, ``{"emb.npy": array}``...),
     encoded by extension as :class:`~tarshards.TarWriter` encodes; by default the sample is raw
     (fields as bytes); ``decode=`` decodes it first (``"pil"``, ``"rgb"``...: the modes of
@@ -140,7 +169,9 @@ def add_columns(
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, not {fn!r}")
-    m = as_manifest(source, storage_options)
+    record = as_record(source, storage_options)
+    view = record if isinstance(record, View) and not record.is_everything else None
+    m = record.manifest if isinstance(record, View) else as_manifest(record, storage_options)
     if m.join:
         raise ValueError("add_columns adds columns to a manifest's shards, not to a join")
     output = os.fspath(output)
@@ -159,7 +190,12 @@ def add_columns(
     options: dict[str, Any] = {}
     if storage_options is not None:
         options["storage_options"] = storage_options
-    job = _ColumnJob(m, fn, fields, decode, index_urls, options)
+    rows_ref = None
+    if view is not None:  # the rows the group covers: a copy of the view beside it
+        rows_url = resolve_url(f"{_safe(group)}.rows{VIEW_SUFFIX}", out_base)
+        view = view.save(rows_url, storage_options=storage_options)
+        rows_ref = {"view": rel_url(rows_url, out_base), "fingerprint": view.fingerprint}
+    job = _ColumnJob(m, fn, fields, decode, index_urls, options, view)
     reports = map_shard_files(
         job,
         [(str(i), t) for i, t in enumerate(targets)],
@@ -180,17 +216,18 @@ def add_columns(
             url=m.shard_urls()[int(failed[0].input)],
         )
     records, names = [], {}
-    for rel, index_rel, index_url, base in zip(rels, index_rels, index_urls, m.shards):
+    wanted = [r.samples for r in m.shards] if view is None else list(view.selected_counts)
+    for rel, index_rel, index_url, n in zip(rels, index_rels, index_urls, wanted):
         idx = ShardIndex.load(index_url, storage_options=storage_options)
-        if idx.num_samples != base.samples:
+        if idx.num_samples != n:
             raise ShardFormatError(
-                f"the sidecar shard holds {idx.num_samples} samples, its base {base.samples} "
+                f"the sidecar shard holds {idx.num_samples} samples, its base {n} "
                 "(a shard kept from another run? pass overwrite=True)",
                 url=resolve_url(rel, out_base),
             )
         names.update(dict.fromkeys(e.lower() for e in idx.extensions))
         records.append(ShardRecord(rel, idx.num_samples, idx.nbytes, idx.hash, index_rel))
-    new_group = ColumnGroup(group, tuple(sorted(names)), tuple(records))
+    new_group = ColumnGroup(group, tuple(sorted(names)), tuple(records), rows=rows_ref)
     moved = moved_to(m, out_base)
     base_ref = None
     if m.url is not None:
@@ -202,7 +239,11 @@ def add_columns(
         url=None,
         _indexes={},
     )
-    return result.save(output, storage_options=storage_options)
+    saved = result.save(output, storage_options=storage_options)
+    if view is None:
+        return saved
+    stem = output[:-5] if output.lower().endswith(".json") else output
+    return View.of(saved, view.rows).save(stem + VIEW_SUFFIX, storage_options=storage_options)
 
 
 def rel_url(url: str, base: str | None) -> str:
@@ -224,7 +265,14 @@ def moved_to(m: Manifest, base: str | None) -> Manifest:
     def records(rs):
         return tuple(replace(r, url=move(r.url), index=move(r.index)) for r in rs)
 
-    columns = tuple(replace(g, shards=records(g.shards)) for g in m.columns)
+    columns = tuple(
+        replace(
+            g,
+            shards=records(g.shards),
+            rows=None if g.rows is None else dict(g.rows, view=move(g.rows["view"])),
+        )
+        for g in m.columns
+    )
     return replace(m, shards=records(m.shards), columns=columns, _indexes={})
 
 

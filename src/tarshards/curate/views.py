@@ -129,15 +129,20 @@ class _ShardTask:
         return open_url(url, offset=offset, length=length, storage_options=self.storage_options)
 
     def samples(self, i: int):
-        table = ShardTable.from_view(self.view)
-        lists = read_rows(
-            table,
-            i,
-            range(table.counts[i]),
-            opener=self._open,
-            range_opener=self._open_range,
-            last_dot=False,
-        )
+        m = self.view.manifest
+        lists: Any
+        if m.columns or m.join:  # the merged samples (base and columns, both sides of a join)
+            lists = self._merged(i)
+        else:
+            table = ShardTable.from_view(self.view)
+            lists = read_rows(
+                table,
+                i,
+                range(table.counts[i]),
+                opener=self._open,
+                range_opener=self._open_range,
+                last_dot=False,
+            )
         if self.decode is None or self.decode is False:
             for got in lists:
                 yield from got
@@ -148,6 +153,17 @@ class _ShardTask:
         modes = decoder if isinstance(decoder, (list, tuple)) else [decoder]
         for got in lists:
             yield from decode(iter(got), *modes)
+
+    def _merged(self, i: int):
+        from ..sidecar import layout_for
+
+        layout = layout_for(self.view.manifest, storage_options=self.storage_options)
+        if layout is None:  # (not for a manifest with columns or a join)
+            raise RuntimeError("no layout")
+        try:
+            yield list(layout.iter_rows(i, self.view.shard_rows(i)))
+        finally:
+            layout.close()
 
     def __call__(self, inp: str, out: str) -> ShardReport:
         t0 = time.monotonic()
@@ -248,8 +264,37 @@ def _keys_of(view: View, i: int) -> list[str]:
     idx = view.manifest.load_index(i)
     keys = idx.keys
     _check_sizes(len(keys), view.manifest.shards[i].samples, view.manifest.shard_urls()[i])
-    rows = view.rows[i]
+    rows = _base_rows(view.manifest, i, view.rows[i])
     return keys if rows is None else [keys[r] for r in rows.tolist()]
+
+
+def _base_rows(m: Manifest, i: int, rows):
+    """The rows of base (left) shard ``i`` of ``m`` that its logical rows ``rows`` (None: all)
+    are: themselves, except in a join, whose rows are the left rows its pointers name."""
+    if not m.join:
+        return rows
+    from ..manifest import resolve_url
+    from ..sidecar import load_pointers
+
+    counts = np.asarray([int(c) for c in m.join["counts"]], dtype=np.int64)
+    start = int(counts[:i].sum())
+    ptr = load_pointers(resolve_url(m.join["pointers"], m.base), m.storage_options)
+    left = np.asarray(ptr[start : start + int(counts[i]), 0], dtype=np.int64)
+    return left if rows is None else left[rows]
+
+
+def _digests(m: Manifest, i: int):
+    """The content digest of each logical row of shard ``i`` of ``m``: its base's (a join's
+    left side's), combined with those of its column groups' rows."""
+    d = content_digests(m, i)
+    left = _base_rows(m, i, None)
+    if left is not None:
+        d = d[left]
+    for g in m.columns:
+        extra = content_digests(m.group_manifest(g.name), i)
+        with np.errstate(over="ignore"):
+            d = np.stack([_mix(d[:, 0] ^ extra[:, 0]), _mix(d[:, 1] + extra[:, 1])], axis=1)
+    return d
 
 
 def _key_set(keys, name: str) -> frozenset:
@@ -451,7 +496,7 @@ def dedup(
                 "--overwrite) to compare their contents"
             )
         for i in range(n_shards):
-            d = content_digests(m, i)
+            d = _digests(m, i)
             rows = base.rows[i]
             parts.append(d if rows is None else d[rows])
     elif isinstance(by, str) or callable(by):
@@ -541,7 +586,7 @@ def split(
     per: list[list] = [[] for _ in names]
     for i in range(len(m.shards)):
         u = key_fractions(m, i, int(seed))
-        rows = base.rows[i]
+        rows = _base_rows(m, i, base.rows[i])
         if rows is not None:
             u = u[rows]
         which = np.searchsorted(bounds, u, side="right")

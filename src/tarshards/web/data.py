@@ -27,6 +27,7 @@ from ..images import IMAGE_EXTENSIONS
 from ..index import FLAG_REBUILT
 from ..indexed import IndexedDataset
 from ..manifest import Manifest, build_manifest, is_manifest_spec
+from ..selection import View, as_record, is_view_spec
 from ..specs import expand_urls
 from ..storage import filesystem, is_local, local_path, open_url
 
@@ -234,10 +235,12 @@ class _ShardRows:
 class BrowseData:
     """A data set opened for browsing (see the module docstring).
 
-    ``spec``: a manifest (``.json`` path or URL, or a :class:`~tarshards.manifest.Manifest`), or
-    a shard spec (brace ranges, globs, ``::``-joined, a list; local or remote). Shards without an
-    index are indexed once (one sequential read each) into ``index_dir`` (kept, and reused while
-    the shards' sizes are unchanged), else into a temporary directory removed at :meth:`close`.
+    ``spec``: a manifest (``.json`` path or URL, or a :class:`~tarshards.manifest.Manifest`), a
+    view (a ``*.view.json`` path or a :class:`~tarshards.View`: the pages, search and index
+    statistics are the view's samples; its manifest's shards need indexes), or a shard spec
+    (brace ranges, globs, ``::``-joined, a list; local or remote). Shards without an index are
+    indexed once (one sequential read each) into ``index_dir`` (kept, and reused while the
+    shards' sizes are unchanged), else into a temporary directory removed at :meth:`close`.
     ``seed``: which samples the decoded statistics read.
     """
 
@@ -255,13 +258,21 @@ class BrowseData:
         self.seed = int(seed)
         self.stats_samples = int(stats_samples)
         self._tmp: str | None = None
+        #: the view browsed (its samples are the pages), or None
+        self.view: View | None = None
         try:
             self.manifest = self._open(spec, index_dir, progress)
         except BaseException:
             self.close_files()
             raise
-        self.spec = spec if isinstance(spec, str) else self.manifest.url
-        self.dataset = IndexedDataset(self.manifest, storage_options=storage_options)
+        self.spec = (
+            os.fspath(spec)
+            if isinstance(spec, (str, os.PathLike))
+            else (self.manifest.url if self.view is None else self.view.url)
+        )
+        self.dataset = IndexedDataset(
+            self.manifest if self.view is None else self.view, storage_options=storage_options
+        )
         self.urls = self.dataset.urls
         self._lock = threading.RLock()
         self._opened: set[int] = set()  # shards read once (their reader made)
@@ -273,6 +284,18 @@ class BrowseData:
 
     # ---- opening -----------------------------------------------------------------------------
     def _open(self, spec, index_dir, progress: bool) -> Manifest:
+        if is_view_spec(spec):
+            view = as_record(spec, self.storage_options)
+            if not isinstance(view, View):
+                raise TypeError(f"not a view: {spec!r}")
+            missing = [r.url for r in view.manifest.shards if r.index is None]
+            if missing:
+                raise ValueError(
+                    f"the view's manifest has shards without an index ({missing[0]}...): a view "
+                    "is browsed through its manifest's indexes (tarshards index)"
+                )
+            self.view = view
+            return view.manifest
         if is_manifest_spec(spec):
             manifest = (
                 spec
@@ -326,6 +349,12 @@ class BrowseData:
     @property
     def num_shards(self) -> int:
         return len(self.urls)
+
+    def _count(self, shard: int) -> int:
+        """The samples browsed of shard ``shard`` (a view's: the rows it keeps)."""
+        if self.view is not None:
+            return self.view.selected_counts[shard]
+        return self.manifest.shards[shard].samples
 
     def rows(self, shard: int) -> _ShardRows:
         rows = self._rows.get(shard)
@@ -600,10 +629,13 @@ class BrowseData:
         found: list[int] = []
         base = 0
         for shard in range(self.num_shards):
-            count = self.manifest.shards[shard].samples
+            count = self._count(shard)
             if count == 0:
                 continue
             keys = self.rows(shard).keys
+            sel = None if self.view is None else self.view.rows[shard]
+            if sel is not None:  # a view: its rows' keys (in order: sorted stays sorted)
+                keys = [keys[r] for r in sel.tolist()]
             if self.rows(shard).keys_sorted:
                 lo = bisect.bisect_left(keys, prefix)
                 hi = lo
@@ -635,7 +667,7 @@ class BrowseData:
             cached = self._stats.get("index")
             if cached is not None:
                 return cached
-            per_shard = [r.samples for r in self.manifest.shards]
+            per_shard = [self._count(i) for i in range(self.num_shards)]
             sizes: dict[str, list] = collections.defaultdict(list)
             sample_bytes = []
             members_per_sample = []
@@ -646,12 +678,19 @@ class BrowseData:
                 exts = np.array([e.lower() for e in idx.extensions] or [""], dtype=object)
                 names = exts[idx.member_ext] if len(idx.member_ext) else exts[:0]
                 msizes = np.asarray(idx.member_sizes)
+                starts = np.asarray(idx.member_starts)
+                per_sample = np.diff(starts)
+                cum = np.concatenate([[0], np.cumsum(msizes)])
+                nbytes = cum[starts[1:]] - cum[starts[:-1]]
+                sel = None if self.view is None else self.view.rows[shard]
+                if sel is not None:  # a view: the members of its rows only
+                    keep = np.repeat(np.isin(np.arange(len(per_sample)), sel), per_sample)
+                    names, msizes = names[keep], msizes[keep]
+                    per_sample, nbytes = per_sample[sel], nbytes[sel]
                 for name in dict.fromkeys(names.tolist()):
                     sizes[name].append(msizes[names == name])
-                starts = np.asarray(idx.member_starts)
-                members_per_sample.append(np.diff(starts))
-                cum = np.concatenate([[0], np.cumsum(msizes)])
-                sample_bytes.append(cum[starts[1:]] - cum[starts[:-1]])
+                members_per_sample.append(per_sample)
+                sample_bytes.append(nbytes)
             fields = {}
             for name, parts in sorted(sizes.items()):
                 arr = np.concatenate(parts)
@@ -685,8 +724,9 @@ class BrowseData:
         ``mp4.duration``...: :meth:`tarshards.Manifest.meta`): how many samples have a value,
         min, mean, max and a histogram (no data read)."""
         out = {}
-        for name in self.manifest.meta_columns()[:META_COLUMNS]:
-            arr = np.asarray(self.manifest.meta(name), dtype=np.float64)
+        record = self.manifest if self.view is None else self.view
+        for name in record.meta_columns()[:META_COLUMNS]:
+            arr = np.asarray(record.meta(name), dtype=np.float64)
             values = arr[np.isfinite(arr)]
             if values.size and np.all(values == np.round(values)) and np.abs(values).max() < 2**53:
                 values = values.astype(np.int64)  # counts, sizes: one bin per value when few

@@ -301,7 +301,8 @@ class BrowseApp:
                 "samples": len(data),
                 "shards": data.num_shards,
                 "shard_urls": data.urls,
-                "fingerprint": data.manifest.fingerprint,
+                "fingerprint": (data.manifest if data.view is None else data.view).fingerprint,
+                "view": data.view is not None,
                 "spec": str(data.spec),
                 "page_size": self.page_size,
             }
