@@ -118,10 +118,18 @@ def run_row(bench: str, src: str, row: str, quick: bool) -> dict:
 
 
 def figure(row: str, res: dict) -> float:
-    """The row's figure: samples/s, or for ``memory`` the peak RSS above baseline (bytes)."""
+    """The row's figure: samples/s (bytes/s for a row that counts no samples, such as
+    ``cat_large``), or for ``memory`` the peak RSS above baseline (bytes)."""
     if row == "memory":
         return float(res["above_baseline"])
-    return res["items"] / res["seconds"]
+    return (res["items"] or res.get("bytes", 0)) / res["seconds"]
+
+
+def unit(row: str, res: dict) -> tuple[str, float]:
+    """How the row's figure is printed: its unit and scale."""
+    if row == "memory":
+        return "MiB above baseline", 1 / 2**20
+    return ("samples/s", 1) if res.get("items") else ("MB/s", 1e-6)
 
 
 def main(argv=None) -> int:
@@ -157,16 +165,16 @@ def main(argv=None) -> int:
                 if r % 2:
                     order.reverse()
                 for side, src in order:
-                    runs[side].append(figure(row, run_row(bench, src, row, args.quick)))
+                    res = run_row(bench, src, row, args.quick)
+                    runs[side].append(figure(row, res))
             pick = min if row == "memory" else max
             b, t = pick(runs["base"]), pick(runs["this"])
             ratio = t / b if b else float("nan")
             ok = ratio <= 1 + TOLERANCE if row == "memory" else ratio >= 1 - TOLERANCE
             results[row] = {"base": b, "this": t, "ratio": ratio, "ok": ok, "runs": runs}
-            unit = "MiB above baseline" if row == "memory" else "samples/s"
-            scale = 1 / 2**20 if row == "memory" else 1
+            what, scale = unit(row, res)
             print(
-                f"{row:14s} base {b * scale:12,.1f}  this tree {t * scale:12,.1f} {unit:20s}"
+                f"{row:14s} base {b * scale:12,.1f}  this tree {t * scale:12,.1f} {what:20s}"
                 f" ratio {ratio:5.2f}  {'ok' if ok else 'REGRESSION'}",
                 flush=True,
             )
