@@ -33,13 +33,12 @@ setup(
             extra_compile_args=["-O2", "-ffp-contract=off"],
         ),
         # JPEG decoding and cropped decoding over the system's libjpeg-turbo (Debian:
-        # libjpeg-dev), or a newer one in the process (images.py: Pillow's); skipped where its
-        # headers are missing (simplejpeg and Pillow then decode)
+        # libjpeg-dev); skipped where its headers are missing (simplejpeg and Pillow then decode)
         Extension(
             "tarshards._jpeg",
             ["src/tarshards/_jpeg.c"],
             optional=True,
-            # dlopen: in libc since glibc 2.34, in libdl before
+            # dladdr (library()): in libc since glibc 2.34, in libdl before
             libraries=["jpeg"] + (["dl"] if sys.platform.startswith("linux") else []),
             extra_compile_args=["-O2"],
         ),

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tarfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -418,7 +419,7 @@ def test_mixing(eight):
 def test_corrupt_shard_is_a_tarfile_read_error(tmp_path, eight):
     paths, _ = eight
     bad = tmp_path / "bad.tar"
-    bad.write_bytes(open(paths[0], "rb").read()[:2500])  # inside a member's data
+    bad.write_bytes(Path(paths[0]).read_bytes()[:2500])  # inside a member's data
     with pytest.raises(tarfile.ReadError):
         list(wds.DataPipeline(wds.SimpleShardList([str(bad)]), wds.tarfile_to_samples()))
     got = list(
@@ -557,6 +558,7 @@ def test_tenbin_matches_webdataset(tmp_path):
     assert all((a == b).all() for a, b in zip(tenbin.read(buf), arrays))
 
 
+@pytest.mark.filterwarnings("ignore:unclosed file:ResourceWarning")  # webdataset's own open file
 def test_shards_written_by_compat_read_by_webdataset(tmp_path):
     real = pytest.importorskip("webdataset")
     with wds.TarWriter(str(tmp_path / "x.tar")) as sink:

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import collections
 import gzip
+import importlib.util
 import io
 import json
+import math
 import os
 import random
 import re
@@ -30,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import traceback
 import warnings
 
@@ -825,6 +828,18 @@ def _index_members(data: bytes):
     return out, None
 
 
+def _repeats_a_field(members) -> bool:
+    """Whether a sample of ``members`` ((key, ext, size, checksum), in order) repeats a field."""
+    key, seen = None, set()
+    for k, ext, _, _ in members:
+        if k != key:
+            key, seen = k, set()
+        if ext.lower() in seen:
+            return True
+        seen.add(ext.lower())
+    return False
+
+
 def test_fuzz_index_agrees_with_the_reader(seeds):
     """The index of a mutant lists exactly the members a sequential read yields (names, sizes,
     checksums), or indexing raises where reading does: the index is made by the reader's own
@@ -852,6 +867,12 @@ def test_fuzz_index_agrees_with_the_reader(seeds):
             if (parts := split_name(name)) is not None
         ]
         have, index_err = _index_members(data)
+        if err is None and index_err == "DuplicateFieldError":
+            # a sample repeats a field: the sequential read of samples raises there (the member
+            # reader above does not group), and so does indexing
+            assert _repeats_a_field(want), (i, ops)
+            outcomes["both raise"] += 1
+            continue
         if err is None:
             assert index_err is None, (i, ops, index_err)
             assert have == want, (i, ops)
@@ -860,3 +881,389 @@ def test_fuzz_index_agrees_with_the_reader(seeds):
             assert index_err is not None, (i, ops, err, "the index lists", len(have))
             outcomes["both raise"] += 1
     assert outcomes["same"] > INDEX_N // 10 and outcomes["both raise"] > INDEX_N // 10
+
+
+# ---------------------------------------------------------------------------------------------
+# random access: index building and ds[i] of damaged shards (hypothesis)
+# ---------------------------------------------------------------------------------------------
+#
+# Each example writes a small shard (tarfile ustar/gnu/pax with long names, or ShardWriter plain,
+# gzip, zstd, and sample-aligned gzip/zstd), damages it (a cut, a flipped bit in a header or in
+# data, a bad checksum, a rewritten size or type, an inserted GNU long name, pax header or zero
+# block; inside the tar and recompressed, or in the compressed bytes), and indexes it the way
+# `tarshards index` does (build_manifest). The promise: indexing raises a tarshards error naming
+# the shard, or ``IndexedDataset(manifest)[i]`` equals sample i of the sequential read for every
+# i (and the sequential read raises nothing). A second test damages the shard after indexing
+# (a stale index): ``ds[i]`` raises a tarshards error or equals the sequential read's sample.
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+RANDOM_ACCESS_N = int(os.environ.get("TARSHARDS_FUZZ_RANDOM_ACCESS_N", "120"))
+# the same examples at every run (as the seeded fuzzers above); TARSHARDS_FUZZ_RANDOMIZE=1 draws
+# new ones (how the bugs below were found)
+_RA_DERANDOMIZE = not os.environ.get("TARSHARDS_FUZZ_RANDOMIZE")
+_RA_EXTS = ["txt", "cls", "json", "seg.png"]
+
+
+@st.composite
+def _ra_samples(draw):
+    out = []
+    for i in range(draw(st.integers(1, 5))):
+        where = draw(st.sampled_from(["", "d/", "l" * 110 + "/"]))
+        exts = draw(st.lists(st.sampled_from(_RA_EXTS), min_size=1, max_size=3, unique=True))
+        out.append((f"{where}k{i:02d}", {e: draw(st.binary(max_size=1200)) for e in exts}))
+    return out
+
+
+_RA_WRITERS = ["tarfile-ustar", "tarfile-gnu", "tarfile-pax", "sw", "sw.gz", "sw.zst"]
+_RA_WRITERS += ["sw-aligned.gz", "sw-aligned.zst", "tarfile-pax.gz", "tarfile-gnu.zst"]
+
+
+def _ra_write(d: str, samples, writer: str) -> tuple[str, bytes | None]:
+    """The shard's path, and its tar bytes where it was compressed whole afterwards."""
+    from tarshards import ShardWriter
+
+    base, _, comp = writer.partition(".")
+    if base.startswith("sw"):
+        suffix = ".tar" + (f".{comp}" if comp else "")
+        with ShardWriter(
+            os.path.join(d, "w-%04d" + suffix), encoder=False, aligned=base == "sw-aligned"
+        ) as w:
+            for key, fields in samples:
+                w.write({"__key__": key, **fields})
+        return os.path.join(d, "w-0000" + suffix), None
+    fmt = {"ustar": tarfile.USTAR_FORMAT, "gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT}
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt[base.split("-")[1]]) as tf:
+        for key, fields in samples:
+            if fmt[base.split("-")[1]] == tarfile.USTAR_FORMAT and len(key) > 99:
+                key = key[-40:]
+            for ext, data in fields.items():
+                ti = tarfile.TarInfo(f"{key}.{ext}")
+                ti.size, ti.mtime = len(data), 1_700_000_000
+                tf.addfile(ti, io.BytesIO(data))
+    path = os.path.join(d, "t.tar" + (f".{comp}" if comp else ""))
+    raw = buf.getvalue()
+    with open(path, "wb") as f:
+        f.write(_ra_compress(raw, comp))
+    return path, raw if comp else None
+
+
+def _ra_compress(raw: bytes, comp: str) -> bytes:
+    if comp == "gz":
+        return gzip.compress(raw, mtime=0)
+    if comp == "zst":
+        return zstandard.ZstdCompressor(write_checksum=True).compress(raw)
+    return raw
+
+
+def _ra_tar_bytes(path: str) -> tuple[bytes, str]:
+    """The tar inside a (compressed) shard, and its compression's suffix."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if path.endswith(".gz"):
+        return gzip.decompress(data), "gz"
+    if path.endswith(".zst"):
+        return zstandard.ZstdDecompressor().decompressobj().decompress(data), "zst"
+    return data, ""
+
+
+def _ra_mutate(data: bytes, draw, tar: bool) -> tuple[bytes, str, tuple[int, float]]:
+    """One damage to ``data`` (a tar stream when ``tar``, else compressed bytes): the damaged
+    bytes, what was done, and the range of offsets it touched (to the end where it shifts)."""
+    kinds = ["cut", "flip-data", "set-byte"]
+    if tar:
+        kinds += ["flip-header", "checksum", "size", "type", "long-name", "pax", "zero", "dup"]
+    kind = draw(st.sampled_from(kinds))
+    heads = _headers(data) if tar else []
+    if kind in ("flip-header", "checksum", "size", "type", "long-name", "pax", "zero", "dup"):
+        if not heads:
+            kind = "flip-data"
+    n = len(data)
+    if n == 0:
+        return data, "empty", (0, 0)
+    if kind == "cut":
+        cut = draw(st.integers(0, n))
+        if tar and draw(st.booleans()):  # near a block boundary
+            cut = min(n, cut // 512 * 512 + draw(st.sampled_from([0, 1, 100, 511])))
+        return data[:cut], f"cut@{cut}", (cut, math.inf)
+    if kind in ("flip-data", "set-byte"):
+        i = draw(st.integers(0, n - 1))
+        buf = bytearray(data)
+        if kind == "flip-data":
+            buf[i] ^= 1 << draw(st.integers(0, 7))
+        else:
+            buf[i] = draw(st.sampled_from([0, 0xFF, 0x30, 0x20]))
+        return bytes(buf), f"{kind}@{i}", (i, i + 1)
+    off = draw(st.sampled_from(heads))
+    blk = bytearray(data[off : off + 512])
+    if kind == "flip-header":
+        i = draw(st.integers(0, 511))
+        blk[i] ^= 1 << draw(st.integers(0, 7))
+        return (
+            data[:off] + bytes(blk) + data[off + 512 :],
+            f"flip-header@{off + i}",
+            (off, off + 512),
+        )
+    if kind == "checksum":
+        good = int(_fix(bytearray(blk))[148:154], 8)
+        blk[148:156] = b"%06o\0 " % max(0, good + draw(st.sampled_from([1, -1, 65521])))
+        return data[:off] + bytes(blk) + data[off + 512 :], f"checksum@{off}", (off, off + 512)
+    if kind == "size":
+        blk[124:136] = draw(
+            st.sampled_from(_HUGE_SIZES) | st.integers(0, 5000).map(lambda s: b"%011o\0" % s)
+        )
+        return data[:off] + bytes(_fix(blk)) + data[off + 512 :], f"size@{off}", (off, off + 512)
+    if kind == "type":
+        blk[156] = draw(st.sampled_from(list(_TYPES)))
+        return (
+            data[:off] + bytes(_fix(blk)) + data[off + 512 :],
+            f"type {chr(blk[156])}@{off}",
+            (off, off + 512),
+        )
+    if kind == "long-name":
+        name = draw(st.sampled_from(["x" * 150 + ".txt", "a/b.cls", "", "y" * 600]))
+        blob = tarfile.TarInfo._create_gnu_long_header(name, b"L", "utf-8", "strict")
+    elif kind == "pax":
+        records = draw(
+            st.sampled_from(
+                [
+                    {"path": "p" * 130 + ".txt"},
+                    {"path": ""},
+                    {"size": "3"},
+                    {"size": str(1 << 40)},
+                    {"size": "12abc"},
+                ]
+            )
+        )
+        blob = _pax_block(records, draw(st.sampled_from([tarfile.XHDTYPE, tarfile.XGLTYPE])))
+    elif kind == "zero":
+        blob = bytes(512)
+    else:
+        src = draw(st.sampled_from(heads))
+        blob = data[src : src + 512]
+    return data[:off] + blob + data[off:], f"insert {kind}@{off}", (off, math.inf)
+
+
+def _ra_sequential(path: str):
+    from tarshards.reading import iter_samples
+
+    samples, err = [], None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TarshardsWarning)
+        try:
+            for s in iter_samples([path]):
+                samples.append(s)
+        except TarshardsError as exc:
+            err = exc
+    return samples, err
+
+
+def _ra_assert_names_shard(exc: TarshardsError, path: str, what) -> None:
+    assert exc.url is not None and os.path.basename(path) in str(exc.url), (what, repr(exc))
+    assert os.path.basename(path) in str(exc), (what, str(exc))
+
+
+def _ra_build(d: str, path: str):
+    from tarshards.manifest import build_manifest
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TarshardsWarning)
+        return build_manifest([path], os.path.join(d, "m.json"), workers=1)
+
+
+def _ra_damaged_shard(d: str, data, samples, writer: str):
+    path, _ = _ra_write(d, samples, writer)
+    raw, comp = _ra_tar_bytes(path)
+    if comp and data.draw(st.booleans(), label="mutate the compressed bytes"):
+        with open(path, "rb") as f:
+            damaged, what, _ = _ra_mutate(f.read(), data.draw, tar=False)
+    else:
+        inner, what, _ = _ra_mutate(raw, data.draw, tar=True)
+        damaged = _ra_compress(inner, comp)
+    with open(path, "wb") as f:
+        f.write(damaged)
+    return path, what
+
+
+def _ra_check_equal(ds, samples: list, what) -> None:
+    assert len(ds) == len(samples), (what, len(ds), len(samples))
+    for i, want in enumerate(samples):
+        got = ds[i]
+        assert {k: bytes(v) if isinstance(v, memoryview) else v for k, v in got.items()} == {
+            k: bytes(v) if isinstance(v, memoryview) else v for k, v in want.items()
+        }, (what, i)
+
+
+@settings(
+    max_examples=RANDOM_ACCESS_N,
+    deadline=None,
+    derandomize=_RA_DERANDOMIZE,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(samples=_ra_samples(), writer=st.sampled_from(_RA_WRITERS), data=st.data())
+def test_fuzz_index_and_random_access_of_damaged_shards(samples, writer, data):
+    """A damaged shard gives a tarshards error naming it when indexed, or an index whose
+    ``ds[i]`` equals sample i of the sequential read, for every i (and the read raises nothing)."""
+    from tarshards.indexed import IndexedDataset
+
+    with tempfile.TemporaryDirectory() as d:
+        path, what = _ra_damaged_shard(d, data, samples, writer)
+        try:
+            manifest = _ra_build(d, path)
+        except TarshardsError as exc:
+            _ra_assert_names_shard(exc, path, what)
+            return
+        seq, err = _ra_sequential(path)
+        assert err is None, (what, "indexed, but the sequential read raises", repr(err))
+        with warnings.catch_warnings(), IndexedDataset(manifest) as ds:
+            # a shard compressed as one stream without indexed_gzip is read from a copy (warns)
+            warnings.simplefilter("ignore", TarshardsWarning)
+            _ra_check_equal(ds, seq, what)
+
+
+@settings(
+    max_examples=RANDOM_ACCESS_N // 2,
+    deadline=None,
+    derandomize=_RA_DERANDOMIZE,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    samples=_ra_samples(),
+    writer=st.sampled_from(_RA_WRITERS),
+    verify=st.booleans(),
+    data=st.data(),
+)
+def test_fuzz_random_access_with_a_stale_index(samples, writer, verify, data):
+    """A shard damaged after it was indexed: each ``ds[i]`` raises a tarshards error naming the
+    shard, or gives sample i as indexed (its key and fields); a plain shard's sample whose bytes
+    the damage did not touch is read exactly as before; with ``verify=True`` a sample whose bytes
+    changed is never returned."""
+    from tarshards.indexed import IndexedDataset
+
+    with tempfile.TemporaryDirectory() as d:
+        path, _ = _ra_write(d, samples, writer)
+        manifest = _ra_build(d, path)
+        original, err = _ra_sequential(path)
+        assert err is None and len(original) == len(samples)
+        index = manifest.load_index(0)
+        what, (lo, hi), plain = _ra_mutate_in_place(path, data)
+        with warnings.catch_warnings(), IndexedDataset(manifest, verify=verify) as ds:
+            warnings.simplefilter("ignore", TarshardsWarning)
+            for i in range(len(ds)):
+                start, end = int(index.tar_offsets[i]), int(index.sample_ends[i])
+                untouched = plain and (end <= lo or start >= hi)
+                try:
+                    got = ds[i]
+                except TarshardsError as exc:
+                    assert not untouched, (what, i, repr(exc))
+                    _ra_assert_names_shard(exc, path, what)
+                    continue
+                got = {k: bytes(v) if isinstance(v, memoryview) else v for k, v in got.items()}
+                if verify or untouched:
+                    assert got == original[i], (what, i)
+                else:
+                    assert sorted(got) == sorted(original[i]), (what, i)
+                    assert got["__key__"] == original[i]["__key__"], (what, i)
+
+
+def _ra_mutate_in_place(path: str, data):
+    raw, comp = _ra_tar_bytes(path)
+    if comp:
+        with open(path, "rb") as f:
+            damaged, what, _ = _ra_mutate(f.read(), data.draw, tar=False)
+    else:
+        damaged, what, touched = _ra_mutate(raw, data.draw, tar=True)
+    with open(path, "wb") as f:
+        f.write(damaged)
+    return what, (touched if not comp else (0, math.inf)), not comp
+
+
+# ---- what the random-access fuzzer found (regressions) -------------------------------------------
+
+
+def _ra_tar(members, fmt=tarfile.USTAR_FORMAT, pax_headers=None) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt, pax_headers=pax_headers) as tf:
+        for name, data in members:
+            ti = tarfile.TarInfo(name)
+            ti.size, ti.mtime = len(data), 1_700_000_000
+            tf.addfile(ti, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _ra_random_access_equals_sequential(tmp_path, raw: bytes, name="t.tar"):
+    from tarshards.indexed import IndexedDataset
+
+    path = str(tmp_path / name)
+    with open(path, "wb") as f:
+        f.write(raw)
+    manifest = _ra_build(str(tmp_path), path)
+    seq, err = _ra_sequential(path)
+    assert err is None
+    with IndexedDataset(manifest) as ds:
+        _ra_check_equal(ds, seq, name)
+    return seq
+
+
+def test_random_access_reads_a_size_field_with_a_trailing_space(tmp_path):
+    """A size field of octal digits, a space and a NUL ("0000000003 \\0"): the reader takes it
+    (tarfile and GNU tar too); ds[i] said "the member's size is not the index's"."""
+    raw = bytearray(_ra_tar([("a.txt", b"abc"), ("b.txt", b"de")]))
+    raw[124:136] = b"0000000003 \0"
+    seq = _ra_random_access_equals_sequential(tmp_path, bytes(_fix_block(raw, 0)))
+    assert [s["txt"] for s in seq] == [b"abc", b"de"]
+
+
+def _fix_block(raw: bytearray, off: int) -> bytearray:
+    raw[off : off + 512] = _fix(bytearray(raw[off : off + 512]))
+    return raw
+
+
+def test_random_access_under_a_pax_global_size(tmp_path):
+    """A pax global header with size= sets every later member's size (GNU tar and the reader
+    apply it; no header of the member says so): the index marks those samples, and ds[i] no
+    longer refuses them as "the member's size is not the index's"."""
+    raw = _ra_tar([("a.txt", b""), ("b.txt", b"")])
+    raw = _pax_block({"size": "3"}, tarfile.XGLTYPE) + raw
+    seq = _ra_random_access_equals_sequential(tmp_path, raw)
+    assert [s["__key__"] for s in seq] == ["a"]  # 3 bytes of a.txt's data: b's header
+    from tarshards.index import FLAG_GLOBAL_SIZE, index_stream
+
+    assert int(index_stream(io.BytesIO(raw)).sample_flags[0]) & FLAG_GLOBAL_SIZE
+
+
+def test_index_refuses_a_repeated_field_as_the_reader_does(tmp_path):
+    """Two members "k.txt" in a row (or "k.txt", "k.TXT"): the sequential read raises
+    DuplicateFieldError there; indexing used to list the sample, and ds[i] handed out one of
+    the two. Now indexing raises the reader's error, naming shard, member and offset."""
+    from tarshards.errors import DuplicateFieldError
+
+    for second in ("k.txt", "k.TXT"):
+        path = tmp_path / f"dup-{second}.tar"
+        path.write_bytes(_ra_tar([("j.txt", b"0"), ("k.txt", b"1"), (second, b"2")]))
+        _, err = _ra_sequential(str(path))
+        assert isinstance(err, DuplicateFieldError)
+        with pytest.raises(DuplicateFieldError, match="repeated extension 'txt'") as got:
+            _ra_build(str(tmp_path), str(path))
+        assert got.value.url == str(path)
+        assert got.value.member == second and got.value.offset == err.offset == 2048
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("indexed_gzip") is None, reason="needs indexed_gzip (the seek extra)"
+)
+def test_random_access_of_a_damaged_tgz_raises_a_tarshards_error(tmp_path):
+    """A .tgz (one gzip stream) damaged after indexing: indexed_gzip's ZranError / OSError came
+    out of ds[i] as is; now a CompressionError naming the shard."""
+    from tarshards.errors import CompressionError
+    from tarshards.indexed import IndexedDataset
+
+    path = tmp_path / "t.tar.gz"
+    path.write_bytes(gzip.compress(_ra_tar([("a.txt", b"x" * 3000), ("b.txt", b"y")]), mtime=0))
+    manifest = _ra_build(str(tmp_path), str(path))
+    path.write_bytes(path.read_bytes()[:12])
+    with IndexedDataset(manifest) as ds, pytest.raises(CompressionError) as got:
+        ds[1]
+    assert got.value.url == str(path)

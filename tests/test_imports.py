@@ -320,3 +320,239 @@ def test_no_import_cycles():
 def test_cycle_finder():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == {frozenset("abc")}
     assert _cycles({"a": {"b"}, "b": set()}) == set()
+
+
+# ---- private attributes across modules (back channels) ----------------------------------------
+#
+# No module touches another module's private (``_x``) names: an import edge says which modules
+# talk, but ``ds._run_stages()`` or ``loader.dataset._auto_epoch = n`` on an object made elsewhere
+# is a channel the layer table cannot see. Read from the AST (no types), a use is:
+#   * ``from .m import _x`` / ``m._x`` with ``m`` another module (modules of one subpackage, such
+#     as tario/*, share their private names: the package is the unit there), and
+#   * ``obj._x`` (read, call or write) where ``obj`` is not ``self``, ``cls`` or ``super()`` and
+#     ``_x`` is a name another tarshards module defines (a def, a class, a module-level or
+#     class-level name, a ``self._x =``, a ``__slots__`` entry): an attribute of one of its
+#     objects. Dunders are not private; names no tarshards module defines (``sys._getframe``,
+#     ``namedtuple._replace``) are not ours to police here.
+# Today's uses are listed below, each with its reason: the list may only shrink (a new use fails
+# test_no_new_private_access; one that is gone fails test_private_access_list_is_current: delete
+# its line then).
+
+_BACK_CHANNEL = "issue 36 item 1: to remove"
+_RECORDER = "issue 36 item 4: to remove (the index recorder patches a writer's private parts)"
+_SHARED_NAME = "issue 36: to remove (a private name shared across modules: make it public)"
+_SAME_CLASS = "an object of this module's own class (a copy being built): allowed"
+_THIRD_PARTY = "a third-party object's private attribute (PIL, s3fs), not a tarshards name"
+
+# (module less "tarshards.", private name): why it is still here
+PRIVATE_ACCESS: dict[tuple[str, str], str] = {
+    ("benchmark", "_nsamples"): _BACK_CHANNEL,
+    ("benchmark", "_stages"): _BACK_CHANNEL,
+    ("cli.bench", "_EXTRA_MODES"): _SHARED_NAME,
+    ("codecs", "_dec_image_pil"): _SHARED_NAME,
+    ("codecs", "_enc_image"): _SHARED_NAME,
+    ("compat.compat", "_samples"): _BACK_CHANNEL,
+    ("compat.pipeline", "_pipeline_source"): _BACK_CHANNEL,
+    ("compat.pipeline", "_stages"): _SAME_CLASS,
+    ("composition", "_PlannedIterator"): _SHARED_NAME,
+    ("composition", "_append"): _SAME_CLASS,
+    ("composition", "_decode_tuple"): _BACK_CHANNEL,
+    ("composition", "_stages"): _SAME_CLASS,
+    ("crop", "_cjpeg"): _SHARED_NAME,
+    ("crop", "_rgbx_image_mapper"): _SHARED_NAME,
+    ("crop", "_simplejpeg"): _SHARED_NAME,
+    ("decoding", "_EXTRA_MODES"): _SHARED_NAME,
+    ("images", "_mode"): _THIRD_PARTY,
+    ("images", "_size"): _THIRD_PARTY,
+    ("indexed", "_checksum_ok"): _SHARED_NAME,
+    ("indexed", "_number"): _SHARED_NAME,
+    ("indexed", "_octal"): _SHARED_NAME,
+    ("indexed", "_size_number"): _SHARED_NAME,
+    ("mixing", "_PlannedIterator"): _SHARED_NAME,
+    ("mixing", "_Stage"): _SHARED_NAME,
+    ("mixing", "_bind"): _SHARED_NAME,
+    ("mixing", "_explicit_rank"): _SHARED_NAME,
+    ("mixing", "_open"): _BACK_CHANNEL,
+    ("mixing", "_plan_config"): _BACK_CHANNEL,
+    ("mixing", "_range_opener"): _BACK_CHANNEL,
+    ("mixing", "_run_stages"): _BACK_CHANNEL,
+    ("mixing", "_stages"): _BACK_CHANNEL,
+    ("pipeline", "_DEFAULT"): _SHARED_NAME,
+    ("pipeline", "_PLACE"): _SHARED_NAME,
+    ("pipeline", "_SingleProgram"): _SHARED_NAME,
+    ("pipeline", "_Stage"): _SHARED_NAME,
+    ("pipeline", "_wanted"): _SHARED_NAME,
+    ("planned", "_auto_epoch"): _BACK_CHANNEL,
+    ("planned", "_epoch_program"): _BACK_CHANNEL,
+    ("planned", "_open"): _BACK_CHANNEL,
+    ("planned", "_plan_parts"): _BACK_CHANNEL,
+    ("planned", "_range_opener"): _BACK_CHANNEL,
+    ("planned", "_read_from"): _BACK_CHANNEL,
+    ("planned", "_run_stages"): _BACK_CHANNEL,
+    ("planned", "_stages"): _BACK_CHANNEL,
+    ("storage.s3", "_call_s3"): _THIRD_PARTY,
+    ("torch", "_auto_epoch"): _BACK_CHANNEL,
+    ("torch", "_batch_allocate"): _BACK_CHANNEL,
+    ("torch", "_check_plan_state"): _BACK_CHANNEL,
+    ("torch", "_current_epoch"): _BACK_CHANNEL,
+    ("torch", "_explicit_rank"): _BACK_CHANNEL,
+    ("torch", "_loader_warns"): _BACK_CHANNEL,
+    ("torch", "_monitor"): _BACK_CHANNEL,
+    ("torch", "_pending_state"): _BACK_CHANNEL,
+    ("torch", "_plan_identity"): _BACK_CHANNEL,
+    ("torch", "_stages"): _BACK_CHANNEL,
+    ("writer", "_MEMBER_DTYPE"): _SHARED_NAME,
+    ("writer", "_ext_codes"): _RECORDER,
+    ("writer", "_stream"): _RECORDER,
+    ("writer", "_writelines"): _RECORDER,
+}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+_NATIVE = {"_speedups", "_jpeg", "_xxh3", "_lazy"}  # modules, not private names
+
+
+def _defined_private(tree: ast.AST) -> set[str]:
+    """The private names a module defines (see above)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in ("self", "cls")
+        ):
+            names.add(node.attr)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if node.value.isidentifier():  # __slots__ and getattr(self, "_x") strings
+                names.add(node.value)
+        elif isinstance(node, ast.alias) and node.asname:
+            names.add(node.asname)
+    return {n for n in names if _private(n)}
+
+
+def _subpackage(module: str) -> str | None:
+    """``tarshards.tario`` for ``tarshards.tario.reader``; None for a top-level module."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 2 else None
+
+
+def _private_uses(
+    trees: dict[str, tuple[ast.AST, bool]],
+) -> list[tuple[str, str, int, str]]:
+    """``(module, private name, line, how)`` for each use across modules in ``trees`` (module
+    name -> (its AST, whether it is a package's ``__init__``))."""
+    defined = {m: _defined_private(t) for m, (t, _) in trees.items()}
+    owners: dict[str, set[str]] = {}
+    for m, names in defined.items():
+        for n in names:
+            owners.setdefault(n, set()).add(m)
+    out = []
+    for m, (tree, package) in trees.items():
+        modules = {}  # local name -> tarshards module it is bound to
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = _resolve(node.module or "", node.level, m, package)
+                if base.split(".")[0] != "tarshards":
+                    continue
+                for a in node.names:
+                    if f"{base}.{a.name}" in trees:
+                        modules[a.asname or a.name] = f"{base}.{a.name}"
+                    elif _private(a.name) and a.name not in _NATIVE:
+                        same = _subpackage(base) is not None and _subpackage(base) in (
+                            _subpackage(m),
+                            m,
+                        )
+                        if base != m and not same:
+                            out.append((m, a.name, node.lineno, f"from {base} import"))
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name in trees and a.asname:
+                        modules[a.asname] = a.name
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or not _private(node.attr):
+                continue
+            v = node.value
+            if isinstance(v, ast.Name) and v.id in ("self", "cls"):
+                continue
+            if isinstance(v, ast.Call) and getattr(v.func, "id", None) == "super":
+                continue
+            if isinstance(v, ast.Name) and v.id in modules:
+                target = modules[v.id]
+                same = _subpackage(target) is not None and _subpackage(target) == _subpackage(m)
+                if target != m and not same and node.attr not in _NATIVE:
+                    out.append((m, node.attr, node.lineno, f"{v.id}.{node.attr}"))
+                continue
+            if owners.get(node.attr, set()) - {m}:
+                out.append((m, node.attr, node.lineno, ast.unparse(node)[:60]))
+    return out
+
+
+def _trees() -> dict[str, tuple[ast.AST, bool]]:
+    return {
+        _module_name(p): (ast.parse(p.read_text(encoding="utf-8")), _is_package(p))
+        for p in _modules()
+    }
+
+
+def test_no_new_private_access():
+    new = sorted(
+        f"{m}:{line}: {how} ({name})"
+        for m, name, line, how in _private_uses(_trees())
+        if (m.removeprefix("tarshards."), name) not in PRIVATE_ACCESS
+    )
+    assert not new, (
+        "modules touching another module's private names (add a public method, or pass a "
+        "value; see the comment above PRIVATE_ACCESS in tests/test_imports.py):\n" + "\n".join(new)
+    )
+
+
+def test_private_access_list_is_current():
+    uses = {(m.removeprefix("tarshards."), name) for m, name, _, _ in _private_uses(_trees())}
+    gone = sorted(f"{m} {name}" for m, name in PRIVATE_ACCESS if (m, name) not in uses)
+    assert not gone, "gone: delete from PRIVATE_ACCESS in tests/test_imports.py:\n" + "\n".join(
+        gone
+    )
+
+
+def test_private_access_checker():
+    code = {
+        "tarshards.composition": (
+            "class P:\n"
+            "    def __init__(self):\n"
+            "        self._auto_epoch = 0\n"
+            "    def _run_stages(self):\n"
+            "        return self._auto_epoch\n"
+            "    def copy(self):\n"
+            "        new = P()\n"
+            "        new._auto_epoch = self._auto_epoch\n"
+            "        return super()._x\n"
+        ),
+        "tarshards.tario.headers": "_octal = 1\n",
+        "tarshards.tario.reader": "from .headers import _octal\n",
+        "tarshards.planned": (
+            "from . import composition as _c\n"
+            "from .tario.headers import _octal\n"
+            "import sys\n"
+            "def f(ds):\n"
+            "    ds._run_stages()\n"
+            "    ds._auto_epoch = 2\n"
+            "    sys._getframe()\n"
+            "    return _c._helper\n"
+        ),
+    }
+    trees = {m: (ast.parse(c), False) for m, c in code.items()}
+    got = sorted((m, name, how) for m, name, _, how in _private_uses(trees))
+    assert got == [
+        ("tarshards.planned", "_auto_epoch", "ds._auto_epoch"),
+        ("tarshards.planned", "_helper", "_c._helper"),
+        ("tarshards.planned", "_octal", "from tarshards.tario.headers import"),
+        ("tarshards.planned", "_run_stages", "ds._run_stages"),
+    ]

@@ -328,6 +328,8 @@ def test_aligned_tgz_random_access_and_seeks(aligned_tgz):
     assert [r["__key__"] for r in rest] == [r["__key__"] for r in rows[45:50]]
 
 
+# (planned batches drop the remainder by default; the warning has tests of its own)
+@pytest.mark.filterwarnings("ignore:epoch \\d+ drops:tarshards.errors.TarshardsWarning")
 def test_aligned_tgz_resume_seeks_to_flush_points(aligned_tgz, monkeypatch):
     import tarshards.source as source_mod
     from tarshards.testing import check_resume

@@ -120,11 +120,16 @@ def test_map_samples_handler_skips_or_stops(shards):
     assert len(caught) == 1
     keys = [s["__key__"] for s in got]
     assert keys == [s["__key__"] for s in samples[:25] if s["__key__"] != "sample000007"]
-    got = list(
-        map_samples(
-            fail_on_7, shard_samples(paths[0]), processes=2, chunksize=2, handler=ignore_and_stop
+    with pytest.warns(TarshardsWarning, match="stopping the stream.*seven"):
+        got = list(
+            map_samples(
+                fail_on_7,
+                shard_samples(paths[0]),
+                processes=2,
+                chunksize=2,
+                handler=ignore_and_stop,
+            )
         )
-    )
     assert [s["__key__"] for s in got] == [f"sample{i:06d}" for i in range(7)]
 
 
@@ -163,7 +168,8 @@ def test_map_shards_processes_and_rerun(tmp_path):
     assert read_all(outs) == expected(samples)
     # a lost output is redone, the others are skipped
     os.unlink(outs[2])
-    reports = map_shards(label_plus, paths, outs, workers=2)
+    with pytest.warns(TarshardsWarning, match="3 of 4 outputs exist already and were kept"):
+        reports = map_shards(label_plus, paths, outs, workers=2)
     assert [r.status for r in reports] == ["skipped", "skipped", "done", "skipped"]
     assert read_all(outs) == expected(samples)
     reports = map_shards(label_plus, paths, outs, workers=2, overwrite=True)
@@ -181,11 +187,15 @@ def test_map_shards_failures_then_rerun_does_only_the_rest(tmp_path):
     assert "sample000007" in reports[0].error and "ZeroDivisionError" in reports[0].error
     assert not os.path.exists(tmp_path / "out-0.tar")  # never a partial output
     assert temp_files(tmp_path) == []
-    reports = map_shards(label_plus, paths, outs, workers=2)
+    with pytest.warns(TarshardsWarning, match="3 of 4 outputs exist already and were kept"):
+        reports = map_shards(label_plus, paths, outs, workers=2)
     assert [r.status for r in reports] == ["done", "skipped", "skipped", "skipped"]
     assert read_all([str(tmp_path / f"out-{i}.tar") for i in range(4)]) == expected(samples)
 
 
+# warn_and_continue's warning is raised in the worker process, which inherits the test's
+# filters when it forks: there it must stay a warning (the report keeps its message)
+@pytest.mark.filterwarnings("always:skipped:tarshards.errors.TarshardsWarning")
 def test_map_shards_handler_skips_samples(tmp_path):
     paths, samples = write_shards(tmp_path, 2, 10)
     outs = [str(tmp_path / "a.tar"), str(tmp_path / "b.tar")]
@@ -259,7 +269,8 @@ def test_map_shard_files(tmp_path):
     assert [s["__key__"] for p in pairs for s in shard_samples(p[1])] == [
         s["__key__"] for s in samples
     ]
-    assert [r.status for r in map_shard_files(copy_shard, pairs)] == ["skipped"] * 3
+    with pytest.warns(TarshardsWarning, match="3 of 3 outputs exist already and were kept"):
+        assert [r.status for r in map_shard_files(copy_shard, pairs)] == ["skipped"] * 3
 
 
 def copy_shard(inp, out):
@@ -413,7 +424,8 @@ def test_map_shards_on_an_engine_object(tmp_path):
     map_shards(label_plus, paths[:1], outs[:1], workers=1)  # the first output exists already
     engine = InlineEngine()
     assert isinstance(engine, Engine)
-    reports = map_shards(label_plus, paths, outs, engine=engine)
+    with pytest.warns(TarshardsWarning, match="1 of 3 outputs exist already and were kept"):
+        reports = map_shards(label_plus, paths, outs, engine=engine)
     assert engine.ran == [1, 2]
     assert [r.status for r in reports] == ["skipped", "done", "done"]
     assert read_all(outs) == expected(samples)

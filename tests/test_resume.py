@@ -163,6 +163,8 @@ def test_plain_pipeline_resumes_exactly(urls, variant):
     assert state["kind"] == "stream" and state["epoch"] == 0 and state["position"] == 1
 
 
+# (the ranks' unequal shares are incidental here: the warning has tests of its own)
+@pytest.mark.filterwarnings("ignore:\\d+ ranks (may )?read:tarshards.errors.TarshardsWarning")
 def test_plain_pipeline_state_refuses_another_place(urls):
     ds = make_plain(urls, rank=0, world_size=2)
     it = iter(ds)
@@ -344,6 +346,8 @@ def test_stateful_dataloader_resumes_a_plain_pipeline_exactly(urls, num_workers,
     check_resume(lambda: _SDLRun(urls, num_workers, persistent, planned=False), epochs=2, cuts=cuts)
 
 
+# (planned batches drop the remainder by default; the warning has tests of its own)
+@pytest.mark.filterwarnings("ignore:epoch \\d+ drops:tarshards.errors.TarshardsWarning")
 def test_manifest_gives_the_plan_without_a_scan(urls, tmp_path):
     from tarshards.manifest import build_manifest
     from tarshards.pipeline import WebDataset

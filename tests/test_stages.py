@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tarshards import decoding, stages
-from tarshards.errors import DecodeError, UnsafeCodecError
+from tarshards.errors import DecodeError, TarshardsWarning, UnsafeCodecError
 
 
 def _samples(n):
@@ -87,9 +87,10 @@ def test_decode_errors_name_sample_and_handler_skips():
         out = list(stages.decode(s, handler=stages.warn_and_continue))
     assert [x["__key__"] for x in out] == ["k000", "k002"]
     assert any("k001.cls" in str(x.message) for x in w)
-    assert list(stages.decode(s, handler=stages.ignore_and_stop)) == [
-        {"__key__": "k000", "__url__": "mem", "cls": 0, "txt": "t0"}
-    ]
+    with pytest.warns(TarshardsWarning, match="stopping the stream"):
+        assert list(stages.decode(s, handler=stages.ignore_and_stop)) == [
+            {"__key__": "k000", "__url__": "mem", "cls": 0, "txt": "t0"}
+        ]
 
 
 def test_decode_refuses_pickle_unless_allowed():

@@ -346,6 +346,8 @@ def build_tarfile(entries, fmt, pax_global=None):
     return buf.getvalue()
 
 
+# (the archives hold links, which the reader skips with a warning tested on its own)
+@pytest.mark.filterwarnings("ignore:.* links to .* is skipped:tarshards.errors.TarshardsWarning")
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     entries=archive_entries(),
@@ -367,6 +369,8 @@ def test_reader_agrees_with_tarfile(entries, fmt, chunk_size):
     ]
 
 
+# (the archives hold links, which the reader skips with a warning tested on its own)
+@pytest.mark.filterwarnings("ignore:.* links to .* is skipped:tarshards.errors.TarshardsWarning")
 @settings(max_examples=25, deadline=None)
 @given(entries=archive_entries(), data=st.data())
 def test_reader_irregular_chunks(entries, data):
@@ -469,6 +473,8 @@ def make_tree(root, long_names: bool):
         (d / ("f" * 95 + ".dat")).write_bytes(b"prefix split" * 50)
 
 
+# (the archives hold links, which the reader skips with a warning tested on its own)
+@pytest.mark.filterwarnings("ignore:.* links to .* is skipped:tarshards.errors.TarshardsWarning")
 @pytest.mark.skipif(not HAVE_TAR, reason="GNU tar is not installed")
 @pytest.mark.parametrize("fmt", ["gnu", "posix", "ustar"])
 def test_gnu_tar_archives(tmp_path, fmt):

@@ -1,5 +1,5 @@
 /* Optional JPEG decoder over libjpeg-turbo (its libjpeg API): the system's, linked at build
- * time, or a newer one of the same ABI in the process (use_library; tarshards.images chooses).
+ * time.
  *
  * header(data) -> (width, height, components, color_space) | None
  * decode(data, channels, denom, fast, x0, y0, x1, y1) -> (pixels, width, height, x0) | None
@@ -8,7 +8,7 @@
  * pil_image(image_class, template, core_key, size_key, map_buffer, map_args, fallback, data)
  * dlpack_value(from_dlpack, channels, fallback, data), array_value(ndarray, dtype, channels,
  *     fallback, data): a JPEG field's value in one call (see each)
- * library() -> path | None, use_library(path) -> bool: which libjpeg decodes (see the latter)
+ * library() -> path | None: which libjpeg decodes (the shared library, by dladdr)
  *
  * decode: ``channels`` 1 (grey), 3 (RGB) or 4 (RGBX: RGB padded to 4 bytes, Pillow's layout);
  * the image scaled by 1/``denom`` (1, 2, 4 or 8, libjpeg-turbo's SIMD scales); with x1 > 0 only
@@ -89,29 +89,6 @@ typedef struct {
 #define NSLOTS 4
 static slot_t slots[NSLOTS];
 
-/* The libjpeg functions used, from the library linked at build time (the system's) or, after
- * use_library(path), from another libjpeg-turbo of the same ABI (libjpeg.so.62) in the process:
- * every call goes through this table. */
-typedef struct {
-    struct jpeg_error_mgr *(*std_error)(struct jpeg_error_mgr *);
-    void (*create)(j_decompress_ptr, int, size_t);
-    void (*destroy)(j_decompress_ptr);
-    void (*abort_)(j_decompress_ptr);
-    void (*mem_src)(j_decompress_ptr, const unsigned char *, unsigned long);
-    int (*read_header)(j_decompress_ptr, boolean);
-    boolean (*start)(j_decompress_ptr);
-    JDIMENSION (*read_scanlines)(j_decompress_ptr, JSAMPARRAY, JDIMENSION);
-    JDIMENSION (*skip_scanlines)(j_decompress_ptr, JDIMENSION);
-    void (*crop_scanline)(j_decompress_ptr, JDIMENSION *, JDIMENSION *);
-    boolean (*has_multiple_scans)(j_decompress_ptr);
-} jpeg_lib_t;
-
-static jpeg_lib_t lib = {
-    jpeg_std_error,        jpeg_CreateDecompress, jpeg_destroy_decompress,
-    jpeg_abort_decompress, jpeg_mem_src,          jpeg_read_header,
-    jpeg_start_decompress, jpeg_read_scanlines,   jpeg_skip_scanlines,
-    jpeg_crop_scanline,    jpeg_has_multiple_scans,
-};
 static int slots_in_use = 0; /* taken and not yet given back (GIL held for both) */
 
 static void
@@ -133,25 +110,25 @@ on_output(j_common_ptr c)
     (void)c;
 }
 
-/* a decompressor made in ``s`` with the table ``t``, errors turned into a longjmp to s->err.jump:
- * 1, or 0 where the library refused (its version or struct size not this build's) */
+/* a decompressor made in ``s``, errors turned into a longjmp to s->err.jump: 1, or 0 where the
+ * library refused (its version or struct size not this build's) */
 static int
-create_with(slot_t *s, const jpeg_lib_t *t)
+create_with(slot_t *s)
 {
-    s->d.err = t->std_error(&s->err.pub);
+    s->d.err = jpeg_std_error(&s->err.pub);
     s->err.pub.error_exit = on_error;
     s->err.pub.emit_message = on_message;
     s->err.pub.output_message = on_output;
     if (setjmp(s->err.jump))
         return 0;
-    t->create(&s->d, JPEG_LIB_VERSION, sizeof(struct jpeg_decompress_struct));
+    jpeg_CreateDecompress(&s->d, JPEG_LIB_VERSION, sizeof(struct jpeg_decompress_struct));
     return 1;
 }
 
 static int
 init_slot(slot_t *s)
 {
-    s->ready = create_with(s, &lib);
+    s->ready = create_with(s);
     return s->ready;
 }
 
@@ -187,12 +164,12 @@ give_slot(slot_t *s)
 {
     slots_in_use--;
     if (s->busy == 2) {
-        lib.destroy(&s->d);
+        jpeg_destroy_decompress(&s->d);
         PyMem_RawFree(s->copy);
         PyMem_RawFree(s);
         return;
     }
-    lib.abort_(&s->d);
+    jpeg_abort_decompress(&s->d);
     s->busy = 0;
 }
 
@@ -211,8 +188,8 @@ jpeg_header(PyObject *self, PyObject *arg)
     volatile JDIMENSION w = 0, h = 0;
     volatile int comps = 0, space = 0;
     if (setjmp(s->err.jump) == 0 && view.len > 0) {
-        lib.mem_src(&s->d, (const unsigned char *)view.buf, (unsigned long)view.len);
-        lib.read_header(&s->d, TRUE);
+        jpeg_mem_src(&s->d, (const unsigned char *)view.buf, (unsigned long)view.len);
+        jpeg_read_header(&s->d, TRUE);
         w = s->d.image_width;
         h = s->d.image_height;
         comps = s->d.num_components;
@@ -238,7 +215,7 @@ pad_entropy_data(slot_t *s)
     size_t n = src->bytes_in_buffer;
     /* a JPEG that does not end with its EOI (truncated, trailing bytes) is read as it is */
     if (n > PAD_LIMIT || n < 2 || src->next_input_byte[n - 2] != 0xFF ||
-        src->next_input_byte[n - 1] != 0xD9 || lib.has_multiple_scans(&s->d))
+        src->next_input_byte[n - 1] != 0xD9 || jpeg_has_multiple_scans(&s->d))
         return;
     size_t need = n + 2 + PAD_BYTES;
     if (s->copy_size < need) {
@@ -345,8 +322,8 @@ decode_view(Py_buffer *view, long channels, long denom, int fast, long x0, long 
         failed = 1;
         goto done;
     }
-    lib.mem_src(d, (const unsigned char *)view->buf, (unsigned long)view->len);
-    lib.read_header(d, TRUE);
+    jpeg_mem_src(d, (const unsigned char *)view->buf, (unsigned long)view->len);
+    jpeg_read_header(d, TRUE);
     if (d->jpeg_color_space != JCS_YCbCr && d->jpeg_color_space != JCS_GRAYSCALE &&
         d->jpeg_color_space != JCS_RGB) {
         failed = 1; /* CMYK, YCCK, unknown: not ours */
@@ -358,7 +335,7 @@ decode_view(Py_buffer *view, long channels, long denom, int fast, long x0, long 
     d->scale_denom = (unsigned int)denom;
     d->dct_method = fast ? JDCT_IFAST : JDCT_ISLOW;
     d->do_fancy_upsampling = fast ? FALSE : TRUE;
-    lib.start(d);
+    jpeg_start_decompress(d);
     JDIMENSION ow = d->output_width, oh = d->output_height;
     JDIMENSION top = 0, bottom = oh; /* not used after a longjmp */
     if (x1 > 0) {
@@ -376,7 +353,7 @@ decode_view(Py_buffer *view, long channels, long denom, int fast, long x0, long 
             JDIMENSION lo = x0 > 0 ? (JDIMENSION)x0 - 1 : 0;
             JDIMENSION hi = (JDIMENSION)x1 < ow ? (JDIMENSION)x1 + 1 : ow;
             JDIMENSION cx = lo, cw = hi - lo;
-            lib.crop_scanline(d, &cx, &cw);
+            jpeg_crop_scanline(d, &cx, &cw);
             xoff = cx;
         }
     }
@@ -410,7 +387,7 @@ decode_view(Py_buffer *view, long channels, long denom, int fast, long x0, long 
     }
     {
         size_t stride = (size_t)width * channels;
-        if (top > 0 && lib.skip_scanlines(d, top) != top) {
+        if (top > 0 && jpeg_skip_scanlines(d, top) != top) {
             failed = 1;
             goto done;
         }
@@ -421,7 +398,7 @@ decode_view(Py_buffer *view, long channels, long denom, int fast, long x0, long 
                 n = 16;
             for (JDIMENSION i = 0; i < n; i++)
                 ptrs[i] = px + (size_t)(d->output_scanline - top + i) * stride;
-            if (lib.read_scanlines(d, ptrs, n) == 0) {
+            if (jpeg_read_scanlines(d, ptrs, n) == 0) {
                 failed = 1;
                 goto done;
             }
@@ -763,95 +740,21 @@ jpeg_into(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return PyBool_FromLong(ok);
 }
 
-/* the path of the shared library the functions of the table come from (dladdr), or None */
+/* the path of the shared library libjpeg's functions come from (dladdr), or None */
 static PyObject *
 jpeg_library(PyObject *self, PyObject *unused)
 {
 #ifndef _WIN32
     Dl_info info;
-    if (dladdr((void *)lib.read_header, &info) && info.dli_fname != NULL)
+    if (dladdr((void *)jpeg_read_header, &info) && info.dli_fname != NULL)
         return PyUnicode_DecodeFSDefault(info.dli_fname);
 #endif
     Py_RETURN_NONE;
 }
 
-#ifndef _WIN32
-/* a decompressor made and destroyed with the table ``t``: 1 when its library accepts this
- * build's libjpeg version and struct size (jpeg_CreateDecompress checks both) */
-static int
-probe_library(const jpeg_lib_t *t)
-{
-    slot_t *s = (slot_t *)PyMem_RawCalloc(1, sizeof(slot_t));
-    if (s == NULL)
-        return 0;
-    int ok = create_with(s, t);
-    t->destroy(&s->d); /* safe on a decompressor whose creation failed (its memory is NULL) */
-    PyMem_RawFree(s);
-    return ok;
-}
-#endif
-
-/* use_library(path) -> bool: decode with the libjpeg at ``path`` (loaded with dlopen, kept
- * loaded) from now on, when it has every function of the table and accepts this build's ABI;
- * False, nothing changed, where not (or while a decompressor is in use, or on Windows). The
- * kept decompressors of the library before are destroyed. */
-static PyObject *
-jpeg_use_library(PyObject *self, PyObject *arg)
-{
-#ifdef _WIN32
-    Py_RETURN_FALSE;
-#else
-    PyObject *bytes = NULL;
-    if (!PyUnicode_FSConverter(arg, &bytes))
-        return NULL;
-    if (slots_in_use > 0) {
-        Py_DECREF(bytes);
-        Py_RETURN_FALSE;
-    }
-    void *handle = dlopen(PyBytes_AS_STRING(bytes), RTLD_NOW | RTLD_LOCAL);
-    Py_DECREF(bytes);
-    if (handle == NULL)
-        Py_RETURN_FALSE;
-    jpeg_lib_t t;
-    void **fields[] = {
-        (void **)&t.std_error,      (void **)&t.create,        (void **)&t.destroy,
-        (void **)&t.abort_,         (void **)&t.mem_src,       (void **)&t.read_header,
-        (void **)&t.start,          (void **)&t.read_scanlines, (void **)&t.skip_scanlines,
-        (void **)&t.crop_scanline,  (void **)&t.has_multiple_scans,
-    };
-    static const char *names[] = {
-        "jpeg_std_error",      "jpeg_CreateDecompress", "jpeg_destroy_decompress",
-        "jpeg_abort_decompress", "jpeg_mem_src",        "jpeg_read_header",
-        "jpeg_start_decompress", "jpeg_read_scanlines", "jpeg_skip_scanlines",
-        "jpeg_crop_scanline",  "jpeg_has_multiple_scans",
-    };
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-        *fields[i] = dlsym(handle, names[i]);
-        if (*fields[i] == NULL) {
-            dlclose(handle);
-            Py_RETURN_FALSE;
-        }
-    }
-    if (!probe_library(&t)) {
-        dlclose(handle);
-        Py_RETURN_FALSE;
-    }
-    for (int i = 0; i < NSLOTS; i++) { /* made with the library before: not kept */
-        if (slots[i].ready) {
-            lib.destroy(&slots[i].d);
-            slots[i].ready = 0;
-        }
-    }
-    lib = t; /* the handle stays open: the table points into it */
-    Py_RETURN_TRUE;
-#endif
-}
-
 static PyMethodDef methods[] = {
     {"library", (PyCFunction)jpeg_library, METH_NOARGS,
      "library() -> the path of the libjpeg decoding, or None where unknown"},
-    {"use_library", (PyCFunction)jpeg_use_library, METH_O,
-     "use_library(path) -> bool: decode with the libjpeg-turbo at path from now on"},
     {"into", (PyCFunction)(void (*)(void))jpeg_into, METH_FASTCALL,
      "into(channels, data, out) -> bool: the pixels decoded straight into out (same size only)"},
     {"header", (PyCFunction)jpeg_header, METH_O,

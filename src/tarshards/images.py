@@ -188,8 +188,8 @@ def _array_kind(kind: str, mode: str) -> ArrayKind:
 
 @functools.cache
 def _cjpeg():
-    """The optional C decoder over libjpeg-turbo (``tarshards._jpeg``; the library chosen by
-    :func:`_choose_libjpeg`), or ``None`` where it was not built: whole images (``image``) and
+    """The optional C decoder over libjpeg-turbo (``tarshards._jpeg``, on the system's library it
+    was linked with), or ``None`` where it was not built: whole images (``image``) and
     a crop's rows and columns (``decode``), whole images as DLPack capsules (``dlpack``), and a
     JPEG field's value in one call: an array (``array_value``), a tensor from a capsule
     (``dlpack_value``), a PIL image (``pil_image``)."""
@@ -198,8 +198,6 @@ def _cjpeg():
     except ImportError:
         return None
     from . import _jpeg
-
-    _choose_libjpeg(_jpeg)
 
     return types.SimpleNamespace(
         decode=decode,
@@ -233,55 +231,33 @@ def _turbo_version(path: str | None) -> tuple[int, ...] | None:
 
 def _pillow_libjpeg() -> str | None:
     """The libjpeg-turbo a Pillow wheel ships beside its modules (``pillow.libs`` on Linux,
-    ``PIL/.dylibs`` on macOS), or ``None`` (a Pillow built against the system's)."""
+    ``PIL/.dylibs`` on macOS), or ``None`` (a Pillow built against the system's, or a layout
+    this does not know): only reported by :func:`jpeg_decoder` where Pillow decodes, never
+    loaded."""
     import glob
 
-    import PIL
+    try:
+        import PIL
 
-    base = os.path.dirname(PIL.__file__)
+        base = os.path.dirname(PIL.__file__ or "")
+    except (ImportError, TypeError):  # no Pillow, or a namespace package without a file
+        return None
+    if not base:
+        return None
     for pattern in (
         os.path.join(base, os.pardir, "pillow.libs", "libjpeg*.so*"),
         os.path.join(base, ".dylibs", "libjpeg*.dylib"),
     ):
-        found = sorted(glob.glob(pattern))
+        found = sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
         if found:
             return os.path.normpath(found[0])
     return None
 
 
-def _choose_libjpeg(cj) -> str | None:
-    """Which libjpeg the C decoder calls, chosen once per process by :func:`_cjpeg` (cached;
-    before the decoder's first use):
-    the one it was linked with (the system's), or a newer libjpeg-turbo of the same ABI that
-    Pillow's wheel ships (3.x decodes a 64x64 JPEG about 5% faster than Debian 12's 2.1.5, the
-    same pixels). ``TARSHARDS_LIBJPEG=system`` keeps the linked one; ``TARSHARDS_LIBJPEG=PATH``
-    asks for that library (kept only where it loads and accepts this build's ABI). Returns the
-    path in use."""
-    use = getattr(cj, "use_library", None)
-    if use is None:  # a module built before the choice
-        return None
-    current = cj.library()
-    wanted = os.environ.get("TARSHARDS_LIBJPEG", "")
-    if wanted == "system":
-        return current
-    if wanted:
-        return cj.library() if use(wanted) else current
-    candidate = _pillow_libjpeg()
-    try:
-        if candidate is None or current is None or os.path.samefile(candidate, current):
-            return current
-    except OSError:
-        return current
-    new, old = _turbo_version(candidate), _turbo_version(current)
-    if new is not None and old is not None and new > old and use(candidate):
-        return cj.library()
-    return current
-
-
 def jpeg_decoder() -> dict:
     """What decodes a JPEG at its own size in the image modes here: ``{"decoder": ...,
     "libjpeg": path or None, "libjpeg_turbo": "X.Y.Z" or None}``, the decoder being
-    ``"tarshards._jpeg"`` (the C decoder, on the library :func:`_choose_libjpeg` chose),
+    ``"tarshards._jpeg"`` (the C decoder, on the system's libjpeg-turbo it was linked with),
     ``"simplejpeg"`` (libjpeg-turbo linked into it) or ``"Pillow"``."""
     cj = _cjpeg()
     if cj is not None:

@@ -118,6 +118,9 @@ FLAG_DOT_SLASH = 1  # the sample's member names start with "./" (as tar -C DIR .
 # and the stored chunks); its size and checksum are those of the content, and a random read
 # parses the sample's bytes with the tar reader instead of slicing them
 FLAG_REBUILT = 2
+# a member of the sample takes its size from a pax global header's size= record, not from its
+# own header's size field (which random access then does not compare with the index)
+FLAG_GLOBAL_SIZE = 4
 
 
 class ShardIndex:
@@ -765,6 +768,44 @@ class IndexBuilder:
             len(self._keys) - 1, code, header_offset, data_offset, size, checksum
         )
 
+    def flag(self, bit: int) -> None:
+        """Set ``bit`` in the flags of the sample being recorded."""
+        flags = _SAMPLE_END.unpack_from(self._samples, len(self._samples) - 8)[0]
+        _SAMPLE_END.pack_into(self._samples, len(self._samples) - 8, flags | bit)
+
+    def check_fields(self, url: str | None) -> None:
+        """Raise the reader's :class:`~tarshards.errors.DuplicateFieldError` where a sample repeats
+        an extension (compared lower-cased, as the reader keys fields): a sequential read stops
+        there, so the index must not list the sample (ds[i] would hand out one of the two). One
+        pass over the packed member records; no numpy."""
+        if self._grouped is not None or not self._members:
+            return
+        rec = memoryview(self._members).cast("q")
+        samples, codes = rec[0::6].tolist(), rec[1::6].tolist()
+        names = list(self._ext_codes)
+        if any(not e.islower() for e in names if any(c.isalpha() for c in e)):
+            first = {e: i for i, e in reversed(list(enumerate(e.lower() for e in names)))}
+            low = [first[e.lower()] for e in names]
+            codes = [low[c] for c in codes]
+        pairs = list(zip(samples, codes))
+        if len(set(pairs)) == len(pairs):
+            return
+        seen: dict = {}
+        for m, pair in enumerate(pairs):
+            if pair in seen:
+                from .errors import DuplicateFieldError
+
+                key = self._keys[pair[0]]
+                ext = names[rec[6 * m + 1]]
+                raise DuplicateFieldError(
+                    f"repeated extension {ext.lower()!r} in sample {key!r}: members "
+                    f"{key + '.' + names[rec[6 * seen[pair] + 1]]!r} and {key + '.' + ext!r}",
+                    url=url,
+                    member=f"{key}.{ext}",
+                    offset=rec[6 * m + 2],
+                )
+            seen[pair] = m
+
     def scan(self, buf: bytearray, pos: int, base: int, end: int) -> int:
         """:meth:`add` every plain member of a run lying wholly in ``buf[pos:end]`` (``base``:
         the stream offset of ``buf[0]``), in C, which calls :meth:`checksum` on a memoryview of
@@ -1291,7 +1332,10 @@ def _read_members(
         for name, data, first in batch:
             if layout and layout[0][0] == first:  # from the general path
                 _, data_at, stored, rebuilt = layout.pop(0)
-                add(name, first, data_at, len(data), checksum(data), stored if rebuilt else None)
+                sparse = rebuilt is True
+                add(name, first, data_at, len(data), checksum(data), stored if sparse else None)
+                if rebuilt == "global" and builder.count:
+                    builder.flag(FLAG_GLOBAL_SIZE)
             else:  # a fast-path member: one ustar header, then its data
                 add(name, first, first + BLOCK, len(data), checksum(data))
 
@@ -1333,6 +1377,7 @@ def index_stream(
         for _ in data:  # the rest of the file (zero padding, trailing frames) is hashed too
             pass
     reader.drain()
+    builder.check_fields(url)
     return builder.build(
         nbytes=reader.nbytes, hash=f"{hash}:{hasher.hexdigest()}", compression=compression, url=url
     )

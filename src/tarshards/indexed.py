@@ -25,6 +25,7 @@ import numpy as np
 from . import stages as _stages
 from .compression import inflated_from
 from .errors import (
+    CompressionError,
     IntegrityError,
     ShardFormatError,
     StorageError,
@@ -32,12 +33,12 @@ from .errors import (
     TarshardsWarning,
 )
 from .format import split_name
-from .index import FLAG_REBUILT
+from .index import FLAG_GLOBAL_SIZE, FLAG_REBUILT
 from .manifest import Manifest, as_manifest
 from .storage import is_local, local_path, open_url
 from .storage.seek import read_exact
 from .tario import BLOCK, decompressed_chunks, iter_tar
-from .tario.headers import _checksum_ok, _octal, _size_number
+from .tario.headers import _checksum_ok, _number, _octal, _size_number
 
 __all__ = ["IndexedDataset"]
 
@@ -129,8 +130,16 @@ class _GzipSeekRanges:
         self.url = url
 
     def read(self, start: int, end: int) -> bytes:
-        self.f.seek(start)
-        return read_exact(self.f, end - start, self.url, start)
+        try:
+            self.f.seek(start)
+            return read_exact(self.f, end - start, self.url, start)
+        except TarshardsError:
+            raise
+        except (OSError, ValueError) as exc:  # indexed_gzip's ZranError (an OSError) and the
+            # like, on a damaged or cut stream: the reader's error class, naming the shard
+            raise CompressionError(
+                f"gzip stream unreadable: {exc}", url=self.url, offset=start
+            ) from exc
 
     def close(self) -> None:
         self.f.close()
@@ -434,7 +443,8 @@ class IndexedDataset:
         doffs, sizes, exts = info.data_offsets, info.sizes, info.exts
         at = info.member_offsets[m0] - base
         if _header_ok is None or not _header_ok(data, at, sizes[m0]):
-            _check_header(data, at, sizes[m0], url, info.member_offsets[m0])
+            size = None if j in info.global_size else sizes[m0]
+            _check_header(data, at, size, url, info.member_offsets[m0])
         # __offset__: where the sample's first header starts in the tar stream, as a
         # sequential read reports it
         sample = {"__key__": info.keys[j], "__url__": url, "__offset__": int(base)}
@@ -572,6 +582,7 @@ class _ShardInfo:
         "ends",
         "entry",
         "exts",
+        "global_size",
         "index",
         "keys",
         "member_offsets",
@@ -606,6 +617,7 @@ class _ShardInfo:
         self.plain = idx.seekable and idx.compression == "none"
         # samples with a member to rebuild (GNU sparse): parsed, not sliced (usually none)
         self.rebuilt = frozenset(np.flatnonzero(idx.sample_flags & FLAG_REBUILT).tolist())
+        self.global_size = frozenset(np.flatnonzero(idx.sample_flags & FLAG_GLOBAL_SIZE).tolist())
 
 
 def _with_indexes(manifest: Manifest) -> Manifest:
@@ -640,8 +652,9 @@ def _inflate(data: bytes, entry: str, url, offset: int) -> bytes:
         raise exc.with_context(url=url, offset=offset) from None
 
 
-def _check_header(data: bytes, at: int, size: int, url, offset: int) -> None:
-    """The tar header at ``data[at:]`` must be sound and, when plain, give ``size``."""
+def _check_header(data: bytes, at: int, size: int | None, url, offset: int) -> None:
+    """The tar header at ``data[at:]`` must be sound and, when plain, give ``size`` (``None``:
+    the size is a pax global header's, not the header's own)."""
     hdr = data[at : at + 512]
     if len(hdr) < 512:
         ok = False
@@ -657,11 +670,14 @@ def _check_header(data: bytes, at: int, size: int, url, offset: int) -> None:
             url=url,
             offset=offset,
         )
-    if hdr[156] in (0x30, 0):
+    if hdr[156] in (0x30, 0) and size is not None:
         try:
             stored = _size_number(hdr)
-        except ValueError:
-            stored = -1
+        except ValueError:  # the reader's fallback: any octal field, spaces and NULs around
+            try:
+                stored = _number(hdr[124:136])
+            except ValueError:
+                stored = -1
         if stored != size:
             raise IntegrityError(
                 "the member's size is not the index's (is the index for "

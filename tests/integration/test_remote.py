@@ -429,6 +429,8 @@ def test_planned_resume_over_http_reads_from_the_sample_offset(http_remote, shuf
     assert starts and max(starts) > 0, shard_gets
 
 
+# (planned batches drop the remainder by default; the warning has tests of its own)
+@pytest.mark.filterwarnings("ignore:epoch \\d+ drops:tarshards.errors.TarshardsWarning")
 def test_planned_resume_is_exact_on_every_store(remote):
     """Resumed planned readers open remote shards at a sample's offset (a ranged read) on
     HTTP, S3 and GCS alike; what they yield equals the uninterrupted run."""

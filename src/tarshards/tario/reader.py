@@ -334,8 +334,9 @@ def _batches(
             elif pax_sparse and meta is not None:
                 data = _pax_unsparse(data, meta, source, name, start)
             last = (name, start, None)
-            if layout is not None:
-                layout.append((first, data_at, size, sparse))
+            if layout is not None:  # (a pax global size= sets this member's size: "global")
+                glob = pax is None and meta is not None and "size" in meta
+                layout.append((first, data_at, size, sparse or ("global" if glob else False)))
             yield [(name, data, first)]
             long_name = pax = start = None
             long_first = False
