@@ -157,6 +157,18 @@ class DataPipeline:
         return tuple(self._stages)
 
     @property
+    def plan_config(self) -> dict | None:
+        """A planned pipeline's plan settings (``readers``, ``remainder``...; ``None``: no
+        plan), as ``WebDataset(readers=V)`` or a mixture set them."""
+        return self._plan_config
+
+    @property
+    def epoch_items(self) -> int | None:
+        """The items each reader yields per epoch as :meth:`with_epoch` fixed it (``None``:
+        what the data gives)."""
+        return self._nsamples
+
+    @property
     def pending_state(self) -> dict | None:
         """The state the next ``iter()`` resumes from (:meth:`load_state_dict`), or ``None``."""
         return self._pending_state

@@ -746,7 +746,7 @@ class MixedDataset(DataPipeline):
     def _costs(self, i: int) -> tuple[Any, str]:
         return _source_costs(self.sources[i].table, self.cost, self.names[i])
 
-    def _layout(self, epoch: int, lengths: tuple[int, ...]) -> _SharedLayout | _ReaderLayout:
+    def _batch_layout(self, epoch: int, lengths: tuple[int, ...]) -> _SharedLayout | _ReaderLayout:
         """The composition of every reader's batches in ``epoch`` (cached by plan and epoch)."""
         B = self.mix_parts()[0]
         if self.unit == "samples" and not self.schedule.scheduled:
@@ -904,7 +904,7 @@ class _MixProgram(PlannedProgram):
         if min(lengths) == 0:
             raise ValueError("a source has fewer samples than readers")
         # what each source gives before it counts as run out (repeat=: passes of it)
-        self.layout = ds._layout(epoch, ds._budgets(lengths))
+        self.layout = ds._batch_layout(epoch, ds._budgets(lengths))
         self.readers = ds._plan_config["readers"]
         q = self.layout.q
         if q == 0:

@@ -649,7 +649,7 @@ def unit_parts(ds) -> tuple[Any, list, list]:
                 "the plan orders the shards (shardshuffle) and groups the samples itself; "
                 "per-sample stages (decode, map, to_tuple...) may come before it"
             )
-    if ds._nsamples is not None:
+    if ds.epoch_items is not None:
         raise ValueError("with_epoch() does not apply to a planned pipeline")
     what = args["cost"] if st.fn is pack else args["key"]
     role = "cost" if st.fn is pack else "key"
@@ -744,7 +744,7 @@ def plan_units(table: ShardTable, spec, seed: int, shardshuffle: bool, epoch: in
 def plan_identity(ds) -> dict:
     """What a state of a packed/bucketed planned pipeline records and checks."""
     spec, _, _ = unit_parts(ds)
-    plan = ds._plan_config
+    plan = ds.plan_config
     name = spec.cost if isinstance(spec, PackSpec) else spec.key
     _, digest = _column(ds.table, name)
     out = {
@@ -805,7 +805,7 @@ class UnitProgram(PlannedProgram):
 
     def __init__(self, ds: Any, epoch: int):
         spec, pre, post = unit_parts(ds)
-        plan = ds._plan_config
+        plan = ds.plan_config
         self.ds, self.spec, self.pre, self.post = ds, spec, pre, post
         self.epoch = int(epoch)
         if plan["remainder"] == "carry":
@@ -958,7 +958,7 @@ def warn_dropped(ds, epoch: int) -> None:
     prog = ds.epoch_program(epoch)
     tail = prog.dropped - prog.units.left_out
     parts = []
-    if tail and not ds._plan_config.get("chosen"):
+    if tail and not ds.plan_config.get("chosen"):
         parts.append(
             f"{tail} in the {len(prog.units) - prog.num_batches} units that do not fill "
             f"readers={prog.readers} (remainder='drop' is the default; 'pad' repeats units "
