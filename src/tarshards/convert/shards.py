@@ -329,6 +329,7 @@ def write_shards(
         storage_options=storage_options,
         progress=progress,
         warn_kept=False,  # the plan check above refused a rerun with other sources or options
+        warn_failed=False,  # raised below, naming the shards
     )
     failed = [r for r in reports if r.status == FAILED]
     if failed:

@@ -208,6 +208,7 @@ def add_columns(
         storage_options=storage_options,
         progress=progress,
         warn_kept=False,
+        warn_failed=False,  # raised below, naming the shards
     )
     failed = [r for r in reports if r.status == FAILED]
     if failed:

@@ -137,6 +137,7 @@ def add_meta(
         overwrite=True,  # every index is made again (its columns are what this call adds)
         storage_options=storage_options,
         progress=progress,
+        warn_failed=False,  # raised below, naming the shards
     )
     failed = [r for r in reports if r.status == FAILED]
     if failed:

@@ -156,6 +156,7 @@ def map_shard_files(
     client=None,
     mp_context=None,
     warn_kept: bool = True,
+    warn_failed: bool = True,
 ) -> list[ShardReport]:
     """Run ``fn(input_url, output_url)`` for each pair, on the same engines as :func:`map_shards`.
 
@@ -164,6 +165,8 @@ def map_shard_files(
     ``samples_in`` and ``samples_out``. Existing outputs are skipped unless ``overwrite=True``,
     with a warning that says so (``warn_kept=False``: a caller that checks itself that the kept
     outputs are what its run would make, as :func:`tarshards.convert` does by its plan).
+    Failed shards are reported (``ShardReport.status == FAILED``) with a warning
+    (``warn_failed=False``: a caller that raises on them itself).
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, not {fn!r}")
@@ -185,6 +188,7 @@ def map_shard_files(
         progress=progress,
         cleanup=False,
         warn_kept=warn_kept,
+        warn_failed=warn_failed,
     )
 
 
@@ -198,6 +202,7 @@ def _run_shard_jobs(
     progress,
     cleanup=True,
     warn_kept=True,
+    warn_failed=True,
 ) -> list[ShardReport]:
     """Skip the outputs that exist, run the rest on ``engine``, report every pair in order."""
     reports: list[ShardReport | None] = [None] * len(pairs)
@@ -241,7 +246,7 @@ def _run_shard_jobs(
             stacklevel=3,
         )
     failed = [r for r in done if r.status == FAILED]
-    if failed:
+    if failed and warn_failed:
         warnings.warn(
             f"{len(failed)} of {len(pairs)} shards failed; first: {failed[0].input}: "
             f"{failed[0].error}",
