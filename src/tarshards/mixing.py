@@ -410,7 +410,7 @@ def _source_costs(table: ShardTable, column: str, name: str) -> tuple[Any, str]:
     if got is not None:
         return got
     try:
-        costs = np.asarray(table.manifest.meta(column), dtype=np.float64)
+        costs = np.asarray(table.meta(column), dtype=np.float64)
     except KeyError:
         raise ValueError(
             f"source {name!r} has no metadata column {column!r}: mixing by tokens plans from "
