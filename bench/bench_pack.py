@@ -16,7 +16,10 @@ Rows:
    packs); an unpacked pipeline holding as many samples as a window (``.shuffle(16 B)``: a pack's
    reader holds a window's samples until their packs are complete, as a shuffle buffer holds
    its); packs with ``window=64``; then the unpacked and packed ones with their collations,
-   ``collate_padded`` against ``collate_packed``. All taken in turn, best of ``--repeat`` (the
+   ``collate_padded`` against ``collate_packed``; both with per-sample work a trainer's pipeline
+   does (``.decode()``: the tokens of a ``tokens.npy`` field decoded to an array); and a mixture
+   by tokens of two sources (``mix(..., unit="tokens")``, 2:1) batched against packed. All taken
+   in turn, best of ``--repeat`` (the
    first pass, which plans the epoch, is timed apart), with 12 readers in the process (one
    process reading the whole plan) and with 2 (a DataLoader worker's share of 12 readers in 6
    workers).
@@ -57,7 +60,7 @@ def tokens(sample):
 def make_data(n: int) -> tuple[str, np.ndarray]:
     from tarshards import ShardWriter
 
-    d = os.path.join(DATA, f"pack-{n}")
+    d = os.path.join(DATA, f"pack-npy-{n}")
     manifest = os.path.join(d, "manifest.json")
     rng = np.random.default_rng(38)
     lengths = np.minimum(rng.lognormal(5.5, 1.0, n).astype(np.int64) + 1, MAX)
@@ -71,7 +74,10 @@ def make_data(n: int) -> tuple[str, np.ndarray]:
             meta={"tokens": lambda s: len(s["tok"]) // 4},
         ) as sink:
             for i, m in enumerate(lengths):
-                sink.write({"__key__": f"s{i:08d}", "tok": pool[: 4 * int(m)]})
+                tok = pool[: 4 * int(m)]
+                sink.write(
+                    {"__key__": f"s{i:08d}", "tok": tok, "tokens.npy": np.frombuffer(tok, np.int32)}
+                )
     return manifest, lengths
 
 
@@ -108,6 +114,12 @@ def rate_rows(manifest: str, b: int, held: int, repeat: int, readers: int) -> No
         .map(tokens)
         .pack(MAX, "tokens")
         .map(functools.partial(collate_packed, field="tokens")),
+        # work a trainer's pipeline does per sample: the tokens decoded from their .npy field
+        "unpacked, .decode() npy": base().decode().batched(b, collation_fn=None),
+        "packed, .decode() npy": base().decode().pack(MAX, "tokens"),
+        # a mixture by tokens of two sources: batches of B against packs (issue 38, part 4)
+        "mix by tokens, batched": mixture(manifest, readers).batched(b, collation_fn=None),
+        "mix by tokens, packed": mixture(manifest, readers).pack(MAX, "tokens"),
     }
     first = {}
     for name, ds in sides.items():  # the first pass plans the epoch (timed apart)
@@ -130,8 +142,22 @@ def rate_rows(manifest: str, b: int, held: int, repeat: int, readers: int) -> No
         f"  ratios: packed / unpacked {r['packed'] / r['unpacked']:.3f}; packed / unpacked "
         f"holding as many samples (shuffle({held})) {r['packed'] / shuffled:.3f}; "
         f"window=64 / unpacked {r['packed, window=64'] / r['unpacked']:.3f}; with collation "
-        f"{r['packed + collate_packed'] / r['unpacked + collate_padded']:.3f}"
+        f"{r['packed + collate_packed'] / r['unpacked + collate_padded']:.3f}; with "
+        f".decode() (npy) {r['packed, .decode() npy'] / r['unpacked, .decode() npy']:.3f}; "
+        f"mix by tokens packed / batched "
+        f"{r['mix by tokens, packed'] / r['mix by tokens, batched']:.3f}"
     )
+
+
+def mixture(manifest: str, readers: int):
+    """A mixture by tokens (2:1) of two sources (the same shards, shuffled apart), planned."""
+    from tarshards import WebDataset, mix
+
+    sources = {
+        name: WebDataset(manifest, shardshuffle=True, seed=seed)
+        for name, seed in (("a", 1), ("b", 2))
+    }
+    return mix(sources, {"a": 2, "b": 1}, readers=readers, seed=0, unit="tokens", stop="first")
 
 
 def token_rows(lengths: np.ndarray, b: int) -> None:

@@ -128,9 +128,10 @@ def make(sets, weights=None, *, torch_ds=False, readers=4, max_tokens=MAX, **kw)
     sources = {n: WDS(sets[n], shardshuffle=True, seed=0) for n in ("web", "code")}
     sources["web"] = sources["web"].shuffle(8)
     kw.setdefault("stop", "all")
-    return mixer(
-        sources, weights or {"web": 2, "code": 1}, readers=readers, seed=5, unit="tokens", **kw
-    ).pack(max_tokens)
+    kw.setdefault("unit", "tokens")
+    return mixer(sources, weights or {"web": 2, "code": 1}, readers=readers, seed=5, **kw).pack(
+        max_tokens
+    )
 
 
 def _tokens(pack, name):
@@ -266,3 +267,14 @@ def test_mixture_pack_refusals(sets):
         packed.load_state_dict(batched.state_dict())
     with pytest.raises(ResumeError):
         make(sets, max_tokens=1024).load_state_dict(packed.state_dict())
+
+
+def test_packs_of_a_mixture_by_samples_keep_sample_shares(sets):
+    """unit="samples": the rule counts samples (the budget is still tokens): every pack within
+    one sample of the weights by count."""
+    packs = list(make(sets, {"web": 3, "code": 1}, unit="samples", stop="first"))
+    assert packs
+    for pack in packs:
+        web = sum(s["__source__"] == "web" for s in pack)
+        assert abs(web - 0.75 * len(pack)) <= 1 + 1e-9
+        assert sum(min(int(s["tok"]), MAX) for s in pack) <= MAX
