@@ -278,3 +278,18 @@ def test_packs_of_a_mixture_by_samples_keep_sample_shares(sets):
         web = sum(s["__source__"] == "web" for s in pack)
         assert abs(web - 0.75 * len(pack)) <= 1 + 1e-9
         assert sum(min(int(s["tok"]), MAX) for s in pack) <= MAX
+
+
+def test_a_ledger_of_mixture_packs_is_audited_pack_by_pack(sets, tmp_path):
+    pytest.importorskip("torch")
+    import tarshards
+    from tarshards.torch import WebLoader
+
+    ds = make(sets, torch_ds=True).map(lambda pack: [len(pack), pack[0]["__source__"]])
+    loader = WebLoader(ds, batch_size=None, ledger=tmp_path / "l")
+    steps = 0
+    for n, source in loader:  # (the stages after .pack() apply to each pack)
+        steps += 1
+        assert n >= 1 and source in ("web", "code")
+    report = tarshards.audit(tmp_path / "l")
+    assert report.ok and report.epochs[0].delivered == steps == ds.epoch_program(0).num_batches
