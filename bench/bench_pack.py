@@ -29,7 +29,8 @@ Rows:
    longest; the ratio packed / padded is the tokens a batch of the same size carries more.
 3. ``plan 10M``: the pack plan of an epoch of 10M samples in 1,000 shards from a cost column
    (the epoch's order of the shards, the column in that order, best-fit decreasing in windows):
-   CPU and wall seconds; the bucket plan of the same.
+   CPU and wall seconds; the bucket plan of the same; the packs of a mixture by tokens of two
+   sources of half as many samples each (60 readers, stop="first").
 
 Figures from a loaded machine are noisy; compare rows of one run only.
 """
@@ -205,6 +206,26 @@ def plan_rows(n: int) -> None:
     b = bucket_units(ordered, [64, 128, 256, 512, 1024, 2048, 4096], 32)
     cpu, wall = time.process_time() - c0, time.perf_counter() - w0
     print(f"  bucket plan of {n:,} samples: {cpu:.2f} s CPU, {wall:.2f} s wall; {len(b):,} batches")
+    # the packs of a mixture by tokens (the largest deficit rule, each of 60 readers' streams cut
+    # next-fit): two sources of n / 2 samples, 2:1, the long-tailed costs above and a uniform one
+    from tarshards.mixing import _plan_packs, _Weights
+
+    V = 60
+    per = n // 2 // V
+    long_ = costs[: V * per].reshape(V, per)
+    short = rng.integers(50, 500, (V, per)).astype(np.float64)
+    weights = _Weights(
+        {"long": 2, "short": 1}, ["long", "short"], schedule_id=None, interpolate="step"
+    )
+    c0, w0 = time.process_time(), time.perf_counter()
+    lay = _plan_packs(
+        weights, MAX, "truncate", V, [per, per], "first", 0, 1, lambda i, _: (long_, short)[i], True
+    )
+    cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+    print(
+        f"  mixture pack plan of {2 * V * per:,} samples (readers={V}): {cpu:.2f} s CPU, "
+        f"{wall:.2f} s wall; {lay.q * V:,} packs, fill {lay.fill(MAX):.4f}"
+    )
 
 
 def main() -> None:

@@ -1133,6 +1133,9 @@ class _MixProgram(PlannedProgram):
         return self.chain(it, 0, [0], pad=True)
 
 
+_MIX_READ = 32  # the samples of a source taken from its stream at once (packs of a mixture)
+
+
 class _MixPackProgram(PlannedProgram):
     """An epoch of a mixture of packs: reader ``v``'s pack ``j`` is global batch ``j V + v``;
     each source read in its stream's order, its samples through its own stages, then the
@@ -1186,37 +1189,41 @@ class _MixPackProgram(PlannedProgram):
             mine = positions[seq == i]  # ascending: a source's samples go out in its order
             if not len(mine):
                 return
+            # runs of consecutive positions, read a few lists at a time (a whole run taken at
+            # once would hold the reader's samples of the source until they are used)
             cuts = np.flatnonzero(np.diff(mine) != 1) + 1
-            for run in np.split(mine, cuts):
-                for sample in cursors[i].read(int(run[0]), len(run)):
-                    sample["__source__"] = name
-                    if pad:
-                        sample["__pad__"] = True
-                    yield sample
+            starts = np.concatenate(([0], cuts)).tolist()
+            ends = [*cuts.tolist(), len(mine)]
+            for a, b in zip(starts, ends):
+                for at in range(a, b, _MIX_READ):
+                    n = min(_MIX_READ, b - at)
+                    for sample in cursors[i].read(int(mine[at]), n):
+                        sample["__source__"] = name
+                        if pad:
+                            sample["__pad__"] = True
+                        yield sample
 
         per_source = [
             iter(ds.sources[i].run_stages(feeder(i), self.configs[i][1], ctx, ("mix", i, reader)))
             for i in range(k)
         ]
 
-        def mixed() -> Iterator[dict]:
-            try:
-                for i in seq.tolist():
-                    yield next(per_source[i])
-            finally:
-                for c in cursors:
-                    c.close()
-
-        data = iter(ds.run_stages(mixed(), self.pre, ctx, ("reader", reader)))
-        for n in sizes:
-            got = list(itertools.islice(data, n))
-            if len(got) < n:
-                raise TarshardsError(
-                    f"a pack of epoch {self.epoch} (reader {reader}) lost samples: a stage "
-                    "before .pack() dropped samples (a planned pipeline needs each of them; "
-                    "flag bad samples instead)"
-                )
-            yield got
+        # the samples in the plan's order: the next of each slot's source (no frame a sample)
+        mixed = map(next, [per_source[i] for i in seq.tolist()])
+        data = iter(ds.run_stages(mixed, self.pre, ctx, ("reader", reader)))
+        try:
+            for n in sizes:
+                got = list(itertools.islice(data, n))
+                if len(got) < n:
+                    raise TarshardsError(
+                        f"a pack of epoch {self.epoch} (reader {reader}) lost samples: a stage "
+                        "before .pack() dropped samples (a planned pipeline needs each of them; "
+                        "flag bad samples instead)"
+                    )
+                yield got
+        finally:
+            for c in cursors:
+                c.close()
 
     def pad_chain(self, it: _PlannedIterator) -> Iterator[Any]:
         return self.chain(it, 0, [0], pad=True)
