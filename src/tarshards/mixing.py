@@ -859,6 +859,8 @@ class MixedDataset(DataPipeline):
                 f"(mix(..., cost={self.cost!r})): name the same column in both"
             )
         # (the arguments were checked when .pack() was called)
+        if any(r != 1 for r in getattr(self, "repeats", ())):  # (mix(..., repeat=) where it exists)
+            raise ValueError("repeat= does not apply to a mixture of packs (yet)")
         if args["window"] is not None:
             raise ValueError(
                 "a mixture's packs are cut next-fit in the order of the largest deficit rule "
@@ -902,12 +904,12 @@ class MixedDataset(DataPipeline):
             "sources": parts,
             "weights": self.schedule.identity(),
             **self._token_identity(),
-            **({} if packs is None else {"pack": packs[0].identity()}),
         }
 
     def _token_identity(self) -> dict:
         """(Mixing by tokens) the unit, the column and a digest of each source's column; a
-        schedule's step unit. Left out otherwise: states of before load as they did."""
+        schedule's step unit; (packs) their budget. Left out otherwise: states of before load as
+        they did."""
         out: dict[str, Any] = {}
         if self.unit == "tokens":
             out.update(
@@ -917,6 +919,9 @@ class MixedDataset(DataPipeline):
             )
         if self.schedule.scheduled and self.batches_per_step != 1:
             out["batches_per_step"] = self.batches_per_step
+        packs = self.pack_parts()
+        if packs is not None:  # a mixture of packs: their budget (in place of a batch size)
+            out["pack"] = packs[0].identity()
         return out
 
     def check_plan_state(self, state: dict) -> dict:
@@ -926,7 +931,12 @@ class MixedDataset(DataPipeline):
         mine = self._token_identity()
         diffs = [
             f"{k}: saved {state.get(k, d)!r}, here {mine.get(k, d)!r}"
-            for k, d in (("unit", "samples"), ("cost", None), ("batches_per_step", None))
+            for k, d in (
+                ("unit", "samples"),
+                ("cost", None),
+                ("batches_per_step", None),
+                ("pack", None),
+            )
             if state.get(k, d) != mine.get(k, d)
         ]
         if diffs:
@@ -936,11 +946,10 @@ class MixedDataset(DataPipeline):
     def _costs(self, i: int) -> tuple[Any, str]:
         return _source_costs(self.sources[i].table, self.cost, self.names[i])
 
-    def _layout(self, epoch: int, lengths: tuple[int, ...]) -> Any:
+    def _layout(self, epoch: int, lengths: tuple[int, ...]) -> _SharedLayout | _ReaderLayout:
         """The composition of every reader's batches in ``epoch`` (cached by plan and epoch)."""
-        packs = self.pack_parts()
-        B = self.mix_parts()[0] if packs is None else 0
-        if packs is None and self.unit == "samples" and not self.schedule.scheduled:
+        B = self.mix_parts()[0]
+        if self.unit == "samples" and not self.schedule.scheduled:
             return _SharedLayout(batch_quotas(self.weights, B, lengths, self.stop))
         key = json.dumps([self.plan_identity(), int(epoch)], sort_keys=True, default=str)
         got = _LAYOUTS.get(key)
@@ -950,32 +959,51 @@ class MixedDataset(DataPipeline):
         V = self._plan_config["readers"]
         step0 = self._epoch_origin(epoch) if self.schedule.scheduled else 0
         stream = None
-        if self.unit == "tokens" or packs is not None:
+        if self.unit == "tokens":
             configs = [self.source_config(i)[0] for i in range(len(self.sources))]
             costs = [self._costs(i)[0] for i in range(len(self.sources))]
 
             def stream(i: int, npass: int):
                 return _stream_costs(self.sources[i].table, costs[i], configs[i], epoch, npass, V)
 
-        if packs is not None:
-            assert stream is not None
-            spec = packs[0]
-            got = _plan_packs(
-                self.schedule,
-                spec.max_tokens,
-                spec.oversize,
-                V,
-                lengths,
-                self.stop,
-                step0,
-                self.batches_per_step,
-                stream,
-                by_tokens=self.unit == "tokens",
-            )
-        else:
-            got = _plan_layout(
-                self.schedule, B, V, lengths, self.stop, step0, self.batches_per_step, stream
-            )
+        got = _plan_layout(
+            self.schedule, B, V, lengths, self.stop, step0, self.batches_per_step, stream
+        )
+        _LAYOUTS[key] = got
+        while len(_LAYOUTS) > 16:
+            _LAYOUTS.popitem(last=False)
+        return got
+
+    def _pack_layout(self, epoch: int, lengths: tuple[int, ...]) -> _PackLayout:
+        """Every reader's packs in ``epoch`` (a mixture of packs; cached by plan and epoch)."""
+        packs = self.pack_parts()
+        assert packs is not None
+        key = json.dumps([self.plan_identity(), int(epoch)], sort_keys=True, default=str)
+        got = _LAYOUTS.get(key)
+        if got is not None:
+            _LAYOUTS.move_to_end(key)
+            return got
+        V = self._plan_config["readers"]
+        step0 = self._epoch_origin(epoch) if self.schedule.scheduled else 0
+        configs = [self.source_config(i)[0] for i in range(len(self.sources))]
+        costs = [self._costs(i)[0] for i in range(len(self.sources))]
+
+        def stream(i: int, npass: int):
+            return _stream_costs(self.sources[i].table, costs[i], configs[i], epoch, npass, V)
+
+        spec = packs[0]
+        got = _plan_packs(
+            self.schedule,
+            spec.max_tokens,
+            spec.oversize,
+            V,
+            lengths,
+            self.stop,
+            step0,
+            self.batches_per_step,
+            stream,
+            by_tokens=self.unit == "tokens",
+        )
         _LAYOUTS[key] = got
         while len(_LAYOUTS) > 16:
             _LAYOUTS.popitem(last=False)
@@ -1153,7 +1181,7 @@ class _MixPackProgram(PlannedProgram):
         )
         if min(lengths) == 0:
             raise ValueError("a source has fewer samples than readers")
-        self.layout: _PackLayout = ds._layout(epoch, lengths)
+        self.layout = ds._pack_layout(epoch, lengths)
         self.readers = ds._plan_config["readers"]
         q = self.layout.q
         if q == 0:
