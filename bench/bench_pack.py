@@ -16,7 +16,10 @@ Rows:
    packs); an unpacked pipeline holding as many samples as a window (``.shuffle(16 B)``: a pack's
    reader holds a window's samples until their packs are complete, as a shuffle buffer holds
    its); packs with ``window=64``; then the unpacked and packed ones with their collations,
-   ``collate_padded`` against ``collate_packed``. All taken in turn, best of ``--repeat`` (the
+   ``collate_padded`` against ``collate_packed``; both with per-sample work a trainer's pipeline
+   does (``.decode()``: the tokens of a ``tokens.npy`` field decoded to an array); and a mixture
+   by tokens of two sources (``mix(..., unit="tokens")``, 2:1) batched against packed. All taken
+   in turn, best of ``--repeat`` (the
    first pass, which plans the epoch, is timed apart), with 12 readers in the process (one
    process reading the whole plan) and with 2 (a DataLoader worker's share of 12 readers in 6
    workers).
@@ -26,7 +29,8 @@ Rows:
    longest; the ratio packed / padded is the tokens a batch of the same size carries more.
 3. ``plan 10M``: the pack plan of an epoch of 10M samples in 1,000 shards from a cost column
    (the epoch's order of the shards, the column in that order, best-fit decreasing in windows):
-   CPU and wall seconds; the bucket plan of the same.
+   CPU and wall seconds; the bucket plan of the same; the packs of a mixture by tokens of two
+   sources of half as many samples each (60 readers, stop="first").
 
 Figures from a loaded machine are noisy; compare rows of one run only.
 """
@@ -57,7 +61,7 @@ def tokens(sample):
 def make_data(n: int) -> tuple[str, np.ndarray]:
     from tarshards import ShardWriter
 
-    d = os.path.join(DATA, f"pack-{n}")
+    d = os.path.join(DATA, f"pack-npy-{n}")
     manifest = os.path.join(d, "manifest.json")
     rng = np.random.default_rng(38)
     lengths = np.minimum(rng.lognormal(5.5, 1.0, n).astype(np.int64) + 1, MAX)
@@ -71,7 +75,10 @@ def make_data(n: int) -> tuple[str, np.ndarray]:
             meta={"tokens": lambda s: len(s["tok"]) // 4},
         ) as sink:
             for i, m in enumerate(lengths):
-                sink.write({"__key__": f"s{i:08d}", "tok": pool[: 4 * int(m)]})
+                tok = pool[: 4 * int(m)]
+                sink.write(
+                    {"__key__": f"s{i:08d}", "tok": tok, "tokens.npy": np.frombuffer(tok, np.int32)}
+                )
     return manifest, lengths
 
 
@@ -108,6 +115,12 @@ def rate_rows(manifest: str, b: int, held: int, repeat: int, readers: int) -> No
         .map(tokens)
         .pack(MAX, "tokens")
         .map(functools.partial(collate_packed, field="tokens")),
+        # work a trainer's pipeline does per sample: the tokens decoded from their .npy field
+        "unpacked, .decode() npy": base().decode().batched(b, collation_fn=None),
+        "packed, .decode() npy": base().decode().pack(MAX, "tokens"),
+        # a mixture by tokens of two sources: batches of B against packs (issue 38, part 4)
+        "mix by tokens, batched": mixture(manifest, readers).batched(b, collation_fn=None),
+        "mix by tokens, packed": mixture(manifest, readers).pack(MAX, "tokens"),
     }
     first = {}
     for name, ds in sides.items():  # the first pass plans the epoch (timed apart)
@@ -130,8 +143,22 @@ def rate_rows(manifest: str, b: int, held: int, repeat: int, readers: int) -> No
         f"  ratios: packed / unpacked {r['packed'] / r['unpacked']:.3f}; packed / unpacked "
         f"holding as many samples (shuffle({held})) {r['packed'] / shuffled:.3f}; "
         f"window=64 / unpacked {r['packed, window=64'] / r['unpacked']:.3f}; with collation "
-        f"{r['packed + collate_packed'] / r['unpacked + collate_padded']:.3f}"
+        f"{r['packed + collate_packed'] / r['unpacked + collate_padded']:.3f}; with "
+        f".decode() (npy) {r['packed, .decode() npy'] / r['unpacked, .decode() npy']:.3f}; "
+        f"mix by tokens packed / batched "
+        f"{r['mix by tokens, packed'] / r['mix by tokens, batched']:.3f}"
     )
+
+
+def mixture(manifest: str, readers: int):
+    """A mixture by tokens (2:1) of two sources (the same shards, shuffled apart), planned."""
+    from tarshards import WebDataset, mix
+
+    sources = {
+        name: WebDataset(manifest, shardshuffle=True, seed=seed)
+        for name, seed in (("a", 1), ("b", 2))
+    }
+    return mix(sources, {"a": 2, "b": 1}, readers=readers, seed=0, unit="tokens", stop="first")
 
 
 def token_rows(lengths: np.ndarray, b: int) -> None:
@@ -179,6 +206,26 @@ def plan_rows(n: int) -> None:
     b = bucket_units(ordered, [64, 128, 256, 512, 1024, 2048, 4096], 32)
     cpu, wall = time.process_time() - c0, time.perf_counter() - w0
     print(f"  bucket plan of {n:,} samples: {cpu:.2f} s CPU, {wall:.2f} s wall; {len(b):,} batches")
+    # the packs of a mixture by tokens (the largest deficit rule, each of 60 readers' streams cut
+    # next-fit): two sources of n / 2 samples, 2:1, the long-tailed costs above and a uniform one
+    from tarshards.mixing import _plan_packs, _Weights
+
+    V = 60
+    per = n // 2 // V
+    long_ = costs[: V * per].reshape(V, per)
+    short = rng.integers(50, 500, (V, per)).astype(np.float64)
+    weights = _Weights(
+        {"long": 2, "short": 1}, ["long", "short"], schedule_id=None, interpolate="step"
+    )
+    c0, w0 = time.process_time(), time.perf_counter()
+    lay = _plan_packs(
+        weights, MAX, "truncate", V, [per, per], "first", 0, 1, lambda i, _: (long_, short)[i], True
+    )
+    cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+    print(
+        f"  mixture pack plan of {2 * V * per:,} samples (readers={V}): {cpu:.2f} s CPU, "
+        f"{wall:.2f} s wall; {lay.q * V:,} packs, fill {lay.fill(MAX):.4f}"
+    )
 
 
 def main() -> None:

@@ -26,18 +26,27 @@ dist.init_process_group(
     world_size=cfg["world"],
     timeout=timedelta(seconds=60),
 )
-ds = (
-    WebDataset(cfg["data"], shardshuffle=True, seed=5, readers=12, remainder="pad")
-    .shuffle(4)
-    .to_tuple("__key__", "__pad__")
-    .batched(2)
-)
+if cfg.get("pack"):  # packs of at most cfg["pack"] tokens (a "tokens" metadata column)
+    ds = WebDataset(cfg["data"], shardshuffle=True, seed=5, readers=6, remainder="pad").pack(
+        cfg["pack"], "tokens", window=4
+    )
+else:
+    ds = (
+        WebDataset(cfg["data"], shardshuffle=True, seed=5, readers=12, remainder="pad")
+        .shuffle(4)
+        .to_tuple("__key__", "__pad__")
+        .batched(2)
+    )
 loader = WebLoader(ds, batch_size=None, num_workers=cfg["num_workers"], ledger=cfg["ledger"])
 if cfg.get("load"):
     loader.load_state_dict(torch.load(cfg["load"], weights_only=True))
 steps = []
 out = cfg["out"].format(rank=rank)
-for keys, pads in loader:
+for item in loader:
+    if cfg.get("pack"):
+        keys, pads = [s["__key__"] for s in item], [s["__pad__"] for s in item]
+    else:
+        keys, pads = item
     total = torch.tensor([1])
     dist.all_reduce(total)
     steps.append([list(keys), [bool(p) for p in pads]])

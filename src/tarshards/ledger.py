@@ -46,7 +46,9 @@ from typing import Any, Iterable, Sequence
 from ._lazy import LazyModule
 from .errors import TarshardsError
 from .manifest import Manifest, ShardRecord, as_manifest
+from .packing import replay_units, spec_from_identity
 from .plan import EpochPlan, PlanConfig, ShardTable, plan_for
+from .selection import as_record, is_view_spec
 from .source import ShuffleCore, reader_rng
 from .specs import expand_urls, is_manifest_spec
 from .storage import is_local, local_path
@@ -357,16 +359,26 @@ def _manifest_of(spec, storage_options: dict | None = None) -> Manifest:
 
 
 class _Data:
-    """A manifest as the plans see it (a :class:`ShardTable`) and its keys, loaded per shard."""
+    """A manifest (or a view of one) as the plans see it (a :class:`ShardTable`) and its keys,
+    loaded per shard."""
 
-    def __init__(self, manifest: Manifest):
+    def __init__(self, manifest: Manifest, view=None):
         self.manifest = manifest
-        self.table = ShardTable.from_manifest(manifest)
+        self.table = (
+            ShardTable.from_manifest(manifest)
+            if view is None
+            else ShardTable.from_view(view, manifest.shard_urls())
+        )
         self.urls = self.table.urls
         self._keys: dict[int, list[str]] = {}
 
     def fits(self, fingerprint: str) -> bool:
         return fingerprint in (self.table.fingerprint, self.manifest.checksum)
+
+    def row(self, shard: int, i: int) -> int:
+        """The row in its shard of the plan's sample ``i`` of ``shard`` (a view keeps some)."""
+        kept = self.table.selected_rows(shard)
+        return int(i) if kept is None else int(kept[i])
 
     def key(self, shard: int, row: int) -> str | None:
         keys = self._keys.get(shard)
@@ -578,6 +590,20 @@ class _Replay:
             self._orders[(plan.epoch, reader)] = got
         return got
 
+    @property
+    def batch_size(self) -> int:
+        return self.config.batch_size
+
+    def num_batches(self, epoch: int) -> int:
+        return self.plan(epoch).num_batches
+
+    def dropped(self, epoch: int) -> int | None:
+        """Samples ``remainder="drop"`` leaves out of the epoch (``None``: another remainder)."""
+        if self.config.remainder != "drop":
+            return None
+        plan = self.plan(epoch)
+        return plan.length - plan.num_batches * self.config.batch_size
+
     def samples(self, epoch: int, batch: int) -> list[dict]:
         """The samples of global batch ``batch`` of ``epoch``: shard (URL), row, key, pad."""
         plan = self.plan(epoch)
@@ -591,7 +617,8 @@ class _Replay:
             pad_batch = False
         out = []
         for p in positions:
-            shard, row, pad = plan.locate(plan.reader_position(reader, int(p)))
+            shard, i, pad = plan.locate(plan.reader_position(reader, int(p)))
+            row = self.data.row(shard, i)
             out.append(
                 {
                     "shard": self.data.urls[shard],
@@ -604,11 +631,76 @@ class _Replay:
         return out
 
 
+class _UnitReplay:
+    """The samples of a packed or bucketed plan's global units (packs, a bucket's batches),
+    from the plan and the metadata column alone (:func:`tarshards.packing.replay_units`)."""
+
+    batch_size = None
+
+    def __init__(self, data: _Data, identity: dict):
+        self.data, self.identity = data, identity
+        self._layouts: dict[int, Any] = {}
+
+    def layout(self, epoch: int):
+        got = self._layouts.get(epoch)
+        if got is None:
+            got = self._layouts[epoch] = replay_units(self.data.table, self.identity, epoch)
+        return got
+
+    def num_batches(self, epoch: int) -> int:
+        return self.layout(epoch).num_batches
+
+    def dropped(self, epoch: int) -> int | None:
+        lay = self.layout(epoch)
+        return lay.dropped if (self.identity["remainder"] == "drop" or lay.dropped) else None
+
+    def samples(self, epoch: int, batch: int) -> list[dict]:
+        lay = self.layout(epoch)
+        if batch >= lay.num_batches:  # a padding unit: the epoch's first unit again
+            got = [(s, i, True) for s, i, _ in lay.unit_samples(0)]
+        else:
+            got = lay.unit_samples(batch)
+        out = []
+        for shard, i, pad in got:
+            row = self.data.row(shard, i)
+            out.append(
+                {
+                    "shard": self.data.urls[shard],
+                    "row": row,
+                    "key": self.data.key(shard, row),
+                    "batch": int(batch),
+                    "pad": bool(pad),
+                }
+            )
+        return out
+
+
+def _replay_of(data: _Data | None, identity: dict | None) -> "_Replay | _UnitReplay | None":
+    """How the samples of the plan ``identity`` are replayed over ``data`` (``None``: a mixture,
+    or no data)."""
+    if data is None or identity is None or "sources" in identity:
+        return None
+    if not data.fits(identity["fingerprint"]):
+        raise ValueError(
+            f"the data ({data.table}) is not the data the ledger's plan ran over (fingerprint "
+            f"{identity['fingerprint'][:12]}): give the manifest (or view) it was trained on"
+        )
+    if spec_from_identity(identity) is not None:
+        return _UnitReplay(data, identity)
+    return _Replay(data, _plan_config(identity))
+
+
 def _load_data(ledger: Ledger, spec, storage_options: dict | None) -> _Data | None:
     if spec is None:
         spec = ledger.data()
         if spec is None:
             return None
+    if is_view_spec(spec):  # a view: the rows it keeps of its manifest's shards
+        view = as_record(spec, storage_options)
+        if isinstance(view, Manifest):  # (a manifest under a view's name)
+            return _Data(_manifest_of(view, storage_options))
+        manifest = view.manifest.with_sidecar_indexes()
+        return _Data(manifest, view)
     return _Data(_manifest_of(spec, storage_options))
 
 
@@ -630,16 +722,8 @@ def audit(
     epochs: list[EpochAudit] = []
     for p, name in enumerate(ledger.plans):
         identity = ledger.identity(p)
-        replay = None
         single = identity is not None and "sources" not in identity  # not a mixture
-        if data is not None and single and identity is not None:
-            if not data.fits(identity["fingerprint"]):
-                raise ValueError(
-                    f"the data ({data.table}) is not the data the ledger's plan {name} ran "
-                    f"over (fingerprint {identity['fingerprint'][:12]}): give the manifest "
-                    "it was trained on"
-                )
-            replay = _Replay(data, _plan_config(identity))
+        replay = _replay_of(data, identity)
         gone = _superseded(ledger, p)
         mine = st["plan"] == p
         for e in sorted(set(st["epoch"][mine].tolist())):
@@ -647,7 +731,7 @@ def audit(
             live = in_epoch & ~gone
             nb = ledger.num_batches(p, e)
             if nb is None and replay is not None:
-                nb = replay.plan(e).num_batches
+                nb = replay.num_batches(e)
             batches = st["batch"][live]
             worlds = list(dict.fromkeys(st["world_size"][live].tolist()))
             later = bool(np.any(mine & ~gone & (st["epoch"] > e)))
@@ -675,9 +759,8 @@ def audit(
                 replayed=int((in_epoch & gone).sum()),
                 batch_size=identity.get("batch_size") if identity else None,
             )
-            if replay is not None and replay.config.remainder == "drop":
-                plan = replay.plan(ea.epoch)
-                ea.dropped = plan.length - plan.num_batches * replay.config.batch_size
+            if replay is not None:
+                ea.dropped = replay.dropped(ea.epoch)
             if replay is None:
                 ea.named = (
                     "the samples of a mixture are not named: its batches are checked"
@@ -732,10 +815,7 @@ def step_samples(
     rows = np.flatnonzero(live & (key == k))
     epoch, position = int(k // big), int(k % big)
     data = _load_data(ledger, spec, storage_options)
-    identity = ledger.identity(0)
-    replay = None
-    if data is not None and identity is not None and "sources" not in identity:
-        replay = _Replay(data, _plan_config(identity))
+    replay = _replay_of(data, ledger.identity(0))
     ranks = []
     for i in rows[np.argsort(st["rank"][rows], kind="stable")]:
         b = int(st["batch"][i])

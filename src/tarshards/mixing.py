@@ -45,6 +45,23 @@ long it runs; with weights that change, the same holds with ``M`` for ``(1 - w) 
 :class:`TokenDeficits` is the rule on its own (rows of independent streams),
 for use per pack as well as per batch.
 
+**Packs over a mixture** (``mix(..., unit="tokens").pack(max_tokens)``, in place of
+``.batched(B)``). Each reader's stream is the largest deficit rule's (as above, slot by slot, the
+weights those of the pack's step), cut into packs *next-fit*: a sample goes into the open pack
+when it fits, else the pack closes and the sample opens the next one (a sample over the budget
+is a pack of its own, counted at ``max_tokens``; ``oversize="drop"`` leaves it out, uncounted;
+``"raise"``). A pack is a run of consecutive slots, so its tokens are the difference of two
+prefixes and the bound above holds *per pack*: ``|t_s - w_s T| <= sum_r (1 - w_r) M_r``, within
+one sample of the weights (two sources: the largest sample). The packs are planned from the
+manifests' columns alone (no data read), each reader's in its own stream; global pack ``g`` is
+reader ``g % V``'s pack ``g // V``, so a position counts packs and exact and elastic resume,
+workers and ledgers work as for batches. Every reader has ``q`` packs: ``stop="first"``, as many
+as the reader that first reaches the end of a source has closed; ``"all"``, as many as the
+last reader needs to see every source entirely (the others go on in their sources' next passes);
+``"cycle"``, as many as the fewest a reader closes before it has delivered as many samples as its
+sources hold. Next-fit keeps the order the rule gives (best-fit would break the per-pack bound):
+the fill is about ``1 - mean sample / (2 max_tokens)``.
+
 **Weights that follow the step.** ``weights=`` also takes a table ``[(step, weights), ...]``
 (steps increasing from 0; ``weights`` a mapping by source name or a sequence in the sources'
 order; each applies from its step on, or ``interpolate="linear"`` between the points), or a
@@ -76,9 +93,10 @@ import weakref
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
+from . import packing as _packing
 from . import stages as _stages
 from ._lazy import LazyModule
-from .errors import ResumeError
+from .errors import ResumeError, TarshardsError
 from .pipeline import DataPipeline, PlannedProgram, _bind, _explicit_rank
 from .plan import PlanConfig, ShardTable, plan_for
 from .source import ReaderStream, ShuffleCore, reader_rng
@@ -390,7 +408,7 @@ _COSTS: "weakref.WeakKeyDictionary[ShardTable, dict[str, tuple[Any, str]]]" = (
 # the global batches of each epoch of a scheduled mixture, by the plan's identity
 _EPOCH_BATCHES: dict[str, list[int]] = {}
 # the layouts of recent epochs, by the plan's identity and epoch
-_LAYOUTS: "collections.OrderedDict[str, _ReaderLayout]" = collections.OrderedDict()
+_LAYOUTS: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
 
 
 def _source_costs(table: ShardTable, column: str, name: str) -> tuple[Any, str]:
@@ -398,7 +416,7 @@ def _source_costs(table: ShardTable, column: str, name: str) -> tuple[Any, str]:
     if got is not None:
         return got
     try:
-        costs = np.asarray(table.manifest.meta(column), dtype=np.float64)
+        costs = np.asarray(table.meta(column), dtype=np.float64)
     except KeyError:
         raise ValueError(
             f"source {name!r} has no metadata column {column!r}: mixing by tokens plans from "
@@ -582,6 +600,175 @@ def _plan_layout(
     return _ReaderLayout(c, o)
 
 
+class _PackLayout:
+    """Each reader's packs of one epoch over a mixture: reader ``v``'s samples in delivery
+    order (``src[v]``: the source of each, ``pos[v]``: its position in that source's stream for
+    the reader, passes counted on), cut into ``q`` packs at ``offsets[v]``; ``tokens[v]``: each
+    sample's cost (counted at most ``max_tokens``)."""
+
+    def __init__(self, src: list, pos: list, offsets: list, tokens: list, left_out: int):
+        self.src, self.pos, self.offsets, self.tokens = src, pos, offsets, tokens
+        self.q = len(offsets[0]) - 1 if offsets else 0
+        self.left_out = int(left_out)
+
+    def pack(self, reader: int, j: int) -> tuple[Any, Any]:
+        """(sources, positions) of reader ``reader``'s pack ``j``."""
+        a, b = self.offsets[reader][j], self.offsets[reader][j + 1]
+        return self.src[reader][a:b], self.pos[reader][a:b]
+
+    def fill(self, max_tokens: float) -> float:
+        """Mean fill of the packs (their tokens over ``packs x max_tokens``)."""
+        total = sum(float(t[: o[-1]].sum()) for t, o in zip(self.tokens, self.offsets))
+        n = self.q * len(self.offsets)
+        return total / (n * max_tokens) if n else float("nan")
+
+
+def _plan_packs(
+    weights: _Weights,
+    max_tokens: float,
+    oversize: str,
+    V: int,
+    lengths: Sequence[int],
+    stop: str,
+    step0: int,
+    batches_per_step: int,
+    stream: Callable[[int, int], Any],
+    by_tokens: bool,
+) -> _PackLayout:
+    """Each reader's packs of one epoch (see the module's documentation): the largest deficit
+    rule slot by slot in every reader at once (:class:`TokenDeficits`, one row a reader), each
+    reader's stream cut next-fit. ``stream(i, npass)``: source ``i``'s costs of that pass in
+    each reader's delivery order, ``(V, L_i)``; ``by_tokens``: the rule counts tokens (else
+    samples: every sample counts 1)."""
+    k = len(lengths)
+    L = np.asarray(lengths, dtype=np.int64)
+    rows = np.arange(V)
+    rule = TokenDeficits(V, k)
+    window = [np.asarray(stream(i, 0), dtype=np.float64) for i in range(k)]
+    npasses = [1] * k
+    pos = np.zeros((V, k), dtype=np.int64)
+    room = np.full(V, float(max_tokens))
+    npk = np.zeros(V, dtype=np.int64)  # the open pack of each row (= the packs it closed)
+    cnt = np.zeros(V, dtype=np.int64)  # samples in the open pack
+    active = np.ones(V, dtype=bool)
+    done_at = np.full(V, -1, dtype=np.int64)  # the packs of a row when it stopped
+    delivered = np.zeros(V, dtype=np.int64)
+    target = -1  # ("all") the packs every row makes, once every row has seen every source
+    total = int(L.sum())
+    limit = 64 * (total // V + 1) * max(1, k) + 64
+    left_out = 0
+    rec: list[tuple[Any, Any, Any, Any, Any]] = []  # per slot: (rows, source, position, pack, cost)
+    last = weights.last_step()
+
+    def weights_of(packs):
+        return weights.at((step0 + packs * V + rows) // batches_per_step)
+
+    W = weights_of(npk)
+    t = 0
+    while active.any():
+        t += 1
+        if t > limit:
+            raise ValueError(
+                f"stop={stop!r}: a source never reaches its end (its weight stays 0 in the "
+                "schedule)"
+            )
+        p = rule.pick(W)
+        if stop == "first":  # a row stops before a source would run out
+            out = active & (pos[rows, p] >= L[p])
+            done_at[out] = npk[out]
+            active &= ~out
+            if not active.any():
+                break
+        else:
+            for i in range(k):  # the next pass of a source whose window a row reached
+                if int(pos[:, i].max()) >= window[i].shape[1]:
+                    window[i] = np.concatenate([window[i], stream(i, npasses[i])], axis=1)
+                    npasses[i] += 1
+        c = np.zeros(V, dtype=np.float64)
+        for i in range(k):
+            m = active & (p == i)
+            c[m] = window[i][rows[m], pos[m, i]]
+        take = active.copy()
+        over = take & (c > max_tokens)
+        if over.any():
+            if oversize == "raise":
+                raise ValueError(
+                    f"a sample costs {float(c[over].max()):g} > max_tokens={max_tokens:g} "
+                    "(oversize='truncate' gives it a pack of its own, 'drop' leaves it out)"
+                )
+            if oversize == "drop":  # passed over: no pack, no tokens delivered
+                r = np.flatnonzero(over)
+                pos[r, p[r]] += 1
+                left_out += len(r)
+                take &= ~over
+        cc = np.minimum(c, max_tokens)
+        close = take & (cnt > 0) & (cc > room)
+        if close.any():
+            npk[close] += 1
+            room[close] = max_tokens
+            cnt[close] = 0
+            if target >= 0:  # ("all") a row that closed its last pack stops
+                end = close & (npk >= target)
+                done_at[end] = npk[end]
+                active &= ~end
+                take &= ~end
+            if weights.scheduled:  # a new pack's step: the rows whose weights change pick again
+                Wn = weights_of(npk)
+                again = close & (Wn != W).any(axis=1)
+                W = Wn
+                take &= ~again
+        if take.any():
+            r = np.flatnonzero(take)
+            rec.append((r, p[r], pos[r, p[r]], npk[r], cc[r]))
+            rule.take(p, np.where(take, cc if by_tokens else 1.0, 0.0), W)
+            pos[r, p[r]] += 1
+            room[r] -= cc[r]
+            cnt[r] += 1
+            delivered[r] += 1
+        if stop == "cycle":  # a row stops once it has delivered as many samples as it holds
+            end = active & (delivered >= total)
+            done_at[end] = npk[end]
+            active &= ~end
+        elif stop == "all" and target < 0:
+            seen = (pos >= L).all(axis=1)
+            if seen.all():
+                target = int((npk + (cnt > 0)).max())
+                end = active & (npk >= target)
+                done_at[end] = npk[end]
+                active &= ~end
+            elif (
+                last is not None
+                and int(((step0 + npk * V + rows) // batches_per_step).min()) >= last
+            ):
+                starved = (W == 0) & (pos < L)
+                if starved.any():
+                    raise ValueError(
+                        "stop='all': a source never reaches its end (its weight stays 0 in "
+                        "the schedule)"
+                    )
+    q = int(done_at.min()) if V else 0
+    if rec:
+        r_all = np.concatenate([x[0] for x in rec])
+        cols = [np.concatenate([x[j] for x in rec]) for j in range(1, 5)]
+    else:
+        r_all = np.zeros(0, dtype=np.int64)
+        cols = [np.zeros(0, dtype=np.int64)] * 4
+    order = np.argsort(r_all, kind="stable")  # by row, each in delivery order
+    r_all = r_all[order]
+    s_all, p_all, k_all, c_all = (x[order] for x in cols)
+    bounds = np.searchsorted(r_all, np.arange(V + 1))
+    src, poss, offsets, tokens = [], [], [], []
+    for v in range(V):
+        a, b = int(bounds[v]), int(bounds[v + 1])
+        packs = k_all[a:b]
+        off = np.searchsorted(packs, np.arange(q + 1))
+        src.append(s_all[a:b].astype(np.int16))
+        poss.append(p_all[a:b].astype(np.int64))
+        offsets.append(off.astype(np.int64))
+        tokens.append(c_all[a:b].astype(np.float64))
+    return _PackLayout(src, poss, offsets, tokens, left_out)
+
+
 class MixedDataset(DataPipeline):
     """A weighted mixture of planned sources (see :func:`mix`)."""
 
@@ -675,6 +862,36 @@ class MixedDataset(DataPipeline):
         )
         return cfg, rest
 
+    def pack_parts(self) -> tuple[Any, list[_Stage], list[_Stage]] | None:
+        """(the pack's spec, the stages before ``.pack()``, those after it) of a mixture of
+        packs (``mix(...).pack(max_tokens)``); ``None`` for a mixture of batches."""
+        stages = self._stages
+        i = _packing.unit_stage(stages)
+        if i is None:
+            return None
+        st = stages[i]
+        if st.fn is not _packing.pack:
+            raise ValueError("a mixture groups its samples with .batched(B) or .pack(max_tokens)")
+        if any(other.fn is _stages.batched for other in stages[:i]):
+            raise ValueError("a mixture is either batched or packed: .pack() with no .batched()")
+        args = _bind(st)
+        cost = args["cost"]
+        if cost != self.cost:
+            raise ValueError(
+                f".pack(cost={cost!r}) of a mixture packs by the mixture's column "
+                f"(mix(..., cost={self.cost!r})): name the same column in both"
+            )
+        # (the arguments were checked when .pack() was called)
+        if any(r != 1 for r in getattr(self, "repeats", ())):  # (mix(..., repeat=) where it exists)
+            raise ValueError("repeat= does not apply to a mixture of packs (yet)")
+        if args["window"] is not None:
+            raise ValueError(
+                "a mixture's packs are cut next-fit in the order of the largest deficit rule "
+                "(which keeps every pack's shares within one sample): window= does not apply"
+            )
+        spec = _packing.PackSpec(float(args["max_tokens"]), cost, None, args["oversize"])
+        return spec, list(stages[:i]), list(stages[i + 1 :])
+
     def mix_parts(self) -> tuple[int, list[_Stage], _Stage, list[_Stage]]:
         stages = self._stages
         at = [i for i, st in enumerate(stages) if st.fn is _stages.batched]
@@ -687,7 +904,8 @@ class MixedDataset(DataPipeline):
         return int(_bind(stages[bi])["batchsize"]), pre, stages[bi], stages[bi + 1 :]
 
     def plan_identity(self) -> dict:
-        B = self.mix_parts()[0]
+        packs = self.pack_parts()
+        B = self.mix_parts()[0] if packs is None else None
         parts = []
         for i, name in enumerate(self.names):
             cfg, _ = self.source_config(i)
@@ -717,7 +935,8 @@ class MixedDataset(DataPipeline):
 
     def _token_identity(self) -> dict:
         """(Mixing by tokens) the unit, the column and a digest of each source's column; a
-        schedule's step unit. Left out otherwise: states of before load as they did."""
+        schedule's step unit; (packs) their budget. Left out otherwise: states of before load as
+        they did."""
         out: dict[str, Any] = {}
         if self.unit == "tokens":
             out.update(
@@ -727,6 +946,9 @@ class MixedDataset(DataPipeline):
             )
         if self.schedule.scheduled and self.batches_per_step != 1:
             out["batches_per_step"] = self.batches_per_step
+        packs = self.pack_parts()
+        if packs is not None:  # a mixture of packs: their budget (in place of a batch size)
+            out["pack"] = packs[0].identity()
         return out
 
     def check_plan_state(self, state: dict) -> dict:
@@ -736,7 +958,12 @@ class MixedDataset(DataPipeline):
         mine = self._token_identity()
         diffs = [
             f"{k}: saved {state.get(k, d)!r}, here {mine.get(k, d)!r}"
-            for k, d in (("unit", "samples"), ("cost", None), ("batches_per_step", None))
+            for k, d in (
+                ("unit", "samples"),
+                ("cost", None),
+                ("batches_per_step", None),
+                ("pack", None),
+            )
             if state.get(k, d) != mine.get(k, d)
         ]
         if diffs:
@@ -774,13 +1001,48 @@ class MixedDataset(DataPipeline):
             _LAYOUTS.popitem(last=False)
         return got
 
+    def _pack_layout(self, epoch: int, lengths: tuple[int, ...]) -> _PackLayout:
+        """Every reader's packs in ``epoch`` (a mixture of packs; cached by plan and epoch)."""
+        packs = self.pack_parts()
+        assert packs is not None
+        key = json.dumps([self.plan_identity(), int(epoch)], sort_keys=True, default=str)
+        got = _LAYOUTS.get(key)
+        if got is not None:
+            _LAYOUTS.move_to_end(key)
+            return got
+        V = self._plan_config["readers"]
+        step0 = self._epoch_origin(epoch) if self.schedule.scheduled else 0
+        configs = [self.source_config(i)[0] for i in range(len(self.sources))]
+        costs = [self._costs(i)[0] for i in range(len(self.sources))]
+
+        def stream(i: int, npass: int):
+            return _stream_costs(self.sources[i].table, costs[i], configs[i], epoch, npass, V)
+
+        spec = packs[0]
+        got = _plan_packs(
+            self.schedule,
+            spec.max_tokens,
+            spec.oversize,
+            V,
+            lengths,
+            self.stop,
+            step0,
+            self.batches_per_step,
+            stream,
+            by_tokens=self.unit == "tokens",
+        )
+        _LAYOUTS[key] = got
+        while len(_LAYOUTS) > 16:
+            _LAYOUTS.popitem(last=False)
+        return got
+
     def _epoch_origin(self, epoch: int) -> int:
         """The global batches of the epochs before ``epoch`` (the steps of a schedule count on
         over epochs)."""
         if epoch <= 0:
             return 0
         V = self._plan_config["readers"]
-        if self.stop == "cycle":  # every epoch has as many batches
+        if self.stop == "cycle" and self.pack_parts() is None:  # every epoch has as many batches
             B = self.mix_parts()[0]
             lengths = self._lengths(0)
             return int(epoch) * V * (sum(lengths) // B)
@@ -811,7 +1073,9 @@ class MixedDataset(DataPipeline):
             aliases.update(src.table.aliases)
         return aliases
 
-    def epoch_program(self, epoch: int) -> "_MixProgram":
+    def epoch_program(self, epoch: int) -> "_MixProgram | _MixPackProgram":
+        if self.pack_parts() is not None:
+            return _MixPackProgram(self, epoch)
         return _MixProgram(self, epoch)
 
     def worker_info(self) -> WorkerInfo:
@@ -948,6 +1212,102 @@ class _MixProgram(PlannedProgram):
 
         data = ds.run_stages(mixed(), self.pre, ctx, ("reader", reader))
         return iter(ds.run_stages(data, [self.bstage], ctx, ("reader", reader)))
+
+    def pad_chain(self, it: _PlannedIterator) -> Iterator[Any]:
+        return self.chain(it, 0, [0], pad=True)
+
+
+_MIX_READ = 32  # the samples of a source taken from its stream at once (packs of a mixture)
+
+
+class _MixPackProgram(PlannedProgram):
+    """An epoch of a mixture of packs: reader ``v``'s pack ``j`` is global batch ``j V + v``;
+    each source read in its stream's order, its samples through its own stages, then the
+    mixture's, then grouped into the plan's packs."""
+
+    def __init__(self, ds: MixedDataset, epoch: int):
+        self.ds, self.epoch = ds, epoch
+        parts = ds.pack_parts()
+        assert parts is not None
+        self.spec, self.pre, self.post = parts
+        self.configs = [ds.source_config(i) for i in range(len(ds.sources))]
+        lengths = tuple(
+            plan_for(src.table, cfg, epoch).segment_length
+            for src, (cfg, _) in zip(ds.sources, self.configs)
+        )
+        if min(lengths) == 0:
+            raise ValueError("a source has fewer samples than readers")
+        self.layout = ds._pack_layout(epoch, lengths)
+        self.readers = ds._plan_config["readers"]
+        q = self.layout.q
+        if q == 0:
+            raise ValueError("the mixture's epoch has no full pack per reader")
+        self.num_batches = self.readers * q
+
+    def unit_members(self, g: int) -> list[tuple[str, int]]:
+        """``(source name, position in its stream for the reader)`` of each sample of global
+        pack ``g``, in delivery order, from the plan alone."""
+        if not 0 <= g < self.num_batches:
+            raise ValueError(f"global pack {g} outside the epoch's {self.num_batches}")
+        src, pos = self.layout.pack(g % self.readers, g // self.readers)
+        return [(self.ds.names[s], p) for s, p in zip(src.tolist(), pos.tolist())]
+
+    def chain(
+        self, it: _PlannedIterator, reader: int, batches: list[int], pad: bool = False
+    ) -> Iterator[Any]:
+        ds = self.ds
+        k = len(ds.sources)
+        lay = self.layout
+        off = lay.offsets[reader]
+        sel = np.concatenate(
+            [np.arange(off[j], off[j + 1]) for j in batches] or [np.zeros(0, dtype=np.int64)]
+        )
+        seq = lay.src[reader][sel]
+        positions = lay.pos[reader][sel]
+        sizes = [int(off[j + 1] - off[j]) for j in batches]
+        cursors = [_Cursor(ds, i, reader, self.epoch, self.configs[i][0]) for i in range(k)]
+        ctx = dict(it.ctx, reader=reader)
+
+        def feeder(i: int) -> Iterator[dict]:
+            name = ds.names[i]
+            mine = positions[seq == i]  # ascending: a source's samples go out in its order
+            if not len(mine):
+                return
+            # runs of consecutive positions, read a few lists at a time (a whole run taken at
+            # once would hold the reader's samples of the source until they are used)
+            cuts = np.flatnonzero(np.diff(mine) != 1) + 1
+            starts = np.concatenate(([0], cuts)).tolist()
+            ends = [*cuts.tolist(), len(mine)]
+            for a, b in zip(starts, ends):
+                for at in range(a, b, _MIX_READ):
+                    n = min(_MIX_READ, b - at)
+                    for sample in cursors[i].read(int(mine[at]), n):
+                        sample["__source__"] = name
+                        if pad:
+                            sample["__pad__"] = True
+                        yield sample
+
+        per_source = [
+            iter(ds.sources[i].run_stages(feeder(i), self.configs[i][1], ctx, ("mix", i, reader)))
+            for i in range(k)
+        ]
+
+        # the samples in the plan's order: the next of each slot's source (no frame a sample)
+        mixed = map(next, [per_source[i] for i in seq.tolist()])
+        data = iter(ds.run_stages(mixed, self.pre, ctx, ("reader", reader)))
+        try:
+            for n in sizes:
+                got = list(itertools.islice(data, n))
+                if len(got) < n:
+                    raise TarshardsError(
+                        f"a pack of epoch {self.epoch} (reader {reader}) lost samples: a stage "
+                        "before .pack() dropped samples (a planned pipeline needs each of them; "
+                        "flag bad samples instead)"
+                    )
+                yield got
+        finally:
+            for c in cursors:
+                c.close()
 
     def pad_chain(self, it: _PlannedIterator) -> Iterator[Any]:
         return self.chain(it, 0, [0], pad=True)

@@ -54,12 +54,15 @@ __all__ = [
     "BucketSpec",
     "OVERSIZE",
     "PackSpec",
+    "UnitLayout",
     "UnitPlan",
     "UnitProgram",
     "bucket",
     "bucket_units",
     "pack",
     "pack_units",
+    "replay_units",
+    "spec_from_identity",
     "unit_stage",
 ]
 
@@ -687,7 +690,7 @@ def _column(table: ShardTable, name: str) -> tuple[Any, str]:
     """Metadata column ``name`` of the table's shards (table order) and a digest of it."""
     got = _COLUMNS.setdefault(table, {})
     if name not in got:
-        values = np.ascontiguousarray(table.manifest.meta(name), dtype=np.float64)
+        values = np.ascontiguousarray(table.meta(name), dtype=np.float64)
         if np.isnan(values).any():
             starts = np.concatenate(([0], np.cumsum(table.counts)))
             bad = int(np.flatnonzero(np.isnan(values))[0])
@@ -808,38 +811,17 @@ class UnitProgram(PlannedProgram):
         plan = ds.plan_config
         self.ds, self.spec, self.pre, self.post = ds, spec, pre, post
         self.epoch = int(epoch)
-        if plan["remainder"] == "carry":
-            raise ValueError(
-                "remainder='carry' is not supported with .pack()/.bucket(): use 'drop' (the "
-                "units that do not fill the readers wait for no epoch) or 'pad'"
-            )
-        self.units = plan_units(ds.table, spec, ds.seed, ds.shardshuffle, self.epoch)
-        self.full = _epoch_order(ds.table, ds.seed, ds.shardshuffle, self.epoch)[0]
-        V, P = int(plan["readers"]), len(self.units)
-        self.readers = V
-        self.q = -(-P // V) if plan["remainder"] == "pad" else P // V
-        if self.q == 0:
-            raise ValueError(
-                f"epoch {epoch} has {P} units ({_unit_name(spec)}), fewer than readers={V}: "
-                "use fewer readers or remainder='pad'"
-            )
-        self.num_batches = V * self.q
-        # samples the units that do not fill the readers leave out (remainder="drop")
-        unplanned = self.units.offsets[-1] - self.units.offsets[V * self.q] if P > V * self.q else 0
-        self.dropped = int(unplanned) + self.units.left_out
+        self.layout = UnitLayout(
+            ds.table, spec, ds.seed, ds.shardshuffle, plan["readers"], plan["remainder"], epoch
+        )
+        lay = self.layout
+        self.units, self.full, self.readers, self.q = lay.units, lay.full, lay.readers, lay.q
+        self.num_batches, self.dropped = lay.num_batches, lay.dropped
 
     def unit_samples(self, g: int) -> list[tuple[int, int, bool]]:
         """``(shard, sample index in the shard, pad)`` of each sample of global batch ``g`` (a
         pack or a bucket's batch), from the plan alone (what a ledger's audit replays)."""
-        if not 0 <= g < self.num_batches:
-            raise ValueError(f"global batch {g} outside the epoch's {self.num_batches}")
-        u = (g % self.readers) * self.q + g // self.readers
-        P = len(self.units)
-        out = []
-        for p in self.units.unit(u % P).tolist():
-            shard, i, _ = self.full.locate(p)
-            out.append((shard, i, u >= P))
-        return out
+        return self.layout.unit_samples(g)
 
     def _stream(self, stats=None) -> ReaderStream:
         import functools
@@ -945,6 +927,105 @@ class UnitProgram(PlannedProgram):
     def pad_chain(self, it):
         raw = iter(self._pad_raw(self.units.unit(0).tolist()))
         return iter([self._out(list(self.ds.run_stages(raw, self.pre, it.ctx, ("pad",))))])
+
+
+class UnitLayout:
+    """An epoch's units laid out over ``readers`` virtual readers, from the plan alone (no data
+    read): what a :class:`UnitProgram` reads and what an audit replays (:func:`replay_units`).
+    ``units`` (:class:`UnitPlan`), ``full`` (the epoch's sample list over one reader), ``q``
+    (units per reader), ``num_batches`` (global units), ``dropped`` (samples left out)."""
+
+    def __init__(
+        self,
+        table: ShardTable,
+        spec,
+        seed: int,
+        shardshuffle: bool,
+        readers: int,
+        remainder: str,
+        epoch: int,
+    ):
+        self.spec = spec
+        self.epoch = int(epoch)
+        if remainder == "carry":
+            raise ValueError(
+                "remainder='carry' is not supported with .pack()/.bucket(): use 'drop' (the "
+                "units that do not fill the readers wait for no epoch) or 'pad'"
+            )
+        self.units = plan_units(table, spec, seed, shardshuffle, self.epoch)
+        self.full = _epoch_order(table, seed, shardshuffle, self.epoch)[0]
+        V, P = int(readers), len(self.units)
+        self.readers = V
+        self.q = -(-P // V) if remainder == "pad" else P // V
+        if self.q == 0:
+            raise ValueError(
+                f"epoch {epoch} has {P} units ({_unit_name(spec)}), fewer than readers={V}: "
+                "use fewer readers or remainder='pad'"
+            )
+        self.num_batches = V * self.q
+        # samples the units that do not fill the readers leave out (remainder="drop")
+        unplanned = self.units.offsets[-1] - self.units.offsets[V * self.q] if P > V * self.q else 0
+        self.dropped = int(unplanned) + self.units.left_out
+
+    def unit_samples(self, g: int) -> list[tuple[int, int, bool]]:
+        """``(shard, sample index in the shard, pad)`` of each sample of global batch ``g`` (a
+        pack or a bucket's batch), from the plan alone (what a ledger's audit replays). The
+        index counts the samples the table keeps (a view's rows: ``table.selected_rows``)."""
+        if not 0 <= g < self.num_batches:
+            raise ValueError(f"global batch {g} outside the epoch's {self.num_batches}")
+        u = (g % self.readers) * self.q + g // self.readers
+        P = len(self.units)
+        out = []
+        for p in self.units.unit(u % P).tolist():
+            shard, i, _ = self.full.locate(p)
+            out.append((shard, i, u >= P))
+        return out
+
+
+def spec_from_identity(identity: dict):
+    """The unit spec (packs or a bucket's batches) a plan identity records (a ledger's start
+    record, a saved state), or ``None`` when the plan groups no units."""
+    unit = identity.get("unit")
+    if unit == "pack":
+        return PackSpec(
+            float(identity["max_tokens"]),
+            identity["cost"],
+            identity["window"],
+            identity["oversize"],
+        )
+    if unit == "bucket":
+        return BucketSpec(
+            identity["key"],
+            tuple(float(b) for b in identity["boundaries"]),
+            tuple(int(b) for b in identity["batch_sizes"]),
+            bool(identity["partial"]),
+        )
+    return None
+
+
+def replay_units(table: ShardTable, identity: dict, epoch: int) -> UnitLayout:
+    """The :class:`UnitLayout` of ``epoch`` of the packed or bucketed plan ``identity`` records
+    (:func:`plan_identity`) over ``table``; a ``ValueError`` where the table's metadata column is
+    not the one the plan was made from."""
+    spec = spec_from_identity(identity)
+    if spec is None:
+        raise ValueError("the plan groups no packs or buckets")
+    name = spec.cost if isinstance(spec, PackSpec) else spec.key
+    _, digest = _column(table, name)
+    if identity.get("meta") not in (None, digest):
+        raise ValueError(
+            f"the metadata column {name!r} of the data is not the one the plan was made from "
+            "(its digest differs): give the data the run read"
+        )
+    return UnitLayout(
+        table,
+        spec,
+        int(identity["seed"]),
+        bool(identity["shardshuffle"]),
+        int(identity["readers"]),
+        identity["remainder"],
+        epoch,
+    )
 
 
 def warn_dropped(ds, epoch: int) -> None:

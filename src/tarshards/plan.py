@@ -185,6 +185,20 @@ class ShardTable:
         every row is read (plan position i of the shard is then its row i)."""
         return self.rows[shard]
 
+    def meta(self, name: str):
+        """Per-sample metadata column ``name`` (:meth:`~tarshards.manifest.Manifest.meta`) for
+        the table's samples in table order: a view's kept rows only (``KeyError`` where the
+        manifest has no such column)."""
+        column = np.asarray(self.manifest.meta(name))
+        if all(r is None for r in self.rows):
+            return column
+        starts = np.concatenate(([0], np.cumsum(self.base_counts)[:-1])).astype(np.int64)
+        parts = [
+            starts[s] + (np.arange(c) if r is None else np.asarray(r, dtype=np.int64))
+            for s, (c, r) in enumerate(zip(self.base_counts, self.rows))
+        ]
+        return column[np.concatenate(parts)] if parts else column[:0]
+
     @property
     def manifest(self) -> Manifest:
         """The record the table views: the manifest it came from, or a scan's manifest (shard

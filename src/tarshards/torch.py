@@ -720,6 +720,9 @@ class WebLoader(DataLoader):
             self._ledger = writer
         manifest = getattr(ds, "manifest", None)
         url = getattr(manifest, "url", None)
+        view = getattr(ds, "view", None)  # a view's plan replays over the view (its rows)
+        if view is not None:
+            url = getattr(view, "url", None)
         position = origin + step * env["world_size"]
         state = ds.plan_state(epoch, position, origin=origin, world_size=env["world_size"])
         writer.start(
