@@ -42,12 +42,11 @@ index_members(PyObject *self, PyObject *args)
     while (n - pos >= BLOCK) {
         const unsigned char *h = buf + pos;
         long long size;
-        if (!plain_header(h, &size))
+        if (!tar_plain_header(h, &size))
             break;
-        if (((size + 511) & ~(long long)511) > n - pos - BLOCK)
+        if (tar_padded(size) > n - pos - BLOCK)
             break; /* data and padding wholly in buf: pos never passes end */
-        const unsigned char *nul = memchr(h, 0, 100);
-        Py_ssize_t len = nul ? (Py_ssize_t)(nul - h) : 100;
+        Py_ssize_t len = (Py_ssize_t)tar_name_len(h);
         int ascii = 1;
         for (Py_ssize_t i = 0; i < len; i++)
             if (h[i] >= 0x80) {
@@ -57,8 +56,8 @@ index_members(PyObject *self, PyObject *args)
         if (!ascii)
             break;
         long long hoff = base + pos, doff = hoff + BLOCK;
-        long long endoff = doff + ((size + 511) & ~(long long)511);
-        pos += BLOCK + (Py_ssize_t)((size + 511) & ~(long long)511);
+        long long endoff = doff + tar_padded(size);
+        pos += BLOCK + (Py_ssize_t)tar_padded(size);
         size_t skip, split; /* the reader's naming rules (IndexBuilder.add, _names.h) */
         if (!name_split(h, (size_t)len, last_dot, &skip, &split))
             continue;

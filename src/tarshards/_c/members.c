@@ -172,25 +172,24 @@ scan_members(PyObject *self, PyObject *args)
     while (n - pos >= BLOCK && pos < limit) {
         const unsigned char *h = buf + pos;
         long long size;
-        Py_ssize_t at = 0; /* the member's own header: h + at (after a pax header) */
+        ptrdiff_t at = 0; /* the member's own header: h + at (after a pax header) */
         const unsigned char *path = NULL;
-        Py_ssize_t pathlen = 0;
-        if (!plain_header(h, &size) || size > n - pos - BLOCK) {
+        ptrdiff_t pathlen = 0;
+        if (!tar_plain_header(h, &size) || size > n - pos - BLOCK) {
 #ifdef HAVE_PREAD
             long long whole;
-            if (fd >= 0 && slices == Py_None && plain_header(h, &whole) &&
+            if (fd >= 0 && slices == Py_None && tar_plain_header(h, &whole) &&
                 whole - (n - pos - BLOCK) >= direct_min && whole - (n - pos - BLOCK) <= fstop - fpos) {
                 /* a plain member cut by the buffer's end: the rest read from the file into its
                  * bytes object; then the buffer is done with (pos past n: its padding) */
                 Py_ssize_t have = n - pos - BLOCK;
                 long long need = whole - have;
-                const unsigned char *nul = memchr(h, 0, 100);
                 PyObject *name = PyUnicode_DecodeUTF8((const char *)h,
-                                                      nul ? (Py_ssize_t)(nul - h) : 100,
+                                                      (Py_ssize_t)tar_name_len(h),
                                                       "surrogateescape");
                 if (name == NULL)
                     goto fail;
-                long long pad = ((whole + 511) & ~(long long)511) - whole;
+                long long pad = tar_padded(whole) - whole;
                 long long next = fpos + need + pad; /* the file offset of the next header */
                 int refilling = !view.readonly && next < fstop;
                 Py_ssize_t tail_len = 0, tail_got = 0;
@@ -240,25 +239,24 @@ scan_members(PyObject *self, PyObject *args)
                 }
                 taken += need;
                 fpos += need;
-                pos += BLOCK + (Py_ssize_t)((whole + 511) & ~(long long)511) - (Py_ssize_t)need;
+                pos += BLOCK + (Py_ssize_t)tar_padded(whole) - (Py_ssize_t)need;
                 break;
             }
 #endif
-            if (!pax || !pax_member(h, n - pos, &at, &size, &path, &pathlen))
+            if (!pax || !tar_pax_member(h, n - pos, &at, &size, &path, &pathlen))
                 break; /* the Python path decides (and raises) */
         }
         /* the next header's lines asked for now: they arrive while this member is copied out
          * (its first touch was a cache miss, and a TLB miss, per member) */
-        Py_ssize_t next = pos + at + BLOCK + (Py_ssize_t)((size + 511) & ~(long long)511);
+        Py_ssize_t next = pos + at + BLOCK + (Py_ssize_t)tar_padded(size);
         if (next <= n - BLOCK)
             prefetch_block(buf + next);
         PyObject *name;
         if (path != NULL) {
             name = PyUnicode_DecodeUTF8((const char *)path, pathlen, "surrogateescape");
         } else {
-            const unsigned char *nul = memchr(h + at, 0, 100);
-            Py_ssize_t namelen = nul ? (Py_ssize_t)(nul - (h + at)) : 100;
-            name = PyUnicode_DecodeUTF8((const char *)h + at, namelen, "surrogateescape");
+            name = PyUnicode_DecodeUTF8((const char *)h + at, (Py_ssize_t)tar_name_len(h + at),
+                                        "surrogateescape");
         }
         if (name == NULL)
             goto fail;
@@ -295,7 +293,7 @@ scan_members(PyObject *self, PyObject *args)
             if (rc < 0)
                 goto fail;
         }
-        pos += at + BLOCK + ((size + 511) & ~(long long)511);
+        pos += at + BLOCK + tar_padded(size);
     }
     PyBuffer_Release(&view);
     if (fd >= 0) /* the buffer may have been refilled: its end, base and the file offset */

@@ -16,20 +16,11 @@ header_ok(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*nL", &view, &at, &size))
         return NULL;
     int ok = 0;
-    if (at >= 0 && view.len - at >= BLOCK) {
-        const unsigned char *h = (const unsigned char *)view.buf + at;
-        long long stored, got;
-        if (parse_octal(h + 148, 6, &stored) && (long long)header_sum(h) == stored) {
-            if (h[156] != '0' && h[156] != 0)
-                ok = 1;
-            else
-                ok = h[135] == 0 && parse_octal(h + 124, 11, &got) && got == size;
-        }
-    }
+    if (at >= 0 && view.len - at >= BLOCK)
+        ok = tar_header_ok((const unsigned char *)view.buf + at, size);
     PyBuffer_Release(&view);
     return PyBool_FromLong(ok);
 }
-
 
 /* read_sample(fd, start, end, base, first, data_offsets, sizes, exts, m0, m1, key, url)
  *   -> dict or None
@@ -73,7 +64,7 @@ read_sample(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (got != (ssize_t)n || at < 0 || at + BLOCK > (long long)n)
         goto none;
     PyObject *size0 = PyList_GET_ITEM(sizes, m0 < m1 ? m0 : 0);
-    if (m0 < m1 && !block_ok((const unsigned char *)buf + at, PyLong_AsLongLong(size0)))
+    if (m0 < m1 && !tar_header_ok((const unsigned char *)buf + at, PyLong_AsLongLong(size0)))
         goto none;
     out = PyDict_New();
     if (out == NULL)

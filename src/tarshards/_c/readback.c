@@ -160,57 +160,26 @@ bg_sum(BackgroundObject *b, uint64_t v)
     return 0;
 }
 
-/* a tar number field: octal (NUL/space padded) or base-256 (high bit of the first byte) */
-static long long
-bg_number(const unsigned char *f, size_t n)
-{
-    unsigned long long v = 0;
-    if (f[0] & 0x80) {
-        for (size_t i = 1; i < n; i++) {
-            if (v >> 55)
-                return -1;
-            v = (v << 8) | f[i];
-        }
-        return (long long)v;
-    }
-    size_t i = 0;
-    while (i < n && f[i] == ' ')
-        i++;
-    for (; i < n && f[i] >= '0' && f[i] <= '7'; i++) {
-        if (v >> 60)
-            return -1;
-        v = (v << 3) | (unsigned long long)(f[i] - '0');
-    }
-    return (long long)v;
-}
-
 /* the "size" record of a pax payload, or -1; its "path" record's value at p + *path_at,
  * *path_len bytes (*path_at -1: none) */
 static long long
 bg_pax_size(const char *p, size_t n, long long *path_at, size_t *path_len)
 {
-    size_t i = 0;
+    const unsigned char *u = (const unsigned char *)p, *key, *val;
+    ptrdiff_t pos = 0, keylen, vallen;
     long long found = -1;
     *path_at = -1;
-    while (i < n) {
-        size_t len = 0, j = i;
-        while (j < n && p[j] >= '0' && p[j] <= '9' && len < ((size_t)1 << 40))
-            len = len * 10 + (size_t)(p[j++] - '0');
-        if (j >= n || p[j] != ' ' || len == 0 || i + len > n)
-            return found;
-        const char *kv = p + j + 1;
-        size_t kvlen = i + len - (j + 1);
-        if (kvlen > 5 && memcmp(kv, "size=", 5) == 0) {
+    while (tar_pax_record(u, (ptrdiff_t)n, TAR_ANY, &pos, &key, &keylen, &val, &vallen) == 1) {
+        if (keylen == 4 && memcmp(key, "size", 4) == 0 && vallen > 0) {
             unsigned long long v = 0;
-            for (size_t k = 5; k < kvlen && kv[k] >= '0' && kv[k] <= '9'; k++)
-                v = v * 10 + (unsigned long long)(kv[k] - '0');
+            for (ptrdiff_t k = 0; k < vallen && val[k] >= '0' && val[k] <= '9'; k++)
+                v = v * 10 + (unsigned long long)(val[k] - '0');
             found = (long long)v;
         }
-        else if (kvlen >= 5 && memcmp(kv, "path=", 5) == 0) {
-            *path_at = (long long)(kv + 5 - p);
-            *path_len = kvlen - 5 - (kv[kvlen - 1] == '\n'); /* a record ends with its newline */
+        else if (keylen == 4 && memcmp(key, "path", 4) == 0) {
+            *path_at = (long long)(val - u);
+            *path_len = (size_t)(vallen - (vallen > 0 && val[vallen - 1] == '\n'));
         }
-        i += len;
     }
     return found;
 }
@@ -234,20 +203,8 @@ bg_index(BackgroundObject *b, const unsigned char *h, long long size)
         name = (const unsigned char *)b->pax + b->path_at;
         len = plen;
     }
-    else {
-        const unsigned char *nul = memchr(h, 0, 100);
-        len = nul ? (size_t)(nul - h) : 100;
-        name = h;
-        if (h[345] != 0 && memcmp(h + 257, "ustar\0", 6) == 0) { /* POSIX only */
-            const unsigned char *pn = memchr(h + 345, 0, 155);
-            size_t prefix_len = pn ? (size_t)(pn - (h + 345)) : 155;
-            memcpy(joined, h + 345, prefix_len);
-            joined[prefix_len] = '/';
-            memcpy(joined + prefix_len + 1, h, len);
-            name = joined;
-            len += prefix_len + 1;
-        }
-    }
+    else
+        len = tar_full_name(h, joined, &name);
     b->path_at = -1;
     long long hoff = (long long)b->start, doff = (long long)b->offset;
     b->have_start = 0;
@@ -258,7 +215,7 @@ bg_index(BackgroundObject *b, const unsigned char *h, long long size)
     int dot_slash = skip != 0;
     name += skip;
     len -= skip;
-    int64_t end = doff + ((size + 511) & ~(long long)511);
+    int64_t end = doff + tar_padded(size);
     size_t nkeys = b->key_offsets.len / 8 - 1;
     const int64_t *ko = (const int64_t *)b->key_offsets.p;
     if (nkeys > 0 && (size_t)(ko[nkeys] - ko[nkeys - 1]) == dot &&
@@ -318,22 +275,16 @@ bg_header(BackgroundObject *b)
         b->start = b->offset - 512;
         b->have_start = 1;
     }
-    int zero = 1;
-    for (int i = 0; i < 512; i++)
-        if (h[i]) {
-            zero = 0;
-            break;
-        }
-    if (zero) { /* the end-of-archive marker: what follows is only hashed into the file */
+    if (tar_zero_block(h)) { /* the end-of-archive marker: what follows is only hashed in */
         b->state = ST_END;
         return;
     }
-    long long size = bg_number(h + 124, 12);
-    if (size < 0) {
+    long long size;
+    if (!tar_number(h + TAR_SIZE, 12, TAR_ANY, &size)) {
         bg_bad(b, "a header's size field does not read");
         return;
     }
-    char type = (char)h[156];
+    char type = (char)h[TAR_TYPE];
     if (b->index && (type == 'g' || type == 'L' || type == 'K' ||
                      (type == 'x' && b->start != b->offset - 512))) {
         bg_bad(b, "a header the writer does not make before a member"); /* its names: ours */

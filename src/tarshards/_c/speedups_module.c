@@ -4,7 +4,7 @@
  * members.c        scan_members: the fast path of tario.iter_tar_batches (plain ustar members
  *                  lying wholly in a buffer, header checksums verified exactly)
  * group.c          group_members: the loop of format.group_samples over one batch of members
- *                  (samples carry __key__, __url__ and __offset__, the offset of their first member)
+ *                  (samples carry __key__, __url__ and __offset__, their first member's offset)
  * write.c          the writer's per-sample paths: sample_members, members_size, ustar_parts,
  *                  tar_sample
  * recorder.c       Recorder: the index rows recorded while writing; index_columns

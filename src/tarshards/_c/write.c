@@ -28,7 +28,7 @@ ustar_parts(PyObject *self, PyObject *args)
         return Py_BuildValue("(Ln)", 0LL, start < count ? start : (Py_ssize_t)-1);
     }
     char head[BLOCK];
-    ustar_template(head, mode, mtime);
+    tar_template(head, mode, mtime);
     for (Py_ssize_t i = start; i < count; i++) {
         PyObject *m = PySequence_Fast_GET_ITEM(seq, i);
         if (!PyTuple_Check(m) || PyTuple_GET_SIZE(m) != 2) {
@@ -49,7 +49,8 @@ ustar_parts(PyObject *self, PyObject *args)
             break;
         }
         char h[BLOCK];
-        ustar_header(h, head, name, size);
+        tar_header(h, head, (const char *)PyUnicode_DATA(name),
+                   (size_t)PyUnicode_GET_LENGTH(name), size);
         PyObject *hdr = PyBytes_FromStringAndSize(h, BLOCK);
         if (hdr == NULL)
             goto fail;
@@ -334,14 +335,15 @@ tar_sample(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     char head[BLOCK];
-    ustar_template(head, mode, mtime);
+    tar_template(head, mode, mtime);
     char *o = PyBytes_AS_STRING(out);
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *m = PySequence_Fast_GET_ITEM(seq, i);
         PyObject *name = PyTuple_GET_ITEM(m, 0);
         PyObject *data = PyTuple_GET_ITEM(m, 1);
         Py_ssize_t size = PyBytes_GET_SIZE(data);
-        ustar_header(o, head, name, size);
+        tar_header(o, head, (const char *)PyUnicode_DATA(name),
+                   (size_t)PyUnicode_GET_LENGTH(name), size);
         o += BLOCK;
         memcpy(o, PyBytes_AS_STRING(data), (size_t)size);
         o += size;
