@@ -58,7 +58,7 @@ index_members(PyObject *self, PyObject *args)
         long long hoff = base + pos, doff = hoff + BLOCK;
         long long endoff = doff + tar_padded(size);
         pos += BLOCK + (Py_ssize_t)tar_padded(size);
-        size_t skip, split; /* the reader's naming rules (IndexBuilder.add, _names.h) */
+        size_t skip, split; /* the reader's naming rules (IndexBuilder.add, names.h) */
         if (!name_split(h, (size_t)len, last_dot, &skip, &split))
             continue;
         const char *name = (const char *)h + skip;

@@ -336,7 +336,7 @@ PyTypeObject ShuffleRunType = {
     .tp_basicsize = sizeof(ShuffleRun),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "ShuffleRun(buf, it, getrandbits, shuffle, bufsize, initial, emitted, tail): "
-              "ShuffleCore.run's sample loop (see the comment above it in _speedups.c).",
+              "ShuffleCore.run's sample loop (see the comment above it in _c/shuffle.c).",
     .tp_new = ShuffleRun_new,
     .tp_dealloc = (destructor)ShuffleRun_dealloc,
     .tp_traverse = (traverseproc)ShuffleRun_traverse,

@@ -1,4 +1,7 @@
-/* Optional: xxh3_64 through the system's libxxhash (Debian: libxxhash-dev), whose
+/* The _xxh3 module: hashing (this file: the functions below, its method table and init) and, in
+ * readback.c, the tar read-back thread (Background), which parses the stream with tar.h.
+ *
+ * Optional: xxh3_64 through the system's libxxhash (Debian: libxxhash-dev), whose
  * XXH3_*_dispatch entry points pick the widest vector unit at run time (AVX2 where the CPU has it:
  * about twice the speed of the SSE2 build inside the xxhash package), and release the GIL while
  * hashing large buffers, so that threads hash in parallel.
@@ -23,7 +26,8 @@
  *                                           C call per sample, no joined copy)
  * Background(path, members=True, index=False) a thread that reads a shard back while it is
  *                                           written: its xxh3_64 and its members' (and its
- *                                           index rows; see the comment above BackgroundObject)
+ *                                           index rows; see the comment above BackgroundObject
+ *                                           in readback.c)
  */
 #include "xxh3.h"
 
