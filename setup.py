@@ -4,12 +4,30 @@ import sys
 
 from setuptools import Extension, setup
 
+
+def _c(*names: str) -> list[str]:
+    """Paths of files in src/tarshards/_c/."""
+    return [f"src/tarshards/_c/{name}" for name in names]
+
+
 setup(
     ext_modules=[
+        # the C sources by concern (src/tarshards/_c/: one file each, tar.h the one tar header
+        # parser and builder that every C path shares)
         Extension(
             "tarshards._speedups",
-            ["src/tarshards/_speedups.c"],
-            depends=["src/tarshards/_names.h"],
+            _c(
+                "speedups_module.c",
+                "members.c",
+                "group.c",
+                "write.c",
+                "recorder.c",
+                "index_scan.c",
+                "random_access.c",
+                "shuffle.c",
+                "writebehind.c",
+            ),
+            depends=_c("speedups.h", "tar.h", "names.h"),
             optional=True,
             extra_compile_args=["-O2"],
         ),
@@ -18,8 +36,8 @@ setup(
         # missing (the xxhash package then hashes, with the same values)
         Extension(
             "tarshards._xxh3",
-            ["src/tarshards/_xxh3.c"],
-            depends=["src/tarshards/_names.h"],
+            _c("xxh3_module.c", "readback.c"),
+            depends=_c("xxh3.h", "tar.h", "names.h"),
             optional=True,
             libraries=["xxhash"],
             extra_compile_args=["-O2"],

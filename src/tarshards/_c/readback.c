@@ -1,383 +1,6 @@
-/* Optional: xxh3_64 through the system's libxxhash (Debian: libxxhash-dev), whose
- * XXH3_*_dispatch entry points pick the widest vector unit at run time (AVX2 where the CPU has it:
- * about twice the speed of the SSE2 build inside the xxhash package), and release the GIL while
- * hashing large buffers, so that threads hash in parallel.
- *
- * The values are the xxh3_64 of the xxhash package (the algorithm does not depend on the vector
- * unit); tests/test_hashing.py checks that both agree. Where this module is missing (no
- * libxxhash headers at build time), tarshards.hashing uses the xxhash package.
- *
- * xxh3_64_intdigest(buffer) -> int          one-shot, as xxhash.xxh3_64_intdigest
- * checksum64                                a capsule "tarshards.checksum64": the same as a C
- *                                           function uint64_t (*)(const void *, size_t), which
- *                                           _speedups' loops call directly
- * hash_rows(blob, offsets) -> bytes         the xxh3_64 of each row blob[offsets[i]:offsets[i+1]]
- *                                           (offsets: native int64, n + 1 of them), n native
- *                                           uint64 values (the index's key blob and offsets:
- *                                           the key table hashes a shard's keys in one call)
- * Xxh3()                                    streaming: update(buffer),
- *                                           intdigest(), hexdigest(), digest(), copy()
- * Xxh3.tee(writelines)                      a callable f(parts): hashes each buffer of the list
- *                                           parts in order, then calls writelines(parts) (the
- *                                           writer's plain shards: hashed on their way out, one
- *                                           C call per sample, no joined copy)
- * Background(path, members=True, index=False) a thread that reads a shard back while it is
- *                                           written: its xxh3_64 and its members' (and its
- *                                           index rows; see the comment above BackgroundObject)
- */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <pythread.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <time.h>
-#include <pthread.h>
-#include <stdint.h>
-#include <string.h>
-#include <unistd.h>
-#include <xxhash.h>
-#include <xxh_x86dispatch.h>
-
-#include "_names.h"
-
-/* below this many bytes the GIL is kept (releasing it costs more than hashing) */
-#define GIL_FREE_MIN (64 * 1024)
-
-/* After the vectorised hash, the upper halves of the vector registers are zeroed (vzeroupper).
- * The dispatched AVX2/AVX-512 code of the system's libxxhash returns with them dirty (Debian's
- * build holds two vzeroupper in all), and every legacy SSE instruction after it (the C loops of
- * _speedups, libc's, the interpreter's) then pays for merging them: on an AVX-512 host the
- * writer's header checksum loop ran 3x slower beside the hashing, and recording the index cost
- * 16-22 % of ShardWriter's rate instead of 9-12 %. */
-#if defined(__x86_64__) && defined(__GNUC__)
-static int HAVE_AVX; /* set once, at import */
-static inline void
-clear_upper(void)
-{
-    if (HAVE_AVX)
-        __asm__ volatile("vzeroupper" ::: "memory");
-}
-#else
-static inline void
-clear_upper(void)
-{
-}
-#endif
-
-static PyObject *
-xxh3_64_intdigest(PyObject *self, PyObject *arg)
-{
-    Py_buffer view;
-    XXH64_hash_t h;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
-        return NULL;
-    if (view.len >= GIL_FREE_MIN) {
-        Py_BEGIN_ALLOW_THREADS
-        h = XXH3_64bits_dispatch(view.buf, (size_t)view.len);
-        clear_upper();
-        Py_END_ALLOW_THREADS
-    }
-    else {
-        h = XXH3_64bits_dispatch(view.buf, (size_t)view.len);
-        clear_upper();
-    }
-    PyBuffer_Release(&view);
-    return PyLong_FromUnsignedLongLong((unsigned long long)h);
-}
-
-/* hash_rows(blob, offsets): see the header comment; without the GIL */
-static PyObject *
-hash_rows(PyObject *self, PyObject *args)
-{
-    Py_buffer blob, offs;
-    if (!PyArg_ParseTuple(args, "y*y*", &blob, &offs))
-        return NULL;
-    PyObject *out = NULL;
-    Py_ssize_t n = offs.len / (Py_ssize_t)sizeof(int64_t) - 1;
-    if (offs.len % (Py_ssize_t)sizeof(int64_t) || n < 0) {
-        PyErr_SetString(PyExc_ValueError, "hash_rows: offsets hold n + 1 int64 values");
-        goto done;
-    }
-    out = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(uint64_t));
-    if (out == NULL)
-        goto done;
-    const unsigned char *data = (const unsigned char *)blob.buf;
-    uint64_t *hashes = (uint64_t *)PyBytes_AS_STRING(out);
-    int bad = 0;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int64_t a, b;
-        memcpy(&a, (const char *)offs.buf + i * 8, 8);
-        memcpy(&b, (const char *)offs.buf + (i + 1) * 8, 8);
-        if (a < 0 || b < a || b > (int64_t)blob.len) {
-            bad = 1;
-            break;
-        }
-        hashes[i] = (uint64_t)XXH3_64bits(data + a, (size_t)(b - a));
-    }
-    Py_END_ALLOW_THREADS
-    if (bad) {
-        Py_CLEAR(out);
-        PyErr_SetString(PyExc_ValueError, "hash_rows: offsets out of order or past the blob");
-    }
-done:
-    PyBuffer_Release(&blob);
-    PyBuffer_Release(&offs);
-    return out;
-}
-
-/* the member checksum as a C function, for the C loops of _speedups (direct_checksum there) */
-static uint64_t
-xxh3_checksum64(const void *p, size_t n)
-{
-    uint64_t h = (uint64_t)XXH3_64bits_dispatch(p, n);
-    clear_upper();
-    return h;
-}
-
-typedef struct {
-    PyObject_HEAD
-    XXH3_state_t *state;
-    /* made at the first update that hashes without the GIL, and taken by every use of the state
-     * from then on (as hashlib does): before that, the GIL alone guards the state */
-    PyThread_type_lock lock;
-} Xxh3Object;
-
-static PyTypeObject Xxh3Type;
-
-static Xxh3Object *
-xxh3_new_object(void)
-{
-    Xxh3Object *self = PyObject_New(Xxh3Object, &Xxh3Type);
-    if (self == NULL)
-        return NULL;
-    self->lock = NULL;
-    self->state = XXH3_createState();
-    if (self->state == NULL) {
-        Py_DECREF(self);
-        PyErr_NoMemory();
-        return NULL;
-    }
-    return self;
-}
-
-static PyObject *
-xxh3_type_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
-{
-    if (PyTuple_GET_SIZE(args) || (kwds != NULL && PyDict_GET_SIZE(kwds))) {
-        PyErr_SetString(PyExc_TypeError, "Xxh3() takes no arguments");
-        return NULL;
-    }
-    Xxh3Object *self = xxh3_new_object();
-    if (self == NULL)
-        return NULL;
-    XXH3_64bits_reset(self->state);
-    return (PyObject *)self;
-}
-
-static void
-xxh3_dealloc(Xxh3Object *self)
-{
-    if (self->state != NULL)
-        XXH3_freeState(self->state);
-    if (self->lock != NULL)
-        PyThread_free_lock(self->lock);
-    PyObject_Free(self);
-}
-
-/* take the lock (if there is one yet) without blocking the other threads */
-static void
-xxh3_acquire(Xxh3Object *self)
-{
-    if (self->lock != NULL && !PyThread_acquire_lock(self->lock, 0)) {
-        Py_BEGIN_ALLOW_THREADS
-        PyThread_acquire_lock(self->lock, 1);
-        Py_END_ALLOW_THREADS
-    }
-}
-
-static void
-xxh3_release(Xxh3Object *self)
-{
-    if (self->lock != NULL)
-        PyThread_release_lock(self->lock);
-}
-
-/* hash one buffer; the caller holds the lock (xxh3_acquire) */
-static int
-xxh3_feed(Xxh3Object *self, PyObject *data)
-{
-    Py_buffer view;
-    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
-        return -1;
-    if (view.len >= GIL_FREE_MIN) {
-        if (self->lock == NULL) { /* from now on every use takes the lock */
-            self->lock = PyThread_allocate_lock();
-            if (self->lock == NULL) {
-                PyBuffer_Release(&view);
-                PyErr_NoMemory();
-                return -1;
-            }
-            PyThread_acquire_lock(self->lock, 1);
-        }
-        Py_BEGIN_ALLOW_THREADS
-        XXH3_64bits_update_dispatch(self->state, view.buf, (size_t)view.len);
-        clear_upper();
-        Py_END_ALLOW_THREADS
-    }
-    else {
-        XXH3_64bits_update_dispatch(self->state, view.buf, (size_t)view.len);
-        clear_upper();
-    }
-    PyBuffer_Release(&view);
-    return 0;
-}
-
-static PyObject *
-xxh3_update(Xxh3Object *self, PyObject *data)
-{
-    xxh3_acquire(self);
-    int rc = xxh3_feed(self, data);
-    xxh3_release(self);
-    if (rc < 0)
-        return NULL;
-    Py_RETURN_NONE;
-}
-
-static XXH64_hash_t
-xxh3_value(Xxh3Object *self)
-{
-    xxh3_acquire(self);
-    XXH64_hash_t h = XXH3_64bits_digest(self->state);
-    xxh3_release(self);
-    return h;
-}
-
-static PyObject *
-xxh3_intdigest(Xxh3Object *self, PyObject *unused)
-{
-    return PyLong_FromUnsignedLongLong((unsigned long long)xxh3_value(self));
-}
-
-static PyObject *
-xxh3_hexdigest(Xxh3Object *self, PyObject *unused)
-{
-    char hex[17];
-    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)xxh3_value(self));
-    return PyUnicode_FromStringAndSize(hex, 16);
-}
-
-static PyObject *
-xxh3_digest(Xxh3Object *self, PyObject *unused)
-{
-    XXH64_canonical_t c;
-    XXH64_canonicalFromHash(&c, xxh3_value(self));
-    return PyBytes_FromStringAndSize((const char *)c.digest, sizeof c.digest);
-}
-
-static PyObject *
-xxh3_copy(Xxh3Object *self, PyObject *unused)
-{
-    Xxh3Object *other = xxh3_new_object();
-    if (other == NULL)
-        return NULL;
-    xxh3_acquire(self);
-    XXH3_copyState(other->state, self->state);
-    xxh3_release(self);
-    return (PyObject *)other;
-}
-
-/* Xxh3.tee(writelines): see the top of the file */
-typedef struct {
-    PyObject_HEAD
-    Xxh3Object *hasher;
-    PyObject *writelines;
-} TeeObject;
-
-static PyTypeObject TeeType;
-
-static PyObject *
-xxh3_tee(Xxh3Object *self, PyObject *writelines)
-{
-    if (!PyCallable_Check(writelines)) {
-        PyErr_SetString(PyExc_TypeError, "tee(writelines): writelines must be callable");
-        return NULL;
-    }
-    TeeObject *t = PyObject_New(TeeObject, &TeeType);
-    if (t == NULL)
-        return NULL;
-    Py_INCREF(self);
-    t->hasher = self;
-    Py_INCREF(writelines);
-    t->writelines = writelines;
-    return (PyObject *)t;
-}
-
-static void
-tee_dealloc(TeeObject *self)
-{
-    Py_DECREF(self->hasher);
-    Py_DECREF(self->writelines);
-    PyObject_Free(self);
-}
-
-static PyObject *
-tee_call(TeeObject *self, PyObject *args, PyObject *kwds)
-{
-    PyObject *parts;
-    if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
-        PyErr_SetString(PyExc_TypeError, "a tee takes no keyword arguments");
-        return NULL;
-    }
-    if (!PyArg_ParseTuple(args, "O", &parts))
-        return NULL;
-    PyObject *seq = PySequence_Fast(parts, "a tee takes a sequence of buffers");
-    if (seq == NULL)
-        return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    int rc = 0;
-    xxh3_acquire(self->hasher);
-    for (Py_ssize_t i = 0; i < n && rc == 0; i++)
-        rc = xxh3_feed(self->hasher, PySequence_Fast_GET_ITEM(seq, i));
-    xxh3_release(self->hasher);
-    if (rc < 0) {
-        Py_DECREF(seq);
-        return NULL;
-    }
-    PyObject *r = PyObject_CallOneArg(self->writelines, seq);
-    Py_DECREF(seq);
-    return r;
-}
-
-static PyTypeObject TeeType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tarshards._xxh3.Tee",
-    .tp_basicsize = sizeof(TeeObject),
-    .tp_dealloc = (destructor)tee_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "f(parts): hash each buffer of parts, then writelines(parts) (Xxh3.tee).",
-    .tp_call = (ternaryfunc)tee_call,
-};
-
-static PyMethodDef xxh3_methods[] = {
-    {"update", (PyCFunction)xxh3_update, METH_O, "update(buffer): hash more bytes."},
-    {"intdigest", (PyCFunction)xxh3_intdigest, METH_NOARGS, "The hash so far, an int."},
-    {"hexdigest", (PyCFunction)xxh3_hexdigest, METH_NOARGS, "The hash so far, 16 hex digits."},
-    {"digest", (PyCFunction)xxh3_digest, METH_NOARGS, "The hash so far, 8 bytes, big-endian."},
-    {"copy", (PyCFunction)xxh3_copy, METH_NOARGS, "A copy of this hash's state."},
-    {"tee", (PyCFunction)xxh3_tee, METH_O,
-     "tee(writelines) -> f(parts): hash each buffer of parts, then writelines(parts)."},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyTypeObject Xxh3Type = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tarshards._xxh3.Xxh3",
-    .tp_basicsize = sizeof(Xxh3Object),
-    .tp_dealloc = (destructor)xxh3_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Streaming xxh3_64 (the xxhash package's xxh3_64, through libxxhash).",
-    .tp_methods = xxh3_methods,
-    .tp_new = xxh3_type_new,
-};
+/* The tar read-back of _xxh3: Background, a thread that reads a shard back while it is written
+ * (its xxh3_64, its members' checksums, its index rows). */
+#include "xxh3.h"
 
 /* Background(path, members=True): a shard's hashes worked out by a thread that reads the shard
  * back while it is written.
@@ -505,7 +128,6 @@ typedef struct {
     long long last_ext;           /* the code the last member's extension had (-1: none) */
 } BackgroundObject;
 
-static PyTypeObject BackgroundType;
 
 static void
 bg_bad(BackgroundObject *b, const char *why)
@@ -538,57 +160,26 @@ bg_sum(BackgroundObject *b, uint64_t v)
     return 0;
 }
 
-/* a tar number field: octal (NUL/space padded) or base-256 (high bit of the first byte) */
-static long long
-bg_number(const unsigned char *f, size_t n)
-{
-    unsigned long long v = 0;
-    if (f[0] & 0x80) {
-        for (size_t i = 1; i < n; i++) {
-            if (v >> 55)
-                return -1;
-            v = (v << 8) | f[i];
-        }
-        return (long long)v;
-    }
-    size_t i = 0;
-    while (i < n && f[i] == ' ')
-        i++;
-    for (; i < n && f[i] >= '0' && f[i] <= '7'; i++) {
-        if (v >> 60)
-            return -1;
-        v = (v << 3) | (unsigned long long)(f[i] - '0');
-    }
-    return (long long)v;
-}
-
 /* the "size" record of a pax payload, or -1; its "path" record's value at p + *path_at,
  * *path_len bytes (*path_at -1: none) */
 static long long
 bg_pax_size(const char *p, size_t n, long long *path_at, size_t *path_len)
 {
-    size_t i = 0;
+    const unsigned char *u = (const unsigned char *)p, *key, *val;
+    ptrdiff_t pos = 0, keylen, vallen;
     long long found = -1;
     *path_at = -1;
-    while (i < n) {
-        size_t len = 0, j = i;
-        while (j < n && p[j] >= '0' && p[j] <= '9' && len < ((size_t)1 << 40))
-            len = len * 10 + (size_t)(p[j++] - '0');
-        if (j >= n || p[j] != ' ' || len == 0 || i + len > n)
-            return found;
-        const char *kv = p + j + 1;
-        size_t kvlen = i + len - (j + 1);
-        if (kvlen > 5 && memcmp(kv, "size=", 5) == 0) {
+    while (tar_pax_record(u, (ptrdiff_t)n, TAR_ANY, &pos, &key, &keylen, &val, &vallen) == 1) {
+        if (keylen == 4 && memcmp(key, "size", 4) == 0 && vallen > 0) {
             unsigned long long v = 0;
-            for (size_t k = 5; k < kvlen && kv[k] >= '0' && kv[k] <= '9'; k++)
-                v = v * 10 + (unsigned long long)(kv[k] - '0');
+            for (ptrdiff_t k = 0; k < vallen && val[k] >= '0' && val[k] <= '9'; k++)
+                v = v * 10 + (unsigned long long)(val[k] - '0');
             found = (long long)v;
         }
-        else if (kvlen >= 5 && memcmp(kv, "path=", 5) == 0) {
-            *path_at = (long long)(kv + 5 - p);
-            *path_len = kvlen - 5 - (kv[kvlen - 1] == '\n'); /* a record ends with its newline */
+        else if (keylen == 4 && memcmp(key, "path", 4) == 0) {
+            *path_at = (long long)(val - u);
+            *path_len = (size_t)(vallen - (vallen > 0 && val[vallen - 1] == '\n'));
         }
-        i += len;
     }
     return found;
 }
@@ -612,20 +203,8 @@ bg_index(BackgroundObject *b, const unsigned char *h, long long size)
         name = (const unsigned char *)b->pax + b->path_at;
         len = plen;
     }
-    else {
-        const unsigned char *nul = memchr(h, 0, 100);
-        len = nul ? (size_t)(nul - h) : 100;
-        name = h;
-        if (h[345] != 0 && memcmp(h + 257, "ustar\0", 6) == 0) { /* POSIX only */
-            const unsigned char *pn = memchr(h + 345, 0, 155);
-            size_t prefix_len = pn ? (size_t)(pn - (h + 345)) : 155;
-            memcpy(joined, h + 345, prefix_len);
-            joined[prefix_len] = '/';
-            memcpy(joined + prefix_len + 1, h, len);
-            name = joined;
-            len += prefix_len + 1;
-        }
-    }
+    else
+        len = tar_full_name(h, joined, &name);
     b->path_at = -1;
     long long hoff = (long long)b->start, doff = (long long)b->offset;
     b->have_start = 0;
@@ -636,7 +215,7 @@ bg_index(BackgroundObject *b, const unsigned char *h, long long size)
     int dot_slash = skip != 0;
     name += skip;
     len -= skip;
-    int64_t end = doff + ((size + 511) & ~(long long)511);
+    int64_t end = doff + tar_padded(size);
     size_t nkeys = b->key_offsets.len / 8 - 1;
     const int64_t *ko = (const int64_t *)b->key_offsets.p;
     if (nkeys > 0 && (size_t)(ko[nkeys] - ko[nkeys - 1]) == dot &&
@@ -696,22 +275,16 @@ bg_header(BackgroundObject *b)
         b->start = b->offset - 512;
         b->have_start = 1;
     }
-    int zero = 1;
-    for (int i = 0; i < 512; i++)
-        if (h[i]) {
-            zero = 0;
-            break;
-        }
-    if (zero) { /* the end-of-archive marker: what follows is only hashed into the file */
+    if (tar_zero_block(h)) { /* the end-of-archive marker: what follows is only hashed in */
         b->state = ST_END;
         return;
     }
-    long long size = bg_number(h + 124, 12);
-    if (size < 0) {
+    long long size;
+    if (!tar_number(h + TAR_SIZE, 12, TAR_ANY, &size)) {
         bg_bad(b, "a header's size field does not read");
         return;
     }
-    char type = (char)h[156];
+    char type = (char)h[TAR_TYPE];
     if (b->index && (type == 'g' || type == 'L' || type == 'K' ||
                      (type == 'x' && b->start != b->offset - 512))) {
         bg_bad(b, "a header the writer does not make before a member"); /* its names: ours */
@@ -1100,7 +673,7 @@ owned_length(OwnedObject *o)
 static PyBufferProcs owned_as_buffer = {(getbufferproc)owned_getbuffer, NULL};
 static PySequenceMethods owned_as_sequence = {.sq_length = (lenfunc)owned_length};
 
-static PyTypeObject OwnedType = {
+PyTypeObject OwnedType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tarshards._xxh3.Owned",
     .tp_basicsize = sizeof(OwnedObject),
     .tp_dealloc = (destructor)owned_dealloc,
@@ -1211,7 +784,7 @@ static PyMethodDef bg_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static PyTypeObject BackgroundType = {
+PyTypeObject BackgroundType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tarshards._xxh3.Background",
     .tp_basicsize = sizeof(BackgroundObject),
     .tp_dealloc = (destructor)bg_dealloc,
@@ -1221,49 +794,3 @@ static PyTypeObject BackgroundType = {
     .tp_methods = bg_methods,
     .tp_new = bg_new,
 };
-
-static PyMethodDef methods[] = {
-    {"xxh3_64_intdigest", xxh3_64_intdigest, METH_O,
-     "xxh3_64_intdigest(buffer) -> int: as xxhash.xxh3_64_intdigest."},
-    {"hash_rows", hash_rows, METH_VARARGS,
-     "hash_rows(blob, offsets) -> bytes: the xxh3_64 of each row, native uint64 values."},
-    {NULL, NULL, 0, NULL},
-};
-
-static struct PyModuleDef moduledef = {
-    PyModuleDef_HEAD_INIT, "_xxh3", "xxh3_64 through the system's libxxhash (optional).", -1,
-    methods,
-};
-
-PyMODINIT_FUNC
-PyInit__xxh3(void)
-{
-#if defined(__x86_64__) && defined(__GNUC__)
-    HAVE_AVX = __builtin_cpu_supports("avx");
-#endif
-    if (PyType_Ready(&Xxh3Type) < 0 || PyType_Ready(&TeeType) < 0 ||
-        PyType_Ready(&BackgroundType) < 0 || PyType_Ready(&OwnedType) < 0)
-        return NULL;
-    PyObject *m = PyModule_Create(&moduledef);
-    if (m == NULL)
-        return NULL;
-    PyObject *cap = PyCapsule_New((void *)xxh3_checksum64, "tarshards.checksum64", NULL);
-    if (cap == NULL || PyModule_AddObject(m, "checksum64", cap) < 0) {
-        Py_XDECREF(cap);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&Xxh3Type);
-    if (PyModule_AddObject(m, "Xxh3", (PyObject *)&Xxh3Type) < 0) {
-        Py_DECREF(&Xxh3Type);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&BackgroundType);
-    if (PyModule_AddObject(m, "Background", (PyObject *)&BackgroundType) < 0) {
-        Py_DECREF(&BackgroundType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    return m;
-}
