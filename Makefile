@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 DEMO_STAMP := $(VENV)/.installed-demo
 STAMP := $(VENV)/.installed
 LOG := $(VENV)/setup.log
-SOURCES := pyproject.toml setup.py src/tarshards/_jpeg.c $(wildcard src/tarshards/_c/*.c src/tarshards/_c/*.h)
+SOURCES := pyproject.toml setup.py $(wildcard src/tarshards/_c/*.c src/tarshards/_c/*.h)
 # torch pinned in every pip line: while pip backtracks over the s3fs/aiobotocore/boto3 pins it
 # would otherwise try other torch releases (gigabytes of CUDA wheels)
 TORCH := "torch==2.13.0"

@@ -46,7 +46,7 @@ setup(
         # in the same float64 operations as numpy's: no fused multiply-adds
         Extension(
             "tarshards._deficits",
-            ["src/tarshards/_deficits.c"],
+            _c("deficits.c"),
             optional=True,
             extra_compile_args=["-O2", "-ffp-contract=off"],
         ),
@@ -54,7 +54,7 @@ setup(
         # libjpeg-dev); skipped where its headers are missing (simplejpeg and Pillow then decode)
         Extension(
             "tarshards._jpeg",
-            ["src/tarshards/_jpeg.c"],
+            _c("jpeg.c"),
             optional=True,
             # dladdr (library()): in libc since glibc 2.34, in libdl before
             libraries=["jpeg"] + (["dl"] if sys.platform.startswith("linux") else []),

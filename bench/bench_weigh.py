@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_weigh.py                 # both, 6 processes a side
     .venv/bin/python bench/bench_weigh.py --only jpeg --processes 10
 
-1. ``readback``: the tar read-back thread of ``_xxh3.c`` (``_xxh3.Background``: while
+1. ``readback``: the tar read-back thread of ``_c/readback.c`` (``_xxh3.Background``: while
    ``ShardWriter(manifest=...)`` writes a plain shard, a pthread reads the file back, hashes it
    and each member and lays out the index's columns). Its switch is
    ``tarshards.hashing.background_hasher``: where it returns ``None`` the writer hashes and

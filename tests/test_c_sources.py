@@ -67,7 +67,7 @@ def test_no_c_file_but_tar_h_parses_or_builds_a_header(path: Path):
 
 def test_the_old_single_files_are_gone():
     package = ROOT / "src" / "tarshards"
-    for old in ("_speedups.c", "_xxh3.c", "_names.h"):
+    for old in ("_speedups.c", "_xxh3.c", "_names.h", "_jpeg.c", "_deficits.c"):
         assert not (package / old).exists(), f"{old} is back beside _c/"
 
 

@@ -21,7 +21,7 @@ from typing import Any, Generator, Iterable, Iterator
 
 from .errors import CompressionError, DuplicateFieldError, MissingFieldError, TruncatedShardError
 
-try:  # optional C accelerator (see _speedups.c); the Python loop below is the reference
+try:  # optional C accelerator (_speedups, see _c/); the Python loop below is the reference
     from ._speedups import group_members as _group_members
 except ImportError:  # pragma: no cover - built by default; pure Python works the same
     _group_members = None

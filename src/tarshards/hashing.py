@@ -25,7 +25,7 @@ from typing import Any, BinaryIO
 from .errors import IntegrityError, MissingDependencyError
 
 _xxh3: Any
-try:  # optional C module over libxxhash (see _xxh3.c); the xxhash package is the reference
+try:  # optional C module over libxxhash (see _c/xxh3_module.c); the xxhash package is the reference
     from . import _xxh3 as _xxh3_module
 
     _xxh3 = _xxh3_module

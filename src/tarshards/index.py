@@ -672,7 +672,7 @@ def __getattr__(
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-try:  # optional C accelerator (see _speedups.c); IndexBuilder.add is the reference, and
+try:  # optional C accelerator (_speedups, see _c/); IndexBuilder.add is the reference, and
     # without it indexes are built with numpy
     from ._speedups import index_columns as _index_columns
     from ._speedups import index_members as _index_members

@@ -42,7 +42,7 @@ from .tario.headers import _checksum_ok, _number, _octal, _size_number
 
 __all__ = ["IndexedDataset"]
 
-try:  # optional C accelerator (see _speedups.c); _check_header is the reference
+try:  # optional C accelerator (_speedups, see _c/); _check_header is the reference
     from ._speedups import header_ok as _header_ok
     from ._speedups import read_sample as _read_sample
 except ImportError:  # pragma: no cover - built by default

@@ -104,7 +104,7 @@ from .types import WorkerInfo
 
 np = LazyModule("numpy", globals(), "np")
 
-try:  # optional C loop of the largest deficit rule (see _deficits.c); numpy is the reference
+try:  # optional C loop of the largest deficit rule (see _c/deficits.c); numpy is the reference
     from ._deficits import fill as _fill
 except ImportError:  # pragma: no cover - without the extension
     _fill = None

@@ -51,7 +51,7 @@ from .tario.reader import plain_run
 if TYPE_CHECKING:  # (imported where a loader counts)
     from .stats import Counters
 
-try:  # optional C accelerator (see _speedups.c); ShuffleCore._run is the reference
+try:  # optional C accelerator (_speedups, see _c/); ShuffleCore._run is the reference
     from ._speedups import ShuffleRun as _ShuffleRun
 except ImportError:  # pragma: no cover - without the extension
     _ShuffleRun = None

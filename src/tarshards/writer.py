@@ -40,7 +40,7 @@ MetaSpec = MetaFunctions | list[MetaFunctions] | tuple[MetaFunctions, ...]
 _TW = TypeVar("_TW", bound="TarWriter")  # __enter__ returns the subclass (compat's)
 _SW = TypeVar("_SW", bound="ShardWriter")
 
-try:  # optional C accelerator (see _speedups.c); _Recorder's lists are the reference
+try:  # optional C accelerator (_speedups, see _c/); _Recorder's lists are the reference
     from ._speedups import Recorder as _CRecorder
     from ._speedups import sample_members as _c_sample_members
 except ImportError:  # pragma: no cover - built by default

@@ -52,7 +52,7 @@ from .headers import (
 )
 from .sparse import _old_gnu_sparse_map, _pax_unsparse, _unsparse
 
-try:  # optional C accelerator (see _speedups.c); the Python code below is the reference
+try:  # optional C accelerator (_speedups, see _c/); the Python code below is the reference
     from .._speedups import scan_members as _scan_members
 except ImportError:  # pragma: no cover - built by default; pure Python works the same
     _scan_members = None

@@ -15,7 +15,7 @@ from typing import BinaryIO
 from ..errors import EncodeError
 from .headers import _ZERO_BLOCK, BLOCK
 
-try:  # optional C accelerator (see _speedups.c); the Python code below is the reference
+try:  # optional C accelerator (_speedups, see _c/); the Python code below is the reference
     from .._speedups import tar_sample as _tar_sample
     from .._speedups import ustar_parts as _ustar_parts
 except ImportError:  # pragma: no cover - built by default; pure Python works the same
