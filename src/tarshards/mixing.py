@@ -1090,6 +1090,13 @@ class MixedDataset(DataPipeline):
             totals = [
                 prog.readers * sum(q[i] for q in layout.quotas) for i in range(len(self.names))
             ]
+        elif isinstance(layout, _PackLayout):  # .pack() over the mixture: the packs' samples
+            k = len(self.names)
+            sums = np.zeros(k, dtype=np.int64)
+            for v, cuts in enumerate(layout.offsets):
+                src = np.asarray(layout.src[v])[int(cuts[0]) : int(cuts[layout.q])]
+                sums += np.bincount(src.astype(np.int64), minlength=k)[:k]
+            totals = [int(x) for x in sums]
         else:
             totals = [int(x) for x in layout.counts.sum(axis=(0, 1))]
         return dict(zip(self.names, totals))
