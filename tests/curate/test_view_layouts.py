@@ -295,6 +295,9 @@ def test_no_file_descriptors_leak(sets):
 
 
 def test_remote_sidecar_and_join_reads_use_ranges_and_only_the_needed_bytes(sets):
+    pytest.importorskip(
+        "aiohttp", reason="http:// needs the http extra (pip install tarshards[http])"
+    )
     from conftest import load_servers
 
     servers = load_servers()

@@ -324,6 +324,9 @@ def test_a_ten_percent_view_reads_about_ten_percent_of_the_bytes(data):
 
 
 def test_view_over_http_reads_only_its_ranges(data, tmp_path):
+    pytest.importorskip(
+        "aiohttp", reason="http:// needs the http extra (pip install tarshards[http])"
+    )
     from conftest import load_servers
 
     servers = load_servers()
