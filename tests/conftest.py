@@ -5,6 +5,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -161,3 +165,40 @@ class _DiesOnSecondRead:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a process group's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(script: Path, cfg: dict, world: int, tmp: Path, tag: str) -> list:
+    """Run ``python SCRIPT CFG RANK`` as ``world`` real processes (ranks of one gloo process
+    group at ``cfg["port"]``, ``world`` given as ``cfg["world"]``), ``cfg`` written to
+    ``tmp/TAG.json``; each rank writes its result to ``tmp/TAG-RANK.json`` (``cfg["out"]``).
+    A rank that fails fails the test with its output."""
+    cfg = dict(cfg, world=world, out=str(tmp / f"{tag}-{{rank}}.json"))
+    path = tmp / f"{tag}.json"
+    path.write_text(json.dumps(cfg))
+    src = str(Path(__file__).resolve().parent.parent / "src")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(path), str(r)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for r in range(world)
+    ]
+    try:
+        outs = [p.communicate(timeout=180)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for r, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, f"rank {r} of {world} failed:\n{out.decode()[-3000:]}"
+    return [json.loads((tmp / f"{tag}-{r}.json").read_text()) for r in range(world)]

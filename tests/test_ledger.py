@@ -10,10 +10,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +17,7 @@ from click.testing import CliRunner
 
 pytest.importorskip("torch")
 
+from conftest import free_port, run_ranks  # noqa: E402
 from test_resume import write_uneven  # noqa: E402
 
 import tarshards  # noqa: E402
@@ -31,44 +28,9 @@ HERE = Path(__file__).resolve().parent
 NUM_BATCHES = 48  # 73 samples, readers=12 x batch 2, remainder="pad": 4 batches a reader
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_world(tmp, world, tag, **cfg):
-    cfg = dict(
-        cfg,
-        world=world,
-        port=_port(),
-        out=str(tmp / f"{tag}-{{rank}}.json"),
-        num_workers=cfg.get("num_workers", 0),
-    )
-    path = tmp / f"{tag}.json"
-    path.write_text(json.dumps(cfg))
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join([str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")]),
-    )
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(HERE / "audit_rank.py"), str(path), str(r)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for r in range(world)
-    ]
-    try:
-        outs = [p.communicate(timeout=180)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for r, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0, f"rank {r} of {world} failed:\n{out.decode()[-3000:]}"
-    return [json.loads((tmp / f"{tag}-{r}.json").read_text()) for r in range(world)]
+    cfg = dict(cfg, port=free_port(), num_workers=cfg.get("num_workers", 0))
+    return run_ranks(HERE / "audit_rank.py", cfg, world, tmp, tag)
 
 
 def audit_cli(*args):

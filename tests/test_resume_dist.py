@@ -7,34 +7,23 @@ would fail the test instead of hanging it).
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 
+from conftest import free_port, run_ranks  # noqa: E402
 from test_resume import write_uneven  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 READERS, BATCH = 12, 2  # 73 samples: 3 batches per reader, 36 global batches per epoch
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_world(tmp, urls, world, *, stop=None, load=None, save=None, tag="a", num_workers=0):
     cfg = {
         "urls": urls,
-        "world": world,
-        "port": _port(),
+        "port": free_port(),
         "readers": READERS,
         "batch": BATCH,
         "stop": stop,
@@ -42,32 +31,8 @@ def run_world(tmp, urls, world, *, stop=None, load=None, save=None, tag="a", num
         "save": save,
         "timeout": 60,
         "num_workers": num_workers,
-        "out": str(tmp / f"{tag}-{{rank}}.json"),
     }
-    path = tmp / f"{tag}.json"
-    path.write_text(json.dumps(cfg))
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join([str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")]),
-    )
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(HERE / "resume_rank.py"), str(path), str(r)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for r in range(world)
-    ]
-    try:
-        outs = [p.communicate(timeout=180)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for r, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0, f"rank {r} of {world} failed:\n{out.decode()[-3000:]}"
-    return [json.loads((tmp / f"{tag}-{r}.json").read_text()) for r in range(world)]
+    return run_ranks(HERE / "resume_rank.py", cfg, world, tmp, tag)
 
 
 @pytest.mark.timeout(600)
