@@ -42,7 +42,7 @@ setup(
             libraries=["xxhash"],
             extra_compile_args=["-O2"],
         ),
-        # the largest deficit rule of mixing by tokens (tarshards.mixing; numpy without it),
+        # the largest deficit rule of mixing by tokens (tarshards.plan.mixing; numpy without it),
         # in the same float64 operations as numpy's: no fused multiply-adds
         Extension(
             "tarshards._deficits",

@@ -37,7 +37,7 @@ READERS = 12
 
 
 def epoch(urls, batch: int, ledger: str | None) -> tuple[float, int]:
-    from tarshards.torch import WebDataset, WebLoader
+    from tarshards.torch.adapter import WebDataset, WebLoader
 
     ds = (
         WebDataset(urls, shardshuffle=True, seed=0, readers=READERS, remainder="drop")
@@ -53,7 +53,7 @@ def epoch(urls, batch: int, ledger: str | None) -> tuple[float, int]:
 
 
 def record_ns(n: int = 100_000, repeat: int = 5) -> float:
-    from tarshards.ledger import LedgerWriter
+    from tarshards.plan.ledger import LedgerWriter
 
     best = float("inf")
     with tempfile.TemporaryDirectory() as tmp:
@@ -76,9 +76,9 @@ def record_ns(n: int = 100_000, repeat: int = 5) -> float:
 
 def write_ledger(path: str, steps: int, world: int = 8, epochs: int = 10):
     """A ledger of ``steps`` step records; returns the manifest its plan ran over."""
-    from tarshards.ledger import LedgerWriter
-    from tarshards.manifest import Manifest
-    from tarshards.plan import PlanConfig, ShardTable, plan_for
+    from tarshards.format.manifest import Manifest
+    from tarshards.plan.epoch import PlanConfig, ShardTable, plan_for
+    from tarshards.plan.ledger import LedgerWriter
 
     manifest = Manifest.from_counts([f"shard-{i:05d}.tar" for i in range(3200)], [1000] * 3200)
     table = ShardTable.from_manifest(manifest)
@@ -123,7 +123,7 @@ def main() -> None:
     print(f"# {info.get('cpu', '?')}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
 
     import tarshards
-    from tarshards.ledger import read_ledger
+    from tarshards.plan.ledger import read_ledger
 
     # ---- 2. the audit of a big ledger -------------------------------------------------------
     with tempfile.TemporaryDirectory() as tmp:

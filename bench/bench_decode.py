@@ -32,7 +32,8 @@ figure is the one to read on a loaded machine).
    Reference, the torchvision idiom written with PIL and torch ops (torchvision itself does
    not install beside this torch): ``.to_tuple("jpg", "cls").map_tuple(transform, None)`` where
    ``transform`` decodes with Pillow (``Image.open(...).convert("RGB")``), draws the crop
-   (torchvision's algorithm, :func:`tarshards.crop.crop_params`), ``img.crop(box).resize((224,
+   (torchvision's algorithm, :func:`tarshards.codecs.crop.crop_params`),
+   ``img.crop(box).resize((224,
    224), BILINEAR)``, flips with probability 1/2 (``transpose``), and converts as ``to_tensor``
    does (``permute(2, 0, 1).contiguous().float().div(255)``). The best peer, the row the
    ratios are of: webdataset's ``.decode("pil").to_tuple("jpg", "cls").map_tuple(T.Compose(
@@ -186,7 +187,7 @@ def bench_overhead(quick: bool, repeat: int) -> dict:
     import simplejpeg
 
     import tarshards
-    from tarshards import images
+    from tarshards.codecs import images
 
     images._cjpeg()  # the C decoder's library chosen before any side runs (see decoder_library)
     path = make_shard("small64", 2000 if quick else 4000, [(64, 64)], 4.0, 500)
@@ -218,9 +219,9 @@ def bench_overhead(quick: bool, repeat: int) -> dict:
 
 
 def decoder_library() -> str | None:
-    """The libjpeg the C decoder calls (chosen at its first use: tarshards.images), with its
+    """The libjpeg the C decoder calls (chosen at its first use: tarshards.codecs.images), with its
     libjpeg-turbo version; None where the C decoder is not built."""
-    from tarshards import images
+    from tarshards.codecs import images
 
     jd = images.jpeg_decoder()
     if jd["decoder"] != "tarshards._jpeg":
@@ -285,7 +286,7 @@ def bench_crop(quick: bool, repeat: int) -> dict:
     from PIL import Image
 
     import tarshards
-    from tarshards.crop import crop_params
+    from tarshards.codecs.crop import crop_params
 
     sizes = [(500, 375), (640, 480), (800, 600), (375, 500)]
     path = make_shard("imagenet", 120 if quick else 300, sizes, 13.0, 60)

@@ -295,7 +295,7 @@ def bench_index_vs_cat(paths, tmp: str, repeat: int) -> dict:
     process, and ``tarshards index -p NCPU``."""
     import common
 
-    from tarshards.index import index_url
+    from tarshards.format.index import index_url
 
     env = _command_env()
     nbytes = common.total_bytes(paths)
@@ -406,7 +406,7 @@ def bench_scaling(paths, tmp: str, repeat: int) -> dict:
     1 and 2 workers, per engine; clusters are started before the clock."""
     import contextlib
 
-    from tarshards.manifest import build_manifest
+    from tarshards.format.manifest import build_manifest
 
     out = os.path.join(tmp, "scaling", "manifest.json")  # the indexes go to _index/ there
 
@@ -490,7 +490,7 @@ def report_scaling(r: dict) -> None:
 
 def bench_random(manifest, job: dict, peers: list, repeat: int) -> dict:
     """Best of ``repeat`` interleaved rounds: one pass of ours, then one of each peer."""
-    from tarshards.indexed import IndexedDataset
+    from tarshards.read.indexed import IndexedDataset
 
     ds = IndexedDataset(manifest)
     for i in job["warm"]:
@@ -638,7 +638,7 @@ def main() -> None:
     import common
     import numpy as np
 
-    from tarshards.manifest import build_manifest
+    from tarshards.format.manifest import build_manifest
 
     repeat = args.repeat or (2 if args.quick else 5)
     paths = common.make_dataset(args.layout, quick=args.quick)
@@ -734,7 +734,7 @@ def _text_samples(n: int) -> list[dict]:
 
 def _aligned_sets(name: str, samples: list, per_shard: int, tmp: str) -> dict:
     from tarshards import ShardWriter
-    from tarshards.manifest import build_manifest
+    from tarshards.format.manifest import build_manifest
     from tarshards.testing import write_member_per_sample_gzip
 
     new_dir = os.path.join(tmp, f"{name}-new")
@@ -796,8 +796,8 @@ def bench_aligned_gz(paths, tmp: str, repeat: int, nrandom: int, quick: bool) ->
     import numpy as np
 
     from tarshards import IndexedDataset
-    from tarshards.pipeline import iter_samples
-    from tarshards.plan import ShardTable
+    from tarshards.pipeline.dataset import iter_samples
+    from tarshards.plan.epoch import ShardTable
 
     n = 6000 if quick else 20000
     per_shard = 1500 if quick else 2500
@@ -883,7 +883,7 @@ RECORDING_PROCESSES = 3
 
 
 def recording_samples(paths, quick: bool, values: bool) -> list:
-    from tarshards.pipeline import iter_samples
+    from tarshards.pipeline.dataset import iter_samples
 
     n = 8000 if quick else 20000
     samples = []
@@ -1012,7 +1012,7 @@ def report_big(b: dict) -> None:
     ncpu = os.cpu_count() or 1
     print(f"\n4. tarshards index SPEC -o M on {mb:.0f} MB ({b['shards']} plain shards, page cache)")
     print(f"   cat FILES > /dev/null            {cat:8.0f} MB/s")
-    from tarshards.hashing import HASHING_RELEASES_GIL
+    from tarshards.format.hashing import HASHING_RELEASES_GIL
 
     default = f"-p {min(ncpu, b['shards'])}" if HASHING_RELEASES_GIL else "-p 1"
     for key, label in (("default", f"(default: {default})"), ("p1", "-p 1")):
@@ -1031,7 +1031,7 @@ def report_big(b: dict) -> None:
 
 
 def _hashing_note() -> str:
-    from tarshards import hashing
+    from tarshards.format import hashing
 
     if hashing.HASHING_RELEASES_GIL:
         return "tarshards._xxh3 over libxxhash, without the GIL; -p N runs threads"

@@ -49,8 +49,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "src"))
 
 from tarshards.curate import KeyIndex  # noqa: E402
-from tarshards.index import ShardIndex  # noqa: E402
-from tarshards.manifest import ManifestRecorder  # noqa: E402
+from tarshards.format.index import ShardIndex  # noqa: E402
+from tarshards.format.manifest import ManifestRecorder  # noqa: E402
 
 DATA = os.path.join(HERE, "_data")
 KEY_LEN = 16

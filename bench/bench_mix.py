@@ -78,8 +78,8 @@ SCHEDULE = [(0, {"long": 0.8, "short": 0.2}), (500, {"long": 0.5, "short": 0.5})
 
 
 def build(sources, unit, scheduled=False):
-    from tarshards.mixing import mix
-    from tarshards.pipeline import WebDataset
+    from tarshards.pipeline.dataset import WebDataset
+    from tarshards.plan.mixing import mix
 
     srcs = {
         "long": WebDataset(sources["long"], seed=0).shuffle(1000),
@@ -94,7 +94,8 @@ def build(sources, unit, scheduled=False):
 
 
 def clear_caches():
-    from tarshards import mixing, plan
+    from tarshards.plan import epoch as plan
+    from tarshards.plan import mixing
 
     mixing._LAYOUTS.clear()
     mixing._EPOCH_BATCHES.clear()

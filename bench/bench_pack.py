@@ -162,7 +162,7 @@ def mixture(manifest: str, readers: int):
 
 
 def token_rows(lengths: np.ndarray, b: int) -> None:
-    from tarshards.packing import bucket_units, pack_units
+    from tarshards.plan.packing import bucket_units, pack_units
 
     plan = pack_units(lengths, MAX)
     fill = plan.fill()
@@ -185,8 +185,8 @@ def token_rows(lengths: np.ndarray, b: int) -> None:
 
 
 def plan_rows(n: int) -> None:
-    from tarshards.packing import _epoch_order, bucket_units, pack_units
-    from tarshards.plan import ShardTable
+    from tarshards.plan.epoch import ShardTable
+    from tarshards.plan.packing import _epoch_order, bucket_units, pack_units
 
     rng = np.random.default_rng(10)
     per = n // 1000
@@ -208,7 +208,7 @@ def plan_rows(n: int) -> None:
     print(f"  bucket plan of {n:,} samples: {cpu:.2f} s CPU, {wall:.2f} s wall; {len(b):,} batches")
     # the packs of a mixture by tokens (the largest deficit rule, each of 60 readers' streams cut
     # next-fit): two sources of n / 2 samples, 2:1, the long-tailed costs above and a uniform one
-    from tarshards.mixing import _plan_packs, _Weights
+    from tarshards.plan.mixing import _plan_packs, _Weights
 
     V = 60
     per = n // 2 // V
@@ -239,7 +239,7 @@ def main() -> None:
     big = args.plan_samples or (2_000_000 if args.quick else 10_000_000)
     print(f"{platform.processor() or platform.machine()}, {time.strftime('%Y-%m-%d %H:%M')}")
     manifest, lengths = make_data(n)
-    from tarshards.packing import pack_units
+    from tarshards.plan.packing import pack_units
 
     b = max(1, round(len(lengths) / len(pack_units(lengths, MAX))))
     held = b * 16  # the samples of a default window (16 packs' worth)

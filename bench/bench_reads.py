@@ -59,7 +59,7 @@ import common  # noqa: E402
 def writer_copies(paths, folder) -> list[str]:
     """The shards rewritten by TarWriter (raw bytes), into ``folder``."""
     from tarshards import TarWriter
-    from tarshards.pipeline import iter_samples
+    from tarshards.pipeline.dataset import iter_samples
 
     os.makedirs(folder, exist_ok=True)
     out = []
@@ -92,7 +92,7 @@ def cat(paths) -> None:
 
 
 def ours(paths) -> int:
-    from tarshards.pipeline import WebDataset
+    from tarshards.pipeline.dataset import WebDataset
 
     return sum(1 for _ in WebDataset(paths))
 

@@ -31,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 from tarshards import TarWriter, WebDataset  # noqa: E402
-from tarshards.pipeline import iter_samples  # noqa: E402
+from tarshards.pipeline.dataset import iter_samples  # noqa: E402
 
 
 def _servers():

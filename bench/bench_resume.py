@@ -49,7 +49,7 @@ FRACTIONS = (0.1, 0.5, 0.9)
 
 
 def planned(urls, table=None, decode=False, shuffle=BUF, readers=READERS):
-    from tarshards.pipeline import WebDataset
+    from tarshards.pipeline.dataset import WebDataset
 
     # remainder="drop": the rates compare like with like (the plain pipeline has no carry-over)
     ds = WebDataset(urls, shardshuffle=True, seed=SEED, readers=readers, remainder="drop")
@@ -59,7 +59,7 @@ def planned(urls, table=None, decode=False, shuffle=BUF, readers=READERS):
 
 
 def plain(urls, decode=False, shuffle=BUF):
-    from tarshards.pipeline import WebDataset
+    from tarshards.pipeline.dataset import WebDataset
 
     return _stages(WebDataset(urls, shardshuffle=True, seed=SEED), decode, shuffle)
 

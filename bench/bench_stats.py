@@ -39,7 +39,7 @@ from common import machine_info, make_dataset  # noqa: E402
 
 
 def epoch(urls, workers: int, stats: bool) -> tuple[float, int]:
-    from tarshards.torch import WebDataset, WebLoader
+    from tarshards.torch.adapter import WebDataset, WebLoader
 
     ds = WebDataset(urls).decode("rgb8").to_tuple("jpg", "cls").batched(64)
     loader = WebLoader(ds, batch_size=None, num_workers=workers, stats=stats)

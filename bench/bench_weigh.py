@@ -6,7 +6,7 @@
 1. ``readback``: the tar read-back thread of ``_c/readback.c`` (``_xxh3.Background``: while
    ``ShardWriter(manifest=...)`` writes a plain shard, a pthread reads the file back, hashes it
    and each member and lays out the index's columns). Its switch is
-   ``tarshards.hashing.background_hasher``: where it returns ``None`` the writer hashes and
+   ``tarshards.format.hashing.background_hasher``: where it returns ``None`` the writer hashes and
    records inline (``_speedups.Recorder`` in ``tar_sample``, the file hashed as it is written).
    The row is ``bench_index.py --only-recording``'s: 4 KB samples (the small layout's, raw
    fields, ``encoder=False``) written by ``ShardWriter`` into 4 shards on ``/dev/shm``, with and
@@ -49,9 +49,9 @@ def readback_child(rounds: int, n: int, first: str) -> dict:
     sys.path.insert(0, HERE)
     import common
 
-    import tarshards.hashing as hashing
+    import tarshards.format.hashing as hashing
     from tarshards import ShardWriter
-    from tarshards.pipeline import iter_samples
+    from tarshards.pipeline.dataset import iter_samples
 
     samples = []
     for s in iter_samples(common.make_dataset("small", quick=n <= 8000)):
@@ -154,7 +154,8 @@ def jpeg_child(side: str, rounds: int) -> dict:
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     data = jpegs()
     if side in ("pillow-lib", "system-lib"):
-        from tarshards import _jpeg, images
+        from tarshards import _jpeg
+        from tarshards.codecs import images
 
         assert images._cjpeg() is not None
         library = _jpeg.library()

@@ -1,4 +1,4 @@
-"""One rank of a training job that keeps a data-order ledger, for tests/test_ledger.py.
+"""One rank of a training job that keeps a data-order ledger, for tests/plan/test_ledger.py.
 
 python audit_rank.py CONFIG.json RANK: joins a gloo group on 127.0.0.1, optionally loads the
 loader state a previous world saved, runs its steps (each an all_reduce, as a gradient's would
@@ -15,7 +15,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from tarshards.torch import WebDataset, WebLoader
+from tarshards.torch.adapter import WebDataset, WebLoader
 
 cfg = json.load(open(sys.argv[1]))
 rank = int(sys.argv[2])

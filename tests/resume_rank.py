@@ -12,7 +12,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from tarshards.torch import WebDataset, WebLoader
+from tarshards.torch.adapter import WebDataset, WebLoader
 
 cfg = json.load(open(sys.argv[1]))
 rank = int(sys.argv[2])

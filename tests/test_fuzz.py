@@ -42,9 +42,9 @@ zstandard = pytest.importorskip("zstandard")
 
 from test_tario import Trickle  # noqa: E402
 
-from tarshards.compression import by_magic  # noqa: E402
 from tarshards.errors import TarshardsError, TarshardsWarning  # noqa: E402
-from tarshards.format import group_samples, split_name  # noqa: E402
+from tarshards.format.compression import by_magic  # noqa: E402
+from tarshards.format.names import group_samples, split_name  # noqa: E402
 from tarshards.tario import (  # noqa: E402
     decompressed_chunks,
     iter_tar_batches,
@@ -809,7 +809,7 @@ INDEX_N = int(os.environ.get("TARSHARDS_FUZZ_INDEX_N", "800"))
 
 def _index_members(data: bytes):
     """``(members as (key, ext, size, checksum), error name)`` of the index of a mutant."""
-    from tarshards.index import index_stream
+    from tarshards.format.index import index_stream
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TarshardsWarning)
@@ -845,7 +845,7 @@ def test_fuzz_index_agrees_with_the_reader(seeds):
     checksums), or indexing raises where reading does: the index is made by the reader's own
     parser. (It used to have a walk of its own, which disagreed on ~7% of these mutants: a lone
     zero block ended the index, an empty pax path, a global pax size...)"""
-    from tarshards.hashing import MEMBER_HASH, member_checksum_fn
+    from tarshards.format.hashing import MEMBER_HASH, member_checksum_fn
 
     checksum = member_checksum_fn(MEMBER_HASH)
     seeds_, plain = seeds
@@ -1047,7 +1047,7 @@ def _ra_mutate(data: bytes, draw, tar: bool) -> tuple[bytes, str, tuple[int, flo
 
 
 def _ra_sequential(path: str):
-    from tarshards.reading import iter_samples
+    from tarshards.read.reading import iter_samples
 
     samples, err = [], None
     with warnings.catch_warnings():
@@ -1066,7 +1066,7 @@ def _ra_assert_names_shard(exc: TarshardsError, path: str, what) -> None:
 
 
 def _ra_build(d: str, path: str):
-    from tarshards.manifest import build_manifest
+    from tarshards.format.manifest import build_manifest
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TarshardsWarning)
@@ -1106,7 +1106,7 @@ def _ra_check_equal(ds, samples: list, what) -> None:
 def test_fuzz_index_and_random_access_of_damaged_shards(samples, writer, data):
     """A damaged shard gives a tarshards error naming it when indexed, or an index whose
     ``ds[i]`` equals sample i of the sequential read, for every i (and the read raises nothing)."""
-    from tarshards.indexed import IndexedDataset
+    from tarshards.read.indexed import IndexedDataset
 
     with tempfile.TemporaryDirectory() as d:
         path, what = _ra_damaged_shard(d, data, samples, writer)
@@ -1140,7 +1140,7 @@ def test_fuzz_random_access_with_a_stale_index(samples, writer, verify, data):
     shard, or gives sample i as indexed (its key and fields); a plain shard's sample whose bytes
     the damage did not touch is read exactly as before; with ``verify=True`` a sample whose bytes
     changed is never returned."""
-    from tarshards.indexed import IndexedDataset
+    from tarshards.read.indexed import IndexedDataset
 
     with tempfile.TemporaryDirectory() as d:
         path, _ = _ra_write(d, samples, writer)
@@ -1194,7 +1194,7 @@ def _ra_tar(members, fmt=tarfile.USTAR_FORMAT, pax_headers=None) -> bytes:
 
 
 def _ra_random_access_equals_sequential(tmp_path, raw: bytes, name="t.tar"):
-    from tarshards.indexed import IndexedDataset
+    from tarshards.read.indexed import IndexedDataset
 
     path = str(tmp_path / name)
     with open(path, "wb") as f:
@@ -1229,7 +1229,7 @@ def test_random_access_under_a_pax_global_size(tmp_path):
     raw = _pax_block({"size": "3"}, tarfile.XGLTYPE) + raw
     seq = _ra_random_access_equals_sequential(tmp_path, raw)
     assert [s["__key__"] for s in seq] == ["a"]  # 3 bytes of a.txt's data: b's header
-    from tarshards.index import FLAG_GLOBAL_SIZE, index_stream
+    from tarshards.format.index import FLAG_GLOBAL_SIZE, index_stream
 
     assert int(index_stream(io.BytesIO(raw)).sample_flags[0]) & FLAG_GLOBAL_SIZE
 
@@ -1258,7 +1258,7 @@ def test_random_access_of_a_damaged_tgz_raises_a_tarshards_error(tmp_path):
     """A .tgz (one gzip stream) damaged after indexing: indexed_gzip's ZranError / OSError came
     out of ds[i] as is; now a CompressionError naming the shard."""
     from tarshards.errors import CompressionError
-    from tarshards.indexed import IndexedDataset
+    from tarshards.read.indexed import IndexedDataset
 
     path = tmp_path / "t.tar.gz"
     path.write_bytes(gzip.compress(_ra_tar([("a.txt", b"x" * 3000), ("b.txt", b"y")]), mtime=0))

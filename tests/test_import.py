@@ -19,7 +19,8 @@ def test_import_does_not_import_torch():
     code = (
         "import sys, json, tarshards\n"
         "from tarshards import TarWriter, ShardWriter, iter_tar, shard_samples\n"
-        "import tarshards.codecs, tarshards.tario, tarshards.format, tarshards.writer\n"
+        "import tarshards.codecs.registry, tarshards.tario, tarshards.format.names\n"
+        "import tarshards.write.writer\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('torch', 'click', 'dask', 'msgpack', 's3fs', 'gcsfs'))))\n"
     )
@@ -53,7 +54,7 @@ def test_public_names():
 def test_torch_modes_need_torch_only_when_used():
     pytest.importorskip("torch")
     code = (
-        "import sys\nfrom tarshards.codecs import field_decoder\n"
+        "import sys\nfrom tarshards.codecs.registry import field_decoder\n"
         "field_decoder('png', image_mode='rgb8')\nprint('torch' in sys.modules)\n"
         "field_decoder('png', image_mode='torchrgb')\nprint('torch' in sys.modules)\n"
     )
@@ -70,7 +71,11 @@ def test_star_import_without_torch():
         "from tarshards import *\n"
         "print(WebDataset.__module__, WebDataset.__mro__[1].__module__, WebLoader.__name__)\n"
     )
-    assert run_python(code).split() == ["tarshards.pipeline", "tarshards.composition", "WebLoader"]
+    assert run_python(code).split() == [
+        "tarshards.pipeline.dataset",
+        "tarshards.pipeline.composition",
+        "WebLoader",
+    ]
 
 
 def test_optional_torch_entries_say_what_to_install():
@@ -79,8 +84,8 @@ def test_optional_torch_entries_say_what_to_install():
         + """
 import pickle
 from tarshards import MissingDependencyError, UnsafeCodecError, WebLoader, decode, encode_value
-from tarshards.codecs import field_decoder
-from tarshards.stages import default_collation_fn
+from tarshards.codecs.registry import field_decoder
+from tarshards.pipeline.stages import default_collation_fn
 def fails(f, *args, **kw):
     try:
         f(*args, **kw)
@@ -112,8 +117,8 @@ def test_torch_entries_registered_on_first_use():
     code = """
 import sys
 import torch
-from tarshards.codecs import decode_value, encode_value
-from tarshards.stages import default_collation_fn
+from tarshards.codecs.registry import decode_value, encode_value
+from tarshards.pipeline.stages import default_collation_fn
 print("tarshards.torch" in sys.modules)
 data = encode_value({"w": torch.arange(3)}, "pth")
 print("tarshards.torch" in sys.modules)
@@ -155,10 +160,13 @@ def test_lazy_table_covers_the_public_names():
     here = Path(tarshards.__file__).parent
     found = {p.stem for p in here.glob("*.py") if not p.stem.startswith("_")}
     found |= {p.name for p in here.iterdir() if (p / "__init__.py").exists()}
-    # every module but the two that import optional parts (torch, click) when imported
-    assert set(tarshards._SUBMODULES) == found - {"torch", "cli"}
+    # every module and package but the two that import optional parts (torch, click) when
+    # imported; the modules that moved into packages keep their old names as attributes
+    assert {v.split(".")[0] for v in tarshards._SUBMODULES.values()} == found - {"torch", "cli"}
+    for old, new in tarshards._SUBMODULES.items():
+        assert getattr(tarshards, old) is importlib.import_module(f"tarshards.{new}")
     code = "import tarshards as t\nprint(t.stages.shuffle.__module__, t.hashing.MEMBER_HASH)\n"
-    assert run_python(code).split() == ["tarshards.stages", "xxh3_64"]
+    assert run_python(code).split() == ["tarshards.pipeline.stages", "xxh3_64"]
     with pytest.raises(AttributeError, match="no attribute 'nonesuch'"):
         tarshards.nonesuch  # noqa: B018
 
@@ -166,11 +174,11 @@ def test_lazy_table_covers_the_public_names():
 @pytest.mark.parametrize(
     "module, registry, name",
     [
-        ("codecs", "OPTIONAL_CODECS", "pth"),
-        ("codecs", "OPTIONAL_ARRAY_KINDS", "torch-uint8"),
-        ("images", "OPTIONAL_ARRAY_KINDS", "torch-float"),
-        ("stages", "OPTIONAL_COLLATION", "torch.Tensor"),
-        ("crop", "OPTIONAL_CROP_CONVERTERS", "tensor"),
+        ("codecs.registry", "OPTIONAL_CODECS", "pth"),
+        ("codecs.registry", "OPTIONAL_ARRAY_KINDS", "torch-uint8"),
+        ("codecs.images", "OPTIONAL_ARRAY_KINDS", "torch-float"),
+        ("pipeline.stages", "OPTIONAL_COLLATION", "torch.Tensor"),
+        ("codecs.crop", "OPTIONAL_CROP_CONVERTERS", "tensor"),
     ],
 )
 def test_optional_entries_declared_whichever_module_comes_first(module, registry, name):

@@ -30,41 +30,67 @@ LAYERS: list[tuple[str, ...]] = [
         "_xxh3",
         "_deficits",
         "stats",
+        "format",
+        "codecs",
+        "read",
+        "write",
+        "plan",
+        "pipeline",
     ),  # the bottom: no tarshards imports but these (stats: a loader's counters, which the
-    # reading path is handed)
-    ("format", "on_error", "tenbin"),  # naming rules, parse_size; the error policy
-    ("compression", "hashing"),  # one table of compressions; content hashes
-    ("images",),  # image codecs and modes, the JPEG fast paths
-    ("codecs", "crop"),  # the codec registry; image crops
+    # reading path is handed; the packages' own __init__ modules, which hold only their
+    # docstrings: each module of a package has its own row below)
+    ("format.names", "on_error", "format.tenbin"),  # naming rules, parse_size; the error policy
+    ("format.compression", "format.hashing"),  # one table of compressions; content hashes
+    ("codecs.images",),  # image codecs and modes, the JPEG fast paths
+    ("codecs.registry", "codecs.crop"),  # the codec registry; image crops
     ("media.probe", "media.output"),  # media properties and the PyAV backend; media outputs
-    ("decoding",),  # the decode stage (and the fused decode + to_tuple)
+    ("codecs.decoding",),  # the decode stage (and the fused decode + to_tuple)
     ("tario.headers",),  # tar header fields, checksums, pax records, names
     ("tario.buffer", "tario.writer"),  # byte sources and the reader's buffer; the member writer
     ("tario.sparse",),  # GNU sparse members
     ("tario.reader",),  # the streaming member reader
     ("tario",),  # the package: re-exports its modules' names
     ("storage",),  # opening URLs (at an offset), retries, atomic output, cache, prefetch, seeks
-    ("specs",),  # shard specs (list files and globs read through storage)
+    ("read.specs",),  # shard specs (list files and globs read through storage)
     ("parallel.pool", "parallel.reports", "parallel.engines"),  # where shard jobs run
-    ("writer", "manifest", "index", "selection"),  # writing; the dataset's record and index;
+    (
+        "write.writer",
+        "format.manifest",
+        "format.index",
+        "format.selection",
+    ),  # writing; the dataset's record and index;
     # views (a selection of a manifest's rows: a record of the data too)
     ("media.video", "media.audio", "media.access", "media.metadata"),  # clips, byte ranges
     ("media",),  # the package: its names, imported on first use
     (
-        "shards",
-        "plan",
-        "source",
-        "reading",
+        "plan.shards",
+        "plan.epoch",
+        "plan.cursor",
+        "read.reading",
     ),  # shard lists, the epoch plan and its cursor; shard reading
-    ("sidecar",),  # sidecar column groups and joins, read row by row beside their base
-    ("stages", "planned", "stateful"),  # stages; the planned iteration; stages with a state
-    ("fusion",),  # the stage record and the one rewrite of a stage list (fusion)
-    ("packing", "collation"),  # packs and buckets (planned from metadata); their collations
-    ("composition",),  # DataPipeline: a source and stages, the fluent methods
-    ("pipeline",),  # WebDataset (and the names of the modules above, re-exported)
-    ("mixing", "indexed", "testing", "media.collate"),  # mixtures, random access, the resume check
-    ("ledger",),  # the data-order ledger and its audit (replays plans)
-    ("torch", "transport", "parallel", "compat", "benchmark"),  # adapters and engines
+    ("read.sidecar",),  # sidecar column groups and joins, read row by row beside their base
+    (
+        "pipeline.stages",
+        "plan.planned",
+        "pipeline.stateful",
+    ),  # stages; the planned iteration; stages with a state
+    ("pipeline.fusion",),  # the stage record and the one rewrite of a stage list (fusion)
+    (
+        "plan.packing",
+        "pipeline.collation",
+    ),  # packs and buckets (planned from metadata); their collations
+    ("pipeline.composition",),  # DataPipeline: a source and stages, the fluent methods
+    ("pipeline.dataset",),  # WebDataset (and the names of the modules above, re-exported)
+    (
+        "plan.mixing",
+        "read.indexed",
+        "testing",
+        "media.collate",
+    ),  # mixtures, random access, the resume check
+    ("plan.ledger",),  # the data-order ledger and its audit (replays plans)
+    ("torch.transport",),  # batches from DataLoader workers through shared memory (numpy only)
+    # adapters and engines (the torch package re-exports torch.adapter)
+    ("torch", "torch.adapter", "parallel", "compat", "benchmark"),
     ("curate",),  # views, dedup, sidecar columns, joins, the key table, splits, dataset specs
     ("convert",),  # sources into shards (on the parallel engines), shards into Parquet
     ("web",),  # the data set browser (a web application over random access)
@@ -199,10 +225,37 @@ def test_known_upward_edges_still_exist():
 def test_the_old_import_paths_are_gone():
     """``tarshards.urls``, ``tarshards.cache`` and ``tarshards.seek`` (import paths of the
     unreleased 0.1.0) are gone: their names live in ``tarshards.storage`` and
-    ``tarshards.specs``."""
+    ``tarshards.read.specs``."""
     import importlib
 
     for old in ("tarshards.urls", "tarshards.cache", "tarshards.seek"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
+
+
+# the modules that stay at the top of the package: everything else lives in a package by concern
+TOP_LEVEL = {"__init__", "_lazy", "errors", "types", "on_error", "stats", "testing", "benchmark"}
+EXTENSIONS = {"_speedups", "_jpeg", "_xxh3", "_deficits"}  # the C extensions (sources in _c/)
+
+
+def test_a_tree_by_concern():
+    """At most 12 modules at the top of ``src/tarshards`` (the C extensions counted), the rest in
+    packages; the modules that moved into packages are importable only from there (their old
+    names stay attributes of the package: ``tarshards.stages`` is ``tarshards.pipeline.stages``)."""
+    import importlib
+
+    import tarshards
+
+    python = {p.stem for p in SRC.glob("*.py")}
+    assert python == TOP_LEVEL
+    built = {p.name.split(".")[0] for p in SRC.glob("*.so")} | {
+        p.name.split(".")[0] for p in SRC.glob("*.pyd")
+    }
+    assert built <= EXTENSIONS
+    assert len(python | EXTENSIONS) <= 12
+    for old, new in [("stages", "pipeline.stages"), ("writer", "write.writer"), ("plan", "plan")]:
+        assert getattr(tarshards, old) is importlib.import_module(f"tarshards.{new}")
+    for old in ("tarshards.stages", "tarshards.writer", "tarshards.manifest", "tarshards.source"):
         with pytest.raises(ModuleNotFoundError):
             importlib.import_module(old)
 
@@ -346,46 +399,35 @@ _THIRD_PARTY = "a third-party object's private attribute (PIL, s3fs), not a tars
 
 # (module less "tarshards.", private name): why it is still here
 PRIVATE_ACCESS: dict[tuple[str, str], str] = {
-    ("writer", "_out"): _RECORDER,
+    ("write.writer", "_out"): _RECORDER,
     ("benchmark", "_nsamples"): _BACK_CHANNEL,
     ("benchmark", "_stages"): _BACK_CHANNEL,
     ("cli.bench", "_EXTRA_MODES"): _SHARED_NAME,
-    ("codecs", "_dec_image_pil"): _SHARED_NAME,
-    ("codecs", "_enc_image"): _SHARED_NAME,
     ("compat.compat", "_samples"): _BACK_CHANNEL,
     ("compat.pipeline", "_pipeline_source"): _BACK_CHANNEL,
     ("compat.pipeline", "_stages"): _SAME_CLASS,
-    ("composition", "_PlannedIterator"): _SHARED_NAME,
-    ("composition", "_append"): _SAME_CLASS,
-    ("composition", "_stages"): _SAME_CLASS,
-    ("crop", "_cjpeg"): _SHARED_NAME,
-    ("crop", "_rgbx_image_mapper"): _SHARED_NAME,
-    ("crop", "_simplejpeg"): _SHARED_NAME,
-    ("decoding", "_EXTRA_MODES"): _SHARED_NAME,
-    ("images", "_mode"): _THIRD_PARTY,
-    ("images", "_size"): _THIRD_PARTY,
-    ("indexed", "_checksum_ok"): _SHARED_NAME,
-    ("indexed", "_number"): _SHARED_NAME,
-    ("indexed", "_octal"): _SHARED_NAME,
-    ("indexed", "_size_number"): _SHARED_NAME,
-    ("mixing", "_PlannedIterator"): _SHARED_NAME,
-    ("mixing", "_Stage"): _SHARED_NAME,
-    ("mixing", "_bind"): _SHARED_NAME,
-    ("mixing", "_explicit_rank"): _SHARED_NAME,
-    ("mixing", "_plan_config"): _BACK_CHANNEL,
-    ("mixing", "_stages"): _BACK_CHANNEL,
-    ("pipeline", "_DEFAULT"): _SHARED_NAME,
-    ("pipeline", "_PLACE"): _SHARED_NAME,
-    ("pipeline", "_SingleProgram"): _SHARED_NAME,
-    ("pipeline", "_Stage"): _SHARED_NAME,
-    ("pipeline", "_wanted"): _SHARED_NAME,
-    ("planned", "_read_from"): _BACK_CHANNEL,
+    ("pipeline.composition", "_PlannedIterator"): _SHARED_NAME,
+    ("pipeline.composition", "_append"): _SAME_CLASS,
+    ("pipeline.composition", "_stages"): _SAME_CLASS,
+    ("codecs.images", "_mode"): _THIRD_PARTY,
+    ("codecs.images", "_size"): _THIRD_PARTY,
+    ("read.indexed", "_checksum_ok"): _SHARED_NAME,
+    ("read.indexed", "_number"): _SHARED_NAME,
+    ("read.indexed", "_octal"): _SHARED_NAME,
+    ("read.indexed", "_size_number"): _SHARED_NAME,
+    ("plan.mixing", "_Stage"): _SHARED_NAME,
+    ("plan.mixing", "_bind"): _SHARED_NAME,
+    ("plan.mixing", "_explicit_rank"): _SHARED_NAME,
+    ("plan.mixing", "_plan_config"): _BACK_CHANNEL,
+    ("plan.mixing", "_stages"): _BACK_CHANNEL,
+    ("pipeline.dataset", "_SingleProgram"): _SHARED_NAME,
+    ("plan.planned", "_read_from"): _BACK_CHANNEL,
     ("storage.s3", "_call_s3"): _THIRD_PARTY,
-    ("torch", "_explicit_rank"): _BACK_CHANNEL,
-    ("writer", "_MEMBER_DTYPE"): _SHARED_NAME,
-    ("writer", "_ext_codes"): _RECORDER,
-    ("writer", "_stream"): _RECORDER,
-    ("writer", "_writelines"): _RECORDER,
+    ("torch.adapter", "_explicit_rank"): _BACK_CHANNEL,
+    ("write.writer", "_MEMBER_DTYPE"): _SHARED_NAME,
+    ("write.writer", "_ext_codes"): _RECORDER,
+    ("write.writer", "_stream"): _RECORDER,
+    ("write.writer", "_writelines"): _RECORDER,
 }
 
 

@@ -5,7 +5,7 @@ use; where it supports the compression), by a zstd reader that crosses frames, b
 (``tar -t``, and ``tar -x`` byte for byte) and by webdataset 1.0.2: every member, every sample.
 
 Sample-aligned ``.tgz`` is one gzip member with a flush point per sample
-(:class:`tarshards.compression.FlushedGzip`); it is also entered at those points by
+(:class:`tarshards.format.compression.FlushedGzip`); it is also entered at those points by
 ``IndexedDataset`` and by a mid-epoch resume. Shards of the old layout (a gzip member per sample)
 are still read by tarshards, and ``tarcheck`` warns about them.
 """
@@ -25,9 +25,9 @@ from click.testing import CliRunner
 
 from tarshards import IndexedDataset, ShardWriter, TarWriter, WebDataset
 from tarshards.cli import main as cli
-from tarshards.compression import gzip_layout
-from tarshards.index import ShardIndex, index_url
-from tarshards.pipeline import shard_samples
+from tarshards.format.compression import gzip_layout
+from tarshards.format.index import ShardIndex, index_url
+from tarshards.pipeline.dataset import shard_samples
 from tarshards.storage import read_sample_at, samples_from
 from tarshards.testing import write_member_per_sample_gzip
 
@@ -331,7 +331,7 @@ def test_aligned_tgz_random_access_and_seeks(aligned_tgz):
 # (planned batches drop the remainder by default; the warning has tests of its own)
 @pytest.mark.filterwarnings("ignore:epoch \\d+ drops:tarshards.errors.TarshardsWarning")
 def test_aligned_tgz_resume_seeks_to_flush_points(aligned_tgz, monkeypatch):
-    import tarshards.source as source_mod
+    import tarshards.plan.cursor as source_mod
     from tarshards.testing import check_resume
 
     _, _rows, manifest = aligned_tgz

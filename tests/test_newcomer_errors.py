@@ -333,7 +333,7 @@ def _mixed_sizes(directory):
 
 
 def test_stacking_images_of_mixed_sizes_says_what_to_do(tmp_path):
-    from tarshards.stages import CollateError
+    from tarshards.pipeline.stages import CollateError
 
     url = _mixed_sizes(tmp_path)
     with pytest.raises(CollateError) as info:
@@ -356,7 +356,7 @@ def test_stacking_images_of_mixed_sizes_says_what_to_do(tmp_path):
 def test_a_loaders_collation_of_mixed_sizes_says_what_to_do(tmp_path, workers):
     torch = pytest.importorskip("torch")
     from tarshards import WebLoader
-    from tarshards.stages import CollateError
+    from tarshards.pipeline.stages import CollateError
 
     url = _mixed_sizes(tmp_path)
     ds = WebDataset(url).decode("torchrgb").to_tuple("jpg", "cls")

@@ -9,7 +9,6 @@ import warnings
 import pytest
 from conftest import write_shards
 
-from tarshards import stages
 from tarshards.errors import (
     DecodeError,
     MissingDependencyError,
@@ -26,7 +25,8 @@ from tarshards.on_error import (
     warn_and_continue,
     warn_and_stop,
 )
-from tarshards.pipeline import DataPipeline, WebDataset
+from tarshards.pipeline import stages
+from tarshards.pipeline.dataset import DataPipeline, WebDataset
 
 
 def _samples(n=4, bad=(1,)):

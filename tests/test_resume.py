@@ -10,7 +10,7 @@ import pytest
 
 from tarshards import TarWriter
 from tarshards.errors import ResumeError
-from tarshards.source import EpochPlan, PlanConfig, Schedule, ShuffleCore, reader_rng
+from tarshards.plan.cursor import EpochPlan, PlanConfig, Schedule, ShuffleCore, reader_rng
 from tarshards.testing import batch_digest, check_resume, run_epochs
 
 COUNTS = [7, 13, 5, 11, 9, 3, 17, 8]  # uneven shards, 73 samples
@@ -99,9 +99,9 @@ def test_shuffle_replay_equals_the_run():
 
 def make_ds(urls, *, shuffle=5, readers=6, batch=4, seed=1, remainder="drop", torch_ds=False, **kw):
     if torch_ds:
-        from tarshards.torch import WebDataset
+        from tarshards.torch.adapter import WebDataset
     else:
-        from tarshards.pipeline import WebDataset
+        from tarshards.pipeline.dataset import WebDataset
     ds = WebDataset(urls, shardshuffle=True, seed=seed, readers=readers, remainder=remainder, **kw)
     if shuffle:
         ds = ds.shuffle(shuffle)
@@ -125,9 +125,9 @@ def test_dataset_resumes_exactly(urls, shuffle, remainder):
 def make_plain(urls, *, shuffle=5, batch=4, seed=1, ctor=False, torch_ds=False, **kw):
     """A pipeline without an epoch plan (no readers=): the plain shard split."""
     if torch_ds:
-        from tarshards.torch import WebDataset
+        from tarshards.torch.adapter import WebDataset
     else:
-        from tarshards.pipeline import WebDataset
+        from tarshards.pipeline.dataset import WebDataset
     if ctor:  # the seed's API: shuffle= in the constructor
         ds = WebDataset(urls, shuffle=shuffle, seed=seed, **kw)
     else:
@@ -144,7 +144,7 @@ def test_plain_pipeline_resumes_exactly(urls, variant):
     """Without an epoch plan the state names the epoch and the items yielded in it, and a
     resumed pipeline replays the epoch to there: exact (its state used to name only the
     next epoch, so a mid-epoch state silently dropped the rest of the epoch)."""
-    from tarshards.pipeline import WebDataset
+    from tarshards.pipeline.dataset import WebDataset
 
     def make():
         if variant == "samples":  # no batching: the position counts samples
@@ -236,7 +236,7 @@ LOADER_CASES = [
 
 @pytest.mark.parametrize("num_workers,persistent,shuffle", LOADER_CASES)
 def test_webloader_resumes_exactly(urls, num_workers, persistent, shuffle):
-    from tarshards.torch import WebLoader
+    from tarshards.torch.adapter import WebLoader
 
     _quiet()
 
@@ -263,7 +263,7 @@ def test_webloader_resumes_exactly(urls, num_workers, persistent, shuffle):
 def test_webloader_resumes_a_plain_pipeline_exactly(urls, num_workers, persistent):
     """Without a plan WebLoader's state names the epoch and the batches handed out, and a
     resumed loader replays the epoch to there."""
-    from tarshards.torch import WebLoader
+    from tarshards.torch.adapter import WebLoader
 
     _quiet()
 
@@ -287,7 +287,7 @@ def _torch_roundtrip(state):
 
 
 def test_stream_does_not_depend_on_num_workers(urls):
-    from tarshards.torch import WebLoader
+    from tarshards.torch.adapter import WebLoader
 
     _quiet()
     streams = []
@@ -349,8 +349,8 @@ def test_stateful_dataloader_resumes_a_plain_pipeline_exactly(urls, num_workers,
 # (planned batches drop the remainder by default; the warning has tests of its own)
 @pytest.mark.filterwarnings("ignore:epoch \\d+ drops:tarshards.errors.TarshardsWarning")
 def test_manifest_gives_the_plan_without_a_scan(urls, tmp_path):
-    from tarshards.manifest import build_manifest
-    from tarshards.pipeline import WebDataset
+    from tarshards.format.manifest import build_manifest
+    from tarshards.pipeline.dataset import WebDataset
 
     manifest = build_manifest(urls, str(tmp_path / "m.json"), workers=1)
 
@@ -388,10 +388,10 @@ def two_sets(tmp_path_factory):
 
 def make_mix(two_sets, stop="first", torch_ds=False, **kw):
     if torch_ds:
-        from tarshards.torch import WebDataset, mix
+        from tarshards.torch.adapter import WebDataset, mix
     else:
-        from tarshards.mixing import mix
-        from tarshards.pipeline import WebDataset
+        from tarshards.pipeline.dataset import WebDataset
+        from tarshards.plan.mixing import mix
     a_urls, b_urls = two_sets
     a = WebDataset(a_urls, shardshuffle=True, seed=0).shuffle(4).decode()
     b = WebDataset(b_urls, shardshuffle=True, seed=0).decode()
@@ -403,7 +403,7 @@ def make_mix(two_sets, stop="first", torch_ds=False, **kw):
 
 
 def test_batch_quotas_are_exact():
-    from tarshards.mixing import batch_quotas
+    from tarshards.plan.mixing import batch_quotas
 
     q = batch_quotas((0.7, 0.3), 4, (1000, 1000), "first")
     assert all(sum(x) == 4 and x[0] in (2, 3) and x[1] in (1, 2) for x in q)
@@ -431,7 +431,7 @@ def test_mix_quotas_stops_and_resume(two_sets, stop):
 
 
 def test_mix_through_loader_and_elastic(two_sets):
-    from tarshards.torch import WebLoader
+    from tarshards.torch.adapter import WebLoader
 
     _quiet()
     check_resume(
@@ -466,7 +466,7 @@ def test_mix_through_loader_and_elastic(two_sets):
 
 
 def test_state_from_a_step_count(urls):
-    from tarshards.torch import WebLoader
+    from tarshards.torch.adapter import WebLoader
 
     def make():
         return WebLoader(make_ds(urls, torch_ds=True), batch_size=None)
@@ -481,7 +481,7 @@ def test_state_from_a_step_count(urls):
 
 
 def test_plain_stream_webloader_resumes_by_replay(urls):
-    from tarshards.torch import WebDataset, WebLoader
+    from tarshards.torch.adapter import WebDataset, WebLoader
 
     def make():
         ds = WebDataset(urls, shardshuffle=True, seed=2).shuffle(5).to_tuple("__key__").batched(4)

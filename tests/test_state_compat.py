@@ -135,7 +135,7 @@ def test_loader_state_from_before_resumes(tmp_path, frozen, name, workers):
 # data (one fingerprint: shard names and counts), so they load and resume the same through it
 @pytest.mark.parametrize("name", ["planned-dataset", "planned-dataset-epoch1"])
 def test_state_from_before_resumes_with_a_manifest(tmp_path, frozen, name):
-    from tarshards.manifest import build_manifest
+    from tarshards.format.manifest import build_manifest
 
     build, _, _ = CASES[name]
     case = frozen["cases"][name]
@@ -150,7 +150,7 @@ def test_state_from_before_resumes_with_a_manifest(tmp_path, frozen, name):
 def test_loader_state_from_before_resumes_with_a_manifest(tmp_path, frozen, workers):
     pytest.importorskip("torch")
     from tarshards import WebLoader
-    from tarshards.manifest import build_manifest
+    from tarshards.format.manifest import build_manifest
 
     build, _ = LOADER_CASES["planned-loader"]
     case = frozen["cases"]["planned-loader"]

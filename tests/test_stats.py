@@ -199,7 +199,7 @@ torch = pytest.importorskip("torch")
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("planned", [False, True], ids=["plain", "planned"])
 def test_loader_counters_equal_a_traced_run(tmp_path, num_workers, planned):
-    from tarshards.torch import WebDataset, WebLoader
+    from tarshards.torch.adapter import WebDataset, WebLoader
 
     paths, _ = write_shards(tmp_path, 4, 12)
     want_samples, want_bytes = traced(paths)
@@ -225,7 +225,7 @@ def test_loader_counters_equal_a_traced_run(tmp_path, num_workers, planned):
 def test_loader_counts_cache_hits_and_misses(tmp_path):
     from conftest import load_servers
 
-    from tarshards.torch import WebDataset, WebLoader
+    from tarshards.torch.adapter import WebDataset, WebLoader
 
     servers = load_servers()
     paths, _ = write_shards(tmp_path, 3, 5)
@@ -241,7 +241,7 @@ def test_loader_counts_cache_hits_and_misses(tmp_path):
 
 
 def test_stats_off_says_how(tmp_path):
-    from tarshards.torch import WebDataset, WebLoader
+    from tarshards.torch.adapter import WebDataset, WebLoader
 
     paths, _ = write_shards(tmp_path, 1, 2)
     with pytest.raises(ValueError, match="stats=True"):
@@ -253,7 +253,7 @@ def test_stats_off_says_how(tmp_path):
 def test_stats_leave_the_batches_alone(tmp_path, drop_last, transport):
     """Loader-side batching with workers: the same batches with and without statistics (the
     end-of-stream news never shows), and the last shard's bytes still arrive."""
-    from tarshards.torch import WebDataset, WebLoader
+    from tarshards.torch.adapter import WebDataset, WebLoader
 
     paths, _ = write_shards(tmp_path, 4, 7)
     _, want_bytes = traced(paths)
@@ -279,7 +279,7 @@ def test_stats_leave_the_batches_alone(tmp_path, drop_last, transport):
 
 
 def test_persistent_workers_keep_counting(tmp_path):
-    from tarshards.torch import WebDataset, WebLoader
+    from tarshards.torch.adapter import WebDataset, WebLoader
 
     paths, _ = write_shards(tmp_path, 4, 7)
     want_samples, want_bytes = traced(paths)

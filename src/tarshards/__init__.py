@@ -133,13 +133,13 @@ __all__ = sorted(
 
 _LAZY = {"WebDataset", "DataPipeline", "WebLoader", "IndexedDataset", "MixedDataset", "mix"}
 # without torch: where the plain versions of the _LAZY names are
-_PLAIN = {"IndexedDataset": "indexed", "MixedDataset": "mixing", "mix": "mixing"}
+_PLAIN = {"IndexedDataset": "read.indexed", "MixedDataset": "plan.mixing", "mix": "plan.mixing"}
 # every other public name -> the module that defines it, imported on first access (PEP 562), so
 # that `import tarshards` (and each command's start-up) loads only what is used
 _MODULE_OF = {
-    "codecs": ["Codec", "decode_value", "encode_value", "register_codec"],
-    "collation": ["collate_packed", "collate_padded"],
-    "crop": ["RandomResizedCrop", "random_resized_crop"],
+    "codecs.registry": ["Codec", "decode_value", "encode_value", "register_codec"],
+    "pipeline.collation": ["collate_packed", "collate_padded"],
+    "codecs.crop": ["RandomResizedCrop", "random_resized_crop"],
     "curate": ["KeyIndex", "add_meta", "add_columns", "join"],
     "curate.views": ["View", "dedup", "split", "view"],
     "errors": [
@@ -160,20 +160,20 @@ _MODULE_OF = {
         "TarshardsWarning",
         "UnsafeCodecError",
     ],
-    "format": ["group_samples", "parse_size", "split_name"],
-    "index": ["ShardIndex"],
-    "ledger": ["audit"],
-    "manifest": ["Manifest", "ShardRecord", "build_manifest"],
+    "format.names": ["group_samples", "parse_size", "split_name"],
+    "format.index": ["ShardIndex"],
+    "plan.ledger": ["audit"],
+    "format.manifest": ["Manifest", "ShardRecord", "build_manifest"],
     "media.audio": ["AudioClip", "audio"],
     "media.probe": ["media_meta"],
     "media.access": ["read_media"],
     "media.video": ["VideoClip", "video"],
     "parallel": ["map_samples", "map_shard_files", "map_shards"],
-    "pipeline": ["iter_samples", "shard_samples"],
-    "shards": ["split_by_node", "split_by_worker"],
-    "specs": ["expand_urls"],
+    "pipeline.dataset": ["iter_samples", "shard_samples"],
+    "plan.shards": ["split_by_node", "split_by_worker"],
+    "read.specs": ["expand_urls"],
     "stats": ["LoaderStats"],
-    "stages": [
+    "pipeline.stages": [
         "batched",
         "decode",
         "default_collation_fn",
@@ -195,59 +195,58 @@ _MODULE_OF = {
     "tario": ["iter_tar"],
     "types": ["PlanOptions", "ReadOptions", "SafetyOptions"],
     "curate.spec": ["DatasetSpec", "read_spec"],  # dataset spec files (YAML blends)
-    "writer": ["ShardWriter", "TarWriter"],
+    "write.writer": ["ShardWriter", "TarWriter"],
 }
 _LAZY_MODULES = {name: module for module, names in _MODULE_OF.items() for name in names}
-# the submodules, reachable as attributes after `import tarshards` as when the package imported
-# them eagerly (tarshards.stages.shuffle...); imported on first access too
-_SUBMODULES = frozenset(
-    [
-        "benchmark",
-        "codecs",
-        "collation",
-        "compat",
-        "composition",
-        "compression",
-        "convert",
-        "crop",
-        "curate",
-        "decoding",
-        "errors",
-        "format",
-        "fusion",
-        "hashing",
-        "images",
-        "index",
-        "indexed",
-        "ledger",
-        "manifest",
-        "media",
-        "mixing",
-        "on_error",
-        "packing",
-        "parallel",
-        "pipeline",
-        "plan",
-        "planned",
-        "reading",
-        "selection",
-        "shards",
-        "sidecar",
-        "source",
-        "specs",
-        "stages",
-        "stateful",
-        "stats",
-        "storage",
-        "tario",
-        "tenbin",
-        "testing",
-        "transport",
-        "types",
-        "web",
-        "writer",
-    ]
-)
+# the packages and modules, reachable as attributes after `import tarshards` (imported on first
+# access); a module's name from before the packages (tarshards.stages...) names its new place
+_SUBMODULES = {
+    "benchmark": "benchmark",
+    "codecs": "codecs",
+    "collation": "pipeline.collation",
+    "compat": "compat",
+    "composition": "pipeline.composition",
+    "compression": "format.compression",
+    "convert": "convert",
+    "crop": "codecs.crop",
+    "curate": "curate",
+    "decoding": "codecs.decoding",
+    "errors": "errors",
+    "format": "format",
+    "fusion": "pipeline.fusion",
+    "hashing": "format.hashing",
+    "images": "codecs.images",
+    "index": "format.index",
+    "indexed": "read.indexed",
+    "ledger": "plan.ledger",
+    "manifest": "format.manifest",
+    "media": "media",
+    "mixing": "plan.mixing",
+    "on_error": "on_error",
+    "packing": "plan.packing",
+    "parallel": "parallel",
+    "pipeline": "pipeline",
+    "plan": "plan",
+    "planned": "plan.planned",
+    "read": "read",
+    "reading": "read.reading",
+    "selection": "format.selection",
+    "shards": "plan.shards",
+    "sidecar": "read.sidecar",
+    "source": "plan.cursor",
+    "specs": "read.specs",
+    "stages": "pipeline.stages",
+    "stateful": "pipeline.stateful",
+    "stats": "stats",
+    "storage": "storage",
+    "tario": "tario",
+    "tenbin": "format.tenbin",
+    "testing": "testing",
+    "types": "types",
+    "web": "web",
+    "write": "write",
+    "writer": "write.writer",
+}
 
 
 # subpackages that are also called as functions: ``tarshards.convert(src, output)`` (importing
@@ -262,7 +261,7 @@ def __getattr__(name: str):
         return value
     if name in _LAZY:
         try:
-            mod = importlib.import_module("tarshards.torch")
+            mod = importlib.import_module("tarshards.torch.adapter")
         except ImportError as exc:
             if getattr(exc, "name", "") not in ("torch", None):
                 raise
@@ -270,15 +269,18 @@ def __getattr__(name: str):
                 _no_torch_loader
                 if name == "WebLoader"
                 else getattr(
-                    importlib.import_module(f"tarshards.{_PLAIN.get(name, 'pipeline')}"), name
+                    importlib.import_module(f"tarshards.{_PLAIN.get(name, 'pipeline.dataset')}"),
+                    name,
                 )
             )
         else:
             value = getattr(mod, name)
         globals()[name] = value
         return value
-    if name in _SUBMODULES:  # importing it binds it in this namespace
-        return importlib.import_module(f"tarshards.{name}")
+    if name in _SUBMODULES:
+        module = importlib.import_module(f"tarshards.{_SUBMODULES[name]}")
+        globals()[name] = module
+        return module
     raise AttributeError(f"module 'tarshards' has no attribute {name!r}")
 
 

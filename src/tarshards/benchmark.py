@@ -30,10 +30,10 @@ import sys
 import time
 from typing import Any, Callable, Iterable
 
-from .images import jpeg_decoder
-from .pipeline import DataPipeline
-from .specs import expand_urls
-from .stages import decode as _decode_stage
+from .codecs.images import jpeg_decoder
+from .pipeline.dataset import DataPipeline
+from .pipeline.stages import decode as _decode_stage
+from .read.specs import expand_urls
 from .storage import open_url
 from .tario import iter_tar_batches, tar_byte_source
 
@@ -231,7 +231,7 @@ def bench_pipeline(
 ) -> dict:
     """Measure where the time of ``dataset`` (a pipeline over the shards of ``spec``) goes.
 
-    ``dataset``: a :class:`~tarshards.pipeline.DataPipeline` / ``WebDataset`` (each of its
+    ``dataset``: a :class:`~tarshards.pipeline.dataset.DataPipeline` / ``WebDataset`` (each of its
     stages is timed), any other iterable (timed as a whole), or ``None`` for the bare samples.
     ``max_samples`` and ``seconds_per_stage`` bound each measurement. ``workers``: also time
     a ``WebLoader`` with that many workers (``None``: 2 when torch is installed, else none;
@@ -240,7 +240,7 @@ def bench_pipeline(
     ``spec`` may be a view (``*.view.json``): the pipeline reads its samples; the raw read and
     tar member measurements read its shards (what the storage and the parser give).
     """
-    from .manifest import is_manifest_spec, spec_urls  # a manifest names its shards
+    from .format.manifest import is_manifest_spec, spec_urls  # a manifest names its shards
 
     expand = spec_urls if is_manifest_spec(spec) else expand_urls
     urls = expand(spec, storage_options=storage_options)
@@ -367,23 +367,23 @@ def _web_dataset_class():
     installed, else the plain pipeline (this module sits beside the adapters, below the
     package)."""
     try:
-        return importlib.import_module("tarshards.torch").WebDataset
+        return importlib.import_module("tarshards.torch.adapter").WebDataset
     except ImportError as exc:
         if getattr(exc, "name", None) not in ("torch", None):
             raise
-    from .pipeline import WebDataset
+    from .pipeline.dataset import WebDataset
 
     return WebDataset
 
 
 def _default_dataset(urls):
-    from . import pipeline
+    from .pipeline import dataset as pipeline
 
     return pipeline.WebDataset(urls)
 
 
 def _bench_loader(dataset, workers, batch_size, last_stage, max_samples, seconds, progress):
-    adapter = importlib.import_module("tarshards.torch")
+    adapter = importlib.import_module("tarshards.torch.adapter")
     from torch.utils.data import IterableDataset
 
     ds = dataset
@@ -430,7 +430,7 @@ def _bench_loader(dataset, workers, batch_size, last_stage, max_samples, seconds
 
 
 def _collate():
-    from .stages import default_collation_fn
+    from .pipeline.stages import default_collation_fn
 
     return default_collation_fn
 
@@ -642,7 +642,7 @@ def dataset_from_options(
         ds = ds.shuffle(shuffle)
     handlers: list[Any] = list(decode)
     if crop:
-        from .crop import random_resized_crop
+        from .codecs.crop import random_resized_crop
 
         torch_ok = importlib.util.find_spec("torch") is not None
         handlers.insert(0, random_resized_crop(crop, output="torchrgb" if torch_ok else "rgb8"))

@@ -198,8 +198,8 @@ def write_member_per_sample_gzip(path: str, samples: Iterable[dict]) -> None:
     For tests and benchmarks of that layout."""
     import io
 
-    from .compression import GZIP
-    from .writer import TarWriter
+    from .format.compression import GZIP
+    from .write.writer import TarWriter
 
     plain = io.BytesIO()
     with TarWriter(plain, encoder=False, index=True) as w:

@@ -27,7 +27,7 @@ __all__ = [
 @dataclass(frozen=True)
 class LoaderLink:
     """What a loader (``tarshards.WebLoader``, its DataLoader workers) tells the pipeline it
-    runs: given with :meth:`tarshards.composition.DataPipeline.attach_loader`, read by the
+    runs: given with :meth:`tarshards.pipeline.composition.DataPipeline.attach_loader`, read by the
     pipeline's iteration. A pipeline no loader runs has the empty link.
 
     ``allocate``: the worker's transport, the memory its batches are stacked into; ``group``:

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from tarshards import TarWriter, WebDataset
 from tarshards.cli import main as cli
-from tarshards.stages import ignore_and_continue
+from tarshards.pipeline.stages import ignore_and_continue
 
 BIN = Path(sys.executable).parent
 TOOLS = {  # script -> extra arguments

@@ -62,7 +62,7 @@ SERVERS = {"browse"}
 # tests/cli/test_cli_views.py, tests/cli/test_cli_columns.py
 MANIFEST_ONLY = {"view", "dedup", "columns", "join"}
 # commands whose spec follows other inputs, checked in tests of their own (audit: LEDGER...
-# [SPEC], tests/test_ledger.py gives it a manifest and a brace spec)
+# [SPEC], tests/plan/test_ledger.py gives it a manifest and a brace spec)
 OWN_TESTS = {"audit"}
 
 
@@ -187,7 +187,7 @@ def test_tarcheck_of_a_manifest_checks_against_it_and_names_the_member(data):
 
 
 def test_a_manifest_in_python_and_on_the_command_line_names_the_same_shards(data):
-    from tarshards.manifest import spec_urls
+    from tarshards.format.manifest import spec_urls
 
     urls = spec_urls(str(data / "manifest.json"))
     assert [os.path.basename(u) for u in urls] == ["m-0000.tar", "m-0001.tar", "m-0002.tar"]

@@ -14,7 +14,7 @@ from PIL import Image
 
 from tarshards.cli import main as cli
 from tarshards.cli._common import parse_size
-from tarshards.pipeline import shard_samples
+from tarshards.pipeline.dataset import shard_samples
 
 
 def run(name, args, input=None):

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tarshards import TarWriter
-from tarshards.pipeline import shard_samples
+from tarshards.pipeline.dataset import shard_samples
 
 BIN = Path(sys.executable).parent
 KILLS = 3  # per writer

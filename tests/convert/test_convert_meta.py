@@ -14,9 +14,9 @@ from click.testing import CliRunner
 from PIL import Image
 
 import tarshards
-from tarshards.index import ShardIndex
-from tarshards.manifest import Manifest
-from tarshards.pipeline import iter_samples
+from tarshards.format.index import ShardIndex
+from tarshards.format.manifest import Manifest
+from tarshards.pipeline.dataset import iter_samples
 
 
 def make_pairs(root, n: int = 11) -> dict[str, dict[str, bytes]]:

@@ -18,8 +18,8 @@ pq = pytest.importorskip("pyarrow.parquet")
 import tarshards
 from tarshards import ShardWriter
 from tarshards.cli.main import group
-from tarshards.manifest import Manifest
-from tarshards.pipeline import iter_samples
+from tarshards.format.manifest import Manifest
+from tarshards.pipeline.dataset import iter_samples
 
 
 def _samples(n=23):

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tarshards.manifest import Manifest
-from tarshards.pipeline import iter_samples
+from tarshards.format.manifest import Manifest
+from tarshards.pipeline.dataset import iter_samples
 
 ROOT = Path(__file__).resolve().parents[2]
 N, PER_SHARD, BLOCKED = 60, 5, 37  # 12 shards; the row that blocks is in shard 7

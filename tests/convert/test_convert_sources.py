@@ -14,8 +14,8 @@ from PIL import Image
 
 import tarshards
 from tarshards.convert import detect_kind, format_of
-from tarshards.manifest import Manifest
-from tarshards.pipeline import iter_samples
+from tarshards.format.manifest import Manifest
+from tarshards.pipeline.dataset import iter_samples
 
 # the Hugging Face tests never reach the Hub
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

@@ -157,7 +157,7 @@ def test_fields_of_the_sidecar_never_open_the_base(cols, tmp_path):
 def make_planned(out, *, fields=None, torch_ds=False, **kw):
     cls = WebDataset
     if torch_ds:
-        from tarshards.torch import WebDataset as cls
+        from tarshards.torch.adapter import WebDataset as cls
     ds = cls(out, fields=fields, shardshuffle=True, seed=1, readers=6, remainder="pad", **kw)
     return ds.shuffle(5).to_tuple("__key__", "txt", "__pad__").batched(3)
 
@@ -175,7 +175,7 @@ def test_planned_resume_over_sidecar_columns(cols):
 
 def test_resume_through_webloader_with_two_workers(cols):
     pytest.importorskip("torch")
-    from tarshards.torch import WebLoader
+    from tarshards.torch.adapter import WebLoader
 
     root, _base, _m, _rows = cols
     out = str(root / "cols" / "m.json")
@@ -323,7 +323,7 @@ def test_a_row_without_new_fields_fails(cols, tmp_path):
 
 def test_mix_of_a_sidecar_manifest_and_a_plain_one(cols, tmp_path):
     """mix() reads a sidecar manifest's rows merged (its readers are the layout's), and resumes."""
-    from tarshards.mixing import mix
+    from tarshards.plan.mixing import mix
 
     other, _ = write_base(tmp_path / "other", n=20, maxcount=6)
     out = str(cols[0] / "cols" / "m.json")

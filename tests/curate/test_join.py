@@ -131,7 +131,7 @@ def test_name_clash_is_refused(sets, tmp_path):
 def make(url, torch_ds=False, **kw):
     cls = WebDataset
     if torch_ds:
-        from tarshards.torch import WebDataset as cls
+        from tarshards.torch.adapter import WebDataset as cls
     ds = cls(url, shardshuffle=True, seed=2, readers=4, remainder="pad", **kw)
     return ds.shuffle(4).to_tuple("__key__", "right.png", "__pad__").batched(2)
 
@@ -148,7 +148,7 @@ def test_resume_over_a_join(sets, joins):
 
 def test_resume_through_webloader_with_two_workers(joins):
     pytest.importorskip("torch")
-    from tarshards.torch import WebLoader
+    from tarshards.torch.adapter import WebLoader
 
     url = joins["inner"].url
     check_resume(

@@ -19,9 +19,9 @@ import tarshards
 from tarshards.curate import KeyIndex
 from tarshards.curate import keyindex as keyindex_module
 from tarshards.errors import DuplicateKeyError, IntegrityError, ShardFormatError
-from tarshards.hashing import hash_rows
-from tarshards.manifest import ManifestRecorder
-from tarshards.pipeline import shard_samples
+from tarshards.format.hashing import hash_rows
+from tarshards.format.manifest import ManifestRecorder
+from tarshards.pipeline.dataset import shard_samples
 
 
 def write_set(folder, shards: list[list[str]], name="manifest.json"):
@@ -123,7 +123,7 @@ def test_hash_rows_is_xxh3_of_each_row():
 
 
 def test_hash_rows_without_the_c_module(monkeypatch):
-    import tarshards.hashing as hashing
+    import tarshards.format.hashing as hashing
 
     rows = [b"", b"abc", "é".encode(), b"y" * 300]
     blob = b"".join(rows)

@@ -19,7 +19,7 @@ import tarshards
 from tarshards import ShardWriter
 from tarshards.curate.spec import read_spec, resolve_blend, spec_info
 from tarshards.errors import MissingDependencyError, ShardSpecError
-from tarshards.pipeline import WebDataset
+from tarshards.pipeline.dataset import WebDataset
 from tarshards.testing import check_resume
 
 SIZES = {"web": 60, "books": 40, "code": 20}  # samples; shards of 10
@@ -362,7 +362,7 @@ def test_a_shuffle_on_the_spec_shuffles_each_source_and_resumes(root):
 
 
 def test_mix_repeat_and_a_shuffle_on_the_mixture(root):
-    from tarshards.mixing import mix
+    from tarshards.plan.mixing import mix
 
     def make(shuffle=0, weights=(3, 1), **kw):
         web = WebDataset(str(root / "web/manifest.json"))
@@ -388,7 +388,7 @@ def _tokens(sample):
 
 
 def test_weights_by_tokens_are_the_token_mix(root):
-    from tarshards.mixing import mix
+    from tarshards.plan.mixing import mix
 
     for name, n, per in (("short", 60, 10), ("long", 30, 10)):
         with ShardWriter(

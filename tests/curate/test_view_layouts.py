@@ -152,7 +152,7 @@ def test_fields_over_a_view_reads_only_the_groups_asked_for(sets, tmp_path):
 def make_planned(v, torch_ds=False, field="txt", **kw):
     cls = WebDataset
     if torch_ds:
-        from tarshards.torch import WebDataset as cls
+        from tarshards.torch.adapter import WebDataset as cls
     ds = cls(v, shardshuffle=True, seed=4, readers=4, remainder="pad", **kw)
     return ds.shuffle(3).to_tuple("__key__", field, "__pad__").batched(2)
 
@@ -173,7 +173,7 @@ def test_planned_resume_over_a_view_of_a_sidecar_manifest(sets):
 
 def test_webloader_with_two_workers_resumes_over_a_view_of_a_join(sets):
     pytest.importorskip("torch")
-    from tarshards.torch import WebLoader
+    from tarshards.torch.adapter import WebLoader
 
     v = View.from_positions(sets.joins["left"], np.flatnonzero(np.arange(40) % 4 != 1))
 
@@ -387,7 +387,7 @@ def test_add_columns_over_a_view_is_aligned_with_the_views_rows(sets, tmp_path):
 
 
 def test_mix_of_views_of_a_sidecar_manifest_and_of_a_join(sets):
-    from tarshards.mixing import mix
+    from tarshards.plan.mixing import mix
 
     a_view = View.from_positions(sets.cols, range(0, 40, 2))
     b_view = View.from_positions(sets.joins["inner"], range(0, 20, 3))

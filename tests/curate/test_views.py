@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 import tarshards
 from tarshards import IndexedDataset, Manifest, TarWriter, View, WebDataset, build_manifest
 from tarshards.errors import IntegrityError, ResumeError
-from tarshards.plan import PlanConfig, ShardTable, plan_for
-from tarshards.source import ReaderStream, read_rows
+from tarshards.plan.cursor import ReaderStream, read_rows
+from tarshards.plan.epoch import PlanConfig, ShardTable, plan_for
 from tarshards.testing import check_resume
 
 COUNTS = [23, 9, 31, 17, 12]  # 92 samples
@@ -156,7 +156,7 @@ def test_a_view_path_is_accepted_as_a_manifest(data, tmp_path):
     d, m = data
     path = tmp_path / "v.view.json"
     View.from_positions(m, [0, 50, 91]).save(path)
-    assert tarshards.manifest.as_manifest(str(path)) == m
+    assert tarshards.format.manifest.as_manifest(str(path)) == m
     ds = WebDataset(str(path))
     assert ds.view is not None and len(ds) == 3
     beside = View.from_positions(m, [1]).save(d / "beside.view.json")
@@ -171,7 +171,7 @@ def test_a_view_path_is_accepted_as_a_manifest(data, tmp_path):
 
 def make_planned(view, shuffle=3, torch_ds=False, **kw):
     if torch_ds:
-        from tarshards.torch import WebDataset as TorchWebDataset
+        from tarshards.torch.adapter import WebDataset as TorchWebDataset
 
         cls = TorchWebDataset
     else:
@@ -202,7 +202,7 @@ def test_planned_view_every_sample_once_and_resume(data):
 
 def test_webloader_with_workers_resumes_over_a_view(data):
     pytest.importorskip("torch")
-    from tarshards.torch import WebLoader
+    from tarshards.torch.adapter import WebLoader
 
     _d, m = data
     view = View.from_positions(m, np.flatnonzero(np.arange(m.num_samples) % 4 != 0))

@@ -37,7 +37,7 @@ def name(style, num_workers, context) -> str:
 
 def make_dataset(urls, style, seed=7):
     from tarshards import split_by_node
-    from tarshards.torch import WebDataset
+    from tarshards.torch.adapter import WebDataset
 
     if style == "nodesplitter":  # webdataset's style: the splitter is given the rank
         ds = WebDataset(urls, shardshuffle=True, seed=seed, nodesplitter=split_by_node)
@@ -76,7 +76,7 @@ def run_rank(rank, world_size, port, out_dir, urls):
     import torch.distributed as dist
     from torch.utils.data import DataLoader
 
-    from tarshards.torch import WebLoader
+    from tarshards.torch.adapter import WebLoader
 
     # datasets of the default style are built before the process group exists, as a script
     # that builds its data first would: the rank must be found when they are iterated

@@ -15,7 +15,7 @@ def main() -> None:
     urls = sys.argv[5:]
     import torch.distributed as dist
 
-    from tarshards.torch import WebDataset, WebLoader
+    from tarshards.torch.adapter import WebDataset, WebLoader
 
     dist.init_process_group(
         "gloo",

@@ -17,7 +17,7 @@ from conftest import ShardOpener, make_samples, write_shards
 
 from tarshards import shard_samples
 from tarshards.errors import TarshardsWarning
-from tarshards.manifest import Manifest, build_manifest
+from tarshards.format.manifest import Manifest, build_manifest
 from tarshards.parallel import map_shards
 
 PER_SHARD = 10

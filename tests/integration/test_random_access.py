@@ -11,9 +11,9 @@ import uuid
 import pytest
 
 from tarshards import IntegrityError, ShardWriter, WebDataset
-from tarshards.indexed import IndexedDataset
-from tarshards.manifest import Manifest
-from tarshards.pipeline import iter_samples
+from tarshards.format.manifest import Manifest
+from tarshards.pipeline.dataset import iter_samples
+from tarshards.read.indexed import IndexedDataset
 from tarshards.storage import ShardCache
 
 pytestmark = pytest.mark.timeout(180)

@@ -19,12 +19,12 @@ from conftest import make_samples
 # a stuck connection must fail the test, not hold up the whole suite
 pytestmark = pytest.mark.timeout(180)
 from tarshards import ShardWriter, StorageError, TarWriter, WebDataset
-from tarshards.pipeline import iter_samples
-from tarshards.stages import warn_and_continue
+from tarshards.pipeline.dataset import iter_samples
+from tarshards.pipeline.stages import warn_and_continue
 from tarshards.storage import open_url
 
 torch = pytest.importorskip("torch", reason="the DataLoader tests need torch")
-from tarshards.torch import WebDataset as TorchWebDataset  # noqa: E402
+from tarshards.torch.adapter import WebDataset as TorchWebDataset  # noqa: E402
 
 
 def _load_servers():

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("aiohttp")
 
 from tarshards.errors import StallError, StallWarning, TarshardsWarning  # noqa: E402
-from tarshards.torch import WebDataset, WebLoader  # noqa: E402
+from tarshards.torch.adapter import WebDataset, WebLoader  # noqa: E402
 
 servers = load_servers()
 STALL_AT = 50_000  # bytes into shard 2 (of about 100 kB)

@@ -16,7 +16,7 @@ sf = pytest.importorskip("soundfile")
 import tarshards  # noqa: E402
 from tarshards import DecodeError, IndexedDataset, ShardWriter, TarWriter  # noqa: E402
 from tarshards.media.probe import probe  # noqa: E402
-from tarshards.pipeline import WebDataset  # noqa: E402
+from tarshards.pipeline.dataset import WebDataset  # noqa: E402
 from tarshards.testing import check_resume  # noqa: E402
 
 
@@ -361,7 +361,7 @@ def test_bad_media_is_a_data_error_under_the_policy(tmp_path):
 
 
 def test_bad_media_through_random_access(tmp_path):
-    from tarshards.manifest import build_manifest
+    from tarshards.format.manifest import build_manifest
 
     path = str(tmp_path / "bad.tar")
     _bad_shard(path)
@@ -378,7 +378,7 @@ def test_bad_media_through_random_access(tmp_path):
 def test_index_metadata_columns_keep_old_indexes_and_survive_bytes(tmp_path):
     import pickle
 
-    from tarshards.index import ShardIndex
+    from tarshards.format.index import ShardIndex
 
     with ShardWriter(str(tmp_path / "o-%02d.tar"), manifest=str(tmp_path / "o.json")) as w:
         for i in range(4):

@@ -13,7 +13,7 @@ import warnings
 import pytest
 
 from tarshards import IndexedDataset, Manifest
-from tarshards.hashing import member_checksum_fn
+from tarshards.format.hashing import member_checksum_fn
 from tarshards.web import CSP, BrowseData, serve
 
 N = 120  # samples in the data set of conftest.py

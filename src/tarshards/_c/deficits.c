@@ -1,4 +1,4 @@
-/* Optional: the largest deficit rule of tarshards.mixing (mixing by tokens) as one C loop.
+/* Optional: the largest deficit rule of tarshards.plan.mixing (mixing by tokens) as one C loop.
  *
  * fill(deficits, weights, costs, pos, order, slots) -> None
  *
@@ -148,7 +148,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT, "_deficits",
-    "The largest deficit rule of tarshards.mixing as one C loop (optional).", -1, methods,
+    "The largest deficit rule of tarshards.plan.mixing as one C loop (optional).", -1, methods,
 };
 
 PyMODINIT_FUNC

@@ -8,7 +8,7 @@
  *
  * The values are the xxh3_64 of the xxhash package (the algorithm does not depend on the vector
  * unit); tests/test_hashing.py checks that both agree. Where this module is missing (no
- * libxxhash headers at build time), tarshards.hashing uses the xxhash package.
+ * libxxhash headers at build time), tarshards.format.hashing uses the xxhash package.
  *
  * xxh3_64_intdigest(buffer) -> int          one-shot, as xxhash.xxh3_64_intdigest
  * checksum64                                a capsule "tarshards.checksum64": the same as a C

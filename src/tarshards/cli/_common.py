@@ -31,8 +31,8 @@ from typing import (
 import click
 
 from ..errors import ShardFormatError, TarshardsError, TruncatedShardError
-from ..format import parse_size as _parse_size
-from ..specs import check_local_shards, expand_urls, is_manifest_spec
+from ..format.names import parse_size as _parse_size
+from ..read.specs import check_local_shards, expand_urls, is_manifest_spec
 from ..storage import open_url
 
 __all__ = [
@@ -274,7 +274,7 @@ def error_handler(on_error: str, prog: str | None = None) -> Callable[[BaseExcep
         prog = ctx.command_path if ctx is not None else "tarshards"
 
     def skip(exn: BaseException) -> bool:
-        from ..reading import skipped_rest  # here: the commands start faster
+        from ..read.reading import skipped_rest  # here: the commands start faster
 
         lost = skipped_rest(exn) if isinstance(exn, TarshardsError) else None  # bytes, offset
         print_err(
@@ -323,7 +323,9 @@ def shard_reader(url: str) -> Generator[dict, None, None]:
 
     An input of 0 bytes is an error (as for tar itself), not an empty dataset.
     """
-    from ..pipeline import shard_samples  # here: the commands that read no samples start faster
+    from ..pipeline.dataset import (
+        shard_samples,
+    )  # here: the commands that read no samples start faster
 
     counted = []
 
@@ -359,7 +361,7 @@ def read_samples(urls: Iterable[str], on_error: str = "raise") -> Generator[dict
 
 
 def parse_size(text: str | int | float) -> int:
-    """A size given on the command line: :func:`tarshards.format.parse_size`, and not 0."""
+    """A size given on the command line: :func:`tarshards.format.names.parse_size`, and not 0."""
     return _parse_size(text, positive=True)
 
 
@@ -400,7 +402,7 @@ def collect_inputs(
             )
         try:
             if is_manifest_spec(spec):  # a manifest names its shards, as in Python
-                from ..manifest import spec_urls  # here: no manifest, no import
+                from ..format.manifest import spec_urls  # here: no manifest, no import
 
                 found = spec_urls(spec)
             else:
@@ -443,7 +445,7 @@ def members_of(sample: dict) -> list[tuple[str, bytes]]:
 
 
 def output_dest(output: str) -> str | IO[bytes]:
-    """What to give :class:`~tarshards.writer.TarWriter` for ``-o OUTPUT``.
+    """What to give :class:`~tarshards.write.writer.TarWriter` for ``-o OUTPUT``.
 
     For stdout, a writer over file descriptor 1 with a 1 MiB buffer (Python's default 8 KiB
     means one pipe write per 8 KiB); anything else is passed on as it is.

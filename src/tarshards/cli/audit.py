@@ -72,7 +72,7 @@ def _is_spec(arg: str) -> bool:
 @handle_errors
 def audit_cmd(args, data, keys, as_json, limit):
     """Check that every sample came exactly once, per epoch, from the ledgers of a training."""
-    from ..ledger import audit, read_ledger, step_samples
+    from ..plan.ledger import audit, read_ledger, step_samples
 
     args = list(args)
     if data is None and len(args) > 1 and _is_spec(args[-1]):

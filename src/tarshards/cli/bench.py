@@ -14,7 +14,7 @@ from typing import Any, Callable
 import click
 
 from ..benchmark import bench_pipeline, dataset_from_options, format_report, plot_report
-from ..images import _EXTRA_MODES, IMAGE_MODES
+from ..codecs.images import _EXTRA_MODES, IMAGE_MODES
 from ._common import CONTEXT_SETTINGS, handle_errors, print_err
 
 __all__ = ["bench_cmd"]

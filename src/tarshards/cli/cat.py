@@ -7,9 +7,9 @@ from typing import Iterator
 
 import click
 
-from ..selection import is_view_spec
-from ..stages import shuffle as shuffle_stage
-from ..writer import TarWriter
+from ..format.selection import is_view_spec
+from ..pipeline.stages import shuffle as shuffle_stage
+from ..write.writer import TarWriter
 from ._common import (
     CONTEXT_SETTINGS,
     Progress,
@@ -35,7 +35,7 @@ __all__ = ["cat_cmd"]
 
 def _with_views(inputs, listfile, on_error: str) -> Iterator[dict]:
     """The samples of INPUTS in turn, a view's (``*.view.json``) as it selects them."""
-    from ..pipeline import WebDataset
+    from ..pipeline.dataset import WebDataset
 
     for spec in inputs:
         if is_view_spec(spec):

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ..compression import by_magic
 from ..errors import TarshardsError
-from ..format import split_name
-from ..hashing import HashingReader, split_hash
-from ..hashing import check_shard as verify_record
+from ..format.compression import by_magic
+from ..format.hashing import HashingReader, split_hash
+from ..format.hashing import check_shard as verify_record
+from ..format.names import split_name
 from ..storage import open_url
 from ..tario import decompressed_chunks, iter_tar, read_chunks
 from ._common import (
@@ -43,7 +43,7 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
-    from ..manifest import ShardRecord
+    from ..format.manifest import ShardRecord
 
 __all__ = ["ShardReport", "check_cmd", "check_shard"]
 
@@ -351,12 +351,12 @@ def check_cmd(
     expected = manifest = None
     positions: dict[str, int] = {}
     if manifest_url is None and len(inputs) == 1 and listfile is None:
-        from ..manifest import is_manifest_spec
+        from ..format.manifest import is_manifest_spec
 
         if is_manifest_spec(inputs[0]):  # tarcheck M: its shards, checked against it
             manifest_url, inputs = inputs[0], ()
     if manifest_url is not None:
-        from ..manifest import as_manifest
+        from ..format.manifest import as_manifest
 
         # a view: its manifest's shards; column groups' shards too
         manifest = as_manifest(manifest_url).every_shard()

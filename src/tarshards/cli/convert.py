@@ -161,7 +161,7 @@ def convert_cmd(
     a shard spec, and each sample becomes a row (key, then one column per field).
     """
     from ..convert import convert
-    from ..specs import expand_urls
+    from ..read.specs import expand_urls
 
     if address is not None and engine not in ("dask", "ray"):
         raise click.UsageError("--address needs --engine dask or --engine ray")

@@ -16,7 +16,7 @@ import os
 
 import click
 
-from ..hashing import DEFAULT_HASH, HASHES
+from ..format.hashing import DEFAULT_HASH, HASHES
 from ._common import (
     CONTEXT_SETTINGS,
     collect_inputs,
@@ -133,8 +133,8 @@ def index_cmd(
 ) -> None:
     """Index shards: write MANIFEST (counts, sizes, hashes) and one index per shard."""
     with one_blas_thread():
-        from ..index import INDEX_SUFFIX
-        from ..manifest import Manifest, build_manifest
+        from ..format.index import INDEX_SUFFIX
+        from ..format.manifest import Manifest, build_manifest
     if not inputs and listfile is None:
         raise click.UsageError("name the shards to index (SPEC... or -T FILE)")
     if keyframes and not media:

@@ -18,10 +18,10 @@ from typing import Any, Callable
 import click
 
 from ..errors import TarshardsError, TarshardsWarning
-from ..manifest import spec_urls
+from ..format.manifest import spec_urls
 from ..parallel import FAILED, SKIPPED, format_summary, map_shards, shell_sample_fn
-from ..specs import expand_urls
-from ..stages import reraise_exception, warn_and_continue
+from ..pipeline.stages import reraise_exception, warn_and_continue
+from ..read.specs import expand_urls
 from ..storage import is_local, local_path
 from ._common import (
     CONTEXT_SETTINGS,

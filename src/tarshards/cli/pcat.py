@@ -16,8 +16,8 @@ from typing import Callable, Generator, Iterator
 import click
 
 from ..errors import TarshardsError
-from ..stages import shuffle as shuffle_stage
-from ..writer import TarWriter
+from ..pipeline.stages import shuffle as shuffle_stage
+from ..write.writer import TarWriter
 from ._common import (
     CONTEXT_SETTINGS,
     Progress,

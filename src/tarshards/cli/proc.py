@@ -21,7 +21,7 @@ import click
 
 from ..errors import CommandError
 from ..parallel import ShellSampleFn
-from ..writer import TarWriter
+from ..write.writer import TarWriter
 from ._common import (
     CONTEXT_SETTINGS,
     DataError,

@@ -8,7 +8,7 @@ import itertools
 
 import click
 
-from ..images import IMAGE_EXTENSIONS
+from ..codecs.images import IMAGE_EXTENSIONS
 from ._common import (
     CONTEXT_SETTINGS,
     as_text,

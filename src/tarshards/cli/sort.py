@@ -18,8 +18,8 @@ from typing import Iterable, Iterator
 import click
 
 from ..errors import DecodeError
-from ..shards import make_rng
-from ..writer import TarWriter
+from ..plan.shards import make_rng
+from ..write.writer import TarWriter
 from ._common import (
     CONTEXT_SETTINGS,
     Progress,

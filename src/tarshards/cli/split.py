@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ..compression import GZIP, ZSTD
-from ..writer import ShardWriter, shard_name
+from ..format.compression import GZIP, ZSTD
+from ..write.writer import ShardWriter, shard_name
 from ._common import (
     CONTEXT_SETTINGS,
     SIZE,

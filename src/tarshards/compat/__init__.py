@@ -4,7 +4,8 @@ Changing ``import webdataset as wds`` to ``import tarshards.compat as wds`` is t
 migration for code that uses webdataset's public names: ``DataPipeline`` with shard lists,
 splitters and curried filters, ``WebDataset``/``WebLoader`` with their fluent methods,
 ``TarWriter``/``ShardWriter``, ``tenbin``, the decoders and handlers. Every stage is tarshards'
-one implementation (:mod:`tarshards.stages`, the tar reader, the codec registry); what behaves
+one implementation (:mod:`tarshards.pipeline.stages`, the tar reader, the codec registry); what
+behaves
 differently on purpose (deterministic seeds, no pickle or ``pipe:`` unless allowed, handlers
 that never sleep) is listed in ``docs/migration.md``.
 

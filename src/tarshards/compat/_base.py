@@ -10,11 +10,11 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from .. import pipeline as _pipeline
+from ..pipeline import dataset as _pipeline
 
 _adapter: ModuleType | None
 try:
-    _adapter = importlib.import_module("tarshards.torch")
+    _adapter = importlib.import_module("tarshards.torch.adapter")
 except ImportError as exc:  # no torch: plain iterables
     if getattr(exc, "name", None) not in ("torch", None):
         raise

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .. import stages as _st
-from ..codecs import IMAGE_EXTENSIONS as _IMAGE_EXTENSIONS
-from ..codecs import IMAGE_MODES, field_decoder, image_decoder
+from ..codecs.registry import IMAGE_EXTENSIONS as _IMAGE_EXTENSIONS
+from ..codecs.registry import IMAGE_MODES, field_decoder, image_decoder
 from ..errors import DecodeError
-from ..stages import handle_extension
+from ..pipeline import stages as _st
+from ..pipeline.stages import handle_extension
 
 __all__ = [
     "Continue",
@@ -108,7 +108,8 @@ def _resolve_continue(handler: Callable) -> Callable:
 
 
 def as_decode_args(args) -> list:
-    """webdataset decode arguments -> tarshards.stages.decode handlers (one decode stage)."""
+    """webdataset decode arguments -> tarshards.pipeline.stages.decode handlers (one decode
+    stage)."""
     out: list = []
     for a in args:
         if isinstance(a, Decoder):
@@ -163,7 +164,7 @@ def torch_loads(data: bytes) -> Any:
     """``torch.load`` of bytes: runs code from the data, so only for data you trust."""
     import importlib
 
-    return importlib.import_module("tarshards.torch").load_pth(data)
+    return importlib.import_module("tarshards.torch.adapter").load_pth(data)
 
 
 def unpickle_loads(data: bytes) -> Any:

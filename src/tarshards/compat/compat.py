@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import warnings
 
-from ..stages import reraise_exception
+from ..pipeline.stages import reraise_exception
 from ._base import TSWebDataset, TSWebLoader
 from .pipeline import DataPipeline, FluidInterface, _CompatMixin
 from .shardlists import envsubst

@@ -1,7 +1,8 @@
 """webdataset's curried pipeline filters, made from tarshards' stages.
 
 ``wds.shuffle(1000)`` is a :class:`Curried` value: called on an iterator it runs
-``tarshards.stages.shuffle(iterator, 1000)``; placed in a :class:`~tarshards.compat.DataPipeline`
+``tarshards.pipeline.stages.shuffle(iterator, 1000)``; placed in a
+:class:`~tarshards.compat.DataPipeline`
 it becomes a stage of the pipeline, which hands it a random generator seeded from (seed, epoch,
 rank, worker) and the pipeline's handler, as the fluent API does. The uncurried functions keep
 webdataset's private names (``_shuffle``, ``_batched``...).
@@ -20,10 +21,10 @@ import sys
 from fnmatch import fnmatch
 from typing import Callable
 
-from .. import stages as _st
 from ..errors import MissingFieldError
-from ..shards import make_rng
-from ..stages import reraise_exception
+from ..pipeline import stages as _st
+from ..pipeline.stages import reraise_exception
+from ..plan.shards import make_rng
 from .utils import PipelineStage
 
 __all__ = [
@@ -135,7 +136,8 @@ def pipeline(source, *stages):
 
 
 def _shuffle(data, bufsize: int = 1000, initial: int = 100, rng=None, seed=None):
-    """Buffer shuffle (tarshards.stages.shuffle); seeded by the pipeline, or by ``seed``/``rng``."""
+    """Buffer shuffle (tarshards.pipeline.stages.shuffle); seeded by the pipeline, or by
+    ``seed``/``rng``."""
     return _st.shuffle(data, bufsize, initial=initial, rng=rng, seed=seed)
 
 
@@ -160,7 +162,7 @@ def _rename(data, handler=reraise_exception, keep=True, **kw):
 
 
 def _to_tuple(data, *args, handler=reraise_exception, missing_is_error=True, none_is_error=None):
-    """tarshards.stages.to_tuple; ``none_is_error`` (default: as ``missing_is_error``) also
+    """tarshards.pipeline.stages.to_tuple; ``none_is_error`` (default: as ``missing_is_error``) also
     refuses fields whose value is ``None``."""
     if none_is_error is None:
         none_is_error = missing_is_error
@@ -242,7 +244,8 @@ def _decode(
     size=None,
     **kw,
 ):
-    """tarshards.stages.decode with webdataset's arguments: image specs (``"rgb"``, ``"torch"``...),
+    """tarshards.pipeline.stages.decode with webdataset's arguments: image specs (``"rgb"``,
+    ``"torch"``...),
     handlers ``f(key, data)``, ``Decoder`` objects; ``pre``/``post`` handler lists."""
     from .autodecode import as_decode_args
 

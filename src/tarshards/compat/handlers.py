@@ -1,7 +1,7 @@
 """webdataset's error handlers: tarshards' own (they never sleep; warnings name the shard,
 member and offset)."""
 
-from ..stages import (
+from ..pipeline.stages import (
     ignore_and_continue,
     ignore_and_stop,
     reraise_exception,  # noqa: F401

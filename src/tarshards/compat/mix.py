@@ -6,7 +6,7 @@ the global random state.
 
 from __future__ import annotations
 
-from ..shards import make_rng
+from ..plan.shards import make_rng
 from ._base import IterableDataset
 from .utils import pytorch_worker_info
 

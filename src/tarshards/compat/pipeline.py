@@ -14,7 +14,7 @@ import copy
 import itertools
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
-from ..stages import reraise_exception
+from ..pipeline.stages import reraise_exception
 from . import filters
 from ._base import TSDataPipeline
 from .filters import Curried

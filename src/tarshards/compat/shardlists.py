@@ -18,8 +18,8 @@ import sys
 import time
 from typing import Iterable, Iterator
 
-from ..shards import make_rng
-from ..specs import expand_urls as _ts_expand_urls
+from ..plan.shards import make_rng
+from ..read.specs import expand_urls as _ts_expand_urls
 from ._base import IterableDataset
 from .filters import pipelinefilter
 from .utils import pytorch_worker_info, pytorch_worker_seed

@@ -3,7 +3,7 @@
 The building blocks (``url_opener`` -> ``tar_file_expander`` -> ``group_by_keys``) pass webdataset's
 dicts (``{"url", "stream"}``, then ``{"fname", "data", "__url__"}``) so that code assembling its
 own ``tarfile_to_samples`` from them runs unchanged. ``tarfile_samples`` itself reads each shard
-with :func:`tarshards.pipeline.iter_samples` (the C fast path) unless files are selected or
+with :func:`tarshards.pipeline.dataset.iter_samples` (the C fast path) unless files are selected or
 renamed. Members are parsed by :mod:`tarshards.tario`; errors are tarshards errors naming shard,
 member and offset (a corrupt shard's is also a ``tarfile.ReadError``).
 """
@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Iterator, TypeGuard
 
 from ..errors import PipeNotAllowedError, TarshardsError
-from ..format import group_samples, split_name
-from ..pipeline import iter_samples
-from ..stages import reraise_exception
+from ..format.names import group_samples, split_name
+from ..pipeline.dataset import iter_samples
+from ..pipeline.stages import reraise_exception
 from ..tario import iter_tar, tar_byte_source
 from .filters import pipelinefilter
 from .gopen import _Opened
@@ -159,7 +159,8 @@ def group_by_keys(
 ) -> Iterator[dict]:
     """Group consecutive members with the same key (and shard) into samples.
 
-    With the default ``keys`` this is tarshards' grouping (:func:`tarshards.format.group_samples`,
+    With the default ``keys`` this is tarshards' grouping
+    (:func:`tarshards.format.names.group_samples`,
     one shard at a time); a custom ``keys(fname) -> (key, suffix)`` gets the same rules.
     ``suffixes``: keep only these extensions. A repeated extension in one sample is an error
     (a ``ValueError``) unless ``handler`` skips it.

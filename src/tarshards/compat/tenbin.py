@@ -1,5 +1,5 @@
-"""webdataset's ``tenbin`` module: tarshards' implementation (:mod:`tarshards.tenbin`)."""
+"""webdataset's ``tenbin`` module: tarshards' implementation (:mod:`tarshards.format.tenbin`)."""
 
-from ..tenbin import MAGIC, decode_buffer, encode_buffer, load, read, save, write  # noqa: F401
+from ..format.tenbin import MAGIC, decode_buffer, encode_buffer, load, read, save, write  # noqa: F401
 
 __all__ = ["decode_buffer", "encode_buffer", "load", "read", "save", "write"]

@@ -45,7 +45,7 @@ def identity(x: Any) -> Any:
 
 def _torch_adapter():
     try:
-        return importlib.import_module("tarshards.torch")
+        return importlib.import_module("tarshards.torch.adapter")
     except ImportError:
         return None
 

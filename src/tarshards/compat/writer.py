@@ -10,9 +10,9 @@ from __future__ import annotations
 import contextlib
 from typing import Callable
 
-from .. import writer as _w
 from ..errors import PipeNotAllowedError
 from ..storage import open_url
+from ..write import writer as _w
 
 __all__ = ["ShardWriter", "TarWriter"]
 

@@ -17,7 +17,7 @@ import os
 import sys
 import types
 
-from ..manifest import Manifest, is_manifest_spec
+from ..format.manifest import Manifest, is_manifest_spec
 from .columns import Column, format_of, plan_columns
 from .parquet import ParquetOutput, write_parquet
 from .shards import WriteOptions, assign_rows, output_layout, write_shards
@@ -76,7 +76,8 @@ def convert(
 ):
     """Convert ``src`` into shards with a manifest and indexes, or shards into Parquet.
 
-    Into shards (returns the :class:`~tarshards.manifest.Manifest`): ``src`` is an ImageFolder
+    Into shards (returns the :class:`~tarshards.format.manifest.Manifest`): ``src`` is an
+    ImageFolder
     tree (``cls`` from the class folder, the class names in the manifest's ``info``), a folder of
     files grouped by name (``a.jpg``, ``a.json``), a Parquet file, list or folder, a Hugging Face
     ``datasets.Dataset``/``DatasetDict`` or ``save_to_disk`` folder (``split=``), or a JSONL
@@ -175,7 +176,7 @@ def _names_shards(src) -> bool:
     text = os.fspath(src)
     if "{" in text or "::" in text or "*" in text:
         return True
-    from ..compression import is_compressed_name
+    from ..format.compression import is_compressed_name
 
     return text.lower().endswith(".tar") or is_compressed_name(text)
 

@@ -15,9 +15,9 @@ import os
 import sys
 from dataclasses import dataclass
 
-from ..manifest import Manifest, is_manifest_spec
-from ..reading import iter_samples
-from ..specs import expand_urls
+from ..format.manifest import Manifest, is_manifest_spec
+from ..read.reading import iter_samples
+from ..read.specs import expand_urls
 from ..storage import AtomicOutput
 from .columns import CLS_EXTENSIONS, JSON_EXTENSIONS, TEXT_EXTENSIONS
 from .sources import require_pyarrow

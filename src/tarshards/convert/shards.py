@@ -8,7 +8,7 @@ beside the manifest (``MANIFEST.convert``) before anything is written.
 
 Each shard is one job, run on the processes, Dask or Ray engine of :mod:`tarshards.parallel`
 (or in this process, with one worker): it writes its rows with a
-:class:`~tarshards.writer.TarWriter` to a temporary name, commits it under its final name when
+:class:`~tarshards.write.writer.TarWriter` to a temporary name, commits it under its final name when
 complete, and saves its index beside it (with ``meta=``, the per-sample metadata columns
 computed from the rows it wrote). A rerun after a kill finds the plan, checks that it is the
 same, skips the shards that exist and writes the others; temporaries of dead writers are
@@ -25,11 +25,11 @@ import os
 from dataclasses import dataclass
 
 from ..errors import IntegrityError, ShardWriteError
-from ..format import parse_size
-from ..manifest import Manifest, ManifestRecorder, index_path_for, relative_url, resolve_url
+from ..format.manifest import Manifest, ManifestRecorder, index_path_for, relative_url, resolve_url
+from ..format.names import parse_size
 from ..parallel import FAILED, map_shard_files
 from ..storage import AtomicOutput, filesystem, is_local, local_path, open_url
-from ..writer import TarWriter, meta_functions, meta_row, meta_table, shard_name
+from ..write.writer import TarWriter, meta_functions, meta_row, meta_table, shard_name
 from .sources import Source
 
 __all__ = ["WriteOptions", "assign_rows", "output_layout", "write_shards"]
@@ -116,7 +116,7 @@ def output_layout(
             stem = tail.split("%", 1)[0].split("{", 1)[0].rstrip("-_.") or "manifest"
             manifest = f"{head}/{stem}.json" if head else f"{stem}.json"
     else:
-        from ..compression import by_name
+        from ..format.compression import by_name
 
         comp = by_name(compress) if compress else None
         suffix = comp.suffix if comp is not None else ".tar"
@@ -288,7 +288,7 @@ def write_shards(
         output, manifest, compress=options.compress, prefix=prefix
     )
     if options.compress is None and options.aligned:
-        from ..compression import is_compressed_name
+        from ..format.compression import is_compressed_name
 
         if not is_compressed_name(pattern):
             raise ValueError("aligned=True is for compressed shards: give compress= or a suffix")
@@ -345,7 +345,7 @@ def _assemble(job: ConvertJob, urls, manifest_url, info) -> Manifest:
     """The manifest from the shards' indexes (an index missing, as after a kill between a
     shard's commit and its index's, is made by reading the shard, its metadata columns from the
     source's rows)."""
-    from ..index import ShardIndex, index_url
+    from ..format.index import ShardIndex, index_url
 
     storage_options, bounds = job.storage_options, job.bounds
     with ManifestRecorder(manifest_url, storage_options=storage_options, info=info) as rec:

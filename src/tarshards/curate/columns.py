@@ -6,7 +6,7 @@ shard, aligned row by row with it (same keys, same order), each with its own ind
 The output manifest lists the base shards (relative to it, as the source lists them), the column
 group with its fields and shards, and the source manifest it came from (``"base"``)::
 
-    {"format": "tarshards.manifest", "version": 1, "fingerprint": "sha256:...",
+    {"format": "tarshards.format.manifest", "version": 1, "fingerprint": "sha256:...",
      "num_samples": 2000, "shards": [...the base shards...],
      "base": {"manifest": "../manifest.json", "checksum": "sha256:..."},
      "columns": [{"name": "caption", "fields": ["txt"],
@@ -15,7 +15,7 @@ group with its fields and shards, and the source manifest it came from (``"base"
 
 Reading it (``WebDataset``, ``IndexedDataset``, ``readers=V`` plans and resume) yields the base
 fields and the new ones merged per sample; ``fields=[...]`` reads only the groups that hold
-them, and never the base shards when they hold none of them (:mod:`tarshards.sidecar`). The
+them, and never the base shards when they hold none of them (:mod:`tarshards.read.sidecar`). The
 media is never copied: a 100-byte caption costs its tar header and data blocks (about 1 KB a
 sample) and a few bytes of index.
 """
@@ -27,8 +27,8 @@ from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from ..errors import ShardFormatError
-from ..index import ShardIndex
-from ..manifest import (
+from ..format.index import ShardIndex
+from ..format.manifest import (
     ColumnGroup,
     Manifest,
     ShardRecord,
@@ -37,12 +37,12 @@ from ..manifest import (
     relative_url,
     resolve_url,
 )
+from ..format.selection import VIEW_SUFFIX, View, as_record
 from ..parallel import FAILED, map_shard_files
-from ..reading import shard_samples
-from ..selection import VIEW_SUFFIX, View, as_record
-from ..sidecar import RowReader, layout_for
+from ..read.reading import shard_samples
+from ..read.sidecar import RowReader, layout_for
 from ..storage import is_local, local_path
-from ..writer import TarWriter
+from ..write.writer import TarWriter
 
 __all__ = ["add_columns"]
 
@@ -91,7 +91,7 @@ class _ColumnJob:
         k = int(i)
         samples: Any = self.samples(k)
         if self.decode is not None:
-            from ..stages import decode
+            from ..pipeline.stages import decode
 
             modes = self.decode if isinstance(self.decode, (list, tuple)) else [self.decode]
             samples = decode(samples, *modes)
@@ -250,7 +250,7 @@ def add_columns(
 def rel_url(url: str, base: str | None) -> str:
     """``url`` relative to the directory ``base``, with ``..`` where it lies outside it (both
     local), so that a data set and its sidecars moved together keep working; else as
-    :func:`~tarshards.manifest.relative_url`."""
+    :func:`~tarshards.format.manifest.relative_url`."""
     if base is not None and is_local(url) and is_local(base) and "://" not in base:
         return os.path.relpath(os.path.abspath(local_path(url)), base).replace(os.sep, "/")
     return relative_url(url, base)

@@ -9,7 +9,7 @@ output or given) finds each left row's right sample, and the output stores, per 
 memory-mapped when read), beside a manifest that lists the left shards (the rows' order), the
 right shards, and the two manifests it came from::
 
-    {"format": "tarshards.manifest", ..., "shards": [...the left shards...],
+    {"format": "tarshards.format.manifest", ..., "shards": [...the left shards...],
      "base": {"manifest": "../captions/manifest.json", "checksum": "sha256:..."},
      "join": {"how": "inner", "on": "__key__", "prefix": "", "counts": [..rows per left shard..],
               "pointers": "manifest.pointers.npy", "identity": "...",
@@ -36,9 +36,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import ShardFormatError, TarshardsError
-from ..manifest import Manifest, as_manifest, resolve_url
-from ..reading import shard_samples
-from ..sidecar import layout_for
+from ..format.manifest import Manifest, as_manifest, resolve_url
+from ..read.reading import shard_samples
+from ..read.sidecar import layout_for
 from ..storage import AtomicOutput
 from .columns import moved_to, rel_url
 from .keyindex import KeyIndex
@@ -206,7 +206,7 @@ def _check_names(L: Manifest, R: Manifest, prefix: str, on: str) -> None:
 def pointers_of(manifest: Manifest):
     """The join's pointer table of a join manifest (rows of (left row, right shard, right
     row))."""
-    from ..sidecar import load_pointers
+    from ..read.sidecar import load_pointers
 
     if not manifest.join:
         raise ValueError("not a join manifest")

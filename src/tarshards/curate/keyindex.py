@@ -24,7 +24,7 @@ strings). The cost, per key: 8 (hash) + 4 (shard) + 4 (row) + 8 (offset) + the k
 about six pages (the page cache keeps what is hot; nothing is read at open).
 
 Building (:meth:`KeyIndex.build`) hashes each shard index's key blob in one C call
-(:func:`tarshards.hashing.hash_rows`) and sorts groups of consecutive shards into runs in
+(:func:`tarshards.format.hashing.hash_rows`) and sorts groups of consecutive shards into runs in
 parallel (the ``processes``, ``dask`` or ``ray`` engine of :mod:`tarshards.parallel`); a merge
 then reads the runs range by range of the hash space (the hashes are uniform, so each range
 holds about ``chunk_keys`` keys) and appends each range, sorted, to the table: memory stays at a
@@ -56,9 +56,9 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..errors import DuplicateKeyError, IntegrityError, ShardFormatError
-from ..hashing import hash_rows, member_checksum_fn
-from ..index import INDEX_SUFFIX, ShardIndex
-from ..manifest import Manifest, ShardRecord, is_manifest_spec, relative_url, resolve_url
+from ..format.hashing import hash_rows, member_checksum_fn
+from ..format.index import INDEX_SUFFIX, ShardIndex
+from ..format.manifest import Manifest, ShardRecord, is_manifest_spec, relative_url, resolve_url
 from ..parallel.engines import make_engine
 from ..parallel.jobs import ShardJob
 from ..parallel.pool import portable_exception
@@ -174,7 +174,7 @@ def _as_manifest(source, storage_options) -> Manifest:
         return source
     if is_manifest_spec(source):
         return Manifest.load(os.fspath(source), storage_options=storage_options)
-    from ..specs import expand_urls
+    from ..read.specs import expand_urls
 
     urls = expand_urls(source, storage_options=storage_options)
     if not urls:

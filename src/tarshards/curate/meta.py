@@ -15,7 +15,7 @@ import os
 from typing import Any
 
 from ..errors import ShardFormatError
-from ..manifest import (
+from ..format.manifest import (
     Manifest,
     ShardRecord,
     as_manifest,
@@ -24,8 +24,8 @@ from ..manifest import (
     resolve_url,
 )
 from ..parallel import FAILED, map_shard_files
-from ..reading import shard_samples
-from ..writer import meta_functions, meta_row, meta_table
+from ..read.reading import shard_samples
+from ..write.writer import meta_functions, meta_row, meta_table
 
 __all__ = ["add_meta"]
 

@@ -40,12 +40,12 @@ of its sources (``val: [web/manifest.json]``). ``WebDataset``'s other options (`
 ``shardshuffle=``, ``decoder=``, read and safety options) go to every source, and a
 ``.shuffle(n)`` put first on the mixture shuffles each source with its own buffer.
 
-``stop`` says when the epoch ends (see :mod:`tarshards.mixing`): ``first``, once a source
+``stop`` says when the epoch ends (see :mod:`tarshards.plan.mixing`): ``first``, once a source
 would go past its budget (samples after subset, times repeat); ``all``, once every source has
 given its budget (those done start over); ``cycle``, after as many samples as the budgets
 together. ``unit: tokens`` (with ``cost: COLUMN``, default ``tokens``: a per-sample metadata
 column of every source's manifest) makes the weights shares of tokens rather than of samples
-(:mod:`tarshards.mixing`: each batch within one sample of them); every source then has a weight
+(:mod:`tarshards.plan.mixing`: each batch within one sample of them); every source then has a weight
 and no ``repeat``. Only the opened spec's ``stop``, ``unit`` and ``cost`` count (a nested
 spec's are not used).
 """
@@ -59,11 +59,11 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Iterable, Mapping
 
-from .. import stages as _stages
 from ..errors import MissingDependencyError, ShardSpecError
-from ..mixing import STOPS, MixedDataset
-from ..pipeline import WebDataset
-from ..specs import DATASET_SPEC_OPENERS, DATASET_SPEC_SUFFIXES, is_dataset_spec
+from ..pipeline import stages as _stages
+from ..pipeline.dataset import WebDataset
+from ..plan.mixing import STOPS, MixedDataset
+from ..read.specs import DATASET_SPEC_OPENERS, DATASET_SPEC_SUFFIXES, is_dataset_spec
 from ..storage import is_local, local_path, open_url, url_protocol
 
 __all__ = [
@@ -569,8 +569,8 @@ class _Maker:
 
     def subset(self, ds: Any, lo: int, hi: int, entry: SourceEntry) -> Any:
         """Rows ``[lo, hi)`` of ``ds`` in manifest order (of the rows it reads: a view's rows
-        of rows), as a planned source over a :class:`~tarshards.selection.View`."""
-        from ..selection import View
+        of rows), as a planned source over a :class:`~tarshards.format.selection.View`."""
+        from ..format.selection import View
 
         base = ds.view if ds.view is not None else ds.manifest
         if base is None:  # shards without a manifest: the record their scan made
@@ -648,8 +648,8 @@ _NOT_FOR_SPECS = {
 def _mixed_class(cls: type) -> type:
     """The mixture class that goes with the ``WebDataset`` class ``cls`` (the torch adapter's
     ``MixedDataset`` for ``tarshards.torch.WebDataset``)."""
-    if any(c.__module__ == "tarshards.torch" for c in cls.__mro__):
-        from .. import torch as _torch
+    if any(c.__module__ == "tarshards.torch.adapter" for c in cls.__mro__):
+        from ..torch import adapter as _torch
 
         return _torch.MixedDataset
     return MixedDataset

@@ -1,6 +1,7 @@
 """Views of a data set (issue 37): filter, deduplicate and split without copying any media.
 
-:class:`View` is the record (defined with the manifest, in :mod:`tarshards.selection`, so that
+:class:`View` is the record (defined with the manifest, in :mod:`tarshards.format.selection`, so
+that
 every reader below the curation layer accepts it): a manifest and the rows of each shard it keeps.
 The functions here make views and save them beside the data (``*.view.json``):
 
@@ -25,13 +26,13 @@ from typing import Any, Callable, Collection, Mapping
 
 from .._lazy import LazyModule
 from ..errors import ShardFormatError, TarshardsError
-from ..hashing import hash_rows
-from ..manifest import Manifest
+from ..format.hashing import hash_rows
+from ..format.manifest import Manifest
+from ..format.selection import VIEW_SUFFIX, View, as_record, is_view_spec, load_record
 from ..parallel.engines import make_engine
 from ..parallel.reports import FAILED, ShardReport
-from ..plan import ShardTable
-from ..selection import VIEW_SUFFIX, View, as_record, is_view_spec, load_record
-from ..source import read_rows
+from ..plan.cursor import read_rows
+from ..plan.epoch import ShardTable
 from ..storage import open_url
 
 np = LazyModule("numpy", globals(), "np")
@@ -147,7 +148,7 @@ class _ShardTask:
             for got in lists:
                 yield from got
             return
-        from ..stages import decode
+        from ..pipeline.stages import decode
 
         decoder = "rgb" if self.decode is True else self.decode  # True: WebDataset's default
         modes = decoder if isinstance(decoder, (list, tuple)) else [decoder]
@@ -155,7 +156,7 @@ class _ShardTask:
             yield from decode(iter(got), *modes)
 
     def _merged(self, i: int):
-        from ..sidecar import layout_for
+        from ..read.sidecar import layout_for
 
         layout = layout_for(self.view.manifest, storage_options=self.storage_options)
         if layout is None:  # (not for a manifest with columns or a join)
@@ -273,8 +274,8 @@ def _base_rows(m: Manifest, i: int, rows):
     are: themselves, except in a join, whose rows are the left rows its pointers name."""
     if not m.join:
         return rows
-    from ..manifest import resolve_url
-    from ..sidecar import load_pointers
+    from ..format.manifest import resolve_url
+    from ..read.sidecar import load_pointers
 
     counts = np.asarray([int(c) for c in m.join["counts"]], dtype=np.int64)
     start = int(counts[:i].sum())

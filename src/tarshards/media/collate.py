@@ -2,14 +2,14 @@
 frames ``(B, T, H, W, C)`` and timestamps ``(B, T)``; a column of :class:`AudioClip` to one
 ``AudioClip`` of stacked samples ``(B, channels, samples)`` (a list where the lengths differ) and
 the rate (a list where the rates differ). Registered with the collation table
-(:func:`tarshards.stages.register_collation`) when such a column is first met (the package
+(:func:`tarshards.pipeline.stages.register_collation`) when such a column is first met (the package
 declares the names)."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..stages import default_collation_fn, register_collation
+from ..pipeline.stages import default_collation_fn, register_collation
 from .audio import AudioClip
 from .video import VideoClip
 

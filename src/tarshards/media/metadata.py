@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable
 
 from ..errors import DecodeError, MissingDependencyError, ShardFormatError, TarshardsError
-from ..manifest import Manifest, as_manifest
+from ..format.manifest import Manifest, as_manifest
 from ..storage.ranges import RangeFile
 from .probe import IMAGE_EXTENSIONS, MEDIA_EXTENSIONS, VIDEO_EXTENSIONS, open_container, probe
 
@@ -33,7 +33,7 @@ def shard_media_meta(
     on_error: str = "skip",
 ) -> dict:
     """The media columns of one shard (``{"mp4.duration": [...], ...}``, NaN where a sample
-    lacks the field), from its :class:`~tarshards.index.ShardIndex` and its URL.
+    lacks the field), from its :class:`~tarshards.format.index.ShardIndex` and its URL.
     ``on_error="skip"`` leaves a member that does not probe out (NaN); ``"raise"`` raises
     the data error naming the shard, member and offset."""
     if not index.seekable or index.compression != "none":
@@ -94,7 +94,7 @@ def member_keyframes(source) -> tuple[list[float], list[int]]:
 
 def shard_keyframes(index, url: str, *, storage_options: dict | None = None) -> tuple:
     """The keyframe table of a plain shard's video members: ``(members, times, positions)``
-    (see :attr:`tarshards.index.ShardIndex.keyframe_table`); members that do not demux are
+    (see :attr:`tarshards.format.index.ShardIndex.keyframe_table`); members that do not demux are
     left out."""
     members: list[int] = []
     times: list[float] = []

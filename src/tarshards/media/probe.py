@@ -180,7 +180,7 @@ class MediaMeta:
         if isinstance(v, (bytes, bytearray, memoryview)):
             return probe(v, ext)
         if ext in ("wav", "flac"):
-            from ..codecs import audio_value
+            from ..codecs.registry import audio_value
 
             arr, rate = audio_value(v, None)
             n = arr.shape[0]

@@ -5,7 +5,8 @@
   naming the sample key, or goes to ``on_error``.
 * :func:`map_shards` applies ``fn(sample) -> sample | None | list`` to every sample of each input
   shard and writes the matching output shard. Tasks are shards. Each output is written to a
-  temporary name and committed when complete (:class:`~tarshards.writer.TarWriter`), outputs that
+  temporary name and committed when complete (:class:`~tarshards.write.writer.TarWriter`), outputs
+  that
   exist are skipped (so a job that died can be rerun and does only the rest), and a shard whose
   worker process died, or that hit an I/O error, is tried again up to ``retries`` times.
 * :func:`map_shard_files` runs ``fn(input_url, output_url)`` for functions that write themselves.

@@ -11,8 +11,8 @@ worker process died, again up to ``retries`` times, then reports it failed.
 * :class:`RayEngine` (``engine="ray"``): a Ray cluster (the one this process is connected to, the
   one at ``address``, or a local one started for the job); Ray is imported only when it runs.
 
-Besides :func:`~tarshards.parallel.map_shards`, :func:`tarshards.manifest.build_manifest` runs
-its per-shard indexing on these engines (this module and ``pool``/``reports`` sit below the
+Besides :func:`~tarshards.parallel.map_shards`, :func:`tarshards.format.manifest.build_manifest`
+runs its per-shard indexing on these engines (this module and ``pool``/``reports`` sit below the
 manifest in the import order for that).
 """
 

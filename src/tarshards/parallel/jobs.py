@@ -7,11 +7,11 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from .. import stages as _stages
 from ..errors import TarshardsError
 from ..on_error import OnError, describe, error_policy, sample_context
-from ..pipeline import shard_samples
-from ..writer import TarWriter
+from ..pipeline import stages as _stages
+from ..pipeline.dataset import shard_samples
+from ..write.writer import TarWriter
 from .reports import FAILED, ShardReport
 from .samples import apply_one
 

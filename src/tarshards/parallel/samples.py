@@ -6,9 +6,9 @@ import collections
 import traceback
 from typing import Callable, Iterable, Iterator
 
-from .. import stages as _stages
 from ..errors import TarshardsError
 from ..on_error import OnError, error_policy, sample_context
+from ..pipeline import stages as _stages
 from .pool import ProcessPool, default_workers, dumps, portable_exception, remote_cause
 
 __all__ = ["apply_one", "map_samples"]
@@ -67,7 +67,7 @@ def map_samples(
 
     Yields ``fn(sample)`` for each sample, in the order of ``source`` (``ordered=True``) or as
     results arrive. ``None`` results are dropped and dict results keep the sample's ``__key__``,
-    as in :func:`tarshards.stages.map`. ``processes=0`` runs in this process (no pickling);
+    as in :func:`tarshards.pipeline.stages.map`. ``processes=0`` runs in this process (no pickling);
     ``None`` uses one process per CPU. Samples go to the workers ``chunksize`` at a time, at most
     ``prefetch`` chunks per worker ahead, so memory stays bounded however long ``source`` is.
 

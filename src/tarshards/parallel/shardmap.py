@@ -14,9 +14,9 @@ import warnings
 from typing import Callable
 
 from ..errors import TarshardsWarning
-from ..manifest import spec_urls
+from ..format.manifest import spec_urls
 from ..on_error import OnError, error_policy
-from ..specs import expand_urls
+from ..read.specs import expand_urls
 from ..storage import filesystem, is_local, local_path, remove_stale_temporaries
 from .engines import Engine, make_engine
 from .jobs import FileShardJob, SampleShardJob
@@ -80,7 +80,8 @@ def map_shards(
     ``inputs`` and ``outputs`` are shard specs (``"in-{0000..0999}.tar"``) or lists naming the same
     number of shards; outputs are any URL the library writes (local, ``s3://``...). Samples are
     read as raw bytes (``__key__``, ``__url__``, one bytes field per extension) or decoded with
-    ``decode`` (``"pil"``, or a list of decode handlers, see :func:`tarshards.stages.decode`);
+    ``decode`` (``"pil"``, or a list of decode handlers, see
+    :func:`tarshards.pipeline.stages.decode`);
     results are encoded by extension unless ``encoder=False``.
 
     Each output appears under its final name only when complete. Outputs that already exist are
@@ -130,8 +131,8 @@ def map_shards(
 
 def _write_manifest(reports, path, storage_options) -> None:
     """The manifest of the outputs that exist (done, or skipped because they existed)."""
-    from ..index import ShardIndex, index_url
-    from ..manifest import ManifestRecorder
+    from ..format.index import ShardIndex, index_url
+    from ..format.manifest import ManifestRecorder
 
     with ManifestRecorder(path, storage_options=storage_options) as recorder:
         for r in reports:
@@ -160,8 +161,8 @@ def map_shard_files(
 ) -> list[ShardReport]:
     """Run ``fn(input_url, output_url)`` for each pair, on the same engines as :func:`map_shards`.
 
-    ``fn`` writes the output itself (use :class:`~tarshards.writer.TarWriter` so that it appears
-    only when complete); it may return the number of samples written, or a dict with
+    ``fn`` writes the output itself (use :class:`~tarshards.write.writer.TarWriter` so that it
+    appears only when complete); it may return the number of samples written, or a dict with
     ``samples_in`` and ``samples_out``. Existing outputs are skipped unless ``overwrite=True``,
     with a warning that says so (``warn_kept=False``: a caller that checks itself that the kept
     outputs are what its run would make, as :func:`tarshards.convert` does by its plan).

@@ -29,9 +29,9 @@ import re
 import time
 from typing import TYPE_CHECKING, BinaryIO, Iterator, cast
 
-from ..compression import by_magic
 from ..errors import IntegrityError, StorageError
-from ..format import parse_size
+from ..format.compression import by_magic
+from ..format.names import parse_size
 from .open import open_url
 from .paths import is_local
 
@@ -115,7 +115,7 @@ class ShardCache:
     ``storage_options``, ``retries``: passed on to :func:`tarshards.storage.open_url`.
     ``lock_timeout``: seconds to wait for another process downloading the same shard before
     reading it directly without the cache (``None``: wait as long as it takes).
-    ``manifest``: a :class:`~tarshards.manifest.Manifest`; a download of one of its shards is
+    ``manifest``: a :class:`~tarshards.format.manifest.Manifest`; a download of one of its shards is
     kept only when its size and hash are the manifest's (else :class:`IntegrityError`).
     """
 
@@ -264,7 +264,7 @@ class ShardCache:
         record = self.expected.get(url)
         hasher = None
         if record is not None and record.hash:
-            from ..hashing import file_hasher, split_hash
+            from ..format.hashing import file_hasher, split_hash
 
             algorithm = split_hash(record.hash)[0]
             hasher = file_hasher(algorithm)

@@ -1,20 +1,20 @@
 """Random access into a shard: one sample at a byte offset, or every sample from an offset on.
 
-The offsets come from a :class:`tarshards.index.ShardIndex`: for plain tar shards, where a
+The offsets come from a :class:`tarshards.format.index.ShardIndex`: for plain tar shards, where a
 sample's first header starts; for sample-aligned compressed shards, where its compressed bytes
 start: a zstd/lz4 frame (or an old-layout gzip member), or a full-flush point inside the one gzip
 member (``entry="deflate"``, the index's ``entry``: a raw inflater starts there). The members
-are parsed by the ordinary tar reader and grouped by :func:`tarshards.format.group_samples`, so
-a sample read here is the sample a sequential read gives (same fields, same bytes).
+are parsed by the ordinary tar reader and grouped by :func:`tarshards.format.names.group_samples`,
+so a sample read here is the sample a sequential read gives (same fields, same bytes).
 """
 
 from __future__ import annotations
 
 from typing import BinaryIO, Iterable, Iterator
 
-from ..compression import inflated_from
 from ..errors import ShardFormatError, TruncatedShardError
-from ..format import group_samples
+from ..format.compression import inflated_from
+from ..format.names import group_samples
 from ..tario import decompressed_chunks, iter_tar, read_chunks
 
 __all__ = ["read_exact", "read_sample_at", "sample_from_bytes", "samples_from"]

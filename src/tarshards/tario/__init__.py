@@ -5,7 +5,7 @@ files, pipes, stdin and network streams alike, and it holds at most one chunk pl
 read. It understands ustar, GNU long names/links, GNU sparse members (old GNU and pax 0.0, 0.1 and
 1.0: rebuilt with their holes as zeros) and pax extended and global headers, skips everything that
 is not a regular file, and detects gzip and zstd compression by the first bytes of the stream
-(:mod:`tarshards.compression`).
+(:mod:`tarshards.format.compression`).
 
 What the reader accepts and refuses (the same at every read size, in C and in Python):
 
@@ -26,12 +26,12 @@ header where a name or a size does not fit, so equal samples always give byte-id
 The modules: :mod:`.headers` (header fields, checksums, pax records, names), :mod:`.buffer` (byte
 sources and the reader's buffer, memory-mapped for local plain files), :mod:`.reader` (the member
 reader, C fast path and Python reference), :mod:`.sparse` (GNU sparse members) and :mod:`.writer`
-(the member writer). Grouping members into samples is :func:`tarshards.format.group_samples`.
+(the member writer). Grouping members into samples is :func:`tarshards.format.names.group_samples`.
 """
 
 from __future__ import annotations
 
-from ..compression import decompressed_chunks, is_compressed_name, open_compressed_writer
+from ..format.compression import decompressed_chunks, is_compressed_name, open_compressed_writer
 from .buffer import PlainStream, read_chunks, tar_byte_source
 from .headers import BLOCK, CHUNK_SIZE
 from .reader import _scan_members as _scan_members  # the C fast path, for tests

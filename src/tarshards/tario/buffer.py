@@ -2,7 +2,7 @@
 
 :class:`_Buffer` is a window over the input with absolute stream offsets; the reader parses
 headers straight out of it. A plain (uncompressed) stream is read with ``readinto`` into the
-buffer; gzip and zstd are decompressed chunk by chunk (:mod:`tarshards.compression`).
+buffer; gzip and zstd are decompressed chunk by chunk (:mod:`tarshards.format.compression`).
 
 A local plain file (an ``open(path, "rb")`` file object, buffered or not) is memory-mapped
 instead (:class:`MappedFile`, read through :class:`_MappedBuffer`): the reader parses the map in
@@ -22,8 +22,8 @@ import os
 import stat
 from typing import Any, BinaryIO, Iterator, cast
 
-from ..compression import decompressed_chunks, not_plain
 from ..errors import TruncatedShardError
+from ..format.compression import decompressed_chunks, not_plain
 from .headers import BLOCK, CHUNK_SIZE
 
 

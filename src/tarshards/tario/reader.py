@@ -143,7 +143,7 @@ def iter_tar_batches(
     stored bytes are a map and runs), and so does the C scan for a member behind a pax header; a
     member of a fast-path batch that is not listed is one ustar header followed by its data.
     ``_index_scan(buf, pos, base, end) -> pos`` (the indexer's C loop,
-    :meth:`tarshards.index.IndexBuilder.scan`) takes runs of plain members out of the buffer
+    :meth:`tarshards.format.index.IndexBuilder.scan`) takes runs of plain members out of the buffer
     before the fast path would (recording them, not yielding them).
     """
     b = reader_buffer(chunks, offset, chunk_size)

@@ -22,13 +22,13 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from ..codecs.images import IMAGE_EXTENSIONS
 from ..errors import IntegrityError, MissingDependencyError, TarshardsError
-from ..images import IMAGE_EXTENSIONS
-from ..index import FLAG_REBUILT
-from ..indexed import IndexedDataset
-from ..manifest import Manifest, build_manifest, is_manifest_spec
-from ..selection import View, as_record, is_view_spec
-from ..specs import expand_urls
+from ..format.index import FLAG_REBUILT
+from ..format.manifest import Manifest, build_manifest, is_manifest_spec
+from ..format.selection import View, as_record, is_view_spec
+from ..read.indexed import IndexedDataset
+from ..read.specs import expand_urls
 from ..storage import filesystem, is_local, local_path, open_url
 
 __all__ = [
@@ -235,7 +235,8 @@ class _ShardRows:
 class BrowseData:
     """A data set opened for browsing (see the module docstring).
 
-    ``spec``: a manifest (``.json`` path or URL, or a :class:`~tarshards.manifest.Manifest`), a
+    ``spec``: a manifest (``.json`` path or URL, or a
+    :class:`~tarshards.format.manifest.Manifest`), a
     view (a ``*.view.json`` path or a :class:`~tarshards.View`: the pages, search and index
     statistics are the view's samples; its manifest's shards need indexes), or a shard spec
     (brace ranges, globs, ``::``-joined, a list; local or remote). Shards without an index are

@@ -1,0 +1,1061 @@
+"""Packing and bucketing: samples grouped into *units* (packs under a token budget, batches of one
+bucket), planned from the index's per-sample metadata where it exists.
+
+A unit is a set of positions of the epoch's sample list (the shards in the epoch's order, each in
+its file order: :class:`tarshards.plan.epoch.EpochPlan` over one reader). Both kinds of unit are
+made the
+same way on a stream of samples and on the metadata, so a planned pipeline and a plain one group
+the same samples:
+
+- **packs** (:func:`pack`): the stream is cut into *windows* of ``window`` packs' worth of cost
+  (sample ``i`` is in window ``floor(C_i / (window * max_tokens))``, ``C_i`` the cost of the
+  samples before it, each counted at most ``max_tokens``); each window is packed best-fit
+  decreasing (samples by cost, largest first, ties in stream order; each into the open pack
+  it fills best, the lowest-numbered on a tie; a new pack where none has room); a sample over
+  the budget is a pack of its own (``oversize="truncate"``: the collation cuts it), left out
+  (``"drop"``, counted and warned) or an error (``"raise"``). A window's least-filled pack
+  (ties: the one whose last sample comes first), when under half full, waits for the next
+  window's and the two become one pack where they fit (else the waiting one goes out with the
+  next window's); the rest of a window's packs come out in the order their last sample
+  arrives.
+- **buckets** (:func:`bucket`): each sample goes to the bucket of its key
+  (``bisect_right(boundaries, key)``); a bucket's batch is out when it holds its batch size;
+  at the end the partial batches (``partial=True``) come out in the order of their last sample.
+
+In a planned pipeline (``WebDataset(..., readers=V)``) whose cost (or key) is a metadata column
+of the manifest (``Manifest.meta``), the epoch's units are computed from the column alone, no
+data read: :func:`pack_units`, :func:`bucket_units` (all windows at once, in numpy). The unit list
+is then cut like the sample list of a plain plan: reader ``v`` yields units ``v q .. v q + q - 1``
+(``q = P // V``; ``remainder="pad"``: ``ceil(P / V)``, the missing units repeat the first ones,
+flagged ``__pad__``), global batch ``g`` is unit ``(g % V) q + g // V``. A position is then, as
+for batches, a count of global units: resume, elastic resume and DataLoader workers work as
+they do for ``.batched(B)``. A reader reads the positions of its units in file order (seeking
+over the others) and holds the samples of its units until each is complete: at most a window.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import itertools
+import warnings
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from .._lazy import LazyModule
+from ..errors import TarshardsError, TarshardsWarning
+from .cursor import ReaderStream
+from .epoch import PlanConfig, ShardTable, plan_for
+from .planned import PlannedProgram
+
+np = LazyModule("numpy", globals(), "np")
+
+__all__ = [
+    "BucketSpec",
+    "OVERSIZE",
+    "PackSpec",
+    "UnitLayout",
+    "UnitPlan",
+    "UnitProgram",
+    "bucket",
+    "bucket_units",
+    "pack",
+    "pack_units",
+    "replay_units",
+    "spec_from_identity",
+    "unit_stage",
+]
+
+OVERSIZE = ("truncate", "drop", "raise")
+DEFAULT_WINDOW = 16  # packs' worth of cost in a window (with the carried tails: ~98 % fill)
+_READ_THROUGH = 32  # a gap of up to this many samples between wanted ones is read, not sought
+_RUN = 64  # the most samples taken from the stream at once
+
+
+# ---------------------------------------------------------------------------------------------
+# what a sample costs (or which bucket it is in)
+# ---------------------------------------------------------------------------------------------
+
+
+def _measure(value: Any) -> float:
+    """A field's value as a number: its length when it has one (tokens, text), else itself."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    try:
+        return float(len(value))
+    except TypeError:
+        return float(value)
+
+
+def _getter(what: str | Callable, role: str) -> Callable[[Any], float]:
+    if callable(what):
+        return lambda sample: float(what(sample))
+    if not isinstance(what, str):
+        raise TypeError(f"{role}= is a field name, a metadata column or a function, not {what!r}")
+
+    def get(sample):
+        try:
+            value = sample[what]
+        except (KeyError, TypeError, IndexError):
+            key = sample.get("__key__") if isinstance(sample, dict) else None
+            raise TarshardsError(
+                f"sample {key!r} has no field {what!r} for {role}=: a metadata column (from "
+                "the manifest's index, tarshards.add_meta) is used in a planned pipeline "
+                "(WebDataset(manifest, readers=V)); in a plain one name a field or pass a "
+                "function of the sample"
+            ) from None
+        return _measure(value)
+
+    return get
+
+
+def _check_budget(max_tokens: float, window: int | None, oversize: str) -> None:
+    if not max_tokens > 0:
+        raise ValueError(f"max_tokens must be > 0, got {max_tokens!r}")
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be a positive number of packs, got {window!r}")
+    if oversize not in OVERSIZE:
+        raise ValueError(f"oversize must be one of {', '.join(OVERSIZE)}, got {oversize!r}")
+
+
+def _bucket_sizes(boundaries: Sequence[float], batch_size) -> tuple[tuple[float, ...], tuple]:
+    bounds = tuple(float(b) for b in boundaries)
+    if any(b >= c for b, c in itertools.pairwise(bounds)):
+        raise ValueError(f"boundaries must increase, got {list(boundaries)}")
+    n = len(bounds) + 1
+    if isinstance(batch_size, dict):
+        missing = [i for i in range(n) if i not in batch_size]
+        if missing:
+            raise ValueError(
+                f"batch_size= as a dict needs a size for every bucket 0..{n - 1} "
+                f"({len(bounds)} boundaries); missing {missing}"
+            )
+        sizes = tuple(int(batch_size[i]) for i in range(n))
+    elif isinstance(batch_size, (list, tuple)):
+        if len(batch_size) != n:
+            raise ValueError(
+                f"batch_size= as a list needs one size per bucket: {n} for {len(bounds)} "
+                f"boundaries, got {len(batch_size)}"
+            )
+        sizes = tuple(int(b) for b in batch_size)
+    else:
+        sizes = (int(batch_size),) * n
+    if any(s < 1 for s in sizes):
+        raise ValueError(f"batch sizes must be >= 1, got {list(sizes)}")
+    return bounds, sizes
+
+
+# ---------------------------------------------------------------------------------------------
+# the streaming stages (a plain pipeline; a planned one computes the same units from metadata)
+# ---------------------------------------------------------------------------------------------
+
+
+def _best_fit(costs: Sequence[float], max_tokens: float) -> list[tuple[list[int], float]]:
+    """Best-fit decreasing over one window: the packs (indices into ``costs``, ascending, and
+    the room left), in the order they were opened. The same packs as
+    :func:`_best_fit_windows` gives."""
+    order = sorted(range(len(costs)), key=lambda i: (-costs[i], i))
+    free: list[tuple[float, int]] = []  # (room left, pack), sorted
+    packs: list[list[int]] = []
+    rooms: list[float] = []
+    for i in order:
+        c = costs[i]
+        j = bisect.bisect_left(free, (c, -1))
+        if j < len(free):
+            room, b = free.pop(j)
+        else:
+            room, b = max_tokens, len(packs)
+            packs.append([])
+            rooms.append(max_tokens)
+        packs[b].append(i)
+        rooms[b] = room - c
+        bisect.insort(free, (room - c, b))
+    return [(sorted(p), r) for p, r in zip(packs, rooms)]
+
+
+def pack(
+    samples: Iterable,
+    max_tokens: float,
+    cost: str | Callable = "tokens",
+    *,
+    window: int | None = None,
+    oversize: str = "truncate",
+) -> Iterator[list]:
+    """Group samples into packs (lists of samples) whose total cost is at most ``max_tokens``.
+
+    ``cost``: a metadata column of the manifest (planned pipelines, ``readers=V``: the packs are
+    planned from the index, no data read), a field of the sample (its length, or its value if
+    a number), or a function of the sample. Samples are packed best-fit decreasing within
+    windows of ``window`` packs' worth of cost (default 16: about 98 % fill on long-tailed
+    lengths, 99.5 % with 64; a window's samples are held until its packs are out, as a
+    shuffle buffer holds its), a window's least-filled pack merged with the next one's. A
+    sample costing more than ``max_tokens``: a pack of its own (``oversize="truncate"``;
+    ``collate_packed(max_tokens=...)`` cuts it), left out with a warning that counts them
+    (``"drop"``), or a ``ValueError`` (``"raise"``). Deterministic: the same stream
+    gives the same packs (see :mod:`tarshards.plan.packing`).
+    """
+    _check_budget(max_tokens, window, oversize)
+    get = _getter(cost, "cost")
+    span = (DEFAULT_WINDOW if window is None else window) * float(max_tokens)
+    buf: list = []
+    costs: list[float] = []
+    where: list[int] = []  # each buffered sample's index in the stream
+    total = 0.0  # cost of the stream before the window (each sample at most max_tokens)
+    current = 0
+    dropped = 0
+    seen = 0
+    carry: list = []  # [(last index, samples, cost)]: a window's least-filled pack, waiting
+
+    def flush():
+        fit = [i for i, c in enumerate(costs) if c <= max_tokens]
+        out = [(where[i], [buf[i]], 0.0) for i, c in enumerate(costs) if c > max_tokens]
+        packs = []
+        for members, room in _best_fit([costs[i] for i in fit], max_tokens):
+            idx = [fit[i] for i in members]
+            packs.append((where[idx[-1]], [buf[i] for i in idx], max_tokens - room))
+        if packs:
+            t = min(range(len(packs)), key=lambda j: (packs[j][2], packs[j][0]))
+            tail = packs.pop(t)
+            if carry:
+                held = carry.pop()
+                if held[2] + tail[2] <= max_tokens:  # the two become one pack
+                    tail = (tail[0], held[1] + tail[1], held[2] + tail[2])
+                else:
+                    out.append(held)
+            if tail[2] < max_tokens / 2:
+                carry.append(tail)  # waits for the next window's least-filled pack
+            else:
+                packs.append(tail)
+        out += packs
+        out.sort(key=lambda p: p[0])
+        buf.clear()
+        costs.clear()
+        where.clear()
+        return [p[1] for p in out]
+
+    for sample in samples:
+        c = get(sample)
+        if c != c or c < 0:
+            raise ValueError(f"cost {c} of sample {_key(sample)!r} is not a non-negative number")
+        if c > max_tokens:
+            if oversize == "raise":
+                raise ValueError(
+                    f"sample {_key(sample)!r} costs {c:g} > max_tokens={max_tokens:g} "
+                    "(oversize='truncate' gives it a pack of its own, 'drop' leaves it out)"
+                )
+            if oversize == "drop":
+                dropped += 1
+                seen += 1
+                continue
+        w = int(total // span)
+        if w != current and buf:
+            yield from flush()
+        current = w
+        buf.append(sample)
+        costs.append(c)
+        where.append(seen)
+        seen += 1
+        total += min(c, max_tokens)
+    if buf:
+        yield from flush()
+    if carry:
+        yield carry.pop()[1]
+    if dropped:
+        warnings.warn(
+            f".pack({max_tokens:g}) left out {dropped} sample(s) costing more than max_tokens "
+            "(oversize='drop')",
+            TarshardsWarning,
+            stacklevel=2,
+        )
+
+
+def bucket(
+    samples: Iterable,
+    key: str | Callable,
+    boundaries: Sequence[float],
+    batch_size: int | Sequence[int] | dict = 32,
+    *,
+    partial: bool = True,
+    collation_fn: Callable | None = None,
+) -> Iterator:
+    """Batches of samples that share a bucket: bucket ``i`` holds the keys ``k`` with
+    ``boundaries[i - 1] <= k < boundaries[i]`` (``len(boundaries) + 1`` buckets).
+
+    ``key``: a metadata column of the manifest (planned pipelines: batches planned from the
+    index), a field (its length, or its value if a number) or a function of the sample
+    (aspect ratio, length, resolution). ``batch_size``: one size, a list of one per bucket, or
+    a dict ``{bucket: size}``. A bucket's batch comes out when it is full; at the end the
+    partial ones, in the order of their last sample (``partial=False`` leaves them out).
+    ``collation_fn`` (default: none, a batch is a list of samples): e.g.
+    :func:`tarshards.collate_padded`.
+    """
+    bounds, sizes = _bucket_sizes(boundaries, batch_size)
+    get = _getter(key, "key")
+    open_: dict[int, list] = {}
+    last: dict[int, int] = {}
+    for i, sample in enumerate(samples):
+        v = get(sample)
+        if v != v:
+            raise ValueError(f"key of sample {_key(sample)!r} is NaN")
+        b = bisect.bisect_right(bounds, v)
+        got = open_.setdefault(b, [])
+        got.append(sample)
+        last[b] = i
+        if len(got) == sizes[b]:
+            del open_[b]
+            yield collation_fn(got) if collation_fn is not None else got
+    if partial:
+        for b in sorted(open_, key=last.__getitem__):
+            got = open_[b]
+            yield collation_fn(got) if collation_fn is not None else got
+
+
+def _unit_name(spec) -> str:
+    return "packs" if isinstance(spec, PackSpec) else "batches"
+
+
+def _check_pack(max_tokens, cost="tokens", *, window=None, oversize="truncate") -> None:
+    _check_budget(max_tokens, window, oversize)
+    if not (isinstance(cost, str) or callable(cost)):
+        raise TypeError(f"cost= is a field name, a metadata column or a function, not {cost!r}")
+
+
+def _check_bucket(key, boundaries, batch_size=32, *, partial=True, collation_fn=None) -> None:
+    _bucket_sizes(boundaries, batch_size)
+    if not (isinstance(key, str) or callable(key)):
+        raise TypeError(f"key= is a field name, a metadata column or a function, not {key!r}")
+
+
+# the fluent methods check their arguments when called (DataPipeline.pack(...), .bucket(...))
+pack.check_arguments = _check_pack  # type: ignore[attr-defined]
+bucket.check_arguments = _check_bucket  # type: ignore[attr-defined]
+
+
+def _key(sample) -> Any:
+    return sample.get("__key__") if isinstance(sample, dict) else None
+
+
+# ---------------------------------------------------------------------------------------------
+# units planned from metadata
+# ---------------------------------------------------------------------------------------------
+
+
+class UnitPlan:
+    """An epoch's units: ``members`` (epoch positions, unit by unit, each unit ascending) cut at
+    ``offsets`` (``len(self) + 1`` of them); units are in the order of their last position.
+    ``costs``: each unit's total cost (packs; counted at most ``max_tokens`` a sample);
+    ``left_out``: samples in no unit (``oversize="drop"``, ``partial=False``)."""
+
+    def __init__(self, members, offsets, costs=None, left_out: int = 0, budget: float = 0.0):
+        self.members = members
+        self.offsets = offsets
+        self.costs = costs
+        self.left_out = int(left_out)
+        self.budget = float(budget)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def unit(self, u: int):
+        return self.members[self.offsets[u] : self.offsets[u + 1]]
+
+    def units(self) -> list[list[int]]:
+        return [self.unit(u).tolist() for u in range(len(self))]
+
+    def fill(self) -> float:
+        """Mean fill of the packs: their cost over ``len(self) * max_tokens``."""
+        if self.costs is None or not len(self) or not self.budget:
+            return float("nan")
+        return float(np.sum(self.costs) / (len(self) * self.budget))
+
+
+def _ordered(unit_of, positions, costs=None, late=None) -> tuple:
+    """Members and offsets of the units (``unit_of[i]``: the unit of ``positions[i]``), units in
+    the order of their last position (with ``late``, a rank by unit id: by rank first),
+    members ascending; with ``costs``, each unit's total."""
+    order = np.lexsort((positions, unit_of))
+    pos, uid = positions[order], unit_of[order]
+    n = int(uid[-1]) + 1 if len(uid) else 0
+    counts = np.bincount(uid, minlength=n)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    nonempty = counts > 0
+    starts, lens = offsets[:-1][nonempty], counts[nonempty]
+    lastpos = pos[offsets[1:][nonempty] - 1]
+    if late is None:
+        by_last = np.argsort(lastpos, kind="stable")
+    else:
+        by_last = np.lexsort((lastpos, np.asarray(late)[:n][nonempty]))
+    starts, lens = starts[by_last], lens[by_last]
+    new_off = np.zeros(len(lens) + 1, dtype=np.int64)
+    np.cumsum(lens, out=new_off[1:])
+    idx = np.repeat(starts - new_off[:-1], lens) + np.arange(new_off[-1])
+    unit_costs = None
+    if costs is not None:
+        c = costs[order][idx]
+        unit_costs = np.add.reduceat(c, new_off[:-1]) if len(c) else np.zeros(0)
+    return pos[idx], new_off, unit_costs
+
+
+def _best_fit_windows(rect, lengths, max_tokens: float):
+    """Best-fit decreasing in every row of ``rect`` (costs, ``-1`` where no sample; rows longest
+    first, ``lengths`` their samples) at once: the pack of each cell (``-1`` where no sample),
+    the packs of each row and the room left in each.
+
+    One step a column: column ``i`` holds each row's ``i``-th largest sample, and every row
+    puts it in its open pack with the least room that fits it (a new pack where none does).
+    Rows longest first: the rows still packing are a prefix (slices, no copies).
+    """
+    nwin, width = rect.shape
+    order = np.argsort(-rect, axis=1, kind="stable")  # by cost, largest first; ties in order
+    cs = np.take_along_axis(rect, order, axis=1)
+    cap = 8
+    room = np.full((nwin, cap), -1.0)  # not yet open: fits nothing
+    nopen = np.zeros(nwin, dtype=np.int64)
+    assign = np.full((nwin, width), -1, dtype=np.int32)
+    k = 0
+    for i in range(width):
+        m = int(np.searchsorted(-lengths, -i, side="left"))  # rows whose length > i
+        if not m:
+            break
+        c = cs[:m, i]
+        if k:
+            sub = room[:m, :k]
+            cand = np.where(sub >= c[:, None], sub, np.inf)
+            b = cand.argmin(axis=1)
+            new = np.isinf(cand[np.arange(m), b])
+        else:
+            b = np.zeros(m, dtype=np.int64)
+            new = np.ones(m, dtype=bool)
+        if new.any():
+            fresh = np.flatnonzero(new)
+            b[fresh] = nopen[fresh]
+            nopen[fresh] += 1
+            top = int(nopen[:m].max())
+            if top > cap:
+                cap = max(top, 2 * cap)
+                grown = np.full((nwin, cap), -1.0)
+                grown[:, : room.shape[1]] = room
+                room = grown
+            room[fresh, b[fresh]] = max_tokens
+            k = max(k, top)
+        room[np.arange(m), b] -= c
+        assign[:m, i] = b
+    del cs
+    cells = np.empty_like(assign)
+    np.put_along_axis(cells, order, assign, axis=1)
+    return cells, nopen, room
+
+
+def pack_units(
+    costs, max_tokens: float, *, window: int | None = None, oversize: str = "truncate"
+) -> UnitPlan:
+    """The packs of a stream of samples costing ``costs`` (epoch order), as :func:`pack`
+    makes them (the same packs), computed from the costs alone: every window at once."""
+    _check_budget(max_tokens, window, oversize)
+    costs = np.asarray(costs, dtype=np.float64)
+    if np.isnan(costs).any() or (costs < 0).any():
+        bad = int(np.flatnonzero(np.isnan(costs) | (costs < 0))[0])
+        raise ValueError(
+            f"cost of the sample at epoch position {bad} is {costs[bad]}: every sample needs a "
+            "non-negative cost (a shard whose index lacks the column gives NaN)"
+        )
+    over = costs > max_tokens
+    left_out = 0
+    if over.any():
+        if oversize == "raise":
+            raise ValueError(
+                f"{int(over.sum())} samples cost more than max_tokens={max_tokens:g} (the "
+                f"largest {costs.max():g}; oversize='truncate' gives each a pack of its own, "
+                "'drop' leaves them out)"
+            )
+        if oversize == "drop":
+            left_out = int(over.sum())
+    keep = np.flatnonzero(~over) if oversize == "drop" else np.arange(len(costs))
+    kc = costs[keep]
+    clipped = np.minimum(kc, max_tokens)
+    span = (DEFAULT_WINDOW if window is None else window) * float(max_tokens)
+    before = np.concatenate(([0.0], np.cumsum(clipped)[:-1])) if len(kc) else kc
+    win = (before // span).astype(np.int64)
+    fit = kc <= max_tokens
+    unit_of = np.empty(len(kc), dtype=np.int64)
+    positions = keep.astype(np.int64)
+    nfit = int(fit.sum())
+    nunits = 0
+    if nfit:
+        fw = win[fit]  # ascending: windows follow the stream
+        first = np.concatenate(([True], fw[1:] != fw[:-1]))
+        wins, wrow = fw[first], np.cumsum(first) - 1
+        counts = np.bincount(wrow)
+        starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        col = np.arange(nfit) - starts[wrow]
+        by_len = np.argsort(-counts, kind="stable")  # the windows' rows, longest first
+        row_of = np.empty_like(by_len)
+        row_of[by_len] = np.arange(len(by_len))
+        srow = row_of[wrow]
+        rect = np.full((len(wins), int(counts.max())), -1.0)
+        rect[srow, col] = kc[fit]
+        cells, nopen, room = _best_fit_windows(rect, counts[by_len], float(max_tokens))
+        del rect
+        nopen, room = nopen[row_of], room[row_of]
+        base = np.concatenate(([0], np.cumsum(nopen)[:-1]))
+        unit_of[fit] = base[wrow] + cells[srow, col]
+        del cells
+        nunits = int(nopen.sum())
+    nown = int((~fit).sum())
+    unit_of[~fit] = nunits + np.arange(nown)
+    total_units = nunits + nown
+    rank = np.empty(total_units, dtype=np.int64)  # the window a unit goes out with
+    rank[nunits:] = win[~fit]
+    if nunits:
+        prow = np.repeat(np.arange(len(wins)), nopen)
+        pcost = max_tokens - room[prow, np.arange(nunits) - base[prow]]
+        rank[:nunits] = wins[prow]
+        order = np.lexsort((positions, unit_of))
+        ends = np.cumsum(np.bincount(unit_of, minlength=total_units))
+        lastpos = positions[order][ends - 1]
+        # each window's least-filled pack (ties: the one whose last sample comes first)
+        tails = np.lexsort((lastpos[:nunits], pcost, prow))[base].tolist()
+        group = _carried(
+            tails, pcost.tolist(), wins.tolist(), float(max_tokens), rank, int(win.max()) + 1
+        )
+        unit_of = group[unit_of]
+    members, offsets, ucost = _ordered(unit_of, positions, clipped, late=rank)
+    return UnitPlan(members, offsets, ucost, left_out=left_out, budget=float(max_tokens))
+
+
+def _carried(tails: list, cost: list, wins: list, max_tokens: float, rank, end: int) -> Any:
+    """Each pack's unit after the tails of the windows are carried and merged as :func:`pack`
+    does (``tails[r]``: window ``r``'s least-filled pack); ``rank`` (the window each unit goes
+    out with) updated for the carried ones; ``end``: the rank after every window."""
+    group = np.arange(len(rank))
+    carry: list[int] = []
+    carry_cost = 0.0
+    for r, t in enumerate(tails):
+        ids, c = [t], cost[t]
+        if carry:
+            if carry_cost + c <= max_tokens:  # the two become one pack, out with window r
+                ids, c = [*carry, t], carry_cost + c
+                group[ids] = t
+            else:  # the waiting pack goes out with window r as it is
+                rank[carry[-1]] = wins[r]
+            carry = []
+        if c < max_tokens / 2:
+            carry, carry_cost = ids, c
+            rank[t] = -1  # (decided later)
+    if carry:
+        rank[carry[-1]] = end  # at the end of the stream
+    return group
+
+
+def bucket_units(values, boundaries, batch_size, *, partial: bool = True) -> UnitPlan:
+    """The batches of a stream of samples with keys ``values`` (epoch order), as :func:`bucket`
+    makes them (the same batches), computed from the keys alone."""
+    bounds, sizes = _bucket_sizes(boundaries, batch_size)
+    values = np.asarray(values, dtype=np.float64)
+    if np.isnan(values).any():
+        bad = int(np.flatnonzero(np.isnan(values))[0])
+        raise ValueError(f"the key of the sample at epoch position {bad} is NaN")
+    b = np.searchsorted(np.asarray(bounds), values, side="right")
+    n = len(values)
+    order = np.argsort(b, kind="stable")  # by bucket, each in stream order
+    bs = b[order]
+    counts = np.bincount(bs, minlength=len(sizes))
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    rank = np.arange(n) - starts[bs]
+    size = np.asarray(sizes)[bs]
+    batch = rank // size
+    full = counts // np.asarray(sizes)  # full batches per bucket
+    keep = np.ones(n, dtype=bool) if partial else batch < full[bs]
+    nb = -(-counts // np.asarray(sizes))  # batches per bucket, partial ones too
+    base = np.concatenate(([0], np.cumsum(nb)[:-1]))
+    unit_of = base[bs] + batch
+    # the partial batches come out at the end (a stream knows them only there)
+    late = np.zeros(int(nb.sum()), dtype=bool)
+    late[(base + full)[full < nb]] = True
+    members, offsets, _ = _ordered(unit_of[keep], order[keep].astype(np.int64), late=late)
+    return UnitPlan(members, offsets, None, left_out=int(n - keep.sum()))
+
+
+# ---------------------------------------------------------------------------------------------
+# the planned program: units in place of batches
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PackSpec:
+    max_tokens: float
+    cost: str
+    window: int | None
+    oversize: str
+
+    def identity(self) -> dict:
+        return {
+            "unit": "pack",
+            "max_tokens": self.max_tokens,
+            "cost": self.cost,
+            "window": self.window,
+            "oversize": self.oversize,
+        }
+
+
+@dataclass(frozen=True)
+class BucketSpec:
+    key: str
+    boundaries: tuple
+    batch_sizes: tuple
+    partial: bool
+    collation_fn: Any = None
+
+    def identity(self) -> dict:
+        return {
+            "unit": "bucket",
+            "key": self.key,
+            "boundaries": list(self.boundaries),
+            "batch_sizes": list(self.batch_sizes),
+            "partial": self.partial,
+        }
+
+
+def unit_stage(stages: Sequence) -> int | None:
+    """The index of the first ``pack``/``bucket`` stage of a pipeline's stages, or ``None``."""
+    for i, st in enumerate(stages):
+        if st.fn is pack or st.fn is bucket:
+            return i
+    return None
+
+
+def _bound(st) -> dict:
+    import inspect
+
+    args = inspect.signature(st.fn).bind(None, *st.args, **st.kwargs)
+    args.apply_defaults()
+    return dict(args.arguments)
+
+
+def unit_parts(ds) -> tuple[Any, list, list]:
+    """(the unit's spec, the stages before it, the stages after it) of a planned pipeline."""
+    from ..pipeline import stages as _stages
+
+    stages = ds.stage_list
+    i = unit_stage(stages)
+    if i is None:
+        raise TypeError("the pipeline has no .pack() or .bucket() stage")
+    st = stages[i]
+    args = _bound(st)
+    pre, post = list(stages[:i]), list(stages[i + 1 :])
+    for other in pre:
+        if other.fn in (_stages.shuffle, _stages.batched, _stages.unbatched):
+            name = other.fn.__name__
+            raise ValueError(
+                f"a planned pipeline with .{st.fn.__name__}() takes no .{name}() before it: "
+                "the plan orders the shards (shardshuffle) and groups the samples itself; "
+                "per-sample stages (decode, map, to_tuple...) may come before it"
+            )
+    if ds.epoch_items is not None:
+        raise ValueError("with_epoch() does not apply to a planned pipeline")
+    what = args["cost"] if st.fn is pack else args["key"]
+    role = "cost" if st.fn is pack else "key"
+    columns = _meta_columns(ds)
+    if not isinstance(what, str) or what not in columns:
+        named = what if isinstance(what, str) else getattr(what, "__name__", repr(what))
+        raise ValueError(
+            f".{st.fn.__name__}({role}={named!r}) in a planned pipeline (readers=V) is planned "
+            f"from a per-sample metadata column of the manifest (it has: "
+            f"{', '.join(columns) or 'none'}): record one while writing "
+            f"(ShardWriter(..., meta={{{named!r}: fn}})) or add it with tarshards.add_meta(...); "
+            "a field or a function works in a plain pipeline (no readers=)"
+        )
+    if st.fn is pack:
+        _check_budget(args["max_tokens"], args["window"], args["oversize"])
+        spec: Any = PackSpec(float(args["max_tokens"]), what, args["window"], args["oversize"])
+    else:
+        bounds, sizes = _bucket_sizes(args["boundaries"], args["batch_size"])
+        spec = BucketSpec(what, bounds, sizes, bool(args["partial"]), args["collation_fn"])
+    return spec, pre, post
+
+
+def _meta_columns(ds) -> list[str]:
+    if getattr(ds, "manifest", None) is None:
+        return []
+    return ds.table.manifest.meta_columns()
+
+
+# per table (weakly): metadata columns in table order, and recent epochs' unit plans
+_COLUMNS: "weakref.WeakKeyDictionary[ShardTable, dict]" = weakref.WeakKeyDictionary()
+_PLANS: "weakref.WeakKeyDictionary[ShardTable, dict]" = weakref.WeakKeyDictionary()
+
+
+def _column(table: ShardTable, name: str) -> tuple[Any, str]:
+    """Metadata column ``name`` of the table's shards (table order) and a digest of it."""
+    got = _COLUMNS.setdefault(table, {})
+    if name not in got:
+        values = np.ascontiguousarray(table.meta(name), dtype=np.float64)
+        if np.isnan(values).any():
+            starts = np.concatenate(([0], np.cumsum(table.counts)))
+            bad = int(np.flatnonzero(np.isnan(values))[0])
+            shard = int(np.searchsorted(starts, bad, side="right") - 1)
+            raise TarshardsError(
+                f"metadata column {name!r} has no value for sample {bad - starts[shard]} of "
+                "this shard (its index lacks the column: add it with tarshards.add_meta)",
+                url=table.urls[shard],
+            )
+        digest = hashlib.blake2b(values.tobytes(), digest_size=8).hexdigest()
+        got[name] = (values, digest)
+    return got[name]
+
+
+def _epoch_order(table: ShardTable, seed: int, shardshuffle: bool, epoch: int):
+    """(the plan of the epoch's sample list over one reader, the manifest row of each of its
+    positions)."""
+    cfg = PlanConfig(
+        seed=seed, readers=1, batch_size=1, remainder="drop", shardshuffle=shardshuffle
+    )
+    full = plan_for(table, cfg, epoch)
+    starts = np.concatenate(([0], np.cumsum(table.counts)[:-1]))
+    rows = (
+        np.concatenate([np.arange(starts[s] + a, starts[s] + b) for s, a, b, _ in full.runs])
+        if full.runs
+        else np.zeros(0, dtype=np.int64)
+    )
+    return full, rows
+
+
+def plan_units(table: ShardTable, spec, seed: int, shardshuffle: bool, epoch: int) -> UnitPlan:
+    """The units of ``epoch`` (cached per table for a few epochs)."""
+    cache = _PLANS.setdefault(table, {})
+    key = (spec, seed, shardshuffle, int(epoch))
+    got = cache.get(key)
+    if got is None:
+        name = spec.cost if isinstance(spec, PackSpec) else spec.key
+        values, _ = _column(table, name)
+        _, rows = _epoch_order(table, seed, shardshuffle, epoch)
+        if isinstance(spec, PackSpec):
+            got = pack_units(
+                values[rows], spec.max_tokens, window=spec.window, oversize=spec.oversize
+            )
+        else:
+            got = bucket_units(
+                values[rows], spec.boundaries, spec.batch_sizes, partial=spec.partial
+            )
+        while len(cache) >= 4:
+            cache.pop(next(iter(cache)))
+        cache[key] = got
+    return got
+
+
+def plan_identity(ds) -> dict:
+    """What a state of a packed/bucketed planned pipeline records and checks."""
+    spec, _, _ = unit_parts(ds)
+    plan = ds.plan_config
+    name = spec.cost if isinstance(spec, PackSpec) else spec.key
+    _, digest = _column(ds.table, name)
+    out = {
+        "fingerprint": ds.table.fingerprint,
+        "seed": ds.seed,
+        "readers": plan["readers"],
+        "remainder": plan["remainder"],
+        "shardshuffle": ds.shardshuffle,
+        "meta": digest,
+    }
+    out.update(spec.identity())
+    return out
+
+
+def _positions(stream: ReaderStream, positions) -> Iterator[list]:
+    """The samples at ``positions`` (ascending) of ``stream``'s segment, in order, in lists:
+    each run of nearby positions (gaps of up to ``_READ_THROUGH`` samples read through) read
+    from its first position as the stream cuts it (a dense run's lists handed on as they are);
+    the stream is opened again at the next run (a seek)."""
+    ps = positions
+    if not len(ps):
+        return
+    gaps = np.flatnonzero(np.diff(ps) > _READ_THROUGH) + 1
+    bounds = np.concatenate(([0], gaps, [len(ps)])).tolist()
+    for a, b in itertools.pairwise(bounds):
+        lo, hi = int(ps[a]), int(ps[b - 1]) + 1
+        dense = hi - lo == b - a
+        wanted: list[int] = [] if dense else ps[a:b].tolist()
+        chunks = stream.chunks(lo)
+        try:
+            at = lo
+            k = 0  # wanted positions handed on
+            for lst in chunks:
+                end = at + len(lst)
+                if end > hi:
+                    lst = lst[: hi - at]
+                    end = hi
+                if dense:
+                    yield lst
+                else:
+                    j = bisect.bisect_left(wanted, end, k)
+                    yield [lst[p - at] for p in wanted[k:j]]
+                    k = j
+                at = end
+                if at >= hi:
+                    break
+        finally:
+            chunks.close()
+        if at < hi:
+            raise TarshardsError(
+                f"the epoch's samples ended at position {at}, before {hi}: the shards changed "
+                "since they were counted"
+            )
+
+
+class UnitProgram(PlannedProgram):
+    """The epoch program of a planned pipeline whose unit is a pack or a bucket's batch."""
+
+    def __init__(self, ds: Any, epoch: int):
+        spec, pre, post = unit_parts(ds)
+        plan = ds.plan_config
+        self.ds, self.spec, self.pre, self.post = ds, spec, pre, post
+        self.epoch = int(epoch)
+        self.layout = UnitLayout(
+            ds.table, spec, ds.seed, ds.shardshuffle, plan["readers"], plan["remainder"], epoch
+        )
+        lay = self.layout
+        self.units, self.full, self.readers, self.q = lay.units, lay.full, lay.readers, lay.q
+        self.num_batches, self.dropped = lay.num_batches, lay.dropped
+
+    def unit_samples(self, g: int) -> list[tuple[int, int, bool]]:
+        """``(shard, sample index in the shard, pad)`` of each sample of global batch ``g`` (a
+        pack or a bucket's batch), from the plan alone (what a ledger's audit replays)."""
+        return self.layout.unit_samples(g)
+
+    def _stream(self, stats=None) -> ReaderStream:
+        import functools
+
+        ds = self.ds
+        ranged = ds.range_opener()
+        opener = ds.open_shard
+        return ReaderStream(
+            ds.table,
+            self.full,
+            0,
+            opener=opener if stats is None else functools.partial(opener, stats=stats),
+            range_opener=(
+                ranged
+                if stats is None or ranged is None
+                else functools.partial(ranged, stats=stats)
+            ),
+            last_dot=ds.last_dot,
+            unit=16,
+            stats=stats,
+        )
+
+    def chain(self, it, reader, batches):
+        ctx = dict(it.ctx, reader=reader)
+        P = len(self.units)
+        ids = [reader * self.q + j for j in batches]
+        real = [u for u in ids if u < P]
+        pads = [u - P for u in ids if u >= P]
+        return self._assembled(ctx, reader, real, pads)
+
+    def _assembled(self, ctx, reader, real, pads):
+        """The units (their samples through the stages before the unit stage, in unit order:
+        what a stage does to a sample happens just before its unit goes out)."""
+        units = self.units
+        P = len(units)
+        ids = np.asarray([*real, *(u % P for u in pads)], dtype=np.int64)
+        lo, hi = units.offsets[ids], units.offsets[ids + 1]
+        lens = hi - lo
+        cuts = np.concatenate(([0], np.cumsum(lens)))
+        # every unit's members, taken from the plan at once
+        flat = units.members[np.repeat(lo - cuts[:-1], lens) + np.arange(cuts[-1])]
+        cut = cuts.tolist()
+        members = flat.tolist()
+        lists = [members[cut[i] : cut[i + 1]] for i in range(len(ids))]
+        nreal = len(real)
+        raw: Iterator = itertools.chain.from_iterable(
+            self._raw_units(ctx, lists[:nreal], flat[: cut[nreal]], lists[nreal:])
+        )
+        if ctx.get("stats") is not None:
+            from ..stats import timed_source
+
+            raw = timed_source(raw, ctx["stats"])
+        data = iter(self.ds.run_stages(raw, self.pre, ctx, ("reader", reader)))
+        for n in lens.tolist():
+            got = list(itertools.islice(data, n))
+            if len(got) < n:
+                raise TarshardsError(
+                    f"a unit of epoch {self.epoch} (reader {reader}) lost samples: a stage "
+                    "before .pack()/.bucket() dropped samples (a planned pipeline needs each "
+                    "of them; flag bad samples instead)"
+                )
+            yield self._out(got)
+
+    def _raw_units(self, ctx, real: list, flat, pads: list) -> Iterator[list]:
+        """The raw samples of the units whose members are ``real`` (read in file order, each
+        unit's held until it is complete; ``flat``: their members one after the other), then of
+        the padding units whose members are ``pads`` (read by position, flagged)."""
+        if real:
+            positions = np.sort(flat)
+            stream = self._stream(ctx.get("stats"))
+            try:
+                raw = itertools.chain.from_iterable(_positions(stream, positions))
+                pos = positions.tolist()
+                # how many of the positions are read when each unit is complete
+                ends = np.searchsorted(positions, [m[-1] for m in real]) + 1
+                held: dict[int, Any] = {}
+                done = 0
+                for members, end in zip(real, ends.tolist()):
+                    if end > done:  # read on to the unit's last sample (at C speed)
+                        held.update(zip(pos[done:end], itertools.islice(raw, end - done)))
+                        done = end
+                    yield list(map(held.pop, members))
+            finally:
+                stream.close()
+        for members in pads:
+            yield self._pad_raw(members)
+
+    def _out(self, samples: list):
+        fn = getattr(self.spec, "collation_fn", None)
+        return fn(samples) if fn is not None else samples
+
+    def _pad_raw(self, members: list) -> list:
+        """The raw samples at positions ``members`` again (a unit), flagged ``__pad__``."""
+        stream = self._stream()
+        try:
+            got = stream.read_positions(members)
+        finally:
+            stream.close()
+        for p in members:
+            got[p]["__pad__"] = True
+        return [got[p] for p in members]
+
+    def pad_chain(self, it):
+        raw = iter(self._pad_raw(self.units.unit(0).tolist()))
+        return iter([self._out(list(self.ds.run_stages(raw, self.pre, it.ctx, ("pad",))))])
+
+
+class UnitLayout:
+    """An epoch's units laid out over ``readers`` virtual readers, from the plan alone (no data
+    read): what a :class:`UnitProgram` reads and what an audit replays (:func:`replay_units`).
+    ``units`` (:class:`UnitPlan`), ``full`` (the epoch's sample list over one reader), ``q``
+    (units per reader), ``num_batches`` (global units), ``dropped`` (samples left out)."""
+
+    def __init__(
+        self,
+        table: ShardTable,
+        spec,
+        seed: int,
+        shardshuffle: bool,
+        readers: int,
+        remainder: str,
+        epoch: int,
+    ):
+        self.spec = spec
+        self.epoch = int(epoch)
+        if remainder == "carry":
+            raise ValueError(
+                "remainder='carry' is not supported with .pack()/.bucket(): use 'drop' (the "
+                "units that do not fill the readers wait for no epoch) or 'pad'"
+            )
+        self.units = plan_units(table, spec, seed, shardshuffle, self.epoch)
+        self.full = _epoch_order(table, seed, shardshuffle, self.epoch)[0]
+        V, P = int(readers), len(self.units)
+        self.readers = V
+        self.q = -(-P // V) if remainder == "pad" else P // V
+        if self.q == 0:
+            raise ValueError(
+                f"epoch {epoch} has {P} units ({_unit_name(spec)}), fewer than readers={V}: "
+                "use fewer readers or remainder='pad'"
+            )
+        self.num_batches = V * self.q
+        # samples the units that do not fill the readers leave out (remainder="drop")
+        unplanned = self.units.offsets[-1] - self.units.offsets[V * self.q] if P > V * self.q else 0
+        self.dropped = int(unplanned) + self.units.left_out
+
+    def unit_samples(self, g: int) -> list[tuple[int, int, bool]]:
+        """``(shard, sample index in the shard, pad)`` of each sample of global batch ``g`` (a
+        pack or a bucket's batch), from the plan alone (what a ledger's audit replays). The
+        index counts the samples the table keeps (a view's rows: ``table.selected_rows``)."""
+        if not 0 <= g < self.num_batches:
+            raise ValueError(f"global batch {g} outside the epoch's {self.num_batches}")
+        u = (g % self.readers) * self.q + g // self.readers
+        P = len(self.units)
+        out = []
+        for p in self.units.unit(u % P).tolist():
+            shard, i, _ = self.full.locate(p)
+            out.append((shard, i, u >= P))
+        return out
+
+
+def spec_from_identity(identity: dict):
+    """The unit spec (packs or a bucket's batches) a plan identity records (a ledger's start
+    record, a saved state), or ``None`` when the plan groups no units."""
+    unit = identity.get("unit")
+    if unit == "pack":
+        return PackSpec(
+            float(identity["max_tokens"]),
+            identity["cost"],
+            identity["window"],
+            identity["oversize"],
+        )
+    if unit == "bucket":
+        return BucketSpec(
+            identity["key"],
+            tuple(float(b) for b in identity["boundaries"]),
+            tuple(int(b) for b in identity["batch_sizes"]),
+            bool(identity["partial"]),
+        )
+    return None
+
+
+def replay_units(table: ShardTable, identity: dict, epoch: int) -> UnitLayout:
+    """The :class:`UnitLayout` of ``epoch`` of the packed or bucketed plan ``identity`` records
+    (:func:`plan_identity`) over ``table``; a ``ValueError`` where the table's metadata column is
+    not the one the plan was made from."""
+    spec = spec_from_identity(identity)
+    if spec is None:
+        raise ValueError("the plan groups no packs or buckets")
+    name = spec.cost if isinstance(spec, PackSpec) else spec.key
+    _, digest = _column(table, name)
+    if identity.get("meta") not in (None, digest):
+        raise ValueError(
+            f"the metadata column {name!r} of the data is not the one the plan was made from "
+            "(its digest differs): give the data the run read"
+        )
+    return UnitLayout(
+        table,
+        spec,
+        int(identity["seed"]),
+        bool(identity["shardshuffle"]),
+        int(identity["readers"]),
+        identity["remainder"],
+        epoch,
+    )
+
+
+def warn_dropped(ds, epoch: int) -> None:
+    """Warn (once per epoch and process) of the samples a packed/bucketed plan leaves out:
+    units past ``readers x q`` (``remainder="drop"`` left to its default) and samples in no unit
+    (``oversize="drop"``, ``partial=False``: always)."""
+    warned = ds.__dict__.setdefault("_dropped_warned", set())
+    if epoch in warned:
+        return
+    warned.add(epoch)
+    prog = ds.epoch_program(epoch)
+    tail = prog.dropped - prog.units.left_out
+    parts = []
+    if tail and not ds.plan_config.get("chosen"):
+        parts.append(
+            f"{tail} in the {len(prog.units) - prog.num_batches} units that do not fill "
+            f"readers={prog.readers} (remainder='drop' is the default; 'pad' repeats units "
+            "flagged __pad__ instead)"
+        )
+    if prog.units.left_out:
+        what = (
+            "over max_tokens (oversize='drop')"
+            if isinstance(prog.spec, PackSpec)
+            else ("in partial batches (partial=False)")
+        )
+        parts.append(f"{prog.units.left_out} {what}")
+    if parts:
+        warnings.warn(
+            f"epoch {epoch} leaves out samples: " + "; ".join(parts),
+            TarshardsWarning,
+            stacklevel=4,
+        )
