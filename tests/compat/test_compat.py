@@ -268,7 +268,7 @@ def test_openclip_resampled_is_deterministic(eight):
 GLOO_SCRIPT = """
 import json, sys
 import torch.distributed as dist
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, {here!r}]
 from test_compat import openclip_pipeline, run_loader
 rank = int(sys.argv[1])
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -294,7 +294,10 @@ def test_openclip_pipeline_two_gloo_ranks(eight, tmp_path):
     script = tmp_path / "rank.py"
     script.write_text(
         GLOO_SCRIPT.format(
-            tests=os.path.dirname(os.path.dirname(__file__)), port=free_port(), paths=paths
+            tests=os.path.dirname(os.path.dirname(__file__)),
+            here=os.path.dirname(__file__),
+            port=free_port(),
+            paths=paths,
         )
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC] + sys.path))
