@@ -69,6 +69,7 @@ LAYERS: list[tuple[str, ...]] = [
         "read.reading",
     ),  # shard lists, the epoch plan and its cursor; shard reading
     ("read.sidecar",),  # sidecar column groups and joins, read row by row beside their base
+    ("pipeline.iteration",),  # the one iterator a pipeline hands out (both kinds, one protocol)
     (
         "pipeline.stages",
         "plan.planned",
@@ -404,7 +405,6 @@ PRIVATE_ACCESS: dict[tuple[str, str], str] = {
     ("compat.compat", "_samples"): _BACK_CHANNEL,
     ("compat.pipeline", "_pipeline_source"): _BACK_CHANNEL,
     ("compat.pipeline", "_stages"): _SAME_CLASS,
-    ("pipeline.composition", "_PlannedIterator"): _SHARED_NAME,
     ("pipeline.composition", "_append"): _SAME_CLASS,
     ("pipeline.composition", "_stages"): _SAME_CLASS,
     ("codecs.images", "_mode"): _THIRD_PARTY,
