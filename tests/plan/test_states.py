@@ -57,3 +57,38 @@ def test_pipelines_save_the_typed_states(tmp_path, planned):
     again.load_state_dict(typed.to_dict())
     assert [list(b[0]) for b in again] == [list(b[0]) for b in rest]
     assert rest
+
+
+@pytest.mark.parametrize("planned", [False, True])
+def test_one_iterator_for_both_paths(tmp_path, planned):
+    """``iter(pipeline)`` is a PipelineIterator on both paths: it owns the epoch and the place,
+    says where it is as a typed, frozen state, and the pipeline's state_dict is that state."""
+    from tarshards.pipeline.composition import DataPipeline
+    from tarshards.pipeline.dataset import WebDataset
+    from tarshards.pipeline.iteration import PipelineIterator
+    from tarshards.types import WorkerInfo
+
+    kw = {"readers": 2} if planned else {}
+    ds = WebDataset(_data(tmp_path), shuffle=5, seed=3, **kw).batched(4)
+    assert isinstance(ds, DataPipeline)
+    it = iter(ds)
+    assert isinstance(it, PipelineIterator)
+    assert it.epoch == 0 and it.info == WorkerInfo(0, 1, 0, 1)
+    first = [next(it) for _ in range(3)]
+    state = it.state()
+    assert isinstance(state, PlanState if planned else StreamState)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        state.epoch = 5  # type: ignore[misc]
+    assert ds.state_dict() == state.to_dict() == it.state_dict()
+    rest = list(it)
+    assert it.finished and len(first) + len(rest) == 10
+    again = WebDataset(_data(tmp_path), shuffle=5, seed=3, **kw).batched(4)
+    again.load_state_dict(state.to_dict())
+    resumed = list(iter(again))
+    assert [b["__key__"] for b in resumed] == [b["__key__"] for b in rest]
+    # after the pass: the next epoch from its start (a plan says "epoch 0 finished")
+    nxt = ds.state_dict()
+    if planned:
+        assert (nxt["epoch"], nxt["finished"]) == (0, True)
+    else:
+        assert (nxt["epoch"], nxt["position"]) == (1, 0)

@@ -696,7 +696,15 @@ class IndexBuilder:
     :meth:`build` makes the index's arrays in bulk.
     """
 
-    def __init__(self, *, member_hash: str = MEMBER_HASH, last_dot: bool = False):
+    def __init__(
+        self,
+        *,
+        member_hash: str = MEMBER_HASH,
+        last_dot: bool = False,
+        ext_codes: dict[str, int] | None = None,
+    ):
+        """``ext_codes``: the extension codes the rows given to :meth:`add_rows` use (the
+        writer's recorder numbers extensions as it writes; the builder takes its table)."""
         self.member_hash = member_hash
         self.checksum = member_checksum_fn(member_hash)  # bytes-like -> int, one member's data
         self._checksum_fn = self.checksum
@@ -709,7 +717,7 @@ class IndexBuilder:
         # the records as arrays where they came in bulk (_add_grouped): (samples, members), the
         # members a structured array of _MEMBER_DTYPE's fields; packed again before more come
         self._grouped: tuple | None = None
-        self._ext_codes: dict[str, int] = {}
+        self._ext_codes: dict[str, int] = ext_codes if ext_codes is not None else {}
         self._frames_file: list[int] = []
         self._frames_tar: list[int] = []
         self._key_rows: tuple | None = None  # (UTF-8 keys back to back, offsets): add_rows'

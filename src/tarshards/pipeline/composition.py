@@ -16,19 +16,18 @@ from __future__ import annotations
 import copy
 import inspect
 import itertools
-import operator
 from dataclasses import replace
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-from ..errors import ResumeError
 from ..on_error import OnError, error_policy
 from ..plan import packing as _packing
 from ..plan.epoch import PlanState, Schedule, StreamState, check_state
-from ..plan.planned import _PlannedIterator
+from ..plan.planned import PlannedIterator
 from ..plan.shards import make_rng
 from ..types import LoaderLink, WorkerInfo
 from . import stages as _stages
 from .fusion import DEFAULT, PLACE, Stage, params, rewrite, short_repr, wanted
+from .iteration import PipelineIterator, StreamIterator
 
 __all__ = ["DataPipeline"]
 
@@ -65,7 +64,7 @@ class DataPipeline:
     # state to resume from at the next iter(), the iteration in progress
     _plan_config: dict[str, Any] | None = None
     _pending_state: dict | None = None
-    _live: Any = None
+    _live: PipelineIterator | None = None
     # what a loader running this pipeline told it (WebLoader; its DataLoader workers)
     loader_link: LoaderLink = LoaderLink()
 
@@ -243,7 +242,7 @@ class DataPipeline:
     def __iter__(self) -> Iterator:
         pending, self._pending_state = getattr(self, "_pending_state", None), None
         if getattr(self, "_plan_config", None) is not None:
-            planned = _PlannedIterator(self, pending)
+            planned = PlannedIterator(self, pending)
             self._live = planned
             return planned
         saved = None if pending is None else StreamState.from_dict(pending)
@@ -256,12 +255,12 @@ class DataPipeline:
             data = self._run(ctx)
         else:
             data = itertools.islice(self._repeated(ctx), self._nsamples)
-        live = _LiveStream(ctx)
+        info = WorkerInfo(ctx["rank"], ctx["world_size"], ctx["worker"], ctx["num_workers"])
+        live = StreamIterator(self.seed, ctx["epoch"], info, data)
         self._live = live
-        it = live.follow(data)
         if saved is not None and saved.position:
-            live.replay(it, saved)
-        return it
+            live.replay(saved)
+        return live
 
     def _repeated(self, ctx: dict) -> Iterator:
         """The epoch's data, run again (pass 1, 2... with their own shuffles) while it lasts."""
@@ -341,23 +340,14 @@ class DataPipeline:
         loads it replays that epoch to there (exact, at the cost of making those items again;
         only in the same place); between iterations, the epoch the next one runs.
         """
-        if getattr(self, "_plan_config", None) is not None:
-            live = getattr(self, "_live", None)
-            if live is not None:
-                return live.state_dict()
-            if self._pending_state is not None:
-                return dict(self._pending_state)
-            return self.plan_state(self.next_epoch(), 0)
-        live = getattr(self, "_live", None)
-        if isinstance(live, _LiveStream):
-            if live.done:  # the epoch ended: the next one from its start
-                epoch, position = live.epoch + 1, 0
-            else:
-                epoch, position = live.epoch, live.position()
-            return StreamState(self.seed, epoch, position, live.place).to_dict()
+        live: PipelineIterator | None = getattr(self, "_live", None)
+        if live is not None:  # the pass in progress (either kind) says where it is
+            return live.state_dict()
         pending = getattr(self, "_pending_state", None)
         if pending is not None:
             return dict(pending)
+        if getattr(self, "_plan_config", None) is not None:
+            return self.plan_state(self.next_epoch(), 0)
         return StreamState(self.seed, self.next_epoch()).to_dict()
 
     def load_state_dict(self, state: dict) -> None:
@@ -452,62 +442,6 @@ class DataPipeline:
 
     def _source_repr(self) -> str:
         return f"{type(self).__name__}({short_repr(self._source)})"
-
-
-class _LiveStream:
-    """The iteration in progress of a pipeline without an epoch plan: its epoch, its place
-    (rank and worker) and the items it has yielded, counted at C speed (a ``zip`` with an
-    ``itertools.count``), so that :meth:`DataPipeline.state_dict` can name the position and a
-    resumed pipeline replays the epoch to it. The stream is a pure function of the seed, the
-    epoch and the place, so the replayed rest equals the uninterrupted rest; the cost of
-    resuming grows with the position (the items before it are made again). A planned pipeline
-    (``readers=V``) seeks instead, and may change its world size."""
-
-    __slots__ = ("_count", "done", "epoch", "place")
-
-    def __init__(self, ctx: dict):
-        self.epoch = int(ctx["epoch"])
-        self.place = {k: ctx[k] for k in ("rank", "world_size", "worker", "num_workers")}
-        self._count = itertools.count()
-        self.done = False
-
-    def follow(self, data) -> Iterator:
-        counted = map(_FIRST, zip(data, self._count))  # the count: items yielded so far
-        return itertools.chain(counted, self._end())
-
-    def _end(self):
-        self.done = True
-        return
-        yield
-
-    def position(self) -> int:
-        return int(repr(self._count)[6:-1])  # "count(N)": N items yielded
-
-    def replay(self, it: Iterator, saved: StreamState) -> None:
-        """Make and drop the items the saved run had yielded (``saved.position``)."""
-        n = saved.position
-        moved = [
-            f"{k}: saved {saved.place.get(k)!r}, here {v!r}"
-            for k, v in self.place.items()
-            if saved.place.get(k, v) != v
-        ]
-        if moved:
-            raise ResumeError(
-                "a pipeline without an epoch plan resumes mid-epoch only in the same place "
-                "(its stream depends on the rank and the DataLoader worker); pass readers=V "
-                "for a plan that moves between world sizes: " + "; ".join(moved)
-            )
-        for _ in itertools.islice(it, n - 1):
-            pass
-        if next(it, _MISSING) is _MISSING:
-            raise ResumeError(
-                f"the saved state is at item {n} of epoch {self.epoch}, but this epoch has "
-                f"{self.position()} items here (other data?)"
-            )
-
-
-_FIRST = operator.itemgetter(0)
-_MISSING = object()
 
 
 # parameters the pipeline fills in (a seeded rng; its error policy): not shown on fluent methods

@@ -112,7 +112,7 @@ except ImportError:  # pragma: no cover - without the extension
 if TYPE_CHECKING:
     from ..pipeline.composition import _Stage
     from ..pipeline.dataset import WebDataset
-    from .planned import _PlannedIterator
+    from .planned import PlannedIterator
 
 __all__ = ["MixedDataset", "TokenDeficits", "batch_quotas", "mix"]
 
@@ -1183,7 +1183,7 @@ class _MixProgram(PlannedProgram):
         self.num_batches = self.readers * q
 
     def chain(
-        self, it: _PlannedIterator, reader: int, batches: list[int], pad: bool = False
+        self, it: PlannedIterator, reader: int, batches: list[int], pad: bool = False
     ) -> Iterator[Any]:
         ds = self.ds
         k = len(ds.sources)
@@ -1220,7 +1220,7 @@ class _MixProgram(PlannedProgram):
         data = ds.run_stages(mixed(), self.pre, ctx, ("reader", reader))
         return iter(ds.run_stages(data, [self.bstage], ctx, ("reader", reader)))
 
-    def pad_chain(self, it: _PlannedIterator) -> Iterator[Any]:
+    def pad_chain(self, it: PlannedIterator) -> Iterator[Any]:
         return self.chain(it, 0, [0], pad=True)
 
 
@@ -1260,7 +1260,7 @@ class _MixPackProgram(PlannedProgram):
         return [(self.ds.names[s], p) for s, p in zip(src.tolist(), pos.tolist())]
 
     def chain(
-        self, it: _PlannedIterator, reader: int, batches: list[int], pad: bool = False
+        self, it: PlannedIterator, reader: int, batches: list[int], pad: bool = False
     ) -> Iterator[Any]:
         ds = self.ds
         k = len(ds.sources)
@@ -1316,7 +1316,7 @@ class _MixPackProgram(PlannedProgram):
             for c in cursors:
                 c.close()
 
-    def pad_chain(self, it: _PlannedIterator) -> Iterator[Any]:
+    def pad_chain(self, it: PlannedIterator) -> Iterator[Any]:
         return self.chain(it, 0, [0], pad=True)
 
 

@@ -2,7 +2,7 @@
 rank and DataLoader worker, the global batches it delivers, and its state.
 
 A pipeline hands this module its epoch program (:class:`PlannedProgram`: the number of global
-batches, the readers, a chain of batches per reader); :class:`_PlannedIterator` consumes a
+batches, the readers, a chain of batches per reader); :class:`PlannedIterator` consumes a
 loaded state at once, runs the rank's steps and says where it is (``state_dict()``).
 """
 
@@ -14,17 +14,18 @@ import operator
 from typing import Any, Iterator
 
 from ..errors import ResumeError, TarshardsError
+from ..pipeline.iteration import PipelineIterator
 from ..types import WorkerInfo
 from .cursor import ReaderStream
 from .epoch import PlanState, Schedule, plan_for
 
-__all__ = ["PlannedProgram", "feed_batches"]
+__all__ = ["PlannedIterator", "PlannedProgram", "feed_batches"]
 
 _DEFAULT: Any = object()
 
 
 class PlannedProgram:
-    """What one epoch of a planned pipeline is, for :class:`_PlannedIterator`: the number of
+    """What one epoch of a planned pipeline is, for :class:`PlannedIterator`: the number of
     global batches, the readers, and the chain of batches of each reader (subclassed by the
     single-source plan below and by :class:`tarshards.plan.mixing.MixedDataset`)."""
 
@@ -32,10 +33,10 @@ class PlannedProgram:
     readers: int
     post: list
 
-    def chain(self, it: "_PlannedIterator", reader: int, batches: list[int]):
+    def chain(self, it: "PlannedIterator", reader: int, batches: list[int]):
         raise NotImplementedError
 
-    def pad_chain(self, it: "_PlannedIterator"):
+    def pad_chain(self, it: "PlannedIterator"):
         raise NotImplementedError
 
     def turn_done(self, reader: int) -> None:
@@ -174,7 +175,7 @@ class _SingleProgram(PlannedProgram):
         return iter(ds.run_stages(data, [self.bstage], it.ctx, ("pad",)))
 
 
-class _PlannedIterator:
+class PlannedIterator(PipelineIterator):
     """One pass of a planned pipeline on one rank and DataLoader worker.
 
     Worker ``w`` of ``W`` yields this rank's steps ``k0 + w, k0 + w + W, ...`` (the DataLoader
@@ -255,7 +256,7 @@ class _PlannedIterator:
         self._gen = self._run()
 
     # ---- state -----------------------------------------------------------------------------
-    def state_dict(self) -> dict:
+    def state(self) -> PlanState:
         """This worker's position (its next step), in the plan's terms (a
         :class:`~tarshards.plan.epoch.PlanState`'s saved form)."""
         info = self.info
@@ -277,12 +278,9 @@ class _PlannedIterator:
         else:
             step = min(self.next_step, self.sched.steps)
             state = PlanState(**common, position=self.sched.origin + step * info.world_size)
-        return state.to_dict()
+        return state
 
     # ---- iteration -------------------------------------------------------------------------
-    def __iter__(self):
-        return self
-
     def __next__(self):
         try:
             return next(self._gen)

@@ -23,10 +23,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import (
-    CompressionError,
     IntegrityError,
     ShardFormatError,
-    StorageError,
     TarshardsError,
     TarshardsWarning,
 )
@@ -35,8 +33,13 @@ from ..format.index import FLAG_GLOBAL_SIZE, FLAG_REBUILT
 from ..format.manifest import Manifest, as_manifest
 from ..format.names import split_name
 from ..pipeline import stages as _stages
-from ..storage import is_local, local_path, open_url
-from ..storage.seek import read_exact
+from ..storage import is_local, local_path
+from ..storage.ranges import (
+    GzipSeekRanges,
+    LocalRanges,
+    RemoteRanges,
+    unpacked_ranges,
+)
 from ..tario import BLOCK, decompressed_chunks, iter_tar
 from ..tario.headers import _checksum_ok, _number, _octal, _size_number
 
@@ -49,109 +52,10 @@ except ImportError:  # pragma: no cover - built by default
     _header_ok = _read_sample = None
 
 
-class _LocalRanges:
-    __slots__ = ("fd", "url")
-
-    def __init__(self, path: str, url: str):
-        try:
-            self.fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            raise StorageError("no such shard file", url=url) from None
-        self.url = url
-
-    def read(self, start: int, end: int) -> bytes:
-        n = end - start
-        data = os.pread(self.fd, n, start)
-        if len(data) < n:  # pread may return less (a signal, a huge read): finish the range
-            parts = [data]
-            got = len(data)
-            while got < n:
-                more = os.pread(self.fd, n - got, start + got)
-                if not more:
-                    raise IntegrityError(
-                        f"the shard ends before byte {end} (is the index for "
-                        "another version of this shard?)",
-                        url=self.url,
-                        offset=start + got,
-                    )
-                parts.append(more)
-                got += len(more)
-            data = b"".join(parts)
-        return data
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
-class _RemoteRanges:
-    __slots__ = ("storage_options", "url")
-
-    def __init__(self, url: str, storage_options):
-        self.url = url
-        self.storage_options = storage_options
-
-    def read(self, start: int, end: int) -> bytes:
-        with open_url(
-            self.url, offset=start, length=end - start, storage_options=self.storage_options
-        ) as f:
-            data = f.read()
-        if len(data) != end - start:
-            raise IntegrityError(
-                f"asked for bytes {start}-{end}, got {len(data)} bytes (is the "
-                "index for another version of this shard?)",
-                url=self.url,
-                offset=start,
-            )
-        return data
-
-    def close(self) -> None:
-        pass
-
-
-def _have_indexed_gzip() -> bool:
-    try:
-        import indexed_gzip  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-class _GzipSeekRanges:
-    """Byte ranges of the *uncompressed* stream of a foreign .tgz (one gzip stream for the
-    whole tar), through the seek points ``indexed_gzip`` builds as it goes (a one-time
-    decompression up to the farthest point read, then about 1 MiB per seek)."""
-
-    __slots__ = ("f", "url")
-
-    def __init__(self, path: str, url: str):
-        import indexed_gzip
-
-        self.f = indexed_gzip.IndexedGzipFile(path, spacing=1 << 20)
-        self.url = url
-
-    def read(self, start: int, end: int) -> bytes:
-        try:
-            self.f.seek(start)
-            return read_exact(self.f, end - start, self.url, start)
-        except TarshardsError:
-            raise
-        except (OSError, ValueError) as exc:  # indexed_gzip's ZranError (an OSError) and the
-            # like, on a damaged or cut stream: the reader's error class, naming the shard
-            raise CompressionError(
-                f"gzip stream unreadable: {exc}", url=self.url, offset=start
-            ) from exc
-
-    def close(self) -> None:
-        self.f.close()
-
-
-def _unpacked_copy(source: str, url: str, storage_options, directory) -> _LocalRanges:
-    """Byte ranges of the *uncompressed* stream of a shard compressed as one stream (zstd,
-    bzip2, xz, lz4; gzip where ``indexed_gzip`` is missing): the shard decompressed once into a
-    file of this process (in ``directory``, else the system's temporary directory), unlinked at
-    once (it lasts as long as the descriptor, and nothing is left behind), then read as a plain
-    shard. ``source``: where the compressed bytes are (the shard's URL, or its cached copy)."""
-    import tempfile
+def _unpacked_copy(source: str, url: str, storage_options, directory) -> LocalRanges:
+    """The uncompressed stream of a shard compressed as one stream, decompressed once
+    (:func:`tarshards.storage.ranges.unpacked_ranges`), with a warning that says how to avoid
+    it."""
     import warnings
 
     warnings.warn(
@@ -164,19 +68,7 @@ def _unpacked_copy(source: str, url: str, storage_options, directory) -> _LocalR
         ),
         stacklevel=5,  # the caller's ds[i]
     )
-    if directory is not None:
-        os.makedirs(directory, exist_ok=True)
-    fd, path = tempfile.mkstemp(prefix="tarshards-unpacked-", suffix=".tar", dir=directory)
-    try:
-        with os.fdopen(fd, "wb", closefd=False) as out:
-            with open_url(source, storage_options=storage_options) as f:
-                chunks = iter(lambda: f.read(1 << 20), b"")
-                for piece in decompressed_chunks(chunks, url):
-                    out.write(piece)
-        return _LocalRanges(path, url)
-    finally:
-        os.close(fd)
-        os.unlink(path)
+    return unpacked_ranges(source, url, storage_options, directory)
 
 
 class IndexedDataset:
@@ -406,7 +298,7 @@ class IndexedDataset:
         end = info.ends[j]
         base = info.tar_offsets[j]
         r = self._readers.get(shard) if info.plain else None
-        if type(r) is _LocalRanges and _read_sample is not None and j not in info.rebuilt:
+        if type(r) is LocalRanges and _read_sample is not None and j not in info.rebuilt:
             # the usual case, in one C call: one pread, the header checked, the dict made
             m0 = info.starts[j]
             sample = _read_sample(
@@ -427,7 +319,7 @@ class IndexedDataset:
                 if self.verify:
                     _check_members(sample, info.index, j, url)
                 return sample
-        if type(r) is _LocalRanges:  # one pread (fds survive a fork)
+        if type(r) is LocalRanges:  # one pread (fds survive a fork)
             data = os.pread(r.fd, end - start, start)
             if len(data) != end - start:
                 data = r.read(start, end)
@@ -507,17 +399,17 @@ class IndexedDataset:
                 if (
                     self._infos[shard].compression == "gzip"
                     and is_local(source)
-                    and _have_indexed_gzip()
+                    and GzipSeekRanges.available()
                 ):
-                    r = _GzipSeekRanges(local_path(source), url)
+                    r = GzipSeekRanges(local_path(source), url)
                 else:
                     r = _unpacked_copy(source, url, self.storage_options, self.cache_dir)
             elif is_local(url):
-                r = _LocalRanges(local_path(url), url)
+                r = LocalRanges(local_path(url), url)
             elif self.cache_dir is not None:
-                r = _LocalRanges(self._shard_cache().fetch(url), url)
+                r = LocalRanges(self._shard_cache().fetch(url), url)
             else:
-                r = _RemoteRanges(url, self.storage_options)
+                r = RemoteRanges(url, self.storage_options)
             self._readers[shard] = r
         return r
 

@@ -38,6 +38,7 @@ from ..on_error import error_policy
 from ..plan.cursor import ReaderStream
 from ..plan.epoch import EpochPlan, ShardTable
 from ..storage import is_local, local_path, open_url
+from ..storage.ranges import ShardRanges, open_ranges
 from ..storage.seek import sample_from_bytes
 from .reading import shard_samples
 
@@ -65,7 +66,7 @@ class RowReader:
         self.urls = manifest.shard_urls()
         self.storage_options = storage_options or manifest.storage_options
         self.last_dot = last_dot
-        self._fds: dict[int, int] = {}
+        self._ranges: dict[int, ShardRanges] = {}
         self._pid = os.getpid()
 
     def index(self, shard: int):
@@ -145,43 +146,22 @@ class RowReader:
         return out
 
     def _bytes(self, shard: int, url: str, lo: int, hi: int) -> bytes:
-        if is_local(url):
-            if os.getpid() != self._pid:  # forked into a worker: descriptors of its own
-                self._fds, self._pid = {}, os.getpid()
-            fd = self._fds.get(shard)
-            if fd is None:
-                try:
-                    fd = os.open(local_path(url), os.O_RDONLY)
-                except FileNotFoundError:
-                    raise ShardFormatError("no such shard file", url=url) from None
-                self._fds[shard] = fd
-            data = os.pread(fd, hi - lo, lo)
-            while len(data) < hi - lo:
-                more = os.pread(fd, hi - lo - len(data), lo + len(data))
-                if not more:
-                    raise IntegrityError(
-                        f"the shard ends before byte {hi} (is the index for another version "
-                        "of it?)",
-                        url=url,
-                        offset=lo + len(data),
-                    )
-                data += more
-            return data
-        with open_url(url, offset=lo, length=hi - lo, storage_options=self.storage_options) as f:
-            data = f.read()
-        if len(data) != hi - lo:
-            raise IntegrityError(f"asked for bytes {lo}-{hi}, got {len(data)}", url=url, offset=lo)
-        return data
+        if os.getpid() != self._pid:  # forked into a worker: descriptors of its own
+            self._ranges, self._pid = {}, os.getpid()
+        r = self._ranges.get(shard)
+        if r is None:
+            r = self._ranges[shard] = open_ranges(url, self.storage_options)
+        return r.read(lo, hi)
 
     def close(self) -> None:
         if os.getpid() == self._pid:
-            for fd in self._fds.values():
-                os.close(fd)
-        self._fds = {}
+            for r in self._ranges.values():
+                r.close()
+        self._ranges = {}
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_fds"] = {}
+        state["_ranges"] = {}
         return state
 
 

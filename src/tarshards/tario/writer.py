@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import operator
 import struct
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 
 from ..errors import EncodeError
 from .headers import _ZERO_BLOCK, BLOCK
@@ -209,13 +209,25 @@ class _HeaderTemplate:
 class TarMemberWriter:
     """Write regular members to a binary stream as a tar archive (no compression here)."""
 
-    def __init__(self, stream: BinaryIO, *, mtime: int = DEFAULT_MTIME, mode: int = DEFAULT_MODE):
+    def __init__(
+        self,
+        stream: BinaryIO,
+        *,
+        mtime: int = DEFAULT_MTIME,
+        mode: int = DEFAULT_MODE,
+        writelines: Callable[[list], object] | None = None,
+    ):
+        """``writelines``: where each member's parts (header, data, padding) go, in one call per
+        member or sample, instead of ``stream`` (a recorder that hashes or frames what is
+        written hands its own sink here; see :class:`tarshards.write.writer.TarWriter`)."""
         self.stream = stream
         self._mtime = header_number(mtime, _MAX_MTIME, "mtime")  # EncodeError if it does not fit
         self._mode = header_number(mode, _MAX_MODE, "mode")
         self.bytes_written = 0
         self._template = _HeaderTemplate(self._mtime, self._mode)
-        if isinstance(stream, (io.BufferedWriter, io.BytesIO, io.FileIO)):
+        if writelines is not None:
+            self._writelines = writelines
+        elif isinstance(stream, (io.BufferedWriter, io.BytesIO, io.FileIO)):
             self._writelines = stream.writelines
         else:  # e.g. zstandard's writer has no writelines
             write = stream.write

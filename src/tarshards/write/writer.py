@@ -178,14 +178,17 @@ class TarWriter:
                 suffix = self.name if named else ""
             self.compressed = is_compressed_name(suffix)
             if index or aligned:
-                self._recorder = _Recorder(self, suffix, level, aligned, hash, index)
+                # the recorder gives the stream to write into and the sink for each sample's
+                # tar bytes, and is told each write (write_members): the one interface
+                rec = self._recorder = _Recorder(self._out, suffix, level, aligned, hash, index)
+                self._stream, self._close_compressor = rec.stream, rec.close_compressor
+                self._tar = TarMemberWriter(self._stream, mtime=mtime, writelines=rec.writelines())
+                rec.attach(self._tar)
             else:
                 self._stream, self._close_compressor = open_compressed_writer(
                     self._out.stream, suffix, level
                 )
-            self._tar = TarMemberWriter(self._stream, mtime=mtime)
-            if self._recorder is not None:
-                self._recorder.attach(self._tar)
+                self._tar = TarMemberWriter(self._stream, mtime=mtime)
         except BaseException:
             self._out.abort()
             raise
@@ -253,7 +256,7 @@ class TarWriter:
             return
         try:
             self._out.commit()
-            self._recorder.finish()
+            self.index = self._recorder.finish(self.name if isinstance(self.name, str) else None)
         finally:
             self._recorder.close()  # the hashing thread ends with the shard, whatever happened
 
@@ -311,7 +314,7 @@ class _Recorder:
 
     def __init__(
         self,
-        writer: TarWriter,
+        out: AtomicOutput,
         suffix: str,
         level: int | None,
         aligned: bool,
@@ -327,7 +330,8 @@ class _Recorder:
             member_checksum_fn,
         )
 
-        self.writer = writer
+        self.out = out
+        self.tar: TarMemberWriter | None = None  # the member writer (attach), for its offsets
         self._codes: dict = {}
         self.save_to = index if isinstance(index, str) or hasattr(index, "__fspath__") else None
         self.algorithm = hash or DEFAULT_HASH
@@ -340,7 +344,7 @@ class _Recorder:
         self.counts: list = []  # the general path's: members per entry of keys
         self.frames: list = []  # (file offset, tar offset) of each sample's frame (aligned)
         self.nbytes = 0
-        self.raw = writer._out.stream
+        self.raw = out.stream
         comp = by_name(suffix) if suffix else None
         self.compression = "none" if comp is None else comp.name
         self.aligned = aligned and self.compression in _ALIGNABLE
@@ -348,7 +352,7 @@ class _Recorder:
         # a thread that reads the shard back from its temporary file as it is written
         # (hashing.background_hasher; None: hashed and recorded here, inline): the file hash,
         # and for a plain shard the member checksums and the index's columns too
-        tmp = writer._out.temporary_path
+        tmp = out.temporary_path
         plain = self.compression == "none"
         self.background = (
             None
@@ -372,46 +376,55 @@ class _Recorder:
         self.fast = None if self.aligned else self._fast
         self._parts: list[ReadableBuffer] = []  # aligned mode: one sample's tar bytes
         self._compress: Callable[[bytes], bytes]  # aligned mode: one sample's tar bytes
+        # the stream TarWriter writes into, and what closes it (TarWriter takes both)
+        self.stream: Any
+        self.close_compressor: Callable[[], None]
         if self._flushed is not None:
             self._compress = self._flushed.sample
-            writer._stream, writer._close_compressor = self, self._end_flushed
+            self.stream, self.close_compressor = self, self._end_flushed
             self.write_raw(self._flushed.header)
         elif self.aligned:
             assert comp is not None  # aligned: a compression of _ALIGNABLE
             self._compress = comp.frame(level)
-            writer._stream, writer._close_compressor = self, (lambda: None)
+            self.stream, self.close_compressor = self, (lambda: None)
         elif self.compression != "none":
             # cast: a raw binary stream (the compressors only write and flush it)
-            writer._stream, writer._close_compressor = open_compressed_writer(
+            self.stream, self.close_compressor = open_compressed_writer(
                 cast(BinaryIO, _HashingSink(self)), suffix, level
             )
-        else:  # hashed sample by sample on the way into the output's buffer (see attach)
-            writer._stream, writer._close_compressor = _HashingSink(self), (lambda: None)
+        else:  # hashed sample by sample on the way into the output's buffer (writelines)
+            self.stream, self.close_compressor = _HashingSink(self), (lambda: None)
+
+    def writelines(self) -> Callable[[list], object] | None:
+        """The sink for each sample's tar bytes that the member writer should use (None: its
+        stream's own): aligned, the sample's frame; plain, the output's buffer, hashed on the way
+        (or not, where the read-back thread hashes the file)."""
+        if self.aligned:
+            return self._parts.extend
+        if self.compression != "none":
+            return None
+        bufferable = isinstance(self.raw, (io.BufferedWriter, io.BytesIO, io.FileIO))
+        if self.background is not None and bufferable:
+            return self.raw.writelines  # the thread hashes what is written
+        tee = getattr(self.hasher, "tee", None)
+        if tee is not None and bufferable:
+            return tee(self.raw.writelines)  # hash each part, then write them
+        # one sample's parts: joined (in cache), hashed once (measured: one join and one
+        # write beat hashing and writing the parts one by one from Python)
+        raw_write = self.raw.write
+        update = self.hasher.update
+        join = b"".join
+
+        def writelines(parts):
+            data = join(parts)
+            update(data)
+            raw_write(data)
+
+        return writelines
 
     def attach(self, tar: TarMemberWriter) -> None:
-        if self.aligned:
-            tar._writelines = self._parts.extend
-        elif self.compression == "none":
-            bufferable = isinstance(self.raw, (io.BufferedWriter, io.BytesIO, io.FileIO))
-            if self.background is not None and bufferable:
-                tar._writelines = self.raw.writelines  # the thread hashes what is written
-                return
-            tee = getattr(self.hasher, "tee", None)
-            if tee is not None and bufferable:
-                tar._writelines = tee(self.raw.writelines)  # hash each part, then write them
-                return
-            # one sample's parts: joined (in cache), hashed once (measured: one join and one
-            # write beat hashing and writing the parts one by one from Python)
-            raw_write = self.raw.write
-            update = self.hasher.update
-            join = b"".join
-
-            def writelines(parts):
-                data = join(parts)
-                update(data)
-                raw_write(data)
-
-            tar._writelines = writelines
+        """The member writer whose output this records (its ``bytes_written``: tar offsets)."""
+        self.tar = tar
 
     def write(self, data: bytes) -> int:  # aligned mode: TarMemberWriter.finish() writes here
         self._parts.append(data)
@@ -429,7 +442,8 @@ class _Recorder:
         """The general path of a write (and the frames of aligned mode); TarWriter tried
         ``fast`` (or its ``record``) first where there is one."""
         if self.aligned:
-            self.frames.append((self.nbytes, self.writer._tar.bytes_written))
+            assert self.tar is not None  # attached before the first write
+            self.frames.append((self.nbytes, self.tar.bytes_written))
         if not members:
             return
         if self._fast is not None:
@@ -476,12 +490,13 @@ class _Recorder:
             self._parts.clear()
             self.write_raw(self._compress(data))
 
-    def finish(self) -> None:
+    def finish(self, url: str | None) -> ShardIndex:
+        """The shard's index (the output committed under ``url``), saved where asked."""
         from ..format.index import IndexBuilder, index_from_columns
 
-        w = self.writer
         if self.compression == "none":
-            self.nbytes = w._tar.bytes_written
+            assert self.tar is not None
+            self.nbytes = self.tar.bytes_written
         try:
             if self.background is None:
                 digest = self.hasher.hexdigest()
@@ -495,23 +510,24 @@ class _Recorder:
             nbytes=self.nbytes,
             hash=f"{self.algorithm}:{digest}",
             compression=self.compression,
-            url=w.name if isinstance(w.name, str) else None,
+            url=url,
         )
         if self.read_back:
             named = dict(zip(_READ_BACK_COLUMNS, columns))
             named["tar_offsets"] = named["sample_offsets"]
-            w.index = index = index_from_columns(
+            index = index_from_columns(
                 named, tuple(exts), member_hash=self.member_hash, last_dot=False, **fields
             )
-            self._save(w, index)
-            return
-        builder = IndexBuilder(member_hash=self.member_hash)
+            self._save(index)
+            return index
+        builder = IndexBuilder(
+            member_hash=self.member_hash, ext_codes=self._codes if self._fast is not None else None
+        )
         if self._flushed is not None:
             builder.entry = "deflate"
         for file_offset, tar_offset in self.frames:
             builder.frame(file_offset, tar_offset)
         if self._fast is not None:
-            builder._ext_codes = self._codes
             fast = self._fast
             assert self.keys is not None  # None only on the general path (self._fast is None)
             builder.add_rows(self.keys, fast.samples, fast.members, fast.key_blob, fast.key_offsets)
@@ -519,14 +535,15 @@ class _Recorder:
             builder.add_written(
                 self.names, self.sizes, self.sums, keys=self.keys, counts=self.counts
             )
-        w.index = index = builder.build(**fields)
+        index = builder.build(**fields)
         self.names = self.sizes = self.sums = self.frames = []
         self._fast = self.fast = None
-        self._save(w, index)
+        self._save(index)
+        return index
 
-    def _save(self, w: "TarWriter", index: ShardIndex) -> None:
+    def _save(self, index: ShardIndex) -> None:
         if self.save_to is not None:
-            index.save(self.save_to, storage_options=w._out.storage_options)
+            index.save(self.save_to, storage_options=self.out.storage_options)
 
 
 # what Background(index=True).finish() returns between the hash and the extensions, in order

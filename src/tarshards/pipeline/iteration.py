@@ -1,0 +1,116 @@
+"""The one iterator a pipeline hands out: what ``iter(pipeline)`` returns, planned or not.
+
+A :class:`PipelineIterator` is one pass (epoch) of a pipeline in one place: it owns the epoch,
+the place (:class:`~tarshards.types.WorkerInfo`: rank and DataLoader worker), the running
+stages, and its position, which :meth:`~PipelineIterator.state` gives as a typed, frozen value
+(:class:`~tarshards.plan.epoch.PlanState` or :class:`~tarshards.plan.epoch.StreamState`) and
+:meth:`~PipelineIterator.state_dict` as its saved form. Loaders (``WebLoader``,
+``StatefulDataLoader`` through the dataset's ``state_dict``) ask it through these public methods
+only.
+
+Two kinds, one protocol:
+
+* :class:`StreamIterator`: the plain shard split (no epoch plan). Its position is the items it
+  has yielded; a resumed one replays its epoch to there (the stream is a pure function of seed,
+  epoch and place, so the replayed rest equals the uninterrupted rest), in the same place only.
+* ``PlannedIterator`` (:mod:`tarshards.plan.planned`): an epoch plan over virtual readers. Its
+  position is a global step of the plan, found again by arithmetic (no replay), on any world
+  size.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Iterator
+
+from ..errors import ResumeError
+from ..plan.epoch import PlanState, StreamState
+from ..types import WorkerInfo
+
+__all__ = ["PipelineIterator", "StreamIterator"]
+
+
+class PipelineIterator:
+    """One pass of a pipeline in one place (see the module). Subclasses give ``__next__`` and
+    :meth:`state`."""
+
+    epoch: int
+    info: WorkerInfo
+    finished: bool
+
+    def __iter__(self) -> "PipelineIterator":
+        return self
+
+    def __next__(self) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def state(self) -> PlanState | StreamState:  # pragma: no cover - abstract
+        """Where this pass is, as a typed, frozen value."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        """:meth:`state` in its saved form (what ``load_state_dict`` takes)."""
+        return self.state().to_dict()
+
+
+class StreamIterator(PipelineIterator):
+    """A pass of a pipeline without an epoch plan: ``data`` (the pipeline's items of this epoch,
+    in this place) counted as they are yielded (see the module)."""
+
+    __slots__ = ("_data", "epoch", "finished", "info", "position", "seed")
+
+    def __init__(self, seed: int, epoch: int, info: WorkerInfo, data: Iterator):
+        self.seed = seed
+        self.epoch = int(epoch)
+        self.info = info
+        self.position = 0  # items yielded in this epoch
+        self.finished = False
+        self._data = iter(data)
+
+    @property
+    def place(self) -> dict[str, int]:
+        info = self.info
+        return {
+            "rank": info.rank,
+            "world_size": info.world_size,
+            "worker": info.worker,
+            "num_workers": info.num_workers,
+        }
+
+    def __next__(self) -> Any:
+        try:
+            item = next(self._data)
+        except StopIteration:
+            self.finished = True
+            raise
+        self.position += 1
+        return item
+
+    def state(self) -> StreamState:
+        if self.finished:  # the epoch ended: the next one from its start
+            return StreamState(self.seed, self.epoch + 1, 0, self.place)
+        return StreamState(self.seed, self.epoch, self.position, self.place)
+
+    def replay(self, saved: StreamState) -> None:
+        """Make and drop the items the saved pass had yielded (``saved.position``), in the same
+        place (else :class:`~tarshards.errors.ResumeError`)."""
+        n = saved.position
+        moved = [
+            f"{k}: saved {saved.place.get(k)!r}, here {v!r}"
+            for k, v in self.place.items()
+            if saved.place.get(k, v) != v
+        ]
+        if moved:
+            raise ResumeError(
+                "a pipeline without an epoch plan resumes mid-epoch only in the same place "
+                "(its stream depends on the rank and the DataLoader worker); pass readers=V "
+                "for a plan that moves between world sizes: " + "; ".join(moved)
+            )
+        got = sum(1 for _ in itertools.islice(self._data, n))
+        self.position = got
+        if got < n:
+            self.finished = True
+            raise ResumeError(
+                f"the saved state is at item {n} of epoch {self.epoch}, but this epoch has "
+                f"{got} items here (other data?)"
+            )
