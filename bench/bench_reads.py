@@ -19,7 +19,7 @@ States (the same samples, ``bench/_data/large``: ~100 KB JPEGs + ``cls``, 8 x 50
 (Reading never changes the folios a file's pages are cached in, so each state holds for every
 round.) Methods:
 
-* ``cat``: ``cat FILES > /dev/null``;
+* ``cat``: ``cat FILES > /dev/null`` (``common.null_sink()``: a device that discards);
 * ``ours``: ``tarshards.WebDataset(urls)`` iterated (raw sample dicts: bench/run.py's row 2),
   which reads a local plain shard with ``pread``: a member its buffer cuts straight into the
   member's ``bytes`` (one copy, no page faults);
@@ -88,7 +88,8 @@ def plain_copies(paths, folder, block: int = 1 << 16) -> list[str]:
 
 
 def cat(paths) -> None:
-    subprocess.run(["cat", *paths], stdout=subprocess.DEVNULL, check=True)
+    with open(common.null_sink(), "wb") as sink:
+        subprocess.run(["cat", *paths], stdout=sink, check=True)
 
 
 def ours(paths) -> int:
