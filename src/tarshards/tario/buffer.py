@@ -183,6 +183,10 @@ _RELEASE = 2 << 20
 # still hot from the last (a window of 1 MiB of 100 KB members wrote to cold memory: ~20% of
 # the raw rate). Zero-copy views copy nothing and keep the header window (``size``).
 COPY_WINDOW = 256 << 10
+# a batch of members read straight into their bytes (DirectFile) holds about this many bytes
+# of them past what the buffer held: DIRECT_WINDOW in _c/members.c, which the scan uses (each
+# batch costs ~1.3 us of Python; see there)
+DIRECT_WINDOW = 1 << 20
 _DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
 
 

@@ -195,8 +195,6 @@ def _batches(
             if mapped:
                 b.release(pos)
                 limit = pos + window
-            elif direct is not None:  # a batch's copies at a time here too (not a buffer's)
-                limit = pos + window
             else:
                 limit = end
             if index_scan is not None:  # the indexer records plain runs itself, in C
