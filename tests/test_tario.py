@@ -7,6 +7,7 @@ import gzip
 import io
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -205,6 +206,34 @@ def test_direct_reads_put_large_members_straight_into_their_bytes(chunk_size, mo
         assert made[-1:] == ["direct_local"]
         assert len(list(shard_samples(path, copy=False))) == len(members)
         assert made[-1:] == ["map_local"]
+
+
+def test_direct_refills_sized_by_the_last_sample_read_a_growing_gap_right():
+    """A refill after a member read straight in asks for about the bytes the last sample had
+    between its large members (its headers and small members), not a fixed 8 KB: where the next
+    sample's small members are larger (a caption that grows, several small fields), the refill
+    cuts one and the reader reads on from there. The same members and offsets as the map, for
+    gaps that grow, shrink and jump."""
+    from tarshards.tario import iter_tar_batches
+
+    rng = random.Random(41)
+    members = []
+    small = [10, 10, 400, 1500, 3000, 9000, 12, 20_000, 5, 700, 5000, 2, 2]
+    for i, n in enumerate(small * 2):
+        members.append((f"{i:04d}.txt", bytes([i % 251]) * n))
+        for j in range(rng.randrange(0, 3)):  # more small fields, some samples
+            members.append((f"{i:04d}.x{j}", bytes([j]) * rng.randrange(0, 2000)))
+        members.append((f"{i:04d}.jpg", bytes([(i * 7) % 251]) * rng.randrange(40_000, 140_000)))
+    raw = b"".join(tar_header(n, len(d)) + d + bytes(-len(d) % 512) for n, d in members)
+    raw += bytes(1024)
+    for chunk_size in (1 << 20, 64 << 10, 4096):
+        with local_file(raw) as f:
+            mapped = [m for b in iter_tar_batches(tar_byte_source(f, "f"), "f") for m in b]
+            src = tar_byte_source(f, "f", chunk_size, direct=True)
+            assert isinstance(src, DirectFile)
+            direct = [m for b in iter_tar_batches(src, "f", chunk_size=chunk_size) for m in b]
+        assert direct == mapped
+        assert [(n, d) for n, d, _ in direct] == members
 
 
 def test_a_mapped_range_ends_where_it_is_told():
