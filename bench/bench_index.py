@@ -24,9 +24,12 @@ runs every contender once, the peers staying up in their own processes between r
 5. With ``--scaling GB``: index building with 2 workers against 1 on about GB gigabytes of the
    shards of section 4, on each place it runs: threads in this process (the default), the
    ``processes`` engine, a Dask ``LocalCluster`` and a local Ray (``engine="dask"``/``"ray"``,
-   the cluster started before the clock, as a running cluster is), every round reading every
-   shard (``overwrite=True``). Target: 2 workers >= 1.7x one. Dask and Ray rows are left out
-   where they are not installed. (``--only-scaling``: this section alone.)
+   the cluster started before the clock, as a running cluster is, and alive only for its own
+   rows), every round reading every shard (``overwrite=True``). Target: 2 workers >= 1.7x one.
+   Each row also prints the CPU time of its best runs (this process and its children), and the
+   ratio the shard count allows (15 shards: 8 on one worker, 1.88x). Dask and Ray rows are left
+   out where they are not installed. (``--only-scaling``: this section alone; one short run:
+   ``bench/bench_index.py --scaling 1 --only-scaling --repeat 3``.)
 4. With ``--big GB`` (repeatable): ``tarshards index SPEC -o M`` as users run it (the installed
    console script, a brace spec) on about GB gigabytes of plain shards (64 MB each, ~100 kB
    samples of random bytes, made once into ``bench/_data/big-GB``, page-cached), with its default
@@ -403,29 +406,60 @@ def bench_index_big(paths, tmp: str, repeat: int) -> dict:
 
 def bench_scaling(paths, tmp: str, repeat: int) -> dict:
     """Seconds (best of ``repeat`` interleaved rounds) of ``build_manifest(overwrite=True)`` with
-    1 and 2 workers, per engine; clusters are started before the clock."""
-    import contextlib
+    1 and 2 workers, per engine, and the CPU seconds of the run that was best (this process's
+    and its children's: what a worker costs beyond its shards). Threads and processes run with
+    no cluster alive; each cluster is started before the clock and runs only its own rows (an
+    idle ``LocalCluster`` costs ~0.1 CPU, its scheduler's event loop a thread of this process
+    that takes the GIL: it was measured beside the threads rows before)."""
+    import resource
 
     from tarshards.format.manifest import build_manifest
 
     out = os.path.join(tmp, "scaling", "manifest.json")  # the indexes go to _index/ there
 
-    def timed(**kw) -> float:
-        t0 = time.perf_counter()
+    def cpu() -> float:
+        me, kids = (
+            resource.getrusage(resource.RUSAGE_SELF),
+            resource.getrusage(resource.RUSAGE_CHILDREN),
+        )
+        return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+    def timed(**kw) -> tuple[float, float]:
+        c0, t0 = cpu(), time.perf_counter()
         build_manifest(paths, out, overwrite=True, **kw)
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, cpu() - c0
 
     import common
 
     rows: dict = {"bytes": common.total_bytes(paths), "shards": len(paths)}
-    with contextlib.ExitStack() as stack:
-        runs = {
+    best: dict = {}
+
+    def rounds(runs: dict) -> None:
+        for run in runs.values():
+            run(1)  # warm: the engine's first start-up, the index files' pages
+        for key in [(n, w) for n in runs for w in (1, 2)]:
+            best[key] = (float("inf"), 0.0)
+        for _ in range(repeat):
+            for name, run in runs.items():
+                for w in (1, 2):
+                    got = run(w)
+                    if got[0] < best[name, w][0]:
+                        best[name, w] = got
+
+    rounds(
+        {
             "threads": lambda w: timed(workers=w),
             "processes": lambda w: timed(engine="processes", workers=w),
         }
-        try:
-            import distributed
+    )
+    try:
+        import distributed
+    except ImportError:
+        distributed = None
+    if distributed is not None:
+        import contextlib
 
+        with contextlib.ExitStack() as stack:
             clients = {}
             for w in (1, 2):
                 cluster = stack.enter_context(
@@ -439,16 +473,7 @@ def bench_scaling(paths, tmp: str, repeat: int) -> dict:
                     )
                 )
                 clients[w] = stack.enter_context(distributed.Client(cluster))
-            runs["dask"] = lambda w: timed(engine="dask", client=clients[w])
-        except ImportError:
-            pass
-        for name, run in runs.items():
-            run(1)  # warm: the engine's first start-up, the index files' pages
-        best = {(n, w): float("inf") for n in runs for w in (1, 2)}
-        for _ in range(repeat):
-            for name, run in runs.items():
-                for w in (1, 2):
-                    best[name, w] = min(best[name, w], run(w))
+            rounds({"dask": lambda w: timed(engine="dask", client=clients[w])})
     try:  # Ray: a cluster of 1 CPU, then one of 2 (a Ray task takes one CPU)
         import logging
 
@@ -471,21 +496,34 @@ def bench_scaling(paths, tmp: str, repeat: int) -> dict:
                 ray.shutdown()
     except ImportError:
         pass
-    rows["seconds"] = {f"{n}/{w}": v for (n, w), v in best.items()}
+    rows["seconds"] = {f"{n}/{w}": v[0] for (n, w), v in best.items()}
+    rows["cpu"] = {f"{n}/{w}": v[1] for (n, w), v in best.items()}
     return rows
 
 
 def report_scaling(r: dict) -> None:
     mb = r["bytes"] / 1e6
     print(f"\n5. index building, 2 workers vs 1, on {mb:.0f} MB ({r['shards']} shards, page cache)")
-    secs = r["seconds"]
+    secs, cpus = r["seconds"], r.get("cpu", {})
     for name in dict.fromkeys(k.split("/")[0] for k in secs):
         one, two = secs[f"{name}/1"], secs[f"{name}/2"]
-        print(
+        line = (
             f"   {name:<10s} 1 worker {mb / one:7.0f} MB/s   2 workers {mb / two:7.0f} MB/s   "
             f"{one / two:.2f}x (target >= 1.7)"
         )
-    print(f"   ({os.cpu_count()} CPUs; hashing: {_hashing_note()})")
+        if name != "ray":  # (Ray's workers are not this process's children)
+            c1, c2 = cpus[f"{name}/1"], cpus[f"{name}/2"]
+            line += f"   CPU {c1 * 1e3:.0f} / {c2 * 1e3:.0f} ms"
+        print(line)
+    per = -(-r["shards"] // 2)
+    print(
+        f"   ({os.cpu_count()} CPUs; hashing: {_hashing_note()}; CPU: this process and its "
+        f"children, 1 / 2 workers; {r['shards']} shards: at most {r['shards'] / per:.2f}x with "
+        f"{per} on the busier worker)"
+    )
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    if load is not None:
+        print(f"   (load average {load:.2f} at the end of the run)")
 
 
 def bench_random(manifest, job: dict, peers: list, repeat: int) -> dict:

@@ -1,6 +1,7 @@
 """Raw local reads of 100 KB samples against ``cat``, in the page-cache states a shard is read in.
 
-    .venv/bin/python bench/bench_reads.py              # 5 interleaved rounds
+    .venv/bin/python bench/bench_reads.py              # 5 interleaved rounds (~40 s)
+    .venv/bin/python bench/bench_reads.py --rounds 3   # one short run (~30 s)
     .venv/bin/python bench/bench_reads.py --rounds 9 --quick
 
 The issue (41, item 5): a shard read from pages its writer left in the page cache (every shard
@@ -19,7 +20,7 @@ States (the same samples, ``bench/_data/large``: ~100 KB JPEGs + ``cls``, 8 x 50
 (Reading never changes the folios a file's pages are cached in, so each state holds for every
 round.) Methods:
 
-* ``cat``: ``cat FILES > /dev/null``;
+* ``cat``: ``cat FILES > /dev/null`` (``common.null_sink()``: a device that discards);
 * ``ours``: ``tarshards.WebDataset(urls)`` iterated (raw sample dicts: bench/run.py's row 2),
   which reads a local plain shard with ``pread``: a member its buffer cuts straight into the
   member's ``bytes`` (one copy, no page faults);
@@ -33,6 +34,13 @@ round.) Methods:
   its own ``bytes`` with ``os.pread`` (one copy, no faults), ``floor:readinto`` is ``cat`` in
   Python (1 MiB ``readinto`` into one reused buffer).
 
+Beside them, litdata (``bench/.venv``, see ``bench_index.py``; ``--peer-python``): its
+``StreamingDataset`` over its own copy of the samples (``litdata.optimize``, 64 MB chunks) in
+the same three states (written by ``optimize`` in this run; copied with 64 KB writes; dropped and
+read once), values copied into ``bytes`` (``litdata:bytes``: values the consumer owns, as ours)
+and as it hands them out (``litdata:views``, memoryviews into its chunk); CPU seconds of all its
+threads, best of ``--rounds`` passes in one process per state. A summary prints each ratio.
+
 Two clocks: CPU seconds (this process's, and the ``cat`` child's user+sys: stable on a shared
 host, where other jobs' load moves wall-clock rates by 2x between rounds) and wall seconds; best
 of ``--rounds`` interleaved rounds for each. Ratios are ``cat``'s time over the method's (>= 0.85
@@ -42,6 +50,7 @@ is the target). Minor page faults per pass are printed beside the CPU figures.
 from __future__ import annotations
 
 import argparse
+import json
 import mmap
 import os
 import resource
@@ -88,7 +97,8 @@ def plain_copies(paths, folder, block: int = 1 << 16) -> list[str]:
 
 
 def cat(paths) -> None:
-    subprocess.run(["cat", *paths], stdout=subprocess.DEVNULL, check=True)
+    with open(common.null_sink(), "wb") as sink:
+        subprocess.run(["cat", *paths], stdout=sink, check=True)
 
 
 def ours(paths) -> int:
@@ -185,6 +195,101 @@ METHODS = {
 }
 
 
+# ---------------------------------------------------------------------------------------------
+# litdata (the peer): its StreamingDataset over the same samples, run in bench/.venv
+# ---------------------------------------------------------------------------------------------
+
+PEER_VENV = os.path.join(HERE, ".venv", "bin", "python")
+
+
+def litdata_states(paths, tag: str, peer: str) -> dict | None:
+    """litdata's copy of the samples (``litdata.optimize``, 64 MB chunks) in each page-cache
+    state: ``writer`` written by ``optimize`` in this run (the pages its writer left),
+    ``64k-writes`` its files copied with 64 KB writes, ``fresh`` a copy dropped and read once.
+    None where the peer's environment is missing."""
+    if not os.path.exists(peer):
+        return None
+    base = os.path.join(common.DATA, f"{tag}-litdata")
+    out = {"writer": os.path.join(base, "writer")}
+    job = {"make": out["writer"], "urls": list(paths)}
+    got = subprocess.run(
+        [peer, __file__, "--peer-job", json.dumps(job)], capture_output=True, text=True
+    )
+    if got.returncode:
+        print(f"   litdata: not measured ({got.stderr.strip().splitlines()[-1:]})")
+        return None
+    files = sorted(os.listdir(out["writer"]))
+    for state in ("64k-writes", "fresh"):
+        folder = os.path.join(base, state)
+        made = plain_copies([os.path.join(out["writer"], f) for f in files], folder)
+        if state == "fresh":
+            common.warm_cache(made, fresh=True)
+        out[state] = folder
+    return out
+
+
+def _litdata_shard(path):
+    """The samples of one tar shard (read with tarfile: neither side's reader), for optimize()
+    (as bench/run.py's row 2c makes them)."""
+    import tarfile
+
+    sample: dict = {}
+    with tarfile.open(path) as tf:
+        for ti in tf:
+            key, ext = ti.name.split(".", 1)
+            if sample and sample["key"] != key:
+                yield sample
+                sample = {}
+            sample["key"] = key
+            f = tf.extractfile(ti)
+            sample[ext] = f.read() if f is not None else b""
+    if sample:
+        yield sample
+
+
+def peer_job(job: dict) -> None:
+    """In bench/.venv: make litdata's copy (``make``), or time passes over one (``read``):
+    samples with their values copied into ``bytes`` (values the consumer owns, as ours are)."""
+    import litdata
+
+    if "make" in job:
+        import shutil
+
+        shutil.rmtree(job["make"], ignore_errors=True)
+        litdata.optimize(
+            fn=_litdata_shard,
+            inputs=job["urls"],
+            output_dir=job["make"],
+            chunk_bytes="64MB",
+            num_workers=1,
+            verbose=False,
+        )
+        return
+    best = float("inf")
+    for _ in range(job["passes"] + 1):  # the first: imports and first-use set-up, not counted
+        t0 = time.process_time()
+        n = 0
+        if job["copy"]:
+            for sample in litdata.StreamingDataset(job["read"]):
+                {k: bytes(v) if isinstance(v, memoryview) else v for k, v in sample.items()}
+                n += 1
+        else:  # as it comes: memoryviews into its chunk (no copy at all)
+            for sample in litdata.StreamingDataset(job["read"]):
+                n += 1
+        best = min(best, time.process_time() - t0) if n else best
+    print(json.dumps({"cpu": best, "samples": n, "version": litdata.__version__}))
+
+
+def litdata_pass(folder: str, peer: str, passes: int = 3, copy: bool = True) -> float:
+    """CPU seconds (all its threads) of litdata's best pass over ``folder`` (of ``passes``, in
+    one process): values copied into ``bytes``, or (``copy=False``) its memoryviews."""
+    job = {"read": folder, "passes": passes, "copy": copy}
+    got = subprocess.run(
+        [peer, __file__, "--peer-job", json.dumps(job)], capture_output=True, text=True, check=True
+    )
+    return json.loads(got.stdout.strip().splitlines()[-1])["cpu"]
+
+
 def measure(states: dict, rounds: int) -> dict:
     for ps in states.values():
         for p in ps:
@@ -213,7 +318,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="the smaller 100 KB data set")
+    ap.add_argument("--peer-python", default=PEER_VENV, help="litdata's environment")
+    ap.add_argument("--peer-job", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.peer_job:
+        peer_job(json.loads(args.peer_job))
+        return
     paths = common.make_dataset("large", quick=args.quick)
     tag = "large-q" if args.quick else "large"
     states = {
@@ -221,8 +331,14 @@ def main() -> None:
         "64k-writes": plain_copies(paths, os.path.join(common.DATA, f"{tag}-64k")),
         "fresh": paths,
     }
+    peer = litdata_states(paths, tag, args.peer_python)
     common.warm_cache(paths, fresh=True)
     res = measure(states, args.rounds)
+    lit = {}
+    if peer is not None:  # best of --rounds passes in one process per state
+        for state in peer:
+            for copy in (True, False):
+                lit[state, copy] = litdata_pass(peer[state], args.peer_python, args.rounds, copy)
     mb = common.total_bytes(paths) / 1e6
     print(f"raw 100 KB reads vs cat: {mb:.0f} MB, best of {args.rounds} rounds")
     print(f"   {common.machine_info().get('cpu', '')}, kernel {os.uname().release}")
@@ -237,6 +353,22 @@ def main() -> None:
                 f"   {name:16s} {mb / cpu:9.0f} {cat_cpu / cpu:6.2f} "
                 f"{res['faults'][state, name]:7d}   {mb / wall:9.0f} {cat_wall / wall:6.2f}"
             )
+        for copy, name in ((True, "litdata:bytes"), (False, "litdata:views")):
+            if (state, copy) in lit:
+                cpu = lit[state, copy]
+                print(f"   {name:16s} {mb / cpu:9.0f} {cat_cpu / cpu:6.2f}")
+    print("\n   summary (CPU time): ours against cat (target >= 0.85) and against litdata")
+    for state in states:
+        ours, cat_cpu = res["best"][state, "ours"][0], res["best"][state, "cat"][0]
+        line = f"   {state:12s} {cat_cpu / ours:5.2f}x cat"
+        if (state, True) in lit:
+            line += (
+                f"   {lit[state, True] / ours:5.2f}x litdata (bytes), "
+                f"{lit[state, False] / ours:5.2f}x litdata (its views, no copy)"
+            )
+        print(line)
+    if hasattr(os, "getloadavg"):
+        print(f"   (load average {os.getloadavg()[0]:.2f} at the end of the run)")
 
 
 if __name__ == "__main__":

@@ -135,6 +135,22 @@ def make_dataset(name: str, quick: bool = False) -> list[str]:
     return paths
 
 
+def null_sink() -> str:
+    """A device that discards what is written to it, for ``cat FILES > SINK``: ``/dev/null``
+    where it is the null device, else ``/dev/zero`` (whose writes the kernel discards the same
+    way). In some sandboxes ``/dev/null`` is a regular file, and ``cat`` into it copies every
+    byte into a tmpfs file: 2-5x its time reading (measured: 160 ms of CPU against 27 ms)."""
+    import stat
+
+    for path in ("/dev/null", "/dev/zero"):
+        try:
+            if stat.S_ISCHR(os.stat(path).st_mode):
+                return path
+        except OSError:
+            pass
+    return os.devnull
+
+
 def total_bytes(paths) -> int:
     return sum(os.path.getsize(p) for p in paths)
 

@@ -7,6 +7,7 @@ import gzip
 import io
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -155,12 +156,12 @@ def test_mapped_copies_come_in_small_batches(accelerate):
 def test_direct_reads_put_large_members_straight_into_their_bytes(chunk_size, monkeypatch):
     """``direct=True`` (what the sample readers use for copies): a local plain file read with
     pread, no map; a member the buffer cuts is read straight into its ``bytes`` and the buffer
-    refilled from the next header (a batch: the buffer's members, then about ``COPY_WINDOW``
+    refilled from the next header (a batch: the buffer's members, then about ``DIRECT_WINDOW``
     bytes of members read so). The same
     members, offsets and errors as the mapped file; ``shard_samples`` reads copies so, and maps
     the file for views."""
     from tarshards.tario import iter_tar_batches
-    from tarshards.tario.buffer import COPY_WINDOW
+    from tarshards.tario.buffer import DIRECT_WINDOW
 
     sizes = [100_000, 3, 250_000, 17, 20_000, 0, 70_000, 1_000_000, 5, 16_384, 33_000] * 3
     members = [
@@ -177,8 +178,11 @@ def test_direct_reads_put_large_members_straight_into_their_bytes(chunk_size, mo
     flat = [m for b in direct for m in b]
     assert flat == [m for b in mapped for m in b]
     assert [(n, d) for n, d, _ in flat] == members and all(type(d) is bytes for _, d, _ in flat)
-    # a batch: what the buffer held, then members read straight in up to about COPY_WINDOW
-    assert max(sum(len(d) for _, d, _ in b[:-1]) for b in direct) < chunk_size + COPY_WINDOW
+    # a batch: what the buffer held (grown to hold the members the scan left to it: the 70 KB
+    # one after a 16 KB one with the smallest buffer), then members read straight in up to
+    # about DIRECT_WINDOW
+    bound = max(chunk_size, 100_000) + DIRECT_WINDOW
+    assert max(sum(len(d) for _, d, _ in b[:-1]) for b in direct) < bound
     # cut short inside a large member: the error the mapped reader raises, at its offset
     with local_file(raw[: len(raw) // 2]) as f, local_file(raw[: len(raw) // 2]) as g:
         errors = []
@@ -202,6 +206,34 @@ def test_direct_reads_put_large_members_straight_into_their_bytes(chunk_size, mo
         assert made[-1:] == ["direct_local"]
         assert len(list(shard_samples(path, copy=False))) == len(members)
         assert made[-1:] == ["map_local"]
+
+
+def test_direct_refills_sized_by_the_last_sample_read_a_growing_gap_right():
+    """A refill after a member read straight in asks for about the bytes the last sample had
+    between its large members (its headers and small members), not a fixed 8 KB: where the next
+    sample's small members are larger (a caption that grows, several small fields), the refill
+    cuts one and the reader reads on from there. The same members and offsets as the map, for
+    gaps that grow, shrink and jump."""
+    from tarshards.tario import iter_tar_batches
+
+    rng = random.Random(41)
+    members = []
+    small = [10, 10, 400, 1500, 3000, 9000, 12, 20_000, 5, 700, 5000, 2, 2]
+    for i, n in enumerate(small * 2):
+        members.append((f"{i:04d}.txt", bytes([i % 251]) * n))
+        for j in range(rng.randrange(0, 3)):  # more small fields, some samples
+            members.append((f"{i:04d}.x{j}", bytes([j]) * rng.randrange(0, 2000)))
+        members.append((f"{i:04d}.jpg", bytes([(i * 7) % 251]) * rng.randrange(40_000, 140_000)))
+    raw = b"".join(tar_header(n, len(d)) + d + bytes(-len(d) % 512) for n, d in members)
+    raw += bytes(1024)
+    for chunk_size in (1 << 20, 64 << 10, 4096):
+        with local_file(raw) as f:
+            mapped = [m for b in iter_tar_batches(tar_byte_source(f, "f"), "f") for m in b]
+            src = tar_byte_source(f, "f", chunk_size, direct=True)
+            assert isinstance(src, DirectFile)
+            direct = [m for b in iter_tar_batches(src, "f", chunk_size=chunk_size) for m in b]
+        assert direct == mapped
+        assert [(n, d) for n, d, _ in direct] == members
 
 
 def test_a_mapped_range_ends_where_it_is_told():

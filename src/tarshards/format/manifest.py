@@ -791,6 +791,12 @@ class IndexJob:
         self.member_hash = member_hash
         self.last_dot = last_dot
 
+    def prepare(self) -> None:
+        """Import what the job runs, in the process that starts the workers (the processes
+        engine calls it before they fork, so that each does not import it again: measured
+        ~11 ms of CPU a worker, in its first shard, beside ~8 ms a 64 MB shard)."""
+        from . import index  # noqa: F401
+
     def index(self, url: str, target: str) -> dict:
         """Index ``url``, save the index at ``target``; the record's values (raises)."""
         from .index import index_url

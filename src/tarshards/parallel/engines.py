@@ -101,7 +101,9 @@ class _Attempt:
 
 class ProcessEngine:
     """Shard jobs in ``workers`` local processes (default: one per CPU), one shard at a time
-    each; a worker that dies is replaced and only its shard is tried again."""
+    each; a worker that dies is replaced and only its shard is tried again. A job with a
+    ``prepare()`` method has it called here first (before the workers fork: what it imports
+    there, they inherit)."""
 
     name = "processes"
 
@@ -113,6 +115,9 @@ class ProcessEngine:
     def run(
         self, job: Job, pairs: list[tuple[str, str]], todo: list[int], finished: Finished
     ) -> None:
+        prepare = getattr(job, "prepare", None)
+        if callable(prepare):
+            prepare()
         payload = dumps(_Attempt(job))
         pending = collections.deque(todo)
         attempts: collections.Counter = collections.Counter()
