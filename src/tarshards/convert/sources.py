@@ -190,40 +190,53 @@ class FolderSource(Source):
         files in name order (sizes 0 unmeasured), then each sub-folder's, in name order (one
         ``scandir`` per folder; symbolic links to folders followed, as
         ``os.walk(followlinks=True)``)."""
-        names: list[str] = []
-        subdirs: list[tuple[str, str]] = []
-        stats: list[tuple[str, int]] | None = [] if self.measured else None
         with os.scandir(top) as it:
-            for e in it:
-                name = e.name
-                if name[0] == ".":
-                    continue
-                if e.is_dir():
-                    subdirs.append((name, e.path))
-                elif stats is not None:
-                    stats.append((name, e.stat().st_size))
-                else:
-                    names.append(name)
-        if stats is not None:
-            stats.sort()
+            entries = [e for e in it if e.name[0] != "."]
+        subdirs = sorted((e.name, e.path) for e in entries if e.is_dir())
+        if subdirs:
+            entries = [e for e in entries if not e.is_dir()]
+        if self.measured:
+            stats = sorted([(e.name, e.stat().st_size) for e in entries])
             names = [n for n, _ in stats]
-            sizes: list[int] | itertools.repeat[int] = [s for _, s in stats]
+            sizes = [z for _, z in stats]
         else:
-            names.sort()
-            sizes = itertools.repeat(0)
+            names = sorted([e.name for e in entries])
+            sizes = [0] * len(names)
         if names:
             yield rel, names, sizes
-        subdirs.sort()
         for name, path in subdirs:
             yield from self._folders(path, f"{rel}/{name}" if rel else name)
 
-    def _group(self, found: list, cls: int, need_image: bool) -> None:
-        """Rows from ``found``, ``(key, ext, relative path, size)`` of each file: the files of a
-        key are one sample (sorted by extension), the samples in key order."""
+    def _add_rows(
+        self, keys: list, exts: list, paths: list, sizes: list, cls: int, need_image: bool
+    ) -> None:
+        """Rows from the files ``paths`` (relative) and what they are (``keys``, ``exts``,
+        ``sizes``): the files of a key are one sample (sorted by extension), the samples in key
+        order; with ``need_image``, samples without an image are left out."""
         fields = self.fields
         if fields is not None:
-            found = [f for f in found if f[1] in fields]
-        found.sort()
+            keep = [i for i, e in enumerate(exts) if e in fields]
+            keys, exts, paths, sizes = (
+                [keys[i] for i in keep],
+                [exts[i] for i in keep],
+                [paths[i] for i in keep],
+                [sizes[i] for i in keep],
+            )
+        if len(set(keys)) == len(keys):  # a file a sample (the usual case): no grouping
+            order = sorted(range(len(keys)), key=keys.__getitem__)
+            if need_image:
+                images = IMAGE_EXTENSIONS
+                kept = [i for i in order if exts[i] in images]
+                self.left_out += len(order) - len(kept)
+                order = kept
+            self.rows += [(keys[i], ((exts[i], paths[i]),), cls) for i in order]
+            self._sizes += [sizes[i] for i in order]
+            return
+        self._group(sorted(zip(keys, exts, paths, sizes)), cls, need_image)
+
+    def _group(self, found: list, cls: int, need_image: bool) -> None:
+        """Rows from ``found``, ``(key, ext, relative path, size)`` of each file sorted: the
+        files of a key are one sample (sorted by extension), the samples in key order."""
         rows, sizes = self.rows, self._sizes
         images = IMAGE_EXTENSIONS
         i, n = 0, len(found)
@@ -263,33 +276,39 @@ class FolderSource(Source):
         if not self.classes:
             raise ValueError(f"{self.root} has no class folders (an ImageFolder's sub-folders)")
         for cls, name in enumerate(self.classes):
-            found: list[tuple[str, str, str, int]] = []
-            add = found.append
-            for rel, names, sizes in self._folders(os.path.join(self.root, name), name):
-                for fname, size in zip(names, sizes):
-                    stem, dot, ext = fname.rpartition(".")
-                    if not dot or not stem:
-                        stem, ext = fname, "bin"
-                    elif "." in stem:
-                        stem = stem.replace(".", "_")
-                    add((f"{rel}/{stem}", ext.lower(), f"{rel}/{fname}", size))
-            self._group(found, cls, need_image=True)
+            keys: list[str] = []
+            exts: list[str] = []
+            paths: list[str] = []
+            sizes: list[int] = []
+            for rel, names, found in self._folders(os.path.join(self.root, name), name):
+                # the name without its last suffix (dots left: "_"), or the whole name as .bin
+                cut = [n.rpartition(".") for n in names]
+                prefix = rel + "/"
+                keys += [
+                    prefix + (stem.replace(".", "_") if dot and stem else n)
+                    for n, (stem, dot, _) in zip(names, cut)
+                ]
+                exts += [ext.lower() if dot and stem else "bin" for stem, dot, ext in cut]
+                paths += [prefix + n for n in names]
+                sizes += found
+            self._add_rows(keys, exts, paths, sizes, cls, need_image=True)
         if not self.rows:
             raise ValueError(f"no images in the class folders of {self.root}")
 
     def _list_files(self) -> None:
-        found: list[tuple[str, str, str, int]] = []
-        add = found.append
-        for rel, names, sizes in self._folders(self.root):
-            for fname, size in zip(names, sizes):
-                stem, dot, ext = fname.partition(".")
-                if not dot or not ext:
-                    ext = "bin"
-                if rel:
-                    add((f"{rel}/{stem}", ext, f"{rel}/{fname}", size))
-                else:
-                    add((stem, ext, fname, size))
-        self._group(found, -1, need_image=False)
+        keys: list[str] = []
+        exts: list[str] = []
+        paths: list[str] = []
+        sizes: list[int] = []
+        for rel, names, found in self._folders(self.root):
+            # the name before its first dot; no dot (or nothing after it): .bin
+            cut = [n.partition(".") for n in names]
+            prefix = rel + "/" if rel else ""
+            keys += [prefix + stem for stem, _, _ in cut]
+            exts += [ext if dot and ext else "bin" for _, dot, ext in cut]
+            paths += [prefix + n for n in names]
+            sizes += found
+        self._add_rows(keys, exts, paths, sizes, -1, need_image=False)
         for key, _, _ in self.rows:
             row_key(key, 0)  # names readers could not group are refused here, not mid-way
         if not self.rows:
