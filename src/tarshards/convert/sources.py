@@ -159,10 +159,11 @@ class FolderSource(Source):
     also notices a file changed in size.
 
     The listing is a folder at a time (one ``scandir``, the names sorted and split in one
-    pass, the garbage collector paused: it made a third of the listing's time); the rows pickle
-    as a few strings (a worker process gets them in a millisecond, not the 20 ms that 20,000
-    tuples took), and files are opened relative to their folder (``openat``: the kernel walks
-    one name, not the whole path).
+    pass, the garbage collector paused) and kept in columns (a tuple per row made the
+    collector's next pass over them cost 4-10 ms); the columns pickle as a few strings (a
+    worker process gets them in a millisecond, not the 20 ms that 20,000 tuples took), and
+    files are opened relative to their folder (``openat``: the kernel walks one name, not the
+    whole path).
     """
 
     def __init__(self, root, kind: str = "files", *, fields=None, sizes: bool = True):
@@ -176,8 +177,12 @@ class FolderSource(Source):
         self.fields = None if fields is None else frozenset(fields)
         self.classes: list[str] = []
         self.left_out = 0  # ImageFolder groups without an image
-        # rows: (key, ((ext, relative path), ...), class or -1); sizes: bytes of each row
-        self.rows: list[tuple[str, tuple, int]] = []
+        # the rows, in columns: key; the extension of its one file (None: several files); the
+        # file's relative path (several: ((ext, relative path), ...)); class or -1; bytes
+        self._keys: list[str] = []
+        self._exts: list[str | None] = []
+        self._paths: list = []
+        self._classes: list[int] = []
         self._sizes: list[int] = []
         with _gc_paused():
             if kind == "imagefolder":
@@ -229,7 +234,10 @@ class FolderSource(Source):
                 kept = [i for i in order if exts[i] in images]
                 self.left_out += len(order) - len(kept)
                 order = kept
-            self.rows += [(keys[i], ((exts[i], paths[i]),), cls) for i in order]
+            self._keys += [keys[i] for i in order]
+            self._exts += [exts[i] for i in order]
+            self._paths += [paths[i] for i in order]
+            self._classes += [cls] * len(order)
             self._sizes += [sizes[i] for i in order]
             return
         self._group(sorted(zip(keys, exts, paths, sizes)), cls, need_image)
@@ -237,7 +245,6 @@ class FolderSource(Source):
     def _group(self, found: list, cls: int, need_image: bool) -> None:
         """Rows from ``found``, ``(key, ext, relative path, size)`` of each file sorted: the
         files of a key are one sample (sorted by extension), the samples in key order."""
-        rows, sizes = self.rows, self._sizes
         images = IMAGE_EXTENSIONS
         i, n = 0, len(found)
         while i < n:
@@ -265,8 +272,15 @@ class FolderSource(Source):
                 else:
                     self.left_out += 1
                     continue
-            rows.append((key, members, cls))
-            sizes.append(size)
+            self._keys.append(key)
+            if len(members) == 1:
+                self._exts.append(members[0][0])
+                self._paths.append(members[0][1])
+            else:
+                self._exts.append(None)
+                self._paths.append(members)
+            self._classes.append(cls)
+            self._sizes.append(size)
 
     def _list_imagefolder(self) -> None:
         with os.scandir(self.root) as it:
@@ -292,7 +306,7 @@ class FolderSource(Source):
                 paths += [prefix + n for n in names]
                 sizes += found
             self._add_rows(keys, exts, paths, sizes, cls, need_image=True)
-        if not self.rows:
+        if not self._keys:
             raise ValueError(f"no images in the class folders of {self.root}")
 
     def _list_files(self) -> None:
@@ -309,13 +323,21 @@ class FolderSource(Source):
             paths += [prefix + n for n in names]
             sizes += found
         self._add_rows(keys, exts, paths, sizes, -1, need_image=False)
-        for key, _, _ in self.rows:
+        for key in self._keys:
             row_key(key, 0)  # names readers could not group are refused here, not mid-way
-        if not self.rows:
+        if not self._keys:
             raise ValueError(f"no files in {self.root}")
 
+    @property
+    def rows(self) -> list[tuple[str, tuple, int]]:
+        """``(key, ((ext, relative path), ...), class or -1)`` of each row."""
+        return [
+            (key, path if ext is None else ((ext, path),), cls)
+            for key, ext, path, cls in zip(self._keys, self._exts, self._paths, self._classes)
+        ]
+
     def count(self) -> int:
-        return len(self.rows)
+        return len(self._keys)
 
     def sizes(self) -> list[int] | None:
         return self._sizes if self.measured else None
@@ -325,17 +347,17 @@ class FolderSource(Source):
 
         # one line a row, f"{key}\t{members}\t{cls}\t{size}\n" (members as repr() writes the
         # tuple); a single file's line formatted directly (half the time of the tuple's repr)
-        lines: list[str] = []
-        add = lines.append
-        for (key, members, cls), size in zip(self.rows, self._sizes):
-            if len(members) == 1:
-                ((ext, path),) = members
-                add(f"{key}\t(({ext!r}, {path!r}),)\t{cls}\t{size}\n")
-            else:
-                add(f"{key}\t{members}\t{cls}\t{size}\n")
+        lines = [
+            f"{key}\t(({ext!r}, {path!r}),)\t{cls}\t{size}\n"
+            if ext is not None
+            else f"{key}\t{path}\t{cls}\t{size}\n"
+            for key, ext, path, cls, size in zip(
+                self._keys, self._exts, self._paths, self._classes, self._sizes
+            )
+        ]
         return {
             "kind": self.kind,
-            "rows": len(self.rows),
+            "rows": len(self._keys),
             "listing": hashlib.sha256("".join(lines).encode()).hexdigest(),
             "sizes": self.measured,
         }
@@ -344,62 +366,47 @@ class FolderSource(Source):
         return {"classes": list(self.classes)} if self.kind == "imagefolder" else {}
 
     def __getstate__(self) -> dict:
-        """The rows as a few strings and arrays (unpickled in a millisecond; see the class)."""
+        """The columns as a few strings and arrays (unpickled in a millisecond; see the class;
+        file names hold no NUL)."""
         state = dict(self.__dict__)
-        rows = state.pop("rows")
-        if all(len(m) == 1 for _, m, _ in rows):  # a file a sample (file names hold no NUL)
-            keys, members, classes = zip(*rows) if rows else ((), (), ())
-            exts, paths = zip(*[m[0] for m in members]) if rows else ((), ())
-            state["_packed"] = (
-                "\0".join(keys),
-                "\0".join(exts),
-                "\0".join(paths),
-                array.array("q", classes).tobytes(),
-                len(rows),
-            )
-            state["_sizes"] = array.array("q", state["_sizes"]).tobytes()
-        else:  # several files a sample: as they are
-            state["rows"] = rows
+        state["_keys"] = "\0".join(self._keys)
+        state["_classes"] = array.array("q", self._classes).tobytes()
+        state["_sizes"] = array.array("q", self._sizes).tobytes()
+        if None not in self._exts:  # a file a sample (else the lists as they are)
+            state["_exts"] = "\0".join(self._exts)  # type: ignore[arg-type]  # no None
+            state["_paths"] = "\0".join(self._paths)
         return state
 
     def __setstate__(self, state: dict) -> None:
-        packed = state.pop("_packed", None)
         self.__dict__.update(state)
-        if packed is not None:
-            keys, exts, paths, classes, n = packed
-            cls = array.array("q")
-            cls.frombytes(classes)
-            sizes = array.array("q")
-            sizes.frombytes(self._sizes)  # type: ignore[arg-type]  # packed in __getstate__
-            self._sizes = sizes.tolist()
-            with _gc_paused():
-                if n:
-                    self.rows = list(
-                        zip(
-                            keys.split("\0"),
-                            zip(zip(exts.split("\0"), paths.split("\0"))),
-                            cls.tolist(),
-                        )
-                    )
-                else:
-                    self.rows = []
+        n = len(state["_classes"]) // 8
+        self._keys = state["_keys"].split("\0") if n else []
+        for name in ("_classes", "_sizes"):
+            column = array.array("q")
+            column.frombytes(state[name])
+            setattr(self, name, column.tolist())
+        if isinstance(state["_exts"], str):
+            self._exts = list(state["_exts"].split("\0")) if n else []
+            self._paths = state["_paths"].split("\0") if n else []
 
     def samples(self, start: int, stop: int) -> Iterator[Sample]:
         root = self.root
-        if _O_DIR is None:  # no openat here: whole paths
-            for key, members, cls in self.rows[start:stop]:
-                out = [(ext, read_file(f"{root}/{path}")) for ext, path in members]
-                if cls >= 0:
-                    out.append(("cls", str(cls).encode()))
-                    out.sort()
-                yield key, out
-            return
+        rows = zip(
+            self._keys[start:stop],
+            self._exts[start:stop],
+            self._paths[start:stop],
+            self._classes[start:stop],
+        )
         folders: dict[str, int] = {}  # relative folder -> a descriptor of it, for openat
         try:
-            for key, members, cls in self.rows[start:stop]:
+            for key, ext, path, cls in rows:
+                members = ((ext, path),) if ext is not None else path
                 out = []
-                for ext, path in members:
-                    folder, _, name = path.rpartition("/")
+                for e, p in members:
+                    if _O_DIR is None:  # no openat here: the whole path
+                        out.append((e, read_file(f"{root}/{p}")))
+                        continue
+                    folder, _, name = p.rpartition("/")
                     fd = folders.get(folder)
                     if fd is None:
                         if len(folders) >= _OPEN_FOLDERS:
@@ -407,7 +414,7 @@ class FolderSource(Source):
                         fd = folders[folder] = os.open(
                             f"{root}/{folder}" if folder else root, _O_DIR
                         )
-                    out.append((ext, read_file(name, fd)))
+                    out.append((e, read_file(name, fd)))
                 if cls >= 0:
                     out.append(("cls", str(cls).encode()))
                     out.sort()
