@@ -921,11 +921,13 @@ def detect_kind(src) -> str:
         names = set(os.listdir(path))
         if names & {"dataset_info.json", "dataset_dict.json", "state.json"}:
             return "hf"
-        files = [
-            f for _, _, fs in os.walk(path) for f in fs if not f.startswith((".", "_"))
-        ]  # a Parquet data set: Parquet files only (the _SUCCESS and _metadata files aside)
-        if files and all(f.endswith(".parquet") for f in files):
-            return "parquet"
+        # a Parquet data set: Parquet files only (the _SUCCESS and _metadata files aside); the
+        # walk stops at the first other file (a folder of images is not listed twice)
+        files = (f for _, _, fs in os.walk(path) for f in fs if not f.startswith((".", "_")))
+        first = next(files, None)
+        if first is not None and first.endswith(".parquet"):
+            if all(f.endswith(".parquet") for f in files):
+                return "parquet"
         return "imagefolder" if _looks_like_imagefolder(path) else "files"
     if not os.path.exists(path):
         raise FileNotFoundError(f"no such file or folder: {path}")
