@@ -310,6 +310,9 @@ class AtomicOutput:
                 remove_stale_temporaries(d)
             self._tmp, self.stream = _create_temporary(d, base, buffering)
             self._owned = True
+            # looked up once per process (2-4 ms, ctypes), here: a process that forks workers
+            # after writing a file (a conversion's plan) hands them the lookup made
+            _sync_file_range()
 
     @property
     def temporary_path(self) -> str | None:
