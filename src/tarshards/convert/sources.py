@@ -228,9 +228,18 @@ class FolderSource(Source):
                 [sizes[i] for i in keep],
             )
         if len(set(keys)) == len(keys):  # a file a sample (the usual case): no grouping
+            images = IMAGE_EXTENSIONS
+            if keys == sorted(keys) and (
+                not need_image or all([e in images for e in exts])
+            ):  # (the names' order is the keys' order, and every file is an image)
+                self._keys += keys
+                self._exts += exts
+                self._paths += paths
+                self._classes += [cls] * len(keys)
+                self._sizes += sizes
+                return
             order = sorted(range(len(keys)), key=keys.__getitem__)
             if need_image:
-                images = IMAGE_EXTENSIONS
                 kept = [i for i in order if exts[i] in images]
                 self.left_out += len(order) - len(kept)
                 order = kept
