@@ -3,6 +3,8 @@
 
     .venv/bin/python bench/bench_convert.py              # 20,000 JPEGs, best of 3 rounds
     .venv/bin/python bench/bench_convert.py --files 4000 --repeat 2    # quicker
+    .venv/bin/python bench/bench_convert.py --scaling    # 2 workers vs 1 only (~30 s), phases
+    .venv/bin/python bench/bench_convert.py --scaling --side 384       # ~1 GB: the disk's bound
 
 The data: an ImageFolder tree of ``--files`` JPEGs (100 classes; ~4 KB 96x96 images from a pool
 encoded once with a fixed seed, as bench/common.py makes them) in ``bench/_data/imagefolder-N``,
@@ -23,6 +25,13 @@ into its format's shards in a fresh output folder (on the same disk), 57-64 MB s
 * ``mds``: ``streaming.MDSWriter(columns={"image": "bytes", "cls": "int"}, size_limit="64mb")``,
   one process (MDSWriter writes from one process; parallel writing means several writers and a
   merge, which the library leaves to the user), in ``bench/.venv``.
+
+``--scaling`` runs tarshards alone (``-p1`` and ``-p2``, 5 rounds unless ``--repeat``) and also
+prints where the time went (each phase's wall and CPU seconds: the listing, the listing's
+fingerprint, starting and stopping the worker processes, each shard's job and its commit, the
+rest) and the disk's bound: the same number of bytes written in 1 MB writes to files on the
+same disk and fsynced, by one process and by two at once (what ``dd conv=fsync`` does), against
+which the conversion's wall time is compared.
 
 Rounds interleave the contenders (a busy moment of a shared machine then hits all of them); the
 best of ``--repeat`` rounds is kept (the fastest run, with its CPU seconds: the process's and its
@@ -125,10 +134,61 @@ def _du(path: str) -> int:
 # ---- the contenders (each run in its own process: child NAME SRC OUT WORKERS) -------------------
 
 
+def _phase_timers(folder: str) -> None:
+    """Time the conversion's phases (wall and CPU seconds, per process, to ``folder``/PID.json):
+    wrappers around a few calls made once per conversion or per shard (none per file)."""
+    import atexit
+    import collections
+
+    from tarshards.convert import shards, sources
+    from tarshards.parallel import pool
+    from tarshards.writer import TarWriter
+
+    acc: dict = collections.defaultdict(lambda: [0.0, 0.0])
+
+    def timed(owner, attr, name):
+        fn = getattr(owner, attr)
+
+        def wrap(*a, **k):
+            t0, c0 = time.perf_counter(), time.process_time()
+            try:
+                return fn(*a, **k)
+            finally:
+                acc[name][0] += time.perf_counter() - t0
+                acc[name][1] += time.process_time() - c0
+
+        setattr(owner, attr, wrap)
+
+    timed(sources.FolderSource, "__init__", "listing")
+    timed(sources.FolderSource, "identity", "fingerprint of the listing")
+    timed(pool.ProcessPool, "__init__", "worker processes: start")
+    timed(pool.ProcessPool, "close", "worker processes: stop")
+    timed(shards.ConvertJob, "__call__", "shard jobs (read, write, commit)")
+    timed(TarWriter, "close", "  of which commits (fsync, rename, index)")
+
+    def save():
+        with open(os.path.join(folder, f"{os.getpid()}.json"), "w") as f:
+            json.dump(dict(acc), f)
+
+    atexit.register(save)  # the main process
+    main = pool._worker_main  # noqa: SLF001  (a benchmark's probe)
+
+    def worker_main(conn, payload):
+        acc.clear()
+        try:
+            main(conn, payload)
+        finally:
+            save()
+
+    pool._worker_main = worker_main
+
+
 def child_tarshards(src, out, workers):
     import tarshards
     import tarshards.convert  # noqa: F401  (imported before the clock starts, as the peers are)
 
+    if os.environ.get("BENCH_PHASES"):
+        _phase_timers(os.environ["BENCH_PHASES"])
     t0 = time.perf_counter()
     m = tarshards.convert(src, out, workers=workers, maxcount=SHARD_SAMPLES)
     seconds = time.perf_counter() - t0
@@ -188,13 +248,18 @@ def _import(name: str) -> None:
 CHILDREN = {"tarshards": child_tarshards, "litdata": child_litdata, "mds": child_mds}
 
 
-def run_child(python: str, name: str, src: str, out: str, workers: int) -> dict:
+def run_child(python: str, name: str, src: str, out: str, workers: int, phases=False) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    phase_dir = None
     if name == "tarshards":
         env["PYTHONPATH"] = os.pathsep.join(
             [os.path.join(os.path.dirname(HERE), "src"), env.get("PYTHONPATH", "")]
         )
+        if phases:
+            import tempfile
+
+            phase_dir = env["BENCH_PHASES"] = tempfile.mkdtemp(prefix="bench-phases-")
     proc = subprocess.run(
         [python, os.path.abspath(__file__), "--child", name, src, out, str(workers)],
         capture_output=True,
@@ -206,14 +271,70 @@ def run_child(python: str, name: str, src: str, out: str, workers: int) -> dict:
         return {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     result["output_bytes"] = _du(out)
+    result["output_files"] = [
+        os.path.getsize(os.path.join(out, f)) for f in sorted(os.listdir(out)) if f.endswith(".tar")
+    ]
     shutil.rmtree(out, ignore_errors=True)
+    if phase_dir is not None:
+        found = {}
+        for f in sorted(os.listdir(phase_dir)):
+            with open(os.path.join(phase_dir, f)) as fh:
+                found[int(f.split(".")[0])] = json.load(fh)
+        shutil.rmtree(phase_dir, ignore_errors=True)
+        result["phases"] = [found[k] for k in sorted(found)]  # the main process first (oldest)
     return result
+
+
+def disk_write(folder: str, sizes: list[int], writers: int) -> float:
+    """Seconds to write files of ``sizes`` bytes into ``folder`` in 1 MB writes, each fsynced
+    (``dd bs=1M conv=fsync``), by ``writers`` processes at once (the files dealt out in turn):
+    the disk's bound for a conversion writing as much."""
+    block = os.urandom(1 << 20)
+    os.makedirs(folder, exist_ok=True)
+    t0 = time.perf_counter()
+    pids = []
+    for w in range(writers):
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                for i in range(w, len(sizes), writers):
+                    fd = os.open(os.path.join(folder, f"dd-{i}"), os.O_WRONLY | os.O_CREAT, 0o644)
+                    left = sizes[i]
+                    while left > 0:
+                        left -= os.write(fd, block[: min(left, len(block))])
+                    os.fsync(fd)
+                    os.close(fd)
+            except BaseException:
+                code = 1
+            os._exit(code)
+        pids.append(pid)
+    for pid in pids:
+        os.waitpid(pid, 0)
+    seconds = time.perf_counter() - t0
+    shutil.rmtree(folder, ignore_errors=True)
+    return seconds
+
+
+def print_phases(label: str, phases: list[dict]) -> None:
+    """The phases of one run: the main process's, then each worker's (wall / CPU seconds)."""
+    for who, acc in zip(["main"] + [f"worker {i + 1}" for i in range(len(phases) - 1)], phases):
+        if acc:
+            parts = "; ".join(f"{k} {w:.3f}/{c:.3f}" for k, (w, c) in acc.items())
+            print(f"  {label} {who}: {parts}")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--files", type=int, default=20_000)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument(
+        "--repeat", type=int, default=None, help="Rounds (default 3; 5 with --scaling)."
+    )
+    ap.add_argument(
+        "--scaling",
+        action="store_true",
+        help="tarshards -p1 and -p2 only: the ratio, each phase's time, and the disk's bound.",
+    )
     ap.add_argument(
         "--side", type=int, default=96, help="Image width and height (96: ~4 KB JPEGs)."
     )
@@ -221,6 +342,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", metavar="PATH", help="Also write the results here.")
     ap.add_argument("--child", nargs=4, metavar=("NAME", "SRC", "OUT", "W"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.repeat is None:
+        args.repeat = 5 if args.scaling else 3
     if args.child:
         name, src, out, workers = args.child
         _import(name)  # the imports (and the peers' torchvision check) before both clocks
@@ -244,7 +367,7 @@ def main(argv=None) -> int:
     common.warm_cache([os.path.join(d, f) for d, _, fs in os.walk(src) for f in fs])
     work = os.path.join(common.DATA, "convert-out")
     os.makedirs(work, exist_ok=True)
-    peers_ok = os.path.exists(args.peer_python)
+    peers_ok = os.path.exists(args.peer_python) and not args.scaling
     contenders = [("tarshards", 1, sys.executable), ("tarshards", 2, sys.executable)]
     if peers_ok:
         contenders += [
@@ -256,7 +379,8 @@ def main(argv=None) -> int:
     for r in range(args.repeat):
         for name, workers, python in contenders:
             label = f"{name} -p{workers}"
-            res = run_child(python, name, src, os.path.join(work, f"{name}-{workers}"), workers)
+            out = os.path.join(work, f"{name}-{workers}")
+            res = run_child(python, name, src, out, workers, phases=args.scaling)
             if "error" in res:
                 best[label] = res
                 print(f"round {r + 1}: {label}: error {res['error']}", flush=True)
@@ -298,10 +422,31 @@ def main(argv=None) -> int:
             )
         if "litdata -p2" in theirs and "tarshards -p2" in ours:
             ratios["tarshards -p2 vs litdata -p2"] = theirs["litdata -p2"] / ours["tarshards -p2"]
-    elif not peers_ok:
+    elif not peers_ok and not args.scaling:
         print(f"peers: not installed ({args.peer_python} missing; see the docstring)")
     for k, v in ratios.items():
         print(f"{k}: {v:.2f}x")
+    if args.scaling and "tarshards -p1" in ours:
+        for label in ("tarshards -p1", "tarshards -p2"):
+            if best.get(label, {}).get("phases"):
+                print_phases(label, best[label]["phases"])
+        sizes = best["tarshards -p1"]["output_files"]
+        disk = {
+            w: min(disk_write(os.path.join(work, "dd"), sizes, w) for _ in range(3)) for w in (1, 2)
+        }
+        total = sum(sizes)
+        print(
+            f"disk: the {len(sizes)} shards' {total / 1e6:.0f} MB written (1 MB writes) and "
+            f"fsynced, best of 3: one writer {disk[1]:.3f} s ({total / disk[1] / 1e9:.2f} GB/s), "
+            f"two at once {disk[2]:.3f} s ({total / disk[2] / 1e9:.2f} GB/s)"
+        )
+        for label, w in (("tarshards -p1", 1), ("tarshards -p2", 2)):
+            if label in ours:
+                share = disk[w] / ours[label]
+                print(f"{label}: {ours[label]:.3f} s, the disk alone {disk[w]:.3f} s ({share:.0%})")
+        ratios["disk"] = disk
+    if args.scaling:
+        print(f"load average: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

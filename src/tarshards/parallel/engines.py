@@ -28,7 +28,7 @@ from typing import Callable, Protocol, runtime_checkable
 
 from ..errors import MissingDependencyError
 from ..on_error import describe
-from .pool import ProcessPool, default_workers, dumps
+from .pool import ProcessPool, default_workers, payload_for
 from .reports import FAILED, ShardReport
 
 __all__ = ["ENGINES", "DaskEngine", "Engine", "ProcessEngine", "RayEngine", "make_engine"]
@@ -118,7 +118,7 @@ class ProcessEngine:
         prepare = getattr(job, "prepare", None)
         if callable(prepare):
             prepare()
-        payload = dumps(_Attempt(job))
+        payload = payload_for(_Attempt(job), self.mp_context)  # forked workers: not pickled
         pending = collections.deque(todo)
         attempts: collections.Counter = collections.Counter()
 

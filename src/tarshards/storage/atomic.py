@@ -213,6 +213,27 @@ def temporary_directory(dest) -> str | None:
     return tempfile.gettempdir()
 
 
+_SYNC_WRITE = 2  # SYNC_FILE_RANGE_WRITE: start writeback of the range's dirty pages, no waiting
+_SYNC_FILE_RANGE: list = []  # [the libc function, or None], looked up once
+
+
+def _sync_file_range():
+    """libc's ``sync_file_range`` (Linux), or None (other systems, or no ctypes)."""
+    if not _SYNC_FILE_RANGE:
+        fn = None
+        if sys.platform.startswith("linux"):
+            try:
+                import ctypes
+
+                fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+                fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+                fn.restype = ctypes.c_int
+            except (ImportError, OSError, AttributeError):
+                fn = None
+        _SYNC_FILE_RANGE.append(fn)
+    return _SYNC_FILE_RANGE[0]
+
+
 def _fsync_directory(directory: str) -> None:
     """Make a rename in ``directory`` durable (where the platform allows opening directories)."""
     try:
@@ -259,6 +280,7 @@ class AtomicOutput:
         self._owned = False
         self._pipe = None
         self._behind = None  # the write_behind() under way
+        self._written_out = 0  # bytes start_writeback() handed to the kernel's writeback
         self.done = False
         if hasattr(dest, "write"):
             self.stream = dest
@@ -288,12 +310,36 @@ class AtomicOutput:
                 remove_stale_temporaries(d)
             self._tmp, self.stream = _create_temporary(d, base, buffering)
             self._owned = True
+            # looked up once per process (2-4 ms, ctypes), here: a process that forks workers
+            # after writing a file (a conversion's plan) hands them the lookup made
+            _sync_file_range()
 
     @property
     def temporary_path(self) -> str | None:
         """The local file being written until :meth:`commit` (also for an upload), else None
         (stdout, a pipe, a file object; and once committed or aborted)."""
         return self._tmp
+
+    @property
+    def can_write_back(self) -> bool:
+        """Whether :meth:`start_writeback` does anything here (a temporary file, on Linux)."""
+        return self._owned and self._tmp is not None and _sync_file_range() is not None
+
+    def start_writeback(self) -> None:
+        """Have the kernel start writing what was written so far to the disk, without waiting
+        (Linux's ``sync_file_range(SYNC_FILE_RANGE_WRITE)``), so that the disk works while the
+        writer goes on and :meth:`commit`'s fsync waits only for the last part (measured on
+        this host, 115 MB in 1 MB writes: fsync 40-50 ms after the writes, 6-12 ms with this
+        every 8 MB). Nothing where the output is not a temporary file or the call is missing."""
+        if not self.can_write_back or self._behind is not None:
+            return
+        self.stream.flush()
+        fd = self.stream.fileno()
+        end = os.lseek(fd, 0, os.SEEK_CUR)
+        if end > self._written_out:
+            sync = _sync_file_range()
+            sync(fd, self._written_out, end - self._written_out, _SYNC_WRITE)
+            self._written_out = end
 
     def write_behind(self, parts) -> None:
         """Write the buffers ``parts`` (the whole output) on a thread of its own where the output

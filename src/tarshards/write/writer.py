@@ -47,6 +47,11 @@ except ImportError:  # pragma: no cover - built by default
     _CRecorder = _c_sample_members = None
 
 
+# bytes written between two requests to the kernel to start writing the shard to the disk
+WRITEBACK_EVERY = 8 << 20
+_NEVER = float("inf")
+
+
 def sample_members(sample: dict, encoder: bool = True) -> list[tuple[str, bytes]]:
     """The ``(member name, bytes)`` list a sample dict becomes, sorted by extension."""
     if _c_sample_members is not None:  # the usual samples in one C call (None: decided here)
@@ -194,6 +199,9 @@ class TarWriter:
             raise
         self.count = 0
         self.closed = False
+        # every WRITEBACK_EVERY bytes the kernel is asked to start writing the file out (see
+        # AtomicOutput.start_writeback): the fsync at commit then finds little left to write
+        self._writeback_at = WRITEBACK_EVERY if self._out.can_write_back else _NEVER
 
     @property
     def size(self) -> int:
@@ -232,6 +240,9 @@ class TarWriter:
             if key is None or not rec.fast.record(members, key):
                 rec.before_sample(members, key)
         self.count += 1
+        if self._tar.bytes_written >= self._writeback_at:
+            self._writeback_at = self._tar.bytes_written + WRITEBACK_EVERY
+            self._out.start_writeback()
         return n
 
     def close(self) -> None:
