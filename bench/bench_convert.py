@@ -142,7 +142,7 @@ def _phase_timers(folder: str) -> None:
 
     from tarshards.convert import shards, sources
     from tarshards.parallel import pool
-    from tarshards.writer import TarWriter
+    from tarshards.write.writer import TarWriter
 
     acc: dict = collections.defaultdict(lambda: [0.0, 0.0])
 

@@ -14,7 +14,7 @@ import pytest
 from test_convert_sources import make_imagefolder, read_back
 
 import tarshards
-import tarshards.writer
+import tarshards.write.writer
 from tarshards.convert.sources import FolderSource
 from tarshards.parallel.pool import Inherited, ProcessPool, payload_for
 from tarshards.storage import AtomicOutput
@@ -39,7 +39,7 @@ def _tree(root) -> dict:
 
 def test_same_bytes_with_one_worker_and_two(tmp_path, monkeypatch):
     # writeback requested every 4 kB instead of every 8 MB: the path runs on a small shard
-    monkeypatch.setattr(tarshards.writer, "WRITEBACK_EVERY", 4096)
+    monkeypatch.setattr(tarshards.write.writer, "WRITEBACK_EVERY", 4096)
     expected = _tree(tmp_path / "train")
     one = tarshards.convert(tmp_path / "train", tmp_path / "one", maxcount=5, workers=1)
     two = tarshards.convert(tmp_path / "train", tmp_path / "two", maxcount=5, workers=2)
