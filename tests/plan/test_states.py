@@ -92,3 +92,25 @@ def test_one_iterator_for_both_paths(tmp_path, planned):
         assert (nxt["epoch"], nxt["finished"]) == (0, True)
     else:
         assert (nxt["epoch"], nxt["position"]) == (1, 0)
+
+
+def test_a_chain_of_stateful_stages_hands_out_the_same_iterator():
+    from tarshards.pipeline.iteration import ChainState, PipelineIterator
+    from tarshards.pipeline.stateful import Batch, Chain, ListSource, Shuffle
+
+    make = lambda: Chain(ListSource(range(20)), Shuffle(4, seed=1), Batch(3, list))  # noqa: E731
+    chain = make()
+    it = iter(chain)
+    assert isinstance(it, PipelineIterator)
+    head = [next(it) for _ in range(2)]
+    state = it.state()
+    assert isinstance(state, ChainState) and not state.fresh
+    with pytest.raises(TypeError):
+        state.stages["upstream"] = {}  # type: ignore[index]  # read-only
+    assert chain.state_dict() == state.to_dict()
+    rest = list(it)
+    assert it.finished and chain.state_dict() == {"fresh": True}
+    again = make()
+    again.load_state_dict(state.to_dict())
+    assert list(again) == rest
+    assert sorted(x for b in head + rest for x in b) == list(range(20))

@@ -16,18 +16,24 @@ Two kinds, one protocol:
 * ``PlannedIterator`` (:mod:`tarshards.plan.planned`): an epoch plan over virtual readers. Its
   position is a global step of the plan, found again by arithmetic (no replay), on any world
   size.
+
+A chain of stateful stages over a positional source (:class:`tarshards.pipeline.stateful.Chain`)
+hands out the same kind of iterator (``ChainIterator``), whose :class:`ChainState` holds each
+stage's position with its upstream's.
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import Any, Iterator
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Iterator, Mapping
 
 from ..errors import ResumeError
 from ..plan.epoch import PlanState, StreamState
 from ..types import WorkerInfo
 
-__all__ = ["PipelineIterator", "StreamIterator"]
+__all__ = ["ChainState", "PipelineIterator", "StreamIterator"]
 
 
 class PipelineIterator:
@@ -44,7 +50,7 @@ class PipelineIterator:
     def __next__(self) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def state(self) -> PlanState | StreamState:  # pragma: no cover - abstract
+    def state(self) -> PlanState | StreamState | ChainState:  # pragma: no cover - abstract
         """Where this pass is, as a typed, frozen value."""
         raise NotImplementedError
 
@@ -114,3 +120,41 @@ class StreamIterator(PipelineIterator):
                 f"the saved state is at item {n} of epoch {self.epoch}, but this epoch has "
                 f"{got} items here (other data?)"
             )
+
+
+@dataclass(frozen=True)
+class ChainState:
+    """Where a chain of stateful stages is: ``fresh`` (before its first item, or after its
+    last: the next pass starts afresh), else ``stages``: the last stage's position holding its
+    upstream's (``"upstream"``), down to the source's, as each stage saves it (read-only).
+    :meth:`to_dict` is the saved form."""
+
+    fresh: bool = True
+    stages: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    def to_dict(self) -> dict:
+        return {"fresh": True} if self.fresh else _thaw(self.stages)
+
+    @classmethod
+    def from_dict(cls, state: Mapping[str, Any]) -> "ChainState":
+        if not isinstance(state, Mapping):
+            raise ResumeError(f"not a chain state: {state!r:.200}")
+        if state.get("fresh"):
+            return cls()
+        return cls(False, _freeze(state))
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: _freeze(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_thaw(v) for v in value]
+    return value

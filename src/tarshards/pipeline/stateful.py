@@ -15,9 +15,11 @@ from typing import Callable, Iterator
 
 from ..errors import ResumeError
 from ..plan.cursor import ShuffleCore
+from ..types import WorkerInfo
+from .iteration import ChainState, PipelineIterator
 from .stages import batched, unbatched
 
-__all__ = ["Batch", "Chain", "Limit", "ListSource", "Shuffle", "Unbatch"]
+__all__ = ["Batch", "Chain", "ChainIterator", "Limit", "ListSource", "Shuffle", "Unbatch"]
 
 _END = object()
 
@@ -75,21 +77,23 @@ def _state_of(upstream):
 
 class Chain:
     """A positional source followed by stateful stages, as one stateful iterable: each
-    ``iter()`` is one pass (epoch); ``state_dict()``/``load_state_dict()`` save and restore the
-    whole chain (each stage's state holds its upstream's, which the chain hands down)."""
+    ``iter()`` is one pass (epoch), a :class:`ChainIterator` (the one iterator protocol of
+    :mod:`tarshards.pipeline.iteration`); ``state_dict()``/``load_state_dict()`` save and
+    restore the whole chain (each stage's state holds its upstream's, which the chain hands
+    down)."""
 
     def __init__(self, source, *stages):
         self.source = source
         self.stages = list(stages)
-        self._it = None
-        self._pending: dict | None = None
+        self._live: ChainIterator | None = None
+        self._pending: ChainState | None = None
 
-    def __iter__(self):
+    def __iter__(self) -> "ChainIterator":
         pending, self._pending = self._pending, None
-        if pending is None:
+        if pending is None or pending.fresh:
             self.source.seek(0)
         else:
-            state: dict | None = pending
+            state: dict | None = pending.to_dict()
             for st in reversed(self.stages):
                 if state is None:
                     raise ResumeError("the saved chain state is incomplete")
@@ -103,21 +107,43 @@ class Chain:
         it = self.source
         for st in self.stages:
             it = st(it)
-        self._it = it
-        self._finished = False
-        return self._run(iter(it))
-
-    def _run(self, it):
-        yield from it
-        self._finished = True  # after the pass: the next one starts afresh
+        self._live = ChainIterator(it)
+        return self._live
 
     def state_dict(self) -> dict:
-        if self._it is None or self._finished:
-            return {"fresh": True}
-        return _state_of(self._it) or {}
+        if self._live is None:
+            return (self._pending or ChainState()).to_dict()
+        return self._live.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        self._pending = None if state.get("fresh") else dict(state)
+        self._live = None
+        self._pending = ChainState.from_dict(state)
+
+
+class ChainIterator(PipelineIterator):
+    """One pass of a :class:`Chain`: its items, and its position as a :class:`ChainState` (the
+    last stage's state, which holds its upstream's)."""
+
+    __slots__ = ("_it", "_top", "epoch", "finished", "info")
+
+    def __init__(self, top):
+        self._top = top  # the last stage's iterator (its state_dict: the chain's position)
+        self._it = iter(top)
+        self.epoch = 0  # a chain counts no epochs: each iter() is a pass of its source
+        self.info = WorkerInfo()
+        self.finished = False
+
+    def __next__(self):
+        try:
+            return next(self._it)
+        except StopIteration:
+            self.finished = True  # after the pass: the next one starts afresh
+            raise
+
+    def state(self) -> ChainState:
+        if self.finished:
+            return ChainState()
+        return ChainState.from_dict(_state_of(self._top) or {})
 
 
 class Shuffle:
