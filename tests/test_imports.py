@@ -392,37 +392,17 @@ def test_cycle_finder():
 # test_no_new_private_access; one that is gone fails test_private_access_list_is_current: delete
 # its line then).
 
-_BACK_CHANNEL = "issue 36 item 1: to remove"
-_SHARED_NAME = "issue 36: to remove (a private name shared across modules: make it public)"
 _SAME_CLASS = "an object of this module's own class (a copy being built): allowed"
 _THIRD_PARTY = "a third-party object's private attribute (PIL, s3fs), not a tarshards name"
 
 # (module less "tarshards.", private name): why it is still here
 PRIVATE_ACCESS: dict[tuple[str, str], str] = {
-    ("benchmark", "_nsamples"): _BACK_CHANNEL,
-    ("benchmark", "_stages"): _BACK_CHANNEL,
-    ("cli.bench", "_EXTRA_MODES"): _SHARED_NAME,
-    ("compat.compat", "_samples"): _BACK_CHANNEL,
-    ("compat.pipeline", "_pipeline_source"): _BACK_CHANNEL,
     ("compat.pipeline", "_stages"): _SAME_CLASS,
     ("pipeline.composition", "_append"): _SAME_CLASS,
     ("pipeline.composition", "_stages"): _SAME_CLASS,
     ("codecs.images", "_mode"): _THIRD_PARTY,
     ("codecs.images", "_size"): _THIRD_PARTY,
-    ("read.indexed", "_checksum_ok"): _SHARED_NAME,
-    ("read.indexed", "_number"): _SHARED_NAME,
-    ("read.indexed", "_octal"): _SHARED_NAME,
-    ("read.indexed", "_size_number"): _SHARED_NAME,
-    ("plan.mixing", "_Stage"): _SHARED_NAME,
-    ("plan.mixing", "_bind"): _SHARED_NAME,
-    ("plan.mixing", "_explicit_rank"): _SHARED_NAME,
-    ("plan.mixing", "_plan_config"): _BACK_CHANNEL,
-    ("plan.mixing", "_stages"): _BACK_CHANNEL,
-    ("pipeline.dataset", "_SingleProgram"): _SHARED_NAME,
-    ("plan.planned", "_read_from"): _BACK_CHANNEL,
     ("storage.s3", "_call_s3"): _THIRD_PARTY,
-    ("torch.adapter", "_explicit_rank"): _BACK_CHANNEL,
-    ("write.writer", "_MEMBER_DTYPE"): _SHARED_NAME,
 }
 
 

@@ -18,7 +18,6 @@ The result is a plain dict (``json.dumps``-able); :func:`format_report` prints i
 
 from __future__ import annotations
 
-import copy
 import importlib
 import importlib.util
 import itertools
@@ -166,16 +165,14 @@ def _stage_name(stage) -> str:
 
 def _prefixes(ds) -> list[tuple[str, Any, bool]]:
     """``(name, pipeline cut after that stage, yields batches)`` for each stage of ``ds``."""
-    stages = getattr(ds, "_stages", None)
-    if not isinstance(ds, DataPipeline) or stages is None:
+    if not isinstance(ds, DataPipeline):
         return [("pipeline", ds, False)]
+    stages = ds.stage_list
     out = []
     batched = False
     for k in range(len(stages) + 1):
-        cut = copy.copy(ds)
-        cut._stages = list(stages[:k])
-        if getattr(cut, "_nsamples", None) is not None:
-            cut._nsamples = None  # with_epoch: max_samples bounds the measurement instead
+        # with_epoch's length dropped: max_samples bounds the measurement instead
+        cut = ds.prefix(k, unbounded=True)
         if k:
             name = _stage_name(stages[k - 1])
             batched = batched or name == "batched"

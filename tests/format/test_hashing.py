@@ -205,7 +205,7 @@ def _recorder(checksum):
 def _rows(rec):
     import numpy as np
 
-    return np.frombuffer(rec.members, index_mod._MEMBER_DTYPE)
+    return np.frombuffer(rec.members, index_mod.MEMBER_DTYPE)
 
 
 def test_recorder_rows_are_where_the_writer_puts_the_members():

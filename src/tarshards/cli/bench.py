@@ -14,7 +14,7 @@ from typing import Any, Callable
 import click
 
 from ..benchmark import bench_pipeline, dataset_from_options, format_report, plot_report
-from ..codecs.images import _EXTRA_MODES, IMAGE_MODES
+from ..codecs.images import EXTRA_MODES, IMAGE_MODES
 from ._common import CONTEXT_SETTINGS, handle_errors, print_err
 
 __all__ = ["bench_cmd"]
@@ -148,7 +148,7 @@ def bench_cmd(
     GET (remote), samples/s after each stage (read, decode, transforms, batching) and through
     a DataLoader, time to the first sample and batch, peak memory, and what bounds it."""
     for mode in decode:
-        if mode not in IMAGE_MODES and mode not in _EXTRA_MODES:
+        if mode not in IMAGE_MODES and mode not in EXTRA_MODES:
             raise click.BadParameter(
                 f"unknown decoding mode {mode!r}; choose one of {', '.join(sorted(IMAGE_MODES))}",
                 param_hint="--decode",

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Iterator
 from ..errors import DecodeError, MissingFieldError
 from ..format.names import field_options, missing_field
 from ..on_error import OnError, error_policy, sample_context
-from .images import _EXTRA_MODES, IMAGE_MODES, image_decoder, jpeg_into
+from .images import EXTRA_MODES, IMAGE_MODES, image_decoder, jpeg_into
 from .registry import field_decoder
 
 __all__ = ["decode", "handle_extension"]
@@ -53,7 +53,7 @@ def _decoders(handlers, only, size, allow_unsafe: bool, rng, sample_seed=None):
     custom = []
     for h in handlers:
         if isinstance(h, str):
-            if h not in IMAGE_MODES and h not in _EXTRA_MODES:
+            if h not in IMAGE_MODES and h not in EXTRA_MODES:
                 raise ValueError(
                     f"unknown decoding mode {h!r}; choose one of "
                     f"{', '.join(sorted(IMAGE_MODES))} or pass a function"

@@ -130,12 +130,12 @@ IMAGE_MODES: dict[str, tuple[str | None, str]] = {
     "torch": ("RGB", "torch-float"),
 }
 
-_EXTRA_MODES: dict[str, Callable[[bytes, str], Any]] = {}
+EXTRA_MODES: dict[str, Callable[[bytes, str], Any]] = {}
 
 
 def register_image_mode(name: str, fn: Callable[[bytes, str], Any]) -> None:
     """Add an image decoding mode: ``fn(data, ext) -> value``."""
-    _EXTRA_MODES[name] = fn
+    EXTRA_MODES[name] = fn
 
 
 @dataclass(frozen=True)
@@ -610,8 +610,8 @@ def _pil_open(data: bytes, ext: str, pil_mode: str | None, size, memo: _HeaderMe
 
 def image_decoder(mode: str, size=None) -> Callable[[bytes, str], Any]:
     """A function ``(data, ext) -> image`` for a decoding mode (see :data:`IMAGE_MODES`)."""
-    if mode in _EXTRA_MODES:
-        return _EXTRA_MODES[mode]
+    if mode in EXTRA_MODES:
+        return EXTRA_MODES[mode]
     if mode not in IMAGE_MODES:
         raise ValueError(
             f"unknown image decoding mode {mode!r}; choose one of {', '.join(sorted(IMAGE_MODES))}"

@@ -106,9 +106,9 @@ class WebDataset(_CompatMixin, FluidInterface, TSWebDataset):
         if repeat:
             self.repeat()
 
-    def _samples(self, ctx: dict):
+    def read_samples(self, ctx: dict):
         if self.select_files is None and self.rename_files is None:
-            samples = TSWebDataset._samples(self, ctx)
+            samples = TSWebDataset.read_samples(self, ctx)
         else:
             urls = ({"url": u} for u in self.shard_list(ctx))
             samples = tarfile_samples(

@@ -241,8 +241,8 @@ class _Source:
         src = self.stage
         if src is None:
             raise ValueError("this DataPipeline has no stages")
-        if hasattr(src, "_pipeline_source"):
-            return src._pipeline_source(ctx)
+        if hasattr(src, "pipeline_source"):
+            return src.pipeline_source(ctx)
         if isinstance(src, PipelineStage):
             return iter(src.run())
         if isinstance(src, Iterable) or hasattr(src, "__iter__"):

@@ -137,7 +137,7 @@ class ResampledShards(IterableDataset):
         self.epoch += 1
         return self._draw(self.epoch, self.worker_seed())
 
-    def _pipeline_source(self, ctx: dict) -> Iterator[dict]:
+    def pipeline_source(self, ctx: dict) -> Iterator[dict]:
         """Called by DataPipeline: the epoch is the pipeline's, the reader the one it runs in."""
         self.epoch = ctx["epoch"]
         if self.worker_seed is pytorch_worker_seed:

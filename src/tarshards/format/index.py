@@ -661,14 +661,14 @@ def _meta_columns(columns: Mapping[str, npt.ArrayLike], n: int) -> dict[str, np.
 
 
 def _member_dtype() -> np.dtype:
-    """The member records as a numpy structured dtype (``index._MEMBER_DTYPE``)."""
+    """The member records as a numpy structured dtype (``index.MEMBER_DTYPE``)."""
     return np.dtype([(name, "<u8" if name == "checksum" else "<i8") for name in _MEMBER_FIELDS])
 
 
 def __getattr__(
     name: str,
-) -> np.dtype:  # _MEMBER_DTYPE made on first use: numpy is not imported before
-    if name == "_MEMBER_DTYPE":
+) -> np.dtype:  # MEMBER_DTYPE made on first use: numpy is not imported before
+    if name == "MEMBER_DTYPE":
         return _member_dtype()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -691,7 +691,7 @@ class IndexBuilder:
     start of a gzip member / zstd frame for compressed shards.
 
     The records are packed as they come (``_samples``: tar offset, end and flags per sample;
-    ``_members``: six 64-bit values per member, see ``_MEMBER_DTYPE``), so the C scanner
+    ``_members``: six 64-bit values per member, see ``MEMBER_DTYPE``), so the C scanner
     (``_speedups.index_members``) appends to the same records as :meth:`add`, and
     :meth:`build` makes the index's arrays in bulk.
     """
@@ -715,7 +715,7 @@ class IndexBuilder:
         self._samples = bytearray()
         self._members = bytearray()
         # the records as arrays where they came in bulk (_add_grouped): (samples, members), the
-        # members a structured array of _MEMBER_DTYPE's fields; packed again before more come
+        # members a structured array of MEMBER_DTYPE's fields; packed again before more come
         self._grouped: tuple | None = None
         self._ext_codes: dict[str, int] = ext_codes if ext_codes is not None else {}
         self._frames_file: list[int] = []

@@ -155,6 +155,15 @@ class DataPipeline:
         """The stages as written (:class:`tarshards.pipeline.fusion.Stage`), in order."""
         return tuple(self._stages)
 
+    def prefix(self, k: int, *, unbounded: bool = False) -> "DataPipeline":
+        """A copy of this pipeline with its first ``k`` stages only (what ``tarshards bench``
+        times stage by stage); ``unbounded``: without a ``with_epoch`` length."""
+        new = copy.copy(self)
+        new._stages = list(self._stages[:k])
+        if unbounded:
+            new._nsamples = None
+        return new
+
     @property
     def plan_config(self) -> dict | None:
         """A planned pipeline's plan settings (``readers``, ``remainder``...; ``None``: no

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 from ..on_error import OnError
 from ..plan import packing as _packing
 from ..plan.epoch import PlanConfig, ShardTable, plan_for, scan_shards
-from ..plan.planned import PlannedProgram, _SingleProgram, feed_batches
+from ..plan.planned import PlannedProgram, SingleProgram, feed_batches
 from ..plan.shards import resampled_shards, shard_order, split_shards
 from ..read.reading import iter_samples, shard_samples
 from ..read.specs import check_local_shards, expand_urls
@@ -188,7 +188,7 @@ class WebDataset(DataPipeline):
             options, read=read_options, plan=plan_options, safety=safety_options
         )
         fields = read.fields  # only these fields: only the column groups holding them are read
-        super().__init__(self._samples, seed=seed, on_error=on_error, handler=handler)
+        super().__init__(self.read_samples, seed=seed, on_error=on_error, handler=handler)
         self._plan_config = None
         if plan.readers is not None:
             # remainder left out: "drop", with a warning for each epoch that drops samples
@@ -299,7 +299,7 @@ class WebDataset(DataPipeline):
     empty_check = _field("safety_options", "empty_check")
 
     def worker_info(self) -> WorkerInfo:
-        return _explicit_rank(super().worker_info(), self.rank, self.world_size)
+        return explicit_rank(super().worker_info(), self.rank, self.world_size)
 
     # ---- the epoch plan (readers=) ------------------------------------------------------------
     @property
@@ -347,7 +347,7 @@ class WebDataset(DataPipeline):
         stages = self._stages
         bufsize, initial, first = 0, None, 0
         if stages and stages[0].fn is _stages.shuffle:
-            args = _bind(stages[0])
+            args = bound_args(stages[0])
             if args.get("rng") is not None or args.get("seed") is not None:
                 raise ValueError(
                     "in a planned pipeline the shuffle is seeded from the plan; "
@@ -366,7 +366,7 @@ class WebDataset(DataPipeline):
                 ".batched(B) (and give the loader batch_size=None)"
             )
         bi = batch_at[0]
-        bargs = _bind(stages[bi])
+        bargs = bound_args(stages[bi])
         if self._nsamples is not None:
             raise ValueError(
                 "with_epoch() does not apply to a planned pipeline: the plan "
@@ -397,7 +397,7 @@ class WebDataset(DataPipeline):
     def epoch_program(self, epoch: int) -> "PlannedProgram":
         if _packing.unit_stage(self._stages) is not None:  # .pack() / .bucket(): units
             return _packing.UnitProgram(self, epoch)
-        return _SingleProgram(self, epoch)
+        return SingleProgram(self, epoch)
 
     def dropped_samples(self, epoch: int | None = None) -> int:
         """The samples a planned pipeline (``readers=V``) leaves out of ``epoch`` (default: the
@@ -534,7 +534,9 @@ class WebDataset(DataPipeline):
         check_local_shards(self.urls, self.spec)
         self._shards_exist = True
 
-    def _samples(self, ctx: dict) -> Iterator[dict]:
+    def read_samples(self, ctx: dict) -> Iterator[dict]:
+        """The samples of the epoch and place ``ctx`` names, before any stage: the pipeline's
+        source (its shards split or planned, read and grouped into samples)."""
         self._check_shards_exist()
         context = _epoch_context(ctx)
         shards: Any = self.shard_list(context)
@@ -785,7 +787,7 @@ def _is_remote(url: str) -> bool:
     return not (is_local(url) or url == "-" or url.startswith("pipe:"))
 
 
-def _explicit_rank(info: WorkerInfo, rank: int | None, world_size: int | None) -> WorkerInfo:
+def explicit_rank(info: WorkerInfo, rank: int | None, world_size: int | None) -> WorkerInfo:
     """``info`` with the rank and world size given to the dataset, where given."""
     if rank is None and world_size is None:
         return info
@@ -824,7 +826,7 @@ def _as_urls(items) -> list[str]:
     return out
 
 
-def _bind(stage: _Stage) -> dict:
+def bound_args(stage: _Stage) -> dict:
     """A stage's arguments by name, defaults filled in."""
     bound = inspect.signature(stage.fn).bind(None, *stage.args, **stage.kwargs)
     bound.apply_defaults()

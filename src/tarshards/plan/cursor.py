@@ -282,7 +282,7 @@ class ReaderStream:
                 core.buf[core.tail :] = [samples[p] for p in held]
             else:
                 core.buf[:] = [samples[p] for p in held]
-        run = core.run(self._read_from(core.consumed), prefetch=True)
+        run = core.run(self.read_from(core.consumed), prefetch=True)
         self._open.append(run)
         self._it = run
 
@@ -335,7 +335,7 @@ class ReaderStream:
         self._cur = []
 
     # ---- reading ---------------------------------------------------------------------------
-    def _read_from(self, position: int) -> Iterator[dict]:
+    def read_from(self, position: int) -> Iterator[dict]:
         """The segment's samples in list order from ``position`` on (closed by :meth:`close`)."""
         chunks = self.chunks(position)
         self._open.append(chunks)

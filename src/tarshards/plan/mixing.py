@@ -96,7 +96,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 from .._lazy import LazyModule
 from ..errors import ResumeError, TarshardsError
 from ..pipeline import stages as _stages
-from ..pipeline.dataset import DataPipeline, PlannedProgram, _bind, _explicit_rank
+from ..pipeline.dataset import DataPipeline, PlannedProgram, bound_args, explicit_rank
 from ..types import WorkerInfo
 from . import packing as _packing
 from .cursor import ReaderStream, ShuffleCore, reader_rng
@@ -110,8 +110,8 @@ except ImportError:  # pragma: no cover - without the extension
     _fill = None
 
 if TYPE_CHECKING:
-    from ..pipeline.composition import _Stage
     from ..pipeline.dataset import WebDataset
+    from ..pipeline.fusion import Stage
     from .planned import PlannedIterator
 
 __all__ = ["MixedDataset", "TokenDeficits", "batch_quotas", "mix"]
@@ -814,11 +814,11 @@ class MixedDataset(DataPipeline):
         for name, src in zip(self.names, self.sources):
             if not hasattr(src, "table") or not hasattr(src, "_stages"):
                 raise TypeError(f"source {name!r} is not a WebDataset")
-            if any(st.fn is _stages.batched for st in src._stages):
+            if any(st.fn is _stages.batched for st in src.stage_list):
                 raise ValueError(
                     f"source {name!r} batches; batch the mixture instead (mix(...).batched(B))"
                 )
-            if any(st.fn is _stages.shuffle for st in src._stages[1:]):
+            if any(st.fn is _stages.shuffle for st in src.stage_list[1:]):
                 raise ValueError(f"source {name!r}: put .shuffle(n) before its other stages")
         repeat = dict(repeat) if repeat is not None else {}
         if set(repeat) - set(self.names):
@@ -836,15 +836,15 @@ class MixedDataset(DataPipeline):
         PlanConfig(readers=readers)
 
     # ---- what the plan depends on ------------------------------------------------------------
-    def source_config(self, i: int) -> tuple[PlanConfig, list[_Stage]]:
+    def source_config(self, i: int) -> tuple[PlanConfig, list[Stage]]:
         src = self.sources[i]
-        stages = src._stages
+        stages = list(src.stage_list)
         bufsize, initial, rest = 0, None, stages
         if stages and stages[0].fn is _stages.shuffle:
-            args = _bind(stages[0])
+            args = bound_args(stages[0])
             bufsize, initial, rest = int(args["bufsize"]), args["initial"], stages[1:]
         elif self._stages and self._stages[0].fn is _stages.shuffle:  # the mixture's: each source's
-            args = _bind(self._stages[0])
+            args = bound_args(self._stages[0])
             if args.get("rng") is not None or args.get("seed") is not None:
                 raise ValueError(
                     "the mixture's shuffle is seeded from the plan: leave out rng=/seed="
@@ -862,7 +862,7 @@ class MixedDataset(DataPipeline):
         )
         return cfg, rest
 
-    def pack_parts(self) -> tuple[Any, list[_Stage], list[_Stage]] | None:
+    def pack_parts(self) -> tuple[Any, list[Stage], list[Stage]] | None:
         """(the pack's spec, the stages before ``.pack()``, those after it) of a mixture of
         packs (``mix(...).pack(max_tokens)``); ``None`` for a mixture of batches."""
         stages = self._stages
@@ -874,7 +874,7 @@ class MixedDataset(DataPipeline):
             raise ValueError("a mixture groups its samples with .batched(B) or .pack(max_tokens)")
         if any(other.fn is _stages.batched for other in stages[:i]):
             raise ValueError("a mixture is either batched or packed: .pack() with no .batched()")
-        args = _bind(st)
+        args = bound_args(st)
         cost = args["cost"]
         if cost != self.cost:
             raise ValueError(
@@ -892,7 +892,7 @@ class MixedDataset(DataPipeline):
         spec = _packing.PackSpec(float(args["max_tokens"]), cost, None, args["oversize"])
         return spec, list(stages[:i]), list(stages[i + 1 :])
 
-    def mix_parts(self) -> tuple[int, list[_Stage], _Stage, list[_Stage]]:
+    def mix_parts(self) -> tuple[int, list[Stage], Stage, list[Stage]]:
         stages = self._stages
         at = [i for i, st in enumerate(stages) if st.fn is _stages.batched]
         if not at:
@@ -901,7 +901,7 @@ class MixedDataset(DataPipeline):
         pre = stages[:bi]
         if pre and pre[0].fn is _stages.shuffle:  # each source's shuffle (source_config)
             pre = pre[1:]
-        return int(_bind(stages[bi])["batchsize"]), pre, stages[bi], stages[bi + 1 :]
+        return int(bound_args(stages[bi])["batchsize"]), pre, stages[bi], stages[bi + 1 :]
 
     def plan_identity(self) -> dict:
         packs = self.pack_parts()
@@ -1079,7 +1079,7 @@ class MixedDataset(DataPipeline):
         return _MixProgram(self, epoch)
 
     def worker_info(self) -> WorkerInfo:
-        return _explicit_rank(super().worker_info(), self.rank, self.world_size)
+        return explicit_rank(super().worker_info(), self.rank, self.world_size)
 
     def source_counts(self, epoch: int | None = None) -> dict[str, int]:
         """The samples each source gives in ``epoch`` (default: the next), all ranks and
@@ -1176,7 +1176,9 @@ class _MixProgram(PlannedProgram):
             raise ValueError("a source has fewer samples than readers")
         # what each source gives before it counts as run out (repeat=: passes of it)
         self.layout = ds._batch_layout(epoch, ds._budgets(lengths))
-        self.readers = ds._plan_config["readers"]
+        config = ds.plan_config
+        assert config is not None  # a planned mixture
+        self.readers = config["readers"]
         q = self.layout.q
         if q == 0:
             raise ValueError("the mixture's epoch has no full batch per reader")
@@ -1245,7 +1247,9 @@ class _MixPackProgram(PlannedProgram):
         if min(lengths) == 0:
             raise ValueError("a source has fewer samples than readers")
         self.layout = ds._pack_layout(epoch, lengths)
-        self.readers = ds._plan_config["readers"]
+        config = ds.plan_config
+        assert config is not None  # a planned mixture
+        self.readers = config["readers"]
         q = self.layout.q
         if q == 0:
             raise ValueError("the mixture's epoch has no full pack per reader")

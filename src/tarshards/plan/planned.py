@@ -99,7 +99,7 @@ def feed_batches(stream: ReaderStream, batches: list[int], size: int, bufsize: i
     return _Feed(stream, batches, size, bufsize).samples
 
 
-class _SingleProgram(PlannedProgram):
+class SingleProgram(PlannedProgram):
     def __init__(self, ds: Any, epoch: int):  # a WebDataset
         cfg, pre, bstage, post = ds.plan_parts()
         self.ds, self.cfg = ds, cfg
@@ -165,7 +165,7 @@ class _SingleProgram(PlannedProgram):
 
         def raw():
             try:
-                for sample in itertools.islice(stream._read_from(0), B):
+                for sample in itertools.islice(stream.read_from(0), B):
                     sample["__pad__"] = True
                     yield sample
             finally:

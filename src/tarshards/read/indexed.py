@@ -41,7 +41,7 @@ from ..storage.ranges import (
     unpacked_ranges,
 )
 from ..tario import BLOCK, decompressed_chunks, iter_tar
-from ..tario.headers import _checksum_ok, _number, _octal, _size_number
+from ..tario.headers import checksum_ok, parse_number, parse_octal, size_number
 
 __all__ = ["IndexedDataset"]
 
@@ -552,9 +552,9 @@ def _check_header(data: bytes, at: int, size: int | None, url, offset: int) -> N
         ok = False
     else:
         try:  # our writer's (and most) headers: six octal digits; else the exact check
-            ok = sum(hdr) - sum(hdr[148:156]) + 256 == _octal(hdr[148:154]) or _checksum_ok(hdr)
+            ok = sum(hdr) - sum(hdr[148:156]) + 256 == parse_octal(hdr[148:154]) or checksum_ok(hdr)
         except ValueError:
-            ok = _checksum_ok(hdr)
+            ok = checksum_ok(hdr)
     if not ok:
         raise IntegrityError(
             "no valid tar header where the index puts this sample (is the "
@@ -564,10 +564,10 @@ def _check_header(data: bytes, at: int, size: int | None, url, offset: int) -> N
         )
     if hdr[156] in (0x30, 0) and size is not None:
         try:
-            stored = _size_number(hdr)
+            stored = size_number(hdr)
         except ValueError:  # the reader's fallback: any octal field, spaces and NULs around
             try:
-                stored = _number(hdr[124:136])
+                stored = parse_number(hdr[124:136])
             except ValueError:
                 stored = -1
         if stored != size:

@@ -53,7 +53,7 @@ def _nts(field: bytes) -> bytes:
 _OCTAL_DIGITS = frozenset(b"01234567")
 
 
-def _octal(digits: bytes) -> int:
+def parse_octal(digits: bytes) -> int:
     """The value of octal ``digits``; ValueError unless they are octal digits and nothing else
     (``int(x, 8)`` alone also takes ``1_000``, ``+7``, ``-7`` and ``0o7``, which GNU tar
     rejects as not numeric)."""
@@ -62,7 +62,7 @@ def _octal(digits: bytes) -> int:
     return int(digits, 8)
 
 
-def _number(field: bytes) -> int:
+def parse_number(field: bytes) -> int:
     """An octal number field (spaces and NULs around the digits), or GNU base-256 when the high
     bit is set."""
     if field[0] & 0x80:
@@ -71,23 +71,23 @@ def _number(field: bytes) -> int:
             value -= 1 << (8 * len(field) - 1)
         return value
     field = _nts(field).strip(b" \0")
-    return _octal(field) if field else 0
+    return parse_octal(field) if field else 0
 
 
-def _size_number(hdr: bytes) -> int:
+def size_number(hdr: bytes) -> int:
     """A header's size field: eleven octal digits and a NUL read directly, anything else by
-    :func:`_number`; ValueError when it is not a number."""
-    return _octal(hdr[124:135].lstrip(b" ")) if hdr[135] == 0 else _number(hdr[124:136])
+    :func:`parse_number`; ValueError when it is not a number."""
+    return parse_octal(hdr[124:135].lstrip(b" ")) if hdr[135] == 0 else parse_number(hdr[124:136])
 
 
-def _checksum_ok(hdr: bytes) -> bool:
+def checksum_ok(hdr: bytes) -> bool:
     """Verify a header checksum exactly: the unsigned byte sum (with the checksum field counted
     as spaces), or the signed sum that some old writers stored (tarfile accepts both)."""
     stored = _nts(hdr[148:156]).strip(b" \0")
     if not stored:
         return False
     try:
-        want = _octal(stored)
+        want = parse_octal(stored)
     except ValueError:
         return False
     unsigned = sum(hdr) - sum(hdr[148:156]) + 256
@@ -101,7 +101,7 @@ def _checksum_ok(hdr: bytes) -> bool:
 
 # The general path checks header checksums at C speed: the low half of Adler-32 is
 # ``1 + sum(bytes) mod 65521``, and the byte sum of a half block (256 bytes) is below 65521, so the
-# two halves give the exact unsigned sum. A mismatch is decided by :func:`_checksum_ok`.
+# two halves give the exact unsigned sum. A mismatch is decided by :func:`checksum_ok`.
 def _header_sum(hdr: bytes) -> int:
     """The unsigned checksum of a header block (the checksum field counted as spaces)."""
     return (adler32(hdr[:256]) & 0xFFFF) + (adler32(hdr[256:]) & 0xFFFF) + 254 - sum(hdr[148:156])
@@ -111,7 +111,11 @@ def _chk_value(hdr: bytes) -> int:
     """The stored checksum (an impossible value when the field is not plain octal)."""
     chk = hdr[148:156]
     try:
-        return _octal(chk[:6].strip(b" ")) if chk[6] in (0, 32) else _octal(chk.strip(b" \0"))
+        return (
+            parse_octal(chk[:6].strip(b" "))
+            if chk[6] in (0, 32)
+            else parse_octal(chk.strip(b" \0"))
+        )
     except ValueError:
         return -1
 
@@ -134,7 +138,7 @@ def _first_bad_header(headers: list) -> int:
     if ok.all():
         return -1
     for i in np.flatnonzero(~ok):  # unusual formatting of the field: decide exactly
-        if not _checksum_ok(headers[i]):
+        if not checksum_ok(headers[i]):
             return int(i)
     return -1
 
@@ -224,7 +228,7 @@ def _bad_header(hdr: bytes, source, offset: int, origin: int = 0) -> ShardFormat
 
 def _size_field(hdr: bytes, source, offset) -> int:
     try:
-        size = _number(hdr[124:136])
+        size = parse_number(hdr[124:136])
         if size >= 0:
             return size
     except ValueError:

@@ -36,19 +36,19 @@ from .headers import (
     BLOCK,
     CHUNK_SIZE,
     _bad_header,
-    _checksum_ok,
     _chk_value,
     _first_bad_header,
     _header_sum,
     _member_name,
     _merge_pax,
     _nts,
-    _octal,
     _parse_pax,
     _pax_size,
     _pending_name,
     _size_field,
-    _size_number,
+    checksum_ok,
+    parse_octal,
+    size_number,
 )
 from .sparse import _old_gnu_sparse_map, _pax_unsparse, _unsparse
 
@@ -228,7 +228,7 @@ def _batches(
                     if hdr[156] != 0x30 or hdr[135] or hdr[345]:
                         break  # not a plain regular member with a canonical size field
                     try:
-                        size = _octal(hdr[124:135].lstrip(b" "))
+                        size = parse_octal(hdr[124:135].lstrip(b" "))
                     except ValueError:
                         break
                     if size < 0 or end - pos - BLOCK < size:
@@ -282,10 +282,10 @@ def _batches(
             end = b.end
             base = b.base
             continue
-        if verify and _header_sum(hdr) != _chk_value(hdr) and not _checksum_ok(hdr):
+        if verify and _header_sum(hdr) != _chk_value(hdr) and not checksum_ok(hdr):
             raise _bad_header(hdr, source, base + pos, b.origin)
         try:
-            size = _size_number(hdr)
+            size = size_number(hdr)
         except ValueError:
             size = _size_field(hdr, source, base + pos)
         if size < 0:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..errors import HeaderError
 from .buffer import _Buffer, _read_data
-from .headers import _MAX_SPARSE, BLOCK, _decimal, _number
+from .headers import _MAX_SPARSE, BLOCK, _decimal, parse_number
 
 
 def _sparse_entries(block: bytes, first: int, count: int, source, name, start) -> list:
@@ -16,8 +16,8 @@ def _sparse_entries(block: bytes, first: int, count: int, source, name, start) -
     for i in range(count):
         at = first + 24 * i
         try:
-            offset = _number(block[at : at + 12])
-            numbytes = _number(block[at + 12 : at + 24])
+            offset = parse_number(block[at : at + 12])
+            numbytes = parse_number(block[at + 12 : at + 24])
         except ValueError:
             raise HeaderError(
                 "bad GNU sparse map entry", url=source, member=name, offset=start
@@ -31,7 +31,7 @@ def _old_gnu_sparse_map(hdr: bytes, b: _Buffer, source, name, start):
     extension block that follows it (``b.pos`` moves past those)."""
     chunks = _sparse_entries(hdr, 386, 4, source, name, start)
     try:
-        realsize = _number(hdr[483:495])
+        realsize = parse_number(hdr[483:495])
     except ValueError:
         raise HeaderError(
             "bad GNU sparse real size", url=source, member=name, offset=start

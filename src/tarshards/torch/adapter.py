@@ -207,7 +207,7 @@ class _TorchMixin(_MixinBase):
             rank, world = self._parent_rank or discover_rank()
             worker, num_workers = info.id, info.num_workers
         place = WorkerInfo(rank, world, worker, num_workers)
-        return _pipeline._explicit_rank(
+        return _pipeline.explicit_rank(
             place, getattr(self, "rank", None), getattr(self, "world_size", None)
         )
 

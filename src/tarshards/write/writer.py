@@ -477,9 +477,9 @@ class _Recorder:
         general path's lists."""
         import numpy as np
 
-        from ..format.index import _MEMBER_DTYPE
+        from ..format.index import MEMBER_DTYPE
 
-        rows = np.frombuffer(fast.members, _MEMBER_DTYPE)
+        rows = np.frombuffer(fast.members, MEMBER_DTYPE)
         self._fast = self.fast = None
         exts = list(self._codes)
         keys = self.keys or []
