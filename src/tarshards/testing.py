@@ -15,6 +15,8 @@ import pickle
 import random
 from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
+from .types import Stateful
+
 __all__ = [
     "batch_digest",
     "check_resume",
@@ -24,8 +26,9 @@ __all__ = [
 ]
 
 
-class Resumable(Protocol):
-    """What :func:`check_resume` drives: iterated once per epoch, with a state to save and load."""
+class Resumable(Stateful, Protocol):
+    """What :func:`check_resume` drives: iterated once per epoch, with a state to save and load
+    (:class:`tarshards.types.Stateful`, the one saveable-state protocol)."""
 
     def __iter__(self) -> Iterator[Any]: ...
 

@@ -62,7 +62,7 @@ from ..plan.ledger import LedgerWriter
 from ..read import indexed as _indexed
 from ..stats import Counters, LoaderStats, OnStall, clock, gathered, start_watchdog, timed_items
 from ..storage import is_local
-from ..types import WorkerInfo
+from ..types import Stateful, WorkerInfo
 from .transport import Group, Packer, Unpacker, new_token, remove_orphans
 
 __all__ = [
@@ -771,7 +771,7 @@ class WebLoader(DataLoader):
             state["dataset"] = ds.plan_state(
                 epoch, origin + step * world, origin=origin, world_size=world, finished=finished
             )
-        elif hasattr(ds, "state_dict"):
+        elif isinstance(ds, Stateful):  # a resumable dataset: its epoch, from the start
             state["dataset"] = {
                 "format": STATE_FORMAT,
                 "kind": "stream",
