@@ -37,6 +37,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import itertools
+import operator
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -49,6 +50,11 @@ from .planned import PlannedProgram
 from .source import ReaderStream
 
 np = LazyModule("numpy", globals(), "np")
+
+try:  # optional C loop of the packing rule (see _c/deficits.c); _plan_packs_py is the reference
+    from ._deficits import plan_packs as _c_plan
+except ImportError:  # pragma: no cover - without the extension
+    _c_plan = None
 
 __all__ = [
     "BucketSpec",
@@ -67,7 +73,7 @@ __all__ = [
 ]
 
 OVERSIZE = ("truncate", "drop", "raise")
-DEFAULT_WINDOW = 16  # packs' worth of cost in a window (with the carried tails: ~98 % fill)
+DEFAULT_WINDOW = 4  # packs open at once (long-tailed lengths: ~99.8 % fill; see pack())
 _READ_THROUGH = 32  # a gap of up to this many samples between wanted ones is read, not sought
 _RUN = 64  # the most samples taken from the stream at once
 
@@ -150,27 +156,77 @@ def _bucket_sizes(boundaries: Sequence[float], batch_size) -> tuple[tuple[float,
 # ---------------------------------------------------------------------------------------------
 
 
-def _best_fit(costs: Sequence[float], max_tokens: float) -> list[tuple[list[int], float]]:
-    """Best-fit decreasing over one window: the packs (indices into ``costs``, ascending, and
-    the room left), in the order they were opened. The same packs as
-    :func:`_best_fit_windows` gives."""
-    order = sorted(range(len(costs)), key=lambda i: (-costs[i], i))
-    free: list[tuple[float, int]] = []  # (room left, pack), sorted
-    packs: list[list[int]] = []
-    rooms: list[float] = []
-    for i in order:
-        c = costs[i]
-        j = bisect.bisect_left(free, (c, -1))
-        if j < len(free):
-            room, b = free.pop(j)
-        else:
-            room, b = max_tokens, len(packs)
-            packs.append([])
-            rooms.append(max_tokens)
-        packs[b].append(i)
-        rooms[b] = room - c
-        bisect.insort(free, (room - c, b))
-    return [(sorted(p), r) for p, r in zip(packs, rooms)]
+class _OpenPacks:
+    """The packing rule, one sample at a time: at most ``k`` packs open, each a slot.
+
+    A sample (cost ``c`` <= budget) goes into the open pack with the least room that still
+    fits it (ties: the lowest slot). Where none fits, a new pack opens in the lowest free slot;
+    with every slot taken, the fullest open pack (the least room; ties: the lowest slot) is
+    closed first, and the new one takes its slot. At the end the open packs close in the order
+    of their last sample. :func:`pack` and :func:`pack_units` (and its C loop) follow this in the
+    same float operations: ``room = budget; room -= c``."""
+
+    __slots__ = ("budget", "ids", "k", "next_id", "rooms")
+
+    def __init__(self, budget: float, k: int):
+        self.budget, self.k = float(budget), int(k)
+        self.rooms: list[float] = []  # room left in each slot's open pack
+        self.ids: list[int] = []  # each slot's pack (numbered as opened)
+        self.next_id = 0
+
+    def place(self, c: float) -> tuple[int, int]:
+        """(the slot the sample goes into, the pack closed to make room for it or -1)."""
+        rooms = self.rooms
+        best, least, closed = -1, 0.0, -1
+        for slot, room in enumerate(rooms):
+            if room >= c and (best < 0 or room < least):
+                best, least = slot, room
+        if best < 0:
+            if len(rooms) < self.k:
+                best = len(rooms)
+                rooms.append(0.0)
+                self.ids.append(-1)
+            else:
+                best = rooms.index(min(rooms))  # the fullest; ties: the lowest slot
+                closed = self.ids[best]
+            room = self.budget
+            rooms[best] = room
+            self.ids[best] = self.next_id
+            self.next_id += 1
+        rooms[best] -= c
+        return best, closed
+
+
+def _plan_packs_py(costs: list, budget: float, k: int) -> tuple[list, list]:
+    """:func:`_plan_packs` in Python (without the C loop): the same packs."""
+    packer = _OpenPacks(budget, k)
+    unit_of = [0] * len(costs)
+    key: list[int] = []  # each pack's order key
+    for i, c in enumerate(costs):
+        if c > budget:  # a pack of its own, out at once
+            unit_of[i] = packer.next_id
+            packer.next_id += 1
+            key.append(2 * i)
+            continue
+        slot, closed = packer.place(c)
+        if closed >= 0:
+            key[closed] = 2 * i
+        u = packer.ids[slot]
+        if u == len(key):
+            key.append(2 * len(costs) + 1)  # (open: out at the end, unless closed before)
+        unit_of[i] = u
+    return unit_of, key
+
+
+def _plan_packs(costs, budget: float, k: int):
+    """Each sample's pack (numbered as opened) and each pack's order key (``2 i``: out when
+    sample ``i`` arrives, closed to make room for it or a sample over the budget alone;
+    ``2 n + 1``: open at the end), for samples costing ``costs`` (float64) in stream order."""
+    if _c_plan is not None:
+        unit_of, key = _c_plan(costs, float(budget), int(k))
+        return np.frombuffer(unit_of, dtype=np.int64), np.frombuffer(key, dtype=np.int64)
+    u, key = _plan_packs_py(costs.tolist(), float(budget), int(k))
+    return np.asarray(u, dtype=np.int64), np.asarray(key, dtype=np.int64)
 
 
 def pack(
@@ -185,59 +241,28 @@ def pack(
 
     ``cost``: a metadata column of the manifest (planned pipelines, ``readers=V``: the packs are
     planned from the index, no data read), a field of the sample (its length, or its value if
-    a number), or a function of the sample. Samples are packed best-fit decreasing within
-    windows of ``window`` packs' worth of cost (default 16: about 98 % fill on long-tailed
-    lengths, 99.5 % with 64; a window's samples are held until its packs are out, as a
-    shuffle buffer holds its), a window's least-filled pack merged with the next one's. A
-    sample costing more than ``max_tokens``: a pack of its own (``oversize="truncate"``;
+    a number), or a function of the sample. The stream is packed best-fit with ``window``
+    packs open at once (default 4: about 99.8 % fill on long-tailed lengths, 99.6 % with 2):
+    each sample goes into the open pack it fills best; where none has room, the fullest open
+    pack goes out and a new one opens. Only the open packs' samples are held (the samples of
+    about ``window`` packs), and the packs hold nearby samples of the stream. A sample
+    costing more than ``max_tokens``: a pack of its own (``oversize="truncate"``;
     ``collate_packed(max_tokens=...)`` cuts it), left out with a warning that counts them
-    (``"drop"``), or a ``ValueError`` (``"raise"``). Deterministic: the same stream
-    gives the same packs (see :mod:`tarshards.packing`).
+    (``"drop"``), or a ``ValueError`` (``"raise"``). Deterministic: the same stream gives the
+    same packs (see :mod:`tarshards.packing`).
     """
     _check_budget(max_tokens, window, oversize)
     get = _getter(cost, "cost")
-    span = (DEFAULT_WINDOW if window is None else window) * float(max_tokens)
-    buf: list = []
-    costs: list[float] = []
-    where: list[int] = []  # each buffered sample's index in the stream
-    total = 0.0  # cost of the stream before the window (each sample at most max_tokens)
-    current = 0
+    budget = float(max_tokens)
+    packer = _OpenPacks(budget, DEFAULT_WINDOW if window is None else window)
+    held: list[list] = []  # each slot's samples
+    last: list[int] = []  # each slot's last sample (its index in the stream)
     dropped = 0
-    seen = 0
-    carry: list = []  # [(last index, samples, cost)]: a window's least-filled pack, waiting
-
-    def flush():
-        fit = [i for i, c in enumerate(costs) if c <= max_tokens]
-        out = [(where[i], [buf[i]], 0.0) for i, c in enumerate(costs) if c > max_tokens]
-        packs = []
-        for members, room in _best_fit([costs[i] for i in fit], max_tokens):
-            idx = [fit[i] for i in members]
-            packs.append((where[idx[-1]], [buf[i] for i in idx], max_tokens - room))
-        if packs:
-            t = min(range(len(packs)), key=lambda j: (packs[j][2], packs[j][0]))
-            tail = packs.pop(t)
-            if carry:
-                held = carry.pop()
-                if held[2] + tail[2] <= max_tokens:  # the two become one pack
-                    tail = (tail[0], held[1] + tail[1], held[2] + tail[2])
-                else:
-                    out.append(held)
-            if tail[2] < max_tokens / 2:
-                carry.append(tail)  # waits for the next window's least-filled pack
-            else:
-                packs.append(tail)
-        out += packs
-        out.sort(key=lambda p: p[0])
-        buf.clear()
-        costs.clear()
-        where.clear()
-        return [p[1] for p in out]
-
-    for sample in samples:
+    for i, sample in enumerate(samples):
         c = get(sample)
         if c != c or c < 0:
             raise ValueError(f"cost {c} of sample {_key(sample)!r} is not a non-negative number")
-        if c > max_tokens:
+        if c > budget:
             if oversize == "raise":
                 raise ValueError(
                     f"sample {_key(sample)!r} costs {c:g} > max_tokens={max_tokens:g} "
@@ -245,21 +270,20 @@ def pack(
                 )
             if oversize == "drop":
                 dropped += 1
-                seen += 1
                 continue
-        w = int(total // span)
-        if w != current and buf:
-            yield from flush()
-        current = w
-        buf.append(sample)
-        costs.append(c)
-        where.append(seen)
-        seen += 1
-        total += min(c, max_tokens)
-    if buf:
-        yield from flush()
-    if carry:
-        yield carry.pop()[1]
+            yield [sample]
+            continue
+        slot, closed = packer.place(c)
+        if slot == len(held):
+            held.append([])
+            last.append(i)
+        if closed >= 0:
+            out, held[slot] = held[slot], []
+            yield out
+        held[slot].append(sample)
+        last[slot] = i
+    for slot in sorted(range(len(held)), key=last.__getitem__):
+        yield held[slot]
     if dropped:
         warnings.warn(
             f".pack({max_tokens:g}) left out {dropped} sample(s) costing more than max_tokens "
@@ -397,61 +421,11 @@ def _ordered(unit_of, positions, costs=None, late=None) -> tuple:
     return pos[idx], new_off, unit_costs
 
 
-def _best_fit_windows(rect, lengths, max_tokens: float):
-    """Best-fit decreasing in every row of ``rect`` (costs, ``-1`` where no sample; rows longest
-    first, ``lengths`` their samples) at once: the pack of each cell (``-1`` where no sample),
-    the packs of each row and the room left in each.
-
-    One step a column: column ``i`` holds each row's ``i``-th largest sample, and every row
-    puts it in its open pack with the least room that fits it (a new pack where none does).
-    Rows longest first: the rows still packing are a prefix (slices, no copies).
-    """
-    nwin, width = rect.shape
-    order = np.argsort(-rect, axis=1, kind="stable")  # by cost, largest first; ties in order
-    cs = np.take_along_axis(rect, order, axis=1)
-    cap = 8
-    room = np.full((nwin, cap), -1.0)  # not yet open: fits nothing
-    nopen = np.zeros(nwin, dtype=np.int64)
-    assign = np.full((nwin, width), -1, dtype=np.int32)
-    k = 0
-    for i in range(width):
-        m = int(np.searchsorted(-lengths, -i, side="left"))  # rows whose length > i
-        if not m:
-            break
-        c = cs[:m, i]
-        if k:
-            sub = room[:m, :k]
-            cand = np.where(sub >= c[:, None], sub, np.inf)
-            b = cand.argmin(axis=1)
-            new = np.isinf(cand[np.arange(m), b])
-        else:
-            b = np.zeros(m, dtype=np.int64)
-            new = np.ones(m, dtype=bool)
-        if new.any():
-            fresh = np.flatnonzero(new)
-            b[fresh] = nopen[fresh]
-            nopen[fresh] += 1
-            top = int(nopen[:m].max())
-            if top > cap:
-                cap = max(top, 2 * cap)
-                grown = np.full((nwin, cap), -1.0)
-                grown[:, : room.shape[1]] = room
-                room = grown
-            room[fresh, b[fresh]] = max_tokens
-            k = max(k, top)
-        room[np.arange(m), b] -= c
-        assign[:m, i] = b
-    del cs
-    cells = np.empty_like(assign)
-    np.put_along_axis(cells, order, assign, axis=1)
-    return cells, nopen, room
-
-
 def pack_units(
     costs, max_tokens: float, *, window: int | None = None, oversize: str = "truncate"
 ) -> UnitPlan:
     """The packs of a stream of samples costing ``costs`` (epoch order), as :func:`pack`
-    makes them (the same packs), computed from the costs alone: every window at once."""
+    makes them (the same packs, in the same order), computed from the costs alone."""
     _check_budget(max_tokens, window, oversize)
     costs = np.asarray(costs, dtype=np.float64)
     if np.isnan(costs).any() or (costs < 0).any():
@@ -472,80 +446,12 @@ def pack_units(
         if oversize == "drop":
             left_out = int(over.sum())
     keep = np.flatnonzero(~over) if oversize == "drop" else np.arange(len(costs))
-    kc = costs[keep]
+    kc = np.ascontiguousarray(costs[keep])
+    k = DEFAULT_WINDOW if window is None else window
+    unit_of, key = _plan_packs(kc, float(max_tokens), k)
     clipped = np.minimum(kc, max_tokens)
-    span = (DEFAULT_WINDOW if window is None else window) * float(max_tokens)
-    before = np.concatenate(([0.0], np.cumsum(clipped)[:-1])) if len(kc) else kc
-    win = (before // span).astype(np.int64)
-    fit = kc <= max_tokens
-    unit_of = np.empty(len(kc), dtype=np.int64)
-    positions = keep.astype(np.int64)
-    nfit = int(fit.sum())
-    nunits = 0
-    if nfit:
-        fw = win[fit]  # ascending: windows follow the stream
-        first = np.concatenate(([True], fw[1:] != fw[:-1]))
-        wins, wrow = fw[first], np.cumsum(first) - 1
-        counts = np.bincount(wrow)
-        starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        col = np.arange(nfit) - starts[wrow]
-        by_len = np.argsort(-counts, kind="stable")  # the windows' rows, longest first
-        row_of = np.empty_like(by_len)
-        row_of[by_len] = np.arange(len(by_len))
-        srow = row_of[wrow]
-        rect = np.full((len(wins), int(counts.max())), -1.0)
-        rect[srow, col] = kc[fit]
-        cells, nopen, room = _best_fit_windows(rect, counts[by_len], float(max_tokens))
-        del rect
-        nopen, room = nopen[row_of], room[row_of]
-        base = np.concatenate(([0], np.cumsum(nopen)[:-1]))
-        unit_of[fit] = base[wrow] + cells[srow, col]
-        del cells
-        nunits = int(nopen.sum())
-    nown = int((~fit).sum())
-    unit_of[~fit] = nunits + np.arange(nown)
-    total_units = nunits + nown
-    rank = np.empty(total_units, dtype=np.int64)  # the window a unit goes out with
-    rank[nunits:] = win[~fit]
-    if nunits:
-        prow = np.repeat(np.arange(len(wins)), nopen)
-        pcost = max_tokens - room[prow, np.arange(nunits) - base[prow]]
-        rank[:nunits] = wins[prow]
-        order = np.lexsort((positions, unit_of))
-        ends = np.cumsum(np.bincount(unit_of, minlength=total_units))
-        lastpos = positions[order][ends - 1]
-        # each window's least-filled pack (ties: the one whose last sample comes first)
-        tails = np.lexsort((lastpos[:nunits], pcost, prow))[base].tolist()
-        group = _carried(
-            tails, pcost.tolist(), wins.tolist(), float(max_tokens), rank, int(win.max()) + 1
-        )
-        unit_of = group[unit_of]
-    members, offsets, ucost = _ordered(unit_of, positions, clipped, late=rank)
+    members, offsets, ucost = _ordered(unit_of, keep.astype(np.int64), clipped, late=key)
     return UnitPlan(members, offsets, ucost, left_out=left_out, budget=float(max_tokens))
-
-
-def _carried(tails: list, cost: list, wins: list, max_tokens: float, rank, end: int) -> Any:
-    """Each pack's unit after the tails of the windows are carried and merged as :func:`pack`
-    does (``tails[r]``: window ``r``'s least-filled pack); ``rank`` (the window each unit goes
-    out with) updated for the carried ones; ``end``: the rank after every window."""
-    group = np.arange(len(rank))
-    carry: list[int] = []
-    carry_cost = 0.0
-    for r, t in enumerate(tails):
-        ids, c = [t], cost[t]
-        if carry:
-            if carry_cost + c <= max_tokens:  # the two become one pack, out with window r
-                ids, c = [*carry, t], carry_cost + c
-                group[ids] = t
-            else:  # the waiting pack goes out with window r as it is
-                rank[carry[-1]] = wins[r]
-            carry = []
-        if c < max_tokens / 2:
-            carry, carry_cost = ids, c
-            rank[t] = -1  # (decided later)
-    if carry:
-        rank[carry[-1]] = end  # at the end of the stream
-    return group
 
 
 def bucket_units(values, boundaries, batch_size, *, partial: bool = True) -> UnitPlan:
@@ -785,13 +691,15 @@ def _positions(stream: ReaderStream, positions) -> Iterator[list]:
                 if end > hi:
                     lst = lst[: hi - at]
                     end = hi
-                if dense:
-                    yield lst
-                else:
+                if not dense:  # the wanted samples (the list read is emptied: see above)
                     j = bisect.bisect_left(wanted, end, k)
-                    yield [lst[p - at] for p in wanted[k:j]]
-                    k = j
+                    got = [lst[p - at] for p in wanted[k:j]]
+                    lst.clear()
+                    lst, k = got, j
                 at = end
+                if at >= hi:
+                    chunks.close()  # (lets go of the list the run's last one was cut from)
+                yield lst
                 if at >= hi:
                     break
         finally:
@@ -854,7 +762,13 @@ class UnitProgram(PlannedProgram):
 
     def _assembled(self, ctx, reader, real, pads):
         """The units (their samples through the stages before the unit stage, in unit order:
-        what a stage does to a sample happens just before its unit goes out)."""
+        what a stage does to a sample happens just before its unit goes out).
+
+        Nothing of a unit stays referenced here once it is out: the raw lists the stages have
+        consumed are emptied (as :class:`tarshards.planned._Feed` does for batches), and the
+        unit itself is yielded without a name in this frame. With V readers interleaved, a
+        reader that kept its last unit's samples alive until its next turn made every unit
+        allocate memory gone cold in the CPU caches."""
         units = self.units
         P = len(units)
         ids = np.asarray([*real, *(u % P for u in pads)], dtype=np.int64)
@@ -867,44 +781,83 @@ class UnitProgram(PlannedProgram):
         members = flat.tolist()
         lists = [members[cut[i] : cut[i + 1]] for i in range(len(ids))]
         nreal = len(real)
-        raw: Iterator = itertools.chain.from_iterable(
-            self._raw_units(ctx, lists[:nreal], flat[: cut[nreal]], lists[nreal:])
-        )
+        handed: list[tuple[list, Iterator]] = []  # raw units handed on, with their iterators
+
+        def iters():
+            for got in self._raw_units(ctx, lists[:nreal], flat[: cut[nreal]], lists[nreal:]):
+                it = iter(got)
+                handed.append((got, it))
+                yield it
+
+        raw: Iterator = itertools.chain.from_iterable(iters())
         if ctx.get("stats") is not None:
             from .stats import timed_source
 
             raw = timed_source(raw, ctx["stats"])
         data = iter(self.ds.run_stages(raw, self.pre, ctx, ("reader", reader)))
         for n in lens.tolist():
-            got = list(itertools.islice(data, n))
-            if len(got) < n:
-                raise TarshardsError(
-                    f"a unit of epoch {self.epoch} (reader {reader}) lost samples: a stage "
-                    "before .pack()/.bucket() dropped samples (a planned pipeline needs each "
-                    "of them; flag bad samples instead)"
-                )
-            yield self._out(got)
+            yield self._out(self._take(data, n, reader))
+            # the raw units the stages have wholly consumed (one that reads ahead has moved on)
+            while handed and not operator.length_hint(handed[0][1]):
+                handed.pop(0)[0].clear()
+
+    def _take(self, data: Iterator, n: int, reader: int) -> list:
+        got = list(itertools.islice(data, n))
+        if len(got) < n:
+            raise TarshardsError(
+                f"a unit of epoch {self.epoch} (reader {reader}) lost samples: a stage "
+                "before .pack()/.bucket() dropped samples (a planned pipeline needs each "
+                "of them; flag bad samples instead)"
+            )
+        return got
 
     def _raw_units(self, ctx, real: list, flat, pads: list) -> Iterator[list]:
-        """The raw samples of the units whose members are ``real`` (read in file order, each
-        unit's held until it is complete; ``flat``: their members one after the other), then of
-        the padding units whose members are ``pads`` (read by position, flagged)."""
+        """The raw samples of the units whose members are ``real`` (``flat``: their members one
+        after the other), then of the padding units whose members are ``pads`` (read by
+        position, flagged).
+
+        The reader reads its members in file order into one list (the lists read are appended
+        and emptied: a list kept by the generators that made it would keep its samples alive
+        after their unit is out) and takes each unit from it by index (a slice where the unit's
+        samples are adjacent), at C speed; once a unit is out, the samples before the first one
+        a later unit needs are let go. Where and what to take is arithmetic on the plan, done
+        at once in numpy."""
         if real:
-            positions = np.sort(flat)
+            positions = np.sort(flat)  # the reader's members, in the order they are read
+            lens = np.fromiter(map(len, real), dtype=np.int64, count=len(real))
+            cuts = np.concatenate(([0], np.cumsum(lens)))
+            at = np.searchsorted(positions, flat)  # each member's place in the read order
+            firsts, lasts = at[cuts[:-1]], at[cuts[1:] - 1]  # (members ascending)
+            # after unit j: the places before the first one a later unit needs are let go
+            later = np.minimum.accumulate(firsts[::-1])[::-1]
+            drop = np.append(later[1:], len(positions))
+            base = np.concatenate(([0], drop[:-1]))  # places let go before unit j
+            rel = (at - np.repeat(base, lens)).tolist()
+            ends = (lasts + 1).tolist()
+            adjacent = (lasts - firsts + 1 == lens).tolist()
+            cut, span = cuts.tolist(), (drop - base).tolist()
             stream = self._stream(ctx.get("stats"))
+            lists = _positions(stream, positions)
             try:
-                raw = itertools.chain.from_iterable(_positions(stream, positions))
-                pos = positions.tolist()
-                # how many of the positions are read when each unit is complete
-                ends = np.searchsorted(positions, [m[-1] for m in real]) + 1
-                held: dict[int, Any] = {}
+                buf: list = []
                 done = 0
-                for members, end in zip(real, ends.tolist()):
-                    if end > done:  # read on to the unit's last sample (at C speed)
-                        held.update(zip(pos[done:end], itertools.islice(raw, end - done)))
-                        done = end
-                    yield list(map(held.pop, members))
+                for j in range(len(real)):
+                    while done < ends[j]:  # read on to the unit's last sample
+                        lst = next(lists)
+                        done += len(lst)
+                        buf += lst
+                        lst.clear()
+                    r = rel[cut[j] : cut[j + 1]]
+                    if adjacent[j]:
+                        got = buf[r[0] : r[-1] + 1]
+                    elif len(r) == 1:
+                        got = [buf[r[0]]]
+                    else:
+                        got = list(operator.itemgetter(*r)(buf))
+                    del buf[: span[j]]
+                    yield got
             finally:
+                lists.close()
                 stream.close()
         for members in pads:
             yield self._pad_raw(members)
