@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tarshards import ShardWriter, WebDataset
+from tarshards import packing as packing_module
 from tarshards.errors import ResumeError, TarshardsWarning
-from tarshards.packing import bucket, bucket_units, pack, pack_units
+from tarshards.packing import PACK_RULE, bucket, bucket_units, pack, pack_units
 from tarshards.testing import check_resume
 
 N = 240
@@ -322,6 +323,44 @@ def test_state_of_other_packing_is_refused(data):
     )
     with pytest.raises(ResumeError, match="max_tokens"):
         other.load_state_dict(state)
+
+
+def test_state_of_an_earlier_packing_rule_is_refused(data):
+    """A state saved by a plan whose packs another rule made (an earlier tarshards' states name
+    no rule) does not resume this plan's packs."""
+    manifest, _ = data
+    ds = packed(manifest)
+    next(iter(ds))
+    state = ds.state_dict()
+    assert state["packs"] == PACK_RULE
+    for old in ({k: v for k, v in state.items() if k != "packs"}, dict(state, packs="other/1")):
+        with pytest.raises(ResumeError, match="another packing rule"):
+            packed(manifest).load_state_dict(old)
+
+
+@given(costs=costs_st, budget=st.integers(1, 256), k=st.integers(1, 6))
+@settings(max_examples=100, deadline=None)
+def test_the_c_loop_makes_the_packs_of_the_python_rule(costs, budget, k):
+    if packing_module._c_plan is None:
+        pytest.skip("the C extension is not built")
+    unit_of, key = packing_module._plan_packs(costs, float(budget), k)
+    ref_unit, ref_key = packing_module._plan_packs_py(costs.tolist(), float(budget), k)
+    assert unit_of.tolist() == ref_unit and key.tolist() == ref_key
+
+
+def test_packs_fill_and_hold_few_samples_on_long_tailed_lengths(monkeypatch):
+    """The default rule (4 packs open) fills >= 99 % of the budget on long-tailed lengths
+    (lognormal, mean ~400 of 8,192), a pack's samples lie close together in the stream, and the
+    plan is the same without the C loop."""
+    rng = np.random.default_rng(38)
+    costs = np.minimum(rng.lognormal(5.5, 1.0, 20000).astype(int) + 1, 8192)
+    plan = pack_units(costs, 8192)
+    assert plan.fill() >= 0.99, plan.fill()
+    spans = [int(plan.unit(u)[-1] - plan.unit(u)[0]) for u in range(len(plan))]
+    assert np.median(spans) < 4 * len(costs) / len(plan)  # within ~4 packs' worth of samples
+    monkeypatch.setattr(packing_module, "_c_plan", None)
+    again = pack_units(costs, 8192)
+    assert again.units() == plan.units()
 
 
 def test_planned_errors(data):

@@ -74,6 +74,10 @@ __all__ = [
 
 OVERSIZE = ("truncate", "drop", "raise")
 DEFAULT_WINDOW = 4  # packs open at once (long-tailed lengths: ~99.8 % fill; see pack())
+# the rule that makes a plan's packs, in its identity (states, ledgers): a state or a ledger of
+# packs made by another rule (an earlier tarshards: best-fit decreasing in windows of cost) is
+# refused, not resumed or replayed over other packs
+PACK_RULE = "best-fit, packs open/1"
 _READ_THROUGH = 32  # a gap of up to this many samples between wanted ones is read, not sought
 _RUN = 64  # the most samples taken from the stream at once
 
@@ -665,6 +669,8 @@ def plan_identity(ds) -> dict:
         "meta": digest,
     }
     out.update(spec.identity())
+    if isinstance(spec, PackSpec):
+        out["packs"] = PACK_RULE
     return out
 
 
@@ -940,6 +946,17 @@ def spec_from_identity(identity: dict):
     record, a saved state), or ``None`` when the plan groups no units."""
     unit = identity.get("unit")
     if unit == "pack":
+        rule = identity.get("packs")
+        if rule != PACK_RULE:
+            made = (
+                f"by the rule {rule!r}"
+                if rule
+                else "by an earlier tarshards (best-fit decreasing in windows of cost)"
+            )
+            raise ValueError(
+                f"the plan's packs were made {made}; this tarshards makes them by "
+                f"{PACK_RULE!r}: other packs, so it cannot replay or resume that plan"
+            )
         return PackSpec(
             float(identity["max_tokens"]),
             identity["cost"],
