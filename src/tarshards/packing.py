@@ -45,9 +45,14 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ._lazy import LazyModule
 from .errors import TarshardsError, TarshardsWarning
+from .format import group_run, group_samples
 from .plan import PlanConfig, ShardTable, plan_for
 from .planned import PlannedProgram
 from .source import ReaderStream
+from .storage.paths import is_local
+from .tario import iter_tar_batches
+from .tario.buffer import map_local
+from .tario.reader import plain_run
 
 np = LazyModule("numpy", globals(), "np")
 
@@ -73,11 +78,11 @@ __all__ = [
 ]
 
 OVERSIZE = ("truncate", "drop", "raise")
-DEFAULT_WINDOW = 4  # packs open at once (long-tailed lengths: ~99.8 % fill; see pack())
+DEFAULT_WINDOW = 8  # packs open at once (long-tailed lengths: ~99.6 % fill; see pack())
 # the rule that makes a plan's packs, in its identity (states, ledgers): a state or a ledger of
 # packs made by another rule (an earlier tarshards: best-fit decreasing in windows of cost) is
 # refused, not resumed or replayed over other packs
-PACK_RULE = "best-fit, packs open/1"
+PACK_RULE = "the previous sample's pack, else best fit; packs open/1"
 _READ_THROUGH = 32  # a gap of up to this many samples between wanted ones is read, not sought
 _RUN = 64  # the most samples taken from the stream at once
 
@@ -163,28 +168,34 @@ def _bucket_sizes(boundaries: Sequence[float], batch_size) -> tuple[tuple[float,
 class _OpenPacks:
     """The packing rule, one sample at a time: at most ``k`` packs open, each a slot.
 
-    A sample (cost ``c`` <= budget) goes into the open pack with the least room that still
-    fits it (ties: the lowest slot). Where none fits, a new pack opens in the lowest free slot;
-    with every slot taken, the fullest open pack (the least room; ties: the lowest slot) is
-    closed first, and the new one takes its slot. At the end the open packs close in the order
-    of their last sample. :func:`pack` and :func:`pack_units` (and its C loop) follow this in the
-    same float operations: ``room = budget; room -= c``."""
+    A sample (cost ``c`` <= budget) goes into the pack of the sample placed before it where it
+    fits (a pack's samples then lie in a few runs of adjacent samples, which a reader parses in
+    one piece each), else into the open pack with the least room that still fits it (ties: the
+    lowest slot). Where none fits, a new pack opens in the lowest free slot; with every slot
+    taken, the fullest open pack (the least room; ties: the lowest slot) is closed first, and
+    the new one takes its slot. At the end the open packs close in the order of their last
+    sample. :func:`pack` and :func:`pack_units` (and its C loop) follow this in the same float
+    operations: ``room = budget; room -= c``."""
 
-    __slots__ = ("budget", "ids", "k", "next_id", "rooms")
+    __slots__ = ("budget", "ids", "k", "next_id", "prev", "rooms")
 
     def __init__(self, budget: float, k: int):
         self.budget, self.k = float(budget), int(k)
         self.rooms: list[float] = []  # room left in each slot's open pack
         self.ids: list[int] = []  # each slot's pack (numbered as opened)
         self.next_id = 0
+        self.prev = -1  # the slot of the last sample placed
 
     def place(self, c: float) -> tuple[int, int]:
         """(the slot the sample goes into, the pack closed to make room for it or -1)."""
         rooms = self.rooms
         best, least, closed = -1, 0.0, -1
-        for slot, room in enumerate(rooms):
-            if room >= c and (best < 0 or room < least):
-                best, least = slot, room
+        if self.prev >= 0 and rooms[self.prev] >= c:
+            best = self.prev
+        else:
+            for slot, room in enumerate(rooms):
+                if room >= c and (best < 0 or room < least):
+                    best, least = slot, room
         if best < 0:
             if len(rooms) < self.k:
                 best = len(rooms)
@@ -198,6 +209,7 @@ class _OpenPacks:
             self.ids[best] = self.next_id
             self.next_id += 1
         rooms[best] -= c
+        self.prev = best
         return best, closed
 
 
@@ -594,6 +606,8 @@ def _meta_columns(ds) -> list[str]:
 # per table (weakly): metadata columns in table order, and recent epochs' unit plans
 _COLUMNS: "weakref.WeakKeyDictionary[ShardTable, dict]" = weakref.WeakKeyDictionary()
 _PLANS: "weakref.WeakKeyDictionary[ShardTable, dict]" = weakref.WeakKeyDictionary()
+# per table (weakly): where each shard's last sample ends (read once; _UnitReads)
+_ENDS: "weakref.WeakKeyDictionary[ShardTable, dict]" = weakref.WeakKeyDictionary()
 
 
 def _column(table: ShardTable, name: str) -> tuple[Any, str]:
@@ -615,13 +629,18 @@ def _column(table: ShardTable, name: str) -> tuple[Any, str]:
     return got[name]
 
 
-def _epoch_order(table: ShardTable, seed: int, shardshuffle: bool, epoch: int):
-    """(the plan of the epoch's sample list over one reader, the manifest row of each of its
-    positions)."""
+def _epoch_list(table: ShardTable, seed: int, shardshuffle: bool, epoch: int):
+    """The plan of the epoch's sample list over one reader."""
     cfg = PlanConfig(
         seed=seed, readers=1, batch_size=1, remainder="drop", shardshuffle=shardshuffle
     )
-    full = plan_for(table, cfg, epoch)
+    return plan_for(table, cfg, epoch)
+
+
+def _epoch_order(table: ShardTable, seed: int, shardshuffle: bool, epoch: int):
+    """(the plan of the epoch's sample list over one reader, the manifest row of each of its
+    positions)."""
+    full = _epoch_list(table, seed, shardshuffle, epoch)
     starts = np.concatenate(([0], np.cumsum(table.counts)[:-1]))
     rows = (
         np.concatenate([np.arange(starts[s] + a, starts[s] + b) for s, a, b, _ in full.runs])
@@ -731,6 +750,7 @@ class UnitProgram(PlannedProgram):
         lay = self.layout
         self.units, self.full, self.readers, self.q = lay.units, lay.full, lay.readers, lay.q
         self.num_batches, self.dropped = lay.num_batches, lay.dropped
+        self._handed: dict[int, list] = {}  # each reader's raw units handed on (_assembled)
 
     def unit_samples(self, g: int) -> list[tuple[int, int, bool]]:
         """``(shard, sample index in the shard, pad)`` of each sample of global batch ``g`` (a
@@ -778,19 +798,13 @@ class UnitProgram(PlannedProgram):
         units = self.units
         P = len(units)
         ids = np.asarray([*real, *(u % P for u in pads)], dtype=np.int64)
-        lo, hi = units.offsets[ids], units.offsets[ids + 1]
-        lens = hi - lo
-        cuts = np.concatenate(([0], np.cumsum(lens)))
-        # every unit's members, taken from the plan at once
-        flat = units.members[np.repeat(lo - cuts[:-1], lens) + np.arange(cuts[-1])]
-        cut = cuts.tolist()
-        members = flat.tolist()
-        lists = [members[cut[i] : cut[i + 1]] for i in range(len(ids))]
-        nreal = len(real)
-        handed: list[tuple[list, Iterator]] = []  # raw units handed on, with their iterators
+        lens = units.offsets[ids + 1] - units.offsets[ids]
+        # raw units handed on, with their iterators (emptied by turn_done once consumed)
+        handed: list[tuple[list, Iterator]] = []
+        self._handed[reader] = handed
 
         def iters():
-            for got in self._raw_units(ctx, lists[:nreal], flat[: cut[nreal]], lists[nreal:]):
+            for got in self._raw_units(ctx, real, [u % P for u in pads]):
                 it = iter(got)
                 handed.append((got, it))
                 yield it
@@ -803,9 +817,14 @@ class UnitProgram(PlannedProgram):
         data = iter(self.ds.run_stages(raw, self.pre, ctx, ("reader", reader)))
         for n in lens.tolist():
             yield self._out(self._take(data, n, reader))
-            # the raw units the stages have wholly consumed (one that reads ahead has moved on)
-            while handed and not operator.length_hint(handed[0][1]):
-                handed.pop(0)[0].clear()
+
+    def turn_done(self, reader: int) -> None:
+        """Empty the raw units of ``reader`` that the stages have wholly consumed (one that
+        reads ahead has moved on to the next): at once, on the turn that handed the unit on,
+        not on the reader's next turn, V turns later (see :meth:`_assembled`)."""
+        handed = self._handed.get(reader)
+        while handed and not operator.length_hint(handed[0][1]):
+            handed.pop(0)[0].clear()
 
     def _take(self, data: Iterator, n: int, reader: int) -> list:
         got = list(itertools.islice(data, n))
@@ -817,10 +836,32 @@ class UnitProgram(PlannedProgram):
             )
         return got
 
-    def _raw_units(self, ctx, real: list, flat, pads: list) -> Iterator[list]:
-        """The raw samples of the units whose members are ``real`` (``flat``: their members one
-        after the other), then of the padding units whose members are ``pads`` (read by
-        position, flagged).
+    def _raw_units(self, ctx, real: list, pads: list) -> Iterator[list]:
+        """The raw samples of the units ``real``, then of the padding units ``pads`` (read by
+        position, flagged): each unit read when it is due from its shards' maps where they are
+        local plain tars with known offsets (:class:`_UnitReads`), else from the reader's
+        stream (:meth:`_streamed_units`)."""
+        units = self.units
+        if real:
+            reads = _UnitReads.of(self, ctx, real)
+            if reads is not None:
+                yield from reads.units()
+            else:
+                ids = np.asarray(real, dtype=np.int64)
+                lo, hi = units.offsets[ids], units.offsets[ids + 1]
+                lens = hi - lo
+                cuts = np.concatenate(([0], np.cumsum(lens)))
+                # every unit's members, taken from the plan at once
+                flat = units.members[np.repeat(lo - cuts[:-1], lens) + np.arange(cuts[-1])]
+                cut = cuts.tolist()
+                members = flat.tolist()
+                lists = [members[cut[i] : cut[i + 1]] for i in range(len(real))]
+                yield from self._streamed_units(ctx, lists, flat)
+        for u in pads:
+            yield self._pad_raw(units.unit(u).tolist())
+
+    def _streamed_units(self, ctx, real: list, flat) -> Iterator[list]:
+        """The raw samples of the units whose members are ``real`` from the reader's stream.
 
         The reader reads its members in file order into one list (the lists read are appended
         and emptied: a list kept by the generators that made it would keep its samples alive
@@ -828,7 +869,7 @@ class UnitProgram(PlannedProgram):
         samples are adjacent), at C speed; once a unit is out, the samples before the first one
         a later unit needs are let go. Where and what to take is arithmetic on the plan, done
         at once in numpy."""
-        if real:
+        if real:  # (always)
             positions = np.sort(flat)  # the reader's members, in the order they are read
             lens = np.fromiter(map(len, real), dtype=np.int64, count=len(real))
             cuts = np.concatenate(([0], np.cumsum(lens)))
@@ -865,8 +906,6 @@ class UnitProgram(PlannedProgram):
             finally:
                 lists.close()
                 stream.close()
-        for members in pads:
-            yield self._pad_raw(members)
 
     def _out(self, samples: list):
         fn = getattr(self.spec, "collation_fn", None)
@@ -886,6 +925,208 @@ class UnitProgram(PlannedProgram):
     def pad_chain(self, it):
         raw = iter(self._pad_raw(self.units.unit(0).tolist()))
         return iter([self._out(list(self.ds.run_stages(raw, self.pre, it.ctx, ("pad",))))])
+
+
+def _unit_runs(table: ShardTable, units: UnitPlan, full) -> dict | None:
+    """The runs of adjacent samples of one shard in every unit of ``units`` (the members of
+    each, unit by unit): their byte ranges in the shards (``hi`` -1: to the end of the shard's
+    last sample), shards and sample counts, and each unit's first run (``of``: ``len(units) +
+    1`` of them), as lists; ``None`` where a shard is not a local plain tar with known sample
+    offsets, or is read through a view's rows. Cached with the plan (an epoch's)."""
+    got = getattr(units, "_runs", False)
+    if got is not False:
+        return got
+    got = None
+    flat = units.members
+    spans = np.asarray([r[:3] for r in full.runs], dtype=np.int64).reshape(-1, 3)
+    starts = np.concatenate(([0], np.cumsum(spans[:, 2] - spans[:, 1])))
+    which = np.searchsorted(starts, flat, side="right") - 1
+    shard = spans[which, 0]
+    idx = spans[which, 1] + (flat - starts[which])
+    lo = np.empty(len(flat), dtype=np.int64)
+    hi = np.empty(len(flat), dtype=np.int64)
+    ok = True
+    for s in np.unique(shard).tolist():
+        url = table.urls[s]
+        offsets = table.sample_offsets(s) if table.plain[s] else None
+        if table.rows[s] is not None or offsets is None or not is_local(url):
+            ok = False
+            break
+        offs = np.append(np.asarray(offsets, dtype=np.int64), -1)  # -1: to the shard's end
+        mine = shard == s
+        lo[mine] = offs[idx[mine]]
+        hi[mine] = offs[idx[mine] + 1]
+    if ok:
+        new = np.ones(len(flat), dtype=bool)
+        new[1:] = (shard[1:] != shard[:-1]) | (lo[1:] != hi[:-1]) | (hi[:-1] < 0)
+        new[units.offsets[:-1][np.diff(units.offsets) > 0]] = True
+        first = np.flatnonzero(new)
+        end = np.append(first[1:], len(flat))
+        got = {
+            "lo": lo[first].tolist(),
+            "hi": hi[end - 1].tolist(),
+            "shard": shard[first].tolist(),
+            "count": (end - first).tolist(),
+            "of": np.searchsorted(first, units.offsets).tolist(),
+        }
+    units._runs = got
+    return got
+
+
+def _unflagged(samples: list) -> list:
+    """``samples`` with ``__pad__`` set false (here, so that no loop variable keeps one)."""
+    for sample in samples:
+        sample["__pad__"] = False
+    return samples
+
+
+class _UnitReads:
+    """A reader's units read each when it is due, from its shards' maps: a unit's samples are
+    parsed on the reader's turn that hands them on, none before.
+
+    A reader that streams its shards and holds the samples of the packs still open (the other
+    way, :meth:`UnitProgram._streamed_units`) parses each sample a turn or more before its
+    pack goes out: with V readers interleaved, V - 1 other readers' turns come between, and
+    the held samples have gone cold in the CPU caches by then. Here the members of a unit are
+    runs of adjacent samples (a few: the packing rule keeps a pack's samples together), each
+    one byte range of a mapped shard, parsed in one C call
+    (:func:`~tarshards.tario.reader.plain_run`), and the unit grouped in one more
+    (:func:`~tarshards.format.group_run`); where either declines (pax headers, damage), the
+    general reader parses the unit's runs and raises the right error. The runs of every unit
+    are arithmetic on the plan, done once per epoch (:func:`_unit_runs`, cached with the
+    plan). For local plain tars whose sample offsets the index knows, without a view's rows,
+    sidecar columns or a loader's counters (:meth:`of` says ``None`` otherwise)."""
+
+    def __init__(self, prog, ids: list[int], runs: dict):
+        self.prog, self.ds = prog, prog.ds
+        self.ids = ids
+        self.runs = runs
+        self.urls = self.ds.table.urls
+
+    @classmethod
+    def of(cls, prog, ctx, ids: list[int]) -> "_UnitReads | None":
+        ds = prog.ds
+        if ctx.get("stats") is not None or getattr(ds, "layout", None) is not None:
+            return None
+        runs = _unit_runs(ds.table, prog.units, prog.full)
+        if runs is None:
+            return None
+        return cls(prog, ids, runs)
+
+    def units(self) -> Iterator[list]:
+        runs = self.runs
+        lo, hi, shard, count, ur = runs["lo"], runs["hi"], runs["shard"], runs["count"], runs["of"]
+        ids = self.ids
+        # each shard's map is closed after the last of these units that reads it
+        last_use: dict[int, int] = {}
+        for j, u in enumerate(ids):
+            for r in range(ur[u], ur[u + 1]):
+                last_use[shard[r]] = j
+        closing: dict[int, list[int]] = {}
+        for s, j in last_use.items():
+            closing.setdefault(j, []).append(s)
+        maps: dict[int, tuple] = {}  # shard -> (its stream's context, its map or None, stream)
+        last_dot = self.ds.last_dot
+        try:
+            for j, u in enumerate(ids):
+                a, b = ur[u], ur[u + 1]
+                members: list | None = []
+                for r in range(a, b):
+                    src = maps.get(shard[r]) or self._open(maps, shard[r])
+                    end = hi[r] if hi[r] >= 0 else self._data_end(shard[r], src[1])
+                    got = plain_run(src[1].map, lo[r], end) if src[1] and end >= 0 else None
+                    if got is None:
+                        members = None
+                        break
+                    members += got  # type: ignore[operator]
+                url = self.urls[shard[a]]
+                samples = None if members is None else group_run(members, url, last_dot)
+                del members
+                if samples is None or len(samples) != sum(count[a:b]):
+                    samples = []
+                    for r in range(a, b):
+                        samples += self._general(maps, r)
+                yield _unflagged(samples)
+                for s in closing.get(j, ()):
+                    self._close(maps.pop(s))
+        finally:
+            for src in maps.values():
+                self._close(src)
+
+    def _open(self, maps: dict, s: int) -> tuple:
+        ctx = self.ds.open_shard(self.urls[s])
+        stream = ctx.__enter__()
+        try:
+            stream.seek(0)
+            mapped = map_local(stream)
+        except BaseException:
+            ctx.__exit__(None, None, None)
+            raise
+        maps[s] = got = (ctx, mapped, stream)
+        return got
+
+    def _data_end(self, s: int, mapped) -> int:
+        """Where shard ``s``'s last sample ends (its last member's padded end, as a plain tar
+        lays it out: a wrong guess only sends the run to the general reader), or -1."""
+        if mapped is None:
+            return -1
+        ends = _ENDS.setdefault(self.ds.table, {})
+        end = ends.get(s)
+        if end is None:
+            end = -1
+            offsets = self.ds.table.sample_offsets(s)
+            lo = int(offsets[-1])
+            try:
+                batches = iter_tar_batches(mapped.part(lo), "", offset=lo, chunk_size=1 << 16)
+                last = None
+                for batch in batches:
+                    if batch:
+                        last = batch[-1]
+                if last is not None:
+                    end = int(last[2]) + 512 + -(-len(last[1]) // 512) * 512
+            except TarshardsError:  # (the general reader reports it)
+                pass
+            ends[s] = end
+        return end
+
+    @staticmethod
+    def _close(src: tuple) -> None:
+        ctx, mapped, _ = src
+        try:
+            if mapped is not None:
+                mapped.close()
+        finally:
+            ctx.__exit__(None, None, None)
+
+    def _general(self, maps: dict, r: int) -> list:
+        """Run ``r``'s samples by the general reader (which raises the right error)."""
+        runs = self.runs
+        s, lo, hi, n = runs["shard"][r], runs["lo"][r], runs["hi"][r], runs["count"][r]
+        url = self.urls[s]
+        src = maps.get(s) or self._open(maps, s)
+        try:
+            if src[1] is not None:
+                part = src[1].part(lo, None if hi < 0 else hi)
+                chunks: Any = part
+                size = part.stop - lo
+            else:
+                src[2].seek(lo)
+                data = src[2].read(hi - lo) if hi >= 0 else src[2].read()
+                chunks, size = [data], len(data)
+            batches = iter_tar_batches(chunks, url, offset=lo, chunk_size=max(size, 1))
+            groups = group_samples(batches, url, last_dot=self.ds.last_dot, batched=True)
+            got = list(itertools.islice(groups, n))
+            groups.close()
+        except TarshardsError as exn:
+            raise exn.with_context(url=url) from None
+        if len(got) != n:
+            raise TarshardsError(
+                f"shard has fewer samples than counted: {len(got)} of {n} from offset {lo} "
+                "(the shard changed since it was indexed)",
+                url=url,
+                offset=lo,
+            )
+        return got
 
 
 class UnitLayout:
@@ -912,7 +1153,7 @@ class UnitLayout:
                 "units that do not fill the readers wait for no epoch) or 'pad'"
             )
         self.units = plan_units(table, spec, seed, shardshuffle, self.epoch)
-        self.full = _epoch_order(table, seed, shardshuffle, self.epoch)[0]
+        self.full = _epoch_list(table, seed, shardshuffle, self.epoch)
         V, P = int(readers), len(self.units)
         self.readers = V
         self.q = -(-P // V) if remainder == "pad" else P // V

@@ -150,10 +150,11 @@ free_mem:
  *
  * Returns two bytes objects of int64: each sample's pack (packs numbered as opened) and each
  * pack's order key (2 i: out when sample i arrives; 2 n + 1: still open at the end). A sample
- * goes into the open pack with the least room that fits it (ties: the lowest slot); where none
- * fits, a new pack opens in the lowest free slot, or, every slot taken, in the slot of the
- * fullest open pack (the least room; ties: the lowest slot), which is closed. room = budget;
- * room -= c: the same float64 operations as the Python rule.
+ * goes into the pack of the sample placed before it where it fits, else into the open pack with
+ * the least room that fits it (ties: the lowest slot); where none fits, a new pack opens in the
+ * lowest free slot, or, every slot taken, in the slot of the fullest open pack (the least room;
+ * ties: the lowest slot), which is closed. room = budget; room -= c: the same float64
+ * operations as the Python rule.
  */
 static PyObject *
 plan_packs(PyObject *self, PyObject *args)
@@ -184,7 +185,7 @@ plan_packs(PyObject *self, PyObject *args)
     }
     int64_t *unit_of = (int64_t *)PyBytes_AS_STRING(unit_obj);
     int64_t next_id = 0, end = 2 * (int64_t)n + 1;
-    Py_ssize_t open = 0;
+    Py_ssize_t open = 0, prev = -1; /* slots open; the slot of the last sample placed */
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) {
         double c = costs[i];
@@ -194,11 +195,15 @@ plan_packs(PyObject *self, PyObject *args)
             continue;
         }
         Py_ssize_t best = -1;
-        double least = 0.0;
-        for (Py_ssize_t s = 0; s < open; s++) {
-            if (room[s] >= c && (best < 0 || room[s] < least)) {
-                best = s;
-                least = room[s];
+        if (prev >= 0 && room[prev] >= c) {
+            best = prev; /* the previous sample's pack, where it fits */
+        } else {
+            double least = 0.0;
+            for (Py_ssize_t s = 0; s < open; s++) {
+                if (room[s] >= c && (best < 0 || room[s] < least)) {
+                    best = s;
+                    least = room[s];
+                }
             }
         }
         if (best < 0) {
@@ -217,6 +222,7 @@ plan_packs(PyObject *self, PyObject *args)
         }
         room[best] -= c;
         unit_of[i] = ids[best];
+        prev = best;
     }
     Py_END_ALLOW_THREADS
     PyObject *key_obj = PyBytes_FromStringAndSize((const char *)key,
