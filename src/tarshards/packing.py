@@ -42,7 +42,7 @@ import operator
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Generator, Iterable, Iterator, Sequence
 
 from ._lazy import LazyModule
 from .errors import TarshardsError, TarshardsWarning
@@ -395,6 +395,7 @@ class UnitPlan:
         self.costs = costs
         self.left_out = int(left_out)
         self.budget = float(budget)
+        self._runs: Any = False  # the readers' run table (_unit_runs; False: not yet made)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -696,7 +697,7 @@ def plan_identity(ds) -> dict:
     return out
 
 
-def _positions(stream: ReaderStream, positions) -> Iterator[list]:
+def _positions(stream: ReaderStream, positions) -> Generator[list, None, None]:
     """The samples at ``positions`` (ascending) of ``stream``'s segment, in order, in lists:
     each run of nearby positions (gaps of up to ``_READ_THROUGH`` samples read through) read
     from its first position as the stream cuts it (a dense run's lists handed on as they are);
@@ -936,9 +937,8 @@ def _unit_runs(table: ShardTable, units: UnitPlan, full) -> dict | None:
     last sample), shards and sample counts, and each unit's first run (``of``: ``len(units) +
     1`` of them), as lists; ``None`` where a shard is not a local plain tar with known sample
     offsets, or is read through a view's rows. Cached with the plan (an epoch's)."""
-    got = getattr(units, "_runs", False)
-    if got is not False:
-        return got
+    if units._runs is not False:
+        return units._runs
     got = None
     flat = units.members
     spans = np.asarray([r[:3] for r in full.runs], dtype=np.int64).reshape(-1, 3)
