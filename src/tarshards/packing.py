@@ -934,9 +934,10 @@ class UnitProgram(PlannedProgram):
 def _unit_runs(table: ShardTable, units: UnitPlan, full) -> dict | None:
     """The runs of adjacent samples of one shard in every unit of ``units`` (the members of
     each, unit by unit): their byte ranges in the shards (``hi`` -1: to the end of the shard's
-    last sample), shards and sample counts, and each unit's first run (``of``: ``len(units) +
-    1`` of them), as lists; ``None`` where a shard is not a local plain tar with known sample
-    offsets, or is read through a view's rows. Cached with the plan (an epoch's)."""
+    last sample), shards and sample counts, each unit's first run (``of``: ``len(units) + 1``
+    of them) and its samples (``size``), as lists; ``None`` where a shard is not a local plain
+    tar with known sample offsets, or is read through a view's rows. Cached with the plan (an
+    epoch's)."""
     if units._runs is not False:
         return units._runs
     got = None
@@ -971,6 +972,7 @@ def _unit_runs(table: ShardTable, units: UnitPlan, full) -> dict | None:
             "shard": shard[first].tolist(),
             "count": (end - first).tolist(),
             "of": np.searchsorted(first, units.offsets).tolist(),
+            "size": np.diff(units.offsets).tolist(),
         }
     units._runs = got
     return got
@@ -1018,7 +1020,7 @@ class _UnitReads:
 
     def units(self) -> Iterator[list]:
         runs = self.runs
-        lo, hi, shard, count, ur = runs["lo"], runs["hi"], runs["shard"], runs["count"], runs["of"]
+        lo, hi, shard, ur = runs["lo"], runs["hi"], runs["shard"], runs["of"]
         ids = self.ids
         # each shard's map is closed after the last of these units that reads it
         last_use: dict[int, int] = {}
@@ -1028,8 +1030,9 @@ class _UnitReads:
         closing: dict[int, list[int]] = {}
         for s, j in last_use.items():
             closing.setdefault(j, []).append(s)
-        maps: dict[int, tuple] = {}  # shard -> (its stream's context, its map or None, stream)
-        last_dot = self.ds.last_dot
+        # shard -> (its stream's context, its MappedFile or None, the stream, the map or None)
+        maps: dict[int, tuple] = {}
+        last_dot, size = self.ds.last_dot, runs["size"]
         try:
             for j, u in enumerate(ids):
                 a, b = ur[u], ur[u + 1]
@@ -1037,7 +1040,7 @@ class _UnitReads:
                 for r in range(a, b):
                     src = maps.get(shard[r]) or self._open(maps, shard[r])
                     end = hi[r] if hi[r] >= 0 else self._data_end(shard[r], src[1])
-                    got = plain_run(src[1].map, lo[r], end) if src[1] and end >= 0 else None
+                    got = plain_run(src[3], lo[r], end) if src[3] is not None and end >= 0 else None
                     if got is None:
                         members = None
                         break
@@ -1045,7 +1048,7 @@ class _UnitReads:
                 url = self.urls[shard[a]]
                 samples = None if members is None else group_run(members, url, last_dot)
                 del members
-                if samples is None or len(samples) != sum(count[a:b]):
+                if samples is None or len(samples) != size[u]:
                     samples = []
                     for r in range(a, b):
                         samples += self._general(maps, r)
@@ -1065,7 +1068,7 @@ class _UnitReads:
         except BaseException:
             ctx.__exit__(None, None, None)
             raise
-        maps[s] = got = (ctx, mapped, stream)
+        maps[s] = got = (ctx, mapped, stream, None if mapped is None else mapped.map)
         return got
 
     def _data_end(self, s: int, mapped) -> int:
@@ -1094,7 +1097,7 @@ class _UnitReads:
 
     @staticmethod
     def _close(src: tuple) -> None:
-        ctx, mapped, _ = src
+        ctx, mapped = src[:2]
         try:
             if mapped is not None:
                 mapped.close()
