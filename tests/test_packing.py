@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -385,6 +386,43 @@ def test_planned_errors(data):
         base.bucket("tokens", [10, 20], [1, 2])
     with pytest.raises(ValueError, match="fewer than readers"):
         list(WebDataset(manifest, readers=10_000, remainder="drop").pack(10**9, "tokens"))
+
+
+def test_packs_read_on_their_turn_equal_the_streamed_ones(data, monkeypatch):
+    """A reader parses each pack from its shards' maps on its own turn (local plain shards);
+    without that (remote shards, views) it streams them: the same packs, the same samples."""
+    manifest, _ = data
+    reads = []
+    orig = packing_module._UnitReads.units
+    monkeypatch.setattr(
+        packing_module._UnitReads, "units", lambda self: reads.append(1) or orig(self)
+    )
+    direct = [[(s["__key__"], s["tokens.npy"].tolist()) for s in u] for u in packed(manifest)]
+    assert reads  # (the maps were read)
+    monkeypatch.setattr(packing_module, "_unit_runs", lambda *a: None)
+    streamed = [[(s["__key__"], s["tokens.npy"].tolist()) for s in u] for u in packed(manifest)]
+    assert direct == streamed
+
+
+def test_a_damaged_shard_is_named(data, tmp_path):
+    """A member header damaged in the middle of a shard: the pack's read raises an error that
+    names the shard (the general reader reads the run the C scan declines)."""
+    import shutil
+
+    from tarshards import Manifest
+    from tarshards.errors import TarshardsError
+
+    manifest, _ = data
+    shutil.copytree(Path(manifest).parent, tmp_path / "copy")
+    copy = str(tmp_path / "copy" / "manifest.json")
+    victim = packed(copy).table.urls[2]
+    offset = int(Manifest.load(copy).load_index(2).sample_offsets[5])
+    with open(victim, "r+b") as f:  # the header's name: its checksum no longer matches
+        f.seek(offset)
+        f.write(b"X")
+    with pytest.raises(TarshardsError) as err:
+        list(packed(copy))
+    assert Path(victim).name in str(err.value), err.value
 
 
 def test_plain_pipeline_packs_by_function_and_resumes(data):
