@@ -399,6 +399,10 @@ def test_packs_read_on_their_turn_equal_the_streamed_ones(data, monkeypatch):
     )
     direct = [[(s["__key__"], s["tokens.npy"].tolist()) for s in u] for u in packed(manifest)]
     assert reads  # (the maps were read)
+    # where the C scan declines every run (or is not built): the general reader, same packs
+    monkeypatch.setattr(packing_module, "plain_run", lambda *a: None)
+    general = [[(s["__key__"], s["tokens.npy"].tolist()) for s in u] for u in packed(manifest)]
+    assert general == direct
     monkeypatch.setattr(packing_module, "_unit_runs", lambda *a: None)
     streamed = [[(s["__key__"], s["tokens.npy"].tolist()) for s in u] for u in packed(manifest)]
     assert direct == streamed
