@@ -1030,6 +1030,16 @@ class _UnitReads:
         closing: dict[int, list[int]] = {}
         for s, j in last_use.items():
             closing.setdefault(j, []).append(s)
+        # after unit j: its first run's shard is read no more before this byte (its pages are
+        # given back as the streaming reader does, MappedFile.release; -1: read no more)
+        free: list[tuple[int, int]] = [(0, -1)] * len(ids)
+        least: dict[int, int] = {}
+        for j in range(len(ids) - 1, -1, -1):
+            u = ids[j]
+            free[j] = (shard[ur[u]], least.get(shard[ur[u]], -1))
+            for r in range(ur[u], ur[u + 1]):
+                if lo[r] < least.get(shard[r], 1 << 62):
+                    least[shard[r]] = lo[r]
         # shard -> (its stream's context, its MappedFile or None, the stream, the map or None)
         maps: dict[int, tuple] = {}
         last_dot, size = self.ds.last_dot, runs["size"]
@@ -1053,6 +1063,9 @@ class _UnitReads:
                     for r in range(a, b):
                         samples += self._general(maps, r)
                 yield _unflagged(samples)
+                s, at = free[j]
+                if at > 0 and s in maps and maps[s][1] is not None:
+                    maps[s][1].release(at)
                 for s in closing.get(j, ()):
                     self._close(maps.pop(s))
         finally:
