@@ -758,6 +758,15 @@ class UnitProgram(PlannedProgram):
         self.units, self.full, self.readers, self.q = lay.units, lay.full, lay.readers, lay.q
         self.num_batches, self.dropped = lay.num_batches, lay.dropped
         self._handed: dict[int, list] = {}  # each reader's raw units handed on (_assembled)
+        # the shards the pass's readers have mapped ([its source, its readers left]) and the
+        # readers that read each shard (_UnitReads)
+        self.maps: dict[int, list] = {}
+        self.users: dict[int, int] = {}
+
+    def close(self) -> None:
+        maps, self.maps = self.maps, {}
+        for entry in maps.values():
+            _close_map(entry[0])
 
     def unit_samples(self, g: int) -> list[tuple[int, int, bool]]:
         """``(shard, sample index in the shard, pad)`` of each sample of global batch ``g`` (a
@@ -791,9 +800,12 @@ class UnitProgram(PlannedProgram):
         ids = [reader * self.q + j for j in batches]
         real = [u for u in ids if u < P]
         pads = [u - P for u in ids if u >= P]
-        return self._assembled(ctx, reader, real, pads)
+        # (here, not in the generator: every reader of the pass says which shards it maps
+        # before any reads, so that a shard's map is closed after its last reader's last pack)
+        reads = _UnitReads.of(self, ctx, real) if real else None
+        return self._assembled(ctx, reader, real, pads, reads)
 
-    def _assembled(self, ctx, reader, real, pads):
+    def _assembled(self, ctx, reader, real, pads, reads=None):
         """The units (their samples through the stages before the unit stage, in unit order:
         what a stage does to a sample happens just before its unit goes out).
 
@@ -811,7 +823,7 @@ class UnitProgram(PlannedProgram):
         self._handed[reader] = handed
 
         def iters():
-            for got in self._raw_units(ctx, real, [u % P for u in pads]):
+            for got in self._raw_units(ctx, real, [u % P for u in pads], reads):
                 it = iter(got)
                 handed.append((got, it))
                 yield it
@@ -843,14 +855,13 @@ class UnitProgram(PlannedProgram):
             )
         return got
 
-    def _raw_units(self, ctx, real: list, pads: list) -> Iterator[list]:
+    def _raw_units(self, ctx, real: list, pads: list, reads=None) -> Iterator[list]:
         """The raw samples of the units ``real``, then of the padding units ``pads`` (read by
         position, flagged): each unit read when it is due from its shards' maps where they are
-        local plain tars with known offsets (:class:`_UnitReads`), else from the reader's
-        stream (:meth:`_streamed_units`)."""
+        local plain tars with known offsets (``reads``, a :class:`_UnitReads`), else from the
+        reader's stream (:meth:`_streamed_units`)."""
         units = self.units
         if real:
-            reads = _UnitReads.of(self, ctx, real)
             if reads is not None:
                 yield from reads.units()
             else:
@@ -981,6 +992,16 @@ def _unit_runs(table: ShardTable, units: UnitPlan, full) -> dict | None:
     return got
 
 
+def _close_map(src: tuple) -> None:
+    """Close a shard a :class:`_UnitReads` opened: its map, then its stream."""
+    ctx, mapped = src[:2]
+    try:
+        if mapped is not None:
+            mapped.close()
+    finally:
+        ctx.__exit__(None, None, None)
+
+
 def _unflagged(samples: list) -> list:
     """``samples`` with ``__pad__`` set false (here, so that no loop variable keeps one)."""
     for sample in samples:
@@ -1010,6 +1031,16 @@ class _UnitReads:
         self.ids = ids
         self.runs = runs
         self.urls = self.ds.table.urls
+        # each shard's last use among these units; the pass counts this reader among its
+        # readers (its map is closed when the last of them is done with it: _let_go)
+        shard, ur = runs["shard"], runs["of"]
+        self.last_use: dict[int, int] = {}
+        for j, u in enumerate(ids):
+            for r in range(ur[u], ur[u + 1]):
+                self.last_use[shard[r]] = j
+        users = prog.users
+        for s in self.last_use:
+            users[s] = users.get(s, 0) + 1
 
     @classmethod
     def of(cls, prog, ctx, ids: list[int]) -> "_UnitReads | None":
@@ -1025,13 +1056,9 @@ class _UnitReads:
         runs = self.runs
         lo, hi, shard, ur = runs["lo"], runs["hi"], runs["shard"], runs["of"]
         ids = self.ids
-        # each shard's map is closed after the last of these units that reads it
-        last_use: dict[int, int] = {}
-        for j, u in enumerate(ids):
-            for r in range(ur[u], ur[u + 1]):
-                last_use[shard[r]] = j
+        # this reader lets go of each shard after the last of its units that reads it
         closing: dict[int, list[int]] = {}
-        for s, j in last_use.items():
+        for s, j in self.last_use.items():
             closing.setdefault(j, []).append(s)
         # after unit j: its first run's shard is read no more before this byte (its pages are
         # given back, MappedFile.release, every _GIVE_BACK bytes; -1: read no more)
@@ -1069,25 +1096,46 @@ class _UnitReads:
                 yield _unflagged(samples)
                 s, at = free[j]
                 if at - given.get(s, 0) >= _GIVE_BACK and s in maps and maps[s][1] is not None:
-                    maps[s][1].release(at)
+                    if self.prog.maps[s][1] == 1:  # (no other reader of the pass reads it)
+                        maps[s][1].release(at)
                     given[s] = at
                 for s in closing.get(j, ()):
-                    self._close(maps.pop(s))
+                    self._let_go(maps, s)
         finally:
-            for src in maps.values():
-                self._close(src)
+            for s in list(maps):
+                self._let_go(maps, s)
 
     def _open(self, maps: dict, s: int) -> tuple:
-        ctx = self.ds.open_shard(self.urls[s])
-        stream = ctx.__enter__()
-        try:
-            stream.seek(0)
-            mapped = map_local(stream)
-        except BaseException:
-            ctx.__exit__(None, None, None)
-            raise
-        maps[s] = got = (ctx, mapped, stream, None if mapped is None else mapped.map)
-        return got
+        """Shard ``s`` opened and mapped, shared with the pass's other readers (adjacent
+        readers read the same shard: one map, not one each)."""
+        shared = self.prog.maps
+        entry = shared.get(s)
+        if entry is None:  # (its count: the readers that have not let go of it)
+            ctx = self.ds.open_shard(self.urls[s])
+            stream = ctx.__enter__()
+            try:
+                stream.seek(0)
+                mapped = map_local(stream)
+            except BaseException:
+                ctx.__exit__(None, None, None)
+                raise
+            src = (ctx, mapped, stream, None if mapped is None else mapped.map)
+            entry = shared[s] = [src, self.prog.users.get(s, 1)]
+        maps[s] = entry[0]
+        return entry[0]
+
+    def _let_go(self, maps: dict, s: int) -> None:
+        """This reader reads shard ``s`` no more (closed when no reader of the pass does)."""
+        if maps.pop(s, None) is None:
+            return
+        users = self.prog.users
+        users[s] = users.get(s, 1) - 1
+        entry = self.prog.maps.get(s)
+        if entry is not None:
+            entry[1] = users[s]
+            if users[s] <= 0:
+                del self.prog.maps[s]
+                _close_map(entry[0])
 
     def _data_end(self, s: int, mapped) -> int:
         """Where shard ``s``'s last sample ends (its last member's padded end, as a plain tar
@@ -1112,15 +1160,6 @@ class _UnitReads:
                 pass
             ends[s] = end
         return end
-
-    @staticmethod
-    def _close(src: tuple) -> None:
-        ctx, mapped = src[:2]
-        try:
-            if mapped is not None:
-                mapped.close()
-        finally:
-            ctx.__exit__(None, None, None)
 
     def _general(self, maps: dict, r: int) -> list:
         """Run ``r``'s samples by the general reader (which raises the right error)."""
