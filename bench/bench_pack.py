@@ -4,6 +4,12 @@ ratios from one run.
 
     .venv/bin/python bench/bench_pack.py            # 40,000 samples, 10M planned
     .venv/bin/python bench/bench_pack.py --quick    # 10,000 samples, 2M planned
+    .venv/bin/python bench/bench_pack.py --ratio    # the packed/unpacked ratios only (~1 min)
+
+``--ratio``: the issue's target row alone, in one short run: samples per CPU second of the
+packed pipeline against the unpacked one over the same shards, bare token samples and with
+``.decode()`` of the ``tokens.npy`` field, 12 readers and 2, the sides taken in turn (best of
+``--repeat``); it prints each ratio and the pack fill.
 
 Rows:
 
@@ -12,10 +18,9 @@ Rows:
    raw ``tok`` field, a ``tokens`` metadata column in the manifest, lengths lognormal(5.5, 1.0)
    capped at 8,192, mean ~400): ``.map(tokens).batched(B, collation_fn=None)`` (unpacked: lists
    of B samples, B the mean samples per pack, so both yield about as many units) against
-   ``.map(tokens).pack(8192, "tokens")`` (packs planned from the column; default window of 16
-   packs); an unpacked pipeline holding as many samples as a window (``.shuffle(16 B)``: a pack's
-   reader holds a window's samples until their packs are complete, as a shuffle buffer holds
-   its); packs with ``window=64``; then the unpacked and packed ones with their collations,
+   ``.map(tokens).pack(8192, "tokens")`` (packs planned from the column; default of 4 packs
+   open); an unpacked pipeline holding samples (``.shuffle(16 B)``: a shuffle buffer); packs
+   with ``window=16`` packs open; then the unpacked and packed ones with their collations,
    ``collate_padded`` against ``collate_packed``; both with per-sample work a trainer's pipeline
    does (``.decode()``: the tokens of a ``tokens.npy`` field decoded to an array); and a mixture
    by tokens of two sources (``mix(..., unit="tokens")``, 2:1) batched against packed. All taken
@@ -24,11 +29,11 @@ Rows:
    process reading the whole plan) and with 2 (a DataLoader worker's share of 12 readers in 6
    workers).
 2. ``tokens/batch``: on the same lengths, the share of a batch's token slots that hold tokens:
-   packs of 8,192 (``pack_units``, default window) against batches of B samples in the epoch's
+   packs of 8,192 (``pack_units``, default packs open) against batches of B samples in the epoch's
    order padded to their longest, and against length buckets (``bucket_units``) padded to their
    longest; the ratio packed / padded is the tokens a batch of the same size carries more.
 3. ``plan 10M``: the pack plan of an epoch of 10M samples in 1,000 shards from a cost column
-   (the epoch's order of the shards, the column in that order, best-fit decreasing in windows):
+   (the epoch's order of the shards, the column in that order, best-fit with 4 packs open):
    CPU and wall seconds; the bucket plan of the same; the packs of a mixture by tokens of two
    sources of half as many samples each (60 readers, stop="first").
 
@@ -107,7 +112,7 @@ def rate_rows(manifest: str, b: int, held: int, repeat: int, readers: int) -> No
         .shuffle(held)
         .map(tokens)
         .batched(b, collation_fn=None),
-        "packed, window=64": base().map(tokens).pack(MAX, "tokens", window=64),
+        "packed, window=16": base().map(tokens).pack(MAX, "tokens", window=16),
         "unpacked + collate_padded": base()
         .map(tokens)
         .batched(b, collation_fn=functools.partial(collate_padded, fields=["tokens"])),
@@ -142,12 +147,48 @@ def rate_rows(manifest: str, b: int, held: int, repeat: int, readers: int) -> No
     print(
         f"  ratios: packed / unpacked {r['packed'] / r['unpacked']:.3f}; packed / unpacked "
         f"holding as many samples (shuffle({held})) {r['packed'] / shuffled:.3f}; "
-        f"window=64 / unpacked {r['packed, window=64'] / r['unpacked']:.3f}; with collation "
+        f"window=16 / unpacked {r['packed, window=16'] / r['unpacked']:.3f}; with collation "
         f"{r['packed + collate_packed'] / r['unpacked + collate_padded']:.3f}; with "
         f".decode() (npy) {r['packed, .decode() npy'] / r['unpacked, .decode() npy']:.3f}; "
         f"mix by tokens packed / batched "
         f"{r['mix by tokens, packed'] / r['mix by tokens, batched']:.3f}"
     )
+
+
+def ratio_rows(manifest: str, lengths: np.ndarray, repeat: int) -> None:
+    """The packed pipeline's samples/s over the unpacked one's, bare and with .decode(), for
+    12 readers and 2 (same shards; sides in turn, best of ``repeat``)."""
+    from tarshards import WebDataset
+    from tarshards.plan.packing import pack_units
+
+    plan = pack_units(lengths, MAX)
+    b = max(1, round(len(lengths) / len(plan)))
+    print(f"pack fill {plan.fill():.4f} ({len(plan):,} packs of {MAX}; B={b})")
+    for readers in (READERS, 2):
+
+        def base(readers=readers):
+            return WebDataset(
+                manifest, shardshuffle=True, seed=0, readers=readers, remainder="drop"
+            )
+
+        sides = {
+            "unpacked": base().map(tokens).batched(b, collation_fn=None),
+            "packed": base().map(tokens).pack(MAX, "tokens"),
+            "unpacked .decode()": base().decode().batched(b, collation_fn=None),
+            "packed .decode()": base().decode().pack(MAX, "tokens"),
+        }
+        for ds in sides.values():
+            epoch_rate(ds)  # (plans the epoch)
+        best = dict.fromkeys(sides, 0.0)
+        for _ in range(repeat):
+            for name, ds in sides.items():
+                best[name] = max(best[name], epoch_rate(ds)[0])
+        print(
+            f"readers={readers:2d}: bare {best['packed']:,.0f} / {best['unpacked']:,.0f} "
+            f"samples/s = {best['packed'] / best['unpacked']:.3f}; .decode() "
+            f"{best['packed .decode()']:,.0f} / {best['unpacked .decode()']:,.0f} = "
+            f"{best['packed .decode()'] / best['unpacked .decode()']:.3f}"
+        )
 
 
 def mixture(manifest: str, readers: int):
@@ -234,11 +275,15 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--samples", type=int, default=None)
     ap.add_argument("--plan-samples", type=int, default=None)
+    ap.add_argument("--ratio", action="store_true", help="the packed/unpacked ratios only")
     args = ap.parse_args()
-    n = args.samples or (10_000 if args.quick else 40_000)
+    n = args.samples or (20_000 if args.ratio else 10_000 if args.quick else 40_000)
     big = args.plan_samples or (2_000_000 if args.quick else 10_000_000)
     print(f"{platform.processor() or platform.machine()}, {time.strftime('%Y-%m-%d %H:%M')}")
     manifest, lengths = make_data(n)
+    if args.ratio:
+        ratio_rows(manifest, lengths, max(args.repeat, 5))
+        return
     from tarshards.plan.packing import pack_units
 
     b = max(1, round(len(lengths) / len(pack_units(lengths, MAX))))

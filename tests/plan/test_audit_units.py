@@ -126,6 +126,24 @@ def test_audit_refuses_other_data_or_another_column(data, tmp_path):
     assert result.exit_code == 2 and "not the data" in result.output
 
 
+def test_audit_refuses_packs_of_an_earlier_rule(data, tmp_path):
+    """A ledger whose plan's packs another rule made (an earlier tarshards' names no rule) is
+    not replayed over this rule's packs (they hold other samples)."""
+    manifest, _ = data
+    ledger = tmp_path / "ledger"
+    train(manifest, "pack", ledger)
+    old = tmp_path / "old"
+    old.mkdir()
+    for p in ledger.glob("*.jsonl"):
+        records = [json.loads(ln) for ln in p.read_text().splitlines()]
+        for rec in records:
+            if isinstance(rec.get("identity"), dict):
+                assert rec["identity"].pop("packs")
+        (old / p.name).write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = audit_cli(old, manifest)
+    assert result.exit_code == 2 and "earlier tarshards" in result.output, result.output
+
+
 def test_packs_over_a_view_read_the_column_at_the_rows_it_keeps(data):
     """The plan's costs are those of the view's samples (not of the manifest's first rows)."""
     _, view = data

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tarshards import ShardWriter, WebDataset
+from tarshards import packing as packing_module
 from tarshards.errors import ResumeError, TarshardsWarning
-from tarshards.plan.packing import bucket, bucket_units, pack, pack_units
+from tarshards.plan.packing import PACK_RULE, bucket, bucket_units, pack, pack_units
 from tarshards.testing import check_resume
 
 N = 240
@@ -230,16 +232,24 @@ def test_resume_equals_no_interruption(data, make):
 
 def test_remainder_drop_counts_and_warns(data):
     manifest, _ = data
-    ds = (
-        WebDataset(manifest, shardshuffle=True, seed=3, readers=7)
-        .decode()
-        .pack(MAX, "tokens", window=4)
-    )
+
+    def make(readers):
+        return (
+            WebDataset(manifest, shardshuffle=True, seed=3, readers=readers)
+            .decode()
+            .pack(MAX, "tokens", window=4)
+        )
+
+    # readers that the epoch's packs do not divide (some are left out)
+    packs = len(make(1).epoch_program(0).units)
+    readers = next(v for v in range(7, 20) if packs % v)
+    ds = make(readers)
     with pytest.warns(TarshardsWarning, match="leaves out"):
         units = list(ds)
     real = sum(len(u) for u in units)
+    assert ds.dropped_samples(0) > 0
     assert real + ds.dropped_samples(0) == N
-    assert len(units) % 7 == 0
+    assert len(units) % readers == 0
 
 
 @pytest.mark.parametrize("workers", [None, 2])
@@ -316,6 +326,47 @@ def test_state_of_other_packing_is_refused(data):
         other.load_state_dict(state)
 
 
+def test_state_of_an_earlier_packing_rule_is_refused(data):
+    """A state saved by a plan whose packs another rule made (an earlier tarshards' states name
+    no rule) does not resume this plan's packs."""
+    manifest, _ = data
+    ds = packed(manifest)
+    next(iter(ds))
+    state = ds.state_dict()
+    assert state["packs"] == PACK_RULE
+    for old in ({k: v for k, v in state.items() if k != "packs"}, dict(state, packs="other/1")):
+        with pytest.raises(ResumeError, match="another packing rule"):
+            packed(manifest).load_state_dict(old)
+
+
+@given(costs=costs_st, budget=st.integers(1, 256), k=st.integers(1, 6))
+@settings(max_examples=100, deadline=None)
+def test_the_c_loop_makes_the_packs_of_the_python_rule(costs, budget, k):
+    if packing_module._c_plan is None:
+        pytest.skip("the C extension is not built")
+    unit_of, key = packing_module._plan_packs(costs, float(budget), k)
+    ref_unit, ref_key = packing_module._plan_packs_py(costs.tolist(), float(budget), k)
+    assert unit_of.tolist() == ref_unit and key.tolist() == ref_key
+
+
+def test_packs_fill_and_hold_few_samples_on_long_tailed_lengths(monkeypatch):
+    """The default rule (8 packs open) fills >= 99 % of the budget on long-tailed lengths
+    (lognormal, mean ~400 of 8,192), a pack's samples lie in a few runs of adjacent samples
+    close together in the stream (what a reader parses on the pack's turn), and the plan is
+    the same without the C loop."""
+    rng = np.random.default_rng(38)
+    costs = np.minimum(rng.lognormal(5.5, 1.0, 20000).astype(int) + 1, 8192)
+    plan = pack_units(costs, 8192)
+    assert plan.fill() >= 0.99, plan.fill()
+    runs = [1 + int((np.diff(plan.unit(u)) > 1).sum()) for u in range(len(plan))]
+    assert np.mean(runs) < 3, np.mean(runs)
+    spans = [int(plan.unit(u)[-1] - plan.unit(u)[0]) for u in range(len(plan))]
+    assert np.median(spans) < 8 * len(costs) / len(plan)  # within ~8 packs' worth of samples
+    monkeypatch.setattr(packing_module, "_c_plan", None)
+    again = pack_units(costs, 8192)
+    assert again.units() == plan.units()
+
+
 def test_planned_errors(data):
     manifest, _ = data
     base = WebDataset(manifest, readers=4, remainder="drop")
@@ -335,6 +386,47 @@ def test_planned_errors(data):
         base.bucket("tokens", [10, 20], [1, 2])
     with pytest.raises(ValueError, match="fewer than readers"):
         list(WebDataset(manifest, readers=10_000, remainder="drop").pack(10**9, "tokens"))
+
+
+def test_packs_read_on_their_turn_equal_the_streamed_ones(data, monkeypatch):
+    """A reader parses each pack from its shards' maps on its own turn (local plain shards);
+    without that (remote shards, views) it streams them: the same packs, the same samples."""
+    manifest, _ = data
+    reads = []
+    orig = packing_module._UnitReads.units
+    monkeypatch.setattr(
+        packing_module._UnitReads, "units", lambda self: reads.append(1) or orig(self)
+    )
+    direct = [[(s["__key__"], s["tokens.npy"].tolist()) for s in u] for u in packed(manifest)]
+    assert reads  # (the maps were read)
+    # where the C scan declines every run (or is not built): the general reader, same packs
+    monkeypatch.setattr(packing_module, "plain_run", lambda *a: None)
+    general = [[(s["__key__"], s["tokens.npy"].tolist()) for s in u] for u in packed(manifest)]
+    assert general == direct
+    monkeypatch.setattr(packing_module, "_unit_runs", lambda *a: None)
+    streamed = [[(s["__key__"], s["tokens.npy"].tolist()) for s in u] for u in packed(manifest)]
+    assert direct == streamed
+
+
+def test_a_damaged_shard_is_named(data, tmp_path):
+    """A member header damaged in the middle of a shard: the pack's read raises an error that
+    names the shard (the general reader reads the run the C scan declines)."""
+    import shutil
+
+    from tarshards import Manifest
+    from tarshards.errors import TarshardsError
+
+    manifest, _ = data
+    shutil.copytree(Path(manifest).parent, tmp_path / "copy")
+    copy = str(tmp_path / "copy" / "manifest.json")
+    victim = packed(copy).table.urls[2]
+    offset = int(Manifest.load(copy).load_index(2).sample_offsets[5])
+    with open(victim, "r+b") as f:  # the header's name: its checksum no longer matches
+        f.seek(offset)
+        f.write(b"X")
+    with pytest.raises(TarshardsError) as err:
+        list(packed(copy))
+    assert Path(victim).name in str(err.value), err.value
 
 
 def test_plain_pipeline_packs_by_function_and_resumes(data):

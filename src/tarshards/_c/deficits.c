@@ -1,4 +1,5 @@
-/* Optional: the largest deficit rule of tarshards.plan.mixing (mixing by tokens) as one C loop.
+/* Optional: the largest deficit rule of tarshards.plan.mixing (mixing by tokens) as one C loop,
+ * and the packing rule of tarshards.plan.packing (plan_packs, below).
  *
  * fill(deficits, weights, costs, pos, order, slots) -> None
  *
@@ -140,15 +141,117 @@ free_mem:
     return result;
 }
 
+/* plan_packs(costs, budget, k) -> (unit_of, key): the packing rule of tarshards.packing
+ * (_OpenPacks, _plan_packs_py: the reference) as one loop.
+ *
+ *   costs   float64 (n,), C-contiguous: the samples' costs in stream order
+ *   budget  the pack's budget; a sample costing more is a pack of its own, out at once
+ *   k       the most packs open at once (slots)
+ *
+ * Returns two bytes objects of int64: each sample's pack (packs numbered as opened) and each
+ * pack's order key (2 i: out when sample i arrives; 2 n + 1: still open at the end). A sample
+ * goes into the pack of the sample placed before it where it fits, else into the open pack with
+ * the least room that fits it (ties: the lowest slot); where none fits, a new pack opens in the
+ * lowest free slot, or, every slot taken, in the slot of the fullest open pack (the least room;
+ * ties: the lowest slot), which is closed. room = budget; room -= c: the same float64
+ * operations as the Python rule.
+ */
+static PyObject *
+plan_packs(PyObject *self, PyObject *args)
+{
+    PyObject *costs_obj;
+    double budget;
+    Py_ssize_t k;
+    if (!PyArg_ParseTuple(args, "Odn:plan_packs", &costs_obj, &budget, &k))
+        return NULL;
+    if (k < 1) {
+        PyErr_SetString(PyExc_ValueError, "plan_packs: k must be >= 1");
+        return NULL;
+    }
+    Py_buffer bc;
+    if (get(costs_obj, &bc, 0, "d", 1, "costs") < 0)
+        return NULL;
+    Py_ssize_t n = bc.shape[0];
+    const double *costs = (const double *)bc.buf;
+    PyObject *unit_obj = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t));
+    int64_t *key = PyMem_Malloc((n ? n : 1) * sizeof(int64_t));
+    double *room = PyMem_Malloc(k * sizeof(double));
+    int64_t *ids = PyMem_Malloc(k * sizeof(int64_t));
+    PyObject *result = NULL;
+    if (unit_obj == NULL || key == NULL || room == NULL || ids == NULL) {
+        if (unit_obj != NULL)
+            PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *unit_of = (int64_t *)PyBytes_AS_STRING(unit_obj);
+    int64_t next_id = 0, end = 2 * (int64_t)n + 1;
+    Py_ssize_t open = 0, prev = -1; /* slots open; the slot of the last sample placed */
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double c = costs[i];
+        if (c > budget) { /* a pack of its own, out at once */
+            unit_of[i] = next_id;
+            key[next_id++] = 2 * (int64_t)i;
+            continue;
+        }
+        Py_ssize_t best = -1;
+        if (prev >= 0 && room[prev] >= c) {
+            best = prev; /* the previous sample's pack, where it fits */
+        } else {
+            double least = 0.0;
+            for (Py_ssize_t s = 0; s < open; s++) {
+                if (room[s] >= c && (best < 0 || room[s] < least)) {
+                    best = s;
+                    least = room[s];
+                }
+            }
+        }
+        if (best < 0) {
+            if (open < k) {
+                best = open++;
+            } else { /* close the fullest open pack; the new one takes its slot */
+                best = 0;
+                for (Py_ssize_t s = 1; s < k; s++)
+                    if (room[s] < room[best])
+                        best = s;
+                key[ids[best]] = 2 * (int64_t)i;
+            }
+            room[best] = budget;
+            ids[best] = next_id;
+            key[next_id++] = end;
+        }
+        room[best] -= c;
+        unit_of[i] = ids[best];
+        prev = best;
+    }
+    Py_END_ALLOW_THREADS
+    PyObject *key_obj = PyBytes_FromStringAndSize((const char *)key,
+                                                  (Py_ssize_t)next_id * (Py_ssize_t)sizeof(int64_t));
+    if (key_obj != NULL) {
+        result = PyTuple_Pack(2, unit_obj, key_obj);
+        Py_DECREF(key_obj);
+    }
+done:
+    Py_XDECREF(unit_obj);
+    PyMem_Free(key);
+    PyMem_Free(room);
+    PyMem_Free(ids);
+    PyBuffer_Release(&bc);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"fill", fill, METH_VARARGS,
      "fill(deficits, weights, costs, pos, order, slots): the largest deficit rule over slots"},
+    {"plan_packs", plan_packs, METH_VARARGS,
+     "plan_packs(costs, budget, k) -> (unit_of, key): the packing rule of tarshards.packing"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT, "_deficits",
-    "The largest deficit rule of tarshards.plan.mixing as one C loop (optional).", -1, methods,
+    "The largest deficit rule of tarshards.plan.mixing and the packing rule of "
+    "tarshards.plan.packing as C loops (optional).", -1, methods,
 };
 
 PyMODINIT_FUNC

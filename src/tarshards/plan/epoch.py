@@ -606,6 +606,11 @@ def check_state(state: dict, expected: dict, *, aliases: Mapping[str, str] | Non
                 "fingerprint was the manifest's checksum: load it into a pipeline given the "
                 "same manifest)"
             )
+        if "packs" in expected and state.get("packs") != expected["packs"]:
+            hint += (
+                " (its packs were made by another packing rule, an earlier tarshards' if none is "
+                "named: this plan's packs are other samples, so the state cannot resume it)"
+            )
         raise ResumeError("the saved state does not fit this pipeline: " + "; ".join(diffs) + hint)
     return state
 
