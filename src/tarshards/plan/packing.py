@@ -59,7 +59,7 @@ from .planned import PlannedProgram
 np = LazyModule("numpy", globals(), "np")
 
 try:  # optional C loop of the packing rule (see _c/deficits.c); _plan_packs_py is the reference
-    from ._deficits import plan_packs as _c_plan
+    from .._deficits import plan_packs as _c_plan
 except ImportError:  # pragma: no cover - without the extension
     _c_plan = None
 
