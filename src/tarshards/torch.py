@@ -58,6 +58,7 @@ from .errors import (
 )
 from .ledger import LedgerWriter
 from .media.output import register_media_converter
+from .media.probe import register_worker_count
 from .plan import STATE_FORMAT
 from .stages import collate_error, register_collation
 from .stats import Counters, LoaderStats, OnStall, clock, gathered, start_watchdog, timed_items
@@ -1254,4 +1255,12 @@ register_codec(
 register_collation(torch.Tensor, stack, into=stack_into)
 register_crop_converter("tensor", resized_crop)
 register_media_converter("tensor", torch.from_numpy)
+
+
+def _dataloader_workers() -> int:
+    info = get_worker_info()
+    return 0 if info is None else int(info.num_workers)
+
+
+register_worker_count(_dataloader_workers)  # video decoders choose their threads by it
 register_array_type("torch", torch.Tensor, lambda t: t.detach().cpu().numpy(), torch.from_numpy)
