@@ -15,11 +15,18 @@ libx264), made here once into ``bench/_data/media/`` from moving noise (a realis
    on the same bytes in memory and the same clip starts (the reference decodes the start our
    decoder drew); the two clips are checked equal. Target: >= 3x.
 2. ``loader``: clips/s of ``WebDataset(shards).decode(tarshards.video(frames=16))
-   .to_tuple("mp4", "cls")`` over 4 shards of 32 such members (8 with --quick), in one process
-   and through ``WebLoader(num_workers=2)``, over the whole epoch and after its first clip
-   (the workers' start-up left out). Target: >= 1.6x on a host with 2 free cores. The
-   CPU time a clip costs (this process, and with the loader its workers too, counted once they
-   exit) says what the ratio would be with free cores where the host is shared.
+   .to_tuple("mp4", "cls")`` over 4 shards of 32 such members (16 with --quick): one process
+   decoding on one thread (``threads=1``), one process with FFmpeg's threads (the decoder's
+   default in a lone process), and ``WebLoader(num_workers=2)`` (the decoder's default in a
+   worker: its share of the cores, one thread each on 2 cores), in turns, medians of 3 passes,
+   over the whole epoch and after its first clip (the workers' start-up left out). The ratio is
+   the workers' rate against the better one-process rate. Target: >= 1.6x on a host with 2
+   free cores. The CPU time a clip costs each (with the loader its workers too, counted once
+   they exit) and the cores each used (CPU over wall time) say what bounds the ratio, and what
+   it would be with free cores where the host is shared: two workers reach at most 2 cores /
+   their CPU a clip, and one process with FFmpeg's threads uses more than one core where the
+   codec lets its threads share a frame (this member has 2 slices a frame: libx264's slice
+   threads on the 2-core host that encoded it).
 3. ``remote``: ``IndexedDataset(manifest over HTTP, decode=tarshards.video(frames=60))`` (a 2 s
    clip) against the test HTTP server (``tests/integration/servers.py``), the body bytes the
    server sent per clip against the member's size, and its requests; with the plain index,
@@ -39,6 +46,7 @@ import resource
 import statistics
 import sys
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -132,6 +140,9 @@ def _shards(data: bytes, shards: int, per_shard: int) -> list[str]:
     paths = [os.path.join(DATA, f"clips-{i}.tar") for i in range(shards)]
     stamp = os.path.join(DATA, f"clips-{shards}x{per_shard}-{len(data)}.done")
     if not os.path.exists(stamp):
+        for old in os.listdir(DATA):  # the shards of another size: written again below
+            if old.startswith("clips-") and old.endswith(".done"):
+                os.remove(os.path.join(DATA, old))
         with tarshards.ShardWriter(os.path.join(DATA, "clips-%d.tar"), maxcount=per_shard) as w:
             for i in range(shards * per_shard):
                 w.write({"__key__": f"v{i:04d}", "mp4": data, "cls": i})
@@ -139,26 +150,27 @@ def _shards(data: bytes, shards: int, per_shard: int) -> list[str]:
     return paths
 
 
+def _cpu(who) -> float:
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
 def row_loader(data: bytes, shards: int, per_shard: int, passes: int) -> dict:
+    """Clips/s of one process decoding on one thread, one process with FFmpeg's threads (the
+    decoder's default there), and ``WebLoader(num_workers=2)`` (its default there: each worker
+    its share of the cores), in turns; with the CPU time a clip costs in each."""
     import torch
 
     torch.set_num_threads(1)
     urls = _shards(data, shards, per_shard)
 
-    def make():
+    def make(threads):
         return (
             tarshards.WebDataset(urls, shardshuffle=False, seed=0)
-            .decode(tarshards.video(frames=16))
+            .decode(tarshards.video(frames=16, threads=threads))
             .to_tuple("mp4", "cls")
             .map_tuple(lambda c: c.frames, None)
         )
-
-    cpu_one: list[float] = []  # CPU seconds a clip: this process
-    cpu_two: list[float] = []  # this process and its (reaped) workers
-
-    def cpu(who) -> float:
-        r = resource.getrusage(who)
-        return r.ru_utime + r.ru_stime
 
     def steady(it) -> tuple[int, float, float]:
         """Items, seconds for all, seconds after the first (start-up left out)."""
@@ -171,47 +183,52 @@ def row_loader(data: bytes, shards: int, per_shard: int, passes: int) -> dict:
         end = time.perf_counter()
         return n, end - t0, end - (first or t0)
 
-    def one_process() -> tuple[float, float]:
-        c0 = cpu(resource.RUSAGE_SELF)
-        n, secs, after = steady(make())
-        cpu_one.append((cpu(resource.RUSAGE_SELF) - c0) / n)
-        return n / secs, (n - 1) / after
+    def one_process(threads) -> tuple[float, float, float]:
+        c0 = _cpu(resource.RUSAGE_SELF)
+        n, secs, after = steady(make(threads))
+        cpu = _cpu(resource.RUSAGE_SELF) - c0
+        return n / secs, (n - 1) / after, cpu / n
 
-    def loader() -> tuple[float, float]:
-        c0 = cpu(resource.RUSAGE_SELF) + cpu(resource.RUSAGE_CHILDREN)
-        ld = tarshards.WebLoader(make(), num_workers=2, batch_size=None)
+    def loader() -> tuple[float, float, float]:
+        # CPU: this process and its workers (counted once they have exited and been reaped)
+        c0 = _cpu(resource.RUSAGE_SELF) + _cpu(resource.RUSAGE_CHILDREN)
+        ld = tarshards.WebLoader(make(None), num_workers=2, batch_size=None)
         n, secs, after = steady(ld)
         del ld
         gc.collect()
-        c1 = cpu(resource.RUSAGE_SELF) + cpu(resource.RUSAGE_CHILDREN)
-        cpu_two.append((c1 - c0) / n)
-        return n / secs, (n - 1) / after
+        c1 = _cpu(resource.RUSAGE_SELF) + _cpu(resource.RUSAGE_CHILDREN)
+        return n / secs, (n - 1) / after, (c1 - c0) / n
 
-    one, two = [], []
-    for p in range(passes):  # interleaved, the order reversed every other pass
-        if p % 2:
-            two.append(loader())
-            one.append(one_process())
-        else:
-            one.append(one_process())
-            two.append(loader())
-    a = statistics.median(x[0] for x in one)
-    b = statistics.median(x[0] for x in two)
-    a1 = statistics.median(x[1] for x in one)
-    b1 = statistics.median(x[1] for x in two)
-    return {
-        "samples": shards * per_shard,
-        "one_process_clips_per_s": a,
-        "workers2_clips_per_s": b,
-        "ratio": b / a,
-        "one_process_steady_clips_per_s": a1,
-        "workers2_steady_clips_per_s": b1,
-        "steady_ratio": b1 / a1,
-        "one_process_cpu_ms_per_clip": 1000 * statistics.median(cpu_one),
-        "workers2_cpu_ms_per_clip": 1000 * statistics.median(cpu_two),
-        "passes": passes,
-        "target": 1.6,
+    rows: dict[str, Callable[[], tuple[float, float, float]]] = {
+        "one_thread": lambda: one_process(1),
+        "ffmpeg_threads": lambda: one_process(None),
+        "workers2": loader,
     }
+    got: dict[str, list[tuple[float, float, float]]] = {k: [] for k in rows}
+    order = list(rows)
+    for p in range(passes):  # in turns, the order turned each pass
+        for name in order[p % len(order) :] + order[: p % len(order)]:
+            got[name].append(rows[name]())
+    out: dict = {"samples": shards * per_shard, "passes": passes, "target": 1.6}
+    for name, runs in got.items():
+        out[name] = {
+            "clips_per_s": statistics.median(r[0] for r in runs),
+            "steady_clips_per_s": statistics.median(r[1] for r in runs),
+            "cpu_ms_per_clip": 1000 * statistics.median(r[2] for r in runs),
+        }
+        # cores used: CPU time over wall time
+        out[name]["cores"] = out[name]["cpu_ms_per_clip"] * out[name]["clips_per_s"] / 1000
+    best = max(out["one_thread"]["clips_per_s"], out["ffmpeg_threads"]["clips_per_s"])
+    two = out["workers2"]
+    out["ratio"] = two["clips_per_s"] / best  # against the best a process did
+    out["ratio_one_thread"] = two["clips_per_s"] / out["one_thread"]["clips_per_s"]
+    out["ratio_ffmpeg_threads"] = two["clips_per_s"] / out["ffmpeg_threads"]["clips_per_s"]
+    # what two free cores allow the workers, from the CPU time a clip costs them (and this
+    # process), against one thread's CPU time a clip
+    out["two_cores_ratio_one_thread"] = (
+        2 * out["one_thread"]["cpu_ms_per_clip"] / two["cpu_ms_per_clip"]
+    )
+    return out
 
 
 def row_remote(data: bytes, clips: int) -> dict:
@@ -270,7 +287,9 @@ def main() -> None:
     if args.only in (None, "seek"):
         out["seek"] = row_seek(data, 8 if args.quick else 24)
     if args.only in (None, "loader") and importlib.util.find_spec("torch") is not None:
-        out["loader"] = row_loader(data, 4, 8 if args.quick else 32, 3 if args.quick else 5)
+        load0 = os.getloadavg()[0]
+        out["loader"] = row_loader(data, 4, 16 if args.quick else 32, 3)
+        out["load"] = (load0, os.getloadavg()[0])
     if args.only in (None, "remote") and importlib.util.find_spec("aiohttp") is not None:
         out["remote"] = row_remote(data, 5 if args.quick else 10)
     if args.json:
@@ -285,13 +304,23 @@ def main() -> None:
         )
     if "loader" in out:
         r = out["loader"]
+        a, b, w = r["one_thread"], r["ffmpeg_threads"], r["workers2"]
         print(
-            f"loader  clips/s: one process {r['one_process_clips_per_s']:.1f}, WebLoader("
-            f"num_workers=2) {r['workers2_clips_per_s']:.1f}: {r['ratio']:.2f}x (target >= 1.6); "
-            f"after the first clip {r['one_process_steady_clips_per_s']:.1f} vs "
-            f"{r['workers2_steady_clips_per_s']:.1f}: {r['steady_ratio']:.2f}x; CPU a clip "
-            f"{r['one_process_cpu_ms_per_clip']:.0f} ms vs "
-            f"{r['workers2_cpu_ms_per_clip']:.0f} ms (workers and all)"
+            f"loader  clips/s: WebLoader(num_workers=2) {w['clips_per_s']:.1f} against the best "
+            f"one process {max(a['clips_per_s'], b['clips_per_s']):.1f}: {r['ratio']:.2f}x "
+            f"(target >= 1.6); one process on one thread {a['clips_per_s']:.1f} "
+            f"({r['ratio_one_thread']:.2f}x), with FFmpeg's threads {b['clips_per_s']:.1f} "
+            f"({r['ratio_ffmpeg_threads']:.2f}x)"
+        )
+        print(
+            f"        CPU a clip (cores used): one thread {a['cpu_ms_per_clip']:.1f} ms "
+            f"({a['cores']:.2f}), FFmpeg's threads {b['cpu_ms_per_clip']:.1f} ms "
+            f"({b['cores']:.2f}), WebLoader workers and main {w['cpu_ms_per_clip']:.1f} ms "
+            f"({w['cores']:.2f}): on 2 free cores the workers reach at most "
+            f"{r['two_cores_ratio_one_thread']:.2f}x one thread; after the first clip "
+            f"{a['steady_clips_per_s']:.1f} / {b['steady_clips_per_s']:.1f} / "
+            f"{w['steady_clips_per_s']:.1f}; load average {out['load'][0]:.1f} before, "
+            f"{out['load'][1]:.1f} after"
         )
     if "remote" in out:
         r = out["remote"]
