@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_media.py            # all rows
     .venv/bin/python bench/bench_media.py --quick    # fewer clips and samples
     .venv/bin/python bench/bench_media.py --json
+    .venv/bin/python bench/bench_media.py --only phases   # where a clip's time goes (4.)
 
 The member: a 30 s 640x360 video at 30 fps (900 frames), H.264 (libx264, ``veryfast``, crf 23,
 a keyframe every 2 s: a common encoding of web video; mpeg4 where the PyAV wheel lacks
@@ -31,6 +32,11 @@ libx264), made here once into ``bench/_data/media/`` from moving noise (a realis
    clip) against the test HTTP server (``tests/integration/servers.py``), the body bytes the
    server sent per clip against the member's size, and its requests; with the plain index,
    then with the keyframe table (``tarshards index --media --keyframes``).
+4. ``phases`` (only with ``--only phases``): where a clip's time goes in one process (one
+   thread; FFmpeg's threads) and in each ``WebLoader(num_workers=2)`` worker: the thread CPU and
+   wall time of opening and probing the container, seeking and decoding, converting to RGB,
+   and the transport's copy into the worker's slot; each process's CPU time and context
+   switches a clip.
 """
 
 from __future__ import annotations
@@ -231,6 +237,123 @@ def row_loader(data: bytes, shards: int, per_shard: int, passes: int) -> dict:
     return out
 
 
+class _Phases:
+    """Where a clip's time goes, process by process (``--only phases``): the thread CPU time
+    and wall time of the decoder's parts (the container opened and probed, seek and decode, the
+    conversion to RGB) and of the transport's copy into a worker's slot, summed in each process
+    (the workers write theirs to ``folder`` as they exit), beside the process's CPU time."""
+
+    PARTS = (
+        ("VideoDecoder.decode", "decode, all of it"),
+        ("open_container", "  open and probe"),
+        ("VideoDecoder._collect", "  seek and decode"),
+        ("VideoDecoder._rgb", "  to RGB"),
+        ("Packer.__call__", "transport: into the slot"),
+    )
+
+    def __init__(self, folder: str):
+        from tarshards import transport
+        from tarshards.media import video as video_module
+
+        self.folder = folder
+        self.acc: dict[str, list[float]] = {}
+        owners = {"VideoDecoder": video_module.VideoDecoder, "Packer": transport.Packer}
+        for path, label in self.PARTS:
+            owner_name, _, attr = path.rpartition(".")
+            owner = owners.get(owner_name, video_module)
+            setattr(owner, attr, self._timed(label, getattr(owner, attr)))
+
+    def _timed(self, label: str, fn):
+        acc = self.acc
+
+        def timed(*args, **kwargs):
+            c, w = time.thread_time(), time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                a = acc.setdefault(label, [0.0, 0.0])
+                a[0] += time.thread_time() - c
+                a[1] += time.perf_counter() - w
+
+        return timed
+
+    def reset(self) -> tuple[float, int]:
+        self.acc.clear()
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime, r.ru_nvcsw + r.ru_nivcsw
+
+    def snapshot(self, start: tuple[float, int], clips: int) -> dict:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        out = {k: (1000 * c / clips, 1000 * w / clips) for k, (c, w) in self.acc.items()}
+        out["process CPU"] = (1000 * (r.ru_utime + r.ru_stime - start[0]) / clips, 0.0)
+        out["context switches"] = ((r.ru_nvcsw + r.ru_nivcsw - start[1]) / clips, 0.0)
+        return out
+
+    def worker_init(self, worker_id: int) -> None:
+        from multiprocessing import util
+
+        start = self.reset()
+
+        def dump():
+            clips = int(self.acc.get("decode, all of it", [0, 0])[0] > 0) and self.clips
+            path = os.path.join(self.folder, f"worker-{worker_id}.json")
+            with open(path, "w") as f:
+                json.dump(self.snapshot(start, max(clips, 1)), f)
+
+        self.clips = 0
+        util.Finalize(None, dump, exitpriority=100)
+
+    def count(self, item):
+        self.clips += 1
+        return item
+
+
+def row_phases(data: bytes, shards: int, per_shard: int) -> dict:
+    import tempfile
+
+    import torch
+
+    torch.set_num_threads(1)
+    urls = _shards(data, shards, per_shard)
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as d:
+        ph = _Phases(d)
+        ph.clips = 0
+
+        def make(threads):
+            return (
+                tarshards.WebDataset(urls, shardshuffle=False, seed=0)
+                .decode(tarshards.video(frames=16, threads=threads))
+                .to_tuple("mp4", "cls")
+                .map_tuple(lambda c: ph.count(c.frames), None)
+            )
+
+        for name, threads in (("one process, one thread", 1), ("one process, FFmpeg's", None)):
+            start = ph.reset()
+            n = sum(1 for _ in make(threads))
+            out[name] = ph.snapshot(start, n)
+        ld = tarshards.WebLoader(
+            make(None), num_workers=2, batch_size=None, worker_init_fn=ph.worker_init
+        )
+        start = ph.reset()
+        n = sum(1 for _ in ld)
+        main = ph.snapshot(start, n)
+        del ld
+        gc.collect()
+        for w in range(2):
+            path = os.path.join(d, f"worker-{w}.json")
+            for _ in range(50):  # the workers write as they exit
+                if os.path.exists(path):
+                    break
+                time.sleep(0.1)
+            with open(path) as f:
+                out[f"WebLoader worker {w}"] = json.load(f)
+        out["WebLoader main process (per clip of all)"] = {
+            k: main[k] for k in ("process CPU", "context switches")
+        }
+    return out
+
+
 def row_remote(data: bytes, clips: int) -> dict:
     import importlib.util as iu
     import tempfile
@@ -276,7 +399,7 @@ def row_remote(data: bytes, clips: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", choices=["seek", "loader", "remote"], default=None)
+    ap.add_argument("--only", choices=["seek", "loader", "remote", "phases"], default=None)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     data = make_member()
@@ -290,6 +413,8 @@ def main() -> None:
         load0 = os.getloadavg()[0]
         out["loader"] = row_loader(data, 4, 16 if args.quick else 32, 3)
         out["load"] = (load0, os.getloadavg()[0])
+    if args.only == "phases":
+        out["phases"] = row_phases(data, 4, 16 if args.quick else 32)
     if args.only in (None, "remote") and importlib.util.find_spec("aiohttp") is not None:
         out["remote"] = row_remote(data, 5 if args.quick else 10)
     if args.json:
@@ -322,6 +447,15 @@ def main() -> None:
             f"{w['steady_clips_per_s']:.1f}; load average {out['load'][0]:.1f} before, "
             f"{out['load'][1]:.1f} after"
         )
+    if "phases" in out:
+        print("phases  ms a clip, thread CPU / wall (a process's CPU time counts all its threads)")
+        for who, parts in out["phases"].items():
+            print(f"  {who}")
+            for k, (c, w) in parts.items():
+                if k == "context switches":
+                    print(f"    {k:<26} {c:7.1f}")
+                else:
+                    print(f"    {k:<26} {c:7.2f}" + (f" / {w:7.2f}" if w else ""))
     if "remote" in out:
         r = out["remote"]
         for name in ("plain", "keyframes"):
