@@ -52,6 +52,7 @@ import resource
 import statistics
 import sys
 import time
+import zlib
 from typing import Callable
 
 import numpy as np
@@ -66,9 +67,12 @@ from common import machine_info  # noqa: E402
 import tarshards  # noqa: E402
 
 
-def make_member(seconds: int = 30, fps: int = 30, width: int = 640, height: int = 360) -> bytes:
+def make_member(
+    seconds: int = 30, fps: int = 30, width: int = 640, height: int = 360, one_slice: bool = False
+) -> bytes:
     codec = "libx264" if "libx264" in av.codecs_available else "mpeg4"
-    path = os.path.join(DATA, f"member-{seconds}s-{height}p-{codec}.mp4")
+    tail = "-1slice" if one_slice else ""
+    path = os.path.join(DATA, f"member-{seconds}s-{height}p-{codec}{tail}.mp4")
     if os.path.exists(path):
         with open(path, "rb") as f:
             return f.read()
@@ -84,6 +88,8 @@ def make_member(seconds: int = 30, fps: int = 30, width: int = 640, height: int 
         s.width, s.height = width, height
         s.pix_fmt = "yuv420p"
         s.gop_size = 2 * fps
+        if one_slice:  # libx264's frame threads (as the ffmpeg command writes): a slice a frame
+            s.thread_type = "FRAME"
         if codec == "libx264":
             s.options = {"preset": "veryfast", "crf": "23", "keyint_min": str(2 * fps)}
         else:
@@ -144,7 +150,8 @@ def row_seek(data: bytes, clips: int) -> dict:
 
 def _shards(data: bytes, shards: int, per_shard: int) -> list[str]:
     paths = [os.path.join(DATA, f"clips-{i}.tar") for i in range(shards)]
-    stamp = os.path.join(DATA, f"clips-{shards}x{per_shard}-{len(data)}.done")
+    tag = f"{shards}x{per_shard}-{len(data)}-{zlib.crc32(data):08x}"
+    stamp = os.path.join(DATA, f"clips-{tag}.done")
     if not os.path.exists(stamp):
         for old in os.listdir(DATA):  # the shards of another size: written again below
             if old.startswith("clips-") and old.endswith(".done"):
@@ -401,8 +408,15 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", choices=["seek", "loader", "remote", "phases"], default=None)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--one-slice",
+        action="store_true",
+        help="the member encoded with libx264's frame threads, one slice a frame (as the ffmpeg "
+        "command writes it); by default PyAV's slice threads, as many slices as the encoding "
+        "host had threads (2 here)",
+    )
     args = ap.parse_args()
-    data = make_member()
+    data = make_member(one_slice=args.one_slice)
     out: dict = {"machine": machine_info(), "member_bytes": len(data)}
     with av.open(io.BytesIO(data)) as c:
         s = c.streams.video[0]
