@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import pickle
 import random
 
 import numpy as np
@@ -147,6 +148,9 @@ def test_frames_of_any_width_equal_a_full_decode():
         assert clip.frames.shape == (4, height, width, 3)
         idx = _index_of(clip.timestamps, times)
         assert all(np.array_equal(f, frames[i]) for i, f in zip(idx, clip.frames))
+        # a decoder that has run pickles (for spawned workers) without its scaler
+        again = pickle.loads(pickle.dumps(dec)).decode(data, random.Random(width))
+        assert np.array_equal(again.frames, clip.frames)
 
 
 def test_tensor_output_where_torch_is_installed(video_100):
