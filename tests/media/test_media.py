@@ -98,15 +98,19 @@ def test_arguments_are_checked():
 
 
 def test_threads_option_decodes_the_same_frames(video_100):
-    """One decoding thread (``threads=1``), FFmpeg's choice (0) and the chosen number (None)
-    give the same clip."""
+    """One decoding thread (``threads=1``), FFmpeg's choice (0) and the chosen number (None),
+    threads on slices, on frames or both, give the same clip."""
     a = tarshards.video(frames=6, output="numpy").decode(video_100, random.Random(3))
     for threads in (0, 1, 2):
-        dec = tarshards.video(frames=6, output="numpy", threads=threads)
-        b = dec.decode(video_100, random.Random(3))
-        assert np.array_equal(a.frames, b.frames) and np.array_equal(a.timestamps, b.timestamps)
+        for kind in ("slice", "frame", "auto"):
+            dec = tarshards.video(frames=6, output="numpy", threads=threads, thread_type=kind)
+            b = dec.decode(video_100, random.Random(3))
+            assert np.array_equal(a.frames, b.frames)
+            assert np.array_equal(a.timestamps, b.timestamps)
     with pytest.raises(ValueError, match="threads"):
         tarshards.video(threads=-1)
+    with pytest.raises(ValueError, match="thread_type"):
+        tarshards.video(thread_type="frames")
 
 
 def _chosen_threads(_=None):

@@ -46,6 +46,7 @@ from .probe import (
 __all__ = ["VideoClip", "VideoDecoder", "video"]
 
 CLIPS = ("random", "start", "center", "all")
+THREAD_TYPES = ("slice", "frame", "auto")
 
 
 class VideoClip(NamedTuple):
@@ -86,6 +87,7 @@ class VideoDecoder:
         output: str = "auto",
         extensions: Sequence[str] | str | None = None,
         threads: int | None = None,
+        thread_type: str = "slice",
     ):
         if int(frames) < 1:
             raise ValueError(f"frames must be >= 1, got {frames!r}")
@@ -107,6 +109,10 @@ class VideoDecoder:
             raise ValueError(
                 f"threads must be None (chosen), or >= 0 (0: FFmpeg's choice), got {threads!r}"
             )
+        if thread_type not in THREAD_TYPES:
+            raise ValueError(
+                f"thread_type must be one of {', '.join(THREAD_TYPES)}, got {thread_type!r}"
+            )
         media_converter(output)  # checks the name
         if isinstance(extensions, str):
             extensions = extensions.split()
@@ -123,6 +129,10 @@ class VideoDecoder:
         # (probe.decoder_threads: a lone process FFmpeg's choice, a DataLoader worker its share
         # of the cores); 0: FFmpeg's choice
         self.threads = None if threads is None else int(threads)
+        # how FFmpeg's threads share the work: "slice" (PyAV's default: the slices of a frame,
+        # where the encoder made several; no added delay), "frame" (frames in flight at once:
+        # any stream, for more CPU time a frame) or "auto" (both)
+        self.thread_type = thread_type
         self._convert: Callable[[Any], Any] | None = None
         # per thread: the RGB converter (an FFmpeg scaler context kept from frame to frame and
         # clip to clip, not made again for each frame); made where the decoder runs
@@ -210,8 +220,9 @@ class VideoDecoder:
         info = stream_info(container, "video")
         stream = container.streams.video[0]
         threads = decoder_threads(self.threads)
+        if threads != 1:
+            stream.thread_type = self.thread_type.upper()
         if threads:  # else FFmpeg's choice
-            stream.thread_type = "SLICE"
             stream.codec_context.thread_count = threads
         tb = stream.time_base
         start = info["start"]
@@ -351,6 +362,7 @@ def video(
     output: str = "auto",
     extensions: Sequence[str] | str | None = None,
     threads: int | None = None,
+    thread_type: str = "slice",
 ) -> VideoDecoder:
     """A decode handler for video clips: ``ds.decode(tarshards.video(frames=16, stride=2))``.
 
@@ -364,4 +376,5 @@ def video(
         output=output,
         extensions=extensions,
         threads=threads,
+        thread_type=thread_type,
     )
