@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_media.py            # all rows
     .venv/bin/python bench/bench_media.py --quick    # fewer clips and samples
     .venv/bin/python bench/bench_media.py --json
+    .venv/bin/python bench/bench_media.py --only phases   # where a clip's time goes (4.)
 
 The member: a 30 s 640x360 video at 30 fps (900 frames), H.264 (libx264, ``veryfast``, crf 23,
 a keyframe every 2 s: a common encoding of web video; mpeg4 where the PyAV wheel lacks
@@ -15,15 +16,29 @@ libx264), made here once into ``bench/_data/media/`` from moving noise (a realis
    on the same bytes in memory and the same clip starts (the reference decodes the start our
    decoder drew); the two clips are checked equal. Target: >= 3x.
 2. ``loader``: clips/s of ``WebDataset(shards).decode(tarshards.video(frames=16))
-   .to_tuple("mp4", "cls")`` over 4 shards of 32 such members (8 with --quick), in one process
-   and through ``WebLoader(num_workers=2)``, over the whole epoch and after its first clip
-   (the workers' start-up left out). Target: >= 1.6x on a host with 2 free cores. The
-   CPU time a clip costs (this process, and with the loader its workers too, counted once they
-   exit) says what the ratio would be with free cores where the host is shared.
+   .to_tuple("mp4", "cls")`` over 4 shards of 32 such members (16 with --quick): one process
+   decoding on one thread (``threads=1``), one process with FFmpeg's threads (the decoder's
+   default in a lone process: slice threads), one process with frame and slice threads
+   (``thread_type="auto"``: the most a process gets from FFmpeg on a stream of one slice a
+   frame, for more CPU time), and ``WebLoader(num_workers=2)`` (the decoder's default in a
+   worker: its share of the cores, one thread each on 2 cores), in turns, medians of 3 passes,
+   over the whole epoch and after its first clip (the workers' start-up left out). The ratio is
+   the workers' rate against the best one-process rate. Target: >= 1.6x on a host with 2
+   free cores. The CPU time a clip costs each (with the loader its workers too, counted once
+   they exit) and the cores each used (CPU over wall time) say what bounds the ratio, and what
+   it would be with free cores where the host is shared: two workers reach at most 2 cores /
+   their CPU a clip, and one process with FFmpeg's threads uses more than one core where the
+   codec lets its threads share a frame (this member has 2 slices a frame: libx264's slice
+   threads on the 2-core host that encoded it).
 3. ``remote``: ``IndexedDataset(manifest over HTTP, decode=tarshards.video(frames=60))`` (a 2 s
    clip) against the test HTTP server (``tests/integration/servers.py``), the body bytes the
    server sent per clip against the member's size, and its requests; with the plain index,
    then with the keyframe table (``tarshards index --media --keyframes``).
+4. ``phases`` (only with ``--only phases``): where a clip's time goes in one process (one
+   thread; FFmpeg's threads) and in each ``WebLoader(num_workers=2)`` worker: the thread CPU and
+   wall time of opening and probing the container, seeking and decoding, converting to RGB,
+   and the transport's copy into the worker's slot; each process's CPU time and context
+   switches a clip.
 """
 
 from __future__ import annotations
@@ -39,6 +54,8 @@ import resource
 import statistics
 import sys
 import time
+import zlib
+from typing import Callable
 
 import numpy as np
 
@@ -52,9 +69,12 @@ from common import machine_info  # noqa: E402
 import tarshards  # noqa: E402
 
 
-def make_member(seconds: int = 30, fps: int = 30, width: int = 640, height: int = 360) -> bytes:
+def make_member(
+    seconds: int = 30, fps: int = 30, width: int = 640, height: int = 360, one_slice: bool = False
+) -> bytes:
     codec = "libx264" if "libx264" in av.codecs_available else "mpeg4"
-    path = os.path.join(DATA, f"member-{seconds}s-{height}p-{codec}.mp4")
+    tail = "-1slice" if one_slice else ""
+    path = os.path.join(DATA, f"member-{seconds}s-{height}p-{codec}{tail}.mp4")
     if os.path.exists(path):
         with open(path, "rb") as f:
             return f.read()
@@ -70,6 +90,8 @@ def make_member(seconds: int = 30, fps: int = 30, width: int = 640, height: int 
         s.width, s.height = width, height
         s.pix_fmt = "yuv420p"
         s.gop_size = 2 * fps
+        if one_slice:  # libx264's frame threads (as the ffmpeg command writes): a slice a frame
+            s.thread_type = "FRAME"
         if codec == "libx264":
             s.options = {"preset": "veryfast", "crf": "23", "keyint_min": str(2 * fps)}
         else:
@@ -130,8 +152,12 @@ def row_seek(data: bytes, clips: int) -> dict:
 
 def _shards(data: bytes, shards: int, per_shard: int) -> list[str]:
     paths = [os.path.join(DATA, f"clips-{i}.tar") for i in range(shards)]
-    stamp = os.path.join(DATA, f"clips-{shards}x{per_shard}-{len(data)}.done")
+    tag = f"{shards}x{per_shard}-{len(data)}-{zlib.crc32(data):08x}"
+    stamp = os.path.join(DATA, f"clips-{tag}.done")
     if not os.path.exists(stamp):
+        for old in os.listdir(DATA):  # the shards of another size: written again below
+            if old.startswith("clips-") and old.endswith(".done"):
+                os.remove(os.path.join(DATA, old))
         with tarshards.ShardWriter(os.path.join(DATA, "clips-%d.tar"), maxcount=per_shard) as w:
             for i in range(shards * per_shard):
                 w.write({"__key__": f"v{i:04d}", "mp4": data, "cls": i})
@@ -139,26 +165,27 @@ def _shards(data: bytes, shards: int, per_shard: int) -> list[str]:
     return paths
 
 
+def _cpu(who) -> float:
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
 def row_loader(data: bytes, shards: int, per_shard: int, passes: int) -> dict:
+    """Clips/s of one process decoding on one thread, one process with FFmpeg's threads (the
+    decoder's default there), and ``WebLoader(num_workers=2)`` (its default there: each worker
+    its share of the cores), in turns; with the CPU time a clip costs in each."""
     import torch
 
     torch.set_num_threads(1)
     urls = _shards(data, shards, per_shard)
 
-    def make():
+    def make(threads, thread_type="slice"):
         return (
             tarshards.WebDataset(urls, shardshuffle=False, seed=0)
-            .decode(tarshards.video(frames=16))
+            .decode(tarshards.video(frames=16, threads=threads, thread_type=thread_type))
             .to_tuple("mp4", "cls")
             .map_tuple(lambda c: c.frames, None)
         )
-
-    cpu_one: list[float] = []  # CPU seconds a clip: this process
-    cpu_two: list[float] = []  # this process and its (reaped) workers
-
-    def cpu(who) -> float:
-        r = resource.getrusage(who)
-        return r.ru_utime + r.ru_stime
 
     def steady(it) -> tuple[int, float, float]:
         """Items, seconds for all, seconds after the first (start-up left out)."""
@@ -171,47 +198,171 @@ def row_loader(data: bytes, shards: int, per_shard: int, passes: int) -> dict:
         end = time.perf_counter()
         return n, end - t0, end - (first or t0)
 
-    def one_process() -> tuple[float, float]:
-        c0 = cpu(resource.RUSAGE_SELF)
-        n, secs, after = steady(make())
-        cpu_one.append((cpu(resource.RUSAGE_SELF) - c0) / n)
-        return n / secs, (n - 1) / after
+    def one_process(threads, thread_type="slice") -> tuple[float, float, float]:
+        c0 = _cpu(resource.RUSAGE_SELF)
+        n, secs, after = steady(make(threads, thread_type))
+        cpu = _cpu(resource.RUSAGE_SELF) - c0
+        return n / secs, (n - 1) / after, cpu / n
 
-    def loader() -> tuple[float, float]:
-        c0 = cpu(resource.RUSAGE_SELF) + cpu(resource.RUSAGE_CHILDREN)
-        ld = tarshards.WebLoader(make(), num_workers=2, batch_size=None)
+    def loader() -> tuple[float, float, float]:
+        # CPU: this process and its workers (counted once they have exited and been reaped)
+        c0 = _cpu(resource.RUSAGE_SELF) + _cpu(resource.RUSAGE_CHILDREN)
+        ld = tarshards.WebLoader(make(None), num_workers=2, batch_size=None)
         n, secs, after = steady(ld)
         del ld
         gc.collect()
-        c1 = cpu(resource.RUSAGE_SELF) + cpu(resource.RUSAGE_CHILDREN)
-        cpu_two.append((c1 - c0) / n)
-        return n / secs, (n - 1) / after
+        c1 = _cpu(resource.RUSAGE_SELF) + _cpu(resource.RUSAGE_CHILDREN)
+        return n / secs, (n - 1) / after, (c1 - c0) / n
 
-    one, two = [], []
-    for p in range(passes):  # interleaved, the order reversed every other pass
-        if p % 2:
-            two.append(loader())
-            one.append(one_process())
-        else:
-            one.append(one_process())
-            two.append(loader())
-    a = statistics.median(x[0] for x in one)
-    b = statistics.median(x[0] for x in two)
-    a1 = statistics.median(x[1] for x in one)
-    b1 = statistics.median(x[1] for x in two)
-    return {
-        "samples": shards * per_shard,
-        "one_process_clips_per_s": a,
-        "workers2_clips_per_s": b,
-        "ratio": b / a,
-        "one_process_steady_clips_per_s": a1,
-        "workers2_steady_clips_per_s": b1,
-        "steady_ratio": b1 / a1,
-        "one_process_cpu_ms_per_clip": 1000 * statistics.median(cpu_one),
-        "workers2_cpu_ms_per_clip": 1000 * statistics.median(cpu_two),
-        "passes": passes,
-        "target": 1.6,
+    rows: dict[str, Callable[[], tuple[float, float, float]]] = {
+        "one_thread": lambda: one_process(1),
+        "ffmpeg_threads": lambda: one_process(None),
+        "frame_threads": lambda: one_process(None, "auto"),
+        "workers2": loader,
     }
+    got: dict[str, list[tuple[float, float, float]]] = {k: [] for k in rows}
+    order = list(rows)
+    for p in range(passes):  # in turns, the order turned each pass
+        for name in order[p % len(order) :] + order[: p % len(order)]:
+            got[name].append(rows[name]())
+    out: dict = {"samples": shards * per_shard, "passes": passes, "target": 1.6}
+    for name, runs in got.items():
+        out[name] = {
+            "clips_per_s": statistics.median(r[0] for r in runs),
+            "steady_clips_per_s": statistics.median(r[1] for r in runs),
+            "cpu_ms_per_clip": 1000 * statistics.median(r[2] for r in runs),
+        }
+        # cores used: CPU time over wall time
+        out[name]["cores"] = out[name]["cpu_ms_per_clip"] * out[name]["clips_per_s"] / 1000
+    singles = ("one_thread", "ffmpeg_threads", "frame_threads")
+    best = max(out[k]["clips_per_s"] for k in singles)
+    two = out["workers2"]
+    out["ratio"] = two["clips_per_s"] / best  # against the best a process did
+    for k in singles:
+        out[f"ratio_{k}"] = two["clips_per_s"] / out[k]["clips_per_s"]
+    # what two free cores allow the workers, from the CPU time a clip costs them (and this
+    # process), against one thread's CPU time a clip
+    out["two_cores_ratio_one_thread"] = (
+        2 * out["one_thread"]["cpu_ms_per_clip"] / two["cpu_ms_per_clip"]
+    )
+    return out
+
+
+class _Phases:
+    """Where a clip's time goes, process by process (``--only phases``): the thread CPU time
+    and wall time of the decoder's parts (the container opened and probed, seek and decode, the
+    conversion to RGB) and of the transport's copy into a worker's slot, summed in each process
+    (the workers write theirs to ``folder`` as they exit), beside the process's CPU time."""
+
+    PARTS = (
+        ("VideoDecoder.decode", "decode, all of it"),
+        ("open_container", "  open and probe"),
+        ("VideoDecoder._collect", "  seek and decode"),
+        ("VideoDecoder._rgb", "  to RGB"),
+        ("Packer.__call__", "transport: into the slot"),
+    )
+
+    def __init__(self, folder: str):
+        from tarshards import transport
+        from tarshards.media import video as video_module
+
+        self.folder = folder
+        self.acc: dict[str, list[float]] = {}
+        owners = {"VideoDecoder": video_module.VideoDecoder, "Packer": transport.Packer}
+        for path, label in self.PARTS:
+            owner_name, _, attr = path.rpartition(".")
+            owner = owners.get(owner_name, video_module)
+            setattr(owner, attr, self._timed(label, getattr(owner, attr)))
+
+    def _timed(self, label: str, fn):
+        acc = self.acc
+
+        def timed(*args, **kwargs):
+            c, w = time.thread_time(), time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                a = acc.setdefault(label, [0.0, 0.0])
+                a[0] += time.thread_time() - c
+                a[1] += time.perf_counter() - w
+
+        return timed
+
+    def reset(self) -> tuple[float, int]:
+        self.acc.clear()
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime, r.ru_nvcsw + r.ru_nivcsw
+
+    def snapshot(self, start: tuple[float, int], clips: int) -> dict:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        out = {k: (1000 * c / clips, 1000 * w / clips) for k, (c, w) in self.acc.items()}
+        out["process CPU"] = (1000 * (r.ru_utime + r.ru_stime - start[0]) / clips, 0.0)
+        out["context switches"] = ((r.ru_nvcsw + r.ru_nivcsw - start[1]) / clips, 0.0)
+        return out
+
+    def worker_init(self, worker_id: int) -> None:
+        from multiprocessing import util
+
+        start = self.reset()
+
+        def dump():
+            clips = int(self.acc.get("decode, all of it", [0, 0])[0] > 0) and self.clips
+            path = os.path.join(self.folder, f"worker-{worker_id}.json")
+            with open(path, "w") as f:
+                json.dump(self.snapshot(start, max(clips, 1)), f)
+
+        self.clips = 0
+        util.Finalize(None, dump, exitpriority=100)
+
+    def count(self, item):
+        self.clips += 1
+        return item
+
+
+def row_phases(data: bytes, shards: int, per_shard: int) -> dict:
+    import tempfile
+
+    import torch
+
+    torch.set_num_threads(1)
+    urls = _shards(data, shards, per_shard)
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as d:
+        ph = _Phases(d)
+        ph.clips = 0
+
+        def make(threads):
+            return (
+                tarshards.WebDataset(urls, shardshuffle=False, seed=0)
+                .decode(tarshards.video(frames=16, threads=threads))
+                .to_tuple("mp4", "cls")
+                .map_tuple(lambda c: ph.count(c.frames), None)
+            )
+
+        for name, threads in (("one process, one thread", 1), ("one process, FFmpeg's", None)):
+            start = ph.reset()
+            n = sum(1 for _ in make(threads))
+            out[name] = ph.snapshot(start, n)
+        ld = tarshards.WebLoader(
+            make(None), num_workers=2, batch_size=None, worker_init_fn=ph.worker_init
+        )
+        start = ph.reset()
+        n = sum(1 for _ in ld)
+        main = ph.snapshot(start, n)
+        del ld
+        gc.collect()
+        for w in range(2):
+            path = os.path.join(d, f"worker-{w}.json")
+            for _ in range(50):  # the workers write as they exit
+                if os.path.exists(path):
+                    break
+                time.sleep(0.1)
+            with open(path) as f:
+                out[f"WebLoader worker {w}"] = json.load(f)
+        out["WebLoader main process (per clip of all)"] = {
+            k: main[k] for k in ("process CPU", "context switches")
+        }
+    return out
 
 
 def row_remote(data: bytes, clips: int) -> dict:
@@ -259,10 +410,17 @@ def row_remote(data: bytes, clips: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", choices=["seek", "loader", "remote"], default=None)
+    ap.add_argument("--only", choices=["seek", "loader", "remote", "phases"], default=None)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--one-slice",
+        action="store_true",
+        help="the member encoded with libx264's frame threads, one slice a frame (as the ffmpeg "
+        "command writes it); by default PyAV's slice threads, as many slices as the encoding "
+        "host had threads (2 here)",
+    )
     args = ap.parse_args()
-    data = make_member()
+    data = make_member(one_slice=args.one_slice)
     out: dict = {"machine": machine_info(), "member_bytes": len(data)}
     with av.open(io.BytesIO(data)) as c:
         s = c.streams.video[0]
@@ -270,7 +428,11 @@ def main() -> None:
     if args.only in (None, "seek"):
         out["seek"] = row_seek(data, 8 if args.quick else 24)
     if args.only in (None, "loader") and importlib.util.find_spec("torch") is not None:
-        out["loader"] = row_loader(data, 4, 8 if args.quick else 32, 3 if args.quick else 5)
+        load0 = os.getloadavg()[0]
+        out["loader"] = row_loader(data, 4, 16 if args.quick else 32, 3)
+        out["load"] = (load0, os.getloadavg()[0])
+    if args.only == "phases":
+        out["phases"] = row_phases(data, 4, 16 if args.quick else 32)
     if args.only in (None, "remote") and importlib.util.find_spec("aiohttp") is not None:
         out["remote"] = row_remote(data, 5 if args.quick else 10)
     if args.json:
@@ -285,14 +447,38 @@ def main() -> None:
         )
     if "loader" in out:
         r = out["loader"]
+        a, b, f, w = r["one_thread"], r["ffmpeg_threads"], r["frame_threads"], r["workers2"]
+        best = max(a["clips_per_s"], b["clips_per_s"], f["clips_per_s"])
         print(
-            f"loader  clips/s: one process {r['one_process_clips_per_s']:.1f}, WebLoader("
-            f"num_workers=2) {r['workers2_clips_per_s']:.1f}: {r['ratio']:.2f}x (target >= 1.6); "
-            f"after the first clip {r['one_process_steady_clips_per_s']:.1f} vs "
-            f"{r['workers2_steady_clips_per_s']:.1f}: {r['steady_ratio']:.2f}x; CPU a clip "
-            f"{r['one_process_cpu_ms_per_clip']:.0f} ms vs "
-            f"{r['workers2_cpu_ms_per_clip']:.0f} ms (workers and all)"
+            f"loader  clips/s: WebLoader(num_workers=2) {w['clips_per_s']:.1f} against the best "
+            f"one process {best:.1f}: {r['ratio']:.2f}x (target >= 1.6); one process on one "
+            f"thread {a['clips_per_s']:.1f} ({r['ratio_one_thread']:.2f}x), with FFmpeg's "
+            f"slice threads (the default) {b['clips_per_s']:.1f} "
+            f"({r['ratio_ffmpeg_threads']:.2f}x), with frame and slice threads "
+            f"{f['clips_per_s']:.1f} ({r['ratio_frame_threads']:.2f}x)"
         )
+        print(
+            f"        CPU a clip (cores used): one thread {a['cpu_ms_per_clip']:.1f} ms "
+            f"({a['cores']:.2f}), slice threads {b['cpu_ms_per_clip']:.1f} ms ({b['cores']:.2f}), "
+            f"frame threads {f['cpu_ms_per_clip']:.1f} ms ({f['cores']:.2f}), WebLoader workers "
+            f"and main {w['cpu_ms_per_clip']:.1f} ms ({w['cores']:.2f}): on 2 free cores the "
+            f"workers reach at most {r['two_cores_ratio_one_thread']:.2f}x one thread"
+        )
+        print(
+            f"        after the first clip {a['steady_clips_per_s']:.1f} / "
+            f"{b['steady_clips_per_s']:.1f} / {f['steady_clips_per_s']:.1f} / "
+            f"{w['steady_clips_per_s']:.1f}; load average {out['load'][0]:.1f} before, "
+            f"{out['load'][1]:.1f} after"
+        )
+    if "phases" in out:
+        print("phases  ms a clip, thread CPU / wall (a process's CPU time counts all its threads)")
+        for who, parts in out["phases"].items():
+            print(f"  {who}")
+            for k, (c, w) in parts.items():
+                if k == "context switches":
+                    print(f"    {k:<26} {c:7.1f}")
+                else:
+                    print(f"    {k:<26} {c:7.2f}" + (f" / {w:7.2f}" if w else ""))
     if "remote" in out:
         r = out["remote"]
         for name in ("plain", "keyframes"):

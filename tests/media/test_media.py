@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import pickle
 import random
 
 import numpy as np
@@ -97,12 +98,63 @@ def test_arguments_are_checked():
 
 
 def test_threads_option_decodes_the_same_frames(video_100):
-    """One decoding thread (``threads=1``) and FFmpeg's choice give the same clip."""
+    """One decoding thread (``threads=1``), FFmpeg's choice (0) and the chosen number (None),
+    threads on slices, on frames or both, give the same clip."""
     a = tarshards.video(frames=6, output="numpy").decode(video_100, random.Random(3))
-    b = tarshards.video(frames=6, output="numpy", threads=1).decode(video_100, random.Random(3))
-    assert np.array_equal(a.frames, b.frames) and np.array_equal(a.timestamps, b.timestamps)
+    for threads in (0, 1, 2):
+        for kind in ("slice", "frame", "auto"):
+            dec = tarshards.video(frames=6, output="numpy", threads=threads, thread_type=kind)
+            b = dec.decode(video_100, random.Random(3))
+            assert np.array_equal(a.frames, b.frames)
+            assert np.array_equal(a.timestamps, b.timestamps)
     with pytest.raises(ValueError, match="threads"):
         tarshards.video(threads=-1)
+    with pytest.raises(ValueError, match="thread_type"):
+        tarshards.video(thread_type="frames")
+
+
+def _chosen_threads(_=None):
+    from tarshards.media.probe import decoder_threads
+
+    return decoder_threads()
+
+
+def test_threads_are_chosen_where_the_decoder_runs():
+    """A lone process leaves the threads to FFmpeg (0); a DataLoader worker takes its share of
+    the cores (cores // workers, at least 1); another worker process (a pool's) takes 1."""
+    import multiprocessing
+    import os
+
+    from tarshards.media.probe import decoder_threads
+
+    assert decoder_threads(3) == 3 and decoder_threads(0) == 0
+    if multiprocessing.parent_process() is None:
+        assert decoder_threads() == 0
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        assert pool.map(_chosen_threads, [0]) == [1]
+    pytest.importorskip("torch")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    ds = tarshards.DataPipeline(lambda ctx: iter(range(2))).map(_chosen_threads)
+    for workers in (1, 2):
+        got = set(tarshards.WebLoader(ds, num_workers=workers, batch_size=None))
+        assert got == {max(1, cores // workers)}
+
+
+def test_frames_of_any_width_equal_a_full_decode():
+    """Frames whose RGB rows are not a multiple of 64 bytes (FFmpeg pads its lines) come out
+    whole, equal to PyAV's own conversion; the scaler kept between clips follows a change of
+    size."""
+    for width, height in ((50, 36), (64, 48), (50, 36)):
+        data = make_video(30, width=width, height=height)
+        frames, times = full_decode(data)
+        dec = tarshards.video(frames=4, output="numpy")
+        clip = dec.decode(data, random.Random(width))
+        assert clip.frames.shape == (4, height, width, 3)
+        idx = _index_of(clip.timestamps, times)
+        assert all(np.array_equal(f, frames[i]) for i, f in zip(idx, clip.frames))
+        # a decoder that has run pickles (for spawned workers) without its scaler
+        again = pickle.loads(pickle.dumps(dec)).decode(data, random.Random(width))
+        assert np.array_equal(again.frames, clip.frames)
 
 
 def test_tensor_output_where_torch_is_installed(video_100):

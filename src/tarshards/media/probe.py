@@ -14,6 +14,8 @@ PyAV (whose wheels bundle FFmpeg) is an optional dependency: ``pip install 'tars
 from __future__ import annotations
 
 import io
+import multiprocessing
+import os
 from typing import Any, Callable, Iterable
 
 from ..errors import DecodeError, MissingDependencyError
@@ -25,9 +27,11 @@ __all__ = [
     "VIDEO_EXTENSIONS",
     "av_module",
     "clip_offset",
+    "decoder_threads",
     "media_meta",
     "open_container",
     "probe",
+    "register_worker_count",
 ]
 
 VIDEO_EXTENSIONS = ("mp4", "webm", "mkv", "mov", "avi", "m4v")
@@ -51,6 +55,43 @@ def av_module():
             f"decoding audio and video needs PyAV (which bundles FFmpeg): {INSTALL}"
         ) from None
     return av
+
+
+# what tells a decoder how many loader workers share this host's cores with its process: the
+# torch adapter registers DataLoader's (0 outside a worker)
+_WORKER_COUNTS: list[Callable[[], int]] = []
+
+
+def register_worker_count(fn: Callable[[], int]) -> None:
+    """Register ``fn() -> int``: the number of loader worker processes this process is one of
+    (0: it is not a loader worker). :mod:`tarshards.torch` registers DataLoader's."""
+    if fn not in _WORKER_COUNTS:
+        _WORKER_COUNTS.append(fn)
+
+
+def _cpus() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def decoder_threads(threads: int | None = None) -> int:
+    """FFmpeg decoding threads for one decoder: ``threads`` where given (0: FFmpeg's choice);
+    otherwise chosen from where it runs: in a DataLoader worker, this process's share of the
+    cores (cores // workers, at least 1: the workers decode in parallel already, and threads
+    beyond that only compete for the same cores); in another worker process (a
+    ``multiprocessing`` child: a pool, a Dask or Ray worker), 1; in a lone process, FFmpeg's
+    choice (0)."""
+    if threads is not None:
+        return int(threads)
+    for fn in _WORKER_COUNTS:
+        workers = int(fn() or 0)
+        if workers > 0:
+            return max(1, _cpus() // workers)
+    if multiprocessing.parent_process() is not None:
+        return 1
+    return 0
 
 
 def _as_file(source) -> Any:

@@ -29,15 +29,24 @@ kept) or ``(height, width)``; FFmpeg's scaler resizes while converting to RGB.
 from __future__ import annotations
 
 import random
+import threading
 from typing import Any, Callable, NamedTuple, Sequence
 
 from ..errors import DecodeError
 from .output import media_converter
-from .probe import VIDEO_EXTENSIONS, av_module, clip_offset, open_container, stream_info
+from .probe import (
+    VIDEO_EXTENSIONS,
+    av_module,
+    clip_offset,
+    decoder_threads,
+    open_container,
+    stream_info,
+)
 
 __all__ = ["VideoClip", "VideoDecoder", "video"]
 
 CLIPS = ("random", "start", "center", "all")
+THREAD_TYPES = ("slice", "frame", "auto")
 
 
 class VideoClip(NamedTuple):
@@ -77,7 +86,8 @@ class VideoDecoder:
         size: int | Sequence[int] | None = None,
         output: str = "auto",
         extensions: Sequence[str] | str | None = None,
-        threads: int = 0,
+        threads: int | None = None,
+        thread_type: str = "slice",
     ):
         if int(frames) < 1:
             raise ValueError(f"frames must be >= 1, got {frames!r}")
@@ -95,8 +105,14 @@ class VideoDecoder:
             size = (int(size[0]), int(size[1]))
         elif isinstance(size, int) and size < 1:
             raise ValueError(f"size must be >= 1, got {size!r}")
-        if int(threads) < 0:
-            raise ValueError(f"threads must be >= 0 (0: FFmpeg's choice), got {threads!r}")
+        if threads is not None and int(threads) < 0:
+            raise ValueError(
+                f"threads must be None (chosen), or >= 0 (0: FFmpeg's choice), got {threads!r}"
+            )
+        if thread_type not in THREAD_TYPES:
+            raise ValueError(
+                f"thread_type must be one of {', '.join(THREAD_TYPES)}, got {thread_type!r}"
+            )
         media_converter(output)  # checks the name
         if isinstance(extensions, str):
             extensions = extensions.split()
@@ -109,12 +125,28 @@ class VideoDecoder:
         self.clip = clip
         self.size = size
         self.output = output
-        # FFmpeg's decoding threads per clip; 0 (default): FFmpeg's choice. On a short clip its
-        # threads buy little wall time for more CPU (a 16-frame 360p H.264 clip here: 27.0 ms
-        # for 36 ms of CPU, against 28.6 ms for 28 ms with threads=1); with as many DataLoader
-        # workers as cores, threads=1 keeps them from competing for the same cores
-        self.threads = int(threads)
+        # FFmpeg's decoding threads per clip; None (default): chosen where the decoder runs
+        # (probe.decoder_threads: a lone process FFmpeg's choice, a DataLoader worker its share
+        # of the cores); 0: FFmpeg's choice
+        self.threads = None if threads is None else int(threads)
+        # how FFmpeg's threads share the work: "slice" (PyAV's default: the slices of a frame,
+        # where the encoder made several; no added delay), "frame" (frames in flight at once:
+        # any stream, for more CPU time a frame) or "auto" (both)
+        self.thread_type = thread_type
         self._convert: Callable[[Any], Any] | None = None
+        # per thread: the RGB converter (an FFmpeg scaler context kept from frame to frame and
+        # clip to clip, not made again for each frame); made where the decoder runs
+        self._local = threading.local()
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_local"] = None
+        state["_convert"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._local = threading.local()
 
     def __repr__(self):
         how = f"fps={self.fps}" if self.fps is not None else f"stride={self.stride}"
@@ -187,9 +219,11 @@ class VideoDecoder:
 
         info = stream_info(container, "video")
         stream = container.streams.video[0]
-        if self.threads:
-            stream.thread_type = "SLICE"
-            stream.codec_context.thread_count = self.threads
+        threads = decoder_threads(self.threads)
+        if threads != 1:
+            stream.thread_type = self.thread_type.upper()
+        if threads:  # else FFmpeg's choice
+            stream.codec_context.thread_count = threads
         tb = stream.time_base
         start = info["start"]
         targets = self._targets(info, rng)
@@ -205,21 +239,36 @@ class VideoDecoder:
         if not chosen:
             raise DecodeError("the video has no frames")
         first = chosen[0]
-        out = _out_size(self.size, first.width, first.height)
-        kw: dict = {"format": "rgb24"}
-        if out is not None:
-            kw["width"], kw["height"] = out
-        arrays: dict[int, Any] = {}
-        frames = []
-        for f in chosen:
-            a = arrays.get(id(f))
-            if a is None:
-                a = arrays[id(f)] = f.to_ndarray(**kw)
-            frames.append(a)
+        width, height = _out_size(self.size, first.width, first.height) or (
+            first.width,
+            first.height,
+        )
+        # each frame converted once, straight into its row of the clip (a frame shown twice,
+        # at fps above the source's, is copied from its first row)
+        frames = np.empty((len(chosen), height, width, 3), np.uint8)
+        rgb = self._rgb
+        rows: dict[int, int] = {}
+        for i, f in enumerate(chosen):
+            j = rows.get(id(f))
+            if j is None:
+                rows[id(f)] = i
+                frames[i] = rgb(f, width, height)
+            else:
+                frames[i] = frames[j]
         times = np.array([_time(f, tb) for f in chosen], dtype=np.float64)
         if self._convert is None:
             self._convert = media_converter(self.output)
-        return VideoClip(self._convert(np.stack(frames)), self._convert(times))
+        return VideoClip(self._convert(frames), self._convert(times))
+
+    def _rgb(self, frame, width: int, height: int):
+        """``frame`` as an RGB array ``(height, width, 3)`` (a view of FFmpeg's frame): through
+        this thread's scaler context, one thread (FFmpeg's default would make a pool of
+        threads for every frame, whose start costs more than the conversion of a frame)."""
+        local = self._local
+        reformat = getattr(local, "reformat", None)
+        if reformat is None:
+            reformat = local.reformat = _reformatter()
+        return reformat(frame, width, height).to_ndarray()
 
     def _collect(
         self, container, stream, targets: list[float], eps: float, tb, start: float, seek: bool
@@ -276,6 +325,27 @@ def _prefetch(plan, first: float, last: float) -> None:
         prefetch(lo, hi)
 
 
+def _reformatter() -> Callable[[Any, int, int], Any]:
+    """``f(frame, width, height) -> rgb24 frame``, one scaler context reused (PyAV's
+    ``VideoReformatter``, which makes its context again only when the frames change), run on
+    one thread (PyAV before 14 has no ``threads=``: its scaler runs on one anyway)."""
+    from av.video.reformatter import VideoReformatter
+
+    r = VideoReformatter()
+    one_thread: dict = {"threads": 1}
+
+    def reformat(frame, width: int, height: int):
+        try:
+            return r.reformat(frame, width, height, "rgb24", **one_thread)
+        except TypeError:
+            if not one_thread:
+                raise
+            one_thread.clear()
+            return r.reformat(frame, width, height, "rgb24")
+
+    return reformat
+
+
 def _time(frame, tb) -> float:
     t = frame.time
     if t is None:
@@ -291,7 +361,8 @@ def video(
     size: int | Sequence[int] | None = None,
     output: str = "auto",
     extensions: Sequence[str] | str | None = None,
-    threads: int = 0,
+    threads: int | None = None,
+    thread_type: str = "slice",
 ) -> VideoDecoder:
     """A decode handler for video clips: ``ds.decode(tarshards.video(frames=16, stride=2))``.
 
@@ -305,4 +376,5 @@ def video(
         output=output,
         extensions=extensions,
         threads=threads,
+        thread_type=thread_type,
     )

@@ -53,6 +53,7 @@ from ..errors import (
     TarshardsWarning,  # (of a plain DataLoader repeating its order)
 )
 from ..media.output import register_media_converter
+from ..media.probe import register_worker_count
 from ..pipeline import dataset as _pipeline
 from ..pipeline.collation import register_array_type
 from ..pipeline.stages import collate_error, register_collation
@@ -1254,4 +1255,12 @@ register_codec(
 register_collation(torch.Tensor, stack, into=stack_into)
 register_crop_converter("tensor", resized_crop)
 register_media_converter("tensor", torch.from_numpy)
+
+
+def _dataloader_workers() -> int:
+    info = get_worker_info()
+    return 0 if info is None else int(info.num_workers)
+
+
+register_worker_count(_dataloader_workers)  # video decoders choose their threads by it
 register_array_type("torch", torch.Tensor, lambda t: t.detach().cpu().numpy(), torch.from_numpy)
