@@ -26,6 +26,7 @@ setup(
                 "random_access.c",
                 "shuffle.c",
                 "writebehind.c",
+                "counted.c",
             ),
             depends=_c("speedups.h", "tar.h", "names.h"),
             optional=True,

@@ -114,3 +114,28 @@ def test_a_chain_of_stateful_stages_hands_out_the_same_iterator():
     again.load_state_dict(state.to_dict())
     assert list(again) == rest
     assert sorted(x for b in head + rest for x in b) == list(range(20))
+
+
+def test_the_counting_base_in_c_equals_its_python_reference():
+    """StreamIterator's base counts in C where _speedups is built; the Python class is the
+    reference: the same items, positions and end, and an error passes through unfinished."""
+    from tarshards.pipeline import iteration
+
+    speedups = pytest.importorskip("tarshards._speedups", reason="the C extension is not built")
+    assert iteration.StreamIterator.__mro__[1] is speedups.Counted
+
+    def failing():
+        yield 1
+        raise ValueError("bad sample")
+
+    for cls in (speedups.Counted, iteration._Counted):
+        it = cls(range(5))
+        assert iter(it) is it
+        assert (next(it), it.position, it.finished) == (0, 1, False)
+        assert list(it) == [1, 2, 3, 4] and (it.position, it.finished) == (5, True)
+        assert list(it) == [] and it.position == 5
+        bad = cls(failing())
+        assert next(bad) == 1
+        with pytest.raises(ValueError, match="bad sample"):
+            next(bad)
+        assert (bad.position, bad.finished) == (1, False)

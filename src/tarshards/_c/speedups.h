@@ -40,6 +40,7 @@ PyObject *header_ok(PyObject *self, PyObject *args);                           /
 PyObject *read_sample(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 extern PyTypeObject RecorderType;    /* recorder.c */
 extern PyTypeObject ShuffleRunType;  /* shuffle.c */
+extern PyTypeObject CountedType;     /* counted.c */
 extern PyTypeObject WriteBehindType; /* writebehind.c */
 
 /* recorder.c: the member checksum (a callable, or a C function in a capsule) */

@@ -68,7 +68,8 @@ PyInit__speedups(void)
         return NULL;
     THIRTY_TWO = PyLong_FromLong(32);
     if (THIRTY_TWO == NULL || PyType_Ready(&ShuffleRunType) < 0 ||
-        PyType_Ready(&RecorderType) < 0 || PyType_Ready(&WriteBehindType) < 0)
+        PyType_Ready(&RecorderType) < 0 || PyType_Ready(&WriteBehindType) < 0 ||
+        PyType_Ready(&CountedType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
@@ -82,6 +83,12 @@ PyInit__speedups(void)
     Py_INCREF(&RecorderType);
     if (PyModule_AddObject(m, "Recorder", (PyObject *)&RecorderType) < 0) {
         Py_DECREF(&RecorderType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&CountedType);
+    if (PyModule_AddObject(m, "Counted", (PyObject *)&CountedType) < 0) {
+        Py_DECREF(&CountedType);
         Py_DECREF(m);
         return NULL;
     }

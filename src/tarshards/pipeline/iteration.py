@@ -59,19 +59,45 @@ class PipelineIterator:
         return self.state().to_dict()
 
 
-class StreamIterator(PipelineIterator):
-    """A pass of a pipeline without an epoch plan: ``data`` (the pipeline's items of this epoch,
-    in this place) counted as they are yielded (see the module)."""
+class _Counted:
+    """Iterates ``iterable``, counting the items yielded (``position``); ``finished`` once it
+    ends. The reference of the C base ``tarshards._speedups.Counted`` (used where it is built:
+    one C call an item instead of a Python frame)."""
 
-    __slots__ = ("_data", "epoch", "finished", "info", "position", "seed")
+    def __init__(self, iterable):
+        self._data = iter(iterable)
+        self.position = 0
+        self.finished = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            item = next(self._data)
+        except StopIteration:
+            self.finished = True
+            raise
+        self.position += 1
+        return item
+
+
+try:  # optional C accelerator (_speedups, see _c/counted.c); _Counted is the reference
+    from .._speedups import Counted as _CountedBase
+except ImportError:  # pragma: no cover - built by default
+    _CountedBase = _Counted
+
+
+class StreamIterator(_CountedBase, PipelineIterator):
+    """A pass of a pipeline without an epoch plan: ``data`` (the pipeline's items of this epoch,
+    in this place) counted as they are yielded (``position``; ``finished`` once it ended), see
+    the module."""
 
     def __init__(self, seed: int, epoch: int, info: WorkerInfo, data: Iterator):
+        super().__init__(data)
         self.seed = seed
         self.epoch = int(epoch)
         self.info = info
-        self.position = 0  # items yielded in this epoch
-        self.finished = False
-        self._data = iter(data)
 
     @property
     def place(self) -> dict[str, int]:
@@ -82,15 +108,6 @@ class StreamIterator(PipelineIterator):
             "worker": info.worker,
             "num_workers": info.num_workers,
         }
-
-    def __next__(self) -> Any:
-        try:
-            item = next(self._data)
-        except StopIteration:
-            self.finished = True
-            raise
-        self.position += 1
-        return item
 
     def state(self) -> StreamState:
         if self.finished:  # the epoch ended: the next one from its start
@@ -112,10 +129,8 @@ class StreamIterator(PipelineIterator):
                 "(its stream depends on the rank and the DataLoader worker); pass readers=V "
                 "for a plan that moves between world sizes: " + "; ".join(moved)
             )
-        got = sum(1 for _ in itertools.islice(self._data, n))
-        self.position = got
+        got = sum(1 for _ in itertools.islice(self, n))
         if got < n:
-            self.finished = True
             raise ResumeError(
                 f"the saved state is at item {n} of epoch {self.epoch}, but this epoch has "
                 f"{got} items here (other data?)"
