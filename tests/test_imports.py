@@ -554,3 +554,13 @@ def test_private_access_checker():
         ("tarshards.planned", "_octal", "from tarshards.tario.headers import"),
         ("tarshards.planned", "_run_stages", "ds._run_stages"),
     ]
+
+
+def test_no_test_folder_is_named_after_an_importable_package():
+    """A folder of tests/ (on sys.path in pytest's prepend mode) named like a package a test may
+    import (torch) would be imported as an empty namespace package where the real one is not
+    installed: the lean install's tests would then see a "torch" without torch.distributed."""
+    tests = Path(__file__).resolve().parent
+    optional = {"torch", "dask", "ray", "av", "pyarrow", "datasets", "soundfile", "yaml", "PIL"}
+    named = {p.name for p in tests.iterdir() if p.is_dir()} & optional
+    assert not named, f"rename tests/{', tests/'.join(sorted(named))}"
