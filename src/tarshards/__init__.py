@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 # them when it is imported, which happens the first time one of them is used. The package (the
 # top of the import order) declares them, so that codecs and stages never name a higher module;
 # the registries pick them up when their modules are imported (tarshards._lazy.declare_optional).
-_TORCH = {"module": "tarshards.torch", "extra": "torch"}
+_TORCH = {"module": "tarshards.torch.adapter", "extra": "torch"}
 _declare_optional("images.OPTIONAL_ARRAY_KINDS", ["torch-uint8", "torch-float"], **_TORCH)
 _declare_optional("codecs.OPTIONAL_CODECS", ["pth"], **_TORCH, safe=False)
 _declare_optional("stages.OPTIONAL_COLLATION", ["torch.Tensor"], **_TORCH)

@@ -2,11 +2,38 @@
 
 ``adapter``    ``WebDataset``/``DataPipeline``/``IndexedDataset``/``MixedDataset`` as torch
                datasets, ``WebLoader``, rank discovery, the torch registry entries
-``transport``  batches handed from DataLoader workers through shared memory
+``transport``  batches handed from DataLoader workers through shared memory (numpy only)
 
-Importing this package imports torch and registers the torch entries of the registries.
+The adapter's names are this package's too (``from tarshards.torch import WebLoader``), imported
+on first use: importing ``tarshards.torch.transport`` alone does not import torch.
 """
 
-from .adapter import *  # noqa: F403
-from .adapter import __all__ as __all__
-from .adapter import load_pth as load_pth
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = [
+    "DataPipeline",
+    "IndexedDataset",
+    "MixedDataset",
+    "WebDataset",
+    "WebLoader",
+    "discover_rank",
+    "image_to_tensor",
+    "load_pth",
+    "mix",
+    "torch_environment",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith("__") or name in ("adapter", "transport"):  # submodules: imported as such
+        raise AttributeError(name)
+    adapter = importlib.import_module("tarshards.torch.adapter")
+    try:
+        value = getattr(adapter, name)
+    except AttributeError:
+        raise AttributeError(f"module 'tarshards.torch' has no attribute {name!r}") from None
+    globals()[name] = value
+    return value
