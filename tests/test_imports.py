@@ -30,19 +30,22 @@ LAYERS: list[tuple[str, ...]] = [
         "_xxh3",
         "_deficits",
         "stats",
-        "format",
-        "codecs",
         "read",
         "write",
-        "plan",
-        "pipeline",
     ),  # the bottom: no tarshards imports but these (stats: a loader's counters, which the
-    # reading path is handed; the packages' own __init__ modules, which hold only their
-    # docstrings: each module of a package has its own row below)
-    ("format.names", "on_error", "format.tenbin"),  # naming rules, parse_size; the error policy
+    # reading path is handed; the packages read/ and write/, whose __init__ holds only its
+    # docstring: each module of a package has its own row below, and a package whose name was
+    # a module's before (format, codecs, plan, pipeline) sits with that module, whose names it
+    # hands out on first use)
+    (
+        "format",
+        "format.names",
+        "on_error",
+        "format.tenbin",
+    ),  # naming rules, parse_size; the error policy
     ("format.compression", "format.hashing"),  # one table of compressions; content hashes
     ("codecs.images",),  # image codecs and modes, the JPEG fast paths
-    ("codecs.registry", "codecs.crop"),  # the codec registry; image crops
+    ("codecs", "codecs.registry", "codecs.crop"),  # the codec registry; image crops
     ("media.probe", "media.output"),  # media properties and the PyAV backend; media outputs
     ("codecs.decoding",),  # the decode stage (and the fused decode + to_tuple)
     ("tario.headers",),  # tar header fields, checksums, pax records, names
@@ -64,6 +67,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("media",),  # the package: its names, imported on first use
     (
         "plan.shards",
+        "plan",
         "plan.epoch",
         "plan.cursor",
         "read.reading",
@@ -81,7 +85,10 @@ LAYERS: list[tuple[str, ...]] = [
         "pipeline.collation",
     ),  # packs and buckets (planned from metadata); their collations
     ("pipeline.composition",),  # DataPipeline: a source and stages, the fluent methods
-    ("pipeline.dataset",),  # WebDataset (and the names of the modules above, re-exported)
+    (
+        "pipeline",
+        "pipeline.dataset",
+    ),  # WebDataset (and the names of the modules above, re-exported)
     (
         "plan.mixing",
         "read.indexed",
@@ -564,3 +571,39 @@ def test_no_test_folder_is_named_after_an_importable_package():
     optional = {"torch", "dask", "ray", "av", "pyarrow", "datasets", "soundfile", "yaml", "PIL"}
     named = {p.name for p in tests.iterdir() if p.is_dir()} & optional
     assert not named, f"rename tests/{', tests/'.join(sorted(named))}"
+
+
+def test_a_package_named_like_a_module_before_hands_out_its_names():
+    """format, codecs, plan and pipeline were modules before the packages: their names stay
+    attributes of the package (from tarshards.plan import EpochPlan), imported on first use,
+    and importing one of their submodules imports nothing more."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import tarshards.codecs.images\n"
+        "seen = ['tarshards.codecs.registry' in sys.modules]\n"
+        "import tarshards.pipeline.stages\n"
+        "print(seen + ['tarshards.pipeline.dataset' in sys.modules])\n"
+        "from tarshards.pipeline import WebDataset\n"
+        "from tarshards.plan import EpochPlan\n"
+        "from tarshards.codecs import register_codec\n"
+        "from tarshards.format import parse_size\n"
+        "print(WebDataset.__module__, EpochPlan.__module__, register_codec.__module__, "
+        "parse_size.__module__)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
+    assert out[0] == "[False, False]"
+    assert out[1].split() == [
+        "tarshards.pipeline.dataset",
+        "tarshards.plan.epoch",
+        "tarshards.codecs.registry",
+        "tarshards.format.names",
+    ]
+    import tarshards.plan
+
+    with pytest.raises(AttributeError, match="no attribute 'nonesuch'"):
+        tarshards.plan.nonesuch  # noqa: B018

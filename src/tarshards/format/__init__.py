@@ -10,3 +10,26 @@
 
 The tar layer itself (headers, the streaming reader, the member writer) is :mod:`tarshards.tario`.
 """
+
+# The names of the module that ``tarshards.format`` was before the packages (``format.py``, now
+# ``format/names.py``) stay attributes of the package, imported on first use:
+# ``from tarshards.format import X`` still works for them. Submodules are imported as such.
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_SUBMODULES = frozenset(
+    ["compression", "hashing", "index", "manifest", "names", "selection", "tenbin"]
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith("__") or name in _SUBMODULES:
+        raise AttributeError(name)
+    module = importlib.import_module("tarshards.format.names")
+    try:
+        return getattr(module, name)
+    except AttributeError:
+        raise AttributeError(f"module 'tarshards.format' has no attribute {name!r}") from None

@@ -7,3 +7,26 @@
 ``composition``  ``DataPipeline``: a source and stages, the fluent methods
 ``dataset``      ``WebDataset`` (the seed's call shape and the fluent API)
 """
+
+# The names of the module that ``tarshards.pipeline`` was before the packages (``pipeline.py``, now
+# ``pipeline/dataset.py``) stay attributes of the package, imported on first use:
+# ``from tarshards.pipeline import X`` still works for them. Submodules are imported as such.
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_SUBMODULES = frozenset(
+    ["collation", "composition", "dataset", "fusion", "iteration", "stages", "stateful"]
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith("__") or name in _SUBMODULES:
+        raise AttributeError(name)
+    module = importlib.import_module("tarshards.pipeline.dataset")
+    try:
+        return getattr(module, name)
+    except AttributeError:
+        raise AttributeError(f"module 'tarshards.pipeline' has no attribute {name!r}") from None

@@ -8,3 +8,24 @@
 ``mixing``   mixtures of data sets (by samples or by tokens, weights by step)
 ``ledger``   the data-order ledger and its audit (replays the plans)
 """
+
+# The names of the module that ``tarshards.plan`` was before the packages (``plan.py``, now
+# ``plan/epoch.py``) stay attributes of the package, imported on first use:
+# ``from tarshards.plan import X`` still works for them. Submodules are imported as such.
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_SUBMODULES = frozenset(["cursor", "epoch", "ledger", "mixing", "packing", "planned", "shards"])
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith("__") or name in _SUBMODULES:
+        raise AttributeError(name)
+    module = importlib.import_module("tarshards.plan.epoch")
+    try:
+        return getattr(module, name)
+    except AttributeError:
+        raise AttributeError(f"module 'tarshards.plan' has no attribute {name!r}") from None
