@@ -176,3 +176,50 @@ if __name__ == "__main__":
     FROZEN.parent.mkdir(exist_ok=True)
     FROZEN.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     print(f"wrote {FROZEN} ({len(data['cases'])} cases)", file=sys.stderr)
+
+
+# ---- files written by an earlier tarshards: manifests, indexes and views still load ----------
+
+WRITTEN = Path(__file__).resolve().parent / "data" / "written_v1"
+
+
+def test_files_written_before_the_packages_still_load(tmp_path):
+    """``tests/data/written_v1`` holds two shards with their indexes, a manifest and a view,
+    written by tarshards at commit a00a5c1 (before the modules moved into packages). Their
+    format identifiers are data, not module paths: they load unchanged, and what this tarshards
+    writes carries the same identifiers."""
+    import json
+    import shutil
+
+    import tarshards
+    from tarshards.format.index import ShardIndex
+    from tarshards.format.manifest import MANIFEST_FORMAT, Manifest, build_manifest
+    from tarshards.format.selection import VIEW_FORMAT
+    from tarshards.plan.ledger import LEDGER_FORMAT
+    from tarshards.read.indexed import IndexedDataset
+
+    data = tmp_path / "v1"
+    shutil.copytree(WRITTEN, data)
+    m = Manifest.load(str(data / "manifest.json"))
+    assert m.num_samples == 12
+    ds = IndexedDataset(m)
+    assert [ds[i]["__key__"] for i in (0, 7, 11)] == ["s0000", "s0007", "s0011"]
+    assert ds[7]["txt"] == b"text 7"
+    idx = ShardIndex.load(str(data / "data-000001.tar.tsidx"))
+    assert idx.num_samples == 6
+    view = tarshards.View.load(str(data / "odd.view.json"))
+    keys = [s["__key__"] for s in WebDataset(view)]
+    assert keys == [f"s{i:04d}" for i in range(12) if i % 3 != 1]
+
+    # the same identifiers in what is written now
+    old = json.loads((data / "manifest.json").read_text())
+    assert old["format"] == MANIFEST_FORMAT == "tarshards.manifest"
+    assert json.loads((data / "odd.view.json").read_text())["format"] == VIEW_FORMAT
+    new = tmp_path / "new"
+    urls = _write(new)
+    build_manifest(urls, str(new / "manifest.json"))
+    assert json.loads((new / "manifest.json").read_text())["format"] == "tarshards.manifest"
+    assert LEDGER_FORMAT == "tarshards.ledger/1"
+    assert ShardIndex.load(urls[0] + ".tsidx").num_samples == PER_SHARD
+    for written in (data / "data-000000.tar.tsidx", Path(urls[0] + ".tsidx")):
+        assert b'"format":"tarshards.index"' in written.read_bytes()[:4096]

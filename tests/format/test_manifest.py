@@ -53,7 +53,7 @@ def _flip(path, at):
 def test_file_format_and_relative_urls(tmp_path):
     m = _write(tmp_path)
     obj = json.loads((tmp_path / "ds" / "manifest.json").read_text())
-    assert obj["format"] == "tarshards.format.manifest" and obj["version"] == 1
+    assert obj["format"] == "tarshards.manifest" and obj["version"] == 1
     assert obj["num_samples"] == 50
     assert obj["shards"][0] == {
         "url": "part-0000.tar",
@@ -83,7 +83,7 @@ def test_fingerprint_and_tampering(tmp_path):
     path.write_text(json.dumps(obj))
     with pytest.raises(IntegrityError, match="fingerprint"):
         Manifest.load(str(path))
-    path.write_text(json.dumps({"format": "tarshards.format.manifest", "version": 7, "shards": []}))
+    path.write_text(json.dumps({"format": "tarshards.manifest", "version": 7, "shards": []}))
     with pytest.raises(ShardFormatError, match="version 7"):
         Manifest.load(str(path))
     path.write_text("{not json")

@@ -6,7 +6,7 @@ shard, aligned row by row with it (same keys, same order), each with its own ind
 The output manifest lists the base shards (relative to it, as the source lists them), the column
 group with its fields and shards, and the source manifest it came from (``"base"``)::
 
-    {"format": "tarshards.format.manifest", "version": 1, "fingerprint": "sha256:...",
+    {"format": "tarshards.manifest", "version": 1, "fingerprint": "sha256:...",
      "num_samples": 2000, "shards": [...the base shards...],
      "base": {"manifest": "../manifest.json", "checksum": "sha256:..."},
      "columns": [{"name": "caption", "fields": ["txt"],

@@ -9,7 +9,7 @@ output or given) finds each left row's right sample, and the output stores, per 
 memory-mapped when read), beside a manifest that lists the left shards (the rows' order), the
 right shards, and the two manifests it came from::
 
-    {"format": "tarshards.format.manifest", ..., "shards": [...the left shards...],
+    {"format": "tarshards.manifest", ..., "shards": [...the left shards...],
      "base": {"manifest": "../captions/manifest.json", "checksum": "sha256:..."},
      "join": {"how": "inner", "on": "__key__", "prefix": "", "counts": [..rows per left shard..],
               "pointers": "manifest.pointers.npy", "identity": "...",

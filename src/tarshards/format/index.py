@@ -388,7 +388,7 @@ class ShardIndex:
     # ---- serialisation -----------------------------------------------------------------------
     def _meta(self, meta: bool = True) -> dict:
         head = {
-            "format": "tarshards.format.index",
+            "format": "tarshards.index",
             "version": self._version,
             "samples": self.num_samples,
             "members": self._counts["members"],

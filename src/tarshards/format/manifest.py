@@ -2,7 +2,7 @@
 
 A manifest is a small JSON file (``docs/format.md``)::
 
-    {"format": "tarshards.format.manifest", "version": 1, "fingerprint": "sha256:...",
+    {"format": "tarshards.manifest", "version": 1, "fingerprint": "sha256:...",
      "num_samples": 2000,
      "shards": [{"url": "train-000000.tar", "samples": 1000, "nbytes": 10496000,
                  "hash": "xxh3_64:9f0c...", "index": "train-000000.tar.tsidx"}, ...]}
@@ -71,7 +71,7 @@ __all__ = [
     "spec_urls",
 ]
 
-MANIFEST_FORMAT = "tarshards.format.manifest"
+MANIFEST_FORMAT = "tarshards.manifest"
 MANIFEST_VERSION = 1
 WIDS_KIND = "wids-shard-index-v1"
 INDEX_SUFFIX = ".tsidx"

@@ -6,7 +6,7 @@ one line of JSON per step to one file per rank: ``PATH`` with ``{rank}`` replace
 
 - a **start** record at every ``iter(loader)`` (each epoch, each resume)::
 
-    {"ledger": "tarshards.plan.ledger/1", "plan": "3f9c0a1d2b4e", "identity": {...the plan's
+    {"ledger": "tarshards.ledger/1", "plan": "3f9c0a1d2b4e", "identity": {...the plan's
      identity: fingerprint, seed, readers, batch_size, remainder, shardshuffle, bufsize,
      initial}, "epoch": 0, "position": 10, "origin": 10, "resumed": true, "rank": 1,
      "world_size": 3, "num_batches": 36, "data": "/data/manifest.json", "time": 1765000000.5}
@@ -67,7 +67,7 @@ __all__ = [
     "read_ledger",
 ]
 
-LEDGER_FORMAT = "tarshards.plan.ledger/1"
+LEDGER_FORMAT = "tarshards.ledger/1"
 _INDEX_SUFFIX = ".tsidx"
 
 
