@@ -4,6 +4,7 @@ registry entries implemented by an optional module (torch image modes, ``.pth``,
 from __future__ import annotations
 
 import importlib
+from typing import Any, Callable
 
 from .errors import MissingDependencyError
 
@@ -21,6 +22,23 @@ class LazyModule:
         mod = importlib.import_module(self._module)
         self._namespace[self._alias] = mod
         return getattr(mod, attr)
+
+
+def names_of(package: str, module: str, submodules) -> Callable[[str], Any]:
+    """A package's ``__getattr__`` (PEP 562) that hands out the names of ``module``, imported on
+    first use; ``submodules`` (and dunder names) raise ``AttributeError`` at once, so that
+    ``from package import submodule`` imports the submodule and nothing more."""
+    skip = frozenset(submodules)
+
+    def __getattr__(name: str) -> Any:
+        if name.startswith("__") or name in skip:
+            raise AttributeError(name)
+        try:
+            return getattr(importlib.import_module(module), name)
+        except AttributeError:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
+
+    return __getattr__
 
 
 # declarations made before their registry exists (the package declares, then the registry's

@@ -14,17 +14,10 @@ Audio and video clips are :mod:`tarshards.media`.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .._lazy import names_of
 
-_SUBMODULES = frozenset(["crop", "decoding", "images", "registry"])
-
-
-def __getattr__(name: str) -> Any:
-    if name.startswith("__") or name in _SUBMODULES:
-        raise AttributeError(name)
-    module = importlib.import_module("tarshards.codecs.registry")
-    try:
-        return getattr(module, name)
-    except AttributeError:
-        raise AttributeError(f"module 'tarshards.codecs' has no attribute {name!r}") from None
+__getattr__ = names_of(
+    "tarshards.codecs",
+    "tarshards.codecs.registry",
+    ["crop", "decoding", "images", "registry"],
+)

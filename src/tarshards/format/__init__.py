@@ -17,19 +17,10 @@ The tar layer itself (headers, the streaming reader, the member writer) is :mod:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .._lazy import names_of
 
-_SUBMODULES = frozenset(
-    ["compression", "hashing", "index", "manifest", "names", "selection", "tenbin"]
+__getattr__ = names_of(
+    "tarshards.format",
+    "tarshards.format.names",
+    ["compression", "hashing", "index", "manifest", "names", "selection", "tenbin"],
 )
-
-
-def __getattr__(name: str) -> Any:
-    if name.startswith("__") or name in _SUBMODULES:
-        raise AttributeError(name)
-    module = importlib.import_module("tarshards.format.names")
-    try:
-        return getattr(module, name)
-    except AttributeError:
-        raise AttributeError(f"module 'tarshards.format' has no attribute {name!r}") from None

@@ -14,19 +14,10 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .._lazy import names_of
 
-_SUBMODULES = frozenset(
-    ["collation", "composition", "dataset", "fusion", "iteration", "stages", "stateful"]
+__getattr__ = names_of(
+    "tarshards.pipeline",
+    "tarshards.pipeline.dataset",
+    ["collation", "composition", "dataset", "fusion", "iteration", "stages", "stateful"],
 )
-
-
-def __getattr__(name: str) -> Any:
-    if name.startswith("__") or name in _SUBMODULES:
-        raise AttributeError(name)
-    module = importlib.import_module("tarshards.pipeline.dataset")
-    try:
-        return getattr(module, name)
-    except AttributeError:
-        raise AttributeError(f"module 'tarshards.pipeline' has no attribute {name!r}") from None

@@ -15,17 +15,10 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .._lazy import names_of
 
-_SUBMODULES = frozenset(["cursor", "epoch", "ledger", "mixing", "packing", "planned", "shards"])
-
-
-def __getattr__(name: str) -> Any:
-    if name.startswith("__") or name in _SUBMODULES:
-        raise AttributeError(name)
-    module = importlib.import_module("tarshards.plan.epoch")
-    try:
-        return getattr(module, name)
-    except AttributeError:
-        raise AttributeError(f"module 'tarshards.plan' has no attribute {name!r}") from None
+__getattr__ = names_of(
+    "tarshards.plan",
+    "tarshards.plan.epoch",
+    ["cursor", "epoch", "ledger", "mixing", "packing", "planned", "shards"],
+)

@@ -10,8 +10,7 @@ on first use: importing ``tarshards.torch.transport`` alone does not import torc
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .._lazy import names_of
 
 __all__ = [
     "DataPipeline",
@@ -27,13 +26,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name.startswith("__") or name in ("adapter", "transport"):  # submodules: imported as such
-        raise AttributeError(name)
-    adapter = importlib.import_module("tarshards.torch.adapter")
-    try:
-        value = getattr(adapter, name)
-    except AttributeError:
-        raise AttributeError(f"module 'tarshards.torch' has no attribute {name!r}") from None
-    globals()[name] = value
-    return value
+__getattr__ = names_of("tarshards.torch", "tarshards.torch.adapter", ["adapter", "transport"])
