@@ -114,7 +114,7 @@ def shares(rng, mixtures: int) -> None:
     o, a = np.asarray(ours), np.asarray(alone)
     print(f"{mixtures} mixtures of 3-6 sources, packs of 60-400 tokens, largest samples 2-59")
     print(
-        f"  worst pack error / M: composed {o[:, 0].max():.3f}, rule alone {a[:, 0].max():.3f} "
+        f"  worst pack error / M: composed {o[:, 0].max():.4f}, rule alone {a[:, 0].max():.4f} "
         f"({over} mixtures with a pack over one sample)"
     )
     print(
