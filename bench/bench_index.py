@@ -27,9 +27,12 @@ runs every contender once, the peers staying up in their own processes between r
    the cluster started before the clock, as a running cluster is, and alive only for its own
    rows), every round reading every shard (``overwrite=True``). Target: 2 workers >= 1.7x one.
    Each row also prints the CPU time of its best runs (this process and its children), and the
-   ratio the shard count allows (15 shards: 8 on one worker, 1.88x). Dask and Ray rows are left
-   out where they are not installed. (``--only-scaling``: this section alone; one short run:
-   ``bench/bench_index.py --scaling 1 --only-scaling --repeat 3``.)
+   ratio the shard count allows (15 shards: 8 on one worker, 1.88x). A ``read floor`` row reads
+   the same shards' bytes and nothing else (a reused 1 MiB buffer, 1 and 2 threads, each a share
+   of the shards): how far reading the page cache scales on the host, the most an engine can.
+   Dask and Ray rows are left out where they are not installed. (``--only-scaling``: this
+   section alone; one short run: ``bench/bench_index.py --scaling 1 --only-scaling --repeat
+   3``; ``--scaling 2.15``: 32 shards, an even split.)
 4. With ``--big GB`` (repeatable): ``tarshards index SPEC -o M`` as users run it (the installed
    console script, a brace spec) on about GB gigabytes of plain shards (64 MB each, ~100 kB
    samples of random bytes, made once into ``bench/_data/big-GB``, page-cached), with its default
@@ -446,10 +449,32 @@ def bench_scaling(paths, tmp: str, repeat: int) -> dict:
                     if got[0] < best[name, w][0]:
                         best[name, w] = got
 
+    def floor(w: int) -> tuple[float, float]:
+        """The shards read into a reused 1 MiB buffer, no parsing, no hashing, by ``w``
+        threads (each a share of the shards, as the engines split them): how far reading the
+        page cache alone scales on this host, the most any engine can."""
+        import threading
+
+        def read(part: list) -> None:
+            buf = bytearray(1 << 20)
+            for path in part:
+                with open(path, "rb", buffering=0) as f:
+                    while f.readinto(buf):
+                        pass
+
+        c0, t0 = cpu(), time.perf_counter()
+        threads = [threading.Thread(target=read, args=(paths[i::w],)) for i in range(w)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return time.perf_counter() - t0, cpu() - c0
+
     rounds(
         {
             "threads": lambda w: timed(workers=w),
             "processes": lambda w: timed(engine="processes", workers=w),
+            "read floor": floor,
         }
     )
     try:
@@ -511,7 +536,9 @@ def report_scaling(r: dict) -> None:
             f"   {name:<10s} 1 worker {mb / one:7.0f} MB/s   2 workers {mb / two:7.0f} MB/s   "
             f"{one / two:.2f}x (target >= 1.7)"
         )
-        if name != "ray":  # (Ray's workers are not this process's children)
+        if name == "read floor":
+            line += "   (the shards' bytes read, nothing else: the most reading scales here)"
+        elif name != "ray":  # (Ray's workers are not this process's children)
             c1, c2 = cpus[f"{name}/1"], cpus[f"{name}/2"]
             line += f"   CPU {c1 * 1e3:.0f} / {c2 * 1e3:.0f} ms"
         print(line)

@@ -29,7 +29,12 @@ libx264), made here once into ``bench/_data/media/`` from moving noise (a realis
    it would be with free cores where the host is shared: two workers reach at most 2 cores /
    their CPU a clip, and one process with FFmpeg's threads uses more than one core where the
    codec lets its threads share a frame (this member has 2 slices a frame: libx264's slice
-   threads on the 2-core host that encoded it).
+   threads on the 2-core host that encoded it). The row runs on two members of the same
+   frames: first one slice a frame, as the ``ffmpeg`` command's libx264 writes by default (its
+   frame threads), where FFmpeg's threads cannot share a frame's decode and one process uses
+   one core; then the 2-slice member, where one process with slice threads already uses about
+   1.4 cores, so that two workers on 2 cores reach at most about 2 / 1.4 = 1.43x of it
+   (``--one-slice``: the first only; ``--sliced``: the second only).
 3. ``remote``: ``IndexedDataset(manifest over HTTP, decode=tarshards.video(frames=60))`` (a 2 s
    clip) against the test HTTP server (``tests/integration/servers.py``), the body bytes the
    server sent per clip against the member's size, and its requests; with the plain index,
@@ -419,6 +424,11 @@ def main() -> None:
         "command writes it); by default PyAV's slice threads, as many slices as the encoding "
         "host had threads (2 here)",
     )
+    ap.add_argument(
+        "--sliced",
+        action="store_true",
+        help="the loader row on the default member only (2 slices a frame), not on both",
+    )
     args = ap.parse_args()
     data = make_member(one_slice=args.one_slice)
     out: dict = {"machine": machine_info(), "member_bytes": len(data)}
@@ -429,7 +439,16 @@ def main() -> None:
         out["seek"] = row_seek(data, 8 if args.quick else 24)
     if args.only in (None, "loader") and importlib.util.find_spec("torch") is not None:
         load0 = os.getloadavg()[0]
-        out["loader"] = row_loader(data, 4, 16 if args.quick else 32, 3)
+        # on both members unless one is asked for: one slice a frame (what the ffmpeg command
+        # writes), then the member of the other rows
+        members = {"one slice a frame": make_member(one_slice=True)}
+        if not args.one_slice:
+            members["2 slices a frame"] = data
+        if args.sliced:
+            members = {"2 slices a frame": data}
+        out["loader"] = {
+            name: row_loader(m, 4, 16 if args.quick else 32, 3) for name, m in members.items()
+        }
         out["load"] = (load0, os.getloadavg()[0])
     if args.only == "phases":
         out["phases"] = row_phases(data, 4, 16 if args.quick else 32)
@@ -446,30 +465,32 @@ def main() -> None:
             f"start {r['from_start_ms_per_clip']:.1f} ms: {r['speedup']:.2f}x (target >= 3)"
         )
     if "loader" in out:
-        r = out["loader"]
-        a, b, f, w = r["one_thread"], r["ffmpeg_threads"], r["frame_threads"], r["workers2"]
-        best = max(a["clips_per_s"], b["clips_per_s"], f["clips_per_s"])
-        print(
-            f"loader  clips/s: WebLoader(num_workers=2) {w['clips_per_s']:.1f} against the best "
-            f"one process {best:.1f}: {r['ratio']:.2f}x (target >= 1.6); one process on one "
-            f"thread {a['clips_per_s']:.1f} ({r['ratio_one_thread']:.2f}x), with FFmpeg's "
-            f"slice threads (the default) {b['clips_per_s']:.1f} "
-            f"({r['ratio_ffmpeg_threads']:.2f}x), with frame and slice threads "
-            f"{f['clips_per_s']:.1f} ({r['ratio_frame_threads']:.2f}x)"
-        )
-        print(
-            f"        CPU a clip (cores used): one thread {a['cpu_ms_per_clip']:.1f} ms "
-            f"({a['cores']:.2f}), slice threads {b['cpu_ms_per_clip']:.1f} ms ({b['cores']:.2f}), "
-            f"frame threads {f['cpu_ms_per_clip']:.1f} ms ({f['cores']:.2f}), WebLoader workers "
-            f"and main {w['cpu_ms_per_clip']:.1f} ms ({w['cores']:.2f}): on 2 free cores the "
-            f"workers reach at most {r['two_cores_ratio_one_thread']:.2f}x one thread"
-        )
-        print(
-            f"        after the first clip {a['steady_clips_per_s']:.1f} / "
-            f"{b['steady_clips_per_s']:.1f} / {f['steady_clips_per_s']:.1f} / "
-            f"{w['steady_clips_per_s']:.1f}; load average {out['load'][0]:.1f} before, "
-            f"{out['load'][1]:.1f} after"
-        )
+        for member, r in out["loader"].items():
+            a, b, f, w = r["one_thread"], r["ffmpeg_threads"], r["frame_threads"], r["workers2"]
+            best = max(a["clips_per_s"], b["clips_per_s"], f["clips_per_s"])
+            print(
+                f"loader  on the member of {member}, clips/s: WebLoader(num_workers=2) "
+                f"{w['clips_per_s']:.1f} against the best one process {best:.1f}: "
+                f"{r['ratio']:.2f}x (target >= 1.6); one process on one thread "
+                f"{a['clips_per_s']:.1f} ({r['ratio_one_thread']:.2f}x), with FFmpeg's slice "
+                f"threads (the default) {b['clips_per_s']:.1f} ({r['ratio_ffmpeg_threads']:.2f}x), "
+                f"with frame and slice threads {f['clips_per_s']:.1f} "
+                f"({r['ratio_frame_threads']:.2f}x)"
+            )
+            print(
+                f"        CPU a clip (cores used): one thread {a['cpu_ms_per_clip']:.1f} ms "
+                f"({a['cores']:.2f}), slice threads {b['cpu_ms_per_clip']:.1f} ms "
+                f"({b['cores']:.2f}), frame threads {f['cpu_ms_per_clip']:.1f} ms "
+                f"({f['cores']:.2f}), WebLoader workers and main {w['cpu_ms_per_clip']:.1f} ms "
+                f"({w['cores']:.2f}): on 2 free cores the workers reach at most "
+                f"{r['two_cores_ratio_one_thread']:.2f}x one thread"
+            )
+            print(
+                f"        after the first clip {a['steady_clips_per_s']:.1f} / "
+                f"{b['steady_clips_per_s']:.1f} / {f['steady_clips_per_s']:.1f} / "
+                f"{w['steady_clips_per_s']:.1f}; load average {out['load'][0]:.1f} before, "
+                f"{out['load'][1]:.1f} after"
+            )
     if "phases" in out:
         print("phases  ms a clip, thread CPU / wall (a process's CPU time counts all its threads)")
         for who, parts in out["phases"].items():
