@@ -168,6 +168,42 @@ def test_every_batch_of_any_number_of_sources_is_within_one_sample(case, B):
             assert all(at[s] <= lengths[s] for s in range(k))
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_a_step_schedule_keeps_every_pack_and_batch_within_one_sample(seed):
+    """Weights that follow the step: each pack and batch within one sample of its own step's
+    weights (a pack composed again takes the weights of its step)."""
+    names = ["a", "b", "c"]
+    rng = np.random.default_rng(seed)
+    table = [(0, {"a": 8, "b": 1, "c": 1}), (5, {"a": 1, "b": 1, "c": 8}), (12, [1, 6, 3])]
+    W = _Weights(table, names, schedule_id=None, interpolate=["step", "linear"][seed % 2])
+    V = int(rng.integers(1, 4))
+    lengths = [int(x) for x in rng.integers(5, 80, 3)]
+    pools = _Pools(seed, V, lengths, [0.8, 1.3, 3.0][seed % 3])
+    stop = ["first", "all", "cycle"][seed % 3]
+    lay = _plan_packs(W, 600, "truncate", V, lengths, stop, 0, 1, pools, True, pools.largest())
+    M = min(600.0, max(pools.largest()))
+    for v in range(V):
+        for j in range(lay.q):
+            src, pos = lay.pack(v, j)
+            w = W.at(np.asarray([j * V + v]))[0]
+            c = np.minimum([pools.cost(v, s, p) for s, p in zip(src, pos)], 600)
+            part = np.bincount(src, weights=c, minlength=3)
+            assert (np.abs(part - w * part.sum()) <= M + EPS).all(), (v, j)
+    B = int(rng.integers(1, 20))
+    lay = _plan_layout(W, B, V, lengths, stop, 0, 1, pools, pools.largest())
+    M = max(pools.largest())
+    for v in range(V):
+        at = [0, 0, 0]
+        for j in range(lay.q):
+            q = lay.quota(v, j)
+            w = W.at(np.asarray([j * V + v]))[0]
+            got = np.asarray(
+                [sum(pools.cost(v, s, at[s] + n) for n in range(q[s])) for s in range(3)]
+            )
+            at = [a + b for a, b in zip(at, q)]
+            assert (np.abs(got - w * got.sum()) <= M + EPS).all(), (v, j)
+
+
 def test_shares_over_the_whole_stream_do_not_drift():
     """Small packs (about ten of the largest samples), a source of large weight and small samples
     beside two of small weight and rare large ones: the largest deficit rule's packs are now and
