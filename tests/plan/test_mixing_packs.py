@@ -39,24 +39,31 @@ def plans(draw):
 
 class _Streams:
     """Long-tailed costs of every source's passes, some over the budget (``stream(i, npass)``
-    as the plan asks for them)."""
+    as the plan asks for them): each pass another order of the same samples, as a plan's
+    passes are."""
 
     def __init__(self, seed, V, lengths):
         self.rng = np.random.default_rng(seed)
         self.V, self.lengths = V, lengths
+        self.pools = [
+            np.minimum(self.rng.pareto(1.3, V * n) * 40, 1500).astype(int).astype(np.float64)
+            for n in lengths
+        ]
+        for pool in self.pools:  # (mix refuses a source of 0 tokens in every sample, and
+            pool[0] = min(max(pool[0], 1.0), 40.0)  # "drop" one of none under the budget)
         self.passes: dict = {}
 
     def __call__(self, i, npass):
         if (i, npass) not in self.passes:
-            x = np.minimum(self.rng.pareto(1.3, (self.V, self.lengths[i])) * 40, 1500)
-            self.passes[(i, npass)] = x.astype(int).astype(np.float64)
+            perm = np.random.default_rng([i, npass]).permutation(len(self.pools[i]))
+            self.passes[(i, npass)] = self.pools[i][perm].reshape(self.V, self.lengths[i])
         return self.passes[(i, npass)]
 
     def cost(self, v, s, p):
         return float(self(s, p // self.lengths[s])[v, p % self.lengths[s]])
 
-    def largest(self, v, s, budget):
-        return min(budget, max(float(c[v].max()) for (i, _), c in self.passes.items() if i == s))
+    def largest(self):
+        return [float(p.max()) for p in self.pools]
 
 
 @given(plans())
@@ -66,13 +73,15 @@ def test_every_pack_within_one_sample_of_the_weights(case):
     names = [f"s{i}" for i in range(k)]
     W = _Weights(dict(zip(names, weights)), names, schedule_id=None, interpolate="step")
     stream = _Streams(seed, V, lengths)
-    lay = _plan_packs(W, budget, oversize, V, lengths, stop, 0, 1, stream, by_tokens=True)
+    lay = _plan_packs(
+        W, budget, oversize, V, lengths, stop, 0, 1, stream, by_tokens=True,
+        largest=stream.largest(),
+    )  # fmt: skip
     w = np.asarray(weights, dtype=np.float64) / sum(weights)
     eps = 1e-6
+    bound = min(float(budget), max(stream.largest()))  # one sample: the largest
     for v in range(V):
         assert len(lay.offsets[v]) == lay.q + 1
-        M = np.asarray([stream.largest(v, s, budget) for s in range(k)])
-        bound = float(((1 - w) * M).sum())  # one sample (two sources: the largest)
         seen = set()
         for j in range(lay.q):
             src, pos = lay.pack(v, j)
@@ -154,8 +163,7 @@ def test_token_shares_per_pack_through_the_pipeline(sets, ws, stop, budget):
     assert len(packs) == prog.num_batches > 0
     w = {n: x / sum(ws) for n, x in weights.items()}
     M = {n: min(budget, float(Manifest.load(sets[n]).meta("tokens").max())) for n in w}
-    bound = sum((1 - w[n]) * M[n] for n in w)  # one sample: the largest, with two sources
-    assert bound <= max(M.values())
+    bound = max(M.values())  # one sample: the largest
     for g, pack in enumerate(packs):
         total = sum(min(int(s["tok"]), budget) for s in pack)
         assert total <= budget
@@ -179,7 +187,7 @@ def test_packs_over_a_mixture_fill_and_beat_sample_weights(sets):
     web = sum(_tokens(p, "web") for p in packs)
     code = sum(_tokens(p, "code") for p in packs)
     assert 0.9 < web / code < 1.1
-    assert ds.epoch_program(0).layout.fill(MAX) > 0.85
+    assert ds.epoch_program(0).layout.fill(MAX) > 0.92  # (small: 900 samples, 2 readers)
 
 
 def test_mixture_packs_resume_exactly(sets):

@@ -84,27 +84,31 @@ of a few largest samples): the rule alone leaves packs over one sample in 62 of 
 1.25 ``M``), composed none; the whole stream's error stays within 1.51 ``M`` (median 0.82;
 the rule alone: 1.27).
 With two sources rule A's batches are always within ``M`` and nothing changes. States and
-ledgers of mixtures of three or more sources by tokens (or of packs) name this rule
-(``rule=``); those made before it are refused rather than replayed with other batches.
+ledgers of mixtures of three or more sources by tokens, and of every mixture of packs (below),
+name their rule (``rule=``); those made before it are refused rather than replayed with other
+batches.
 
 **Packs over a mixture** (``mix(..., unit="tokens").pack(max_tokens)``, in place of
-``.batched(B)``). Each reader's stream is the largest deficit rule's (as above, slot by slot, the
-weights those of the pack's step), cut into packs *next-fit*: a sample goes into the open pack
-when it fits, else the pack closes and the sample opens the next one (a sample over the budget
-is a pack of its own, counted at ``max_tokens``; ``oversize="drop"`` leaves it out, uncounted;
-``"raise"``). A pack is a run of consecutive slots, so its tokens are the difference of two
-prefixes and the bound above holds *per pack*: ``|t_s - w_s T| <= sum_r (1 - w_r) M_r``, within
-one sample of the weights with two sources, and ``M`` with any number (see "Within one sample,
-any number of sources" below). The packs are planned from the
-manifests' columns alone (no data read), each reader's in its own stream; global pack ``g`` is
-reader ``g % V``'s pack ``g // V``, so a position counts packs and exact and elastic resume,
-workers and ledgers work as for batches. Every reader has ``q`` packs: ``stop="first"``, as many
-as the reader that first reaches the end of a source has closed; ``"all"``, as many as the
-last reader needs to see every source entirely (the others go on in their sources' next passes);
-``"cycle"``, as many as the fewest a reader closes before it has delivered as many samples as its
-sources hold. Next-fit keeps the order the rule gives (best-fit would break the per-pack bound):
-the fill is about ``1 - mean sample / (2 max_tokens)``. With three or more sources, a pack off by
-more than one sample is composed again from its start (above), cut next-fit the same way.
+``.batched(B)``). Each reader's packs are filled slot by slot by the largest deficit rule (as
+above, the weights those of the pack's step): the source owed most gives its next sample (in its
+planned order). When that sample does not fit in the open pack, the source owed most among those
+whose next sample fits gives its sample instead (*fill-in*: each source's order is kept, only
+the interleaving changes); when no source's next sample fits, the pack closes and the rule's
+sample opens the next one (a sample over the budget is a pack of its own, counted at
+``max_tokens``; ``oversize="drop"`` leaves it out, uncounted; ``"raise"``). A source passed over
+is owed more and goes first in the next pack, so the stream does not drift. Fill-in takes the
+fill of a long-tailed 3-source mixture from 0.88 (cutting the rule's stream next-fit, as before)
+to 0.99 (``bench/bench_mix_bound.py --time-only``). A pack filled in is no longer a run of the
+rule's stream, so each pack (with two sources too) is checked when it closes and, off by more
+than one sample, composed again from its start as above (without fill-in: the proof is for the
+composition's own order): every pack is within one sample (``M``) of the weights. The packs
+are planned from the manifests' columns alone (no data read), each reader's in its own stream;
+global pack ``g`` is reader ``g % V``'s pack ``g // V``, so a position counts packs and exact
+and elastic resume, workers and ledgers work as for batches. Every reader has ``q`` packs:
+``stop="first"``, as many as the reader that first reaches the end of a source has closed;
+``"all"``, as many as the last reader needs to see every source entirely (the others go on in
+their sources' next passes); ``"cycle"``, as many as the fewest a reader closes before it has
+delivered as many samples as its sources hold.
 
 **Weights that follow the step.** ``weights=`` also takes a table ``[(step, weights), ...]``
 (steps increasing from 0; ``weights`` a mapping by source name or a sequence in the sources'
@@ -517,6 +521,23 @@ def _spread(window: Sequence[Any], cap: float) -> int:
     return max(1, min(1 << 20, int(np.ceil(big / small))))
 
 
+def _fits(deficits, weights, costs: Sequence[Any], pos, room: float) -> int:
+    """The source of largest deficit (ties: the larger weight, then the first) among those of
+    weight > 0 whose next cost (``costs[i][pos[i]]``, where there is one) is at most ``room``;
+    -1 when none."""
+    best = -1
+    for i, col in enumerate(costs):
+        if not weights[i] > 0 or pos[i] >= len(col) or col[pos[i]] > room:
+            continue
+        if (
+            best < 0
+            or deficits[i] > deficits[best]
+            or (deficits[i] == deficits[best] and weights[i] > weights[best])
+        ):
+            best = i
+    return best
+
+
 def _off_by_more(delta, bound: float) -> Any:
     """The rows whose batch (or pack) deficits ``delta`` leave ``[-bound, bound]``."""
     return np.flatnonzero(np.abs(delta).max(axis=1) > bound * (1 + 1e-9))
@@ -816,7 +837,7 @@ def _plan_packs(
     # first attempt's slots behind (``void``)
     rec: list[tuple[Any, ...]] = []
     last = weights.last_step()
-    check = k >= 3  # (two sources: the rule's packs are within one sample, proven)
+    check = k >= 2  # (packs filled in are not runs of the rule's stream: checked)
     if by_tokens:
         if largest is None:
             largest = [float(window[i].max(initial=0.0)) for i in range(k)]
@@ -824,6 +845,13 @@ def _plan_packs(
     else:
         big = np.ones(k)
     bound = float(big.max(initial=0.0))
+    if oversize == "drop":  # (the rule would take such a source's next sample for ever)
+        for i in range(k):
+            if window[i].size and float(window[i].min()) > max_tokens:
+                raise ValueError(
+                    f"every sample of source {i} costs more than max_tokens={max_tokens:g}: "
+                    "oversize='drop' would leave all of it out"
+                )
     # each row's open pack: where it began (to compose it again) and its attempt
     d0, pos0 = rule.deficits.copy(), pos.copy()
     delivered0, left0 = delivered.copy(), left_out.copy()
@@ -934,6 +962,14 @@ def _plan_packs(
                 left_out[r] += 1
                 take &= ~over
         cc = np.minimum(c, max_tokens)
+        tight = take & (cnt > 0) & (cc > room)
+        for r in np.flatnonzero(tight):
+            # the rule's pick does not fit: the source owed most whose next sample fits (its
+            # order kept), before the pack closes
+            alt = _fits(rule.deficits[r], W[r], [window[i][r] for i in range(k)], pos[r], room[r])
+            if alt >= 0 and not (stop == "first" and pos[r, alt] >= L[alt]):
+                p[r] = alt
+                cc[r] = window[alt][r, pos[r, alt]]
         close = take & (cnt > 0) & (cc > room)
         if close.any():
             if check:  # a pack off by more than one sample is composed again
@@ -1191,9 +1227,12 @@ class MixedDataset(DataPipeline):
         packs = self.pack_parts()
         if packs is not None:  # a mixture of packs: their budget (in place of a batch size)
             out["pack"] = packs[0].identity()
-        if len(self.sources) >= 3 and (self.unit == "tokens" or packs is not None):
-            # the rule that composes a batch or pack again where the largest deficit rule's is
-            # off by more than one sample (plans made before it are refused, not replayed)
+        if packs is not None and len(self.sources) >= 2:
+            # packs filled in past the rule's pick, each composed again where it is off by more
+            # than one sample (plans made before are refused, not replayed)
+            out["rule"] = "fill-in,within-one-sample/1"
+        elif len(self.sources) >= 3 and self.unit == "tokens":
+            # batches composed again where the largest deficit rule's is off by one sample
             out["rule"] = "within-one-sample/1"
         return out
 
