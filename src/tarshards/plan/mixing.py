@@ -521,21 +521,20 @@ def _spread(window: Sequence[Any], cap: float) -> int:
     return max(1, min(1 << 20, int(np.ceil(big / small))))
 
 
-def _fits(deficits, weights, costs: Sequence[Any], pos, room: float) -> int:
-    """The source of largest deficit (ties: the larger weight, then the first) among those of
-    weight > 0 whose next cost (``costs[i][pos[i]]``, where there is one) is at most ``room``;
-    -1 when none."""
-    best = -1
-    for i, col in enumerate(costs):
-        if not weights[i] > 0 or pos[i] >= len(col) or col[pos[i]] > room:
-            continue
-        if (
-            best < 0
-            or deficits[i] > deficits[best]
-            or (deficits[i] == deficits[best] and weights[i] > weights[best])
-        ):
-            best = i
-    return best
+def _fits(deficits, weights, window: Sequence[Any], pos, room, rows) -> tuple[Any, Any]:
+    """Per row (``rows`` of the windows): the source of largest deficit (ties: the larger
+    weight, then the first) among those of weight > 0 whose next cost is at most ``room``, and
+    that cost; -1 where none."""
+    n, k = deficits.shape
+    nxt = np.full((n, k), np.inf)
+    for i, col in enumerate(window):
+        have = pos[:, i] < col.shape[1]
+        nxt[have, i] = col[rows[have], pos[have, i]]
+    key = np.where((weights > 0) & (nxt <= room[:, None]), deficits, -np.inf)
+    top = key.max(axis=1)
+    alt = np.where(key == top[:, None], weights, -1.0).argmax(axis=1)
+    alt[~(top > -np.inf)] = -1
+    return alt, nxt[np.arange(n), np.maximum(alt, 0)]
 
 
 def _off_by_more(delta, bound: float) -> Any:
@@ -962,14 +961,16 @@ def _plan_packs(
                 left_out[r] += 1
                 take &= ~over
         cc = np.minimum(c, max_tokens)
-        tight = take & (cnt > 0) & (cc > room)
-        for r in np.flatnonzero(tight):
+        tight = np.flatnonzero(take & (cnt > 0) & (cc > room))
+        if len(tight):
             # the rule's pick does not fit: the source owed most whose next sample fits (its
-            # order kept), before the pack closes
-            alt = _fits(rule.deficits[r], W[r], [window[i][r] for i in range(k)], pos[r], room[r])
-            if alt >= 0 and not (stop == "first" and pos[r, alt] >= L[alt]):
-                p[r] = alt
-                cc[r] = window[alt][r, pos[r, alt]]
+            # order kept) goes in, before the pack closes
+            alt, nxt = _fits(rule.deficits[tight], W[tight], window, pos[tight], room[tight], tight)
+            if stop == "first":
+                alt[(alt >= 0) & (pos[tight, np.maximum(alt, 0)] >= L[np.maximum(alt, 0)])] = -1
+            ok = alt >= 0
+            p[tight[ok]] = alt[ok]
+            cc[tight[ok]] = nxt[ok]
         close = take & (cnt > 0) & (cc > room)
         if close.any():
             if check:  # a pack off by more than one sample is composed again
