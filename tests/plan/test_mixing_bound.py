@@ -352,3 +352,32 @@ def test_packs_of_a_long_tailed_mixture_fill_and_stay_within_one_sample(k):
             for s, p in zip(src.tolist(), pos.tolist()):
                 assert p == nxt[s]  # every source's samples in its order, none skipped
                 nxt[s] += 1
+
+
+def test_fill_in_does_not_feed_a_source_ahead_of_its_share():
+    """At a pack's end only small samples fit; a source of small samples and a tiny weight must
+    not take them while it is ahead of its share (fill-in takes a source at most one largest
+    sample ahead), or its share would grow pack after pack."""
+    weights = [786, 20, 154, 10, 31]
+    rng = np.random.default_rng(5)
+    n = 20_000
+    pools = [rng.integers(1, hi + 1, n).astype(np.float64) for hi in (59, 43, 35, 9, 26)]
+    largest = [float(p.max()) for p in pools]
+    lay = _plan_packs(
+        _weights(weights), 289, "truncate", 1, [n] * 5, "first", 0, 1,
+        lambda i, _: pools[i][None, :], True, largest,
+    )  # fmt: skip
+    w = np.asarray(weights, dtype=np.float64) / sum(weights)
+    M = max(largest)
+    got = np.zeros(5)
+    worst = 0.0
+    for j in range(lay.q):
+        src, pos = lay.pack(0, j)
+        tok = np.asarray([pools[s][p] for s, p in zip(src, pos)])
+        part = np.bincount(src, weights=tok, minlength=5)
+        assert (np.abs(part - w * part.sum()) <= M + EPS).all()
+        got += part
+        worst = max(worst, float(np.abs(w * got.sum() - got).max()))
+    assert lay.q > 1000
+    assert worst <= 3 * M, worst / M
+    assert lay.fill(289) > 0.95

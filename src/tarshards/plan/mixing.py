@@ -92,11 +92,15 @@ batches.
 ``.batched(B)``). Each reader's packs are filled slot by slot by the largest deficit rule (as
 above, the weights those of the pack's step): the source owed most gives its next sample (in its
 planned order). When that sample does not fit in the open pack, the source owed most among those
-whose next sample fits gives its sample instead (*fill-in*: each source's order is kept, only
-the interleaving changes); when no source's next sample fits, the pack closes and the rule's
-sample opens the next one (a sample over the budget is a pack of its own, counted at
-``max_tokens``; ``oversize="drop"`` leaves it out, uncounted; ``"raise"``). A source passed over
-is owed more and goes first in the next pack, so the stream does not drift. Fill-in takes the
+whose next sample fits and that are not ahead of their share by more than one sample
+(``d_s >= -M``) gives its sample instead (*fill-in*: each source's order is kept, only the
+interleaving changes); when no such sample fits, the pack closes and the rule's sample opens
+the next one (a sample over the budget is a pack of its own, counted at ``max_tokens``;
+``oversize="drop"`` leaves it out, uncounted; ``"raise"``). A source passed over is owed more
+and goes first in the next pack. A fill-in pick lowers ``d_s`` from ``>= -M`` by at most
+``(1 - w_s) M_s``, so the carried deficits stay within the rule's bounds widened by one sample
+a source, and the stream does not drift (without the ``d_s >= -M`` condition, a source of small
+samples would take the end of every pack: its share grew without bound in a test). Fill-in takes the
 fill of a long-tailed 3-source mixture from 0.88 (cutting the rule's stream next-fit, as before)
 to 0.99 (``bench/bench_mix_bound.py --time-only``). A pack filled in is no longer a run of the
 rule's stream, so each pack (with two sources too) is checked when it closes and, off by more
@@ -521,16 +525,21 @@ def _spread(window: Sequence[Any], cap: float) -> int:
     return max(1, min(1 << 20, int(np.ceil(big / small))))
 
 
-def _fits(deficits, weights, window: Sequence[Any], pos, room, rows) -> tuple[Any, Any]:
+# fill-in takes a source at most this many largest samples ahead of its share (d >= -lead): the
+# carried deficits stay in the rule's bounds widened by as much, so the stream does not drift
+FILL_LEAD = 1.0
+
+
+def _fits(deficits, weights, window: Sequence[Any], pos, room, rows, lead) -> tuple[Any, Any]:
     """Per row (``rows`` of the windows): the source of largest deficit (ties: the larger
-    weight, then the first) among those of weight > 0 whose next cost is at most ``room``, and
-    that cost; -1 where none."""
+    weight, then the first) among those of weight > 0 and deficit >= ``-lead`` whose next cost
+    is at most ``room``, and that cost; -1 where none."""
     n, k = deficits.shape
     nxt = np.full((n, k), np.inf)
     for i, col in enumerate(window):
         have = pos[:, i] < col.shape[1]
         nxt[have, i] = col[rows[have], pos[have, i]]
-    key = np.where((weights > 0) & (nxt <= room[:, None]), deficits, -np.inf)
+    key = np.where((weights > 0) & (deficits >= -lead) & (nxt <= room[:, None]), deficits, -np.inf)
     top = key.max(axis=1)
     alt = np.where(key == top[:, None], weights, -1.0).argmax(axis=1)
     alt[~(top > -np.inf)] = -1
@@ -965,7 +974,15 @@ def _plan_packs(
         if len(tight):
             # the rule's pick does not fit: the source owed most whose next sample fits (its
             # order kept) goes in, before the pack closes
-            alt, nxt = _fits(rule.deficits[tight], W[tight], window, pos[tight], room[tight], tight)
+            alt, nxt = _fits(
+                rule.deficits[tight],
+                W[tight],
+                window,
+                pos[tight],
+                room[tight],
+                tight,
+                FILL_LEAD * bound,
+            )
             if stop == "first":
                 alt[(alt >= 0) & (pos[tight, np.maximum(alt, 0)] >= L[np.maximum(alt, 0)])] = -1
             ok = alt >= 0
