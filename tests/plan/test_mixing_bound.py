@@ -356,7 +356,7 @@ def test_packs_of_a_long_tailed_mixture_fill_and_stay_within_one_sample(k):
 
 def test_fill_in_does_not_feed_a_source_ahead_of_its_share():
     """At a pack's end only small samples fit; a source of small samples and a tiny weight must
-    not take them while it is ahead of its share (fill-in takes a source at most one largest
+    not take them while it is ahead of its share (fill-in takes a source at most half a largest
     sample ahead), or its share would grow pack after pack."""
     weights = [786, 20, 154, 10, 31]
     rng = np.random.default_rng(5)

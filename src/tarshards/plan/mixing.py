@@ -92,14 +92,14 @@ batches.
 ``.batched(B)``). Each reader's packs are filled slot by slot by the largest deficit rule (as
 above, the weights those of the pack's step): the source owed most gives its next sample (in its
 planned order). When that sample does not fit in the open pack, the source owed most among those
-whose next sample fits and that are not ahead of their share by more than one sample
-(``d_s >= -M``) gives its sample instead (*fill-in*: each source's order is kept, only the
+whose next sample fits and that are not ahead of their share by more than half a sample
+(``d_s >= -M / 2``) gives its sample instead (*fill-in*: each source's order is kept, only the
 interleaving changes); when no such sample fits, the pack closes and the rule's sample opens
 the next one (a sample over the budget is a pack of its own, counted at ``max_tokens``;
 ``oversize="drop"`` leaves it out, uncounted; ``"raise"``). A source passed over is owed more
-and goes first in the next pack. A fill-in pick lowers ``d_s`` from ``>= -M`` by at most
-``(1 - w_s) M_s``, so the carried deficits stay within the rule's bounds widened by one sample
-a source, and the stream does not drift (without the ``d_s >= -M`` condition, a source of small
+and goes first in the next pack. A fill-in pick lowers ``d_s`` from ``>= -M / 2`` by at most
+``(1 - w_s) M_s``, so the carried deficits stay within the rule's bounds widened by half a
+sample a source, and the stream does not drift (without that condition, a source of small
 samples would take the end of every pack: its share grew without bound in a test). Fill-in takes the
 fill of a long-tailed 3-source mixture from 0.88 (cutting the rule's stream next-fit, as before)
 to 0.99 (``bench/bench_mix_bound.py --time-only``). A pack filled in is no longer a run of the
@@ -525,9 +525,11 @@ def _spread(window: Sequence[Any], cap: float) -> int:
     return max(1, min(1 << 20, int(np.ceil(big / small))))
 
 
-# fill-in takes a source at most this many largest samples ahead of its share (d >= -lead): the
-# carried deficits stay in the rule's bounds widened by as much, so the stream does not drift
-FILL_LEAD = 1.0
+# fill-in takes a source at most this many largest samples ahead of its share (d >= -lead M):
+# the carried deficits stay in the rule's bounds widened by as much, so the stream does not
+# drift (0.5 against 1: the same fill, about half the stream's largest error, in
+# bench_mix_bound's mixtures)
+_FILL_LEAD = 0.5
 
 
 def _fits(deficits, weights, window: Sequence[Any], pos, room, rows, lead) -> tuple[Any, Any]:
@@ -981,7 +983,7 @@ def _plan_packs(
                 pos[tight],
                 room[tight],
                 tight,
-                FILL_LEAD * bound,
+                _FILL_LEAD * bound,
             )
             if stop == "first":
                 alt[(alt >= 0) & (pos[tight, np.maximum(alt, 0)] >= L[np.maximum(alt, 0)])] = -1
