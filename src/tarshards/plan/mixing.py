@@ -80,9 +80,10 @@ any number of sources is within one sample (``M``) of the weights**. The forgive
 what rule A gave a source behind on the whole stream (rule B alone, from a batch's start,
 would leave a small source's rare large samples out batch after batch: its share would
 drift). Measured (``bench/bench_mix_bound.py``: 300 adversarial mixtures of 3-6 sources, packs
-of a few largest samples): the rule alone leaves packs over one sample in 62 of them (up to
-1.25 ``M``), composed none; the whole stream's error stays within 1.51 ``M`` (median 0.82;
-the rule alone: 1.27).
+of a few largest samples): the rule's stream cut next-fit leaves packs over one sample in 60 of
+them (up to 1.25 ``M``), the plan (with fill-in, below) none; the whole stream's error stays
+within 3.1 ``M`` (median 0.89; next-fit: 1.27), and the packs fill 0.995 (median; next-fit
+0.953).
 With two sources rule A's batches are always within ``M`` and nothing changes. States and
 ledgers of mixtures of three or more sources by tokens, and of every mixture of packs (below),
 name their rule (``rule=``); those made before it are refused rather than replayed with other
