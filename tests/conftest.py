@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tarshards import TarWriter
+from tarshards import ShardWriter, TarWriter
 
 
 def make_jpeg(seed: int, size=(32, 24)) -> bytes:
@@ -58,6 +58,53 @@ def write_shards(
         paths.append(str(path))
         samples.extend(chunk)
     return paths, samples
+
+
+class TokenPools:
+    """Costs for a mixture's plan, ``stream(i, npass)`` as the plans ask for them: each source a
+    fixed pool of long-tailed costs (``pareto(tail) * 40 + low``, at most 1500), every pass
+    another order of the pool split into the readers' rows (as a plan's passes are: the same
+    samples, another shuffle). ``low=0`` lets samples cost 0 (the first of each pool costs
+    1-40: a source of 0 tokens only is refused, and ``"drop"`` of none under a budget too)."""
+
+    def __init__(self, seed, V, lengths, tail=1.3, low=1):
+        rng = np.random.default_rng(seed)
+        self.V, self.lengths = V, lengths
+        self.pools = [
+            np.minimum(rng.pareto(tail, V * n) * 40 + low, 1500).astype(int).astype(np.float64)
+            for n in lengths
+        ]
+        for pool in self.pools:
+            pool[0] = min(max(pool[0], 1.0), 40.0)
+        self.passes: dict = {}
+
+    def __call__(self, i, npass):
+        if (i, npass) not in self.passes:
+            perm = np.random.default_rng([i, npass]).permutation(len(self.pools[i]))
+            self.passes[(i, npass)] = self.pools[i][perm].reshape(self.V, self.lengths[i])
+        return self.passes[(i, npass)]
+
+    def cost(self, v, s, p):
+        """The cost of position ``p`` (passes counted on) of source ``s`` for reader ``v``."""
+        return float(self(s, p // self.lengths[s])[v, p % self.lengths[s]])
+
+    def largest(self):
+        return [float(p.max()) for p in self.pools]
+
+
+def write_token_set(directory, prefix: str, n: int, draw, seed: int, per_shard: int = 60) -> str:
+    """``n`` samples whose ``tok`` field is a token count drawn by ``draw(rng)``, in shards of
+    ``per_shard`` with a manifest whose ``tokens`` column records it; returns the manifest."""
+    rng = np.random.default_rng(seed)
+    with ShardWriter(
+        str(directory / f"{prefix}-%03d.tar"),
+        maxcount=per_shard,
+        manifest=str(directory / f"{prefix}.json"),
+        meta={"tokens": lambda s: int(s["tok"])},
+    ) as w:
+        for i in range(n):
+            w.write({"__key__": f"{prefix}{i:05d}", "tok": str(draw(rng)).encode()})
+    return str(directory / f"{prefix}.json")
 
 
 @pytest.fixture

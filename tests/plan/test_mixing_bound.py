@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import TokenPools, write_token_set
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -60,32 +61,6 @@ def test_every_prefix_of_a_composed_batch_is_within_one_sample(case):
 # ---- the plans: packs and batches ---------------------------------------------------------------
 
 
-class _Pools:
-    """Each source a fixed pool of long-tailed costs; every pass a new order of the pool split
-    into the readers' rows (as the plans' passes are: the same samples, another shuffle)."""
-
-    def __init__(self, seed, V, lengths, tail):
-        self.rng = np.random.default_rng(seed)
-        self.V, self.lengths = V, lengths
-        self.pools = [
-            np.minimum(self.rng.pareto(tail, V * n) * 40 + 1, 1500).astype(int).astype(np.float64)
-            for n in lengths
-        ]
-        self.passes: dict = {}
-
-    def __call__(self, i, npass):
-        if (i, npass) not in self.passes:
-            perm = np.random.default_rng([i, npass, 7]).permutation(len(self.pools[i]))
-            self.passes[(i, npass)] = self.pools[i][perm].reshape(self.V, self.lengths[i])
-        return self.passes[(i, npass)]
-
-    def cost(self, v, s, p):
-        return float(self(s, p // self.lengths[s])[v, p % self.lengths[s]])
-
-    def largest(self):
-        return [float(p.max()) for p in self.pools]
-
-
 @st.composite
 def plans(draw):
     k = draw(st.integers(2, 5))
@@ -113,7 +88,7 @@ def _weights(weights):
 @settings(max_examples=150, deadline=None)
 def test_every_pack_of_any_number_of_sources_is_within_one_sample(case, oversize):
     k, V, weights, lengths, seed, budget, stop, tail = case
-    pools = _Pools(seed, V, lengths, tail)
+    pools = TokenPools(seed, V, lengths, tail)
     lay = _plan_packs(
         _weights(weights), budget, oversize, V, lengths, stop, 0, 1, pools, True, pools.largest()
     )
@@ -147,7 +122,7 @@ def test_every_pack_of_any_number_of_sources_is_within_one_sample(case, oversize
 @settings(max_examples=150, deadline=None)
 def test_every_batch_of_any_number_of_sources_is_within_one_sample(case, B):
     k, V, weights, lengths, seed, _budget, stop, tail = case
-    pools = _Pools(seed, V, lengths, tail)
+    pools = TokenPools(seed, V, lengths, tail)
     lay = _plan_layout(_weights(weights), B, V, lengths, stop, 0, 1, pools, pools.largest())
     w = np.asarray(weights, dtype=np.float64) / sum(weights)
     M = max(pools.largest())
@@ -178,7 +153,7 @@ def test_a_step_schedule_keeps_every_pack_and_batch_within_one_sample(seed):
     W = _Weights(table, names, schedule_id=None, interpolate=["step", "linear"][seed % 2])
     V = int(rng.integers(1, 4))
     lengths = [int(x) for x in rng.integers(5, 80, 3)]
-    pools = _Pools(seed, V, lengths, [0.8, 1.3, 3.0][seed % 3])
+    pools = TokenPools(seed, V, lengths, [0.8, 1.3, 3.0][seed % 3])
     stop = ["first", "all", "cycle"][seed % 3]
     lay = _plan_packs(W, 600, "truncate", V, lengths, stop, 0, 1, pools, True, pools.largest())
     M = min(600.0, max(pools.largest()))
@@ -245,28 +220,13 @@ def test_shares_over_the_whole_stream_do_not_drift():
 # ---- through the pipeline: three sources, packs and batches, resumed -----------------------------
 
 
-def _write(d, prefix, n, draw, seed):
-    from tarshards import ShardWriter
-
-    rng = np.random.default_rng(seed)
-    with ShardWriter(
-        str(d / f"{prefix}-%03d.tar"),
-        maxcount=60,
-        manifest=str(d / f"{prefix}.json"),
-        meta={"tokens": lambda s: int(s["tok"])},
-    ) as w:
-        for i in range(n):
-            w.write({"__key__": f"{prefix}{i:05d}", "tok": str(draw(rng)).encode()})
-    return str(d / f"{prefix}.json")
-
-
 @pytest.fixture(scope="module")
 def three(tmp_path_factory):
     d = tmp_path_factory.mktemp("mix3")
     return {
-        "a": _write(d, "a", 400, lambda r: 15 if r.random() < 0.1 else 1, 1),
-        "b": _write(d, "b", 400, lambda r: 18 if r.random() < 0.1 else 1, 2),
-        "c": _write(d, "c", 900, lambda r: int(r.integers(1, 9)), 3),
+        "a": write_token_set(d, "a", 400, lambda r: 15 if r.random() < 0.1 else 1, 1),
+        "b": write_token_set(d, "b", 400, lambda r: 18 if r.random() < 0.1 else 1, 2),
+        "c": write_token_set(d, "c", 900, lambda r: int(r.integers(1, 9)), 3),
     }
 
 

@@ -8,10 +8,11 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import TokenPools, write_token_set
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tarshards import Manifest, ShardWriter
+from tarshards import Manifest
 from tarshards.errors import ResumeError
 from tarshards.pipeline.dataset import WebDataset
 from tarshards.plan.mixing import _plan_packs, _Weights, mix
@@ -37,42 +38,13 @@ def plans(draw):
     return k, V, weights, lengths, seed, budget, stop, oversize
 
 
-class _Streams:
-    """Long-tailed costs of every source's passes, some over the budget (``stream(i, npass)``
-    as the plan asks for them): each pass another order of the same samples, as a plan's
-    passes are."""
-
-    def __init__(self, seed, V, lengths):
-        self.rng = np.random.default_rng(seed)
-        self.V, self.lengths = V, lengths
-        self.pools = [
-            np.minimum(self.rng.pareto(1.3, V * n) * 40, 1500).astype(int).astype(np.float64)
-            for n in lengths
-        ]
-        for pool in self.pools:  # (mix refuses a source of 0 tokens in every sample, and
-            pool[0] = min(max(pool[0], 1.0), 40.0)  # "drop" one of none under the budget)
-        self.passes: dict = {}
-
-    def __call__(self, i, npass):
-        if (i, npass) not in self.passes:
-            perm = np.random.default_rng([i, npass]).permutation(len(self.pools[i]))
-            self.passes[(i, npass)] = self.pools[i][perm].reshape(self.V, self.lengths[i])
-        return self.passes[(i, npass)]
-
-    def cost(self, v, s, p):
-        return float(self(s, p // self.lengths[s])[v, p % self.lengths[s]])
-
-    def largest(self):
-        return [float(p.max()) for p in self.pools]
-
-
 @given(plans())
 @settings(max_examples=150, deadline=None)
 def test_every_pack_within_one_sample_of_the_weights(case):
     k, V, weights, lengths, seed, budget, stop, oversize = case
     names = [f"s{i}" for i in range(k)]
     W = _Weights(dict(zip(names, weights)), names, schedule_id=None, interpolate="step")
-    stream = _Streams(seed, V, lengths)
+    stream = TokenPools(seed, V, lengths, low=0)
     lay = _plan_packs(
         W, budget, oversize, V, lengths, stop, 0, 1, stream, by_tokens=True,
         largest=stream.largest(),
@@ -106,25 +78,14 @@ def test_every_pack_within_one_sample_of_the_weights(case):
 # ---- through the pipeline ---------------------------------------------------------------------
 
 
-def _write(d, prefix, n, draw, seed, per_shard):
-    rng = np.random.default_rng(seed)
-    with ShardWriter(
-        str(d / f"{prefix}-%03d.tar"),
-        maxcount=per_shard,
-        manifest=str(d / f"{prefix}.json"),
-        meta={"tokens": lambda s: int(s["tok"])},
-    ) as w:
-        for i in range(n):
-            w.write({"__key__": f"{prefix}{i:05d}", "tok": str(draw(rng)).encode()})
-    return str(d / f"{prefix}.json")
-
-
 @pytest.fixture(scope="module")
 def sets(tmp_path_factory):
     d = tmp_path_factory.mktemp("mixpacks")
     return {
-        "web": _write(d, "web", 600, lambda r: min(3000, int(r.pareto(1.2) * 60) + 1), 1, 70),
-        "code": _write(d, "code", 300, lambda r: int(r.integers(100, 700)), 2, 50),
+        "web": write_token_set(
+            d, "web", 600, lambda r: min(3000, int(r.pareto(1.2) * 60) + 1), 1, 70
+        ),
+        "code": write_token_set(d, "code", 300, lambda r: int(r.integers(100, 700)), 2, 50),
     }
 
 
