@@ -450,8 +450,8 @@ class TokenDeficits:
 
 class BoundedComposition:
     """One batch or pack of one stream, composed so that every source's tokens are within one
-    sample of its weight (the rule that stands in for the largest deficit rule where, with
-    three or more sources, that rule's batch or pack would not be; see
+    sample of its weight (the rule that stands in for the largest deficit rule where that rule's
+    batch, of three or more sources, or pack, filled in, would not be; see
     :mod:`tarshards.plan.mixing`, "Within one sample, any number of sources").
 
     ``deficits``: the stream's carried deficits before the batch (the largest deficit rule's
@@ -821,9 +821,10 @@ def _plan_packs(
     largest: Sequence[float] | None = None,
 ) -> _PackLayout:
     """Each reader's packs of one epoch (see the module's documentation): the largest deficit
-    rule slot by slot in every reader at once (:class:`TokenDeficits`, one row a reader), each
-    reader's stream cut next-fit; with three or more sources, a pack off by more than the
-    largest sample is composed again from its start by :class:`BoundedComposition`.
+    rule slot by slot in every reader at once (:class:`TokenDeficits`, one row a reader), filled
+    in where the rule's sample does not fit (:func:`_fits`); with two or more sources, a pack
+    off by more than the largest sample is composed again from its start by
+    :class:`BoundedComposition`.
     ``stream(i, npass)``: source ``i``'s costs of that pass in each reader's delivery order,
     ``(V, L_i)``; ``by_tokens``: the rule counts tokens (else samples: every sample counts 1);
     ``largest``: each source's largest cost (by default the largest of its first pass)."""
@@ -986,10 +987,8 @@ def _plan_packs(
                 tight,
                 _FILL_LEAD * bound,
             )
-            if stop == "first":
-                alt[(alt >= 0) & (pos[tight, np.maximum(alt, 0)] >= L[np.maximum(alt, 0)])] = -1
-            ok = alt >= 0
-            p[tight[ok]] = alt[ok]
+            ok = alt >= 0  # (stop="first": the windows hold one pass, so a source at its end
+            p[tight[ok]] = alt[ok]  # has no next sample there and is never the one that fits)
             cc[tight[ok]] = nxt[ok]
         close = take & (cnt > 0) & (cc > room)
         if close.any():
