@@ -19,6 +19,7 @@ setup(
             _c(
                 "speedups_module.c",
                 "members.c",
+                "samples.c",
                 "group.c",
                 "write.c",
                 "recorder.c",

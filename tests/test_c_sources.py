@@ -87,7 +87,7 @@ def test_every_c_file_is_built_and_shipped():
             {
                 "scan_members", "ustar_parts", "group_members", "header_ok", "index_columns",
                 "sample_members", "members_size", "tar_sample", "read_sample", "index_members",
-                "ShuffleRun", "Recorder", "WriteBehind", "Counted",
+                "ShuffleRun", "Recorder", "WriteBehind", "Counted", "SampleScan",
             },
         ),
         ("tarshards._xxh3", {"xxh3_64_intdigest", "hash_rows", "checksum64", "Xxh3", "Background"}),

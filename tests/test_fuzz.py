@@ -45,6 +45,7 @@ from test_tario import Trickle  # noqa: E402
 from tarshards.errors import TarshardsError, TarshardsWarning  # noqa: E402
 from tarshards.format.compression import by_magic  # noqa: E402
 from tarshards.format.names import group_samples, split_name  # noqa: E402
+from tarshards.read.reading import shard_samples  # noqa: E402
 from tarshards.tario import (  # noqa: E402
     decompressed_chunks,
     iter_tar_batches,
@@ -753,6 +754,24 @@ def _grouped(data: bytes, accelerate: bool, chunk: int):
     return got, err
 
 
+def _grouped_file(data: bytes, path):
+    """:func:`_grouped` of the mutant written to ``path`` and read by ``shard_samples``: a local
+    plain file's samples come from the C sample scan (the reference reader going on from the
+    first sample it declines)."""
+    path.write_bytes(data)
+    got, err = [], None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TarshardsWarning)
+        try:
+            for s in shard_samples(str(path)):
+                got.append(
+                    (s["__key__"], {k: bytes(v) for k, v in s.items() if k not in _META_KEYS})
+                )
+        except TarshardsError as exc:
+            err = (type(exc).__name__, str(exc).replace(str(path), "fuzz"), exc.member)
+    return got, err
+
+
 def _groups(members):
     """The members' samples as :func:`group_samples` forms them, stopping at a repeated field."""
     out: list = []
@@ -770,7 +789,7 @@ def _groups(members):
     return out
 
 
-def test_fuzz_samples_of_damaged_shards(seeds):
+def test_fuzz_samples_of_damaged_shards(seeds, tmp_path):
     """Samples read from mutants: C and Python grouping agree at every read size; every sample
     yielded is made of the members the member reader yields, in order, with their bytes; only
     the last sample can be held back, and only when the stream raised."""
@@ -783,6 +802,8 @@ def test_fuzz_samples_of_damaged_shards(seeds):
         first = _grouped(data, True, 1 << 20)
         for accelerate, chunk in ((False, 1 << 20), (True, 513), (False, 64)):
             assert _grouped(data, accelerate, chunk) == first, (i, ops, accelerate, chunk)
+        if data:  # (an empty file is read as a stream)
+            assert _grouped_file(data, tmp_path / "mutant.tar") == first, (i, ops, "file")
         samples, err = first
         groups = _groups(members)
         assert samples == groups[: len(samples)], (i, ops)

@@ -80,7 +80,7 @@ prefetch_block(const unsigned char *h)
  * map of the file), without the GIL; with ``tail`` (tail_len > 0), what follows the member in
  * the file is read into it by the same call (preadv): *tail_got says how much (0 where the
  * call came short). NULL with OSError set when the file ends early. */
-static PyObject *
+PyObject *
 read_rest(const unsigned char *have_at, Py_ssize_t have, int fd, long long fpos, long long need,
           char *tail, Py_ssize_t tail_len, Py_ssize_t *tail_got)
 {

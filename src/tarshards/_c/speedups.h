@@ -42,6 +42,13 @@ extern PyTypeObject RecorderType;    /* recorder.c */
 extern PyTypeObject ShuffleRunType;  /* shuffle.c */
 extern PyTypeObject CountedType;     /* counted.c */
 extern PyTypeObject WriteBehindType; /* writebehind.c */
+#ifdef HAVE_PREAD
+extern PyTypeObject SampleScanType; /* samples.c */
+/* members.c: the rest of a member read from fd into a new bytes object (and what follows it
+ * into tail, by the same call) */
+PyObject *read_rest(const unsigned char *have_at, Py_ssize_t have, int fd, long long fpos,
+                    long long need, char *tail, Py_ssize_t tail_len, Py_ssize_t *tail_got);
+#endif
 
 /* recorder.c: the member checksum (a callable, or a C function in a capsule) */
 typedef uint64_t (*checksum64_fn)(const void *, size_t);

@@ -5,6 +5,8 @@
  *                  lying wholly in a buffer, header checksums verified exactly)
  * group.c          group_members: the loop of format.group_samples over one batch of members
  *                  (samples carry __key__, __url__ and __offset__, their first member's offset)
+ * samples.c        SampleScan: the samples of a local plain file read with pread and grouped as
+ *                  they are read, one a call (the fast path of read.reading.shard_samples)
  * write.c          the writer's per-sample paths: sample_members, members_size, ustar_parts,
  *                  tar_sample
  * recorder.c       Recorder: the index rows recorded while writing; index_columns
@@ -101,6 +103,16 @@ PyInit__speedups(void)
 #ifdef HAVE_PREAD
     /* scan_members takes fd, fpos, fstop, min (reads members straight into their bytes) */
     if (PyModule_AddIntConstant(m, "SCAN_DIRECT", 1) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyType_Ready(&SampleScanType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&SampleScanType);
+    if (PyModule_AddObject(m, "SampleScan", (PyObject *)&SampleScanType) < 0) {
+        Py_DECREF(&SampleScanType);
         Py_DECREF(m);
         return NULL;
     }
