@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
+import subprocess
 import tarfile
 import warnings
 
@@ -69,9 +71,13 @@ def _tar(members, fmt=tarfile.USTAR_FORMAT, end: bool = True, **info) -> bytes:
     ) as tf:
         for name, data in members:
             ti = tarfile.TarInfo(name)
-            ti.size = len(data)
             for k, v in info.items():
                 setattr(ti, k, v)
+            if data is None:  # a directory
+                ti.type = tarfile.DIRTYPE
+                tf.addfile(ti)
+                continue
+            ti.size = len(data)
             tf.addfile(ti, io.BytesIO(data))
     raw = out.getvalue()
     if not end:  # tarfile pads to 10 KB records: keep the members only
@@ -154,6 +160,56 @@ def test_names_grouping_skips_and_rewrites(tmp_path):
         keys = [s["__key__"] for s in samples]
         assert keys[:2] == ["a/0001", "a/0002"] if not last_dot else ["a/0001", "a/0002.tar"]
         assert "ñx" in samples[0] and "jpg" in samples[0] and "cls" in samples[0]
+
+
+def test_directories_are_skipped_as_the_reader_skips_them(tmp_path):
+    """Directory members (GNU tar's ``./`` first, a folder between samples, behind a pax or long
+    name header) are skipped by the scan as by the reader; one that declares a size (whose
+    blocks the reader takes for headers) is declined."""
+    members = _samples(6)
+    dirs = [("./", None), *members[:6], ("./d/", None), *members[6:12], ("d" * 120, None)]
+    dirs += members[12:]
+    for fmt in (tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT):
+        samples, err, _ = _check(tmp_path, _tar(dirs, fmt))
+        assert err is None and len(samples) == 6
+        got, done, _ = scan_alone(tmp_path / "t.tar")
+        assert done and got == samples
+    raw = bytearray(_tar(dirs))
+    at = len(_tar(dirs[:7], end=False))  # the header of "./d/"
+    raw[at + 124 : at + 135] = b"%011o" % 512  # a size, and its checksum made right
+    raw[at + 148 : at + 156] = b" " * 8
+    raw[at + 148 : at + 155] = b"%06o\0" % sum(raw[at : at + 512])
+    samples, err, _ = _check(tmp_path, bytes(raw))
+    got, done, resume = scan_alone(tmp_path / "t.tar")
+    assert not done and len(got) == 1  # the sample before the directory is the reference's too
+
+
+@pytest.mark.skipif(shutil.which("tar") is None, reason="no GNU tar here")
+def test_gnu_tar_archives_of_a_folder(tmp_path):
+    """``tar -cf shard.tar -C folder .`` in each of GNU tar's formats: its directories, its
+    ``./`` names, a file with a hole (stored whole) and a symbolic link (the reader warns; the
+    scan leaves that sample and the rest to the reader)."""
+    folder = tmp_path / "src"
+    for i in range(12):
+        sub = folder / f"part{i % 3}"
+        sub.mkdir(parents=True, exist_ok=True)
+        for ext, size in (("jpg", 20_000 + 3_000 * i), ("cls", i)):
+            (sub / f"s{i:03d}.{ext}").write_bytes(bytes([i]) * size)
+    (folder / "zz.lnk").symlink_to("part0/s000.jpg")
+    with open(folder / "zz.bin", "wb") as f:
+        f.seek(1 << 20)
+        f.write(b"end")
+    for fmt in ("gnu", "oldgnu", "posix", "ustar"):
+        out = tmp_path / f"{fmt}.tar"
+        subprocess.run(
+            ["tar", "--format", fmt, "--sort=name", "-cf", str(out), "-C", str(folder), "."],
+            check=True,
+            capture_output=True,
+        )
+        samples, err, warned = _check(tmp_path, out.read_bytes(), name=f"{fmt}-copy.tar")
+        assert err is None and len(samples) == 13 and len(warned) == 1
+        got, done, _ = scan_alone(out)
+        assert len(got) == 12 and not done  # the "zz" sample (a link in it) is the reader's
 
 
 def test_what_the_scan_declines_the_reference_reads_from_that_sample(tmp_path):
@@ -256,6 +312,8 @@ def archives(draw):
             members.append((f"k{i:03d}.{ext}", bytes([i % 251]) * draw(sizes)))
         if draw(st.integers(0, 7)) == 0:
             members.append(("__skip__", b"s" * draw(sizes)))
+        if draw(st.integers(0, 7)) == 0:
+            members.append((f"dir{i}/", None))
     fmt = draw(st.sampled_from([tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]))
     raw = _tar(members, fmt, mtime=1.25) if fmt == tarfile.PAX_FORMAT else _tar(members, fmt)
     damage = draw(st.sampled_from(["none", "none", "cut", "flip"]))

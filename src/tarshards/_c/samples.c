@@ -13,8 +13,8 @@
  *
  * It ends at the end-of-archive marker (two zero blocks, or one that ends the file: `done`
  * turns true). It stops (StopIteration, no error) at anything else it does not take, as every C
- * path here declines: a header that is not a plain member (or one behind a harmless pax or GNU
- * long name header), a bad checksum, a repeated extension, a lone zero block, the end of the
+ * path here declines: a header that is neither a plain member nor a directory of size 0 (alone
+ * or behind a harmless pax or GNU long name header), a bad checksum, a repeated extension, a lone zero block, the end of the
  * file without the marker, a member larger than the file. `resume` is then the file offset of
  * the first header of the sample it was reading (a sample boundary: every sample before it was
  * handed out whole), where the Python reader goes on and decides (and raises, naming member and
@@ -140,6 +140,30 @@ scan_fill(SampleScanObject *s, Py_ssize_t n, Py_ssize_t hint)
     return 1;
 }
 
+/* a directory's header ('5', canonical, size 0): the reader skips it and reads on from the next
+ * block (a directory's size is never data there: one that declares some is the reader's) */
+static inline int
+scan_directory(const unsigned char *h)
+{
+    long long size;
+    return h[TAR_TYPE] == '5' && tar_canonical_header(h, &size) && size == 0;
+}
+
+/* a directory's pax records: each well formed, none that the reader would read a value of
+ * (size, GNU.sparse); its path, whatever it is, names nothing the reader keeps */
+static int
+scan_directory_pax(const unsigned char *p, ptrdiff_t n)
+{
+    ptrdiff_t pos = 0, keylen, vallen;
+    const unsigned char *key, *val;
+    int rc;
+    while ((rc = tar_pax_record(p, n, TAR_EXACT, &pos, &key, &keylen, &val, &vallen)) == 1)
+        if ((keylen == 4 && memcmp(key, "size", 4) == 0) ||
+            (keylen >= 10 && memcmp(key, "GNU.sparse", 10) == 0))
+            return 0;
+    return rc == 0;
+}
+
 /* the extension's str, lower-cased as format.names lower-cases it (remembered by its bytes) */
 static PyObject *
 scan_ext(SampleScanObject *s, const unsigned char *p, Py_ssize_t n)
@@ -227,6 +251,10 @@ scan_next(SampleScanObject *s)
             s->resume = s->fstop;
             return sample; /* the last sample (NULL: none, the iteration ends) */
         }
+        if (scan_directory(h)) {
+            s->pos += BLOCK; /* a directory (GNU tar's "./" first): nothing to read */
+            continue;
+        }
         if (!tar_plain_header(h, &size)) {
             long long psize;
             if ((h[TAR_TYPE] != 'x' && h[TAR_TYPE] != 'L') || !tar_canonical_header(h, &psize) ||
@@ -234,10 +262,16 @@ scan_next(SampleScanObject *s)
                 rc = 0;
                 goto stop;
             }
-            rc = scan_fill(s, (Py_ssize_t)(2 * BLOCK + tar_padded(psize)), SCAN_CHUNK);
+            Py_ssize_t member = BLOCK + (Py_ssize_t)tar_padded(psize);
+            rc = scan_fill(s, member + BLOCK, SCAN_CHUNK);
             if (rc <= 0)
                 goto stop;
             h = s->buf + s->pos;
+            if (scan_directory(h + member) &&
+                (h[TAR_TYPE] == 'L' || scan_directory_pax(h + BLOCK, (ptrdiff_t)psize))) {
+                s->pos += member + BLOCK; /* a directory behind its pax or long name header */
+                continue;
+            }
             /* the headers are in the buffer (the data need not be: room is not checked here) */
             if (!tar_pax_member(h, PTRDIFF_MAX / 4, &at, &size, &path, &pathlen)) {
                 rc = 0;
