@@ -232,6 +232,7 @@ def test_a_long_mapped_run_gives_its_pages_back_as_it_goes(tmp_path, monkeypatch
         return file
 
     monkeypatch.setattr(source, "map_local", spy)
+    monkeypatch.setattr(source, "_SampleScan", None)  # (else read with pread, not mapped)
     table = scan_shards([str(path)], opener=_open)
     plan = EpochPlan(table.counts, PlanConfig(readers=1, batch_size=4, shardshuffle=False), 0)
     stream = ReaderStream(table, plan, 0, opener=_open, unit=4)
@@ -402,3 +403,74 @@ def test_a_damaged_header_inside_a_mapped_list_is_reported_as_by_the_plain_reade
     assert type(planned.value) is type(plain.value)
     assert planned.value.url == bad and planned.value.offset == plain.value.offset
     assert planned.value.member == plain.value.member and plain.value.offset is not None
+
+
+def _odd_shard(path) -> None:
+    """Samples of varied sizes with what the C sample scan declines among them: a symbolic link
+    (its sample on is read by the mapped path) and a pax header with a size record."""
+    import tarfile
+
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tf:
+        for i in range(60):
+            for ext, size in (("jpg", (i * 7919) % 90_000), ("cls", i % 5)):
+                ti = tarfile.TarInfo(f"s{i:03d}.{ext}")
+                ti.size = size
+                if i == 41 and ext == "cls":
+                    ti.pax_headers = {"size": str(size)}
+                tf.addfile(ti, io.BytesIO(bytes([i % 251]) * size))
+            if i == 17:
+                link = tarfile.TarInfo(f"s{i:03d}.lnk")
+                link.type = tarfile.SYMTYPE
+                link.linkname = "elsewhere"
+                tf.addfile(link)
+
+
+@pytest.mark.parametrize("unit", [1, 4, 16])
+def test_pread_and_mapped_runs_read_the_same_samples(tmp_path, monkeypatch, unit):
+    """A local plain shard's runs are read with pread by the C sample scan (the mapped path
+    from the first list it does not take whole): the same samples, offsets and lists as the
+    mapped path, from every position, in shards the scan takes whole and in one it declines
+    twice."""
+    import warnings
+
+    import tarshards.plan.cursor as source
+    from tarshards import TarWriter
+
+    plain = tmp_path / "plain.tar"
+    with TarWriter(str(plain)) as w:
+        for i in range(50):
+            w.write(
+                {"__key__": f"p{i:03d}", "bin": bytes([i]) * ((i * 3571) % 70_000), "n": str(i)}
+            )
+    odd = tmp_path / "odd.tar"
+    _odd_shard(odd)
+    urls = [str(plain), str(odd)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        table = scan_shards(urls, opener=_open)
+        plan = EpochPlan(table.counts, PlanConfig(seed=1, readers=3, batch_size=unit), 0)
+
+        mapped: list = []  # the runs the scanning reader left to the mapped path
+        real = source.ReaderStream._mapped_lists
+
+        def spy(self, src, url, *args):
+            mapped.append(url)
+            return real(self, src, url, *args)
+
+        def read(position: int, reader: int, scan: bool) -> list:
+            if not scan:
+                monkeypatch.setattr(source, "_SampleScan", None)
+            else:
+                monkeypatch.setattr(source.ReaderStream, "_mapped_lists", spy)
+            stream = ReaderStream(table, plan, reader, opener=_open, unit=unit)
+            stream.seek(position)
+            try:
+                return stream.take(plan.segment_length - position)
+            finally:
+                stream.close()
+                monkeypatch.undo()
+
+        for reader in range(3):
+            for position in (0, 1, 7, plan.segment_length // 2, plan.segment_length - 1):
+                assert read(position, reader, True) == read(position, reader, False)
+    assert str(odd) in mapped and str(plain) not in mapped

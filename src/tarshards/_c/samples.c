@@ -1,7 +1,7 @@
 /* SampleScan: the samples of a local plain tar file, read with pread and grouped as they are
  * read: the fast path of read.reading.shard_samples for bytes values.
  *
- * SampleScan(fd, start, stop, url, last_dot, delta) iterates sample dicts ({"__key__",
+ * SampleScan(fd, start, stop, url, last_dot, delta[, size]) iterates sample dicts ({"__key__",
  * "__url__", "__offset__", ext: bytes, ...}, as format.group_samples makes them) from file
  * offset start (a header) up to stop; a sample's "__offset__" is its first header's file offset
  * plus delta (its offset in the tar stream). One sample a call: the consumer frees a sample
@@ -9,10 +9,13 @@
  * cache (the reader's batches of members, about 1 MiB each, wrote to memory out of L2: measured
  * ~10% of a raw read of 100 KB samples). A member whose data runs past the scan's buffer by at
  * least DIRECT_MIN bytes is read from the file straight into its bytes object (one copy from the
- * page cache), and the padding and next headers after it by the same call (preadv).
+ * page cache), and the padding and next headers after it by the same call (preadv). The buffer
+ * of headers and small members starts at 16 KiB and grows, where small members are copied out
+ * of it, up to size bytes (256 KiB; a reader among many passes less).
  *
- * It ends at the end-of-archive marker (two zero blocks, or one that ends the file: `done`
- * turns true). It stops (StopIteration, no error) at anything else it does not take, as every C
+ * It ends at the end-of-archive marker (two zero blocks, or one that ends the file), or where
+ * the input ends at a header's place (a tar without the marker, as the reader takes it; a byte
+ * range cut where a sample ends): `done` turns true. It stops (StopIteration, no error) at anything else it does not take, as every C
  * path here declines: a header that is neither a plain member nor a directory of size 0 (alone
  * or behind a harmless pax or GNU long name header), a bad checksum, a repeated extension, a lone zero block, the end of the
  * file without the marker, a member larger than the file. `resume` is then the file offset of
@@ -23,7 +26,8 @@
 
 #ifdef HAVE_PREAD
 
-#define SCAN_CAP (256 << 10) /* the buffer of headers and small members */
+#define SCAN_CAP (256 << 10) /* the most the buffer of headers and small members grows to */
+#define SCAN_START (16 << 10) /* what it starts at (it grows where small members are copied) */
 #define SCAN_CHUNK (64 << 10) /* a refill with nothing known of the layout */
 #define SCAN_DIRECT_MIN (16 << 10) /* read straight into a member: at least this much */
 #define SCAN_SLACK 1024 /* a refill sized by the layout asks for this much more (see members.c) */
@@ -37,7 +41,9 @@ typedef struct {
     long long fpos;  /* the file offset of buf[end] */
     long long fstop; /* where the input stops */
     long long delta; /* a stream offset is a file offset plus delta */
+    long long origin; /* where the input starts */
     unsigned char *buf;
+    Py_ssize_t cap, max; /* the buffer's size; the most it grows to */
     /* unread: buf[pos:end]; pos > end: the bytes up to pos (padding) are skipped first */
     Py_ssize_t pos, end;
     PyObject *url;
@@ -59,22 +65,28 @@ scan_init(SampleScanObject *s, PyObject *args, PyObject *kwds)
 {
     int fd, last_dot;
     long long start, stop, delta;
+    Py_ssize_t max = SCAN_CAP;
     PyObject *url;
-    if (!PyArg_ParseTuple(args, "iLLOpL:SampleScan", &fd, &start, &stop, &url, &last_dot, &delta))
+    if (!PyArg_ParseTuple(args, "iLLOpL|n:SampleScan", &fd, &start, &stop, &url, &last_dot, &delta,
+                          &max))
         return -1;
     if (start < 0 || stop < start) {
         PyErr_SetString(PyExc_ValueError, "SampleScan: 0 <= start <= stop");
         return -1;
     }
+    if (max < 4 * BLOCK)
+        max = 4 * BLOCK;
+    PyMem_Free(s->buf);
+    s->cap = max < SCAN_START ? max : SCAN_START;
+    s->max = max;
+    s->buf = PyMem_Malloc((size_t)s->cap);
     if (s->buf == NULL) {
-        s->buf = PyMem_Malloc(SCAN_CAP);
-        if (s->buf == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
+        PyErr_NoMemory();
+        return -1;
     }
     s->fd = fd;
     s->fpos = start;
+    s->origin = start;
     s->fstop = stop;
     s->delta = delta;
     s->pos = s->end = 0;
@@ -85,6 +97,26 @@ scan_init(SampleScanObject *s, PyObject *args, PyObject *kwds)
     s->done = 0;
     s->resume = start;
     s->gap = s->last_end = -1;
+    return 0;
+}
+
+/* the buffer grown to at least n bytes (twice its size or more, at most max; its bytes kept):
+ * 0, or -1 with MemoryError */
+static int
+scan_grow(SampleScanObject *s, Py_ssize_t n)
+{
+    Py_ssize_t cap = s->cap * 2 > n ? s->cap * 2 : n;
+    if (cap > s->max)
+        cap = s->max;
+    if (cap <= s->cap)
+        return 0;
+    unsigned char *buf = PyMem_Realloc(s->buf, (size_t)cap);
+    if (buf == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    s->buf = buf;
+    s->cap = cap;
     return 0;
 }
 
@@ -102,7 +134,7 @@ scan_fill(SampleScanObject *s, Py_ssize_t n, Py_ssize_t hint)
 {
     if (s->end - s->pos >= n)
         return 1;
-    if (n > SCAN_CAP)
+    if (n > s->max)
         return 0;
     long long at = scan_at(s);
     Py_ssize_t keep = s->end > s->pos ? s->end - s->pos : 0;
@@ -111,10 +143,12 @@ scan_fill(SampleScanObject *s, Py_ssize_t n, Py_ssize_t hint)
     s->pos = 0;
     s->end = keep;
     s->fpos = at + keep;
+    if (n > s->cap && scan_grow(s, n) < 0)
+        return -1;
     while (s->end < n) {
         long long want = n - s->end > hint ? n - s->end : hint;
-        if (want > SCAN_CAP - s->end)
-            want = SCAN_CAP - s->end;
+        if (want > s->cap - s->end)
+            want = s->cap - s->end;
         if (want > s->fstop - s->fpos)
             want = s->fstop - s->fpos;
         if (want <= 0)
@@ -189,6 +223,7 @@ scan_ext(SampleScanObject *s, const unsigned char *p, Py_ssize_t n)
             return NULL;
         e = low;
     }
+    PyUnicode_InternInPlace(&e); /* one str a process for each extension, as group.c's */
     if (n <= SCAN_EXT_MAX) {
         Py_ssize_t i = s->nexts < SCAN_EXTS ? s->nexts++ : (Py_ssize_t)(p[0] % SCAN_EXTS);
         memcpy(s->ext_raw[i], p, (size_t)n);
@@ -225,6 +260,13 @@ scan_next(SampleScanObject *s)
     int rc;
     for (;;) {
         rc = scan_fill(s, BLOCK, SCAN_CHUNK);
+        if (rc == 0 && s->pos == s->end && scan_at(s) == s->fstop && s->fstop > s->origin) {
+            /* the input ends where a header would start: a tar without its end-of-archive
+             * marker, or a byte range that ends where a sample does (as the reader takes it) */
+            s->stopped = s->done = 1;
+            s->resume = s->fstop;
+            return sample;
+        }
         if (rc <= 0)
             goto stop;
         const unsigned char *h = s->buf + s->pos;
@@ -327,7 +369,7 @@ scan_next(SampleScanObject *s)
             data = PyBytes_FromStringAndSize((const char *)s->buf + data_at, (Py_ssize_t)size);
             s->pos = data_at + (Py_ssize_t)tar_padded(size);
         }
-        else if (need >= SCAN_DIRECT_MIN || at + BLOCK + size > SCAN_CAP) {
+        else if (need >= SCAN_DIRECT_MIN || at + BLOCK + size > s->max) {
             /* the rest read from the file into its bytes object, then (the same call) the
              * padding and what follows: about as much as lay between the last two such members
              * (the headers and small members of a sample) and a little more */
@@ -341,8 +383,8 @@ scan_next(SampleScanObject *s)
             if (s->gap >= 0 && s->gap + SCAN_SLACK < SCAN_CHUNK)
                 want = (s->gap + SCAN_SLACK + BLOCK - 1) / BLOCK * BLOCK;
             long long tail = pad + want;
-            if (tail > SCAN_CAP)
-                tail = SCAN_CAP;
+            if (tail > s->cap)
+                tail = s->cap;
             if (tail > s->fstop - after)
                 tail = s->fstop - after;
             if (tail < 0)
@@ -359,6 +401,12 @@ scan_next(SampleScanObject *s)
             }
         }
         else {
+            /* small members copied out of the buffer: it grows (up to max), for fewer reads */
+            if (s->cap < s->max && scan_grow(s, s->cap * 2) < 0) {
+                Py_DECREF(e);
+                rc = -1;
+                goto stop;
+            }
             rc = scan_fill(s, at + BLOCK + (Py_ssize_t)size, SCAN_CHUNK);
             if (rc <= 0) {
                 Py_DECREF(e);
@@ -449,9 +497,10 @@ PyTypeObject SampleScanType = {
     .tp_basicsize = sizeof(SampleScanObject),
     .tp_dealloc = (destructor)scan_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "SampleScan(fd, start, stop, url, last_dot, delta): the samples of a local plain "
-              "tar file from offset start (a header) to stop, read with pread; stops (resume: "
-              "where the Python reader goes on) at anything unusual.",
+    .tp_doc = "SampleScan(fd, start, stop, url, last_dot, delta[, size]): the samples of a local "
+              "plain tar file from offset start (a header) to stop, read with pread through a "
+              "buffer of at most size bytes; stops (resume: where the Python reader goes on) at "
+              "anything unusual.",
     .tp_traverse = (traverseproc)scan_traverse,
     .tp_clear = (inquiry)scan_clear,
     .tp_iter = PyObject_SelfIter,

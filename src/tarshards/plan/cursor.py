@@ -34,7 +34,7 @@ from ..format.names import group_run, group_samples
 from ..storage.paths import is_local
 from ..storage.seek import read_exact, sample_from_bytes
 from ..tario import decompressed_chunks, iter_tar_batches, read_chunks, tar_byte_source
-from ..tario.buffer import map_local
+from ..tario.buffer import DirectFile, direct_local, map_local
 from ..tario.reader import plain_run
 from .epoch import (
     REMAINDERS,
@@ -55,6 +55,11 @@ try:  # optional C accelerator (_speedups, see _c/); ShuffleCore._run is the ref
     from .._speedups import ShuffleRun as _ShuffleRun
 except ImportError:  # pragma: no cover - without the extension
     _ShuffleRun = None
+
+try:  # the samples of a local plain file read and grouped in C (see read.reading)
+    from .._speedups import SampleScan as _SampleScan
+except ImportError:  # pragma: no cover - without the extension, or without pread
+    _SampleScan = None
 
 np = LazyModule("numpy", globals(), "np")
 
@@ -397,8 +402,20 @@ class ReaderStream:
                     if not ranged and not _seek(stream, begin):
                         _discard(stream, begin, url)
                     origin = begin
-                # a local file is mapped from the run's first byte to its last (parsed in
-                # place, as the plain path does); other streams are read through a window
+                # a local file is read with pread, its samples by the C scan (as the plain path
+                # reads copies), the reference from the first sample it declines
+                direct = (
+                    direct_local(stream, size)
+                    if offsets is not None and _SampleScan is not None
+                    else None
+                )
+                if direct is not None:
+                    if stats is not None:  # the run's bytes
+                        stats.shard_done(url, direct.stop - direct.pos, 0, b - a)
+                    yield from self._scanned_lists(direct, url, offsets, a, b, pad, at)
+                    return
+                # else mapped from the run's first byte to its last (parsed in place, as the
+                # plain path does); other streams are read through a window
                 src: Any = map_local(stream, size) if offsets is not None else None
                 if src is not None:
                     if stats is not None:  # the run's bytes, read in place
@@ -478,6 +495,38 @@ class ReaderStream:
             _flag(chunk, pad)
             n += len(chunk)
             yield chunk
+
+    def _scanned_lists(
+        self, src: DirectFile, url: str, offsets, a: int, b: int, pad: bool, at: int
+    ):
+        """Samples ``a:b`` of a local plain shard (``src``: the run's bytes, read with pread) in
+        lists as :meth:`_mapped_lists` cuts them, read and grouped by the C sample scan one
+        sample at a time while each list starts where the index says; from the first list it
+        does not take whole, :meth:`_mapped_lists` (which reads the rest and reports damage or a
+        changed shard)."""
+        unit = self.unit
+        start = src.pos
+        # its buffer at most a quarter of the reader's read size: many readers take turns
+        scan = _SampleScan(src.fd, start, src.stop, url, self.last_dot, 0, self.chunk_bytes // 4)
+        i = a
+        while i < b:
+            j = min(b, i + unit - (at + i - a) % unit)
+            got = list(itertools.islice(scan, j - i))
+            lo = start if i == a else int(offsets[i])
+            if len(got) != j - i or (i > a and got[0]["__offset__"] != lo):
+                del got
+                src.stream.seek(lo)
+                whole = map_local(src.stream, src.stop - lo)
+                if whole is None:  # (it was a local plain file a moment ago)
+                    raise TarshardsError("the shard changed while it was read", url=url)
+                try:
+                    yield from self._mapped_lists(whole, url, offsets, i, b, pad, at + i - a)
+                finally:
+                    whole.close()
+                return
+            _flag(got, pad)
+            i = j
+            yield got
 
     def _mapped_lists(self, src, url: str, offsets, a: int, b: int, pad: bool, at: int):
         """Samples ``a:b`` of a mapped plain shard (``src``: the run's bytes) in lists, each
