@@ -10,7 +10,6 @@ batches an uninterrupted run yields from that point on, compared batch by batch 
 from __future__ import annotations
 
 import hashlib
-import io
 import itertools
 import pickle
 import random
@@ -66,14 +65,8 @@ def _canonical(x: Any) -> tuple[Any, ...]:
 
 def batch_digest(batch: Any) -> str:
     """A hash of a batch's content (tensors, arrays, lists and tuples alike: a tuple and the
-    list a DataLoader makes of it hash the same). Content only: pickled without its memo, so
-    that two equal strings hash the same whether they are one object or two (a reader that
-    shares an extension's str between samples and one that does not give the same digest)."""
-    out = io.BytesIO()
-    pickler = pickle.Pickler(out, protocol=4)
-    pickler.fast = True  # no memo: equal values pickle the same, shared or not
-    pickler.dump(_canonical(batch))
-    return hashlib.sha256(out.getvalue()).hexdigest()[:16]
+    list a DataLoader makes of it hash the same)."""
+    return hashlib.sha256(pickle.dumps(_canonical(batch), protocol=4)).hexdigest()[:16]
 
 
 def run_epochs(run: Iterable[Any], epochs: int) -> list[list[str]]:

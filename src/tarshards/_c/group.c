@@ -131,7 +131,10 @@ group_members(PyObject *self, PyObject *args)
                 }
                 ext = low;
             }
-            else
+            /* one str a process per extension (as samples.c's): equal samples pickle alike
+             * whichever loop read them */
+            PyUnicode_InternInPlace(&ext);
+            if (!needs_lower)
                 remember_ext(ext);
         }
         if (same) {

@@ -15,6 +15,8 @@ Sizes (shard size limits, cache sizes) are read by one function, :func:`parse_si
 
 from __future__ import annotations
 
+import sys
+
 import decimal
 import re
 from typing import Any, Generator, Iterable, Iterator
@@ -188,9 +190,9 @@ def _group_loop(batches: Iterable, url, last_dot: bool, state: list) -> Iterator
             if dot <= slash or dot == len(name) - 1:
                 continue
             k = name[:dot]
+            # one str a process per extension (as the C loops give): equal samples pickle alike
             ext = name[dot + 1 :]
-            if not ext.islower():
-                ext = ext.lower()
+            ext = sys.intern(ext if ext.islower() else ext.lower())
             if k != key:
                 if sample is not None:
                     yield sample
