@@ -15,10 +15,9 @@ Sizes (shard size limits, cache sizes) are read by one function, :func:`parse_si
 
 from __future__ import annotations
 
-import sys
-
 import decimal
 import re
+import sys
 from typing import Any, Generator, Iterable, Iterator
 
 from ..errors import CompressionError, DuplicateFieldError, MissingFieldError, TruncatedShardError
