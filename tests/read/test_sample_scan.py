@@ -334,3 +334,72 @@ def test_the_scan_reads_what_the_reference_reads(tmp_path_factory, raw, last_dot
     if not raw:
         return  # an empty file is no DirectFile (the reference path reads it)
     _check(tmp, raw, last_dot)
+
+
+def _offsets(path, last_dot: bool, scan: bool) -> tuple:
+    """``scan_shards``' sample offsets of one shard (or its error), with or without the scan."""
+    from tarshards.plan import epoch
+
+    real = epoch._SampleScan
+    if not scan:
+        epoch._SampleScan = None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TarshardsWarning)
+            table = epoch.scan_shards([str(path)], opener=open_file, last_dot=last_dot)
+        return table.offsets[0].tolist(), None
+    except TarshardsError as exc:
+        return None, (type(exc).__name__, str(exc), exc.member, exc.offset)
+    finally:
+        epoch._SampleScan = real
+
+
+def open_file(url):
+    return open(url, "rb")
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw=archives(), last_dot=st.booleans())
+def test_offsets_from_headers_alone_equal_the_reference(tmp_path_factory, raw, last_dot):
+    """A planned pipeline without a manifest scans its shards for their sample offsets: the
+    scan reads a local plain shard's headers alone (its data skipped), the reference reader the
+    rest from the first sample it declines: the same offsets, and the same errors."""
+    if not raw:
+        return
+    path = tmp_path_factory.mktemp("offsets") / "t.tar"
+    path.write_bytes(raw)
+    assert _offsets(path, last_dot, True) == _offsets(path, last_dot, False)
+
+
+def test_a_scan_without_data_reads_only_headers(tmp_path):
+    """``data=False``: the fields are None and the large members' data is never read (the
+    bytes read are a small part of the shard)."""
+    members = [
+        (f"s{i:03d}.{e}", bytes([i]) * n)
+        for i in range(40)
+        for e, n in (("jpg", 200_000), ("cls", 3))
+    ]
+    path = tmp_path / "t.tar"
+    path.write_bytes(_tar(members))
+    size = path.stat().st_size
+    before = _bytes_read()
+    with open(path, "rb") as f:
+        scan = SampleScan(f.fileno(), 0, size, str(path), False, 0, 1 << 18, False)
+        got = list(scan)
+    after = _bytes_read()
+    assert scan.done and len(got) == 40
+    if before is not None and after is not None:
+        assert after - before < size // 10  # headers (8 KiB reads), not 8 MB of data
+    assert all(s["jpg"] is None and s["cls"] is None for s in got)
+    full, _, _ = scan_alone(path)
+    assert [s["__offset__"] for s in got] == [s["__offset__"] for s in full]
+
+
+def _bytes_read() -> int | None:
+    """This process's bytes read by read() and pread() so far (Linux), else None."""
+    try:
+        with open("/proc/self/io") as f:
+            fields = dict(line.split(": ") for line in f.read().splitlines())
+        return int(fields["rchar"])
+    except (OSError, KeyError, ValueError):
+        return None

@@ -1,27 +1,31 @@
 /* SampleScan: the samples of a local plain tar file, read with pread and grouped as they are
- * read: the fast path of read.reading.shard_samples for bytes values.
+ * read: the fast path of read.reading.shard_samples for bytes values (and of the planned
+ * readers' runs, and of plan.epoch.scan_shards for offsets).
  *
- * SampleScan(fd, start, stop, url, last_dot, delta[, size]) iterates sample dicts ({"__key__",
- * "__url__", "__offset__", ext: bytes, ...}, as format.group_samples makes them) from file
- * offset start (a header) up to stop; a sample's "__offset__" is its first header's file offset
- * plus delta (its offset in the tar stream). One sample a call: the consumer frees a sample
- * before it asks for the next, whose large member is then read into memory still in the CPU's
- * cache (the reader's batches of members, about 1 MiB each, wrote to memory out of L2: measured
- * ~10% of a raw read of 100 KB samples). A member whose data runs past the scan's buffer by at
- * least DIRECT_MIN bytes is read from the file straight into its bytes object (one copy from the
- * page cache), and the padding and next headers after it by the same call (preadv). The buffer
- * of headers and small members starts at 16 KiB and grows, where small members are copied out
- * of it, up to size bytes (256 KiB; a reader among many passes less).
+ * SampleScan(fd, start, stop, url, last_dot, delta[, size[, data]]) iterates sample dicts
+ * ({"__key__", "__url__", "__offset__", ext: bytes, ...}, as format.group_samples makes them)
+ * from file offset start (a header) up to stop; a sample's "__offset__" is its first header's
+ * file offset plus delta (its offset in the tar stream). One sample a call: the consumer frees
+ * a sample before it asks for the next, whose large member is then read into memory still in
+ * the CPU's cache (the reader's batches of members, about 1 MiB each, wrote to memory out of
+ * L2: measured ~10% of a raw read of 100 KB samples). A member whose data runs past the scan's
+ * buffer by at least SCAN_DIRECT_MIN bytes is read from the file straight into its bytes object
+ * (one copy from the page cache), and the padding and next headers after it by the same call
+ * (preadv). The buffer of headers and small members starts at 16 KiB and grows, where small
+ * members are copied out of it, up to size bytes (256 KiB; a reader among many passes less).
+ * With data false, only where the samples are: their fields map to None, the data is skipped
+ * and never read (the headers are read SCAN_SKIP bytes at a time).
  *
  * It ends at the end-of-archive marker (two zero blocks, or one that ends the file), or where
  * the input ends at a header's place (a tar without the marker, as the reader takes it; a byte
- * range cut where a sample ends): `done` turns true. It stops (StopIteration, no error) at anything else it does not take, as every C
- * path here declines: a header that is neither a plain member nor a directory of size 0 (alone
- * or behind a harmless pax or GNU long name header), a bad checksum, a repeated extension, a lone zero block, the end of the
- * file without the marker, a member larger than the file. `resume` is then the file offset of
- * the first header of the sample it was reading (a sample boundary: every sample before it was
- * handed out whole), where the Python reader goes on and decides (and raises, naming member and
- * offset). OS errors are raised. */
+ * range cut where a sample ends): `done` turns true. It stops (StopIteration, no error) at
+ * anything else it does not take, as every C path here declines: a header that is neither a
+ * plain member nor a directory of size 0 (alone or behind a harmless pax or GNU long name
+ * header), a bad checksum, a repeated extension, a lone zero block, the end of the file
+ * elsewhere, a member larger than the file. `resume` is then the file offset of the first
+ * header of the sample it was reading (a sample boundary: every sample before it was handed out
+ * whole), where the Python reader goes on and decides (and raises, naming member and offset).
+ * OS errors are raised. */
 #include "speedups.h"
 
 #ifdef HAVE_PREAD
@@ -29,6 +33,7 @@
 #define SCAN_CAP (256 << 10) /* the most the buffer of headers and small members grows to */
 #define SCAN_START (16 << 10) /* what it starts at (it grows where small members are copied) */
 #define SCAN_CHUNK (64 << 10) /* a refill with nothing known of the layout */
+#define SCAN_SKIP (8 << 10) /* a refill where members' data is skipped (headers only) */
 #define SCAN_DIRECT_MIN (16 << 10) /* read straight into a member: at least this much */
 #define SCAN_SLACK 1024 /* a refill sized by the layout asks for this much more (see members.c) */
 #define SCAN_KEY_MAX 4096 /* a longer key: declined */
@@ -48,6 +53,8 @@ typedef struct {
     Py_ssize_t pos, end;
     PyObject *url;
     int last_dot;
+    int data;           /* read the members' data (else only where the samples are) */
+    Py_ssize_t chunk;   /* a refill's size with nothing known of the layout */
     int stopped;
     int done;           /* the archive's end-of-archive marker was read: nothing is left */
     long long resume;   /* where the Python reader goes on (once stopped) */
@@ -66,9 +73,10 @@ scan_init(SampleScanObject *s, PyObject *args, PyObject *kwds)
     int fd, last_dot;
     long long start, stop, delta;
     Py_ssize_t max = SCAN_CAP;
+    int data = 1;
     PyObject *url;
-    if (!PyArg_ParseTuple(args, "iLLOpL|n:SampleScan", &fd, &start, &stop, &url, &last_dot, &delta,
-                          &max))
+    if (!PyArg_ParseTuple(args, "iLLOpL|np:SampleScan", &fd, &start, &stop, &url, &last_dot,
+                          &delta, &max, &data))
         return -1;
     if (start < 0 || stop < start) {
         PyErr_SetString(PyExc_ValueError, "SampleScan: 0 <= start <= stop");
@@ -93,6 +101,8 @@ scan_init(SampleScanObject *s, PyObject *args, PyObject *kwds)
     Py_INCREF(url);
     Py_XSETREF(s->url, url);
     s->last_dot = last_dot;
+    s->data = data;
+    s->chunk = data ? SCAN_CHUNK : SCAN_SKIP;
     s->stopped = 0;
     s->done = 0;
     s->resume = start;
@@ -259,7 +269,7 @@ scan_next(SampleScanObject *s)
     Py_ssize_t keylen = 0;
     int rc;
     for (;;) {
-        rc = scan_fill(s, BLOCK, SCAN_CHUNK);
+        rc = scan_fill(s, BLOCK, s->chunk);
         if (rc == 0 && s->pos == s->end && scan_at(s) == s->fstop && s->fstop > s->origin) {
             /* the input ends where a header would start: a tar without its end-of-archive
              * marker, or a byte range that ends where a sample does (as the reader takes it) */
@@ -305,7 +315,7 @@ scan_next(SampleScanObject *s)
                 goto stop;
             }
             Py_ssize_t member = BLOCK + (Py_ssize_t)tar_padded(psize);
-            rc = scan_fill(s, member + BLOCK, SCAN_CHUNK);
+            rc = scan_fill(s, member + BLOCK, s->chunk);
             if (rc <= 0)
                 goto stop;
             h = s->buf + s->pos;
@@ -365,7 +375,11 @@ scan_next(SampleScanObject *s)
         PyObject *data;
         Py_ssize_t have = s->end - data_at;
         long long need = size - have;
-        if (need <= 0) {
+        if (!s->data) { /* where the samples are, only: the data skipped, not read */
+            data = Py_NewRef(Py_None);
+            s->pos = data_at + (Py_ssize_t)tar_padded(size);
+        }
+        else if (need <= 0) {
             data = PyBytes_FromStringAndSize((const char *)s->buf + data_at, (Py_ssize_t)size);
             s->pos = data_at + (Py_ssize_t)tar_padded(size);
         }
@@ -497,10 +511,10 @@ PyTypeObject SampleScanType = {
     .tp_basicsize = sizeof(SampleScanObject),
     .tp_dealloc = (destructor)scan_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "SampleScan(fd, start, stop, url, last_dot, delta[, size]): the samples of a local "
-              "plain tar file from offset start (a header) to stop, read with pread through a "
-              "buffer of at most size bytes; stops (resume: where the Python reader goes on) at "
-              "anything unusual.",
+    .tp_doc = "SampleScan(fd, start, stop, url, last_dot, delta[, size[, data]]): the samples of "
+              "a local plain tar file from offset start (a header) to stop, read with pread "
+              "through a buffer of at most size bytes (data false: fields None, their data "
+              "skipped); stops (resume: where the Python reader goes on) at anything unusual.",
     .tp_traverse = (traverseproc)scan_traverse,
     .tp_clear = (inquiry)scan_clear,
     .tp_iter = PyObject_SelfIter,
