@@ -56,6 +56,7 @@ typedef struct {
     int data;           /* read the members' data (else only where the samples are) */
     Py_ssize_t chunk;   /* a refill's size with nothing known of the layout */
     int stopped;
+    int busy;           /* a call is reading (another thread's next() is refused) */
     int done;           /* the archive's end-of-archive marker was read: nothing is left */
     long long resume;   /* where the Python reader goes on (once stopped) */
     long long gap;      /* the bytes between the last two members read straight in (-1: none) */
@@ -260,7 +261,7 @@ scan_new_sample(SampleScanObject *s, const unsigned char *key, Py_ssize_t keylen
 }
 
 static PyObject *
-scan_next(SampleScanObject *s)
+scan_step(SampleScanObject *s)
 {
     if (s->stopped || s->buf == NULL)
         return NULL;
@@ -449,6 +450,21 @@ stop:
     s->resume = call_at;
     Py_XDECREF(sample);
     return NULL;
+}
+
+/* one caller at a time (the GIL is let go while it reads: a second thread would find the buffer
+ * half filled) */
+static PyObject *
+scan_next(SampleScanObject *s)
+{
+    if (s->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "SampleScan: next() while another thread reads it");
+        return NULL;
+    }
+    s->busy = 1;
+    PyObject *sample = scan_step(s);
+    s->busy = 0;
+    return sample;
 }
 
 static PyObject *
