@@ -91,9 +91,9 @@ def _direct_samples(src: DirectFile, url: str, last_dot: bool) -> Iterator[dict]
     """The samples of a local plain tar file (``src``, read with ``pread``): read and grouped in
     C one sample a call (``_speedups.SampleScan``) up to the end-of-archive marker while the
     members are ones it takes; from the first sample it declines (anything unusual: a header
-    that is not a plain member, a repeated extension, a lone zero block, a cut), the reference
-    reader and grouping go on from that sample's first header to the end, and decide (and
-    raise).
+    that is neither a plain member nor a directory, a repeated extension, a lone zero block, a
+    cut), the reference reader and grouping go on from that sample's first header to the end,
+    and decide (and raise).
 
     One sample a call keeps a large member's copy in memory still in the CPU's cache (the
     consumer freed the last sample's): measured in ``bench/bench_reads.py``, ~10% of a raw read
