@@ -289,8 +289,8 @@ def test_shard_samples_uses_the_scan_for_copies_only(tmp_path, monkeypatch):
     path = tmp_path / "t.tar"
     path.write_bytes(raw)
     made = []
-    real = reading._direct_samples
-    monkeypatch.setattr(reading, "_direct_samples", lambda *a: made.append(1) or real(*a))
+    real = reading.local_samples
+    monkeypatch.setattr(reading, "local_samples", lambda *a: made.append(1) or real(*a))
     assert len(list(shard_samples(str(path)))) == 4 and made == [1]
     views = list(shard_samples(str(path), copy=False))
     assert len(views) == 4 and made == [1]
@@ -340,9 +340,9 @@ def _offsets(path, last_dot: bool, scan: bool) -> tuple:
     """``scan_shards``' sample offsets of one shard (or its error), with or without the scan."""
     from tarshards.plan import epoch
 
-    real = epoch._SampleScan
+    real = reading._SampleScan
     if not scan:
-        epoch._SampleScan = None
+        reading._SampleScan = None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", TarshardsWarning)
@@ -351,7 +351,7 @@ def _offsets(path, last_dot: bool, scan: bool) -> tuple:
     except TarshardsError as exc:
         return None, (type(exc).__name__, str(exc), exc.member, exc.offset)
     finally:
-        epoch._SampleScan = real
+        reading._SampleScan = real
 
 
 def open_file(url):

@@ -31,19 +31,15 @@ import functools
 import json
 import os
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, Mapping, Sequence, cast
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from .._lazy import LazyModule
 from ..errors import ResumeError, TarshardsError
 from ..format.manifest import Manifest, data_fingerprint
 from ..format.names import group_samples
+from ..read.reading import local_samples
 from ..tario import iter_tar_batches, tar_byte_source
 from ..tario.buffer import DirectFile
-
-try:  # a local plain shard's sample offsets from its headers alone (see _local_offsets)
-    from .._speedups import SampleScan as _SampleScan
-except ImportError:  # pragma: no cover - without the extension, or without pread
-    _SampleScan = None
 from .shards import shard_order
 
 np = LazyModule("numpy", globals(), "np")
@@ -291,8 +287,9 @@ def scan_shards(urls: Sequence[str], *, opener: Callable, last_dot: bool = False
             with opener(url) as stream:
                 src = tar_byte_source(stream, url, direct=True)
                 is_plain = hasattr(src, "readinto")
-                if _SampleScan is not None and isinstance(src, DirectFile):
-                    offs = _local_offsets(src, url, last_dot)
+                if isinstance(src, DirectFile):  # its headers alone, the data skipped
+                    samples = local_samples(src, url, last_dot, data=False)
+                    offs = [sample["__offset__"] for sample in samples]
                 else:
                     batches = iter_tar_batches(src, url)
                     groups = group_samples(batches, url, last_dot=last_dot, batched=True)
@@ -303,21 +300,6 @@ def scan_shards(urls: Sequence[str], *, opener: Callable, last_dot: bool = False
         offsets.append(np.asarray(offs, dtype=np.int64))
         plain.append(is_plain)
     return ShardTable(urls, counts, offsets=offsets, plain=plain)
-
-
-def _local_offsets(src: DirectFile, url: str, last_dot: bool) -> list[int]:
-    """The sample offsets of a local plain shard: its headers read (the C sample scan without
-    the data, which it skips), the reference reader and grouping from the first sample the scan
-    declines (they read that sample and the rest whole, and raise where the shard is damaged)."""
-    start = src.pos
-    scan = _SampleScan(src.fd, start, src.stop, url, last_dot, -start, 1 << 18, False)
-    offs = [sample["__offset__"] for sample in scan]
-    if not scan.done:
-        rest = DirectFile(src.stream, scan.resume, src.stop)
-        batches = iter_tar_batches(cast(Any, rest), url, offset=scan.resume - start)
-        groups = group_samples(batches, url, last_dot=last_dot, batched=True)
-        offs += [sample["__offset__"] for sample in groups]
-    return offs
 
 
 # ---------------------------------------------------------------------------------------------

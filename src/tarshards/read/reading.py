@@ -17,7 +17,7 @@ from ..storage.prefetch import ShardPrefetcher, given_stream
 from ..tario import iter_tar_batches, tar_byte_source
 from ..tario.buffer import DirectFile, MappedFile, direct_local, map_local
 
-try:  # the samples of a local plain file read and grouped in C, one a call (see _direct_samples)
+try:  # the samples of a local plain file read and grouped in C, one a call (see local_samples)
     from .._speedups import SampleScan as _SampleScan
 except ImportError:  # pragma: no cover - the extension is not built, or no pread here
     _SampleScan = None
@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover - the extension is not built, or no prea
 if TYPE_CHECKING:  # (imported where a loader counts)
     from ..stats import Counters
 
-__all__ = ["iter_samples", "shard_samples", "skipped_rest"]
+__all__ = ["iter_samples", "local_samples", "shard_samples", "skipped_rest"]
 
 
 def shard_samples(
@@ -76,8 +76,8 @@ def shard_samples(
                 return
             # copies: read with pread (large members straight into their bytes); views: mapped
             src = tar_byte_source(stream, url, chunk_size, direct=copy)
-            if _SampleScan is not None and type(src) is DirectFile:
-                yield from _direct_samples(src, url, last_dot)
+            if type(src) is DirectFile:
+                yield from local_samples(src, url, last_dot)
                 return
             batches = iter_tar_batches(src, url, copy=copy)
             yield from group_samples(batches, url, last_dot=last_dot, batched=True)
@@ -87,29 +87,38 @@ def shard_samples(
         raise StorageError(f"read failed: {exn}", url=url) from exn
 
 
-def _direct_samples(src: DirectFile, url: str, last_dot: bool) -> Iterator[dict]:
+def local_samples(
+    src: DirectFile, url: str, last_dot: bool, *, data: bool = True
+) -> Iterator[dict]:
     """The samples of a local plain tar file (``src``, read with ``pread``): read and grouped in
     C one sample a call (``_speedups.SampleScan``) up to the end-of-archive marker while the
     members are ones it takes; from the first sample it declines (anything unusual: a header
     that is neither a plain member nor a directory, a repeated extension, a lone zero block, a
     cut), the reference reader and grouping go on from that sample's first header to the end,
-    and decide (and raise).
+    and decide (and raise). Without the extension, the reference reads the whole file.
 
     One sample a call keeps a large member's copy in memory still in the CPU's cache (the
     consumer freed the last sample's): measured in ``bench/bench_reads.py``, ~10% of a raw read
     of 100 KB samples against the reader's batches of members. The scan and the rest are
-    chained in C (no Python frame a sample)."""
+    chained in C (no Python frame a sample).
+
+    ``data=False`` (for where the samples are, as a scan of offsets wants): the scan skips the
+    members' data and reads headers alone; its samples' fields are ``None`` (those the
+    reference reads after a decline hold their bytes)."""
     start = src.pos
-    scan = _SampleScan(src.fd, start, src.stop, url, last_dot, -start)
+    if _SampleScan is None:
+        return _declined(None, src, url, last_dot, start)
+    scan = _SampleScan(src.fd, start, src.stop, url, last_dot, -start, 1 << 18, data)
     return itertools.chain(scan, _declined(scan, src, url, last_dot, start))
 
 
 def _declined(scan, src: DirectFile, url: str, last_dot: bool, start: int) -> Iterator[dict]:
     """What follows the samples ``scan`` took: nothing after the end-of-archive marker, else
-    the reference reader and grouping from the sample it declined (``scan.resume``)."""
-    if scan.done:
+    the reference reader and grouping from the sample it declined (``scan.resume``; the start
+    without a scan)."""
+    if scan is not None and scan.done:
         return
-    at = scan.resume
+    at = start if scan is None else scan.resume
     rest = DirectFile(src.stream, at, src.stop)
     batches = iter_tar_batches(cast(Any, rest), url, offset=at - start)
     yield from group_samples(batches, url, last_dot=last_dot, batched=True)
@@ -147,7 +156,7 @@ def _counted_samples(url, opener, stats: Counters, chunk_size, last_dot, expect,
                 size = local.stop - (local.pos if isinstance(local, DirectFile) else local.start)
                 try:
                     if isinstance(local, DirectFile):
-                        yield from _direct_samples(local, url, last_dot)
+                        yield from local_samples(local, url, last_dot)
                     else:
                         batches = iter_tar_batches(cast(Any, local), url, copy=copy)
                         yield from group_samples(batches, url, last_dot=last_dot, batched=True)
